@@ -1,0 +1,1 @@
+//! `tests`: cross-crate integration tests of rocmforge; the library part holds shared fixtures.

