@@ -2,6 +2,7 @@
 //! headers for bindgen), idempotently.
 
 use std::fs;
+use std::path::Path;
 use std::process::Command;
 
 use crate::{run_cmd, Result};
@@ -13,10 +14,12 @@ const MAIN_PACKAGES: &[&str] = &[
     "rocm-device-libs",
     "libclang-dev",
 ];
-/// Packages from the `non-free` component.
+/// Packages from the `non-free` component (their driver dependencies, e.g. `nvidia-support`,
+/// live in `contrib`, so both components are enabled).
 const NON_FREE_PACKAGES: &[&str] = &["nvidia-cuda-toolkit", "nvidia-cuda-dev"];
 const SOURCES: &str = "/etc/apt/sources.list.d/debian.sources";
 const NON_FREE_LIST: &str = "/etc/apt/sources.list.d/rocmforge-non-free.list";
+const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 pub fn run() -> Result<()> {
     let wanted: Vec<&str> = MAIN_PACKAGES
@@ -68,7 +71,7 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Adds `non-free` to the apt sources unless some source already carries it. Returns whether it
+/// Adds `contrib` and `non-free` to the apt sources unless some source already carries it. Returns whether it
 /// changed anything.
 fn enable_non_free() -> Result<bool> {
     let mut text = String::new();
@@ -77,6 +80,10 @@ fn enable_non_free() -> Result<bool> {
     }
     if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
         for entry in dir.flatten() {
+            // Our own file is rewritten below, so an older version of it does not count.
+            if entry.path() == Path::new(NON_FREE_LIST) {
+                continue;
+            }
             text.push_str(&fs::read_to_string(entry.path()).unwrap_or_default());
         }
     }
@@ -95,7 +102,15 @@ fn enable_non_free() -> Result<bool> {
             })
         })
         .ok_or("cannot read VERSION_CODENAME from /etc/os-release")?;
-    let line = format!("deb http://deb.debian.org/debian {codename} non-free non-free-firmware\n");
+    // apt refuses a source whose URI and suite another entry already names with a different
+    // `Signed-By`, so reuse the keyring of Debian's own deb822 entry when it has one.
+    let signed_by = if Path::new(DEBIAN_KEYRING).exists() {
+        format!(" [signed-by={DEBIAN_KEYRING}]")
+    } else {
+        String::new()
+    };
+    let line =
+        format!("deb{signed_by} http://deb.debian.org/debian {codename} contrib non-free non-free-firmware\n");
     fs::write(NON_FREE_LIST, line).map_err(|e| format!("{NON_FREE_LIST}: {e}"))?;
     Ok(true)
 }
