@@ -1,9 +1,33 @@
 //! `gguf`: a pure-Rust GGUF reader and writer with the full ggml tensor type table; the bottom
 //! layer of rocmforge, usable alone and free of any GPU dependency.
 //!
+//! Specification: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>.
+//!
 //! Design choices:
 //! - The type table ([`GgmlType`]) is the single source of block sizes for every other crate.
+//! - Files are memory-mapped; tensor bytes are borrowed from the mapping, never copied.
+//! - Every count, length and offset is checked against the file size before anything is
+//!   allocated; errors are one enum ([`GgufError`]) that names the byte offset.
+//! - Dequantization is bit-identical to the `gguf` Python package (tests compare f32 bit
+//!   patterns); block layouts are exposed as Pod structs for other kernels.
 
+pub mod error;
+pub mod file;
+pub mod metadata;
+pub mod quants;
+mod reader;
+pub mod tensor;
 pub mod types;
+pub mod value;
 
+pub use error::{GgufError, Result};
+pub use file::GgufFile;
+pub use metadata::Metadata;
+pub use quants::{dequantize, dequantize_row, dequantize_to_vec};
+pub use reader::{
+    ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_ARRAY_LEN, MAX_DIMS, MAX_NESTING_DEPTH, MAX_STRING_LEN,
+    MAX_TENSOR_NAME_LEN,
+};
+pub use tensor::TensorInfo;
 pub use types::{GgmlType, QK_K};
+pub use value::{ArrayValue, MetadataValue, ValueType};

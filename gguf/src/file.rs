@@ -1,0 +1,235 @@
+//! An opened GGUF file: validated header plus zero-copy access to tensor bytes over a memory map.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::error::{GgufError, Result};
+use crate::metadata::Metadata;
+use crate::reader;
+use crate::tensor::TensorInfo;
+use crate::value::{ArrayValue, MetadataValue};
+
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// A parsed GGUF file. Tensor data stays in the mapping until asked for.
+pub struct GgufFile {
+    bytes: Bytes,
+    path: Option<PathBuf>,
+    version: u32,
+    alignment: u64,
+    data_offset: u64,
+    metadata: Metadata,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("alignment", &self.alignment)
+            .field("data_offset", &self.data_offset)
+            .field("n_metadata", &self.metadata.len())
+            .field("n_tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Maps `path` and parses its header; tensor bytes are not read.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| GgufError::io(path, e))?;
+        // SAFETY: the mapping is read-only and private to this value. The one hazard, another
+        // process truncating or rewriting the file while it is mapped, is outside what a
+        // library can prevent; it is the same contract every mmap-based model loader has.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| GgufError::io(path, e))?;
+        let mut f = Self::from_backing(Bytes::Mapped(map))?;
+        f.path = Some(path.to_owned());
+        tracing::debug!(
+            path = %path.display(),
+            tensors = f.tensors.len(),
+            metadata = f.metadata.len(),
+            "opened GGUF"
+        );
+        Ok(f)
+    }
+
+    /// Parses a GGUF file held in memory.
+    pub fn from_bytes(bytes: impl Into<Vec<u8>>) -> Result<Self> {
+        Self::from_backing(Bytes::Owned(bytes.into()))
+    }
+
+    fn from_backing(bytes: Bytes) -> Result<Self> {
+        let h = reader::parse(bytes.as_slice())?;
+        Ok(GgufFile {
+            bytes,
+            path: None,
+            version: h.version,
+            alignment: h.alignment,
+            data_offset: h.data_offset,
+            metadata: h.metadata,
+            tensors: h.tensors,
+            tensor_index: h.tensor_index,
+        })
+    }
+
+    /// The path given to [`GgufFile::open`], if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Data section alignment (`general.alignment`, default 32).
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// File offset where the data section starts.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    /// Total file size in bytes.
+    pub fn file_size(&self) -> u64 {
+        self.bytes.as_slice().len() as u64
+    }
+
+    /// The whole file's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    /// All metadata, in file order.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// All tensor infos, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The tensor called `name`, or a `MissingTensor` error.
+    pub fn require_tensor(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensor(name).ok_or_else(|| GgufError::MissingTensor {
+            name: name.to_owned(),
+        })
+    }
+
+    /// The raw bytes of a tensor of this file (zero-copy). Ranges were validated at open; an
+    /// info that does not belong to this file and lies outside it yields an empty slice.
+    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        let start = self.data_offset.saturating_add(info.offset);
+        let end = start.saturating_add(info.size);
+        match (usize::try_from(start), usize::try_from(end)) {
+            (Ok(s), Ok(e)) => self.bytes.as_slice().get(s..e).unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+
+    /// The tensor called `name` dequantized to f32 (parallel over blocks).
+    pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let info = self.require_tensor(name)?;
+        let n = usize::try_from(info.n_elements()).map_err(|_| GgufError::SizeMismatch {
+            ty: info.ggml_type,
+            reason: format!("tensor `{name}` has too many elements for this platform"),
+        })?;
+        let mut out = vec![0f32; n];
+        crate::quants::dequantize(info.ggml_type, self.tensor_data(info), &mut out)?;
+        Ok(out)
+    }
+
+    /// `general.architecture`.
+    pub fn architecture(&self) -> Result<&str> {
+        self.metadata.get_str("general.architecture")
+    }
+
+    /// `{arch}.{suffix}`, e.g. `llama.block_count` for `arch_key("block_count")`.
+    pub fn arch_key(&self, suffix: &str) -> Result<String> {
+        Ok(format!("{}.{suffix}", self.architecture()?))
+    }
+
+    /// The value at `{arch}.{suffix}`, if present.
+    pub fn arch_get(&self, suffix: &str) -> Result<Option<&MetadataValue>> {
+        Ok(self.metadata.get(&self.arch_key(suffix)?))
+    }
+}
+
+macro_rules! forward {
+    ($($name:ident -> $t:ty;)*) => {
+        impl GgufFile {$(
+            #[doc = concat!("Shorthand for `self.metadata().", stringify!($name), "(key)`.")]
+            pub fn $name(&self, key: &str) -> Result<$t> {
+                self.metadata.$name(key)
+            }
+        )*}
+    };
+}
+
+forward! {
+    get_u8 -> u8; get_u8_opt -> Option<u8>;
+    get_u32 -> u32; get_u32_opt -> Option<u32>;
+    get_i32 -> i32; get_i32_opt -> Option<i32>;
+    get_u64 -> u64; get_u64_opt -> Option<u64>;
+    get_i64 -> i64; get_i64_opt -> Option<i64>;
+    get_f32 -> f32; get_f32_opt -> Option<f32>;
+    get_f64 -> f64; get_f64_opt -> Option<f64>;
+    get_bool -> bool; get_bool_opt -> Option<bool>;
+    get_str -> &str; get_str_opt -> Option<&str>;
+    get_array -> &ArrayValue;
+    get_str_array -> &[String]; get_str_array_opt -> Option<&[String]>;
+    get_f32_array -> &[f32]; get_f32_array_opt -> Option<&[f32]>;
+    get_i32_array -> &[i32]; get_i32_array_opt -> Option<&[i32]>;
+    get_u32_array -> &[u32]; get_u32_array_opt -> Option<&[u32]>;
+    get_u8_array -> &[u8]; get_u8_array_opt -> Option<&[u8]>;
+    get_i64_array -> &[i64]; get_i64_array_opt -> Option<&[i64]>;
+    get_u64_array -> &[u64]; get_u64_array_opt -> Option<&[u64]>;
+    get_bool_array -> &[bool]; get_bool_array_opt -> Option<&[bool]>;
+}
+
+macro_rules! forward_arch {
+    ($($name:ident => $get:ident -> $t:ty;)*) => {
+        impl GgufFile {$(
+            #[doc = concat!("`", stringify!($get), "` of `{arch}.{suffix}`.")]
+            pub fn $name(&self, suffix: &str) -> Result<$t> {
+                self.metadata.$get(&self.arch_key(suffix)?)
+            }
+        )*}
+    };
+}
+
+forward_arch! {
+    arch_u32 => get_u32 -> u32; arch_u32_opt => get_u32_opt -> Option<u32>;
+    arch_u64 => get_u64 -> u64; arch_u64_opt => get_u64_opt -> Option<u64>;
+    arch_i32 => get_i32 -> i32; arch_i32_opt => get_i32_opt -> Option<i32>;
+    arch_f32 => get_f32 -> f32; arch_f32_opt => get_f32_opt -> Option<f32>;
+    arch_bool => get_bool -> bool; arch_bool_opt => get_bool_opt -> Option<bool>;
+    arch_str => get_str -> &str; arch_str_opt => get_str_opt -> Option<&str>;
+    arch_i32_array_opt => get_i32_array_opt -> Option<&[i32]>;
+    arch_u32_array_opt => get_u32_array_opt -> Option<&[u32]>;
+    arch_f32_array_opt => get_f32_array_opt -> Option<&[f32]>;
+}

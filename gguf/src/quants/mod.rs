@@ -1,0 +1,120 @@
+//! Conversions between ggml tensor types and f32: dequantization for every type GGUF files
+//! use, quantization for the types models are stored in, and the block layouts both share.
+//!
+//! Reference: ggml's `ggml-common.h` (layouts) and the `gguf` Python package's `quants.py`
+//! (the numerical oracle the tests compare against bit for bit).
+
+pub mod blocks;
+mod iq;
+mod iq1_grid;
+pub mod iq_tables;
+mod kquants;
+mod legacy;
+
+pub use blocks::*;
+pub use iq::e8m0_to_f32_half;
+pub use iq1_grid::IQ1S_GRID;
+
+use rayon::prelude::*;
+
+use crate::error::{GgufError, Result};
+use crate::types::GgmlType;
+
+type DequantFn = fn(&[u8], &mut [f32]);
+
+fn dequant_fn(ty: GgmlType) -> DequantFn {
+    use GgmlType as T;
+    match ty {
+        T::F32 => legacy::f32_,
+        T::F16 => legacy::f16_,
+        T::BF16 => legacy::bf16_,
+        T::F64 => legacy::f64_,
+        T::I8 => legacy::i8_,
+        T::I16 => legacy::i16_,
+        T::I32 => legacy::i32_,
+        T::I64 => legacy::i64_,
+        T::Q4_0 => legacy::q4_0,
+        T::Q4_1 => legacy::q4_1,
+        T::Q5_0 => legacy::q5_0,
+        T::Q5_1 => legacy::q5_1,
+        T::Q8_0 => legacy::q8_0,
+        T::Q8_1 => legacy::q8_1,
+        T::Q2_K => kquants::q2_k,
+        T::Q3_K => kquants::q3_k,
+        T::Q4_K => kquants::q4_k,
+        T::Q5_K => kquants::q5_k,
+        T::Q6_K => kquants::q6_k,
+        T::Q8_K => kquants::q8_k,
+        T::IQ2_XXS => iq::iq2_xxs,
+        T::IQ2_XS => iq::iq2_xs,
+        T::IQ2_S => iq::iq2_s,
+        T::IQ3_XXS => iq::iq3_xxs,
+        T::IQ3_S => iq::iq3_s,
+        T::IQ1_S => iq::iq1_s,
+        T::IQ1_M => iq::iq1_m,
+        T::IQ4_NL => iq::iq4_nl,
+        T::IQ4_XS => iq::iq4_xs,
+        T::TQ1_0 => iq::tq1_0,
+        T::TQ2_0 => iq::tq2_0,
+        T::MXFP4 => iq::mxfp4,
+    }
+}
+
+/// Checks that `src` holds whole blocks of `ty` and `dst` exactly the values they decode to.
+fn check_sizes(ty: GgmlType, src_len: usize, dst_len: usize) -> Result<()> {
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    if src_len % ts != 0 {
+        return Err(GgufError::SizeMismatch {
+            ty,
+            reason: format!("{src_len} source bytes are not a whole number of {ts}-byte blocks"),
+        });
+    }
+    let n_blocks = src_len / ts;
+    if n_blocks.checked_mul(bs) != Some(dst_len) {
+        return Err(GgufError::SizeMismatch {
+            ty,
+            reason: format!(
+                "{n_blocks} blocks decode to {} values, but the output holds {dst_len}",
+                n_blocks.saturating_mul(bs)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Dequantizes `src` (whole blocks of `ty`) into `dst` on the calling thread. For callers that
+/// parallelize across rows themselves.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    check_sizes(ty, src.len(), dst.len())?;
+    dequant_fn(ty)(src, dst);
+    Ok(())
+}
+
+/// Values per rayon task: large enough that scheduling costs vanish, small enough to balance.
+const PAR_CHUNK_VALUES: usize = 1 << 16;
+
+/// Dequantizes `src` (whole blocks of `ty`) into `dst`, spreading large inputs over rayon's
+/// thread pool.
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    check_sizes(ty, src.len(), dst.len())?;
+    let f = dequant_fn(ty);
+    if dst.len() <= PAR_CHUNK_VALUES {
+        f(src, dst);
+        return Ok(());
+    }
+    let blocks_per_chunk = (PAR_CHUNK_VALUES / ty.block_size()).max(1);
+    let src_chunk = blocks_per_chunk * ty.type_size();
+    let dst_chunk = blocks_per_chunk * ty.block_size();
+    src.par_chunks(src_chunk)
+        .zip(dst.par_chunks_mut(dst_chunk))
+        .for_each(|(s, d)| f(s, d));
+    Ok(())
+}
+
+/// Dequantizes `src` into a new vector.
+pub fn dequantize_to_vec(ty: GgmlType, src: &[u8]) -> Result<Vec<f32>> {
+    let n = (src.len() / ty.type_size()).saturating_mul(ty.block_size());
+    let mut out = vec![0f32; n];
+    dequantize(ty, src, &mut out)?;
+    Ok(out)
+}
