@@ -1,2 +1,57 @@
-//! `ggml-graph`: a ggml-style graph IR with optimizer passes, a memory planner and an executor over
-//! CPU, HIP and dummy backends; the compute layer of rocmforge, above `gguf`.
+//! `ggml-graph`: a ggml-style graph IR with a memory planner and an executor over a fast CPU
+//! backend; the compute layer of rocmforge, above `gguf`.
+//!
+//! Design choices:
+//! - Tensors are metadata only ([`Tensor`]: type, `ne`/`nb` in ggml's convention, op, sources,
+//!   view parent); ops are a Rust enum with typed parameters ([`Op`]).
+//! - A [`Graph`] is built by calling op methods in execution order; each method checks shapes
+//!   and returns a [`TensorId`]. Weights are leaves bound by name to external bytes (zero-copy,
+//!   e.g. a mmap'd GGUF) and use GGUF dims directly: `mul_mat(W[K, N], X[K, M]) -> [N, M]`.
+//! - Persistent leaves (the KV cache) are executor-owned buffers found by name that keep their
+//!   contents across runs; `set_rows`/`cpy` write them and return an alias to read through.
+//! - The [`plan`] module places intermediates in one arena by liveness and best fit, so a model can
+//!   rebuild its graph every step; the arena only grows.
+//! - The CPU backend quantizes activations to 8-bit blocks once per `mul_mat` and dots them with
+//!   quantized weights in integers (llama.cpp's approach), SIMD chosen at run time.
+//!
+//! ```
+//! use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
+//!
+//! # fn main() -> Result<(), ggml_graph::GraphError> {
+//! let mut g = Graph::new();
+//! let x = g.input("x", DType::F32, &[4, 2])?; // two columns of 4 values
+//! let w = g.weight("w", DType::F32, &[4, 3])?; // 3 weight rows of 4 values
+//! let y = g.mul_mat(w, x)?; // [3, 2]
+//! let y = g.rms_norm(y, 1e-6)?;
+//! g.mark_output(y)?;
+//!
+//! let mut exec = Executor::new(CpuBackend::new(1)?);
+//! let wv: Vec<f32> = (0..12).map(|i| i as f32).collect();
+//! exec.bind_weight("w", DType::F32, &[4, 3], WeightBytes::from_vec(bytemuck::cast_slice(&wv).to_vec()))?;
+//! let xv = [1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0];
+//! exec.run(&g, &[(x, bytemuck::cast_slice(&xv))])?;
+//! let out = exec.output_f32(y)?;
+//! assert_eq!(out.len(), 6);
+//! # Ok(())
+//! # }
+//! ```
+
+#![allow(
+    clippy::needless_range_loop,
+    reason = "kernels index several arrays in lockstep; the indices mirror ggml's block layouts"
+)]
+
+pub mod cpu;
+pub mod error;
+pub mod exec;
+pub mod graph;
+pub mod plan;
+pub mod quant;
+pub mod tensor;
+
+pub use cpu::CpuBackend;
+pub use error::{GraphError, Result};
+pub use exec::{Executor, WeightBytes};
+pub use graph::Graph;
+pub use plan::Plan;
+pub use tensor::{Act, AttnParams, DType, Leaf, Op, RopeMode, RopeParams, Tensor, TensorId};

@@ -1,0 +1,104 @@
+//! CPU matrix products: activations quantized once to 8-bit blocks for quantized weights, then
+//! integer block dot products; float weights dotted with f32 activations. Parallel over chunks of
+//! weight rows; each chunk dots its rows with every activation column so a weight row is loaded
+//! from memory once per op.
+
+use rayon::prelude::*;
+
+use super::{out_f32, unsupported, CpuBackend, SrcView};
+use crate::error::Result;
+use crate::quant::{act_type, dot_float, quantize_act, vec_dot};
+use crate::tensor::{row_bytes, DType, Tensor};
+
+/// Weight rows per parallel task.
+fn chunk_rows(n: usize, threads: usize) -> usize {
+    // Enough tasks to balance (8 per thread), but never tiny ones.
+    (n / (threads * 8)).clamp(4, 256)
+}
+
+pub(crate) fn mul_mat(
+    be: &CpuBackend,
+    t: &Tensor,
+    out: &mut [u8],
+    w: &SrcView<'_>,
+    x: &SrcView<'_>,
+) -> Result<()> {
+    let wt = w.t;
+    let wty = wt.dtype;
+    let float_w = matches!(wty, DType::F32 | DType::F16 | DType::BF16);
+    if !float_w && !crate::quant::blocks::is_supported(wty) {
+        return Err(unsupported(t, format!("weight type {wty}")));
+    }
+    let k = wt.ne[0];
+    let (n, m) = (t.ne[0], t.ne[1]);
+    let (b2, b3) = (t.ne[2], t.ne[3]);
+    let (r2, r3) = (b2 / wt.ne[2], b3 / wt.ne[3]);
+    let xa = x.f32s()?;
+    let simd = be.simd();
+    let o = out_f32(t, out)?;
+    let n_cols = m * b2 * b3;
+
+    // Activation rows, flat over (m, b2, b3): quantized into scratch, or f32 slices.
+    let aty = act_type(wty);
+    let mut scratch = be.scratch.lock();
+    let arb = aty.map_or(0, |a| row_bytes(a, k));
+    if let Some(aty) = aty {
+        if scratch.len() < arb * n_cols {
+            scratch.resize(arb * n_cols, 0);
+        }
+        scratch[..arb * n_cols]
+            .par_chunks_mut(arb)
+            .enumerate()
+            .for_each(|(c, dst)| {
+                let (mi, i2, i3) = (c % m, (c / m) % b2, c / (m * b2));
+                quantize_act(aty, x.row(xa, mi, i2, i3), dst);
+            });
+    }
+    let acts: &[u8] = &scratch[..arb * n_cols];
+    let wrb = wt.row_bytes();
+    let chunk = chunk_rows(n, be.n_threads());
+
+    for i3 in 0..b3 {
+        for i2 in 0..b2 {
+            let batch = i3 * b2 + i2;
+            let w_off = (i2 / r2) * wt.nb[2] + (i3 / r3) * wt.nb[3];
+            let ob = &mut o[batch * n * m..(batch + 1) * n * m];
+            let dot = |row: usize, col: usize| -> f32 {
+                let wo = w_off + row * wt.nb[1];
+                let wrow = &w.data[wo..wo + wrb];
+                if float_w {
+                    dot_float(simd, wty, wrow, x.row(xa, col, i2, i3))
+                } else {
+                    let c = batch * m + col;
+                    vec_dot(simd, wty, k, wrow, &acts[c * arb..(c + 1) * arb])
+                }
+            };
+            if m == 1 {
+                ob.par_chunks_mut(chunk).enumerate().for_each(|(ci, oc)| {
+                    for (i, o) in oc.iter_mut().enumerate() {
+                        *o = dot(ci * chunk + i, 0);
+                    }
+                });
+            } else {
+                // Split every output column into row chunks; a task owns one chunk in all columns.
+                let n_chunks = n.div_ceil(chunk);
+                let mut tiles: Vec<Vec<&mut [f32]>> =
+                    (0..n_chunks).map(|_| Vec::with_capacity(m)).collect();
+                for col in ob.chunks_mut(n) {
+                    for (ci, part) in col.chunks_mut(chunk).enumerate() {
+                        tiles[ci].push(part);
+                    }
+                }
+                tiles.par_iter_mut().enumerate().for_each(|(ci, cols)| {
+                    let rows = cols.first().map_or(0, |c| c.len());
+                    for r in 0..rows {
+                        for (col, oc) in cols.iter_mut().enumerate() {
+                            oc[r] = dot(ci * chunk + r, col);
+                        }
+                    }
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! The CPU backend: a rayon thread pool and one kernel per op, parallel across rows.
+
+mod attn;
+mod matmul;
+mod ops;
+
+use parking_lot::Mutex;
+use rayon::prelude::*;
+
+use crate::error::{GraphError, Result};
+use crate::quant::{detected, Simd};
+use crate::tensor::{DType, Op, Tensor};
+
+/// CPU compute: its thread pool, SIMD level and reusable scratch (quantized activations).
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    simd: Simd,
+    scratch: Mutex<Vec<u8>>,
+}
+
+impl CpuBackend {
+    /// A backend with `n_threads` worker threads (0: rayon's default, one per core) and the best
+    /// SIMD level the CPU has.
+    pub fn new(n_threads: usize) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n_threads)
+            .thread_name(|i| format!("ggml-cpu-{i}"))
+            .build()
+            .map_err(|e| GraphError::Unsupported {
+                backend: "cpu",
+                op: "thread pool",
+                detail: e.to_string(),
+            })?;
+        Ok(Self {
+            pool,
+            simd: detected(),
+            scratch: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Forces a SIMD level (tests compare the scalar and SIMD paths through whole graphs).
+    pub fn with_simd(mut self, simd: Simd) -> Self {
+        self.simd = if simd == Simd::Scalar {
+            Simd::Scalar
+        } else {
+            detected()
+        };
+        self
+    }
+
+    /// The SIMD level in use.
+    pub fn simd(&self) -> Simd {
+        self.simd
+    }
+
+    /// Worker threads.
+    pub fn n_threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    /// True when this backend can run `t`'s op with its operand types.
+    pub fn supports(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
+        match t.op {
+            Op::MulMat | Op::GetRows => {
+                let w = srcs[0].dtype;
+                matches!(w, DType::F32 | DType::F16 | DType::BF16)
+                    || crate::quant::blocks::is_supported(w)
+            }
+            _ => true,
+        }
+    }
+}
+
+/// An operand: its descriptor and bytes from its first byte to the end of its extent.
+pub(crate) struct SrcView<'a> {
+    pub t: &'a Tensor,
+    pub data: &'a [u8],
+}
+
+impl SrcView<'_> {
+    pub fn f32s(&self) -> Result<&[f32]> {
+        bytemuck::try_cast_slice(self.data).map_err(|_| GraphError::Misaligned(self.t.name.clone()))
+    }
+
+    pub fn i32s(&self) -> Result<&[i32]> {
+        bytemuck::try_cast_slice(self.data).map_err(|_| GraphError::Misaligned(self.t.name.clone()))
+    }
+
+    /// Byte offset of row `(i1, i2, i3)`.
+    #[inline]
+    pub fn off(&self, i1: usize, i2: usize, i3: usize) -> usize {
+        i1 * self.t.nb[1] + i2 * self.t.nb[2] + i3 * self.t.nb[3]
+    }
+
+    /// f32 row `(i1, i2, i3)` of an f32 tensor given as `f32s()`.
+    #[inline]
+    pub fn row<'b>(&self, all: &'b [f32], i1: usize, i2: usize, i3: usize) -> &'b [f32] {
+        let o = self.off(i1, i2, i3) / 4;
+        &all[o..o + self.t.ne[0]]
+    }
+}
+
+/// Splits a flat row index into `(i1, i2, i3)` for shape `ne`.
+#[inline]
+pub(crate) fn unflatten(r: usize, ne: &[usize; 4]) -> (usize, usize, usize) {
+    (r % ne[1], (r / ne[1]) % ne[2], r / (ne[1] * ne[2]))
+}
+
+/// Rows per rayon task so small rows are batched.
+pub(crate) fn min_rows(ne0: usize) -> usize {
+    (4096 / ne0.max(1)).max(1)
+}
+
+pub(crate) fn unsupported(t: &Tensor, detail: String) -> GraphError {
+    GraphError::Unsupported {
+        backend: "cpu",
+        op: t.op.name(),
+        detail,
+    }
+}
+
+pub(crate) fn out_f32<'a>(t: &Tensor, out: &'a mut [u8]) -> Result<&'a mut [f32]> {
+    bytemuck::try_cast_slice_mut(out).map_err(|_| GraphError::Misaligned(t.name.clone()))
+}
+
+/// Runs one node. `srcs` are its operands, except the written `dst` of `cpy` and `set_rows`.
+pub(crate) fn compute(
+    be: &CpuBackend,
+    t: &Tensor,
+    out: &mut [u8],
+    srcs: &[SrcView<'_>],
+) -> Result<()> {
+    match &t.op {
+        Op::Leaf(_) | Op::View => Ok(()),
+        Op::GetRows => ops::get_rows(t, out, &srcs[0], &srcs[1]),
+        Op::MulMat => matmul::mul_mat(be, t, out, &srcs[0], &srcs[1]),
+        Op::Add => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a + b),
+        Op::Mul => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a * b),
+        Op::Scale(s) => {
+            let s = *s;
+            ops::map_rows(t, out, &srcs[0], |x, o| {
+                o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * s)
+            })
+        }
+        Op::RmsNorm { eps } => {
+            ops::map_rows(t, out, &srcs[0], |x, o| ops::rms_norm_row(x, o, *eps))
+        }
+        Op::Norm { eps } => ops::map_rows(t, out, &srcs[0], |x, o| ops::norm_row(x, o, *eps)),
+        Op::Unary(act) => {
+            let f = ops::act_fn(*act);
+            ops::map_rows(t, out, &srcs[0], |x, o| {
+                o.iter_mut().zip(x).for_each(|(o, &v)| *o = f(v))
+            })
+        }
+        Op::Gated(act) => ops::gated(t, out, &srcs[0], &srcs[1], ops::act_fn(*act)),
+        Op::Rope(p) => attn::rope(t, out, &srcs[0], &srcs[1], srcs.get(2), p),
+        Op::SoftMax { scale } => attn::soft_max(t, out, &srcs[0], srcs.get(1), *scale),
+        Op::Attention(p) => attn::attention(be, t, out, srcs, p),
+        Op::Cpy => ops::cpy(t, out, &srcs[0]),
+        Op::Cont => ops::cont(t, out, &srcs[0]),
+        Op::Concat { dim } => ops::concat(t, out, &srcs[0], &srcs[1], *dim),
+        Op::SetRows => ops::set_rows(t, out, &srcs[0], &srcs[1]),
+        Op::Argmax => ops::argmax(t, out, &srcs[0]),
+    }
+}
+
+/// Reads a float or I32 tensor in logical order as f32.
+pub(crate) fn gather_f32(t: &Tensor, bytes: &[u8], dst: &mut [f32]) -> Result<()> {
+    let es = t.dtype.type_size();
+    if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32) {
+        return Err(unsupported(t, format!("reading {} as f32", t.dtype)));
+    }
+    dst.par_chunks_mut(t.ne[0].max(1))
+        .enumerate()
+        .for_each(|(r, row)| {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            let base = i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+            for (i0, o) in row.iter_mut().enumerate() {
+                let b = &bytes[base + i0 * t.nb[0]..base + i0 * t.nb[0] + es];
+                *o = ops::load_scalar(t.dtype, b);
+            }
+        });
+    Ok(())
+}

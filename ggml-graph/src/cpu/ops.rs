@@ -1,0 +1,313 @@
+//! CPU kernels for the row-wise and copying ops: elementwise maths, norms, activations, lookups,
+//! copies, concatenation, row writes and argmax.
+
+use rayon::prelude::*;
+
+use super::{min_rows, out_f32, unflatten, unsupported, SrcView};
+use crate::error::{GraphError, Result};
+use crate::quant::blocks::dequantize_row;
+use crate::tensor::{Act, DType, Tensor};
+
+/// One element of a float/int type as f32.
+#[inline]
+pub(crate) fn load_scalar(dtype: DType, b: &[u8]) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        DType::F16 => half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
+        DType::BF16 => half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
+        _ => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32,
+    }
+}
+
+/// Stores an f32 as a float type.
+#[inline]
+fn store_scalar(dtype: DType, v: f32, b: &mut [u8]) {
+    match dtype {
+        DType::F32 => b[..4].copy_from_slice(&v.to_le_bytes()),
+        DType::F16 => b[..2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes()),
+        _ => b[..2].copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes()),
+    }
+}
+
+pub(crate) fn gelu(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
+
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub(crate) fn act_fn(act: Act) -> fn(f32) -> f32 {
+    match act {
+        Act::Gelu => gelu,
+        Act::Silu => silu,
+    }
+}
+
+pub(crate) fn rms_norm_row(x: &[f32], o: &mut [f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * scale);
+}
+
+pub(crate) fn norm_row(x: &[f32], o: &mut [f32], eps: f32) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let scale = 1.0 / (var + eps as f64).sqrt();
+    o.iter_mut()
+        .zip(x)
+        .for_each(|(o, &v)| *o = ((v as f64 - mean) * scale) as f32);
+}
+
+/// Applies `f(src_row, out_row)` to every row; the output is dense with `src`'s shape.
+pub(crate) fn map_rows(
+    t: &Tensor,
+    out: &mut [u8],
+    a: &SrcView<'_>,
+    f: impl Fn(&[f32], &mut [f32]) + Sync,
+) -> Result<()> {
+    let all = a.f32s()?;
+    let o = out_f32(t, out)?;
+    let ne0 = t.ne[0].max(1);
+    o.par_chunks_mut(ne0)
+        .with_min_len(min_rows(ne0))
+        .enumerate()
+        .for_each(|(r, orow)| {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            f(a.row(all, i1, i2, i3), orow);
+        });
+    Ok(())
+}
+
+pub(crate) fn binary(
+    t: &Tensor,
+    out: &mut [u8],
+    a: &SrcView<'_>,
+    b: &SrcView<'_>,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<()> {
+    let (aa, ba) = (a.f32s()?, b.f32s()?);
+    let o = out_f32(t, out)?;
+    let ne0 = t.ne[0].max(1);
+    let bne = b.t.ne;
+    o.par_chunks_mut(ne0)
+        .with_min_len(min_rows(ne0))
+        .enumerate()
+        .for_each(|(r, orow)| {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            let arow = a.row(aa, i1, i2, i3);
+            let brow = b.row(ba, i1 % bne[1], i2 % bne[2], i3 % bne[3]);
+            if brow.len() == orow.len() {
+                for ((o, &x), &y) in orow.iter_mut().zip(arow).zip(brow) {
+                    *o = f(x, y);
+                }
+            } else {
+                for (i, (o, &x)) in orow.iter_mut().zip(arow).enumerate() {
+                    *o = f(x, brow[i % bne[0]]);
+                }
+            }
+        });
+    Ok(())
+}
+
+pub(crate) fn gated(
+    t: &Tensor,
+    out: &mut [u8],
+    g: &SrcView<'_>,
+    u: &SrcView<'_>,
+    f: fn(f32) -> f32,
+) -> Result<()> {
+    let (ga, ua) = (g.f32s()?, u.f32s()?);
+    let o = out_f32(t, out)?;
+    let ne0 = t.ne[0].max(1);
+    o.par_chunks_mut(ne0)
+        .with_min_len(min_rows(ne0))
+        .enumerate()
+        .for_each(|(r, orow)| {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            for ((o, &x), &y) in orow
+                .iter_mut()
+                .zip(g.row(ga, i1, i2, i3))
+                .zip(u.row(ua, i1, i2, i3))
+            {
+                *o = f(x) * y;
+            }
+        });
+    Ok(())
+}
+
+pub(crate) fn get_rows(
+    t: &Tensor,
+    out: &mut [u8],
+    table: &SrcView<'_>,
+    ids: &SrcView<'_>,
+) -> Result<()> {
+    let ids_v = ids.i32s()?;
+    let n_rows = table.t.ne[1];
+    let idx: Vec<usize> = (0..ids.t.ne[0])
+        .map(|i| ids_v[i * ids.t.nb[0] / 4])
+        .map(|r| usize::try_from(r).ok().filter(|&r| r < n_rows).ok_or(r))
+        .collect::<std::result::Result<_, i32>>()
+        .map_err(|r| unsupported(t, format!("row id {r} outside table of {n_rows} rows")))?;
+    let o = out_f32(t, out)?;
+    let (ne0, rb, nb1, ty) = (t.ne[0], table.t.row_bytes(), table.t.nb[1], table.t.dtype);
+    let ok = o
+        .par_chunks_mut(ne0)
+        .zip(idx.par_iter())
+        .all(|(orow, &r)| dequantize_row(ty, &table.data[r * nb1..r * nb1 + rb], orow));
+    if !ok {
+        return Err(unsupported(t, format!("table type {ty}")));
+    }
+    Ok(())
+}
+
+/// Byte offsets of the elements of a tensor in logical (row-major) order.
+struct Elems {
+    ne: [usize; 4],
+    nb: [usize; 4],
+    idx: [usize; 4],
+    left: usize,
+}
+
+impl Elems {
+    fn new(t: &Tensor) -> Self {
+        Self {
+            ne: t.ne,
+            nb: t.nb,
+            idx: [0; 4],
+            left: t.nelements(),
+        }
+    }
+}
+
+impl Iterator for Elems {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let off = (0..4).map(|d| self.idx[d] * self.nb[d]).sum();
+        for d in 0..4 {
+            self.idx[d] += 1;
+            if self.idx[d] < self.ne[d] {
+                break;
+            }
+            self.idx[d] = 0;
+        }
+        Some(off)
+    }
+}
+
+pub(crate) fn cpy(t: &Tensor, out: &mut [u8], src: &SrcView<'_>) -> Result<()> {
+    let (st, ses, des) = (src.t, src.t.dtype.type_size(), t.dtype.type_size());
+    for (so, o) in Elems::new(st).zip(Elems::new(t)) {
+        if so + ses > src.data.len() || o + des > out.len() {
+            return Err(unsupported(t, "element outside its buffer".into()));
+        }
+        let v = load_scalar(st.dtype, &src.data[so..so + ses]);
+        store_scalar(t.dtype, v, &mut out[o..o + des]);
+    }
+    Ok(())
+}
+
+pub(crate) fn cont(t: &Tensor, out: &mut [u8], src: &SrcView<'_>) -> Result<()> {
+    let es = t.dtype.type_size();
+    let st = src.t;
+    let ne0 = t.ne[0].max(1);
+    out.par_chunks_mut(ne0 * es)
+        .with_min_len(min_rows(ne0))
+        .enumerate()
+        .for_each(|(r, orow)| {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            let base = src.off(i1, i2, i3);
+            if st.nb[0] == es {
+                orow.copy_from_slice(&src.data[base..base + orow.len()]);
+            } else {
+                for (i0, o) in orow.chunks_exact_mut(es).enumerate() {
+                    let so = base + i0 * st.nb[0];
+                    o.copy_from_slice(&src.data[so..so + es]);
+                }
+            }
+        });
+    Ok(())
+}
+
+pub(crate) fn concat(
+    t: &Tensor,
+    out: &mut [u8],
+    a: &SrcView<'_>,
+    b: &SrcView<'_>,
+    dim: usize,
+) -> Result<()> {
+    let (aa, ba) = (a.f32s()?, b.f32s()?);
+    let o = out_f32(t, out)?;
+    let ne0 = t.ne[0];
+    let split = a.t.ne[dim];
+    o.par_chunks_mut(ne0.max(1))
+        .enumerate()
+        .for_each(|(r, orow)| {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            if dim == 0 {
+                orow[..split].copy_from_slice(a.row(aa, i1, i2, i3));
+                orow[split..].copy_from_slice(b.row(ba, i1, i2, i3));
+                return;
+            }
+            let mut idx = [0, i1, i2, i3];
+            if idx[dim] < split {
+                orow.copy_from_slice(a.row(aa, idx[1], idx[2], idx[3]));
+            } else {
+                idx[dim] -= split;
+                orow.copy_from_slice(b.row(ba, idx[1], idx[2], idx[3]));
+            }
+        });
+    Ok(())
+}
+
+pub(crate) fn set_rows(
+    t: &Tensor,
+    out: &mut [u8],
+    src: &SrcView<'_>,
+    idx: &SrcView<'_>,
+) -> Result<()> {
+    let sa = src.f32s()?;
+    let iv = idx.i32s()?;
+    let (rows, es) = (t.ne[1], t.dtype.type_size());
+    for i in 0..src.t.ne[1] {
+        let r = iv[i * idx.t.nb[0] / 4];
+        let r = usize::try_from(r)
+            .ok()
+            .filter(|&r| r < rows)
+            .ok_or_else(|| unsupported(t, format!("row index {r} outside {rows} rows")))?;
+        let dst = &mut out[r * t.nb[1]..r * t.nb[1] + t.ne[0] * es];
+        let s = src.row(sa, i, 0, 0);
+        match t.dtype {
+            DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(s)),
+            _ => {
+                for (d, &v) in dst.chunks_exact_mut(es).zip(s) {
+                    store_scalar(t.dtype, v, d);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn argmax(t: &Tensor, out: &mut [u8], a: &SrcView<'_>) -> Result<()> {
+    let aa = a.f32s()?;
+    let o: &mut [i32] =
+        bytemuck::try_cast_slice_mut(out).map_err(|_| GraphError::Misaligned(t.name.clone()))?;
+    o.par_iter_mut().enumerate().for_each(|(m, o)| {
+        let row = a.row(aa, m, 0, 0);
+        let mut best = 0;
+        for (i, &v) in row.iter().enumerate() {
+            if v > row[best] {
+                best = i;
+            }
+        }
+        *o = best as i32;
+    });
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! Quantized dot products: activations are quantized once per mul_mat to 8-bit blocks (Q8_0, Q8_1
+//! or Q8_K, as llama.cpp does), then each weight row is dotted in integers block by block.
+//!
+//! Every weight type has a scalar path (built on [`blocks`] decoding) and, for the hot types, SIMD
+//! paths chosen at run time; tests check them against each other.
+
+pub mod blocks;
+
+use crate::tensor::DType;
+use blocks::{decode_small, decode_super, f16_at, put_f16, QK, QK_K};
+
+/// Bytes of one Q8_K block: f32 d, 256 i8, 16 i16 group sums.
+pub const Q8K_BYTES: usize = 4 + QK_K + 32;
+
+/// The 8-bit activation format that weight type `w` is dotted with, or `None` when the weight
+/// is a float type (dotted with f32 activations).
+pub fn act_type(w: DType) -> Option<DType> {
+    match w {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(DType::Q8_0),
+        DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => Some(DType::Q8_K),
+        _ => None,
+    }
+}
+
+/// Which SIMD level the dot products use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Simd {
+    /// Portable Rust.
+    Scalar,
+    /// AVX2 + FMA.
+    Avx2,
+}
+
+/// The best SIMD level of this CPU (detected once).
+pub fn detected() -> Simd {
+    static LEVEL: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Simd::Avx2;
+            }
+        }
+        Simd::Scalar
+    })
+}
+
+/// Quantizes `x` (a multiple of the block size) to the activation format `ty` in `out`.
+pub fn quantize_act(ty: DType, x: &[f32], out: &mut [u8]) {
+    match ty {
+        DType::Q8_K => {
+            for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8K_BYTES)) {
+                quantize_q8k_block(xb, ob);
+            }
+        }
+        _ => {
+            let bytes = ty.type_size();
+            for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bytes)) {
+                quantize_q8_block(ty == DType::Q8_1, xb, ob);
+            }
+        }
+    }
+}
+
+fn quantize_q8_block(with_sum: bool, x: &[f32], out: &mut [u8]) {
+    let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let start = if with_sum { 4 } else { 2 };
+    let mut sum = 0i32;
+    for (o, &v) in out[start..start + QK].iter_mut().zip(x) {
+        let q = (v * id).round() as i32;
+        sum += q;
+        *o = q as i8 as u8;
+    }
+    put_f16(out, 0, d);
+    if with_sum {
+        put_f16(out, 2, d * sum as f32);
+    }
+}
+
+fn quantize_q8k_block(x: &[f32], out: &mut [u8]) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        out.fill(0);
+        return;
+    }
+    let iscale = -127.0 / max;
+    for (o, &v) in out[4..4 + QK_K].iter_mut().zip(x) {
+        *o = ((iscale * v).round() as i32).min(127) as i8 as u8;
+    }
+    for g in 0..16 {
+        let s: i32 = out[4 + 16 * g..4 + 16 * g + 16]
+            .iter()
+            .map(|&b| b as i8 as i32)
+            .sum();
+        out[4 + QK_K + 2 * g..4 + QK_K + 2 * g + 2].copy_from_slice(&(s as i16).to_le_bytes());
+    }
+    out[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+}
+
+/// Dot product of one weight row `w` (`n` values of type `ty`) with an activation row `a` already
+/// quantized to `act_type(ty)`, on the given SIMD level.
+pub fn vec_dot(simd: Simd, ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let _ = simd;
+    vec_dot_scalar(ty, n, w, a)
+}
+
+/// The portable dot product (the reference for the SIMD paths).
+pub fn vec_dot_scalar(ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let wb = ty.type_size();
+    match ty {
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+            let mut acc = 0.0f32;
+            for i in 0..n / QK_K {
+                let s = decode_super(ty, &w[i * wb..(i + 1) * wb]);
+                let ab = &a[i * Q8K_BYTES..(i + 1) * Q8K_BYTES];
+                let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+                let (mut sumi, mut summ) = (0i32, 0i32);
+                for g in 0..16 {
+                    let mut dot = 0i32;
+                    for l in 0..16 {
+                        dot += s.q[16 * g + l] as i32 * ab[4 + 16 * g + l] as i8 as i32;
+                    }
+                    sumi += s.sc[g] as i32 * dot;
+                    let bsum = i16::from_le_bytes([ab[4 + QK_K + 2 * g], ab[4 + QK_K + 2 * g + 1]]);
+                    summ += s.mn[g] as i32 * bsum as i32;
+                }
+                acc += da * (s.d * sumi as f32 - s.dmin * summ as f32);
+            }
+            acc
+        }
+        _ => {
+            let ab_size = if ty == DType::Q4_1 || ty == DType::Q5_1 {
+                36
+            } else {
+                34
+            };
+            let aty = if ab_size == 36 {
+                DType::Q8_1
+            } else {
+                DType::Q8_0
+            };
+            let mut acc = 0.0f32;
+            for i in 0..n / QK {
+                let s = decode_small(ty, &w[i * wb..(i + 1) * wb]);
+                let ab = &a[i * ab_size..(i + 1) * ab_size];
+                let qa = decode_small(aty, ab);
+                let dot: i32 =
+                    s.q.iter()
+                        .zip(&qa.q)
+                        .map(|(&x, &y)| x as i32 * y as i32)
+                        .sum();
+                acc += s.d * qa.d * dot as f32;
+                if aty == DType::Q8_1 {
+                    acc += s.m * f16_at(ab, 2);
+                }
+            }
+            acc
+        }
+    }
+}
+
+/// Dot product of f32 `a` with a row of floats `w` of type F32, F16 or BF16.
+pub fn dot_float(simd: Simd, ty: DType, w: &[u8], a: &[f32]) -> f32 {
+    let _ = simd;
+    let mut acc = 0.0f32;
+    match ty {
+        DType::F32 => {
+            for (c, &x) in w.chunks_exact(4).zip(a) {
+                acc += f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * x;
+            }
+        }
+        DType::F16 => {
+            for (c, &x) in w.chunks_exact(2).zip(a) {
+                acc += half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32() * x;
+            }
+        }
+        _ => {
+            for (c, &x) in w.chunks_exact(2).zip(a) {
+                acc += half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32() * x;
+            }
+        }
+    }
+    acc
+}

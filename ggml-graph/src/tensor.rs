@@ -1,0 +1,271 @@
+//! Tensor descriptors and the op enum: the nodes of a [`crate::Graph`].
+//!
+//! Shapes follow ggml: `ne[0]` is the innermost (contiguous) dimension, `nb[i]` the byte stride of
+//! dimension `i`. A quantized row of `ne[0]` values takes `dtype.row_bytes(ne[0])` bytes.
+
+use gguf::GgmlType;
+
+/// Element type of a tensor: any ggml type (f32, f16, bf16, i32 and every quantized block type).
+pub type DType = GgmlType;
+
+/// Maximum number of dimensions.
+pub const MAX_DIMS: usize = 4;
+
+/// Index of a tensor inside its graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub(crate) u32);
+
+impl TensorId {
+    /// Position of the tensor in its graph's node list.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The id of node `i` (graph methods check that it exists).
+    pub fn from_index(i: usize) -> Self {
+        Self(i as u32)
+    }
+}
+
+/// What a tensor's storage is and who owns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Leaf {
+    /// Data provided per run by the caller (token ids, positions, masks...).
+    Input,
+    /// Read-only bytes bound by name to the executor (e.g. a slice of a mmap'd GGUF), zero-copy.
+    Weight,
+    /// Executor-owned buffer, found by name, that keeps its contents across runs (the KV cache).
+    Persistent,
+}
+
+/// RoPE layout: which dimensions form a rotated pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeMode {
+    /// Adjacent pairs `(2i, 2i+1)` (llama, mistral).
+    Normal,
+    /// Split halves `(i, i + n_dims/2)` (qwen2, qwen3, gemma3...).
+    Neox,
+}
+
+/// Rotary embedding parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Pair layout.
+    pub mode: RopeMode,
+    /// Number of leading dimensions rotated (partial rotary when below the head size).
+    pub n_dims: usize,
+    /// Base of the frequency ladder (10000, 1e6...).
+    pub freq_base: f32,
+    /// Linear position scaling (1.0 for none).
+    pub freq_scale: f32,
+}
+
+/// Elementwise activation used alone or in a gated pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Act {
+    /// GELU, tanh approximation.
+    Gelu,
+    /// SiLU (x * sigmoid(x)).
+    Silu,
+}
+
+/// Fused attention parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Multiplier applied to q.k (usually 1/sqrt(head_dim)).
+    pub scale: f32,
+    /// Mask keys whose position is after the query position.
+    pub causal: bool,
+    /// Sliding window: a key at position `j` is visible from query position `p` only when
+    /// `p - j < window`.
+    pub window: Option<usize>,
+}
+
+/// An operation with its typed parameters; the operands are the node's `src` list, in the order
+/// documented per variant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A leaf: no computation.
+    Leaf(Leaf),
+    /// `[table, ids]`: rows of `table` (any type) picked by I32 `ids` -> f32 `[table.ne0, n]`.
+    GetRows,
+    /// `[w, x]`: `out[n, m] = sum_k w[k, n] * x[k, m]`, batched over dims 2 and 3 with broadcast
+    /// of `w`.
+    MulMat,
+    /// `[a, b]`: elementwise sum, `b` broadcast (repeated) over `a`.
+    Add,
+    /// `[a, b]`: elementwise product, `b` broadcast over `a`.
+    Mul,
+    /// `[a]`: `a * s`.
+    Scale(f32),
+    /// `[a]`: per row `x / sqrt(mean(x^2) + eps)`.
+    RmsNorm {
+        /// Epsilon inside the square root.
+        eps: f32,
+    },
+    /// `[a]`: per row `(x - mean) / sqrt(var + eps)`.
+    Norm {
+        /// Epsilon inside the square root.
+        eps: f32,
+    },
+    /// `[x, pos]` or `[x, pos, freq_factors]`: x is `[head_dim, n_head, n_tok]`, pos I32 `[n_tok]`.
+    Rope(RopeParams),
+    /// `[a]` or `[a, mask]`: row softmax of `a * scale + mask` (mask `[ne0, rows]`, broadcast over
+    /// dims 2 and 3).
+    SoftMax {
+        /// Multiplier applied before the mask.
+        scale: f32,
+    },
+    /// `[a]`: elementwise activation.
+    Unary(Act),
+    /// `[gate, up]`: `act(gate) * up` (swiglu with Silu, geglu with Gelu).
+    Gated(Act),
+    /// `[q, k, v, pos]` or `[q, k, v, pos, mask]`: q `[d, n_head, n_tok]` f32, k `[d, n_kv_head,
+    /// n_kv]`, v `[dv, n_kv_head, n_kv]` (f32/f16/bf16; key `j` has position `j`), pos I32
+    /// `[n_tok]` (query positions), optional additive f32 mask `[n_kv, n_tok]`.
+    /// Result `[dv, n_head, n_tok]` f32. Query head `h` reads kv head `h / (n_head / n_kv_head)`.
+    Attention(AttnParams),
+    /// `[src, dst]`: converts `src` into the (view) `dst` element by element in logical order;
+    /// the result aliases `dst`.
+    Cpy,
+    /// `[a]`: contiguous copy of a (possibly strided) tensor.
+    Cont,
+    /// `[a]`: a view of `a`'s storage (reshape, view, permute, transpose); no computation.
+    View,
+    /// `[a, b]`: concatenation along `dim`.
+    Concat {
+        /// Dimension joined.
+        dim: usize,
+    },
+    /// `[dst, src, idx]`: `dst` row `idx[i]` := `src` row `i`, converted to `dst`'s type; the
+    /// result aliases `dst` (take views of the result to read what was written).
+    SetRows,
+    /// `[a]`: I32 index of the largest value of each row.
+    Argmax,
+}
+
+impl Op {
+    /// Short lower-case name, as in logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Leaf(_) => "leaf",
+            Op::GetRows => "get_rows",
+            Op::MulMat => "mul_mat",
+            Op::Add => "add",
+            Op::Mul => "mul",
+            Op::Scale(_) => "scale",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Norm { .. } => "norm",
+            Op::Rope(_) => "rope",
+            Op::SoftMax { .. } => "soft_max",
+            Op::Unary(Act::Gelu) => "gelu",
+            Op::Unary(Act::Silu) => "silu",
+            Op::Gated(Act::Gelu) => "geglu",
+            Op::Gated(Act::Silu) => "swiglu",
+            Op::Attention(_) => "attention",
+            Op::Cpy => "cpy",
+            Op::Cont => "cont",
+            Op::View => "view",
+            Op::Concat { .. } => "concat",
+            Op::SetRows => "set_rows",
+            Op::Argmax => "argmax",
+        }
+    }
+
+    /// True when the result shares storage with its first view source (no memory of its own).
+    pub fn is_alias(&self) -> bool {
+        matches!(self, Op::View | Op::Cpy | Op::SetRows)
+    }
+}
+
+/// One node of a graph: metadata only, no data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    /// Name (leaves are bound by name; others are for debugging).
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Number of elements per dimension (`ne[0]` innermost).
+    pub ne: [usize; MAX_DIMS],
+    /// Byte stride per dimension.
+    pub nb: [usize; MAX_DIMS],
+    /// Operation producing this tensor.
+    pub op: Op,
+    /// Operands.
+    pub src: Vec<TensorId>,
+    /// When this tensor shares storage with another: that tensor and the byte offset into it.
+    pub view_of: Option<(TensorId, usize)>,
+}
+
+impl Tensor {
+    /// Total number of elements.
+    pub fn nelements(&self) -> usize {
+        self.ne.iter().product()
+    }
+
+    /// Number of rows (all dims but the first).
+    pub fn nrows(&self) -> usize {
+        self.ne[1] * self.ne[2] * self.ne[3]
+    }
+
+    /// Bytes of one contiguous row.
+    pub fn row_bytes(&self) -> usize {
+        row_bytes(self.dtype, self.ne[0])
+    }
+
+    /// True when the layout is the dense row-major one for its shape.
+    pub fn is_contiguous(&self) -> bool {
+        self.nb == contiguous_strides(self.dtype, &self.ne)
+    }
+
+    /// True when each row is dense (dims 1..3 may have any stride).
+    pub fn rows_contiguous(&self) -> bool {
+        self.ne[0] <= 1 || self.nb[0] == self.dtype.type_size()
+    }
+
+    /// Bytes spanned from the tensor's first byte to one past its last.
+    pub fn extent(&self) -> usize {
+        if self.nelements() == 0 {
+            return 0;
+        }
+        let (mut end, first) = if self.dtype.is_quantized() || self.rows_contiguous() {
+            (self.row_bytes(), 1)
+        } else {
+            (self.dtype.type_size(), 0)
+        };
+        for d in first..MAX_DIMS {
+            end += (self.ne[d] - 1) * self.nb[d];
+        }
+        end
+    }
+
+    /// Bytes of a dense tensor of this type and shape.
+    pub fn dense_bytes(&self) -> usize {
+        self.row_bytes() * self.nrows()
+    }
+}
+
+/// Bytes of `n` values of `dtype` (whole blocks).
+pub fn row_bytes(dtype: DType, n: usize) -> usize {
+    n / dtype.block_size() * dtype.type_size()
+}
+
+/// Dense strides for a shape.
+pub fn contiguous_strides(dtype: DType, ne: &[usize; MAX_DIMS]) -> [usize; MAX_DIMS] {
+    let mut nb = [0; MAX_DIMS];
+    nb[0] = dtype.type_size();
+    nb[1] = row_bytes(dtype, ne[0]);
+    nb[2] = nb[1] * ne[1];
+    nb[3] = nb[2] * ne[2];
+    nb
+}
+
+/// Pads a shape of 1 to 4 dims with ones.
+pub(crate) fn shape4(shape: &[usize]) -> Option<[usize; MAX_DIMS]> {
+    if shape.is_empty() || shape.len() > MAX_DIMS {
+        return None;
+    }
+    let mut ne = [1; MAX_DIMS];
+    ne[..shape.len()].copy_from_slice(shape);
+    Some(ne)
+}

