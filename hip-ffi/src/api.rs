@@ -1,0 +1,457 @@
+//! The HIP-shaped API both providers implement: thin, `unsafe` where pointer validity or call
+//! order matters, every status turned into a `Result`.
+
+use std::ffi::{c_void, CStr};
+use std::fmt;
+
+use crate::error::Result;
+
+/// Which vendor stack a provider drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Platform {
+    /// AMD: the HIP runtime (`libamdhip64`) and hipBLAS.
+    Amd,
+    /// NVIDIA: HIP's CUDA platform, i.e. the CUDA driver API and cuBLAS.
+    Nvidia,
+}
+
+impl Platform {
+    /// Lower-case name, as `ROCMFORGE_PLATFORM` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Amd => "amd",
+            Platform::Nvidia => "nvidia",
+        }
+    }
+}
+
+impl fmt::Display for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A device address (`hipDeviceptr_t` / `CUdeviceptr`), kept as an integer so offset arithmetic
+/// is checked and never dereferenced on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(transparent)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The null device pointer.
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// `self + bytes`, or `None` on overflow.
+    pub fn checked_add(self, bytes: u64) -> Option<DevicePtr> {
+        self.0.checked_add(bytes).map(DevicePtr)
+    }
+
+    /// True for the null pointer.
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// As the `void*` HIP takes.
+    pub fn as_raw(self) -> *mut c_void {
+        self.0 as usize as *mut c_void
+    }
+}
+
+macro_rules! handle {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(transparent)]
+        pub struct $name(pub *mut c_void);
+
+        // SAFETY: the handle is an opaque token the vendor runtime accepts from any thread; all
+        // access goes through the runtime, which does its own locking.
+        unsafe impl Send for $name {}
+        // SAFETY: as for Send: sharing the token shares no host memory.
+        unsafe impl Sync for $name {}
+
+        impl $name {
+            /// The null handle (for streams: the legacy default stream).
+            pub const NULL: $name = $name(std::ptr::null_mut());
+
+            /// True for the null handle.
+            pub fn is_null(self) -> bool {
+                self.0.is_null()
+            }
+        }
+    };
+}
+
+handle!(
+    /// `hipStream_t` / `CUstream`.
+    StreamHandle
+);
+handle!(
+    /// `hipEvent_t` / `CUevent`.
+    EventHandle
+);
+handle!(
+    /// `hipModule_t` / `CUmodule`.
+    ModuleHandle
+);
+handle!(
+    /// `hipFunction_t` / `CUfunction`.
+    FunctionHandle
+);
+handle!(
+    /// `hipGraph_t` / `CUgraph`.
+    GraphHandle
+);
+handle!(
+    /// `hipGraphExec_t` / `CUgraphExec`.
+    GraphExecHandle
+);
+handle!(
+    /// `hipblasHandle_t` / `cublasHandle_t`.
+    BlasHandle
+);
+
+/// Device attributes read through `*DeviceGetAttribute` (never the property struct, whose layout
+/// changes between releases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceAttribute {
+    MultiprocessorCount,
+    WarpSize,
+    MaxThreadsPerBlock,
+    MaxSharedMemoryPerBlock,
+    ComputeCapabilityMajor,
+    ComputeCapabilityMinor,
+    ClockRateKhz,
+    MemoryClockRateKhz,
+    MemoryBusWidthBits,
+    L2CacheBytes,
+    PciBusId,
+}
+
+/// Stream-capture modes (`hipStreamCaptureMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureMode {
+    Global,
+    ThreadLocal,
+    Relaxed,
+}
+
+/// Transpose flags for BLAS calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Use the matrix as stored (column-major).
+    N,
+    /// Use its transpose.
+    T,
+}
+
+/// Element types of `gemmEx` operands; compute is always f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmType {
+    F32,
+    F16,
+    BF16,
+}
+
+/// Where `alpha`/`beta` live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointerMode {
+    Host,
+    Device,
+}
+
+/// Arguments of a `gemmEx` (column-major, as BLAS sees it): C = alpha * op(A) op(B) + beta * C,
+/// with f32 compute and `alpha`/`beta` f32 in the handle's pointer mode.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmEx {
+    pub trans_a: Op,
+    pub trans_b: Op,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub alpha: *const f32,
+    pub a: DevicePtr,
+    pub a_type: GemmType,
+    pub lda: i32,
+    pub b: DevicePtr,
+    pub b_type: GemmType,
+    pub ldb: i32,
+    pub beta: *const f32,
+    pub c: DevicePtr,
+    pub c_type: GemmType,
+    pub ldc: i32,
+}
+
+/// Strides (in elements) and count for a strided-batched `gemmEx`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
+    pub count: i32,
+}
+
+/// The HIP API as rocmforge uses it. One implementation per platform; calls act on the calling
+/// thread's current device (set with [`HipApi::set_device`], device 0 until then), as in HIP.
+///
+/// There is deliberately no device-wide synchronisation: callers synchronise the streams they
+/// used.
+pub trait HipApi: Send + Sync {
+    /// Which platform this provider drives.
+    fn platform(&self) -> Platform;
+    /// File names of the vendor libraries in use (for reports).
+    fn library_names(&self) -> Vec<String>;
+    /// Driver version as the vendor encodes it.
+    fn driver_version(&self) -> Result<i32>;
+    /// Number of devices.
+    fn device_count(&self) -> Result<i32>;
+    /// Makes `device` current for the calling thread.
+    fn set_device(&self, device: i32) -> Result<()>;
+    /// The calling thread's current device.
+    fn current_device(&self) -> Result<i32>;
+    /// Marketing name of `device`.
+    fn device_name(&self, device: i32) -> Result<String>;
+    /// One integer attribute of `device`.
+    fn device_attribute(&self, attr: DeviceAttribute, device: i32) -> Result<i32>;
+    /// Architecture name: `gfx90a`, `sm_90`, ...
+    fn device_arch(&self, device: i32) -> Result<String>;
+    /// Total memory of `device` in bytes.
+    fn device_total_mem(&self, device: i32) -> Result<u64>;
+    /// `(free, total)` bytes of the current device.
+    fn mem_get_info(&self) -> Result<(u64, u64)>;
+
+    /// Allocates `bytes` of device memory on the current device.
+    fn malloc(&self, bytes: usize) -> Result<DevicePtr>;
+    /// Frees device memory.
+    ///
+    /// # Safety
+    /// `ptr` came from [`HipApi::malloc`] of this provider, is not freed yet, and no queued work
+    /// still uses it.
+    unsafe fn free(&self, ptr: DevicePtr) -> Result<()>;
+    /// Allocates page-locked host memory.
+    fn host_malloc(&self, bytes: usize) -> Result<*mut c_void>;
+    /// Frees page-locked host memory.
+    ///
+    /// # Safety
+    /// `ptr` came from [`HipApi::host_malloc`], is not freed yet, and no queued copy uses it.
+    unsafe fn host_free(&self, ptr: *mut c_void) -> Result<()>;
+
+    /// Queues a host-to-device copy on `stream`.
+    ///
+    /// # Safety
+    /// `src` is readable for `bytes` until the copy completes (pageable memory: the call returns
+    /// after the source was read); `dst..dst+bytes` is device memory of the current device.
+    unsafe fn memcpy_htod_async(
+        &self,
+        dst: DevicePtr,
+        src: *const c_void,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
+    /// Queues a device-to-host copy on `stream`.
+    ///
+    /// # Safety
+    /// `dst` is writable for `bytes` and not otherwise accessed until the stream passes the copy;
+    /// `src..src+bytes` is device memory.
+    unsafe fn memcpy_dtoh_async(
+        &self,
+        dst: *mut c_void,
+        src: DevicePtr,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
+    /// Queues a device-to-device copy on `stream`.
+    ///
+    /// # Safety
+    /// Both ranges are device memory; they do not overlap.
+    unsafe fn memcpy_dtod_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
+    /// Queues a byte fill on `stream`.
+    ///
+    /// # Safety
+    /// `dst..dst+bytes` is device memory.
+    unsafe fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
+
+    /// Creates a non-blocking stream on the current device.
+    fn stream_create(&self) -> Result<StreamHandle>;
+    /// Destroys a stream.
+    ///
+    /// # Safety
+    /// `stream` is live and not used afterwards.
+    unsafe fn stream_destroy(&self, stream: StreamHandle) -> Result<()>;
+    /// Blocks until all work queued on `stream` is done.
+    ///
+    /// # Safety
+    /// `stream` is live.
+    unsafe fn stream_synchronize(&self, stream: StreamHandle) -> Result<()>;
+    /// True when all work on `stream` is done.
+    ///
+    /// # Safety
+    /// `stream` is live.
+    unsafe fn stream_query(&self, stream: StreamHandle) -> Result<bool>;
+    /// Makes later work on `stream` wait for `event`'s last record.
+    ///
+    /// # Safety
+    /// Both handles are live.
+    unsafe fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;
+
+    /// Creates an event; `timing` false gives a cheaper event without timestamps.
+    fn event_create(&self, timing: bool) -> Result<EventHandle>;
+    /// Destroys an event.
+    ///
+    /// # Safety
+    /// `event` is live and not used afterwards.
+    unsafe fn event_destroy(&self, event: EventHandle) -> Result<()>;
+    /// Records `event` on `stream`.
+    ///
+    /// # Safety
+    /// Both handles are live.
+    unsafe fn event_record(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
+    /// Blocks until `event`'s last record completed.
+    ///
+    /// # Safety
+    /// `event` is live.
+    unsafe fn event_synchronize(&self, event: EventHandle) -> Result<()>;
+    /// True when `event`'s last record completed.
+    ///
+    /// # Safety
+    /// `event` is live.
+    unsafe fn event_query(&self, event: EventHandle) -> Result<bool>;
+    /// Milliseconds between two completed timing events.
+    ///
+    /// # Safety
+    /// Both events are live timing events.
+    unsafe fn event_elapsed_ms(&self, start: EventHandle, stop: EventHandle) -> Result<f32>;
+
+    /// Loads a code object (AMD: HSACO; NVIDIA: cubin, fatbin, or NUL-terminated PTX).
+    ///
+    /// # Safety
+    /// `image` is a valid code object for this platform.
+    unsafe fn module_load_data(&self, image: &[u8]) -> Result<ModuleHandle>;
+    /// Unloads a module.
+    ///
+    /// # Safety
+    /// `module` is live; no function of it is used afterwards and no launch of it is pending.
+    unsafe fn module_unload(&self, module: ModuleHandle) -> Result<()>;
+    /// Looks a kernel up by its (mangled or `extern "C"`) name.
+    ///
+    /// # Safety
+    /// `module` is live.
+    unsafe fn module_get_function(
+        &self,
+        module: ModuleHandle,
+        name: &CStr,
+    ) -> Result<FunctionHandle>;
+    /// Queues a kernel launch.
+    ///
+    /// # Safety
+    /// `params` points to one pointer per kernel parameter, each to a value of the parameter's
+    /// type; every device pointer among them is valid for what the kernel does.
+    unsafe fn launch_kernel(
+        &self,
+        function: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamHandle,
+        params: *mut *mut c_void,
+    ) -> Result<()>;
+
+    /// Starts capturing the work queued on `stream` into a graph.
+    ///
+    /// # Safety
+    /// `stream` is live and not the null stream.
+    unsafe fn stream_begin_capture(&self, stream: StreamHandle, mode: CaptureMode) -> Result<()>;
+    /// Ends a capture and returns the captured graph.
+    ///
+    /// # Safety
+    /// `stream` is capturing.
+    unsafe fn stream_end_capture(&self, stream: StreamHandle) -> Result<GraphHandle>;
+    /// Instantiates a graph for launching.
+    ///
+    /// # Safety
+    /// `graph` is live.
+    unsafe fn graph_instantiate(&self, graph: GraphHandle) -> Result<GraphExecHandle>;
+    /// Queues an instantiated graph on `stream`.
+    ///
+    /// # Safety
+    /// Both handles are live; the memory the graph's nodes use is still allocated.
+    unsafe fn graph_launch(&self, exec: GraphExecHandle, stream: StreamHandle) -> Result<()>;
+    /// Destroys a graph.
+    ///
+    /// # Safety
+    /// `graph` is live and not used afterwards.
+    unsafe fn graph_destroy(&self, graph: GraphHandle) -> Result<()>;
+    /// Destroys an instantiated graph.
+    ///
+    /// # Safety
+    /// `exec` is live, not used afterwards, and no launch of it is pending.
+    unsafe fn graph_exec_destroy(&self, exec: GraphExecHandle) -> Result<()>;
+
+    /// Loads the BLAS library if needed and creates a handle on the current device.
+    fn blas_create(&self) -> Result<BlasHandle>;
+    /// Destroys a BLAS handle.
+    ///
+    /// # Safety
+    /// `handle` is live and not used afterwards.
+    unsafe fn blas_destroy(&self, handle: BlasHandle) -> Result<()>;
+    /// Binds a BLAS handle to a stream.
+    ///
+    /// # Safety
+    /// Both handles are live.
+    unsafe fn blas_set_stream(&self, handle: BlasHandle, stream: StreamHandle) -> Result<()>;
+    /// Sets where `alpha`/`beta` are read from.
+    ///
+    /// # Safety
+    /// `handle` is live.
+    unsafe fn blas_set_pointer_mode(&self, handle: BlasHandle, mode: PointerMode) -> Result<()>;
+    /// f32 GEMM, column-major.
+    ///
+    /// # Safety
+    /// `handle` is live; `alpha`/`beta` point to f32 in the handle's pointer mode; the matrices are
+    /// device memory of the sizes `m`,`n`,`k` and the leading dimensions imply.
+    #[allow(clippy::too_many_arguments, reason = "mirrors the BLAS signature")]
+    unsafe fn sgemm(
+        &self,
+        handle: BlasHandle,
+        trans_a: Op,
+        trans_b: Op,
+        m: i32,
+        n: i32,
+        k: i32,
+        alpha: *const f32,
+        a: DevicePtr,
+        lda: i32,
+        b: DevicePtr,
+        ldb: i32,
+        beta: *const f32,
+        c: DevicePtr,
+        ldc: i32,
+    ) -> Result<()>;
+    /// Mixed-precision GEMM with f32 compute.
+    ///
+    /// # Safety
+    /// As [`HipApi::sgemm`], for the element types given.
+    unsafe fn gemm_ex(&self, handle: BlasHandle, args: &GemmEx) -> Result<()>;
+    /// Strided-batched mixed-precision GEMM with f32 compute.
+    ///
+    /// # Safety
+    /// As [`HipApi::gemm_ex`], for every matrix of the batch.
+    unsafe fn gemm_strided_batched_ex(
+        &self,
+        handle: BlasHandle,
+        args: &GemmEx,
+        batch: &Batch,
+    ) -> Result<()>;
+}

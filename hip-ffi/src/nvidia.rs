@@ -1,0 +1,920 @@
+//! The NVIDIA provider: HIP's CUDA platform done at run time. Each HIP call maps to the CUDA
+//! driver API (`libcuda.so.1`), each hipBLAS call to cuBLAS, and native status codes to HIP's.
+//!
+//! The driver API needs a current context per thread; HIP's device model is reproduced with each
+//! device's primary context, made current by `set_device` (device 0 for a thread that never chose).
+
+use std::cell::Cell;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+
+use crate::amd::{blas_status_name, c_buf_to_string};
+use crate::api::*;
+use crate::error::{code, BlasError, Error, HipError, LoadError, Result};
+use crate::loader;
+use crate::sys::cublas::{
+    self as cb, cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cublasPointerMode_t,
+    cublasStatus_t, cudaDataType_t, CublasLib,
+};
+use crate::sys::cuda::{self as cu, cudaError_enum as ce, CUdevice_attribute_enum as ca, CudaLib};
+use crate::sys::hip::hipError_t as he;
+
+/// The CUDA driver API plus a lazily loaded cuBLAS.
+pub struct NvidiaProvider {
+    cuda: CudaLib,
+    cuda_name: String,
+    /// Primary context per device ordinal, retained on first use and kept for the process.
+    contexts: Mutex<Vec<Option<usize>>>,
+    blas: OnceLock<std::result::Result<(CublasLib, String), Error>>,
+}
+
+thread_local! {
+    /// The device whose primary context this thread made current through the NVIDIA provider.
+    static CURRENT: Cell<i32> = const { Cell::new(-1) };
+}
+
+/// Maps a `CUresult` to the `hipError_t` HIP's CUDA platform reports for it.
+pub fn cu_to_hip(status: u32) -> i32 {
+    let h = match status {
+        ce::CUDA_SUCCESS => he::hipSuccess,
+        ce::CUDA_ERROR_INVALID_VALUE => he::hipErrorInvalidValue,
+        ce::CUDA_ERROR_OUT_OF_MEMORY => he::hipErrorOutOfMemory,
+        ce::CUDA_ERROR_NOT_INITIALIZED => he::hipErrorNotInitialized,
+        ce::CUDA_ERROR_DEINITIALIZED => he::hipErrorDeinitialized,
+        ce::CUDA_ERROR_PROFILER_DISABLED => he::hipErrorProfilerDisabled,
+        ce::CUDA_ERROR_PROFILER_NOT_INITIALIZED => he::hipErrorProfilerNotInitialized,
+        ce::CUDA_ERROR_PROFILER_ALREADY_STARTED => he::hipErrorProfilerAlreadyStarted,
+        ce::CUDA_ERROR_PROFILER_ALREADY_STOPPED => he::hipErrorProfilerAlreadyStopped,
+        ce::CUDA_ERROR_STUB_LIBRARY | ce::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH => {
+            he::hipErrorInsufficientDriver
+        }
+        ce::CUDA_ERROR_NO_DEVICE | ce::CUDA_ERROR_DEVICE_UNAVAILABLE => he::hipErrorNoDevice,
+        ce::CUDA_ERROR_INVALID_DEVICE => he::hipErrorInvalidDevice,
+        ce::CUDA_ERROR_INVALID_IMAGE => he::hipErrorInvalidImage,
+        ce::CUDA_ERROR_INVALID_CONTEXT => he::hipErrorInvalidContext,
+        ce::CUDA_ERROR_CONTEXT_ALREADY_CURRENT => he::hipErrorContextAlreadyCurrent,
+        ce::CUDA_ERROR_MAP_FAILED => he::hipErrorMapFailed,
+        ce::CUDA_ERROR_UNMAP_FAILED => he::hipErrorUnmapFailed,
+        ce::CUDA_ERROR_ARRAY_IS_MAPPED => he::hipErrorArrayIsMapped,
+        ce::CUDA_ERROR_ALREADY_MAPPED => he::hipErrorAlreadyMapped,
+        ce::CUDA_ERROR_NO_BINARY_FOR_GPU => he::hipErrorNoBinaryForGpu,
+        ce::CUDA_ERROR_ALREADY_ACQUIRED => he::hipErrorAlreadyAcquired,
+        ce::CUDA_ERROR_NOT_MAPPED => he::hipErrorNotMapped,
+        ce::CUDA_ERROR_NOT_MAPPED_AS_ARRAY => he::hipErrorNotMappedAsArray,
+        ce::CUDA_ERROR_NOT_MAPPED_AS_POINTER => he::hipErrorNotMappedAsPointer,
+        ce::CUDA_ERROR_ECC_UNCORRECTABLE => he::hipErrorECCNotCorrectable,
+        ce::CUDA_ERROR_UNSUPPORTED_LIMIT => he::hipErrorUnsupportedLimit,
+        ce::CUDA_ERROR_CONTEXT_ALREADY_IN_USE => he::hipErrorContextAlreadyInUse,
+        ce::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED => he::hipErrorPeerAccessUnsupported,
+        ce::CUDA_ERROR_INVALID_PTX
+        | ce::CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+        | ce::CUDA_ERROR_JIT_COMPILER_NOT_FOUND => he::hipErrorInvalidKernelFile,
+        ce::CUDA_ERROR_INVALID_GRAPHICS_CONTEXT => he::hipErrorInvalidGraphicsContext,
+        ce::CUDA_ERROR_INVALID_SOURCE => he::hipErrorInvalidSource,
+        ce::CUDA_ERROR_FILE_NOT_FOUND => he::hipErrorFileNotFound,
+        ce::CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND => he::hipErrorSharedObjectSymbolNotFound,
+        ce::CUDA_ERROR_SHARED_OBJECT_INIT_FAILED => he::hipErrorSharedObjectInitFailed,
+        ce::CUDA_ERROR_OPERATING_SYSTEM => he::hipErrorOperatingSystem,
+        ce::CUDA_ERROR_INVALID_HANDLE => he::hipErrorInvalidHandle,
+        ce::CUDA_ERROR_ILLEGAL_STATE => he::hipErrorIllegalState,
+        ce::CUDA_ERROR_NOT_FOUND => he::hipErrorNotFound,
+        ce::CUDA_ERROR_NOT_READY => he::hipErrorNotReady,
+        ce::CUDA_ERROR_ILLEGAL_ADDRESS => he::hipErrorIllegalAddress,
+        ce::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES => he::hipErrorLaunchOutOfResources,
+        ce::CUDA_ERROR_LAUNCH_TIMEOUT => he::hipErrorLaunchTimeOut,
+        ce::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => he::hipErrorPeerAccessAlreadyEnabled,
+        ce::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED => he::hipErrorPeerAccessNotEnabled,
+        ce::CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE => he::hipErrorSetOnActiveProcess,
+        ce::CUDA_ERROR_CONTEXT_IS_DESTROYED => he::hipErrorContextIsDestroyed,
+        ce::CUDA_ERROR_ASSERT => he::hipErrorAssert,
+        ce::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => he::hipErrorHostMemoryAlreadyRegistered,
+        ce::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED => he::hipErrorHostMemoryNotRegistered,
+        ce::CUDA_ERROR_LAUNCH_FAILED
+        | ce::CUDA_ERROR_HARDWARE_STACK_ERROR
+        | ce::CUDA_ERROR_ILLEGAL_INSTRUCTION
+        | ce::CUDA_ERROR_MISALIGNED_ADDRESS
+        | ce::CUDA_ERROR_INVALID_ADDRESS_SPACE
+        | ce::CUDA_ERROR_INVALID_PC => he::hipErrorLaunchFailure,
+        ce::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE => he::hipErrorCooperativeLaunchTooLarge,
+        ce::CUDA_ERROR_NOT_SUPPORTED | ce::CUDA_ERROR_NOT_PERMITTED => he::hipErrorNotSupported,
+        ce::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED => he::hipErrorStreamCaptureUnsupported,
+        ce::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED => he::hipErrorStreamCaptureInvalidated,
+        ce::CUDA_ERROR_STREAM_CAPTURE_MERGE => he::hipErrorStreamCaptureMerge,
+        ce::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED => he::hipErrorStreamCaptureUnmatched,
+        ce::CUDA_ERROR_STREAM_CAPTURE_UNJOINED => he::hipErrorStreamCaptureUnjoined,
+        ce::CUDA_ERROR_STREAM_CAPTURE_ISOLATION => he::hipErrorStreamCaptureIsolation,
+        ce::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => he::hipErrorStreamCaptureImplicit,
+        ce::CUDA_ERROR_CAPTURED_EVENT => he::hipErrorCapturedEvent,
+        ce::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD => he::hipErrorStreamCaptureWrongThread,
+        ce::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => he::hipErrorGraphExecUpdateFailure,
+        _ => he::hipErrorUnknown,
+    };
+    h as i32
+}
+
+/// Maps a `cublasStatus_t` to the `hipblasStatus_t` hipBLAS reports for it.
+pub fn cublas_to_hipblas(status: u32) -> i32 {
+    use crate::sys::hipblas as hb;
+    match status {
+        cublasStatus_t::CUBLAS_STATUS_SUCCESS => hb::HIPBLAS_STATUS_SUCCESS,
+        cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED => hb::HIPBLAS_STATUS_NOT_INITIALIZED,
+        cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => hb::HIPBLAS_STATUS_ALLOC_FAILED,
+        cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE => hb::HIPBLAS_STATUS_INVALID_VALUE,
+        cublasStatus_t::CUBLAS_STATUS_ARCH_MISMATCH => hb::HIPBLAS_STATUS_ARCH_MISMATCH,
+        cublasStatus_t::CUBLAS_STATUS_MAPPING_ERROR => hb::HIPBLAS_STATUS_MAPPING_ERROR,
+        cublasStatus_t::CUBLAS_STATUS_EXECUTION_FAILED => hb::HIPBLAS_STATUS_EXECUTION_FAILED,
+        cublasStatus_t::CUBLAS_STATUS_INTERNAL_ERROR => hb::HIPBLAS_STATUS_INTERNAL_ERROR,
+        cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => hb::HIPBLAS_STATUS_NOT_SUPPORTED,
+        _ => hb::HIPBLAS_STATUS_UNKNOWN,
+    }
+}
+
+fn cu_attr(a: DeviceAttribute) -> ca::Type {
+    match a {
+        DeviceAttribute::MultiprocessorCount => ca::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        DeviceAttribute::WarpSize => ca::CU_DEVICE_ATTRIBUTE_WARP_SIZE,
+        DeviceAttribute::MaxThreadsPerBlock => ca::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+        DeviceAttribute::MaxSharedMemoryPerBlock => {
+            ca::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
+        }
+        DeviceAttribute::ComputeCapabilityMajor => ca::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        DeviceAttribute::ComputeCapabilityMinor => ca::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        DeviceAttribute::ClockRateKhz => ca::CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
+        DeviceAttribute::MemoryClockRateKhz => ca::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE,
+        DeviceAttribute::MemoryBusWidthBits => ca::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
+        DeviceAttribute::L2CacheBytes => ca::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+        DeviceAttribute::PciBusId => ca::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+    }
+}
+
+fn cu_op(op: Op) -> cublasOperation_t::Type {
+    match op {
+        Op::N => cublasOperation_t::CUBLAS_OP_N,
+        Op::T => cublasOperation_t::CUBLAS_OP_T,
+    }
+}
+
+/// cuBLAS numbers data types as CUDA's `cudaDataType_t`, not as hipBLAS does.
+fn cu_type(t: GemmType) -> cudaDataType_t::Type {
+    match t {
+        GemmType::F32 => cudaDataType_t::CUDA_R_32F,
+        GemmType::F16 => cudaDataType_t::CUDA_R_16F,
+        GemmType::BF16 => cudaDataType_t::CUDA_R_16BF,
+    }
+}
+
+const COMPUTE_32F: cublasComputeType_t::Type = cublasComputeType_t::CUBLAS_COMPUTE_32F;
+const GEMM_DEFAULT: cublasGemmAlgo_t::Type = cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+
+impl NvidiaProvider {
+    /// Loads the CUDA driver library and initialises it.
+    pub fn load() -> Result<Self> {
+        let lib = loader::open_first("CUDA driver", &loader::cuda_candidates())?;
+        // SAFETY: the library is NVIDIA's driver library (matched by soname); the versioned
+        // symbols in the table keep their CUDA 11.8 signatures in every later driver.
+        let cuda = unsafe { CudaLib::from_library(lib.library) }.map_err(|e| {
+            Error::Load(LoadError {
+                what: "CUDA driver",
+                tried: vec![(lib.name.clone(), format!("missing symbol: {e}"))],
+            })
+        })?;
+        let p = NvidiaProvider {
+            cuda,
+            cuda_name: lib.name,
+            contexts: Mutex::new(Vec::new()),
+            blas: OnceLock::new(),
+        };
+        // SAFETY: flags must be 0.
+        p.check("hipInit", unsafe { p.cuda.cuInit(0) })?;
+        Ok(p)
+    }
+
+    fn check(&self, call: &'static str, status: cu::CUresult) -> Result<()> {
+        if status == ce::CUDA_SUCCESS {
+            return Ok(());
+        }
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: writes one pointer to a static string (or leaves it null for unknown codes).
+        unsafe { self.cuda.cuGetErrorString(status, &mut name) };
+        let message = if name.is_null() {
+            "unknown CUDA error".to_owned()
+        } else {
+            // SAFETY: non-null, NUL-terminated, static.
+            unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        Err(Error::Hip(HipError {
+            call,
+            code: cu_to_hip(status),
+            native: Some(("CUresult", status as i32)),
+            message,
+        }))
+    }
+
+    /// Makes sure the calling thread has a current context (device 0 unless it chose one).
+    fn ctx(&self) -> Result<()> {
+        if CURRENT.with(Cell::get) >= 0 {
+            return Ok(());
+        }
+        self.set_device(0)
+    }
+
+    fn blas(&self) -> Result<&(CublasLib, String)> {
+        self.blas
+            .get_or_init(|| {
+                let lib = loader::open_first("cuBLAS", &loader::cublas_candidates())?;
+                // SAFETY: the library is cuBLAS (matched by soname); the `_v2` and `Ex` entry
+                // points keep their CUDA 11 signatures in cuBLAS 12 and 13.
+                let table = unsafe { CublasLib::from_library(lib.library) }.map_err(|e| {
+                    Error::Load(LoadError {
+                        what: "cuBLAS",
+                        tried: vec![(lib.name.clone(), format!("missing symbol: {e}"))],
+                    })
+                })?;
+                Ok((table, lib.name))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn blas_check(&self, call: &'static str, status: cublasStatus_t::Type) -> Result<()> {
+        if status == cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Ok(());
+        }
+        let hip_status = cublas_to_hipblas(status);
+        let message = match self.blas() {
+            Ok((b, _)) => {
+                // SAFETY: returns a static NUL-terminated string for any status.
+                let p = unsafe { b.cublasGetStatusString(status) };
+                if p.is_null() {
+                    blas_status_name(hip_status).to_owned()
+                } else {
+                    // SAFETY: non-null, NUL-terminated, static.
+                    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+                }
+            }
+            Err(_) => blas_status_name(hip_status).to_owned(),
+        };
+        Err(Error::Blas(BlasError {
+            call,
+            status: hip_status,
+            native: Some(status as i32),
+            message,
+        }))
+    }
+
+    fn int_arg(call: &'static str, what: &str, v: i64) -> Result<i32> {
+        i32::try_from(v).map_err(|_| Error::InvalidArgument {
+            call,
+            what: format!("{what} = {v} does not fit a C int"),
+        })
+    }
+}
+
+impl HipApi for NvidiaProvider {
+    fn platform(&self) -> Platform {
+        Platform::Nvidia
+    }
+
+    fn library_names(&self) -> Vec<String> {
+        let mut v = vec![self.cuda_name.clone()];
+        if let Some(Ok((_, name))) = self.blas.get() {
+            v.push(name.clone());
+        }
+        v
+    }
+
+    fn driver_version(&self) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        self.check("hipDriverGetVersion", unsafe {
+            self.cuda.cuDriverGetVersion(&mut v)
+        })?;
+        Ok(v)
+    }
+
+    fn device_count(&self) -> Result<i32> {
+        let mut n = 0;
+        // SAFETY: writes one int.
+        self.check("hipGetDeviceCount", unsafe {
+            self.cuda.cuDeviceGetCount(&mut n)
+        })?;
+        Ok(n)
+    }
+
+    fn set_device(&self, device: i32) -> Result<()> {
+        if CURRENT.with(Cell::get) == device {
+            return Ok(());
+        }
+        let idx = usize::try_from(device).map_err(|_| {
+            Error::Hip(HipError {
+                call: "hipSetDevice",
+                code: code::INVALID_DEVICE,
+                native: None,
+                message: format!("invalid device ordinal {device}"),
+            })
+        })?;
+        let ctx = {
+            let mut contexts = self.contexts.lock();
+            if contexts.len() <= idx {
+                contexts.resize(idx + 1, None);
+            }
+            match contexts[idx] {
+                Some(c) => c as cu::CUcontext,
+                None => {
+                    let mut dev: cu::CUdevice = 0;
+                    // SAFETY: writes one int; the driver validates the ordinal.
+                    self.check("hipSetDevice", unsafe {
+                        self.cuda.cuDeviceGet(&mut dev, device)
+                    })?;
+                    let mut c: cu::CUcontext = std::ptr::null_mut();
+                    // SAFETY: writes one handle. The primary context is retained for the life of
+                    // the process (HIP's device model has no release either).
+                    self.check("hipSetDevice", unsafe {
+                        self.cuda.cuDevicePrimaryCtxRetain(&mut c, dev)
+                    })?;
+                    contexts[idx] = Some(c as usize);
+                    c
+                }
+            }
+        };
+        // SAFETY: `ctx` is a retained primary context.
+        self.check("hipSetDevice", unsafe { self.cuda.cuCtxSetCurrent(ctx) })?;
+        CURRENT.with(|c| c.set(device));
+        Ok(())
+    }
+
+    fn current_device(&self) -> Result<i32> {
+        self.ctx()?;
+        Ok(CURRENT.with(Cell::get))
+    }
+
+    fn device_name(&self, device: i32) -> Result<String> {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the buffer holds `len` bytes; the driver NUL-terminates within it.
+        self.check("hipDeviceGetName", unsafe {
+            self.cuda
+                .cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, device)
+        })?;
+        Ok(c_buf_to_string(&buf))
+    }
+
+    fn device_attribute(&self, a: DeviceAttribute, device: i32) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        self.check("hipDeviceGetAttribute", unsafe {
+            self.cuda.cuDeviceGetAttribute(&mut v, cu_attr(a), device)
+        })?;
+        Ok(v)
+    }
+
+    fn device_arch(&self, device: i32) -> Result<String> {
+        let major = self.device_attribute(DeviceAttribute::ComputeCapabilityMajor, device)?;
+        let minor = self.device_attribute(DeviceAttribute::ComputeCapabilityMinor, device)?;
+        Ok(format!("sm_{major}{minor}"))
+    }
+
+    fn device_total_mem(&self, device: i32) -> Result<u64> {
+        let mut v = 0usize;
+        // SAFETY: writes one size_t.
+        self.check("hipDeviceTotalMem", unsafe {
+            self.cuda.cuDeviceTotalMem_v2(&mut v, device)
+        })?;
+        Ok(v as u64)
+    }
+
+    fn mem_get_info(&self) -> Result<(u64, u64)> {
+        self.ctx()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t.
+        self.check("hipMemGetInfo", unsafe {
+            self.cuda.cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn malloc(&self, bytes: usize) -> Result<DevicePtr> {
+        self.ctx()?;
+        let mut p: cu::CUdeviceptr = 0;
+        // SAFETY: writes one device pointer.
+        self.check("hipMalloc", unsafe {
+            self.cuda.cuMemAlloc_v2(&mut p, bytes)
+        })?;
+        Ok(DevicePtr(p))
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees `ptr` is a live allocation no queued work uses.
+        self.check("hipFree", unsafe { self.cuda.cuMemFree_v2(ptr.0) })
+    }
+
+    fn host_malloc(&self, bytes: usize) -> Result<*mut c_void> {
+        self.ctx()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        self.check("hipHostMalloc", unsafe {
+            self.cuda.cuMemAllocHost_v2(&mut p, bytes)
+        })?;
+        Ok(p)
+    }
+
+    unsafe fn host_free(&self, ptr: *mut c_void) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees `ptr` is a live pinned allocation.
+        self.check("hipHostFree", unsafe { self.cuda.cuMemFreeHost(ptr) })
+    }
+
+    unsafe fn memcpy_htod_async(
+        &self,
+        dst: DevicePtr,
+        src: *const c_void,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees both ranges are valid for `bytes`.
+        self.check("hipMemcpyHtoDAsync", unsafe {
+            self.cuda
+                .cuMemcpyHtoDAsync_v2(dst.0, src, bytes, stream.0.cast())
+        })
+    }
+
+    unsafe fn memcpy_dtoh_async(
+        &self,
+        dst: *mut c_void,
+        src: DevicePtr,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees both ranges are valid for `bytes`.
+        self.check("hipMemcpyDtoHAsync", unsafe {
+            self.cuda
+                .cuMemcpyDtoHAsync_v2(dst, src.0, bytes, stream.0.cast())
+        })
+    }
+
+    unsafe fn memcpy_dtod_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees both ranges are valid device memory.
+        self.check("hipMemcpyDtoDAsync", unsafe {
+            self.cuda
+                .cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream.0.cast())
+        })
+    }
+
+    unsafe fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the range is device memory.
+        self.check("hipMemsetD8Async", unsafe {
+            self.cuda
+                .cuMemsetD8Async(dst.0, value, bytes, stream.0.cast())
+        })
+    }
+
+    fn stream_create(&self) -> Result<StreamHandle> {
+        self.ctx()?;
+        let mut s: cu::CUstream = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        self.check("hipStreamCreateWithFlags", unsafe {
+            self.cuda
+                .cuStreamCreate(&mut s, cu::CUstream_flags_enum::CU_STREAM_NON_BLOCKING)
+        })?;
+        Ok(StreamHandle(s.cast()))
+    }
+
+    unsafe fn stream_destroy(&self, stream: StreamHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the stream is live and unused afterwards.
+        self.check("hipStreamDestroy", unsafe {
+            self.cuda.cuStreamDestroy_v2(stream.0.cast())
+        })
+    }
+
+    unsafe fn stream_synchronize(&self, stream: StreamHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the stream is live.
+        self.check("hipStreamSynchronize", unsafe {
+            self.cuda.cuStreamSynchronize(stream.0.cast())
+        })
+    }
+
+    unsafe fn stream_query(&self, stream: StreamHandle) -> Result<bool> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the stream is live.
+        let s = unsafe { self.cuda.cuStreamQuery(stream.0.cast()) };
+        if s == ce::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        self.check("hipStreamQuery", s).map(|()| true)
+    }
+
+    unsafe fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees both are live; flags must be 0.
+        self.check("hipStreamWaitEvent", unsafe {
+            self.cuda
+                .cuStreamWaitEvent(stream.0.cast(), event.0.cast(), 0)
+        })
+    }
+
+    fn event_create(&self, timing: bool) -> Result<EventHandle> {
+        self.ctx()?;
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        let flags = if timing {
+            cu::CUevent_flags_enum::CU_EVENT_DEFAULT
+        } else {
+            cu::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING
+        };
+        // SAFETY: writes one handle.
+        self.check("hipEventCreateWithFlags", unsafe {
+            self.cuda.cuEventCreate(&mut e, flags)
+        })?;
+        Ok(EventHandle(e.cast()))
+    }
+
+    unsafe fn event_destroy(&self, event: EventHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the event is live and unused afterwards.
+        self.check("hipEventDestroy", unsafe {
+            self.cuda.cuEventDestroy_v2(event.0.cast())
+        })
+    }
+
+    unsafe fn event_record(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees both are live.
+        self.check("hipEventRecord", unsafe {
+            self.cuda.cuEventRecord(event.0.cast(), stream.0.cast())
+        })
+    }
+
+    unsafe fn event_synchronize(&self, event: EventHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the event is live.
+        self.check("hipEventSynchronize", unsafe {
+            self.cuda.cuEventSynchronize(event.0.cast())
+        })
+    }
+
+    unsafe fn event_query(&self, event: EventHandle) -> Result<bool> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the event is live.
+        let s = unsafe { self.cuda.cuEventQuery(event.0.cast()) };
+        if s == ce::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        self.check("hipEventQuery", s).map(|()| true)
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: EventHandle, stop: EventHandle) -> Result<f32> {
+        self.ctx()?;
+        let mut ms = 0f32;
+        // SAFETY: the caller guarantees both are live timing events; writes one float.
+        self.check("hipEventElapsedTime", unsafe {
+            self.cuda
+                .cuEventElapsedTime(&mut ms, start.0.cast(), stop.0.cast())
+        })?;
+        Ok(ms)
+    }
+
+    unsafe fn module_load_data(&self, image: &[u8]) -> Result<ModuleHandle> {
+        self.ctx()?;
+        let mut m: cu::CUmodule = std::ptr::null_mut();
+        // SAFETY: the caller guarantees a valid cubin/fatbin/NUL-terminated PTX image; the
+        // driver reads it during the call only.
+        self.check("hipModuleLoadData", unsafe {
+            self.cuda.cuModuleLoadData(&mut m, image.as_ptr().cast())
+        })?;
+        Ok(ModuleHandle(m.cast()))
+    }
+
+    unsafe fn module_unload(&self, module: ModuleHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the module is live and unused afterwards.
+        self.check("hipModuleUnload", unsafe {
+            self.cuda.cuModuleUnload(module.0.cast())
+        })
+    }
+
+    unsafe fn module_get_function(
+        &self,
+        module: ModuleHandle,
+        name: &CStr,
+    ) -> Result<FunctionHandle> {
+        self.ctx()?;
+        let mut f: cu::CUfunction = std::ptr::null_mut();
+        // SAFETY: the caller guarantees the module is live; `name` is NUL-terminated.
+        self.check("hipModuleGetFunction", unsafe {
+            self.cuda
+                .cuModuleGetFunction(&mut f, module.0.cast(), name.as_ptr())
+        })?;
+        Ok(FunctionHandle(f.cast()))
+    }
+
+    unsafe fn launch_kernel(
+        &self,
+        function: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamHandle,
+        params: *mut *mut c_void,
+    ) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees `params` matches the kernel's parameters.
+        self.check("hipModuleLaunchKernel", unsafe {
+            self.cuda.cuLaunchKernel(
+                function.0.cast(),
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_mem_bytes,
+                stream.0.cast(),
+                params,
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    unsafe fn stream_begin_capture(&self, stream: StreamHandle, mode: CaptureMode) -> Result<()> {
+        use cu::CUstreamCaptureMode_enum as m;
+        self.ctx()?;
+        let mode = match mode {
+            CaptureMode::Global => m::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => m::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => m::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        // SAFETY: the caller guarantees the stream is live and not the null stream.
+        self.check("hipStreamBeginCapture", unsafe {
+            self.cuda.cuStreamBeginCapture_v2(stream.0.cast(), mode)
+        })
+    }
+
+    unsafe fn stream_end_capture(&self, stream: StreamHandle) -> Result<GraphHandle> {
+        self.ctx()?;
+        let mut g: cu::CUgraph = std::ptr::null_mut();
+        // SAFETY: the caller guarantees the stream is capturing; writes one handle.
+        self.check("hipStreamEndCapture", unsafe {
+            self.cuda.cuStreamEndCapture(stream.0.cast(), &mut g)
+        })?;
+        Ok(GraphHandle(g.cast()))
+    }
+
+    unsafe fn graph_instantiate(&self, graph: GraphHandle) -> Result<GraphExecHandle> {
+        self.ctx()?;
+        let mut e: cu::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: the caller guarantees the graph is live; writes one handle.
+        self.check("hipGraphInstantiate", unsafe {
+            self.cuda
+                .cuGraphInstantiateWithFlags(&mut e, graph.0.cast(), 0)
+        })?;
+        Ok(GraphExecHandle(e.cast()))
+    }
+
+    unsafe fn graph_launch(&self, exec: GraphExecHandle, stream: StreamHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees both handles are live.
+        self.check("hipGraphLaunch", unsafe {
+            self.cuda.cuGraphLaunch(exec.0.cast(), stream.0.cast())
+        })
+    }
+
+    unsafe fn graph_destroy(&self, graph: GraphHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the graph is live and unused afterwards.
+        self.check("hipGraphDestroy", unsafe {
+            self.cuda.cuGraphDestroy(graph.0.cast())
+        })
+    }
+
+    unsafe fn graph_exec_destroy(&self, exec: GraphExecHandle) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees the exec is live and unused afterwards.
+        self.check("hipGraphExecDestroy", unsafe {
+            self.cuda.cuGraphExecDestroy(exec.0.cast())
+        })
+    }
+
+    fn blas_create(&self) -> Result<BlasHandle> {
+        self.ctx()?;
+        let (b, _) = self.blas()?;
+        let mut h: cb::cublasHandle_t = std::ptr::null_mut();
+        // SAFETY: writes one handle; the thread's current context is the device's primary one.
+        self.blas_check("hipblasCreate", unsafe { b.cublasCreate_v2(&mut h) })?;
+        Ok(BlasHandle(h.cast()))
+    }
+
+    unsafe fn blas_destroy(&self, handle: BlasHandle) -> Result<()> {
+        self.ctx()?;
+        let (b, _) = self.blas()?;
+        // SAFETY: the caller guarantees the handle is live and unused afterwards.
+        self.blas_check("hipblasDestroy", unsafe {
+            b.cublasDestroy_v2(handle.0.cast())
+        })
+    }
+
+    unsafe fn blas_set_stream(&self, handle: BlasHandle, stream: StreamHandle) -> Result<()> {
+        let (b, _) = self.blas()?;
+        // SAFETY: the caller guarantees both handles are live.
+        self.blas_check("hipblasSetStream", unsafe {
+            b.cublasSetStream_v2(handle.0.cast(), stream.0.cast())
+        })
+    }
+
+    unsafe fn blas_set_pointer_mode(&self, handle: BlasHandle, mode: PointerMode) -> Result<()> {
+        let (b, _) = self.blas()?;
+        let mode = match mode {
+            PointerMode::Host => cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST,
+            PointerMode::Device => cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE,
+        };
+        // SAFETY: the caller guarantees the handle is live.
+        self.blas_check("hipblasSetPointerMode", unsafe {
+            b.cublasSetPointerMode_v2(handle.0.cast(), mode)
+        })
+    }
+
+    unsafe fn sgemm(
+        &self,
+        handle: BlasHandle,
+        trans_a: Op,
+        trans_b: Op,
+        m: i32,
+        n: i32,
+        k: i32,
+        alpha: *const f32,
+        a: DevicePtr,
+        lda: i32,
+        b: DevicePtr,
+        ldb: i32,
+        beta: *const f32,
+        c: DevicePtr,
+        ldc: i32,
+    ) -> Result<()> {
+        self.ctx()?;
+        let (lib, _) = self.blas()?;
+        // SAFETY: the caller guarantees the handle, scalars and matrices are valid.
+        self.blas_check("hipblasSgemm", unsafe {
+            lib.cublasSgemm_v2(
+                handle.0.cast(),
+                cu_op(trans_a),
+                cu_op(trans_b),
+                m,
+                n,
+                k,
+                alpha,
+                a.0 as usize as *const f32,
+                lda,
+                b.0 as usize as *const f32,
+                ldb,
+                beta,
+                c.0 as usize as *mut f32,
+                ldc,
+            )
+        })
+    }
+
+    unsafe fn gemm_ex(&self, handle: BlasHandle, g: &GemmEx) -> Result<()> {
+        self.ctx()?;
+        let (lib, _) = self.blas()?;
+        // SAFETY: the caller guarantees the handle, scalars and matrices are valid.
+        self.blas_check("hipblasGemmEx", unsafe {
+            lib.cublasGemmEx(
+                handle.0.cast(),
+                cu_op(g.trans_a),
+                cu_op(g.trans_b),
+                g.m,
+                g.n,
+                g.k,
+                g.alpha.cast(),
+                g.a.as_raw(),
+                cu_type(g.a_type),
+                g.lda,
+                g.b.as_raw(),
+                cu_type(g.b_type),
+                g.ldb,
+                g.beta.cast(),
+                g.c.as_raw(),
+                cu_type(g.c_type),
+                g.ldc,
+                COMPUTE_32F,
+                GEMM_DEFAULT,
+            )
+        })
+    }
+
+    unsafe fn gemm_strided_batched_ex(
+        &self,
+        handle: BlasHandle,
+        g: &GemmEx,
+        batch: &Batch,
+    ) -> Result<()> {
+        self.ctx()?;
+        let (lib, _) = self.blas()?;
+        let count = Self::int_arg(
+            "hipblasGemmStridedBatchedEx",
+            "batch count",
+            batch.count.into(),
+        )?;
+        // SAFETY: the caller guarantees the handle, scalars and every matrix are valid.
+        self.blas_check("hipblasGemmStridedBatchedEx", unsafe {
+            lib.cublasGemmStridedBatchedEx(
+                handle.0.cast(),
+                cu_op(g.trans_a),
+                cu_op(g.trans_b),
+                g.m,
+                g.n,
+                g.k,
+                g.alpha.cast(),
+                g.a.as_raw(),
+                cu_type(g.a_type),
+                g.lda,
+                batch.stride_a,
+                g.b.as_raw(),
+                cu_type(g.b_type),
+                g.ldb,
+                batch.stride_b,
+                g.beta.cast(),
+                g.c.as_raw(),
+                cu_type(g.c_type),
+                g.ldc,
+                batch.stride_c,
+                count,
+                COMPUTE_32F,
+                GEMM_DEFAULT,
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_codes_map_to_hip_codes() {
+        assert_eq!(cu_to_hip(ce::CUDA_SUCCESS), code::SUCCESS);
+        assert_eq!(cu_to_hip(ce::CUDA_ERROR_OUT_OF_MEMORY), code::OUT_OF_MEMORY);
+        assert_eq!(cu_to_hip(ce::CUDA_ERROR_NOT_READY), code::NOT_READY);
+        assert_eq!(cu_to_hip(ce::CUDA_ERROR_NO_DEVICE), code::NO_DEVICE);
+        assert_eq!(
+            cu_to_hip(ce::CUDA_ERROR_INVALID_PTX),
+            he::hipErrorInvalidKernelFile as i32
+        );
+        assert_eq!(
+            cu_to_hip(ce::CUDA_ERROR_MISALIGNED_ADDRESS),
+            he::hipErrorLaunchFailure as i32
+        );
+        assert_eq!(cu_to_hip(123_456), code::UNKNOWN);
+    }
+
+    #[test]
+    fn cublas_codes_map_to_hipblas_codes() {
+        use crate::sys::hipblas as hb;
+        assert_eq!(
+            cublas_to_hipblas(cublasStatus_t::CUBLAS_STATUS_SUCCESS),
+            hb::HIPBLAS_STATUS_SUCCESS
+        );
+        assert_eq!(
+            cublas_to_hipblas(cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE),
+            hb::HIPBLAS_STATUS_INVALID_VALUE
+        );
+        assert_eq!(
+            cublas_to_hipblas(cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED),
+            hb::HIPBLAS_STATUS_ALLOC_FAILED
+        );
+        assert_eq!(cublas_to_hipblas(9999), hb::HIPBLAS_STATUS_UNKNOWN);
+    }
+
+    #[test]
+    fn cublas_enums_differ_from_hipblas_and_are_mapped() {
+        use crate::sys::hipblas as hb;
+        // The point of the mapping: the two libraries number the same things differently.
+        assert_eq!(cu_op(Op::N), 0);
+        assert_ne!(cu_op(Op::N) as i32, hb::HIPBLAS_OP_N);
+        assert_eq!(cu_type(GemmType::F16), 2);
+        assert_eq!(cu_type(GemmType::BF16), 14);
+        assert_eq!(cu_type(GemmType::F32), 0);
+        assert_eq!(hb::GEMM_ABI_V1.r_16f, 150);
+        assert_eq!(COMPUTE_32F, 68);
+    }
+}

@@ -1,0 +1,142 @@
+//! Choosing the provider: `ROCMFORGE_PLATFORM` forces one (or the CPU); otherwise AMD then
+//! NVIDIA are tried and the first that reports a device wins. The choice is made once per
+//! process.
+
+use std::sync::OnceLock;
+
+use crate::amd::AmdProvider;
+use crate::api::{HipApi, Platform};
+use crate::error::{Error, Result};
+use crate::nvidia::NvidiaProvider;
+
+/// The environment variable that forces a platform.
+pub const PLATFORM_VAR: &str = "ROCMFORGE_PLATFORM";
+
+/// What `ROCMFORGE_PLATFORM` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// Unset or empty: try AMD, then NVIDIA.
+    Auto,
+    /// Only this platform.
+    Force(Platform),
+    /// No GPU at all.
+    Cpu,
+}
+
+/// Parses a `ROCMFORGE_PLATFORM` value (case-insensitive).
+pub fn parse_choice(value: Option<&str>) -> Result<Choice> {
+    match value.map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(Choice::Auto),
+        Some(v) if v.is_empty() || v == "auto" => Ok(Choice::Auto),
+        Some(v) if v == "amd" || v == "rocm" || v == "hip" => Ok(Choice::Force(Platform::Amd)),
+        Some(v) if v == "nvidia" || v == "cuda" => Ok(Choice::Force(Platform::Nvidia)),
+        Some(v) if v == "cpu" => Ok(Choice::Cpu),
+        Some(_) => Err(Error::BadPlatformVar(value.unwrap_or_default().to_owned())),
+    }
+}
+
+/// The platform choice from the environment.
+pub fn choice_from_env() -> Result<Choice> {
+    let v = std::env::var(PLATFORM_VAR).ok();
+    parse_choice(v.as_deref())
+}
+
+/// Tries one provider: it must load, initialise and report at least one device.
+pub fn try_provider(platform: Platform) -> Result<Box<dyn HipApi>> {
+    let api: Box<dyn HipApi> = match platform {
+        Platform::Amd => Box::new(AmdProvider::load()?),
+        Platform::Nvidia => Box::new(NvidiaProvider::load()?),
+    };
+    let n = api.device_count()?;
+    if n < 1 {
+        return Err(Error::NoGpu(format!(
+            "{} loaded but reports no device",
+            api.library_names().join(", ")
+        )));
+    }
+    Ok(api)
+}
+
+/// Selects a provider for `choice`; the error says what each candidate platform found.
+pub fn select(choice: Choice) -> Result<Box<dyn HipApi>> {
+    let order: &[Platform] = match choice {
+        Choice::Cpu => {
+            return Err(Error::NoGpu(format!("{PLATFORM_VAR}=cpu forces the CPU")));
+        }
+        Choice::Force(Platform::Amd) => &[Platform::Amd],
+        Choice::Force(Platform::Nvidia) => &[Platform::Nvidia],
+        Choice::Auto => &[Platform::Amd, Platform::Nvidia],
+    };
+    let mut why = Vec::new();
+    for &p in order {
+        match try_provider(p) {
+            Ok(api) => {
+                tracing::info!(platform = %p, libraries = ?api.library_names(), "GPU provider selected");
+                return Ok(api);
+            }
+            Err(e) => {
+                tracing::debug!(platform = %p, error = %e, "GPU provider unusable");
+                why.push(format!("{p}: {e}"));
+            }
+        }
+    }
+    Err(Error::NoGpu(why.join("; ")))
+}
+
+static RUNTIME: OnceLock<Result<Box<dyn HipApi>>> = OnceLock::new();
+
+/// The process-wide provider, chosen on first use from `ROCMFORGE_PLATFORM` and what is
+/// installed. Never panics; "no GPU" is an `Err` whose message lists what was tried.
+pub fn runtime() -> Result<&'static dyn HipApi> {
+    RUNTIME
+        .get_or_init(|| choice_from_env().and_then(select))
+        .as_ref()
+        .map(|b| b.as_ref())
+        .map_err(Clone::clone)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn platform_variable_values() {
+        assert_eq!(parse_choice(None).ok(), Some(Choice::Auto));
+        assert_eq!(parse_choice(Some("")).ok(), Some(Choice::Auto));
+        assert_eq!(
+            parse_choice(Some("AMD")).ok(),
+            Some(Choice::Force(Platform::Amd))
+        );
+        assert_eq!(
+            parse_choice(Some(" nvidia ")).ok(),
+            Some(Choice::Force(Platform::Nvidia))
+        );
+        assert_eq!(parse_choice(Some("cpu")).ok(), Some(Choice::Cpu));
+        let e = parse_choice(Some("tpu")).expect_err("tpu is no platform");
+        assert!(e.to_string().contains("\"tpu\""), "{e}");
+    }
+
+    #[test]
+    fn forcing_cpu_gives_no_gpu_with_the_reason() {
+        let e = select(Choice::Cpu).err().expect("cpu forced");
+        assert!(matches!(e, Error::NoGpu(_)));
+        assert!(e.to_string().contains("ROCMFORGE_PLATFORM=cpu"), "{e}");
+    }
+
+    /// On a machine without a GPU (CI), selection fails with a reason naming both platforms;
+    /// with a GPU, it succeeds and reports devices. Either way it must not panic.
+    #[test]
+    fn auto_selection_never_panics_and_explains_itself() {
+        match select(Choice::Auto) {
+            Ok(api) => {
+                let n = api.device_count().expect("device count");
+                assert!(n > 0);
+            }
+            Err(Error::NoGpu(why)) => {
+                assert!(why.contains("amd:") && why.contains("nvidia:"), "{why}");
+                println!("skipped: no GPU ({why})");
+            }
+            Err(e) => panic!("unexpected error kind: {e}"),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! `cargo xtask device-bundle`: builds the GPU crates' test and benchmark executables in release
+//! mode and copies them, with a runner script, into the git-ignored `.device/` folder that the GPU
+//! machine receives (it has no Rust toolchain).
+//!
+//! On the GPU machine run `bash .device/run.sh` from the repository root: every test binary runs
+//! serially with `ROCMFORGE_REQUIRE_GPU=1`, which turns each "skipped: no GPU" into a failure, then
+//! the transfer benchmarks run.
+
+use std::fs;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::{workspace_root, Result};
+
+/// Crates whose tests and benchmarks need the GPU.
+const CRATES: &[&str] = &["hip-ffi", "gpu-mem"];
+
+/// `cargo xtask device-bundle [--model PATH]`.
+pub fn run(args: &[String]) -> Result<()> {
+    let model = match args {
+        [] => std::env::var_os("ROCMFORGE_TEST_MODEL").map(PathBuf::from),
+        [flag, path] if flag == "--model" => Some(PathBuf::from(path)),
+        _ => return Err("usage: cargo xtask device-bundle [--model PATH]".into()),
+    };
+    let root = workspace_root();
+    let out = root.join(".device");
+    let bin_dir = out.join("bin");
+    if bin_dir.exists() {
+        fs::remove_dir_all(&bin_dir).map_err(|e| format!("{}: {e}", bin_dir.display()))?;
+    }
+    fs::create_dir_all(&bin_dir).map_err(|e| format!("{}: {e}", bin_dir.display()))?;
+
+    let mut tests = Vec::new();
+    for (what, sub) in [("test", "test"), ("bench", "bench")] {
+        let mut cmd = cargo();
+        cmd.args([sub, "--no-run", "--release", "--message-format=json"]);
+        for c in CRATES {
+            cmd.args(["-p", c]);
+        }
+        for exe in built_executables(&mut cmd)? {
+            let name = exe
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| format!("odd executable path {}", exe.display()))?;
+            let dst = bin_dir.join(format!("{what}-{name}"));
+            fs::copy(&exe, &dst)
+                .map_err(|e| format!("{} -> {}: {e}", exe.display(), dst.display()))?;
+            tests.push(dst);
+        }
+    }
+    if let Some(model) = model {
+        let table = out.join("model-tensors.tsv");
+        write_tensor_table(&model, &table)?;
+        println!(
+            "device-bundle: tensor table of {} -> {}",
+            model.display(),
+            table.display()
+        );
+    }
+    let script = out.join("run.sh");
+    fs::write(&script, RUN_SCRIPT).map_err(|e| format!("{}: {e}", script.display()))?;
+    let total: u64 = tests
+        .iter()
+        .filter_map(|p| fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "device-bundle: {} executables ({:.1} MiB) in {}; on the GPU machine run `bash .device/run.sh`",
+        tests.len(),
+        total as f64 / (1 << 20) as f64,
+        out.display()
+    );
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Runs a `cargo ... --message-format=json` build and returns the executables it produced.
+fn built_executables(cmd: &mut Command) -> Result<Vec<PathBuf>> {
+    let mut child = cmd
+        .current_dir(workspace_root())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not start cargo: {e}"))?;
+    let stdout = child.stdout.take().ok_or("cargo gave no stdout")?;
+    let mut exes = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.map_err(|e| format!("reading cargo output: {e}"))?;
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if msg["reason"] == "compiler-artifact" {
+            if let Some(exe) = msg["executable"].as_str() {
+                exes.push(PathBuf::from(exe));
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build of the GPU tests failed with {status}"));
+    }
+    Ok(exes)
+}
+
+/// Writes `name<TAB>ggml type<TAB>byte size` per tensor of a GGUF (read with the Python `gguf`
+/// oracle, so xtask needs no GGUF parser), for GPU tests that upload the real tensor table with
+/// synthesized contents where the 253 MB model cannot travel.
+fn write_tensor_table(model: &Path, out: &Path) -> Result<()> {
+    const SCRIPT: &str = "import sys, gguf\n\
+r = gguf.GGUFReader(sys.argv[1])\n\
+for t in r.tensors:\n\
+    print(f'{t.name}\\t{t.tensor_type.name}\\t{int(t.n_bytes)}')\n";
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(model)
+        .output()
+        .map_err(|e| format!("could not start python3: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "reading the tensor table of {} failed: {}",
+            model.display(),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    fs::write(out, &o.stdout).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
+# Runs every GPU test and benchmark of the bundle; made by `cargo xtask device-bundle`.
+set -u
+cd "$(dirname "$0")/.."
+export ROCMFORGE_REQUIRE_GPU=1
+export RUST_BACKTRACE=1
+if [ -f .device/model-tensors.tsv ]; then
+  export ROCMFORGE_TENSOR_TABLE="$PWD/.device/model-tensors.tsv"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv 2>/dev/null
+fail=0
+for t in .device/bin/test-*; do
+  echo "=== $t"
+  if ! "$t" --test-threads=1; then
+    echo "FAILED: $t"
+    fail=1
+  fi
+done
+for b in .device/bin/bench-*; do
+  echo "=== $b"
+  "$b" --bench || fail=1
+done
+echo "device run: $([ $fail = 0 ] && echo ALL PASSED || echo FAILURES)"
+exit $fail
+"#;
