@@ -1,2 +1,242 @@
 //! `kernels`: rocmforge's HIP C++ kernels, one source for AMD and NVIDIA, embedded as code objects
 //! when `cargo xtask kernels` has built them.
+//!
+//! Design choices:
+//! - Sources live in `kernels/hip/*.hip`; each file is one module (one code object per target).
+//!   Every kernel is `extern "C"`, so its symbol is the name [`KernelId::name`] returns.
+//! - AMD code objects are offload bundles holding one image per `gfx` target (the HIP runtime picks
+//!   the device's); NVIDIA has SASS per `sm_XX` plus PTX for newer architectures to JIT.
+//! - `build.rs` embeds what `kernels/out/` (or `$ROCMFORGE_KERNELS_DIR`) holds with
+//!   `include_bytes!`, only when its source stamp matches the current sources; without them
+//!   [`image`] fails with "kernels not built: run `cargo xtask kernels`".
+//! - This crate is data and launch contracts only (ids, parameter structs, constants); loading and
+//!   launching belong to the GPU backend, which caches modules per device.
+
+mod ids;
+
+pub use ids::{KernelId, Module, WeightType};
+
+include!(concat!(env!("OUT_DIR"), "/embedded.rs"));
+
+/// One embedded code object, as listed in the manifest `cargo xtask kernels` writes.
+#[derive(Debug)]
+pub(crate) struct EmbeddedImage {
+    module: &'static str,
+    /// `amd`, `sm_80`, `sm_90`... or `ptx`.
+    target: &'static str,
+    /// For `amd`: the comma-separated `gfx` targets in the bundle; for `ptx`: the lowest
+    /// compute capability it was generated for (`sm_80`); otherwise the SASS architecture.
+    archs: &'static str,
+    bytes: &'static [u8],
+}
+
+/// Errors from looking up a code object.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No code objects were embedded at build time.
+    #[error("kernels not built: run `cargo xtask kernels`{}", note(.0))]
+    NotBuilt(&'static str),
+    /// Code objects exist, but none for this device.
+    #[error("no `{module}` kernels for {device}; built targets: {available}")]
+    NoImageForDevice {
+        /// The module asked for.
+        module: &'static str,
+        /// The device's target (`gfx1100`, `sm_75`...).
+        device: String,
+        /// What this build holds.
+        available: String,
+    },
+}
+
+fn note(s: &str) -> String {
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!(" ({s})")
+    }
+}
+
+/// The GPU a code object must run on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// An AMD GPU, by its `gcnArchName` (`gfx90a:sramecc+:xnack-` or plain `gfx1030`).
+    Amd(String),
+    /// An NVIDIA GPU, by compute capability.
+    Nvidia {
+        /// Major compute capability (9 for Hopper).
+        major: u32,
+        /// Minor compute capability.
+        minor: u32,
+    },
+}
+
+/// How a code object is to be loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageKind {
+    /// A clang offload bundle or ELF code object for the HIP runtime on AMD.
+    AmdCodeObject,
+    /// NVIDIA SASS for one architecture.
+    Cubin,
+    /// NVIDIA PTX text (NUL-terminated), compiled by the driver for the device.
+    Ptx,
+}
+
+/// A code object chosen for a device.
+#[derive(Clone, Copy, Debug)]
+pub struct Image {
+    /// The module it holds.
+    pub module: Module,
+    /// How to load it.
+    pub kind: ImageKind,
+    /// Its bytes, ready for `hipModuleLoadData`.
+    pub bytes: &'static [u8],
+}
+
+/// True when this build embeds code objects.
+pub fn built() -> bool {
+    cfg!(rocmforge_kernels) && !IMAGES.is_empty()
+}
+
+/// A one-line list of the embedded targets, for messages and logs.
+pub fn built_targets() -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for img in IMAGES {
+        let t = if img.target == "amd" {
+            format!("amd({})", img.archs)
+        } else if img.target == "ptx" {
+            format!("ptx(>={})", img.archs)
+        } else {
+            img.target.to_owned()
+        };
+        if !seen.contains(&t) {
+            seen.push(t);
+        }
+    }
+    if seen.is_empty() {
+        "none".to_owned()
+    } else {
+        seen.join(", ")
+    }
+}
+
+/// The code object of `module` for `device`: for NVIDIA the SASS of the same major architecture
+/// with the highest minor not above the device's, else PTX built for an architecture not above
+/// it; for AMD the bundle when it holds the device's `gfx` target.
+pub fn image(module: Module, device: &Device) -> Result<Image, Error> {
+    if !built() {
+        return Err(Error::NotBuilt(STALE_NOTE));
+    }
+    let name = module.stem();
+    let of_module = || IMAGES.iter().filter(move |i| i.module == name);
+    let unavailable = |dev: String| Error::NoImageForDevice {
+        module: name,
+        device: dev,
+        available: built_targets(),
+    };
+    match device {
+        Device::Amd(arch) => {
+            let base = arch.split(':').next().unwrap_or(arch);
+            of_module()
+                .find(|i| i.target == "amd" && i.archs.split(',').any(|a| a == base))
+                .map(|i| Image {
+                    module,
+                    kind: ImageKind::AmdCodeObject,
+                    bytes: i.bytes,
+                })
+                .ok_or_else(|| unavailable(base.to_owned()))
+        }
+        Device::Nvidia { major, minor } => {
+            let dev = major * 10 + minor;
+            let sm = |s: &str| s.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok());
+            let cubin = of_module()
+                .filter(|i| i.target.starts_with("sm_"))
+                .filter_map(|i| sm(i.target).map(|v| (v, i)))
+                .filter(|(v, _)| v / 10 == *major && *v <= dev)
+                .max_by_key(|(v, _)| *v);
+            if let Some((_, i)) = cubin {
+                return Ok(Image {
+                    module,
+                    kind: ImageKind::Cubin,
+                    bytes: i.bytes,
+                });
+            }
+            of_module()
+                .find(|i| i.target == "ptx" && sm(i.archs).is_some_and(|v| v <= dev))
+                .map(|i| Image {
+                    module,
+                    kind: ImageKind::Ptx,
+                    bytes: i.bytes,
+                })
+                .ok_or_else(|| unavailable(format!("sm_{dev}")))
+        }
+    }
+}
+
+/// `act_f32`'s `kind` argument.
+pub mod act {
+    /// GELU, tanh approximation.
+    pub const GELU: i32 = 0;
+    /// SiLU (x * sigmoid(x)).
+    pub const SILU: i32 = 1;
+}
+
+/// `binary_f32`'s `op` argument.
+pub mod binary {
+    /// a + b.
+    pub const ADD: i32 = 0;
+    /// a * b.
+    pub const MUL: i32 = 1;
+}
+
+/// Bytes of one device-quantized activation block (ggml's `block_q8_1`: f16 d, f16 d*sum, 32 x i8).
+pub const Q8_1_BYTES: usize = 36;
+/// Values per Q8_1 activation block.
+pub const QK8_1: usize = 32;
+/// Largest head dimension the attention kernels take.
+pub const ATTN_MAX_HEAD_DIM: usize = 256;
+
+/// `attn_f16`/`attn_f32`'s parameter block, passed by value (layout mirrors `attn_params` in
+/// `hip/attention.hip`: eight 32-bit ints, eight 64-bit strides in elements, one float).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttnParams {
+    /// Query tokens.
+    pub n_tokens: i32,
+    /// Query heads.
+    pub n_heads: i32,
+    /// KV heads (`n_heads` is a multiple).
+    pub n_kv_heads: i32,
+    /// Head dimension, at most [`ATTN_MAX_HEAD_DIM`].
+    pub head_dim: i32,
+    /// Valid cache positions.
+    pub n_kv: i32,
+    /// Absolute position of query token 0.
+    pub pos0: i32,
+    /// Sliding window (0: none); key `p` is visible to query `q` iff `q - p < window`.
+    pub window: i32,
+    /// KV positions per split (grid z).
+    pub split_len: i32,
+    /// Query strides (elements) between tokens and heads.
+    pub q_tok_stride: i64,
+    /// See `q_tok_stride`.
+    pub q_head_stride: i64,
+    /// K cache strides (elements) between positions and heads.
+    pub k_pos_stride: i64,
+    /// See `k_pos_stride`.
+    pub k_head_stride: i64,
+    /// V cache strides (elements) between positions and heads.
+    pub v_pos_stride: i64,
+    /// See `v_pos_stride`.
+    pub v_head_stride: i64,
+    /// Output strides (elements) between tokens and heads.
+    pub o_tok_stride: i64,
+    /// See `o_tok_stride`.
+    pub o_head_stride: i64,
+    /// Score scale (usually 1/sqrt(head_dim)).
+    pub scale: f32,
+    /// Unused tail padding, explicit so the struct has no uninitialized bytes.
+    pub reserved_tail: i32,
+}
+
+#[cfg(test)]
+mod tests;

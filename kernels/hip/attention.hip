@@ -1,0 +1,173 @@
+// Flash-style attention over a KV cache: softmax(q k^T * scale + causal/sliding-window mask) v
+// without materializing the score matrix, with grouped-query heads sharing K/V tiles.
+//
+// Grid: x = tiles of query rows, y = KV heads, z = splits of the KV range. The query rows of a KV
+// head are (token, head-in-group) pairs; each warp owns one row and keeps its running max, sum
+// and output accumulator in registers (online softmax), while the block stages K/V tiles in
+// shared memory once for all its rows. Prefill uses many row tiles and one split; decode has
+// one row tile per KV head and splits the KV range across blocks (split-K), whose partial
+// results `attn_combine_f32` merges.
+#include "common.h"
+
+#define ATTN_DMAX 256
+#define ATTN_TK 16
+#define ATTN_DPL ((ATTN_DMAX + RF_WARP - 1) / RF_WARP)
+
+struct attn_params {
+    int n_tokens;      // query tokens
+    int n_heads;       // query heads
+    int n_kv_heads;    // KV heads (n_heads is a multiple)
+    int head_dim;      // <= ATTN_DMAX
+    int n_kv;          // valid cache positions (0..n_kv-1)
+    int pos0;          // absolute position of query token 0
+    int window;        // sliding window (0: none): key p is seen by query q iff q - p < window
+    int split_len;     // KV positions per split (grid.z splits)
+    long long q_tok_stride, q_head_stride;
+    long long k_pos_stride, k_head_stride;
+    long long v_pos_stride, v_head_stride;
+    long long o_tok_stride, o_head_stride;
+    float scale;
+};
+
+template <typename KV>
+static __device__ __forceinline__ float ld_kv(const KV* p, long long i);
+template <>
+__device__ __forceinline__ float ld_kv<float>(const float* p, long long i) { return p[i]; }
+template <>
+__device__ __forceinline__ float ld_kv<__half>(const __half* p, long long i) { return __half2float(p[i]); }
+
+// `part` (split > 1 only): per split and row (token * n_heads + head): [m, l, acc[head_dim]].
+template <typename KV>
+static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, const KV* __restrict__ k,
+                                                 const KV* __restrict__ v, float* __restrict__ out,
+                                                 float* __restrict__ part, const attn_params p) {
+    __shared__ float ks[ATTN_TK * ATTN_DMAX];
+    __shared__ float vs[ATTN_TK * ATTN_DMAX];
+    const int D = p.head_dim;
+    const int gqa = p.n_heads / p.n_kv_heads;
+    const int kvh = blockIdx.y;
+    const int nwarps = blockDim.x / RF_WARP;
+    const int warp = threadIdx.x / RF_WARP, lane = threadIdx.x % RF_WARP;
+    const int rows = p.n_tokens * gqa;
+    const int row0 = blockIdx.x * nwarps;
+    const int row = row0 + warp;
+    const bool active = row < rows;
+    const int tok = active ? row / gqa : 0;
+    const int head = kvh * gqa + (active ? row % gqa : 0);
+    const int qpos = p.pos0 + tok;
+
+    // KV range of this split, narrowed to what the block's rows can see.
+    const int last_row = min(row0 + nwarps, rows) - 1;
+    const int first_tok = row0 / gqa, last_tok = last_row / gqa;
+    int lo = blockIdx.z * p.split_len;
+    int hi = min(lo + p.split_len, min(p.n_kv, p.pos0 + last_tok + 1));
+    if (p.window > 0) lo = max(lo, p.pos0 + first_tok - p.window + 1);
+    // This row's own range.
+    const int r_hi = min(qpos + 1, p.n_kv);
+    const int r_lo = p.window > 0 ? max(0, qpos - p.window + 1) : 0;
+
+    float qr[ATTN_DPL], acc[ATTN_DPL];
+    const float* qp = q + (long long)tok * p.q_tok_stride + (long long)head * p.q_head_stride;
+#pragma unroll
+    for (int j = 0; j < ATTN_DPL; ++j) {
+        const int d = lane + j * RF_WARP;
+        qr[j] = (active && d < D) ? qp[d] * p.scale : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+
+    const KV* kb = k + (long long)kvh * p.k_head_stride;
+    const KV* vb = v + (long long)kvh * p.v_head_stride;
+    for (int t0 = lo; t0 < hi; t0 += ATTN_TK) {
+        const int tn = min(ATTN_TK, hi - t0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < tn * D; i += blockDim.x) {
+            const int pp = i / D, d = i % D;
+            ks[pp * ATTN_DMAX + d] = ld_kv(kb, (long long)(t0 + pp) * p.k_pos_stride + d);
+            vs[pp * ATTN_DMAX + d] = ld_kv(vb, (long long)(t0 + pp) * p.v_pos_stride + d);
+        }
+        __syncthreads();
+        if (!active) continue;
+        const int a = max(t0, r_lo), e = min(t0 + tn, r_hi);
+        for (int pos = a; pos < e; ++pos) {
+            const float* kr = ks + (pos - t0) * ATTN_DMAX;
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATTN_DPL; ++j) {
+                const int d = lane + j * RF_WARP;
+                if (d < D) s += qr[j] * kr[d];
+            }
+            s = warp_sum(s);
+            const float mn = fmaxf(m, s);
+            const float corr = expf(m - mn);  // exp(-inf) = 0 on the first key
+            const float w = expf(s - mn);
+            l = l * corr + w;
+            const float* vr = vs + (pos - t0) * ATTN_DMAX;
+#pragma unroll
+            for (int j = 0; j < ATTN_DPL; ++j) {
+                const int d = lane + j * RF_WARP;
+                acc[j] = acc[j] * corr + (d < D ? w * vr[d] : 0.0f);
+            }
+            m = mn;
+        }
+    }
+    if (!active) return;
+    const long long grow = (long long)tok * p.n_heads + head;
+    if (gridDim.z == 1) {
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float* op = out + (long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride;
+#pragma unroll
+        for (int j = 0; j < ATTN_DPL; ++j) {
+            const int d = lane + j * RF_WARP;
+            if (d < D) op[d] = acc[j] * inv;
+        }
+    } else {
+        const long long nrows = (long long)p.n_tokens * p.n_heads;
+        float* pp = part + ((long long)blockIdx.z * nrows + grow) * (D + 2);
+        if (lane == 0) {
+            pp[0] = m;
+            pp[1] = l;
+        }
+#pragma unroll
+        for (int j = 0; j < ATTN_DPL; ++j) {
+            const int d = lane + j * RF_WARP;
+            if (d < D) pp[2 + d] = acc[j];
+        }
+    }
+}
+
+RF_KERNEL void attn_f16(const float* q, const __half* k, const __half* v, float* out, float* part,
+                        attn_params p) {
+    attn_impl<__half>(q, k, v, out, part, p);
+}
+
+RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, float* out, float* part,
+                        attn_params p) {
+    attn_impl<float>(q, k, v, out, part, p);
+}
+
+// Merges `n_splits` partial results per row: one block per row (token * n_heads + head).
+RF_KERNEL void attn_combine_f32(const float* __restrict__ part, float* __restrict__ out, int n_splits,
+                                int n_heads, int n_rows, int head_dim, long long o_tok_stride,
+                                long long o_head_stride) {
+    const long long grow = blockIdx.x;
+    const int tok = (int)(grow / n_heads), head = (int)(grow % n_heads);
+    const long long ps = (long long)head_dim + 2;
+    float mx = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, part[((long long)s * n_rows + grow) * ps]);
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+        const float* pp = part + ((long long)s * n_rows + grow) * ps;
+        if (pp[0] != -INFINITY) L += pp[1] * expf(pp[0] - mx);
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    float* op = out + (long long)tok * o_tok_stride + (long long)head * o_head_stride;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < n_splits; ++s) {
+            const float* pp = part + ((long long)s * n_rows + grow) * ps;
+            if (pp[0] != -INFINITY) a += pp[2 + d] * expf(pp[0] - mx);
+        }
+        op[d] = a * inv;
+    }
+}

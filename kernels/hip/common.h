@@ -1,0 +1,345 @@
+// Shared device helpers for rocmforge's HIP kernels: warp size, warp reductions, 8-bit dot
+// products and ggml's quantized block layouts, for both the AMD and the NVIDIA HIP platforms.
+//
+// Block layouts are byte offsets into ggml's on-disk structs (GGUF stores them verbatim), so a
+// weight tensor uploaded byte for byte is read in place. Blocks whose size is not a multiple of 4
+// (Q4_0: 18, Q5_0: 22, Q8_0: 34, Q3_K: 110, Q6_K: 210 bytes) are only 2-byte aligned inside a row,
+// which is why their 32-bit words are assembled from 16-bit loads.
+#pragma once
+
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#include <stdint.h>
+
+// ---------------------------------------------------------------------------------------------
+// Warp size: a compile-time property of the target, never assumed to be 32. AMD's compiler
+// defines the wavefront size of the target it compiles for (64 on GCN/CDNA, 32 by default on
+// RDNA); every CUDA architecture has 32-thread warps. Kernels size their shared scratch for the
+// smallest warp (32) so that any block of up to 1024 threads fits.
+// ---------------------------------------------------------------------------------------------
+#if defined(__HIP_PLATFORM_NVIDIA__) || defined(__HIP_PLATFORM_NVCC__)
+#define RF_NVIDIA 1
+#define RF_WARP 32
+#elif defined(__AMDGCN_WAVEFRONT_SIZE)
+#define RF_AMD 1
+#define RF_WARP __AMDGCN_WAVEFRONT_SIZE
+#else
+#define RF_AMD 1
+#define RF_WARP 64
+#endif
+
+#define RF_MAX_WARPS_PER_BLOCK 32
+#define RF_KERNEL extern "C" __global__
+
+static __device__ __forceinline__ float rf_shfl_xor(float v, int mask, int width = RF_WARP) {
+#if defined(RF_NVIDIA)
+    return __shfl_xor_sync(0xffffffffu, v, mask, width);
+#else
+    return __shfl_xor(v, mask, width);
+#endif
+}
+
+static __device__ __forceinline__ int rf_shfl_xor_int(int v, int mask, int width = RF_WARP) {
+#if defined(RF_NVIDIA)
+    return __shfl_xor_sync(0xffffffffu, v, mask, width);
+#else
+    return __shfl_xor(v, mask, width);
+#endif
+}
+
+template <int WIDTH = RF_WARP>
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int m = WIDTH / 2; m > 0; m >>= 1) v += rf_shfl_xor(v, m, WIDTH);
+    return v;
+}
+
+template <int WIDTH = RF_WARP>
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int m = WIDTH / 2; m > 0; m >>= 1) v = fmaxf(v, rf_shfl_xor(v, m, WIDTH));
+    return v;
+}
+
+// Sum over the whole block (any multiple of the warp size up to 1024 threads). Every thread
+// gets the result. `scratch` must hold RF_MAX_WARPS_PER_BLOCK floats.
+static __device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % RF_WARP;
+    const int warp = threadIdx.x / RF_WARP;
+    const int nwarps = blockDim.x / RF_WARP;
+    v = warp_sum(v);
+    if (nwarps == 1) return v;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+static __device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % RF_WARP;
+    const int warp = threadIdx.x / RF_WARP;
+    const int nwarps = blockDim.x / RF_WARP;
+    v = warp_max(v);
+    if (nwarps == 1) return v;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4 x int8 dot product with 32-bit accumulation: dp4a on NVIDIA (sm_61+), v_dot4_i32_i8 on AMD
+// targets that have it (gfx906/908/90a/940, RDNA2), a portable byte loop elsewhere.
+// ---------------------------------------------------------------------------------------------
+static __device__ __forceinline__ int dot4_i8(int a, int b, int c) {
+#if defined(RF_NVIDIA)
+    return __dp4a(a, b, c);
+#elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
+    defined(__gfx1030__) || defined(__gfx1031__) || defined(__gfx1032__) ||                     \
+    defined(__gfx1033__) || defined(__gfx1034__) || defined(__gfx1035__) || defined(__gfx1036__)
+    return __builtin_amdgcn_sdot4(a, b, c, false);
+#else
+    const int8_t* va = reinterpret_cast<const int8_t*>(&a);
+    const int8_t* vb = reinterpret_cast<const int8_t*>(&b);
+    return c + va[0] * vb[0] + va[1] * vb[1] + va[2] * vb[2] + va[3] * vb[3];
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loads from byte pointers with the alignment the block layout guarantees.
+// ---------------------------------------------------------------------------------------------
+static __device__ __forceinline__ float ld_f16(const uint8_t* p) {
+    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
+}
+
+// 32-bit word at a 2-byte aligned address.
+static __device__ __forceinline__ int ld_i32_a2(const uint8_t* p) {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
+    return (int)((uint32_t)q[0] | ((uint32_t)q[1] << 16));
+}
+
+// 32-bit word at a 4-byte aligned address.
+static __device__ __forceinline__ int ld_i32_a4(const uint8_t* p) {
+    return *reinterpret_cast<const int*>(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations quantized on the device for the integer dot products: ggml's block_q8_1 (half d,
+// half s = d * sum(qs), 32 x int8), 36 bytes, so its 32-bit words are 4-byte aligned.
+// ---------------------------------------------------------------------------------------------
+#define QK8_1 32
+#define Q8_1_BYTES 36
+
+struct q8_1_view {
+    float d;
+    float s;
+    const uint8_t* qs;
+};
+
+static __device__ __forceinline__ q8_1_view q8_1_at(const uint8_t* y, int block) {
+    const uint8_t* b = y + (size_t)block * Q8_1_BYTES;
+    q8_1_view v;
+    v.d = ld_f16(b);
+    v.s = ld_f16(b + 2);
+    v.qs = b + 4;
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ggml block layouts (bytes per block, values per block, field offsets).
+// ---------------------------------------------------------------------------------------------
+#define QK_K 256
+
+#define Q4_0_BYTES 18  // half d; u8 qs[16]
+#define Q4_1_BYTES 20  // half d; half m; u8 qs[16]
+#define Q5_0_BYTES 22  // half d; u8 qh[4]; u8 qs[16]
+#define Q5_1_BYTES 24  // half d; half m; u8 qh[4]; u8 qs[16]
+#define Q8_0_BYTES 34  // half d; i8 qs[32]
+#define Q2_K_BYTES 84  // u8 scales[16]; u8 qs[64]; half d; half dmin
+#define Q3_K_BYTES 110 // u8 hmask[32]; u8 qs[64]; u8 scales[12]; half d
+#define Q4_K_BYTES 144 // half d; half dmin; u8 scales[12]; u8 qs[128]
+#define Q5_K_BYTES 176 // half d; half dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
+#define Q6_K_BYTES 210 // u8 ql[128]; u8 qh[64]; i8 scales[16]; half d
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.
+static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// The signed 6-bit scale of sub-block `is` (0..15) of a Q3_K super-block.
+static __device__ __forceinline__ int scale_q3_k(const uint8_t* s, int is) {
+    const int lo = is < 8 ? (s[is] & 0xF) : (s[is - 8] >> 4);
+    const int hi = (s[8 + (is % 4)] >> (2 * (is / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+// Spreads 4 bits (b0..b3) to bit 4 of each byte of a 32-bit word.
+static __device__ __forceinline__ int spread_bit4(uint32_t h) {
+    return (int)(((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization of 32 consecutive values (sub-block `sub` of a block) into `out`.
+// ---------------------------------------------------------------------------------------------
+struct deq_q4_0 {
+    static constexpr int QK = 32, BYTES = Q4_0_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int, float* out) {
+        const float d = ld_f16(b);
+        const uint8_t* qs = b + 2;
+        for (int l = 0; l < 16; ++l) {
+            out[l] = d * (float)((qs[l] & 0xF) - 8);
+            out[l + 16] = d * (float)((qs[l] >> 4) - 8);
+        }
+    }
+};
+
+struct deq_q4_1 {
+    static constexpr int QK = 32, BYTES = Q4_1_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int, float* out) {
+        const float d = ld_f16(b), m = ld_f16(b + 2);
+        const uint8_t* qs = b + 4;
+        for (int l = 0; l < 16; ++l) {
+            out[l] = d * (float)(qs[l] & 0xF) + m;
+            out[l + 16] = d * (float)(qs[l] >> 4) + m;
+        }
+    }
+};
+
+struct deq_q5_0 {
+    static constexpr int QK = 32, BYTES = Q5_0_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int, float* out) {
+        const float d = ld_f16(b);
+        const uint32_t qh = (uint32_t)ld_i32_a2(b + 2);
+        const uint8_t* qs = b + 6;
+        for (int l = 0; l < 16; ++l) {
+            const int h0 = (qh >> l) & 1, h1 = (qh >> (l + 16)) & 1;
+            out[l] = d * (float)(((qs[l] & 0xF) | (h0 << 4)) - 16);
+            out[l + 16] = d * (float)(((qs[l] >> 4) | (h1 << 4)) - 16);
+        }
+    }
+};
+
+struct deq_q5_1 {
+    static constexpr int QK = 32, BYTES = Q5_1_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int, float* out) {
+        const float d = ld_f16(b), m = ld_f16(b + 2);
+        const uint32_t qh = (uint32_t)ld_i32_a4(b + 4);
+        const uint8_t* qs = b + 8;
+        for (int l = 0; l < 16; ++l) {
+            const int h0 = (qh >> l) & 1, h1 = (qh >> (l + 16)) & 1;
+            out[l] = d * (float)((qs[l] & 0xF) | (h0 << 4)) + m;
+            out[l + 16] = d * (float)((qs[l] >> 4) | (h1 << 4)) + m;
+        }
+    }
+};
+
+struct deq_q8_0 {
+    static constexpr int QK = 32, BYTES = Q8_0_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int, float* out) {
+        const float d = ld_f16(b);
+        const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+        for (int l = 0; l < 32; ++l) out[l] = d * (float)qs[l];
+    }
+};
+
+struct deq_q2_k {
+    static constexpr int QK = QK_K, BYTES = Q2_K_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int sub, float* out) {
+        const uint8_t* sc = b;
+        const uint8_t* qs = b + 16;
+        const float d = ld_f16(b + 80), dmin = ld_f16(b + 82);
+        const int n = sub / 4, j = sub % 4;
+        for (int l = 0; l < 32; ++l) {
+            const int s = sc[8 * n + 2 * j + l / 16];
+            const int q = (qs[32 * n + l] >> (2 * j)) & 3;
+            out[l] = d * (float)(s & 0xF) * (float)q - dmin * (float)(s >> 4);
+        }
+    }
+};
+
+struct deq_q3_k {
+    static constexpr int QK = QK_K, BYTES = Q3_K_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int sub, float* out) {
+        const uint8_t* hm = b;
+        const uint8_t* qs = b + 32;
+        const uint8_t* sc = b + 96;
+        const float d = ld_f16(b + 108);
+        const int n = sub / 4, j = sub % 4;
+        for (int l = 0; l < 32; ++l) {
+            const int s = scale_q3_k(sc, 8 * n + 2 * j + l / 16);
+            const int q = ((qs[32 * n + l] >> (2 * j)) & 3) - (((hm[l] >> (4 * n + j)) & 1) ? 0 : 4);
+            out[l] = d * (float)s * (float)q;
+        }
+    }
+};
+
+struct deq_q4_k {
+    static constexpr int QK = QK_K, BYTES = Q4_K_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int sub, float* out) {
+        const float d = ld_f16(b), dmin = ld_f16(b + 2);
+        int sc, m;
+        scale_min_k4(sub, b + 4, sc, m);
+        const float d1 = d * (float)sc, m1 = dmin * (float)m;
+        const uint8_t* qs = b + 16 + 32 * (sub / 2);
+        const int shift = 4 * (sub & 1);
+        for (int l = 0; l < 32; ++l) out[l] = d1 * (float)((qs[l] >> shift) & 0xF) - m1;
+    }
+};
+
+struct deq_q5_k {
+    static constexpr int QK = QK_K, BYTES = Q5_K_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int sub, float* out) {
+        const float d = ld_f16(b), dmin = ld_f16(b + 2);
+        int sc, m;
+        scale_min_k4(sub, b + 4, sc, m);
+        const float d1 = d * (float)sc, m1 = dmin * (float)m;
+        const uint8_t* qh = b + 16;
+        const uint8_t* qs = b + 48 + 32 * (sub / 2);
+        const int shift = 4 * (sub & 1);
+        for (int l = 0; l < 32; ++l) {
+            const int q = ((qs[l] >> shift) & 0xF) | (((qh[l] >> sub) & 1) << 4);
+            out[l] = d1 * (float)q - m1;
+        }
+    }
+};
+
+struct deq_q6_k {
+    static constexpr int QK = QK_K, BYTES = Q6_K_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int sub, float* out) {
+        const uint8_t* ql = b;
+        const uint8_t* qh = b + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        const float d = ld_f16(b + 208);
+        const int n = sub / 4, j = sub % 4;
+        const uint8_t* l4 = ql + 64 * n + 32 * (j & 1);
+        const int shift = 4 * (j >> 1);
+        for (int l = 0; l < 32; ++l) {
+            const int q = (((l4[l] >> shift) & 0xF) | (((qh[32 * n + l] >> (2 * j)) & 3) << 4)) - 32;
+            out[l] = d * (float)sc[8 * n + 2 * j + l / 16] * (float)q;
+        }
+    }
+};
+
+// Plain float types seen through the same interface, so get_rows/dequant handle every table.
+struct deq_f32 {
+    static constexpr int QK = 32, BYTES = 128;
+    static __device__ __forceinline__ void run(const uint8_t* b, int, float* out) {
+        const float* x = reinterpret_cast<const float*>(b);
+        for (int l = 0; l < 32; ++l) out[l] = x[l];
+    }
+};
+
+struct deq_f16 {
+    static constexpr int QK = 32, BYTES = 64;
+    static __device__ __forceinline__ void run(const uint8_t* b, int, float* out) {
+        for (int l = 0; l < 32; ++l) out[l] = ld_f16(b + 2 * l);
+    }
+};

@@ -1,0 +1,92 @@
+// Dequantization of ggml-quantized tensors: whole matrices to f16 (the A operand of the prefill
+// gemmEx) and selected rows to f32 (get_rows from quantized embedding tables).
+//
+// One thread expands one 32-value sub-block; rows are `row_bytes` apart in the source and
+// `ncols` values apart in the destination.
+#include "common.h"
+
+template <typename O>
+static __device__ __forceinline__ O cvt(float v);
+template <>
+__device__ __forceinline__ float cvt<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half cvt<__half>(float v) { return __float2half(v); }
+
+// Rows given by grid.y (or by `ids` when non-null); sub-blocks by grid.x * blockDim.x.
+template <typename T, typename O>
+static __device__ __forceinline__ void dequant_rows(const uint8_t* __restrict__ src, O* __restrict__ dst,
+                                                    const int* __restrict__ ids, int ncols,
+                                                    long long row_bytes, long long dst_stride) {
+    const int sub_total = ncols / 32;
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= sub_total) return;
+    const int r = blockIdx.y + blockIdx.z * gridDim.y;
+    const long long src_row = ids ? (long long)ids[r] : (long long)r;
+    constexpr int SPB = T::QK / 32;
+    const uint8_t* b = src + src_row * row_bytes + (long long)(s / SPB) * T::BYTES;
+    float v[32];
+    T::run(b, s % SPB, v);
+    O* d = dst + (long long)r * dst_stride + (long long)s * 32;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) d[l] = cvt<O>(v[l]);
+}
+
+#define RF_DEQUANT(suffix, T)                                                                    \
+    RF_KERNEL void dequant_f16_##suffix(const uint8_t* src, __half* dst, int ncols, long long row_bytes, \
+                                        long long dst_stride) {                                 \
+        dequant_rows<T, __half>(src, dst, nullptr, ncols, row_bytes, dst_stride);                \
+    }                                                                                            \
+    RF_KERNEL void get_rows_##suffix(const uint8_t* src, const int* ids, float* dst, int ncols,   \
+                                     long long row_bytes, long long dst_stride) {                \
+        dequant_rows<T, float>(src, dst, ids, ncols, row_bytes, dst_stride);                     \
+    }
+
+RF_DEQUANT(q4_0, deq_q4_0)
+RF_DEQUANT(q4_1, deq_q4_1)
+RF_DEQUANT(q5_0, deq_q5_0)
+RF_DEQUANT(q5_1, deq_q5_1)
+RF_DEQUANT(q8_0, deq_q8_0)
+RF_DEQUANT(q2_k, deq_q2_k)
+RF_DEQUANT(q3_k, deq_q3_k)
+RF_DEQUANT(q4_k, deq_q4_k)
+RF_DEQUANT(q5_k, deq_q5_k)
+RF_DEQUANT(q6_k, deq_q6_k)
+
+// Float tables: one thread per value, any row length. Strides in elements.
+template <typename S>
+static __device__ __forceinline__ float ld_s(const S* p, long long i);
+template <>
+__device__ __forceinline__ float ld_s<float>(const float* p, long long i) { return p[i]; }
+template <>
+__device__ __forceinline__ float ld_s<__half>(const __half* p, long long i) { return __half2float(p[i]); }
+
+template <typename S>
+static __device__ __forceinline__ void get_rows_plain(const S* __restrict__ src, const int* __restrict__ ids,
+                                                      float* __restrict__ dst, int ncols, long long src_stride,
+                                                      long long dst_stride) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ncols) return;
+    const int r = blockIdx.y + blockIdx.z * gridDim.y;
+    dst[(long long)r * dst_stride + c] = ld_s(src, (long long)ids[r] * src_stride + c);
+}
+
+RF_KERNEL void get_rows_f32(const float* src, const int* ids, float* dst, int ncols, long long src_stride,
+                            long long dst_stride) {
+    get_rows_plain<float>(src, ids, dst, ncols, src_stride, dst_stride);
+}
+
+RF_KERNEL void get_rows_f16(const __half* src, const int* ids, float* dst, int ncols, long long src_stride,
+                            long long dst_stride) {
+    get_rows_plain<__half>(src, ids, dst, ncols, src_stride, dst_stride);
+}
+
+// Element-wise conversions for the gemmEx operands and results (n values, contiguous).
+RF_KERNEL void convert_f32_f16(const float* x, __half* y, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2half(x[i]);
+}
+
+RF_KERNEL void convert_f16_f32(const __half* x, float* y, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __half2float(x[i]);
+}

@@ -1,0 +1,201 @@
+// Row-wise and element-wise kernels of the transformer block: fused RMS norm x weight, RoPE
+// (normal and NeoX), softmax with scale and mask, activations and gated activations, broadcast
+// add/mul, scale, KV-cache writes and argmax.
+//
+// Layouts are row-major with explicit row strides (in elements), so views of larger tensors
+// (one head, one half of a fused gate/up output) are read in place.
+#include "common.h"
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w ? w[:] : 1). One block per row.
+RF_KERNEL void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                            int ncols, long long x_stride, long long y_stride, float eps) {
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const float* xr = x + (long long)blockIdx.x * x_stride;
+    float* yr = y + (long long)blockIdx.x * y_stride;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, scratch);
+    const float r = rsqrtf(ss / (float)ncols + eps);
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] = xr[i] * r * (w ? w[i] : 1.0f);
+}
+
+// RoPE over x laid out [rows = tokens * heads, head_dim] (row stride `x_stride`), in place
+// allowed. Token of row r is r / n_heads, its position pos[token]. The first `n_dims` values of
+// each head rotate: pairs (2i, 2i+1) in normal mode, (i, i + n_dims/2) in NeoX mode, with angle
+// pos * freq_scale * base^(-2i/n_dims) / (freq_factors ? freq_factors[i] : 1). One thread per pair.
+RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, int n_heads, int head_dim,
+                        int n_dims, long long x_stride, long long y_stride, float base, float freq_scale,
+                        const float* __restrict__ freq_factors, int neox, int n_rows) {
+    const int half_dims = n_dims / 2;
+    const int pairs_per_row = head_dim / 2;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)n_rows * pairs_per_row) return;
+    const int r = (int)(t / pairs_per_row);
+    const int i = (int)(t % pairs_per_row);
+    const float* xr = x + (long long)r * x_stride;
+    float* yr = y + (long long)r * y_stride;
+    if (i >= half_dims) {
+        // Values past n_dims are copied unrotated.
+        const int c = 2 * i;
+        const float a = xr[c], b = xr[c + 1];
+        yr[c] = a;
+        yr[c + 1] = b;
+        return;
+    }
+    const float p = (float)pos[r / n_heads];
+    float theta = p * freq_scale * powf(base, -2.0f * (float)i / (float)n_dims);
+    if (freq_factors) theta /= freq_factors[i];
+    float s, c;
+    sincosf(theta, &s, &c);
+    const int i0 = neox ? i : 2 * i;
+    const int i1 = neox ? i + half_dims : 2 * i + 1;
+    const float a = xr[i0], b = xr[i1];
+    yr[i0] = a * c - b * s;
+    yr[i1] = a * s + b * c;
+}
+
+// y[r, :] = softmax(x[r, :] * scale + (mask ? mask[(r % mask_rows), :] : 0)). One block per row.
+RF_KERNEL void softmax_f32(const float* __restrict__ x, const float* __restrict__ mask, float* __restrict__ y,
+                           int ncols, long long x_stride, long long y_stride, long long mask_stride,
+                           int mask_rows, float scale) {
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const float* xr = x + (long long)blockIdx.x * x_stride;
+    const float* mr = mask ? mask + (long long)(blockIdx.x % mask_rows) * mask_stride : nullptr;
+    float* yr = y + (long long)blockIdx.x * y_stride;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        const float v = xr[i] * scale + (mr ? mr[i] : 0.0f);
+        yr[i] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = block_max(mx, scratch);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        const float e = mx == -INFINITY ? 0.0f : expf(yr[i] - mx);
+        yr[i] = e;
+        sum += e;
+    }
+    __syncthreads();
+    sum = block_sum(sum, scratch);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] *= inv;
+}
+
+// GELU, tanh approximation (the form ggml's gelu and GGUF models' "gelu" FFNs use).
+static __device__ __forceinline__ float gelu_tanh(float x) {
+    const float k0 = 0.7978845608028654f;  // sqrt(2/pi)
+    const float k1 = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(k0 * x * (1.0f + k1 * x * x)));
+}
+
+static __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+enum { ACT_GELU = 0, ACT_SILU = 1 };
+
+static __device__ __forceinline__ float act(int kind, float x) { return kind == ACT_GELU ? gelu_tanh(x) : silu(x); }
+
+// y = act(a) (b == null) or act(a) * b (gated: swiglu with SILU, geglu with GELU), over a
+// [rows, ncols] grid with per-operand row strides.
+RF_KERNEL void act_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
+                       int ncols, int nrows, long long a_stride, long long b_stride, long long y_stride, int kind) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)ncols * nrows) return;
+    const long long r = t / ncols, c = t % ncols;
+    float v = act(kind, a[r * a_stride + c]);
+    if (b) v *= b[r * b_stride + c];
+    y[r * y_stride + c] = v;
+}
+
+enum { BIN_ADD = 0, BIN_MUL = 1 };
+
+// y[r, c] = a[r, c] op b[r % b_rows, c % b_cols]: b broadcasts over rows and repeats along them.
+RF_KERNEL void binary_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
+                          int ncols, int nrows, long long a_stride, long long b_stride, long long y_stride,
+                          int b_rows, int b_cols, int op) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)ncols * nrows) return;
+    const long long r = t / ncols, c = t % ncols;
+    const float bv = b[(r % b_rows) * b_stride + (c % b_cols)];
+    const float av = a[r * a_stride + c];
+    y[r * y_stride + c] = op == BIN_ADD ? av + bv : av * bv;
+}
+
+// y = x * s + bias (n contiguous values; in place allowed).
+RF_KERNEL void scale_f32(const float* x, float* y, long long n, float s, float bias) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * s + bias;
+}
+
+// Copies rows [tokens * kv_heads, head_dim] of K or V (f32) into a cache laid out by kv head:
+// dst + head * head_stride + (pos0 + token) * pos_stride + d. f16 and f32 caches.
+template <typename O>
+static __device__ __forceinline__ O to_cache(float v);
+template <>
+__device__ __forceinline__ float to_cache<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half to_cache<__half>(float v) { return __float2half(v); }
+
+template <typename O>
+static __device__ __forceinline__ void kv_write(const float* __restrict__ src, O* __restrict__ dst, int n_tokens,
+                                                int n_kv_heads, int head_dim, long long src_stride, int pos0,
+                                                long long pos_stride, long long head_stride) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)n_tokens * n_kv_heads * head_dim) return;
+    const int d = (int)(t % head_dim);
+    const long long row = t / head_dim;
+    const int h = (int)(row % n_kv_heads);
+    const int tok = (int)(row / n_kv_heads);
+    dst[(long long)h * head_stride + (long long)(pos0 + tok) * pos_stride + d] = to_cache<O>(src[row * src_stride + d]);
+}
+
+RF_KERNEL void kv_write_f16(const float* src, __half* dst, int n_tokens, int n_kv_heads, int head_dim,
+                            long long src_stride, int pos0, long long pos_stride, long long head_stride) {
+    kv_write<__half>(src, dst, n_tokens, n_kv_heads, head_dim, src_stride, pos0, pos_stride, head_stride);
+}
+
+RF_KERNEL void kv_write_f32(const float* src, float* dst, int n_tokens, int n_kv_heads, int head_dim,
+                            long long src_stride, int pos0, long long pos_stride, long long head_stride) {
+    kv_write<float>(src, dst, n_tokens, n_kv_heads, head_dim, src_stride, pos0, pos_stride, head_stride);
+}
+
+// Index of the largest value of each row (the first one on ties; NaN never wins). One block per
+// row, out[r] = index.
+RF_KERNEL void argmax_f32(const float* __restrict__ x, int* __restrict__ out, int ncols, long long x_stride) {
+    __shared__ float sv[RF_MAX_WARPS_PER_BLOCK];
+    __shared__ int si[RF_MAX_WARPS_PER_BLOCK];
+    const float* xr = x + (long long)blockIdx.x * x_stride;
+    float best = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+        const float v = xr[i];
+        if (v > best || bi < 0 && v == v) {
+            best = v;
+            bi = i;
+        }
+    }
+    // Reduce (value, index) pairs: larger value wins, then smaller index; index -1 loses.
+#pragma unroll
+    for (int m = RF_WARP / 2; m > 0; m >>= 1) {
+        const float ov = rf_shfl_xor(best, m);
+        const int oi = rf_shfl_xor_int(bi, m);
+        if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    const int lane = threadIdx.x % RF_WARP, warp = threadIdx.x / RF_WARP, nwarps = blockDim.x / RF_WARP;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < nwarps; ++w) {
+            if (si[w] >= 0 && (bi < 0 || sv[w] > best || (sv[w] == best && si[w] < bi))) {
+                best = sv[w];
+                bi = si[w];
+            }
+        }
+        out[blockIdx.x] = bi < 0 ? 0 : bi;
+    }
+}

@@ -1,0 +1,261 @@
+//! Kernel ids: the `extern "C"` symbols of `kernels/hip/*.hip` and the module each lives in.
+
+/// One HIP source file, compiled into one code object per target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Module {
+    /// `matvec.hip`: Q8_1 activation quantization and decode mat-vec products.
+    Matvec,
+    /// `dequant.hip`: dequantization to f16, get_rows, f32/f16 conversion.
+    Dequant,
+    /// `ops.hip`: norms, rope, softmax, activations, binary ops, KV writes, argmax.
+    Ops,
+    /// `attention.hip`: flash-style attention and its split combine.
+    Attention,
+}
+
+impl Module {
+    /// Every module.
+    pub const ALL: &'static [Module] = &[
+        Module::Matvec,
+        Module::Dequant,
+        Module::Ops,
+        Module::Attention,
+    ];
+
+    /// The source file stem (`kernels/hip/<stem>.hip`).
+    pub fn stem(self) -> &'static str {
+        match self {
+            Module::Matvec => "matvec",
+            Module::Dequant => "dequant",
+            Module::Ops => "ops",
+            Module::Attention => "attention",
+        }
+    }
+}
+
+/// ggml weight types the quantized kernels read in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types, reason = "names match ggml's type names")]
+pub enum WeightType {
+    /// 32 values: f16 scale, 4-bit values offset by 8.
+    Q4_0,
+    /// 32 values: f16 scale and min, 4-bit values.
+    Q4_1,
+    /// 32 values: f16 scale, 5-bit values offset by 16.
+    Q5_0,
+    /// 32 values: f16 scale and min, 5-bit values.
+    Q5_1,
+    /// 32 values: f16 scale, 8-bit values.
+    Q8_0,
+    /// 256-value super-block, 2-bit values.
+    Q2_K,
+    /// 256-value super-block, 3-bit values.
+    Q3_K,
+    /// 256-value super-block, 4-bit values, 6-bit scales and mins.
+    Q4_K,
+    /// 256-value super-block, 5-bit values, 6-bit scales and mins.
+    Q5_K,
+    /// 256-value super-block, 6-bit values, 8-bit scales.
+    Q6_K,
+}
+
+impl WeightType {
+    /// Every quantized weight type with kernels.
+    pub const ALL: &'static [WeightType] = &[
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
+        WeightType::Q8_0,
+        WeightType::Q2_K,
+        WeightType::Q3_K,
+        WeightType::Q4_K,
+        WeightType::Q5_K,
+        WeightType::Q6_K,
+    ];
+
+    /// ggml's name (`"q4_K"`), which is also the GGUF type name.
+    pub fn ggml_name(self) -> &'static str {
+        match self {
+            WeightType::Q4_0 => "q4_0",
+            WeightType::Q4_1 => "q4_1",
+            WeightType::Q5_0 => "q5_0",
+            WeightType::Q5_1 => "q5_1",
+            WeightType::Q8_0 => "q8_0",
+            WeightType::Q2_K => "q2_K",
+            WeightType::Q3_K => "q3_K",
+            WeightType::Q4_K => "q4_K",
+            WeightType::Q5_K => "q5_K",
+            WeightType::Q6_K => "q6_K",
+        }
+    }
+
+    /// The type named `name` (ggml spelling, case-insensitive).
+    pub fn from_ggml_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.ggml_name().eq_ignore_ascii_case(name))
+    }
+
+    /// Values per block.
+    pub fn block_values(self) -> usize {
+        match self {
+            WeightType::Q4_0
+            | WeightType::Q4_1
+            | WeightType::Q5_0
+            | WeightType::Q5_1
+            | WeightType::Q8_0 => 32,
+            _ => 256,
+        }
+    }
+
+    /// Bytes per block (ggml's layout).
+    pub fn block_bytes(self) -> usize {
+        match self {
+            WeightType::Q4_0 => 18,
+            WeightType::Q4_1 => 20,
+            WeightType::Q5_0 => 22,
+            WeightType::Q5_1 => 24,
+            WeightType::Q8_0 => 34,
+            WeightType::Q2_K => 84,
+            WeightType::Q3_K => 110,
+            WeightType::Q4_K => 144,
+            WeightType::Q5_K => 176,
+            WeightType::Q6_K => 210,
+        }
+    }
+
+    /// The decode mat-vec kernel (`w`, `y` as Q8_1, `out`, `ncols`, `row_bytes`, `out_stride`).
+    pub fn matvec(self) -> KernelId {
+        match self {
+            WeightType::Q4_0 => KernelId::MatvecQ4_0,
+            WeightType::Q4_1 => KernelId::MatvecQ4_1,
+            WeightType::Q5_0 => KernelId::MatvecQ5_0,
+            WeightType::Q5_1 => KernelId::MatvecQ5_1,
+            WeightType::Q8_0 => KernelId::MatvecQ8_0,
+            WeightType::Q2_K => KernelId::MatvecQ2_K,
+            WeightType::Q3_K => KernelId::MatvecQ3_K,
+            WeightType::Q4_K => KernelId::MatvecQ4_K,
+            WeightType::Q5_K => KernelId::MatvecQ5_K,
+            WeightType::Q6_K => KernelId::MatvecQ6_K,
+        }
+    }
+
+    /// The dequantize-to-f16 kernel (`src`, `dst`, `ncols`, `row_bytes`, `dst_stride`).
+    pub fn dequant_f16(self) -> KernelId {
+        match self {
+            WeightType::Q4_0 => KernelId::DequantF16Q4_0,
+            WeightType::Q4_1 => KernelId::DequantF16Q4_1,
+            WeightType::Q5_0 => KernelId::DequantF16Q5_0,
+            WeightType::Q5_1 => KernelId::DequantF16Q5_1,
+            WeightType::Q8_0 => KernelId::DequantF16Q8_0,
+            WeightType::Q2_K => KernelId::DequantF16Q2_K,
+            WeightType::Q3_K => KernelId::DequantF16Q3_K,
+            WeightType::Q4_K => KernelId::DequantF16Q4_K,
+            WeightType::Q5_K => KernelId::DequantF16Q5_K,
+            WeightType::Q6_K => KernelId::DequantF16Q6_K,
+        }
+    }
+
+    /// The get_rows kernel (`src`, `ids`, `dst` f32, `ncols`, `row_bytes`, `dst_stride`).
+    pub fn get_rows(self) -> KernelId {
+        match self {
+            WeightType::Q4_0 => KernelId::GetRowsQ4_0,
+            WeightType::Q4_1 => KernelId::GetRowsQ4_1,
+            WeightType::Q5_0 => KernelId::GetRowsQ5_0,
+            WeightType::Q5_1 => KernelId::GetRowsQ5_1,
+            WeightType::Q8_0 => KernelId::GetRowsQ8_0,
+            WeightType::Q2_K => KernelId::GetRowsQ2_K,
+            WeightType::Q3_K => KernelId::GetRowsQ3_K,
+            WeightType::Q4_K => KernelId::GetRowsQ4_K,
+            WeightType::Q5_K => KernelId::GetRowsQ5_K,
+            WeightType::Q6_K => KernelId::GetRowsQ6_K,
+        }
+    }
+}
+
+macro_rules! kernel_ids {
+    ($($variant:ident => $module:ident, $name:literal;)*) => {
+        /// A kernel: its `extern "C"` symbol and module.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[allow(non_camel_case_types, reason = "quant type suffixes keep ggml's spelling")]
+        pub enum KernelId {
+            $(
+                #[doc = concat!("`", $name, "`")]
+                $variant,
+            )*
+        }
+
+        impl KernelId {
+            /// Every kernel.
+            pub const ALL: &'static [KernelId] = &[$(KernelId::$variant,)*];
+
+            /// The kernel's symbol in its code object.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(KernelId::$variant => $name,)*
+                }
+            }
+
+            /// The module (source file) the kernel is compiled into.
+            pub fn module(self) -> Module {
+                match self {
+                    $(KernelId::$variant => Module::$module,)*
+                }
+            }
+        }
+    };
+}
+
+kernel_ids! {
+    QuantizeQ8_1 => Matvec, "quantize_q8_1";
+    MatvecQ4_0 => Matvec, "matvec_q4_0";
+    MatvecQ4_1 => Matvec, "matvec_q4_1";
+    MatvecQ5_0 => Matvec, "matvec_q5_0";
+    MatvecQ5_1 => Matvec, "matvec_q5_1";
+    MatvecQ8_0 => Matvec, "matvec_q8_0";
+    MatvecQ2_K => Matvec, "matvec_q2_k";
+    MatvecQ3_K => Matvec, "matvec_q3_k";
+    MatvecQ4_K => Matvec, "matvec_q4_k";
+    MatvecQ5_K => Matvec, "matvec_q5_k";
+    MatvecQ6_K => Matvec, "matvec_q6_k";
+    MatvecF32 => Matvec, "matvec_f32";
+    MatvecF16 => Matvec, "matvec_f16";
+    DequantF16Q4_0 => Dequant, "dequant_f16_q4_0";
+    DequantF16Q4_1 => Dequant, "dequant_f16_q4_1";
+    DequantF16Q5_0 => Dequant, "dequant_f16_q5_0";
+    DequantF16Q5_1 => Dequant, "dequant_f16_q5_1";
+    DequantF16Q8_0 => Dequant, "dequant_f16_q8_0";
+    DequantF16Q2_K => Dequant, "dequant_f16_q2_k";
+    DequantF16Q3_K => Dequant, "dequant_f16_q3_k";
+    DequantF16Q4_K => Dequant, "dequant_f16_q4_k";
+    DequantF16Q5_K => Dequant, "dequant_f16_q5_k";
+    DequantF16Q6_K => Dequant, "dequant_f16_q6_k";
+    GetRowsQ4_0 => Dequant, "get_rows_q4_0";
+    GetRowsQ4_1 => Dequant, "get_rows_q4_1";
+    GetRowsQ5_0 => Dequant, "get_rows_q5_0";
+    GetRowsQ5_1 => Dequant, "get_rows_q5_1";
+    GetRowsQ8_0 => Dequant, "get_rows_q8_0";
+    GetRowsQ2_K => Dequant, "get_rows_q2_k";
+    GetRowsQ3_K => Dequant, "get_rows_q3_k";
+    GetRowsQ4_K => Dequant, "get_rows_q4_k";
+    GetRowsQ5_K => Dequant, "get_rows_q5_k";
+    GetRowsQ6_K => Dequant, "get_rows_q6_k";
+    GetRowsF32 => Dequant, "get_rows_f32";
+    GetRowsF16 => Dequant, "get_rows_f16";
+    ConvertF32F16 => Dequant, "convert_f32_f16";
+    ConvertF16F32 => Dequant, "convert_f16_f32";
+    RmsNormF32 => Ops, "rms_norm_f32";
+    RopeF32 => Ops, "rope_f32";
+    SoftmaxF32 => Ops, "softmax_f32";
+    ActF32 => Ops, "act_f32";
+    BinaryF32 => Ops, "binary_f32";
+    ScaleF32 => Ops, "scale_f32";
+    KvWriteF16 => Ops, "kv_write_f16";
+    KvWriteF32 => Ops, "kv_write_f32";
+    ArgmaxF32 => Ops, "argmax_f32";
+    AttnF16 => Attention, "attn_f16";
+    AttnF32 => Attention, "attn_f32";
+    AttnCombineF32 => Attention, "attn_combine_f32";
+}

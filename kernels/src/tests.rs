@@ -1,0 +1,118 @@
+//! Checks that hold with or without embedded code objects.
+
+use super::*;
+
+#[test]
+fn every_kernel_symbol_is_in_its_sources() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
+    for m in Module::ALL {
+        let path = dir.join(format!("{}.hip", m.stem()));
+        let src =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for k in KernelId::ALL.iter().filter(|k| k.module() == *m) {
+            // Entry points are written either directly or through a macro taking the suffix.
+            let direct = format!("RF_KERNEL void {}(", k.name());
+            assert!(
+                src.contains(&direct) || macro_defines(&src, k.name()),
+                "{} not defined in {}",
+                k.name(),
+                path.display()
+            );
+        }
+    }
+}
+
+/// True when a `RF_MATVEC(name, T)` or `RF_DEQUANT(suffix, T)` line defines `name`.
+fn macro_defines(src: &str, name: &str) -> bool {
+    if src.contains(&format!("RF_MATVEC({name},")) {
+        return true;
+    }
+    for prefix in ["dequant_f16_", "get_rows_"] {
+        if let Some(suffix) = name.strip_prefix(prefix) {
+            if src.contains(&format!("RF_DEQUANT({suffix},")) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+#[test]
+fn weight_types_map_to_kernels_of_the_right_module() {
+    for t in WeightType::ALL {
+        assert_eq!(t.matvec().module(), Module::Matvec);
+        assert_eq!(t.dequant_f16().module(), Module::Dequant);
+        assert_eq!(t.get_rows().module(), Module::Dequant);
+        assert_eq!(WeightType::from_ggml_name(t.ggml_name()), Some(*t));
+        assert!(t
+            .matvec()
+            .name()
+            .ends_with(&t.ggml_name().to_ascii_lowercase()));
+    }
+}
+
+#[test]
+fn attn_params_layout_matches_the_c_struct() {
+    // 8 ints (32 bytes), 8 strides (64 bytes), one float, explicit tail padding.
+    assert_eq!(std::mem::size_of::<AttnParams>(), 104);
+    assert_eq!(std::mem::offset_of!(AttnParams, q_tok_stride), 32);
+    assert_eq!(std::mem::offset_of!(AttnParams, scale), 96);
+}
+
+#[test]
+fn lookup_reports_missing_kernels_or_finds_every_symbol() {
+    if !built() {
+        let err = image(Module::Ops, &Device::Nvidia { major: 9, minor: 0 }).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("kernels not built: run `cargo xtask kernels`"),
+            "{err}"
+        );
+        println!("skipped symbol check: kernels not built (run `cargo xtask kernels`)");
+        return;
+    }
+    let devices = [
+        Device::Nvidia { major: 9, minor: 0 },
+        Device::Nvidia { major: 8, minor: 6 },
+        Device::Nvidia {
+            major: 12,
+            minor: 0,
+        },
+        Device::Amd("gfx90a:sramecc+:xnack-".into()),
+        Device::Amd("gfx1030".into()),
+    ];
+    for dev in &devices {
+        for m in Module::ALL {
+            let img = image(*m, dev).unwrap_or_else(|e| panic!("{e}"));
+            for k in KernelId::ALL.iter().filter(|k| k.module() == *m) {
+                assert!(
+                    contains(img.bytes, k.name().as_bytes()),
+                    "{} missing from the {:?} image for {dev:?}",
+                    k.name(),
+                    img.kind
+                );
+            }
+        }
+    }
+    // Hopper gets SASS, Blackwell the PTX.
+    let h = image(Module::Ops, &Device::Nvidia { major: 9, minor: 0 })
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(h.kind, ImageKind::Cubin);
+    let b = image(
+        Module::Ops,
+        &Device::Nvidia {
+            major: 12,
+            minor: 0,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.kind, ImageKind::Ptx);
+    let e = image(Module::Ops, &Device::Nvidia { major: 7, minor: 5 }).unwrap_err();
+    assert!(e.to_string().contains("sm_75"), "{e}");
+    let e = image(Module::Ops, &Device::Amd("gfx9999".into())).unwrap_err();
+    assert!(e.to_string().contains("gfx9999"), "{e}");
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
