@@ -5,6 +5,8 @@
 //! paths chosen at run time; tests check them against each other.
 
 pub mod blocks;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use crate::tensor::DType;
 use blocks::{decode_small, decode_super, f16_at, put_f16, QK, QK_K};
@@ -28,7 +30,7 @@ pub fn act_type(w: DType) -> Option<DType> {
 pub enum Simd {
     /// Portable Rust.
     Scalar,
-    /// AVX2 + FMA.
+    /// AVX2 + FMA + F16C.
     Avx2,
 }
 
@@ -38,7 +40,10 @@ pub fn detected() -> Simd {
     *LEVEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
                 return Simd::Avx2;
             }
         }
@@ -109,7 +114,12 @@ fn quantize_q8k_block(x: &[f32], out: &mut [u8]) {
 /// Dot product of one weight row `w` (`n` values of type `ty`) with an activation row `a` already
 /// quantized to `act_type(ty)`, on the given SIMD level.
 pub fn vec_dot(simd: Simd, ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let _ = simd;
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx2 {
+        if let Some(v) = x86::vec_dot(ty, n, w, a) {
+            return v;
+        }
+    }
     vec_dot_scalar(ty, n, w, a)
 }
 
@@ -170,7 +180,12 @@ pub fn vec_dot_scalar(ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 /// Dot product of f32 `a` with a row of floats `w` of type F32, F16 or BF16.
 pub fn dot_float(simd: Simd, ty: DType, w: &[u8], a: &[f32]) -> f32 {
-    let _ = simd;
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx2 {
+        if let Some(v) = x86::dot_float(ty, w, a) {
+            return v;
+        }
+    }
     let mut acc = 0.0f32;
     match ty {
         DType::F32 => {

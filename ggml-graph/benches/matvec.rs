@@ -1,0 +1,106 @@
+//! Quantized mat-vec throughput (GB/s of weight bytes read) beside the machine's measured memory
+//! read bandwidth, on 1 and 2 threads. Run: `cargo bench -p ggml-graph --bench matvec`.
+//! Set `MATVEC_QUICK=1` for the 2048x2048 shape only.
+
+use std::time::{Duration, Instant};
+
+use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
+use rayon::prelude::*;
+
+/// Deterministic filler bytes (fast; every bit pattern is a valid quantized block once the scale
+/// fields are sane).
+fn weights(ty: DType, k: usize, n: usize) -> Vec<u8> {
+    let bytes = k / ty.block_size() * ty.type_size() * n;
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut v: Vec<u8> = (0..bytes)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect();
+    let scale_offsets: &[usize] = match ty {
+        DType::Q4_K => &[0, 2],
+        DType::Q6_K => &[208],
+        _ => &[0],
+    };
+    for blk in v.chunks_exact_mut(ty.type_size()) {
+        for &o in scale_offsets {
+            blk[o..o + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+        }
+    }
+    v
+}
+
+/// Seconds per call of `f`: the best of several timed batches after a warm-up.
+fn time(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let mut iters = 0;
+        while start.elapsed() < Duration::from_millis(200) {
+            f();
+            iters += 1;
+        }
+        best = best.min(start.elapsed().as_secs_f64() / iters as f64);
+    }
+    best
+}
+
+fn bandwidth(threads: usize) -> f64 {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    let buf: Vec<u64> = (0..(512usize << 20) / 8).map(|i| i as u64).collect();
+    let t = time(|| {
+        let s: u64 = pool.install(|| {
+            buf.par_chunks(1 << 16)
+                .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+                .sum()
+        });
+        std::hint::black_box(s);
+    });
+    (buf.len() * 8) as f64 / t / 1e9
+}
+
+fn main() {
+    let quick = std::env::var_os("MATVEC_QUICK").is_some();
+    let shapes: &[(usize, usize)] = if quick {
+        &[(2048, 2048)]
+    } else {
+        &[(2048, 2048), (4096, 14336)]
+    };
+    println!("simd: {:?}", ggml_graph::quant::detected());
+    for threads in [1, 2] {
+        let bw = bandwidth(threads);
+        println!("threads={threads} memory read bandwidth: {bw:.1} GB/s");
+        for &(k, n) in shapes {
+            for ty in [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_0] {
+                let wb = weights(ty, k, n);
+                let bytes = wb.len();
+                let mut g = Graph::new();
+                let w = g.weight("w", ty, &[k, n]).expect("weight");
+                let x = g.input("x", DType::F32, &[k, 1]).expect("input");
+                let y = g.mul_mat(w, x).expect("mul_mat");
+                g.mark_output(y).expect("output");
+                let mut ex = Executor::new(CpuBackend::new(threads).expect("backend"));
+                ex.bind_weight("w", ty, &[k, n], WeightBytes::from_vec(wb))
+                    .expect("bind");
+                let xv: Vec<f32> = (0..k)
+                    .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+                    .collect();
+                let xb: Vec<u8> = bytemuck::cast_slice(&xv).to_vec();
+                let t = time(|| ex.run(&g, &[(x, &xb)]).expect("run"));
+                let gbs = bytes as f64 / t / 1e9;
+                println!(
+                    "threads={threads} {ty:>5} {k}x{n}: {:8.1} us  {gbs:6.1} GB/s  ({:.0}% of memory bandwidth)",
+                    t * 1e6,
+                    100.0 * gbs / bw
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The SIMD dot products against the scalar ones, block type by block type: both compute the
+//! same integer sums, so they agree to float rounding.
+
+mod common;
+
+use common::*;
+use ggml_graph::quant::{act_type, detected, dot_float, quantize_act, vec_dot, Simd};
+use ggml_graph::DType;
+
+#[test]
+fn simd_matches_scalar_for_every_type() {
+    let simd = detected();
+    if simd == Simd::Scalar {
+        println!("skipped: this CPU has no SIMD path (scalar only)");
+        return;
+    }
+    let mut rng = Rng::new(77);
+    for ty in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ] {
+        let aty = act_type(ty).unwrap();
+        for n in [256, 512, 2048] {
+            for _ in 0..8 {
+                let w = random_weights(&mut rng, ty, n);
+                let x: Vec<f32> = rng.vec(n).iter().map(|v| v * 4.0).collect();
+                let mut a = vec![0u8; n / aty.block_size() * aty.type_size()];
+                quantize_act(aty, &x, &mut a);
+                let s = vec_dot(Simd::Scalar, ty, n, &w, &a);
+                let v = vec_dot(simd, ty, n, &w, &a);
+                let scale = dequant(ty, &w, n)
+                    .iter()
+                    .zip(&x)
+                    .map(|(p, &q)| (p * q as f64).abs())
+                    .sum::<f64>();
+                assert!(
+                    ((s - v) as f64).abs() <= 1e-5 * scale,
+                    "{ty} n={n}: scalar {s} simd {v} (scale {scale})"
+                );
+            }
+        }
+    }
+    for ty in [DType::F32, DType::F16, DType::BF16] {
+        for n in [1, 7, 64, 333] {
+            let w = random_weights(&mut rng, ty, n);
+            let x = rng.vec(n);
+            let s = dot_float(Simd::Scalar, ty, &w, &x);
+            let v = dot_float(simd, ty, &w, &x);
+            assert!(
+                (s - v).abs() <= 1e-5 * (1.0 + s.abs()),
+                "{ty} n={n}: {s} vs {v}"
+            );
+        }
+    }
+}
