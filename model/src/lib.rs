@@ -1,2 +1,24 @@
 //! `model`: model execution plans, tokenizer, sampling and KV cache, plus the `rocmforge` CLI; the
 //! top layer of rocmforge.
+//!
+//! Design choices:
+//! - One module per architecture under [`arch`]; each builds a `ggml-graph` graph from a typed
+//!   [`config::ModelConfig`] and never touches tensor memory. The [`session::Session`] binds the
+//!   mapped file's tensors to the executor once (zero-copy) and keeps the KV cache as persistent
+//!   executor buffers, so a decode step only rebuilds a small graph.
+//! - Prompts are processed in batches and only the positions that need logits reach the output
+//!   projection (the last one, or all of them for perplexity).
+//! - Sampling follows llama.cpp's chain and defaults, with a seeded generator of our own so the
+//!   same seed always gives the same text.
+
+pub mod arch;
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod generate;
+pub mod perplexity;
+pub mod sampling;
+pub mod session;
+pub mod stream;
+
+pub use error::ModelError;

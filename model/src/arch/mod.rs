@@ -1,0 +1,382 @@
+//! Execution plans: one module per architecture, each turning a [`ModelConfig`] and a batch
+//! description into a compute [`Graph`]; shared layer pieces live here.
+//!
+//! Plans only describe computation. Weights appear as named graph leaves (bound later, zero-copy,
+//! to the mapped file), the KV cache as persistent leaves owned by the executor; nothing here
+//! reads or writes tensor data.
+
+pub mod gemma3;
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+
+use std::collections::HashMap;
+
+use ggml_graph::{AttnParams, DType, Graph, RopeParams, TensorId};
+use gguf::TensorInfo;
+
+use crate::config::{Architecture, LayerAttention, ModelConfig, RopeMode};
+use crate::error::ModelError;
+
+/// Which positions of a batch produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsMode {
+    /// Only the last position (prompt processing and decoding).
+    Last,
+    /// Every position (perplexity).
+    All,
+}
+
+/// One forward pass: `n_tok` tokens at positions `n_past..n_past + n_tok`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchSpec {
+    /// Tokens in this pass.
+    pub n_tok: usize,
+    /// Positions already in the KV cache.
+    pub n_past: usize,
+    /// Which logits to compute.
+    pub logits: LogitsMode,
+}
+
+/// KV cache element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    /// Half precision (default, as llama.cpp).
+    F16,
+    /// Full precision.
+    F32,
+}
+
+impl KvType {
+    fn dtype(self) -> DType {
+        match self {
+            KvType::F16 => DType::F16,
+            KvType::F32 => DType::F32,
+        }
+    }
+}
+
+/// Shape of the KV cache: one K and one V persistent tensor per layer, `n_ctx` rows each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheSpec {
+    /// Element type.
+    pub dtype: KvType,
+    /// Positions the cache holds.
+    pub n_ctx: usize,
+}
+
+impl KvCacheSpec {
+    /// Name of layer `il`'s key cache leaf.
+    pub fn k_name(il: usize) -> String {
+        format!("cache_k.{il}")
+    }
+
+    /// Name of layer `il`'s value cache leaf.
+    pub fn v_name(il: usize) -> String {
+        format!("cache_v.{il}")
+    }
+
+    /// Bytes the whole cache takes for a model.
+    pub fn bytes(&self, cfg: &ModelConfig) -> usize {
+        let elt = self.dtype.dtype().type_size();
+        let per_pos = cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * elt;
+        cfg.n_layer * per_pos * self.n_ctx
+    }
+}
+
+/// The graph of one forward pass and the ids callers feed and read.
+#[derive(Debug)]
+pub struct ForwardGraph {
+    /// The graph.
+    pub graph: Graph,
+    /// I32 `[n_tok]` token ids input, named `tokens`.
+    pub tokens: TensorId,
+    /// I32 `[n_tok]` positions input, named `pos`.
+    pub pos: TensorId,
+    /// f32 `[n_vocab, n_out]` logits output.
+    pub logits: TensorId,
+}
+
+/// Shapes and types of the file's tensors, by name: what the plans declare as weight leaves.
+#[derive(Clone, Debug, Default)]
+pub struct WeightTable {
+    infos: HashMap<String, (DType, Vec<usize>)>,
+}
+
+impl WeightTable {
+    /// The table of a file's tensor infos.
+    pub fn from_infos<'a>(infos: impl IntoIterator<Item = &'a TensorInfo>) -> Self {
+        let infos = infos
+            .into_iter()
+            .map(|t| {
+                let dims = t.dims.iter().map(|&d| d as usize).collect();
+                (t.name.clone(), (t.ggml_type, dims))
+            })
+            .collect();
+        Self { infos }
+    }
+
+    /// True when the file has a tensor of this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.infos.contains_key(name)
+    }
+
+    /// Type and dims of a tensor.
+    pub fn get(&self, name: &str) -> Option<(DType, &[usize])> {
+        self.infos.get(name).map(|(t, d)| (*t, d.as_slice()))
+    }
+}
+
+/// Builds one forward graph for `cfg`'s architecture.
+pub fn build_forward(
+    cfg: &ModelConfig,
+    weights: &WeightTable,
+    kv: &KvCacheSpec,
+    batch: BatchSpec,
+) -> Result<ForwardGraph, ModelError> {
+    if batch.n_tok == 0 || batch.n_past + batch.n_tok > kv.n_ctx {
+        return Err(ModelError::ContextFull {
+            needed: batch.n_past + batch.n_tok,
+            n_ctx: kv.n_ctx,
+        });
+    }
+    let mut b = Builder::new(cfg, weights, kv, batch)?;
+    let hidden = match cfg.arch {
+        Architecture::Llama => llama::build(&mut b)?,
+        Architecture::Qwen2 => qwen2::build(&mut b)?,
+        Architecture::Qwen3 => qwen3::build(&mut b)?,
+        Architecture::Gemma3 => gemma3::build(&mut b)?,
+    };
+    b.finish(hidden)
+}
+
+/// Graph-building context shared by the plans: the graph, its inputs and weight lookup.
+pub struct Builder<'a> {
+    /// The graph under construction.
+    pub g: Graph,
+    /// Model hyper-parameters.
+    pub cfg: &'a ModelConfig,
+    weights: &'a WeightTable,
+    kv: &'a KvCacheSpec,
+    /// The batch being built for.
+    pub batch: BatchSpec,
+    /// Token ids input.
+    pub tokens: TensorId,
+    /// Positions input (also the KV rows written).
+    pub pos: TensorId,
+    declared: HashMap<String, TensorId>,
+}
+
+impl std::fmt::Debug for Builder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("batch", &self.batch)
+            .field("nodes", &self.g.len())
+            .finish()
+    }
+}
+
+impl<'a> Builder<'a> {
+    fn new(
+        cfg: &'a ModelConfig,
+        weights: &'a WeightTable,
+        kv: &'a KvCacheSpec,
+        batch: BatchSpec,
+    ) -> Result<Self, ModelError> {
+        let mut g = Graph::new();
+        let tokens = g.input("tokens", DType::I32, &[batch.n_tok])?;
+        let pos = g.input("pos", DType::I32, &[batch.n_tok])?;
+        Ok(Self {
+            g,
+            cfg,
+            weights,
+            kv,
+            batch,
+            tokens,
+            pos,
+            declared: HashMap::new(),
+        })
+    }
+
+    /// The weight leaf `name`, declared once per graph with the file's type and shape.
+    pub fn weight(&mut self, name: &str) -> Result<TensorId, ModelError> {
+        if let Some(&id) = self.declared.get(name) {
+            return Ok(id);
+        }
+        let (dtype, dims) = self
+            .weights
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
+        let id = self.g.weight(name, dtype, dims)?;
+        self.declared.insert(name.to_owned(), id);
+        Ok(id)
+    }
+
+    /// Like [`Builder::weight`] for tensors an architecture may or may not have.
+    pub fn weight_opt(&mut self, name: &str) -> Result<Option<TensorId>, ModelError> {
+        if self.weights.contains(name) {
+            self.weight(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Weight `name` checked to have exactly `dims`.
+    pub fn weight_shaped(&mut self, name: &str, dims: &[usize]) -> Result<TensorId, ModelError> {
+        if let Some((_, d)) = self.weights.get(name) {
+            if d != dims {
+                return Err(ModelError::BadTensor {
+                    name: name.to_owned(),
+                    reason: format!("expected dims {dims:?}, found {d:?}"),
+                });
+            }
+        }
+        self.weight(name)
+    }
+
+    /// Token embeddings, `[n_embd, n_tok]`, times the architecture's embedding scale.
+    pub fn embed(&mut self) -> Result<TensorId, ModelError> {
+        let n_embd = self.cfg.n_embd;
+        let table = self.weight_shaped("token_embd.weight", &[n_embd, self.cfg.n_vocab])?;
+        let x = self.g.get_rows(table, self.tokens)?;
+        if self.cfg.embd_scale != 1.0 {
+            return Ok(self.g.scale(x, self.cfg.embd_scale)?);
+        }
+        Ok(x)
+    }
+
+    /// `rms_norm(x) * w` with the layer's weight `name`.
+    pub fn rms_norm(&mut self, x: TensorId, name: &str) -> Result<TensorId, ModelError> {
+        let w = self.weight(name)?;
+        let n = self.g.rms_norm(x, self.cfg.rms_eps)?;
+        Ok(self.g.mul(n, w)?)
+    }
+
+    /// `w x (+ b)` for the weight `{prefix}.weight` and, when present, the bias `{prefix}.bias`.
+    pub fn linear(&mut self, x: TensorId, prefix: &str) -> Result<TensorId, ModelError> {
+        let w = self.weight(&format!("{prefix}.weight"))?;
+        let y = self.g.mul_mat(w, x)?;
+        match self.weight_opt(&format!("{prefix}.bias"))? {
+            Some(b) => Ok(self.g.add(y, b)?),
+            None => Ok(y),
+        }
+    }
+
+    fn rope_params(&self, la: &LayerAttention) -> RopeParams {
+        RopeParams {
+            mode: match self.cfg.rope_mode {
+                RopeMode::Normal => ggml_graph::RopeMode::Normal,
+                RopeMode::Neox => ggml_graph::RopeMode::Neox,
+            },
+            n_dims: self.cfg.n_rot,
+            freq_base: la.rope_base,
+            freq_scale: la.rope_freq_scale,
+        }
+    }
+
+    /// Self-attention of layer `il` on the normalized input `x` `[n_embd, n_tok]`: projections,
+    /// optional per-head q/k norms, rotary embedding, KV cache write, attention over the cached
+    /// positions and the output projection. Returns `[n_embd, n_tok]`.
+    pub fn self_attention(
+        &mut self,
+        il: usize,
+        x: TensorId,
+        qk_norm: bool,
+    ) -> Result<TensorId, ModelError> {
+        let c = self.cfg;
+        let (hd, hdv, nh, nkv, nt) = (
+            c.head_dim,
+            c.head_dim_v,
+            c.n_head,
+            c.n_head_kv,
+            self.batch.n_tok,
+        );
+        let la = c.layers[il];
+        let q = self.linear(x, &format!("blk.{il}.attn_q"))?;
+        let k = self.linear(x, &format!("blk.{il}.attn_k"))?;
+        let v = self.linear(x, &format!("blk.{il}.attn_v"))?;
+        let mut q = self.g.reshape(q, &[hd, nh, nt])?;
+        let mut k = self.g.reshape(k, &[hd, nkv, nt])?;
+        if qk_norm {
+            q = self.rms_norm(q, &format!("blk.{il}.attn_q_norm.weight"))?;
+            k = self.rms_norm(k, &format!("blk.{il}.attn_k_norm.weight"))?;
+        }
+        let rp = self.rope_params(&la);
+        let freq_factors = self.weight_opt("rope_freqs.weight")?;
+        let q = self.g.rope(q, self.pos, rp, freq_factors)?;
+        let k = self.g.rope(k, self.pos, rp, freq_factors)?;
+
+        // Write this batch's keys and values at their positions, then attend over every filled
+        // position: rows 0..n_past + n_tok of the cache.
+        let kv_dtype = self.kv.dtype.dtype();
+        let n_ctx = self.kv.n_ctx;
+        let n_kv = self.batch.n_past + nt;
+        let cache_k = self
+            .g
+            .persistent(&KvCacheSpec::k_name(il), kv_dtype, &[hd * nkv, n_ctx])?;
+        let cache_v = self
+            .g
+            .persistent(&KvCacheSpec::v_name(il), kv_dtype, &[hdv * nkv, n_ctx])?;
+        let k_rows = self.g.reshape(k, &[hd * nkv, nt])?;
+        let v_rows = self.g.reshape(v, &[hdv * nkv, nt])?;
+        let kc = self.g.set_rows(cache_k, k_rows, self.pos)?;
+        let vc = self.g.set_rows(cache_v, v_rows, self.pos)?;
+        let elt = kv_dtype.type_size();
+        let k_all = self
+            .g
+            .view(kc, &[hd, nkv, n_kv], &[hd * elt, hd * nkv * elt], 0)?;
+        let v_all = self
+            .g
+            .view(vc, &[hdv, nkv, n_kv], &[hdv * elt, hdv * nkv * elt], 0)?;
+        let params = AttnParams {
+            scale: c.attn_scale,
+            causal: true,
+            window: la.window,
+        };
+        let o = self.g.attention(q, k_all, v_all, self.pos, None, params)?;
+        let o = self.g.reshape(o, &[hdv * nh, nt])?;
+        self.linear(o, &format!("blk.{il}.attn_output"))
+    }
+
+    /// Gated feed-forward of layer `il`: `down(act(gate x) * up x)`.
+    pub fn gated_ffn(
+        &mut self,
+        il: usize,
+        x: TensorId,
+        act: ggml_graph::Act,
+    ) -> Result<TensorId, ModelError> {
+        let gate = self.linear(x, &format!("blk.{il}.ffn_gate"))?;
+        let up = self.linear(x, &format!("blk.{il}.ffn_up"))?;
+        let h = self.g.gated(act, gate, up)?;
+        self.linear(h, &format!("blk.{il}.ffn_down"))
+    }
+
+    /// Final norm and output projection (`output.weight`, or the tied embedding table), only on
+    /// the positions the batch asks logits for.
+    fn finish(mut self, hidden: TensorId) -> Result<ForwardGraph, ModelError> {
+        let n_embd = self.cfg.n_embd;
+        let nt = self.batch.n_tok;
+        let x = match self.batch.logits {
+            LogitsMode::All => hidden,
+            LogitsMode::Last if nt == 1 => hidden,
+            LogitsMode::Last => {
+                let row = n_embd * DType::F32.type_size();
+                self.g.view(hidden, &[n_embd, 1], &[row], (nt - 1) * row)?
+            }
+        };
+        let x = self.rms_norm(x, "output_norm.weight")?;
+        let out = if self.weights.contains("output.weight") {
+            self.weight_shaped("output.weight", &[n_embd, self.cfg.n_vocab])?
+        } else {
+            self.weight("token_embd.weight")?
+        };
+        let logits = self.g.mul_mat(out, x)?;
+        self.g.mark_output(logits)?;
+        Ok(ForwardGraph {
+            graph: self.g,
+            tokens: self.tokens,
+            pos: self.pos,
+            logits,
+        })
+    }
+}

@@ -1,0 +1,344 @@
+//! Typed model configuration read from GGUF metadata keys (`{arch}.block_count`, ...), with an
+//! error naming the key when a required one is missing.
+
+use gguf::Metadata;
+
+use crate::error::ModelError;
+
+/// The architectures this crate has execution plans for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// `llama`: Llama 2/3 and Mistral (which GGUF files also store as `llama`).
+    Llama,
+    /// `qwen2`: llama-like with q/k/v biases.
+    Qwen2,
+    /// `qwen3`: llama-like with per-head q/k RMS norms.
+    Qwen3,
+    /// `gemma3`: q/k norms, post-norms, GELU-gated FFN, sliding-window layers.
+    Gemma3,
+}
+
+impl Architecture {
+    /// The architecture named by `general.architecture`.
+    pub fn from_name(name: &str) -> Result<Self, ModelError> {
+        match name {
+            "llama" => Ok(Self::Llama),
+            "qwen2" => Ok(Self::Qwen2),
+            "qwen3" => Ok(Self::Qwen3),
+            "gemma3" => Ok(Self::Gemma3),
+            other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
+        }
+    }
+
+    /// The GGUF key prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Gemma3 => "gemma3",
+        }
+    }
+
+    /// How this architecture rotates query/key pairs, as llama.cpp's `llama_model_rope_type`
+    /// decides: llama uses adjacent pairs, the Qwen and Gemma families split each head in halves.
+    pub fn rope_mode(self) -> RopeMode {
+        match self {
+            Self::Llama => RopeMode::Normal,
+            Self::Qwen2 | Self::Qwen3 | Self::Gemma3 => RopeMode::Neox,
+        }
+    }
+}
+
+/// Rotary embedding pairing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Rotate dims (2i, 2i+1).
+    Normal,
+    /// Rotate dims (i, i + n_rot/2).
+    Neox,
+}
+
+/// Per-layer attention settings (they differ between Gemma's local and global layers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerAttention {
+    /// `Some(w)`: a query at position p sees keys in `(p - w, p]`; `None`: full causal.
+    pub window: Option<usize>,
+    /// RoPE base frequency.
+    pub rope_base: f32,
+    /// RoPE position scale (1 / linear scaling factor).
+    pub rope_freq_scale: f32,
+}
+
+/// Hyper-parameters of a model, everything the execution plans need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Architecture.
+    pub arch: Architecture,
+    /// Vocabulary size (rows of `token_embd`).
+    pub n_vocab: usize,
+    /// Hidden size.
+    pub n_embd: usize,
+    /// Number of transformer blocks.
+    pub n_layer: usize,
+    /// FFN inner size.
+    pub n_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (grouped-query attention when fewer than `n_head`).
+    pub n_head_kv: usize,
+    /// Per-head size of queries and keys.
+    pub head_dim: usize,
+    /// Per-head size of values.
+    pub head_dim_v: usize,
+    /// Rotated dims per head.
+    pub n_rot: usize,
+    /// RMS norm epsilon.
+    pub rms_eps: f32,
+    /// Trained context length.
+    pub n_ctx_train: usize,
+    /// RoPE pairing.
+    pub rope_mode: RopeMode,
+    /// Softmax scale applied to q·k.
+    pub attn_scale: f32,
+    /// Attention settings per layer.
+    pub layers: Vec<LayerAttention>,
+    /// Multiplier applied to token embeddings (Gemma: sqrt(n_embd)).
+    pub embd_scale: f32,
+}
+
+fn key(arch: Architecture, suffix: &str) -> String {
+    format!("{}.{suffix}", arch.name())
+}
+
+fn req_u(md: &Metadata, k: &str) -> Result<usize, ModelError> {
+    let v = md
+        .require(k)
+        .map_err(|_| ModelError::MissingKey(k.to_owned()))?;
+    v.to_u64()
+        .and_then(|x| usize::try_from(x).ok())
+        .ok_or_else(|| ModelError::BadKey {
+            key: k.to_owned(),
+            reason: format!(
+                "expected a non-negative integer, found {}",
+                v.type_description()
+            ),
+        })
+}
+
+fn opt_u(md: &Metadata, k: &str) -> Result<Option<usize>, ModelError> {
+    if md.contains_key(k) {
+        req_u(md, k).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+fn opt_f(md: &Metadata, k: &str) -> Result<Option<f32>, ModelError> {
+    md.get_f32_opt(k).map_err(|e| ModelError::BadKey {
+        key: k.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+impl ModelConfig {
+    /// Reads the configuration; `n_vocab` comes from the embedding tensor's row count since the
+    /// vocabulary-size key is often absent.
+    pub fn from_metadata(md: &Metadata, n_vocab: usize) -> Result<Self, ModelError> {
+        let arch_name = md
+            .get_str("general.architecture")
+            .map_err(|_| ModelError::MissingKey("general.architecture".into()))?;
+        let arch = Architecture::from_name(arch_name)?;
+        let n_embd = req_u(md, &key(arch, "embedding_length"))?;
+        let n_layer = req_u(md, &key(arch, "block_count"))?;
+        let n_ff = req_u(md, &key(arch, "feed_forward_length"))?;
+        let n_head = req_u(md, &key(arch, "attention.head_count"))?;
+        let n_head_kv = opt_u(md, &key(arch, "attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_ctx_train = req_u(md, &key(arch, "context_length"))?;
+        let eps_key = key(arch, "attention.layer_norm_rms_epsilon");
+        let rms_eps = opt_f(md, &eps_key)?.ok_or(ModelError::MissingKey(eps_key))?;
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(ModelError::BadKey {
+                key: key(arch, "attention.head_count_kv"),
+                reason: format!("{n_head} query heads cannot be grouped over {n_head_kv} kv heads"),
+            });
+        }
+        let head_dim =
+            opt_u(md, &key(arch, "attention.key_length"))?.unwrap_or(n_embd / n_head.max(1));
+        let head_dim_v = opt_u(md, &key(arch, "attention.value_length"))?.unwrap_or(head_dim);
+        let n_rot = opt_u(md, &key(arch, "rope.dimension_count"))?.unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::BadKey {
+                key: key(arch, "rope.dimension_count"),
+                reason: format!("{n_rot} rotated dims do not fit a head of {head_dim}"),
+            });
+        }
+        let rope_base = opt_f(md, &key(arch, "rope.freq_base"))?.unwrap_or(10_000.0);
+        let rope_freq_scale = match md
+            .get_str_opt(&key(arch, "rope.scaling.type"))
+            .ok()
+            .flatten()
+        {
+            Some("linear") => {
+                let f = opt_f(md, &key(arch, "rope.scaling.factor"))?.unwrap_or(1.0);
+                if f > 0.0 {
+                    1.0 / f
+                } else {
+                    1.0
+                }
+            }
+            Some("none") | None => 1.0,
+            Some(other) => {
+                return Err(ModelError::BadKey {
+                    key: key(arch, "rope.scaling.type"),
+                    reason: format!("rope scaling `{other}` is not supported"),
+                })
+            }
+        };
+        let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
+        let mut embd_scale = 1.0;
+        let global = LayerAttention {
+            window: None,
+            rope_base,
+            rope_freq_scale,
+        };
+        let mut layers = vec![global; n_layer];
+        if arch == Architecture::Gemma3 {
+            let sw_key = key(arch, "attention.sliding_window");
+            let window = req_u(md, &sw_key)?;
+            // Five local layers, then one global one; local layers use their own rope base.
+            for (il, l) in layers.iter_mut().enumerate() {
+                if il % 6 < 5 {
+                    *l = LayerAttention {
+                        window: Some(window),
+                        rope_base: 10_000.0,
+                        rope_freq_scale: 1.0,
+                    };
+                }
+            }
+            embd_scale = (n_embd as f32).sqrt();
+            // Gemma 3 27B (62 layers) scales by the model width per head instead of head_dim.
+            if n_layer == 62 {
+                attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+            }
+        }
+        Ok(Self {
+            arch,
+            n_vocab,
+            n_embd,
+            n_layer,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            head_dim_v,
+            n_rot,
+            rms_eps,
+            n_ctx_train,
+            rope_mode: arch.rope_mode(),
+            attn_scale,
+            layers,
+            embd_scale,
+        })
+    }
+
+    /// Query heads per key/value head.
+    pub fn gqa(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gguf::MetadataValue;
+
+    fn gemma_md() -> Metadata {
+        let mut md = Metadata::new();
+        md.set(
+            "general.architecture",
+            MetadataValue::String("gemma3".into()),
+        );
+        md.set("gemma3.context_length", MetadataValue::U32(32768));
+        md.set("gemma3.embedding_length", MetadataValue::U32(640));
+        md.set("gemma3.block_count", MetadataValue::U32(18));
+        md.set("gemma3.feed_forward_length", MetadataValue::U32(2048));
+        md.set("gemma3.attention.head_count", MetadataValue::U32(4));
+        md.set("gemma3.attention.head_count_kv", MetadataValue::U32(1));
+        md.set("gemma3.attention.key_length", MetadataValue::U32(256));
+        md.set("gemma3.attention.value_length", MetadataValue::U32(256));
+        md.set(
+            "gemma3.attention.layer_norm_rms_epsilon",
+            MetadataValue::F32(1e-6),
+        );
+        md.set("gemma3.rope.freq_base", MetadataValue::F32(1e6));
+        md.set("gemma3.attention.sliding_window", MetadataValue::U32(512));
+        md
+    }
+
+    #[test]
+    fn gemma3_layers_and_scales() {
+        let c = ModelConfig::from_metadata(&gemma_md(), 262_144).unwrap();
+        assert_eq!(c.arch, Architecture::Gemma3);
+        assert_eq!(c.rope_mode, RopeMode::Neox);
+        assert_eq!(c.gqa(), 4);
+        assert_eq!(c.attn_scale, 1.0 / 16.0);
+        assert!((c.embd_scale - 640f32.sqrt()).abs() < 1e-6);
+        let globals: Vec<usize> = (0..18).filter(|&i| c.layers[i].window.is_none()).collect();
+        assert_eq!(globals, vec![5, 11, 17]);
+        assert_eq!(c.layers[5].rope_base, 1e6);
+        assert_eq!(c.layers[0].rope_base, 1e4);
+        assert_eq!(c.layers[0].window, Some(512));
+    }
+
+    #[test]
+    fn missing_key_is_named() {
+        let mut md = gemma_md();
+        let mut md2 = Metadata::new();
+        for (k, v) in md.iter() {
+            if k != "gemma3.block_count" {
+                md2.set(k, v.clone());
+            }
+        }
+        md = md2;
+        let err = ModelConfig::from_metadata(&md, 10).unwrap_err();
+        assert!(err.to_string().contains("gemma3.block_count"), "{err}");
+    }
+
+    #[test]
+    fn unknown_arch_is_an_error() {
+        let mut md = gemma_md();
+        md.set(
+            "general.architecture",
+            MetadataValue::String("rwkv6".into()),
+        );
+        assert!(matches!(
+            ModelConfig::from_metadata(&md, 10),
+            Err(ModelError::UnsupportedArchitecture(a)) if a == "rwkv6"
+        ));
+    }
+
+    #[test]
+    fn llama_defaults() {
+        let mut md = Metadata::new();
+        md.set(
+            "general.architecture",
+            MetadataValue::String("llama".into()),
+        );
+        md.set("llama.context_length", MetadataValue::U32(4096));
+        md.set("llama.embedding_length", MetadataValue::U32(256));
+        md.set("llama.block_count", MetadataValue::U32(2));
+        md.set("llama.feed_forward_length", MetadataValue::U32(512));
+        md.set("llama.attention.head_count", MetadataValue::U32(8));
+        md.set(
+            "llama.attention.layer_norm_rms_epsilon",
+            MetadataValue::F32(1e-5),
+        );
+        let c = ModelConfig::from_metadata(&md, 100).unwrap();
+        assert_eq!(c.n_head_kv, 8);
+        assert_eq!(c.head_dim, 32);
+        assert_eq!(c.rope_mode, RopeMode::Normal);
+        assert_eq!(c.layers[1].rope_base, 10_000.0);
+        assert_eq!(c.embd_scale, 1.0);
+    }
+}

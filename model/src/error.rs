@@ -1,0 +1,71 @@
+//! The crate's error type: every failure names the key, tensor, file or limit involved.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading or running a model.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// Reading the GGUF file failed.
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    /// Building or running a compute graph failed.
+    #[error("graph: {0}")]
+    Graph(#[from] ggml_graph::GraphError),
+    /// A required metadata key is absent.
+    #[error("metadata key `{0}` is missing")]
+    MissingKey(String),
+    /// A metadata key holds an unusable value.
+    #[error("metadata key `{key}`: {reason}")]
+    BadKey {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `general.architecture` names an architecture without an execution plan.
+    #[error("architecture `{0}` is not supported (supported: llama, qwen2, qwen3, gemma3)")]
+    UnsupportedArchitecture(String),
+    /// A tensor the architecture needs is absent.
+    #[error("tensor `{0}` is missing")]
+    MissingTensor(String),
+    /// A tensor has an unexpected shape or type.
+    #[error("tensor `{name}`: {reason}")]
+    BadTensor {
+        /// The tensor.
+        name: String,
+        /// What was expected and found.
+        reason: String,
+    },
+    /// The chat template failed to parse or render.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    /// The prompt plus generation would not fit the KV cache.
+    #[error("context full: {needed} positions needed, the context holds {n_ctx}")]
+    ContextFull {
+        /// Positions needed.
+        needed: usize,
+        /// Context length.
+        n_ctx: usize,
+    },
+    /// A caller-provided setting is out of range.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        n_vocab: usize,
+    },
+    /// An input file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,313 @@
+//! A loaded model and inference sessions over it: weights bound zero-copy from the mapped file,
+//! a persistent KV cache, chunked prompt processing and token-by-token decoding.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ggml_graph::{CpuBackend, Executor, WeightBytes};
+use gguf::GgufFile;
+
+use crate::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode, WeightTable};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+
+/// The mapped file as a shared byte owner for [`WeightBytes`].
+struct FileBytes(Arc<GgufFile>);
+
+impl AsRef<[u8]> for FileBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+/// A model file opened for inference: configuration and tensor table; weights stay in the map.
+#[derive(Debug, Clone)]
+pub struct Model {
+    file: Arc<GgufFile>,
+    cfg: ModelConfig,
+    weights: WeightTable,
+}
+
+impl Model {
+    /// Opens and validates a GGUF model. `progress(done, total)` is called while the weight pages
+    /// are read in (so the first tokens do not pay for page faults).
+    pub fn load(
+        path: impl AsRef<Path>,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Self, ModelError> {
+        let file = Arc::new(GgufFile::open(path.as_ref())?);
+        let model = Self::from_file(file)?;
+        let total: u64 = model.file.tensors().iter().map(|t| t.size).sum();
+        let mut done = 0u64;
+        for t in model.file.tensors() {
+            let data = model.file.tensor_data(t);
+            let mut acc = 0u8;
+            for chunk in data.chunks(4096) {
+                acc ^= chunk[0];
+            }
+            std::hint::black_box(acc);
+            done += t.size;
+            progress(done, total);
+        }
+        Ok(model)
+    }
+
+    /// A model over an already opened file.
+    pub fn from_file(file: Arc<GgufFile>) -> Result<Self, ModelError> {
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
+        let cfg = ModelConfig::from_metadata(file.metadata(), n_vocab)?;
+        let weights = WeightTable::from_infos(file.tensors());
+        Ok(Self { file, cfg, weights })
+    }
+
+    /// The parsed file.
+    pub fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Tensor shapes by name.
+    pub fn weights(&self) -> &WeightTable {
+        &self.weights
+    }
+}
+
+/// Settings of an inference session.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionOptions {
+    /// Context length (KV cache positions); 0 means the model's trained maximum.
+    pub n_ctx: usize,
+    /// KV cache element type.
+    pub kv_type: KvType,
+    /// Largest number of prompt tokens per forward pass.
+    pub n_batch: usize,
+    /// CPU threads (0: all cores).
+    pub n_threads: usize,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self {
+            n_ctx: 4096,
+            kv_type: KvType::F16,
+            n_batch: 512,
+            n_threads: 0,
+        }
+    }
+}
+
+/// Timing of the forward passes run so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EvalStats {
+    /// Seconds spent building graphs.
+    pub build_s: f64,
+    /// Seconds spent executing graphs.
+    pub run_s: f64,
+    /// Forward passes.
+    pub passes: u64,
+}
+
+/// An inference session: an executor with the model's weights bound and a KV cache.
+pub struct Session {
+    model: Model,
+    exec: Executor,
+    kv: KvCacheSpec,
+    n_batch: usize,
+    n_past: usize,
+    /// The tokens at positions `0..n_past`.
+    history: Vec<u32>,
+    stats: EvalStats,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("kv", &self.kv)
+            .field("n_past", &self.n_past)
+            .finish()
+    }
+}
+
+impl Session {
+    /// Binds every tensor of the model to a new executor (no copies) and sizes the arena for a
+    /// full prompt batch.
+    pub fn new(model: &Model, opts: &SessionOptions) -> Result<Self, ModelError> {
+        let cfg = model.config();
+        let n_ctx = if opts.n_ctx == 0 {
+            cfg.n_ctx_train
+        } else {
+            opts.n_ctx
+        };
+        if n_ctx > cfg.n_ctx_train {
+            return Err(ModelError::InvalidArgument(format!(
+                "context {n_ctx} exceeds the model's maximum of {}",
+                cfg.n_ctx_train
+            )));
+        }
+        if opts.n_batch == 0 {
+            return Err(ModelError::InvalidArgument(
+                "batch size must be at least 1".into(),
+            ));
+        }
+        let backend = CpuBackend::new(opts.n_threads)?;
+        let mut exec = Executor::new(backend);
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> =
+            Arc::new(FileBytes(Arc::clone(model.file())));
+        let base = model.file().data_offset() as usize;
+        for t in model.file().tensors() {
+            let start = base + t.offset as usize;
+            let bytes = WeightBytes::new(Arc::clone(&owner), start..start + t.size as usize)?;
+            let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+            exec.bind_weight(&t.name, t.ggml_type, &dims, bytes)?;
+        }
+        let kv = KvCacheSpec {
+            dtype: opts.kv_type,
+            n_ctx,
+        };
+        let n_batch = opts.n_batch.min(n_ctx);
+        let mut s = Self {
+            model: model.clone(),
+            exec,
+            kv,
+            n_batch,
+            n_past: 0,
+            history: Vec::new(),
+            stats: EvalStats::default(),
+        };
+        // Worst case: a full batch at the end of the context.
+        let worst = BatchSpec {
+            n_tok: n_batch,
+            n_past: n_ctx - n_batch,
+            logits: LogitsMode::Last,
+        };
+        let fg = build_forward(s.model.config(), s.model.weights(), &s.kv, worst)?;
+        s.exec.reserve(&fg.graph)?;
+        Ok(s)
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// CPU threads the executor uses.
+    pub fn n_threads(&self) -> usize {
+        self.exec.backend().n_threads()
+    }
+
+    /// Context length.
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx
+    }
+
+    /// Positions filled in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Accumulated timing.
+    pub fn stats(&self) -> EvalStats {
+        self.stats
+    }
+
+    /// Forgets the context (the cache rows are simply overwritten later).
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+        self.history.clear();
+    }
+
+    /// Drops positions `n..` from the context (e.g. to re-run from a common prefix).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+        self.history.truncate(self.n_past);
+    }
+
+    /// The tokens in the context, in position order.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Keeps the longest prefix of the context that `tokens` starts with (at least one token of
+    /// `tokens` is always left to evaluate) and returns how many of `tokens` are already cached.
+    pub fn reuse_prefix(&mut self, tokens: &[u32]) -> usize {
+        let common = self
+            .history
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(tokens.len().saturating_sub(1));
+        self.truncate(common);
+        common
+    }
+
+    /// Feeds `tokens` at the next positions, in chunks of at most the batch size, and returns
+    /// logits: the last position's (`[n_vocab]`) with [`LogitsMode::Last`], every position's
+    /// (`[n_tokens * n_vocab]`, position-major) with [`LogitsMode::All`].
+    pub fn eval(&mut self, tokens: &[u32], mode: LogitsMode) -> Result<Vec<f32>, ModelError> {
+        let n_vocab = self.model.config().n_vocab;
+        if tokens.is_empty() {
+            return Err(ModelError::InvalidArgument("no tokens to evaluate".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::BadToken { id: bad, n_vocab });
+        }
+        if self.n_past + tokens.len() > self.kv.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed: self.n_past + tokens.len(),
+                n_ctx: self.kv.n_ctx,
+            });
+        }
+        let mut out = Vec::new();
+        let n_chunks = tokens.len().div_ceil(self.n_batch);
+        for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
+            let last_chunk = ci + 1 == n_chunks;
+            let want = match mode {
+                LogitsMode::All => Some(LogitsMode::All),
+                LogitsMode::Last if last_chunk => Some(LogitsMode::Last),
+                LogitsMode::Last => None,
+            };
+            let logits = self.forward(chunk, want.unwrap_or(LogitsMode::Last))?;
+            if want.is_some() {
+                out.extend_from_slice(&logits);
+            }
+        }
+        Ok(out)
+    }
+
+    fn forward(&mut self, tokens: &[u32], mode: LogitsMode) -> Result<Vec<f32>, ModelError> {
+        let t0 = Instant::now();
+        let batch = BatchSpec {
+            n_tok: tokens.len(),
+            n_past: self.n_past,
+            logits: mode,
+        };
+        let fg = build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
+        let ids: Vec<u8> = tokens
+            .iter()
+            .flat_map(|&t| (t as i32).to_le_bytes())
+            .collect();
+        let pos: Vec<u8> = (self.n_past..self.n_past + tokens.len())
+            .flat_map(|p| (p as i32).to_le_bytes())
+            .collect();
+        let t1 = Instant::now();
+        self.exec
+            .run(&fg.graph, &[(fg.tokens, &ids), (fg.pos, &pos)])?;
+        let logits = self.exec.output_f32(fg.logits)?;
+        let t2 = Instant::now();
+        self.stats.build_s += (t1 - t0).as_secs_f64();
+        self.stats.run_s += (t2 - t1).as_secs_f64();
+        self.stats.passes += 1;
+        self.n_past += tokens.len();
+        self.history.extend_from_slice(tokens);
+        Ok(logits)
+    }
+}
