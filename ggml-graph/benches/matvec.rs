@@ -66,6 +66,28 @@ fn bandwidth(threads: usize) -> f64 {
     (buf.len() * 8) as f64 / t / 1e9
 }
 
+/// Matrix-matrix (prefill) time for `m` activation columns: the multi-column kernels.
+fn prefill(threads: usize, ty: DType, k: usize, n: usize, m: usize) {
+    let mut g = Graph::new();
+    let w = g.weight("w", ty, &[k, n]).expect("weight");
+    let x = g.input("x", DType::F32, &[k, m]).expect("input");
+    let y = g.mul_mat(w, x).expect("mul_mat");
+    g.mark_output(y).expect("output");
+    let mut ex = Executor::new(CpuBackend::new(threads).expect("backend"));
+    ex.bind_weight("w", ty, &[k, n], WeightBytes::from_vec(weights(ty, k, n)))
+        .expect("bind");
+    let xv: Vec<f32> = (0..k * m)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let xb: Vec<u8> = bytemuck::cast_slice(&xv).to_vec();
+    let t = time(|| ex.run(&g, &[(x, &xb)]).expect("run"));
+    println!(
+        "threads={threads} {ty:>5} {k}x{n} x {m} columns: {:8.2} ms  {:6.1} GMAC/s",
+        t * 1e3,
+        (k * n * m) as f64 / t / 1e9
+    );
+}
+
 fn main() {
     let quick = std::env::var_os("MATVEC_QUICK").is_some();
     let shapes: &[(usize, usize)] = if quick {
@@ -101,6 +123,9 @@ fn main() {
                     100.0 * gbs / bw
                 );
             }
+        }
+        for ty in [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_0] {
+            prefill(threads, ty, 2048, 2048, 128);
         }
     }
 }

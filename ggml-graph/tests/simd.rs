@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use ggml_graph::quant::{act_type, detected, dot_float, quantize_act, vec_dot, Simd};
+use ggml_graph::quant::{act_type, detected, dot_float, quantize_act, vec_dot, vec_dot_cols, Simd};
 use ggml_graph::DType;
 
 #[test]
@@ -36,6 +36,24 @@ fn simd_matches_scalar_for_every_type() {
                 quantize_act(aty, &x, &mut a);
                 let s = vec_dot(Simd::Scalar, ty, n, &w, &a);
                 let v = vec_dot(simd, ty, n, &w, &a);
+                // Several columns at once (the prefill kernels) equal one column at a time.
+                let x2: Vec<f32> = rng.vec(3 * n);
+                let mut a3 = a.clone();
+                let mut a2 = vec![0u8; 3 * a.len()];
+                quantize_act(aty, &x2, &mut a2);
+                a3.extend_from_slice(&a2);
+                for cols in 2..=4 {
+                    let mut out = vec![0f32; cols];
+                    vec_dot_cols(simd, ty, n, &w, &a3, a.len(), &mut out);
+                    for (c, &o) in out.iter().enumerate() {
+                        let one =
+                            vec_dot(Simd::Scalar, ty, n, &w, &a3[c * a.len()..(c + 1) * a.len()]);
+                        assert!(
+                            (o - one).abs() <= 1e-4 * (1.0 + one.abs()),
+                            "{ty} cols={cols} c={c}: {o} vs {one}"
+                        );
+                    }
+                }
                 let scale = dequant(ty, &w, n)
                     .iter()
                     .zip(&x)

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::{out_f32, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
-use crate::quant::{act_type, dot_float, quantize_act, vec_dot};
+use crate::quant::{act_type, dot_float, quantize_act, vec_dot, vec_dot_cols};
 use crate::tensor::{row_bytes, DType, Tensor};
 
 /// Weight rows per parallel task.
@@ -91,9 +91,36 @@ pub(crate) fn mul_mat(
                 }
                 tiles.par_iter_mut().enumerate().for_each(|(ci, cols)| {
                     let rows = cols.first().map_or(0, |c| c.len());
+                    if float_w {
+                        for r in 0..rows {
+                            for (col, oc) in cols.iter_mut().enumerate() {
+                                oc[r] = dot(ci * chunk + r, col);
+                            }
+                        }
+                        return;
+                    }
+                    // Quantized: up to 4 columns per weight-row pass, each block decoded once.
+                    let mut tmp = [0f32; 4];
                     for r in 0..rows {
-                        for (col, oc) in cols.iter_mut().enumerate() {
-                            oc[r] = dot(ci * chunk + r, col);
+                        let wo = w_off + (ci * chunk + r) * wt.nb[1];
+                        let wrow = &w.data[wo..wo + wrb];
+                        let mut col = 0;
+                        while col < m {
+                            let cn = (m - col).min(4);
+                            let a0 = (batch * m + col) * arb;
+                            vec_dot_cols(
+                                simd,
+                                wty,
+                                k,
+                                wrow,
+                                &acts[a0..a0 + cn * arb],
+                                arb,
+                                &mut tmp[..cn],
+                            );
+                            for (c, &v) in tmp[..cn].iter().enumerate() {
+                                cols[col + c][r] = v;
+                            }
+                            col += cn;
                         }
                     }
                 });

@@ -5,7 +5,6 @@ use rayon::prelude::*;
 
 use super::{min_rows, out_f32, unflatten, unsupported, SrcView};
 use crate::error::{GraphError, Result};
-use crate::quant::blocks::dequantize_row;
 use crate::tensor::{Act, DType, Tensor};
 
 /// One element of a float/int type as f32.
@@ -153,14 +152,13 @@ pub(crate) fn get_rows(
         .map_err(|r| unsupported(t, format!("row id {r} outside table of {n_rows} rows")))?;
     let o = out_f32(t, out)?;
     let (ne0, rb, nb1, ty) = (t.ne[0], table.t.row_bytes(), table.t.nb[1], table.t.dtype);
-    let ok = o
-        .par_chunks_mut(ne0)
+    // gguf's dequantization is the crate-wide reference for every block layout.
+    o.par_chunks_mut(ne0)
         .zip(idx.par_iter())
-        .all(|(orow, &r)| dequantize_row(ty, &table.data[r * nb1..r * nb1 + rb], orow));
-    if !ok {
-        return Err(unsupported(t, format!("table type {ty}")));
-    }
-    Ok(())
+        .try_for_each(|(orow, &r)| {
+            gguf::dequantize_row(ty, &table.data[r * nb1..r * nb1 + rb], orow)
+        })
+        .map_err(|e| unsupported(t, format!("table type {ty}: {e}")))
 }
 
 /// Byte offsets of the elements of a tensor in logical (row-major) order.

@@ -237,9 +237,10 @@ pub fn is_supported(ty: DType) -> bool {
     )
 }
 
-/// Dequantizes one row of `ty` blocks (`src` holds whole blocks) into `dst`; float types are
-/// converted. Returns false for a type this crate cannot read.
-pub fn dequantize_row(ty: DType, src: &[u8], dst: &mut [f32]) -> bool {
+/// Values rebuilt from this module's decoders, for checking them against the `gguf` crate and
+/// gguf-py (production dequantization is `gguf::dequantize_row`). Returns false for a type the
+/// decoders do not cover.
+pub fn reconstruct_row(ty: DType, src: &[u8], dst: &mut [f32]) -> bool {
     match ty {
         DType::F32 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {

@@ -123,6 +123,27 @@ pub fn vec_dot(simd: Simd, ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
     vec_dot_scalar(ty, n, w, a)
 }
 
+/// Dot products of one weight row with several activation rows (`out.len()` of them, each
+/// `astride` bytes after the previous in `a`); SIMD kernels decode each weight block once for all
+/// columns, which is what makes prefill compute-efficient.
+pub fn vec_dot_cols(
+    simd: Simd,
+    ty: DType,
+    n: usize,
+    w: &[u8],
+    a: &[u8],
+    astride: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx2 && x86::vec_dot_cols(ty, n, w, a, astride, out) {
+        return;
+    }
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = vec_dot(simd, ty, n, w, &a[c * astride..]);
+    }
+}
+
 /// The portable dot product (the reference for the SIMD paths).
 pub fn vec_dot_scalar(ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
     let wb = ty.type_size();

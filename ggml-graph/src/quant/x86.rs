@@ -432,3 +432,268 @@ unsafe fn dot_float_avx2(ty: DType, n: usize, w: *const u8, a: *const f32) -> f3
         s
     }
 }
+
+/// Dot products of one weight row with `out.len()` (2 to 4) activation rows spaced `astride`
+/// bytes apart in `a`, decoding each weight block once for all of them. Returns false when this
+/// type or column count has no kernel here.
+pub(super) fn vec_dot_cols(
+    ty: DType,
+    n: usize,
+    w: &[u8],
+    a: &[u8],
+    astride: usize,
+    out: &mut [f32],
+) -> bool {
+    let (nb, abytes) = match ty {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (n / QK, 34),
+        DType::Q4_K | DType::Q5_K | DType::Q6_K => (n / QK_K, Q8K_BYTES),
+        _ => return false,
+    };
+    let c = out.len();
+    if !(2..=4).contains(&c)
+        || w.len() < nb * ty.type_size()
+        || astride < nb * abytes
+        || a.len() < (c - 1) * astride + nb * abytes
+    {
+        return false;
+    }
+    macro_rules! go {
+        ($f:ident) => {
+            // SAFETY: detection reported avx2/fma/f16c; `w` holds `nb` blocks and each of the
+            // `c` activation rows holds `nb` blocks (checked above).
+            unsafe {
+                match c {
+                    2 => out.copy_from_slice(&$f::<2>(ty, nb, w.as_ptr(), a.as_ptr(), astride)),
+                    3 => out.copy_from_slice(&$f::<3>(ty, nb, w.as_ptr(), a.as_ptr(), astride)),
+                    _ => out.copy_from_slice(&$f::<4>(ty, nb, w.as_ptr(), a.as_ptr(), astride)),
+                }
+            }
+        };
+    }
+    match ty {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => go!(cols_small),
+        DType::Q6_K => go!(cols_q6_k),
+        _ => go!(cols_q4_k),
+    }
+    true
+}
+
+/// Weight scale and i8 values of a Q8_0, Q4_0 or Q5_0 block.
+///
+/// # Safety
+/// AVX2/FMA/F16C; one whole block of `ty` readable at `wb`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_small_simd(ty: DType, wb: *const u8) -> (f32, __m256i) {
+    // SAFETY: one block readable at `wb` (caller).
+    unsafe {
+        let q = match ty {
+            DType::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
+            DType::Q4_0 => _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8)),
+            _ => {
+                let hi =
+                    _mm256_andnot_si256(bits_to_bytes(wb.add(2)), _mm256_set1_epi8(0xf0_u8 as i8));
+                _mm256_or_si256(nibbles(wb.add(6)), hi)
+            }
+        };
+        (f16_load(wb), q)
+    }
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; `w` holds `nb` blocks of `ty`; `C` Q8_0 rows of `nb` blocks at `a + c * astride`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn cols_small<const C: usize>(
+    ty: DType,
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [f32; C] {
+    let mut acc = [_mm256_setzero_ps(); C];
+    let bs = ty.type_size();
+    for i in 0..nb {
+        // SAFETY: block `i` of the weight row and of every activation row is in bounds (caller).
+        unsafe {
+            let (dw, qw) = decode_small_simd(ty, w.add(i * bs));
+            let ax = _mm256_sign_epi8(qw, qw);
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let ab = a.add(c * astride + i * 34);
+                let d = _mm256_set1_ps(dw * f16_load(ab));
+                let qa = _mm256_loadu_si256(ab.add(2) as *const __m256i);
+                let p = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(ax, _mm256_sign_epi8(qa, qw)),
+                    _mm256_set1_epi16(1),
+                );
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *acc);
+            }
+        }
+    }
+    // SAFETY: AVX2 present (caller).
+    acc.map(|v| unsafe { hsum(v) })
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; `w` holds `nb` Q4_K/Q5_K blocks; `C` Q8_K rows at `a + c * astride`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn cols_q4_k<const C: usize>(
+    ty: DType,
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [f32; C] {
+    let five = ty == DType::Q5_K;
+    let bs = ty.type_size();
+    let mut out = [0.0f32; C];
+    let m4 = _mm256_set1_epi8(0x0f);
+    for i in 0..nb {
+        // SAFETY: block `i` of the weight row and of every activation row is in bounds (caller).
+        unsafe {
+            let wb = w.add(i * bs);
+            let (d, dmin) = (f16_load(wb), f16_load(wb.add(2)));
+            let [u0, u1, u2, u3] = k4_scales(wb.add(4));
+            let mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, u3 as i32, u2 as i32));
+            let mut sc = [0i16; 8];
+            _mm_storeu_si128(
+                sc.as_mut_ptr() as *mut __m128i,
+                _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, u1 as i32, u0 as i32)),
+            );
+            let (qh, qs) = if five {
+                (wb.add(16), wb.add(48))
+            } else {
+                (wb, wb.add(16))
+            };
+            let hbits = if five {
+                _mm256_loadu_si256(qh as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut sumi = [_mm256_setzero_si256(); C];
+            for j in 0..4 {
+                let bits = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                let mut lo = _mm256_and_si256(bits, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                if five {
+                    let one = _mm256_set1_epi8(1);
+                    lo = _mm256_or_si256(
+                        lo,
+                        _mm256_slli_epi16(_mm256_and_si256(srl16(hbits, 2 * j), one), 4),
+                    );
+                    hi = _mm256_or_si256(
+                        hi,
+                        _mm256_slli_epi16(_mm256_and_si256(srl16(hbits, 2 * j + 1), one), 4),
+                    );
+                }
+                let (sl, sh) = (
+                    _mm256_set1_epi16(sc[2 * j]),
+                    _mm256_set1_epi16(sc[2 * j + 1]),
+                );
+                for (c, s) in sumi.iter_mut().enumerate() {
+                    let q8 = a.add(c * astride + i * Q8K_BYTES + 4);
+                    let al = _mm256_loadu_si256(q8.add(64 * j) as *const __m256i);
+                    let ah = _mm256_loadu_si256(q8.add(64 * j + 32) as *const __m256i);
+                    let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, al), sl);
+                    let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ah), sh);
+                    *s = _mm256_add_epi32(*s, _mm256_add_epi32(pl, ph));
+                }
+            }
+            for (c, s) in sumi.iter().enumerate() {
+                let ab = a.add(c * astride + i * Q8K_BYTES);
+                let da = std::ptr::read_unaligned(ab as *const f32);
+                let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
+                let q8s = _mm_hadd_epi16(
+                    _mm256_castsi256_si128(bsums),
+                    _mm256_extracti128_si256(bsums, 1),
+                );
+                let m = _mm_madd_epi16(mins, q8s);
+                let m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
+                let m = _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, 1)));
+                out[c] += da * (d * hsum(_mm256_cvtepi32_ps(*s)) - dmin * m as f32);
+            }
+        }
+    }
+    out
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; `w` holds `nb` Q6_K blocks; `C` Q8_K rows at `a + c * astride`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn cols_q6_k<const C: usize>(
+    _ty: DType,
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [f32; C] {
+    let mut acc = [_mm256_setzero_ps(); C];
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2 = _mm256_set1_epi8(0x03);
+    for i in 0..nb {
+        // SAFETY: block `i` of the weight row and of every activation row is in bounds (caller).
+        unsafe {
+            let wb = w.add(i * 210);
+            let dw = f16_load(wb.add(208));
+            let scales = _mm_loadu_si128(wb.add(192) as *const __m128i);
+            let sc16 = _mm256_cvtepi8_epi16(scales);
+            let mut sumi = [_mm256_setzero_si256(); C];
+            for (c, s) in sumi.iter_mut().enumerate() {
+                let bsums = _mm256_loadu_si256(
+                    a.add(c * astride + i * Q8K_BYTES + 4 + QK_K) as *const __m256i
+                );
+                *s = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5),
+                );
+            }
+            for half in 0..2 {
+                let ql = wb.add(64 * half);
+                let qh = _mm256_loadu_si256(wb.add(128 + 32 * half) as *const __m256i);
+                let l1 = _mm256_loadu_si256(ql as *const __m256i);
+                let l2 = _mm256_loadu_si256(ql.add(32) as *const __m256i);
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(l1, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(l2, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                    ),
+                ];
+                for (k, qk) in q.iter().enumerate() {
+                    let g = (8 * half + 2 * k) as u64;
+                    let sel = _mm_set_epi64x(
+                        ((g + 1) * 0x0101_0101_0101_0101) as i64,
+                        (g * 0x0101_0101_0101_0101) as i64,
+                    );
+                    let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, sel));
+                    for (c, s) in sumi.iter_mut().enumerate() {
+                        let q8 = _mm256_loadu_si256(
+                            a.add(c * astride + i * Q8K_BYTES + 4 + 128 * half + 32 * k)
+                                as *const __m256i,
+                        );
+                        *s = _mm256_add_epi32(
+                            *s,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, q8), sv),
+                        );
+                    }
+                }
+            }
+            for (c, s) in sumi.iter().enumerate() {
+                let da = std::ptr::read_unaligned(a.add(c * astride + i * Q8K_BYTES) as *const f32);
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(*s), acc[c]);
+            }
+        }
+    }
+    // SAFETY: AVX2 present (caller).
+    acc.map(|v| unsafe { hsum(v) })
+}

@@ -7,7 +7,6 @@
     reason = "each test binary uses a different subset of the helpers"
 )]
 
-use ggml_graph::quant::blocks::dequantize_row;
 use ggml_graph::{CpuBackend, DType, Executor, Graph, TensorId, WeightBytes};
 
 /// xorshift64* generator: deterministic test data without a dependency.
@@ -78,13 +77,13 @@ pub fn random_weights(rng: &mut Rng, ty: DType, n: usize) -> Vec<u8> {
     }
 }
 
-/// Dequantized rows (f64) of a weight matrix with rows of `k` values.
+/// Dequantized rows (f64, by the `gguf` crate) of a weight matrix with rows of `k` values.
 pub fn dequant(ty: DType, bytes: &[u8], k: usize) -> Vec<f64> {
     let rb = k / ty.block_size() * ty.type_size();
     let mut out = Vec::new();
     let mut row = vec![0f32; k];
     for r in bytes.chunks_exact(rb) {
-        assert!(dequantize_row(ty, r, &mut row));
+        gguf::dequantize_row(ty, r, &mut row).expect("gguf dequantizes every weight type");
         out.extend(row.iter().map(|&v| v as f64));
     }
     out
@@ -133,4 +132,16 @@ pub fn run(
     let ins: Vec<(TensorId, &[u8])> = inputs.iter().map(|(i, b)| (*i, b.as_slice())).collect();
     ex.run(g, &ins).expect("run");
     ex
+}
+
+/// Values rebuilt from ggml-graph's own block decoders (what the scalar dot products use).
+pub fn decoded(ty: DType, bytes: &[u8], k: usize) -> Vec<f64> {
+    let rb = k / ty.block_size() * ty.type_size();
+    let mut out = Vec::new();
+    let mut row = vec![0f32; k];
+    for r in bytes.chunks_exact(rb) {
+        assert!(ggml_graph::quant::blocks::reconstruct_row(ty, r, &mut row));
+        out.extend(row.iter().map(|&v| v as f64));
+    }
+    out
 }
