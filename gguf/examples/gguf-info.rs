@@ -2,6 +2,7 @@
 //!
 //! Usage: `cargo run -p gguf --example gguf-info FILE`
 
+use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -16,24 +17,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!(
-        "version {} alignment {} data offset {}",
-        file.version(),
-        file.alignment(),
-        file.data_offset()
-    );
-    for (k, v) in file.metadata().iter() {
-        println!("{k} = {v}");
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    match gguf::dump::write_info(&file, &mut out).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A closed pipe (`| head`) is not an error worth reporting.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gguf-info: {e}");
+            ExitCode::FAILURE
+        }
     }
-    for t in file.tensors() {
-        println!(
-            "{} {} {} {} {}",
-            t.name,
-            t.ggml_type,
-            t.shape_string(),
-            t.size,
-            t.offset
-        );
-    }
-    ExitCode::SUCCESS
 }

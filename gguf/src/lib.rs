@@ -11,6 +11,7 @@
 //! - Dequantization is bit-identical to the `gguf` Python package (tests compare f32 bit
 //!   patterns); block layouts are exposed as Pod structs for other kernels.
 
+pub mod dump;
 pub mod error;
 pub mod file;
 pub mod metadata;
@@ -19,11 +20,14 @@ mod reader;
 pub mod tensor;
 pub mod types;
 pub mod value;
+pub mod writer;
 
 pub use error::{GgufError, Result};
 pub use file::GgufFile;
 pub use metadata::Metadata;
-pub use quants::{dequantize, dequantize_row, dequantize_to_vec};
+pub use quants::{
+    can_quantize, dequantize, dequantize_row, dequantize_to_vec, quantize, quantize_row,
+};
 pub use reader::{
     ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_ARRAY_LEN, MAX_DIMS, MAX_NESTING_DEPTH, MAX_STRING_LEN,
     MAX_TENSOR_NAME_LEN,
@@ -31,3 +35,4 @@ pub use reader::{
 pub use tensor::TensorInfo;
 pub use types::{GgmlType, QK_K};
 pub use value::{ArrayValue, MetadataValue, ValueType};
+pub use writer::{write_file, write_to_vec, GgufWriter, TensorToWrite};

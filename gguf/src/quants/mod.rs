@@ -8,8 +8,10 @@ pub mod blocks;
 mod iq;
 mod iq1_grid;
 pub mod iq_tables;
+mod kquantize;
 mod kquants;
 mod legacy;
+mod quantize;
 
 pub use blocks::*;
 pub use iq::e8m0_to_f32_half;
@@ -116,5 +118,109 @@ pub fn dequantize_to_vec(ty: GgmlType, src: &[u8]) -> Result<Vec<f32>> {
     let n = (src.len() / ty.type_size()).saturating_mul(ty.block_size());
     let mut out = vec![0f32; n];
     dequantize(ty, src, &mut out)?;
+    Ok(out)
+}
+
+type QuantFn = fn(&[f32], &mut [u8]);
+
+fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => quantize::q4_0,
+        T::Q4_1 => quantize::q4_1,
+        T::Q5_0 => quantize::q5_0,
+        T::Q5_1 => quantize::q5_1,
+        T::Q8_0 => quantize::q8_0,
+        T::Q2_K => kquantize::q2_k,
+        T::Q3_K => kquantize::q3_k,
+        T::Q4_K => kquantize::q4_k,
+        T::Q5_K => kquantize::q5_k,
+        T::Q6_K => kquantize::q6_k,
+        T::Q8_K => kquantize::q8_k,
+        _ => return None,
+    })
+}
+
+/// Types [`quantize`] accepts, besides the plain F32/F16/BF16.
+pub const QUANTIZABLE: &[GgmlType] = &[
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_K,
+];
+
+/// True when [`quantize`] supports `ty`.
+pub fn can_quantize(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || quant_fn(ty).is_some()
+}
+
+/// Quantizes `src` (a whole number of blocks) into `dst` (exactly the encoded size), on the
+/// calling thread.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    check_sizes(ty, dst.len(), src.len())?;
+    match ty {
+        GgmlType::F32 => {
+            for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&s.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&half::f16::from_f32(*s).to_bits().to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&half::bf16::from_f32(*s).to_bits().to_le_bytes());
+            }
+        }
+        _ => match quant_fn(ty) {
+            Some(f) => f(src, dst),
+            None => {
+                return Err(GgufError::Unsupported {
+                    ty,
+                    what: "quantization",
+                })
+            }
+        },
+    }
+    Ok(())
+}
+
+/// Quantizes `src` (a whole number of blocks) into a new buffer, in parallel over blocks for
+/// large inputs.
+pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>> {
+    if !can_quantize(ty) {
+        return Err(GgufError::Unsupported {
+            ty,
+            what: "quantization",
+        });
+    }
+    let bs = ty.block_size();
+    if src.len() % bs != 0 {
+        return Err(GgufError::SizeMismatch {
+            ty,
+            reason: format!(
+                "{} values are not a whole number of {bs}-value blocks",
+                src.len()
+            ),
+        });
+    }
+    let mut out = vec![0u8; src.len() / bs * ty.type_size()];
+    if src.len() <= PAR_CHUNK_VALUES {
+        quantize_row(ty, src, &mut out)?;
+        return Ok(out);
+    }
+    let blocks_per_chunk = (PAR_CHUNK_VALUES / bs).max(1);
+    src.par_chunks(blocks_per_chunk * bs)
+        .zip(out.par_chunks_mut(blocks_per_chunk * ty.type_size()))
+        .try_for_each(|(s, d)| quantize_row(ty, s, d))?;
     Ok(out)
 }
