@@ -1,2 +1,42 @@
 //! `gpu-mem`: the safe GPU memory layer of rocmforge (devices, streams, events, RAII buffers,
 //! views, pools, budgets and estimates), built on `hip-ffi`.
+//!
+//! Design choices:
+//! - RAII for every handle; `Drop` never panics: failures are recorded on the [`Device`] and
+//!   reported by [`Device::check_errors`].
+//! - Owned buffers mirror `Vec` ([`DeviceBuffer`]), views mirror slices ([`DeviceView`],
+//!   [`DeviceViewMut`]) with checked offset arithmetic and lifetimes tied to the owner.
+//! - Synchronisation is stream-ordered only: streams and events are waited for, never the device.
+//! - Every device allocation goes through a [`Budget`] (typed error before any driver call) and
+//!   a [`Tracker`] (leak reports). Weights go into a few large arena allocations; activations
+//!   into a caching allocator with size classes. Pool logic runs over addresses only and is
+//!   tested over host memory.
+//! - Reads from a sub-allocation stage through a whole allocation (plain D2H from sub-buffer
+//!   offsets failed on ROCm).
+
+pub mod blas;
+pub mod budget;
+pub mod buffer;
+pub mod device;
+pub mod error;
+pub mod estimate;
+pub mod fallback;
+pub mod module;
+pub mod pool;
+pub mod stream;
+pub mod testing;
+pub mod upload;
+
+pub use blas::{Blas, GemmElem, GemmShape};
+pub use budget::{Budget, BudgetConfig, LeakReport, Pressure, Tracker};
+pub use buffer::{DeviceBuffer, DeviceView, DeviceViewMut, PinnedHostBuffer};
+pub use device::{
+    devices, gpu_available, gpu_unavailable_reason, print_summary, summary, Device, DeviceInfo,
+};
+pub use error::{GpuError, Result};
+pub use fallback::FallbackBuffer;
+pub use hip_ffi::{Op, Platform};
+pub use module::{Function, KernelArgs, Module};
+pub use pool::{CachingAllocator, Lease, Pool, PoolStats, RawAllocator, WeightArena};
+pub use stream::{Event, Graph, GraphExec, Stream};
+pub use upload::{DeviceArena, WeightUploader};

@@ -1,0 +1,301 @@
+//! Device discovery and the `Device` handle: the provider, the ordinal, the memory budget and
+//! tracker every device allocation goes through, and the log of errors raised in `Drop`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use hip_ffi::{DeviceAttribute, DevicePtr, HipApi, Platform};
+use parking_lot::Mutex;
+
+use crate::budget::{Budget, BudgetConfig, LeakReport, Tracker};
+use crate::error::{GpuError, Result};
+use crate::pool::{Accounted, RawAllocator};
+
+/// What discovery reports about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: i32,
+    pub platform: Platform,
+    pub name: String,
+    /// `gfx90a`, `sm_90`, ...
+    pub arch: String,
+    pub compute_units: i32,
+    pub warp_size: i32,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+}
+
+fn query_info(api: &dyn HipApi, ordinal: i32) -> Result<DeviceInfo> {
+    api.set_device(ordinal)?;
+    let (free_bytes, _) = api.mem_get_info()?;
+    Ok(DeviceInfo {
+        ordinal,
+        platform: api.platform(),
+        name: api.device_name(ordinal)?,
+        arch: api.device_arch(ordinal)?,
+        compute_units: api.device_attribute(DeviceAttribute::MultiprocessorCount, ordinal)?,
+        warp_size: api.device_attribute(DeviceAttribute::WarpSize, ordinal)?,
+        total_bytes: api.device_total_mem(ordinal)?,
+        free_bytes,
+    })
+}
+
+/// Every device of the selected provider (an error says why there is none).
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    let api = hip_ffi::runtime()?;
+    let n = api.device_count()?;
+    (0..n).map(|d| query_info(api, d)).collect()
+}
+
+static AVAILABLE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+
+fn availability() -> &'static std::result::Result<(), String> {
+    AVAILABLE.get_or_init(|| match devices() {
+        Ok(d) if !d.is_empty() => Ok(()),
+        Ok(_) => Err("the GPU provider lists no device".into()),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+/// Whether a usable GPU exists (decided once per process; never panics).
+pub fn gpu_available() -> bool {
+    availability().is_ok()
+}
+
+/// Why no GPU is usable, or `None` when one is.
+pub fn gpu_unavailable_reason() -> Option<String> {
+    availability().as_ref().err().cloned()
+}
+
+/// A human-readable summary of the devices (for `rocmforge devices`).
+pub fn summary() -> String {
+    let mut s = String::new();
+    match devices() {
+        Ok(list) if !list.is_empty() => {
+            let api = hip_ffi::runtime().ok();
+            let libs = api
+                .map(|a| a.library_names().join(", "))
+                .unwrap_or_default();
+            let _ = writeln!(s, "platform: {} ({libs})", list[0].platform);
+            for d in &list {
+                let _ = writeln!(
+                    s,
+                    "  [{}] {} ({}): {} compute units, warp {}, {:.1} GiB total, {:.1} GiB free",
+                    d.ordinal,
+                    d.name,
+                    d.arch,
+                    d.compute_units,
+                    d.warp_size,
+                    gib(d.total_bytes),
+                    gib(d.free_bytes)
+                );
+            }
+        }
+        Ok(_) => s.push_str("no GPU: the provider lists no device; using the CPU\n"),
+        Err(e) => {
+            let _ = writeln!(s, "no GPU ({e}); using the CPU");
+        }
+    }
+    s
+}
+
+/// Prints [`summary`] to standard output.
+pub fn print_summary() {
+    print!("{}", summary());
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// Raw device memory: `malloc`/`free` of the provider on one device.
+pub(crate) struct DeviceRaw {
+    api: &'static dyn HipApi,
+    ordinal: i32,
+    calls: AtomicU64,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl RawAllocator for DeviceRaw {
+    fn allocate(&self, bytes: u64, _tag: &str) -> Result<u64> {
+        self.api.set_device(self.ordinal)?;
+        let n = usize::try_from(bytes)
+            .map_err(|_| GpuError::InvalidArgument(format!("{bytes} bytes exceed usize")))?;
+        let p = self.api.malloc(n)?;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(p.0)
+    }
+
+    fn deallocate(&self, addr: u64, _bytes: u64) {
+        let r = self.api.set_device(self.ordinal).and_then(|()| {
+            // SAFETY: `addr` came from `allocate` (the RawAllocator contract) and its owner has
+            // finished with it; callers order their stream work before releasing memory.
+            unsafe { self.api.free(DevicePtr(addr)) }
+        });
+        if let Err(e) = r {
+            self.errors.lock().push(e.to_string());
+        }
+    }
+
+    fn allocation_calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+}
+
+pub(crate) struct DeviceInner {
+    pub(crate) api: &'static dyn HipApi,
+    pub(crate) ordinal: i32,
+    pub(crate) raw: Arc<Accounted<DeviceRaw>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    fallbacks: AtomicU64,
+    info: DeviceInfo,
+}
+
+/// One GPU: cheap to clone, shared by everything allocated on it.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.inner.ordinal)
+            .field("name", &self.inner.info.name)
+            .finish()
+    }
+}
+
+impl Device {
+    /// Opens device `ordinal` of the selected provider with the inference budget preset.
+    pub fn open(ordinal: i32) -> Result<Device> {
+        Self::open_with(ordinal, BudgetConfig::inference())
+    }
+
+    /// Opens a device with a budget from its free memory and `config`.
+    pub fn open_with(ordinal: i32, config: BudgetConfig) -> Result<Device> {
+        let api = hip_ffi::runtime()?;
+        let info = query_info(api, ordinal)?;
+        let budget = Arc::new(Budget::from_free(info.free_bytes, config));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let raw = DeviceRaw {
+            api,
+            ordinal,
+            calls: AtomicU64::new(0),
+            errors: errors.clone(),
+        };
+        let raw = Arc::new(Accounted::new(
+            Arc::new(raw),
+            budget,
+            Arc::new(Tracker::default()),
+        ));
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                api,
+                ordinal,
+                raw,
+                errors,
+                fallbacks: AtomicU64::new(0),
+                info,
+            }),
+        })
+    }
+
+    /// The provider.
+    pub fn api(&self) -> &'static dyn HipApi {
+        self.inner.api
+    }
+
+    /// The ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.inner.ordinal
+    }
+
+    /// Discovery data taken when the device was opened.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// Makes this device current for the calling thread (cached, cheap).
+    pub fn bind(&self) -> Result<()> {
+        Ok(self.inner.api.set_device(self.inner.ordinal)?)
+    }
+
+    /// `(free, total)` bytes now.
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        Ok(self.inner.api.mem_get_info()?)
+    }
+
+    /// The budget every allocation on this device is checked against.
+    pub fn budget(&self) -> &Arc<Budget> {
+        self.inner.raw.budget()
+    }
+
+    /// The tracker of live device allocations.
+    pub fn tracker(&self) -> &Arc<Tracker> {
+        self.inner.raw.tracker()
+    }
+
+    /// Live allocations now.
+    pub fn leak_report(&self) -> LeakReport {
+        self.tracker().report()
+    }
+
+    /// The budgeted, tracked raw allocator of this device (for pools).
+    pub fn allocator(&self) -> Arc<dyn RawAllocator> {
+        self.inner.raw.clone()
+    }
+
+    /// Number of driver allocation calls made on this device so far.
+    pub fn allocation_calls(&self) -> u64 {
+        self.inner.raw.allocation_calls()
+    }
+
+    /// Records an error raised where it cannot be returned (`Drop`).
+    pub(crate) fn record_error(&self, what: &str, e: impl std::fmt::Display) {
+        tracing::warn!("{what}: {e}");
+        self.inner.errors.lock().push(format!("{what}: {e}"));
+    }
+
+    /// Takes the errors recorded by `Drop` implementations.
+    pub fn take_errors(&self) -> Vec<String> {
+        std::mem::take(&mut *self.inner.errors.lock())
+    }
+
+    /// `Err` with every error recorded since the last check.
+    pub fn check_errors(&self) -> Result<()> {
+        let errors = self.take_errors();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(GpuError::Deferred(errors))
+        }
+    }
+
+    /// How many fallback buffers went to host memory.
+    pub fn fallback_count(&self) -> u64 {
+        self.inner.fallbacks.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn note_fallback(&self) {
+        self.inner.fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub(crate) fn expect_same(&self, other: &Device, what: &'static str) -> Result<()> {
+        if self.same(other) {
+            Ok(())
+        } else {
+            Err(GpuError::WrongDevice {
+                what,
+                expected: self.ordinal(),
+                found: other.ordinal(),
+            })
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! gpu-mem's error type.
+
+/// Result alias for gpu-mem.
+pub type Result<T, E = GpuError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in gpu-mem.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GpuError {
+    /// A driver or BLAS call failed, or no GPU provider could be loaded.
+    #[error(transparent)]
+    Ffi(#[from] hip_ffi::Error),
+    /// The allocation would exceed the memory budget; no driver call was made.
+    #[error("allocation of {requested} bytes ({tag}) exceeds the budget: {used} of {limit} bytes in use")]
+    BudgetExceeded {
+        tag: String,
+        requested: u64,
+        used: u64,
+        limit: u64,
+    },
+    /// A range outside its parent, or offset arithmetic that overflowed.
+    #[error("range {start}..{end} is out of bounds for a length of {len}")]
+    OutOfBounds { start: u64, end: u64, len: u64 },
+    /// Element counts of source and destination differ.
+    #[error("length mismatch: source has {src} elements, destination {dst}")]
+    LengthMismatch { src: usize, dst: usize },
+    /// Two objects belong to different devices.
+    #[error("{what} belongs to device {found}, expected device {expected}")]
+    WrongDevice {
+        what: &'static str,
+        expected: i32,
+        found: i32,
+    },
+    /// An argument out of its domain (zero alignment, size overflow, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Errors recorded by `Drop` implementations, reported by a later check.
+    #[error("errors recorded while releasing GPU resources: {0:?}")]
+    Deferred(Vec<String>),
+    /// The host allocator (test or fallback memory) failed.
+    #[error("host allocation of {0} bytes failed")]
+    HostAlloc(u64),
+    /// A GGUF file could not be read for an estimate.
+    #[error("GGUF: {0}")]
+    Gguf(String),
+}
+
+impl GpuError {
+    /// True when retrying after freeing cached memory could help.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            GpuError::BudgetExceeded { .. } => true,
+            GpuError::Ffi(hip_ffi::Error::Hip(e)) => e.is_out_of_memory(),
+            _ => false,
+        }
+    }
+}
+
+/// `start + len` checked against `bound`, as a typed error.
+pub(crate) fn check_range(start: u64, len: u64, bound: u64) -> Result<u64> {
+    let end = start.checked_add(len).ok_or(GpuError::OutOfBounds {
+        start,
+        end: u64::MAX,
+        len: bound,
+    })?;
+    if end > bound {
+        return Err(GpuError::OutOfBounds {
+            start,
+            end,
+            len: bound,
+        });
+    }
+    Ok(end)
+}
+
+/// Rounds `v` up to a multiple of `align` (a power of two), checked.
+pub(crate) fn align_up(v: u64, align: u64) -> Result<u64> {
+    if align == 0 || !align.is_power_of_two() {
+        return Err(GpuError::InvalidArgument(format!(
+            "alignment {align} is not a power of two"
+        )));
+    }
+    v.checked_add(align - 1)
+        .map(|x| x & !(align - 1))
+        .ok_or_else(|| GpuError::InvalidArgument(format!("{v} rounded up to {align} overflows")))
+}

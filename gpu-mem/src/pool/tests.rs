@@ -1,0 +1,223 @@
+//! Pool logic over the host allocator: overlap, alignment, accounting, budget, leaks.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::budget::{Budget, Pressure, Tracker};
+
+fn accounted(limit: u64) -> (Arc<Accounted<HostAllocator>>, Arc<Budget>, Arc<Tracker>) {
+    let budget = Arc::new(Budget::new(limit));
+    let tracker = Arc::new(Tracker::default());
+    let a = Arc::new(Accounted::new(
+        Arc::new(HostAllocator::new()),
+        budget.clone(),
+        tracker.clone(),
+    ));
+    (a, budget, tracker)
+}
+
+fn disjoint(blocks: &[(u64, u64)]) -> bool {
+    let mut v: Vec<(u64, u64)> = blocks.to_vec();
+    v.sort();
+    v.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn arena_slots_are_aligned_disjoint_and_inside_their_chunk(
+        reqs in prop::collection::vec((1u64..200_000, 0u32..9), 1..60),
+        chunk in 1u64..400_000,
+    ) {
+        let (raw, budget, tracker) = accounted(u64::MAX);
+        {
+            let arena = WeightArena::new(raw.clone(), chunk, "weights").unwrap();
+            let mut slots = Vec::new();
+            for &(bytes, a) in &reqs {
+                let align = 1u64 << a;
+                let s = arena.alloc_slot(bytes, align).unwrap();
+                prop_assert_eq!(s.addr % align, 0);
+                let (base, size) = arena.chunk(s.chunk).unwrap();
+                prop_assert_eq!(s.addr, base + s.offset);
+                prop_assert!(s.offset + s.bytes <= size);
+                slots.push((s.addr, s.bytes));
+            }
+            prop_assert!(disjoint(&slots));
+            let st = arena.stats();
+            prop_assert_eq!(st.bytes_in_use, reqs.iter().map(|r| r.0).sum::<u64>());
+            prop_assert_eq!(st.allocation_calls as usize, arena.chunk_count());
+            prop_assert_eq!(st.hits + st.misses, reqs.len() as u64);
+            prop_assert_eq!(budget.used(), st.bytes_pooled);
+            prop_assert_eq!(tracker.live_count(), arena.chunk_count());
+        }
+        prop_assert_eq!(budget.used(), 0);
+        prop_assert!(tracker.report().is_clean());
+    }
+
+    #[test]
+    fn planned_arena_makes_one_allocation_per_chunk(
+        sizes in prop::collection::vec(1u64..100_000, 1..80),
+        max_chunk in 50_000u64..2_000_000,
+    ) {
+        let (raw, _budget, tracker) = accounted(u64::MAX);
+        let plan = WeightArena::plan_chunks(&sizes, 256, max_chunk).unwrap();
+        let arena = WeightArena::for_sizes(raw.clone(), &sizes, 256, max_chunk, "model").unwrap();
+        let calls_before = raw.allocation_calls();
+        for &s in &sizes {
+            arena.alloc_slot(s, 256).unwrap();
+        }
+        // Every tensor fit the planned chunks: no allocation call per tensor.
+        prop_assert_eq!(raw.allocation_calls(), calls_before);
+        prop_assert_eq!(arena.chunk_count(), plan.len());
+        prop_assert!(plan.len() <= sizes.len());
+        drop(arena);
+        prop_assert!(tracker.report().is_clean());
+    }
+
+    #[test]
+    fn caching_allocator_reuses_and_never_overlaps(
+        ops in prop::collection::vec((1u64..3_000_000, any::<bool>()), 1..120),
+    ) {
+        let (raw, budget, tracker) = accounted(u64::MAX);
+        let pool = Arc::new(CachingAllocator::new(raw.clone(), None, "act"));
+        let mut live: Vec<Lease> = Vec::new();
+        for &(bytes, free_one) in &ops {
+            if free_one && !live.is_empty() {
+                let i = (bytes as usize) % live.len();
+                live.swap_remove(i);
+            }
+            let l = Lease::new(pool.clone(), bytes, 256).unwrap();
+            prop_assert!(l.block().bytes >= bytes);
+            prop_assert_eq!(l.block().addr % 256, 0);
+            live.push(l);
+            let blocks: Vec<(u64, u64)> = live.iter().map(|l| (l.block().addr, l.block().bytes)).collect();
+            prop_assert!(disjoint(&blocks));
+            let st = pool.stats();
+            prop_assert_eq!(st.bytes_in_use, blocks.iter().map(|b| b.1).sum::<u64>());
+            prop_assert_eq!(st.bytes_pooled, st.bytes_in_use + pool.cached_bytes());
+            prop_assert_eq!(budget.used(), st.bytes_pooled);
+        }
+        let st = pool.stats();
+        prop_assert_eq!(st.hits + st.misses, ops.len() as u64);
+        prop_assert_eq!(st.allocation_calls, st.misses);
+        live.clear();
+        prop_assert_eq!(pool.stats().bytes_in_use, 0);
+        drop(pool);
+        prop_assert_eq!(budget.used(), 0);
+        prop_assert!(tracker.report().is_clean(), "{}", tracker.report());
+    }
+
+    #[test]
+    fn size_classes_cover_the_request(bytes in 1u64..(1 << 40)) {
+        let c = size_class(bytes).unwrap();
+        prop_assert!(c >= bytes);
+        prop_assert!(c - bytes < (2 << 20).max(bytes));
+    }
+}
+
+#[test]
+fn same_class_is_a_hit() {
+    let (raw, _, _) = accounted(u64::MAX);
+    let pool: Arc<dyn Pool> = Arc::new(CachingAllocator::new(raw.clone(), None, "act"));
+    let a = Lease::new(pool.clone(), 1000, 256).unwrap();
+    let addr = a.block().addr;
+    drop(a);
+    let b = Lease::new(pool.clone(), 900, 256).unwrap();
+    assert_eq!(
+        b.block().addr,
+        addr,
+        "a 1000-byte block serves a 900-byte request"
+    );
+    let st = pool.stats();
+    assert_eq!((st.hits, st.misses, st.allocation_calls), (1, 1, 1));
+}
+
+#[test]
+fn budget_refusal_releases_the_cache_and_retries() {
+    let (raw, budget, _) = accounted(4 << 20);
+    let pool = Arc::new(CachingAllocator::new(raw.clone(), None, "act"));
+    let a = Lease::new(pool.clone(), 3 << 20, 256).unwrap(); // class 4 MiB: the whole budget
+    drop(a);
+    assert_eq!(pool.cached_bytes(), 4 << 20);
+    // A different class cannot reuse the cached block; the budget is full until it is released.
+    let b = Lease::new(pool.clone(), 1 << 20, 256).expect("cache released, then allocated");
+    assert_eq!(pool.cached_bytes(), 0);
+    assert_eq!(budget.used(), 1 << 20);
+    drop(b);
+}
+
+#[test]
+fn pressure_trims_the_cache() {
+    let budget = Arc::new(Budget::new(10 << 20));
+    let tracker = Arc::new(Tracker::default());
+    let raw = Arc::new(Accounted::new(
+        Arc::new(HostAllocator::new()),
+        budget.clone(),
+        tracker,
+    ));
+    let pool = Arc::new(CachingAllocator::new(raw, Some(budget.clone()), "act"));
+    let small = Lease::new(pool.clone(), 1 << 20, 256).unwrap();
+    drop(small);
+    assert_eq!(pool.cached_bytes(), 1 << 20, "low pressure keeps the cache");
+    let big = Lease::new(pool.clone(), 8 << 20, 256).unwrap();
+    assert!(budget.pressure() >= Pressure::High);
+    drop(big);
+    assert_eq!(
+        pool.cached_bytes(),
+        0,
+        "high pressure releases returned blocks"
+    );
+}
+
+#[test]
+fn over_budget_is_a_typed_error_before_the_allocator_runs() {
+    let (raw, _, tracker) = accounted(1000);
+    let e = raw.allocate(2000, "too big").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            crate::GpuError::BudgetExceeded {
+                requested: 2000,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(raw.allocation_calls(), 0, "no allocator call was made");
+    assert_eq!(tracker.live_count(), 0);
+}
+
+#[test]
+fn failing_allocator_leaves_budget_untouched() {
+    let budget = Arc::new(Budget::new(u64::MAX));
+    let raw = Accounted::new(
+        Arc::new(HostAllocator::failing_after(0)),
+        budget.clone(),
+        Arc::new(Tracker::default()),
+    );
+    assert!(raw.allocate(100, "x").is_err());
+    assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn leak_report_names_what_is_left() {
+    let (raw, _, tracker) = accounted(u64::MAX);
+    let arena = WeightArena::new(raw, 1 << 16, "gemma weights").unwrap();
+    arena.alloc_slot(10, 1).unwrap();
+    let report = tracker.report();
+    assert_eq!(report.entries.len(), 1);
+    assert!(report.to_string().contains("gemma weights"));
+    drop(arena);
+    assert!(tracker.report().is_clean());
+}
+
+#[test]
+fn bad_alignment_is_rejected() {
+    let (raw, _, _) = accounted(u64::MAX);
+    let arena = WeightArena::new(raw, 1 << 16, "w").unwrap();
+    assert!(arena.alloc_slot(10, 3).is_err());
+    assert!(arena.alloc_slot(10, 4096).is_err());
+}

@@ -1,0 +1,61 @@
+//! Helpers for GPU tests: a shared device fixture that skips with a printed reason when there is
+//! no GPU (or fails when `ROCMFORGE_REQUIRE_GPU=1`, as on the GPU machine), and a leak check.
+
+use std::sync::OnceLock;
+
+use crate::device::Device;
+
+/// Set to `1` where a GPU must be present: a missing GPU then fails the test instead of skipping.
+pub const REQUIRE_GPU_VAR: &str = "ROCMFORGE_REQUIRE_GPU";
+
+static FIXTURE: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
+
+/// The shared test device, or `None` after printing `skipped: <reason>`.
+///
+/// # Panics
+/// When no GPU is usable and `ROCMFORGE_REQUIRE_GPU=1`: a required GPU that is missing is a
+/// failure, not a skip.
+pub fn gpu_or_skip() -> Option<Device> {
+    let r = FIXTURE.get_or_init(|| Device::open(0).map_err(|e| e.to_string()));
+    match r {
+        Ok(d) => Some(d.clone()),
+        Err(why) => {
+            let required = std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1");
+            assert!(!required, "{REQUIRE_GPU_VAR}=1 but no GPU is usable: {why}");
+            println!("skipped: no GPU ({why})");
+            None
+        }
+    }
+}
+
+/// Free memory may drift by this much across a test (driver-internal caches, BLAS workspaces).
+pub const LEAK_TOLERANCE_BYTES: u64 = 64 << 20;
+
+/// Runs `test` on the shared device, then checks that every tracked allocation it made is gone,
+/// the device's free memory is back within [`LEAK_TOLERANCE_BYTES`], and no `Drop` recorded an
+/// error. Prints `skipped: <reason>` and returns `false` without a GPU.
+///
+/// # Panics
+/// On a leak, a recorded error, or a failure inside `test`.
+pub fn with_gpu(test: impl FnOnce(&Device)) -> bool {
+    let Some(dev) = gpu_or_skip() else {
+        return false;
+    };
+    let live_before = dev.tracker().live_count();
+    let (free_before, _) = dev.mem_info().expect("memory info before the test");
+    test(&dev);
+    let report = dev.leak_report();
+    assert_eq!(
+        report.entries.len(),
+        live_before,
+        "tracked allocations leaked: {report}"
+    );
+    let (free_after, _) = dev.mem_info().expect("memory info after the test");
+    assert!(
+        free_after + LEAK_TOLERANCE_BYTES >= free_before,
+        "device free memory fell from {free_before} to {free_after} bytes"
+    );
+    let errors = dev.take_errors();
+    assert!(errors.is_empty(), "errors recorded in Drop: {errors:?}");
+    true
+}
