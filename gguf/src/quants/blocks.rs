@@ -11,7 +11,19 @@ use half::f16;
 /// Reads an IEEE half stored little-endian.
 #[inline(always)]
 pub fn f16_le(b: [u8; 2]) -> f32 {
-    f16::from_bits(u16::from_le_bytes(b)).to_f32()
+    f16_bits_to_f32(u16::from_le_bytes(b))
+}
+
+/// Exact half to single conversion that keeps NaN payloads and signalling bits unchanged, as
+/// numpy does (hardware conversions quieten signalling NaNs).
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    if h & 0x7C00 == 0x7C00 && h & 0x03FF != 0 {
+        let sign = u32::from(h & 0x8000) << 16;
+        f32::from_bits(sign | 0x7F80_0000 | (u32::from(h & 0x03FF) << 13))
+    } else {
+        f16::from_bits(h).to_f32()
+    }
 }
 
 /// Stores `x` as an IEEE half, little-endian (round to nearest even).

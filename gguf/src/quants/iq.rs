@@ -169,7 +169,7 @@ pub(crate) fn iq1_m(src: &[u8], dst: &mut [f32]) {
         let sc = [0, 1, 2, 3].map(|i| u16_at(&b.scales, i));
         let d_bits =
             (sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000);
-        let d = half::f16::from_bits(d_bits).to_f32();
+        let d = f16_bits_to_f32(d_bits);
         for (g, o) in out.chunks_exact_mut(8).enumerate() {
             // One 3-bit scale per 16 values; four per u16.
             let s = g / 2;

@@ -4,8 +4,6 @@
 //! Every formula evaluates in the same f32 operation order as gguf-py's numpy code, which makes
 //! the results bit-identical (Rust never contracts `a * b + c` into an FMA).
 
-use half::{bf16, f16};
-
 use super::blocks::*;
 
 pub(crate) fn f32_(src: &[u8], dst: &mut [f32]) {
@@ -16,13 +14,14 @@ pub(crate) fn f32_(src: &[u8], dst: &mut [f32]) {
 
 pub(crate) fn f16_(src: &[u8], dst: &mut [f32]) {
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *d = f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+        *d = f16_bits_to_f32(u16::from_le_bytes([s[0], s[1]]));
     }
 }
 
 pub(crate) fn bf16_(src: &[u8], dst: &mut [f32]) {
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *d = bf16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+        // A shift, not a conversion: NaN payloads stay as they are.
+        *d = f32::from_bits(u32::from(u16::from_le_bytes([s[0], s[1]])) << 16);
     }
 }
 
