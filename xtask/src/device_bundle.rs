@@ -38,7 +38,7 @@ pub fn run(args: &[String]) -> Result<()> {
         for c in CRATES {
             cmd.args(["-p", c]);
         }
-        for exe in built_executables(&mut cmd)? {
+        for exe in built_executables(&mut cmd, what)? {
             let name = exe
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -78,8 +78,9 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// Runs a `cargo ... --message-format=json` build and returns the executables it produced.
-fn built_executables(cmd: &mut Command) -> Result<Vec<PathBuf>> {
+/// Runs a `cargo ... --message-format=json` build and returns the executables it produced
+/// (for `bench`, only benchmark targets: the library's bench harness has nothing to run).
+fn built_executables(cmd: &mut Command, what: &str) -> Result<Vec<PathBuf>> {
     let mut child = cmd
         .current_dir(workspace_root())
         .stdout(Stdio::piped())
@@ -92,7 +93,10 @@ fn built_executables(cmd: &mut Command) -> Result<Vec<PathBuf>> {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
-        if msg["reason"] == "compiler-artifact" {
+        let is_bench = msg["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|x| x == "bench"));
+        if msg["reason"] == "compiler-artifact" && (what != "bench" || is_bench) {
             if let Some(exe) = msg["executable"].as_str() {
                 exes.push(PathBuf::from(exe));
             }

@@ -1,0 +1,432 @@
+//! GPU tests: run for real where a GPU exists (the GPU machine sets ROCMFORGE_REQUIRE_GPU=1 so a
+//! missing GPU fails there), print "skipped: <reason>" elsewhere. Serial, on one shared device,
+//! with a leak check after each test (`gpu_mem::testing::with_gpu`).
+
+use gpu_mem::testing::{synthetic_tensor, tensor_table, with_gpu};
+use gpu_mem::*;
+use serial_test::serial;
+
+const PTX: &[u8] = include_bytes!("data/test_kernels.ptx");
+
+#[test]
+#[serial]
+fn discovery_lists_the_device() {
+    with_gpu(|dev| {
+        assert!(gpu_available());
+        let list = devices().expect("devices");
+        assert!(!list.is_empty());
+        let info = &list[0];
+        assert!(info.total_bytes > 0 && info.free_bytes <= info.total_bytes);
+        assert!(info.compute_units > 0);
+        assert!(info.warp_size == 32 || info.warp_size == 64);
+        assert!(
+            info.arch.starts_with("sm_") || info.arch.starts_with("gfx"),
+            "{}",
+            info.arch
+        );
+        let s = summary();
+        assert!(s.contains(&info.name), "{s}");
+        println!(
+            "{s}budget: {} bytes, platform {}",
+            dev.budget().limit(),
+            dev.info().platform
+        );
+    });
+}
+
+#[test]
+#[serial]
+fn write_read_roundtrip_and_subrange_reads() {
+    with_gpu(|dev| {
+        let stream = Stream::new(dev).unwrap();
+        let host: Vec<u32> = (0..10_000).collect();
+        let mut buf = DeviceBuffer::<u32>::new(dev, host.len(), "roundtrip").unwrap();
+        stream.write(&host, &mut buf.view_mut()).unwrap();
+        assert_eq!(stream.read_to_vec(&buf.view()).unwrap(), host);
+        // A sub-range is no whole allocation: it is read through the staging path.
+        let sub = buf.slice(1234..5678).unwrap();
+        assert!(!sub.is_whole_allocation());
+        assert_eq!(stream.read_to_vec(&sub).unwrap(), host[1234..5678]);
+        // Writing a sub-range leaves the rest alone.
+        let patch = vec![7u32; 100];
+        stream
+            .write(&patch, &mut buf.slice_mut(500..600).unwrap())
+            .unwrap();
+        let back = stream.read_to_vec(&buf.view()).unwrap();
+        assert_eq!(&back[500..600], &patch[..]);
+        assert_eq!(&back[..500], &host[..500]);
+        assert_eq!(&back[600..], &host[600..]);
+        assert!(buf.slice(9_000..10_001).is_err());
+        assert!(matches!(
+            stream.write(&patch, &mut buf.slice_mut(0..99).unwrap()),
+            Err(GpuError::LengthMismatch { .. })
+        ));
+    });
+}
+
+#[test]
+#[serial]
+fn memset_and_device_copies() {
+    with_gpu(|dev| {
+        let stream = Stream::new(dev).unwrap();
+        let mut a = DeviceBuffer::<u8>::new(dev, 4096, "a").unwrap();
+        let mut b = DeviceBuffer::<u8>::new(dev, 4096, "b").unwrap();
+        stream.memset(&mut a.view_mut(), 0xab).unwrap();
+        stream.memset(&mut b.view_mut(), 0).unwrap();
+        stream
+            .copy(
+                &a.slice(0..1000).unwrap(),
+                &mut b.slice_mut(96..1096).unwrap(),
+            )
+            .unwrap();
+        let back = stream.read_to_vec(&b.view()).unwrap();
+        assert!(back[..96].iter().all(|&x| x == 0));
+        assert!(back[96..1096].iter().all(|&x| x == 0xab));
+        assert!(back[1096..].iter().all(|&x| x == 0));
+    });
+}
+
+#[test]
+#[serial]
+fn events_time_a_copy_and_order_two_streams() {
+    with_gpu(|dev| {
+        let s1 = Stream::new(dev).unwrap();
+        let s2 = Stream::new(dev).unwrap();
+        let n = 16 << 20; // 64 MiB of f32
+        let mut pinned = PinnedHostBuffer::<f32>::new(dev, n).unwrap();
+        for (i, x) in pinned.as_mut_slice().unwrap().iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        let mut dst = DeviceBuffer::<f32>::new(dev, n, "timed copy").unwrap();
+        let start = Event::new(dev, true).unwrap();
+        let stop = Event::new(dev, true).unwrap();
+        start.record(&s1).unwrap();
+        s1.write_pinned(&mut pinned, 0, &mut dst.view_mut())
+            .unwrap();
+        stop.record(&s1).unwrap();
+        // s2 reads the buffer only after s1's copy, ordered by an event, not by a device sync.
+        s2.wait_event(&stop).unwrap();
+        let mut back = PinnedHostBuffer::<f32>::new(dev, n).unwrap();
+        s2.read_pinned(&dst.view(), &mut back).unwrap();
+        let got = back.as_slice().unwrap();
+        assert_eq!(got[n - 1], (n - 1) as f32);
+        assert_eq!(got[12345], 12345.0);
+        let ms = start.elapsed_ms(&stop).unwrap();
+        assert!(ms > 0.0, "elapsed {ms} ms");
+        println!(
+            "event-timed 64 MiB pinned H2D: {ms:.3} ms ({:.1} GB/s)",
+            (n * 4) as f64 / ms as f64 / 1e6
+        );
+        assert!(stop.query().unwrap());
+        assert!(s2.query().unwrap());
+    });
+}
+
+#[test]
+#[serial]
+fn kernels_launch_and_graphs_replay() {
+    with_gpu(|dev| {
+        if dev.info().platform != Platform::Nvidia {
+            println!(
+                "skipped: the checked-in test kernels are PTX (NVIDIA); platform is {}",
+                dev.info().platform
+            );
+            return;
+        }
+        let stream = Stream::new(dev).unwrap();
+        let module = Module::load(dev, PTX).unwrap();
+        let iota = module.function("iota_scaled").unwrap();
+        let add = module.function("add_one").unwrap();
+        assert!(module.function("no_such_kernel").is_err());
+        let n = 100_000u32;
+        let mut buf = DeviceBuffer::<f32>::new(dev, n as usize, "kernel out").unwrap();
+        let grid = [n.div_ceil(256), 1, 1];
+        let mut args = KernelArgs::new();
+        args.push_view_mut(&mut buf.view_mut()).push(0.5f32).push(n);
+        // SAFETY: iota_scaled(float*, float, unsigned) with a buffer of n floats.
+        unsafe {
+            stream
+                .launch(&iota, grid, [256, 1, 1], 0, &mut args)
+                .unwrap()
+        };
+        let back = stream.read_to_vec(&buf.view()).unwrap();
+        assert!(back.iter().enumerate().all(|(i, &x)| x == 0.5 * i as f32));
+
+        let mut add_args = KernelArgs::new();
+        add_args.push_view_mut(&mut buf.view_mut()).push(n);
+        let graph = stream
+            .capture(|s| {
+                for _ in 0..2 {
+                    // SAFETY: add_one(float*, unsigned) on the same n-float buffer.
+                    unsafe { s.launch(&add, grid, [256, 1, 1], 0, &mut add_args)? };
+                }
+                Ok(())
+            })
+            .unwrap();
+        for _ in 0..3 {
+            // SAFETY: the captured buffer is alive and only this stream uses it.
+            unsafe { graph.launch(&stream).unwrap() };
+        }
+        let back = stream.read_to_vec(&buf.view()).unwrap();
+        assert!(
+            back.iter()
+                .enumerate()
+                .all(|(i, &x)| x == 0.5 * i as f32 + 6.0),
+            "{:?}",
+            &back[..4]
+        );
+    });
+}
+
+fn cpu_gemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+    // Column-major: C[i + j*m] = sum_p A[i + p*m] * B[p + j*k].
+    let mut c = vec![0f32; m * n];
+    for j in 0..n {
+        for i in 0..m {
+            c[i + j * m] = (0..k).map(|p| a[i + p * m] * b[p + j * k]).sum();
+        }
+    }
+    c
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+#[test]
+#[serial]
+fn blas_gemms_match_the_cpu() {
+    with_gpu(|dev| {
+        let stream = Stream::new(dev).unwrap();
+        let blas = Blas::new(&stream).unwrap();
+        let (m, n, k) = (33, 17, 40);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        let want = cpu_gemm(m, n, k, &a, &b);
+        let shape = GemmShape {
+            trans_a: Op::N,
+            trans_b: Op::N,
+            m,
+            n,
+            k,
+            lda: m,
+            ldb: k,
+            ldc: m,
+        };
+        let mut da = DeviceBuffer::<f32>::new(dev, a.len(), "A").unwrap();
+        let mut db = DeviceBuffer::<f32>::new(dev, b.len(), "B").unwrap();
+        let mut dc = DeviceBuffer::<f32>::new(dev, m * n, "C").unwrap();
+        stream.write(&a, &mut da.view_mut()).unwrap();
+        stream.write(&b, &mut db.view_mut()).unwrap();
+        blas.sgemm(&shape, 1.0, &da.view(), &db.view(), 0.0, &mut dc.view_mut())
+            .unwrap();
+        assert!(close(&stream.read_to_vec(&dc.view()).unwrap(), &want, 1e-4));
+
+        // f16 operands (exact: the inputs are multiples of 1/8 and 1/4), f32 output.
+        let ah: Vec<half::f16> = a.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let bh: Vec<half::f16> = b.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let mut dah = DeviceBuffer::<half::f16>::new(dev, a.len(), "Ah").unwrap();
+        let mut dbh = DeviceBuffer::<half::f16>::new(dev, b.len(), "Bh").unwrap();
+        stream.write(&ah, &mut dah.view_mut()).unwrap();
+        stream.write(&bh, &mut dbh.view_mut()).unwrap();
+        blas.gemm_ex(
+            &shape,
+            1.0,
+            &dah.view(),
+            &dbh.view(),
+            0.0,
+            &mut dc.view_mut(),
+        )
+        .unwrap();
+        assert!(close(&stream.read_to_vec(&dc.view()).unwrap(), &want, 1e-3));
+
+        // Strided-batched bf16: batch 3, matrix i scaled by (i + 1) through B.
+        let batch = 3;
+        let abf: Vec<half::bf16> = (0..batch)
+            .flat_map(|_| a.iter().map(|&x| half::bf16::from_f32(x)))
+            .collect();
+        let bbf: Vec<half::bf16> = (0..batch)
+            .flat_map(|i| {
+                b.iter()
+                    .map(move |&x| half::bf16::from_f32(x * (i + 1) as f32))
+            })
+            .collect();
+        let mut dab = DeviceBuffer::<half::bf16>::new(dev, abf.len(), "Abf").unwrap();
+        let mut dbb = DeviceBuffer::<half::bf16>::new(dev, bbf.len(), "Bbf").unwrap();
+        let mut dcb = DeviceBuffer::<f32>::new(dev, m * n * batch, "Cb").unwrap();
+        stream.write(&abf, &mut dab.view_mut()).unwrap();
+        stream.write(&bbf, &mut dbb.view_mut()).unwrap();
+        blas.gemm_strided_batched_ex(
+            &shape,
+            1.0,
+            &dab.view(),
+            m * k,
+            &dbb.view(),
+            k * n,
+            0.0,
+            &mut dcb.view_mut(),
+            m * n,
+            batch,
+        )
+        .unwrap();
+        let got = stream.read_to_vec(&dcb.view()).unwrap();
+        for i in 0..batch {
+            let w: Vec<f32> = want.iter().map(|x| x * (i + 1) as f32).collect();
+            assert!(
+                close(&got[i * m * n..(i + 1) * m * n], &w, 1e-2),
+                "batch {i}"
+            );
+        }
+        // Too-small operands are refused before any BLAS call.
+        let bad = GemmShape {
+            m: m + 1,
+            lda: m + 1,
+            ldc: m + 1,
+            ..shape
+        };
+        assert!(blas
+            .sgemm(&bad, 1.0, &da.view(), &db.view(), 0.0, &mut dc.view_mut())
+            .is_err());
+    });
+}
+
+#[test]
+#[serial]
+fn budget_refuses_before_the_driver_and_fallback_uses_host() {
+    with_gpu(|dev| {
+        let calls = dev.allocation_calls();
+        let too_big = (dev.budget().available() / 4 + 1) as usize * 4;
+        let e = DeviceBuffer::<f32>::new(dev, too_big, "too big").unwrap_err();
+        assert!(matches!(e, GpuError::BudgetExceeded { .. }), "{e}");
+        assert_eq!(
+            dev.allocation_calls(),
+            calls,
+            "no driver call for a refused allocation"
+        );
+
+        let small = Device::open_with(
+            0,
+            BudgetConfig {
+                fraction: 1.0,
+                reserve_bytes: u64::MAX,
+            },
+        )
+        .unwrap();
+        assert_eq!(small.budget().limit(), 0);
+        let stream = Stream::new(&small).unwrap();
+        let mut fb = FallbackBuffer::<u32>::new(&small, &stream, 1000, "kv").unwrap();
+        assert!(!fb.is_device());
+        assert_eq!(small.fallback_count(), 1);
+        let data: Vec<u32> = (0..1000).collect();
+        fb.write(&stream, &data).unwrap();
+        assert_eq!(fb.read(&stream).unwrap(), data);
+
+        let stream = Stream::new(dev).unwrap();
+        let mut on_dev = FallbackBuffer::<u32>::new(dev, &stream, 1000, "kv").unwrap();
+        assert!(on_dev.is_device());
+        on_dev.write(&stream, &data).unwrap();
+        assert_eq!(on_dev.read(&stream).unwrap(), data);
+        small.check_errors().unwrap();
+    });
+}
+
+#[test]
+#[serial]
+fn caching_pool_reuses_device_blocks() {
+    with_gpu(|dev| {
+        let pool: std::sync::Arc<dyn Pool> = std::sync::Arc::new(CachingAllocator::new(
+            dev.allocator(),
+            Some(dev.budget().clone()),
+            "activations",
+        ));
+        let calls = dev.allocation_calls();
+        for _ in 0..10 {
+            let a = Lease::new(pool.clone(), 3 << 20, 256).unwrap();
+            let b = Lease::new(pool.clone(), 1000, 256).unwrap();
+            assert_ne!(a.block().addr, b.block().addr);
+        }
+        let st = pool.stats();
+        assert_eq!(st.allocation_calls, 2);
+        assert_eq!(st.hits, 18);
+        assert_eq!(dev.allocation_calls() - calls, 2);
+        drop(pool);
+    });
+}
+
+#[test]
+#[serial]
+fn arena_upload_of_the_model_tensor_table() {
+    with_gpu(|dev| {
+        let (source, table) = match tensor_table() {
+            Ok(t) => t,
+            Err(why) => {
+                println!("skipped: no tensor table ({why})");
+                return;
+            }
+        };
+        let data: Vec<Vec<u8>> = table
+            .iter()
+            .enumerate()
+            .map(|(i, (_, b))| synthetic_tensor(i, *b))
+            .collect();
+        let refs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let calls = dev.allocation_calls();
+        let mut up = WeightUploader::new(dev, 8 << 20).unwrap();
+        let staging_calls = dev.allocation_calls() - calls;
+        let t0 = std::time::Instant::now();
+        let (arena, slots) = up.upload_bytes(&refs, 1 << 30, "model weights").unwrap();
+        let secs = t0.elapsed().as_secs_f64();
+        let arena_calls = dev.allocation_calls() - calls - staging_calls;
+        assert_eq!(arena_calls as usize, arena.chunk_count());
+        assert!(
+            arena.chunk_count() <= 2,
+            "{} chunks for {} tensors",
+            arena.chunk_count(),
+            table.len()
+        );
+        let stream = Stream::new(dev).unwrap();
+        for (i, slot) in slots.iter().enumerate() {
+            let view = arena.view::<u8>(slot).unwrap();
+            assert_eq!(
+                stream.read_to_vec(&view).unwrap(),
+                data[i],
+                "tensor {}",
+                table[i].0
+            );
+        }
+        let total: u64 = table.iter().map(|t| t.1).sum();
+        println!(
+            "arena upload of {} tensors ({total} bytes, from {source}): {} driver allocation(s), {:.1} ms, all read back equal",
+            table.len(),
+            arena_calls,
+            secs * 1e3
+        );
+    });
+}
+
+#[test]
+#[serial]
+fn drops_record_no_errors_and_leaks_are_reported() {
+    with_gpu(|dev| {
+        let buf = DeviceBuffer::<u8>::new(dev, 1 << 20, "deliberately held").unwrap();
+        let report = dev.leak_report();
+        assert!(
+            report.entries.iter().any(|e| e.tag == "deliberately held"),
+            "{report}"
+        );
+        drop(buf);
+        assert!(!dev
+            .leak_report()
+            .entries
+            .iter()
+            .any(|e| e.tag == "deliberately held"));
+        dev.check_errors().unwrap();
+    });
+}
