@@ -21,7 +21,7 @@ use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct Line([u8; 64]);
 
-fn lines(bytes: usize) -> Vec<Line> {
+pub(crate) fn lines(bytes: usize) -> Vec<Line> {
     vec![Line([0; 64]); bytes.div_ceil(64)]
 }
 
@@ -77,7 +77,7 @@ struct PersistentBuf {
 
 /// Where a tensor's first byte lives during a run.
 #[derive(Clone, Copy, Debug)]
-enum Loc {
+pub(crate) enum Loc {
     Pool { pool: usize, off: usize },
     Weight { idx: usize, off: usize },
 }
@@ -379,8 +379,32 @@ impl Executor {
 
 /// Splits storage so that the output range is writable while the inputs are readable, then calls
 /// `f`. Inputs overlapping the output are rejected (the planner never places them so).
-fn with_io<R>(
-    pools: &mut [Vec<Line>],
+/// Storage the executors split into output and inputs: an owned vector or a locked one.
+pub(crate) trait Pool {
+    fn lines(&self) -> &[Line];
+    fn lines_mut(&mut self) -> &mut [Line];
+}
+
+impl Pool for Vec<Line> {
+    fn lines(&self) -> &[Line] {
+        self
+    }
+    fn lines_mut(&mut self) -> &mut [Line] {
+        self
+    }
+}
+
+impl Pool for parking_lot::MutexGuard<'_, Vec<Line>> {
+    fn lines(&self) -> &[Line] {
+        self
+    }
+    fn lines_mut(&mut self) -> &mut [Line] {
+        self
+    }
+}
+
+pub(crate) fn with_io<P: Pool, R>(
+    pools: &mut [P],
     weights: &[&[u8]],
     (pool, start): (usize, usize),
     len: usize,
@@ -391,7 +415,7 @@ fn with_io<R>(
     let (mid, right) = rest
         .split_first_mut()
         .ok_or_else(|| GraphError::Misaligned("bad pool".into()))?;
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(mid.as_mut_slice());
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(mid.lines_mut());
     let (before, rest) = bytes.split_at_mut(start);
     let (out, after) = rest.split_at_mut(len);
     let (before, after): (&[u8], &[u8]) = (before, after);
@@ -401,10 +425,10 @@ fn with_io<R>(
         let data: &[u8] = match loc {
             Loc::Weight { idx, off } => &weights[idx][off..off + n],
             Loc::Pool { pool: q, off } if q < pool => {
-                &bytemuck::cast_slice::<Line, u8>(&left[q])[off..off + n]
+                &bytemuck::cast_slice::<Line, u8>(left[q].lines())[off..off + n]
             }
             Loc::Pool { pool: q, off } if q > pool => {
-                &bytemuck::cast_slice::<Line, u8>(&right[q - pool - 1])[off..off + n]
+                &bytemuck::cast_slice::<Line, u8>(right[q - pool - 1].lines())[off..off + n]
             }
             Loc::Pool { off, .. } => {
                 if off + n <= start {

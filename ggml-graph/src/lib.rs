@@ -11,6 +11,9 @@
 //!   contents across runs; `set_rows`/`cpy` write them and return an alias to read through.
 //! - The [`plan`] module places intermediates in one arena by liveness and best fit, so a model can
 //!   rebuild its graph every step; the arena only grows.
+//! - Backends split into buffer type / buffer / stream / device ([`backend`]); the [`Scheduler`]
+//!   places nodes on several devices by `supports_op` and inserts copies; a dummy device records
+//!   allocations and launches for logic tests.
 //! - The CPU backend quantizes activations to 8-bit blocks once per `mul_mat` and dots them with
 //!   quantized weights in integers (llama.cpp's approach), SIMD chosen at run time.
 //!
@@ -41,17 +44,21 @@
     reason = "kernels index several arrays in lockstep; the indices mirror ggml's block layouts"
 )]
 
+pub mod backend;
 pub mod cpu;
 pub mod error;
 pub mod exec;
 pub mod graph;
 pub mod plan;
 pub mod quant;
+pub mod sched;
 pub mod tensor;
 
+pub use backend::{Buffer, BufferType, CpuDevice, Device, DummyDevice, Stream, TensorMem};
 pub use cpu::CpuBackend;
 pub use error::{GraphError, Result};
 pub use exec::{Executor, WeightBytes};
 pub use graph::Graph;
 pub use plan::Plan;
+pub use sched::{Schedule, Scheduler};
 pub use tensor::{Act, AttnParams, DType, Leaf, Op, RopeMode, RopeParams, Tensor, TensorId};

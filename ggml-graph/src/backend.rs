@@ -1,0 +1,303 @@
+//! Backend traits in ggml's split (buffer type / buffer / stream / device), with the CPU device
+//! and a dummy device that records allocations and launches without computing.
+//!
+//! The [`crate::sched::Scheduler`] runs one graph over several devices through these traits:
+//! each node goes to the first device whose [`Device::supports_op`] accepts it, and tensors that
+//! cross devices are copied through [`Buffer::read`]/[`Buffer::write`]. A GPU backend implements
+//! the same four traits.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::cpu::{self, CpuBackend, SrcView};
+use crate::error::{GraphError, Result};
+use crate::exec::{lines, with_io, Line, Loc};
+use crate::tensor::{Op, Tensor};
+
+/// Allocates buffers of one kind of memory.
+pub trait BufferType: Send + Sync {
+    /// Name for logs.
+    fn name(&self) -> &str;
+    /// Alignment of every allocation, in bytes.
+    fn alignment(&self) -> usize;
+    /// A zeroed buffer of `size` bytes.
+    fn alloc(&self, size: usize) -> Result<Box<dyn Buffer>>;
+    /// True when buffers are host memory.
+    fn is_host(&self) -> bool;
+}
+
+/// One allocation.
+pub trait Buffer: Send + Sync {
+    /// Bytes.
+    fn size(&self) -> usize;
+    /// Copies `data` in at `offset`.
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()>;
+    /// Copies `out.len()` bytes out from `offset`.
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// For downcasting by the device that made the buffer.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// An ordered queue of work on a device.
+pub trait Stream: Send + Sync {
+    /// Waits until everything queued has finished.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// An operand of a launch: its descriptor, a buffer of the device running the op and the byte
+/// offset of its first byte.
+#[derive(Clone, Copy)]
+pub struct TensorMem<'a> {
+    /// Shape, strides and type.
+    pub tensor: &'a Tensor,
+    /// The buffer.
+    pub buffer: &'a dyn Buffer,
+    /// Byte offset of the tensor's first byte.
+    pub offset: usize,
+}
+
+/// A compute device.
+pub trait Device: Send + Sync {
+    /// Name for logs and errors.
+    fn name(&self) -> &str;
+    /// The memory this device computes on.
+    fn buffer_type(&self) -> &dyn BufferType;
+    /// True when the device can run `t` (with operands `srcs`).
+    fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool;
+    /// A new stream.
+    fn new_stream(&self) -> Result<Box<dyn Stream>>;
+    /// Queues node `t` on `stream`: writes `dst`, reads `srcs` (in the node's source order, minus
+    /// the written destination of `cpy`/`set_rows`). All buffers come from this device's type.
+    fn launch(
+        &self,
+        stream: &dyn Stream,
+        t: &Tensor,
+        dst: TensorMem<'_>,
+        srcs: &[TensorMem<'_>],
+    ) -> Result<()>;
+}
+
+fn out_of_range(what: &str, offset: usize, len: usize, size: usize) -> GraphError {
+    GraphError::Unsupported {
+        backend: "buffer",
+        op: "copy",
+        detail: format!("{what} {offset}+{len} beyond {size} bytes"),
+    }
+}
+
+/// Host memory in 64-byte lines.
+pub struct HostBuffer {
+    data: Mutex<Vec<Line>>,
+    size: usize,
+}
+
+impl Buffer for HostBuffer {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let mut g = self.data.lock();
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(g.as_mut_slice());
+        let end = offset.checked_add(data.len()).filter(|&e| e <= self.size);
+        let end = end.ok_or_else(|| out_of_range("write", offset, data.len(), self.size))?;
+        bytes[offset..end].copy_from_slice(data);
+        Ok(())
+    }
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let g = self.data.lock();
+        let bytes: &[u8] = bytemuck::cast_slice(g.as_slice());
+        let end = offset.checked_add(out.len()).filter(|&e| e <= self.size);
+        let end = end.ok_or_else(|| out_of_range("read", offset, out.len(), self.size))?;
+        out.copy_from_slice(&bytes[offset..end]);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Host memory buffer type.
+pub struct HostBufferType;
+
+impl BufferType for HostBufferType {
+    fn name(&self) -> &str {
+        "host"
+    }
+    fn alignment(&self) -> usize {
+        64
+    }
+    fn alloc(&self, size: usize) -> Result<Box<dyn Buffer>> {
+        Ok(Box::new(HostBuffer {
+            data: Mutex::new(lines(size)),
+            size,
+        }))
+    }
+    fn is_host(&self) -> bool {
+        true
+    }
+}
+
+/// The CPU stream runs work at launch, so there is nothing to wait for.
+pub struct ImmediateStream;
+
+impl Stream for ImmediateStream {
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The CPU backend as a [`Device`].
+pub struct CpuDevice {
+    backend: Arc<CpuBackend>,
+}
+
+impl CpuDevice {
+    /// Wraps a CPU backend.
+    pub fn new(backend: Arc<CpuBackend>) -> Self {
+        Self { backend }
+    }
+}
+
+fn host(b: &dyn Buffer) -> Result<&HostBuffer> {
+    b.as_any()
+        .downcast_ref::<HostBuffer>()
+        .ok_or_else(|| GraphError::Unsupported {
+            backend: "cpu",
+            op: "launch",
+            detail: "buffer was not allocated by the host buffer type".into(),
+        })
+}
+
+impl Device for CpuDevice {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn buffer_type(&self) -> &dyn BufferType {
+        &HostBufferType
+    }
+    fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
+        self.backend.supports(t, srcs)
+    }
+    fn new_stream(&self) -> Result<Box<dyn Stream>> {
+        Ok(Box::new(ImmediateStream))
+    }
+    fn launch(
+        &self,
+        _stream: &dyn Stream,
+        t: &Tensor,
+        dst: TensorMem<'_>,
+        srcs: &[TensorMem<'_>],
+    ) -> Result<()> {
+        // Lock each distinct buffer once; operands in the same buffer share its guard.
+        let mut distinct: Vec<&HostBuffer> = vec![host(dst.buffer)?];
+        let mut locs = Vec::with_capacity(srcs.len());
+        for m in srcs {
+            let h = host(m.buffer)?;
+            let pool = match distinct.iter().position(|d| std::ptr::eq(*d, h)) {
+                Some(p) => p,
+                None => {
+                    distinct.push(h);
+                    distinct.len() - 1
+                }
+            };
+            locs.push(Loc::Pool {
+                pool,
+                off: m.offset,
+            });
+        }
+        let mut guards: Vec<_> = distinct.iter().map(|h| h.data.lock()).collect();
+        let pairs: Vec<(&Tensor, Loc)> = srcs.iter().map(|m| m.tensor).zip(locs).collect();
+        let be = &self.backend;
+        with_io(
+            &mut guards,
+            &[],
+            (0, dst.offset),
+            t.extent(),
+            &pairs,
+            |out, views: &[SrcView<'_>]| be.install(|| cpu::compute(be, t, out, views)),
+        )
+    }
+}
+
+/// What the dummy device saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DummyLog {
+    /// Sizes of the buffers allocated.
+    pub allocs: Vec<usize>,
+    /// Names of the ops launched, in order.
+    pub launches: Vec<&'static str>,
+}
+
+/// A device that allocates host memory, records allocations and launches, and computes nothing;
+/// for scheduler and planner logic tests.
+pub struct DummyDevice {
+    name: String,
+    supported: Box<dyn Fn(&Tensor) -> bool + Send + Sync>,
+    log: Arc<Mutex<DummyLog>>,
+    bt: DummyBufferType,
+}
+
+struct DummyBufferType {
+    log: Arc<Mutex<DummyLog>>,
+}
+
+impl BufferType for DummyBufferType {
+    fn name(&self) -> &str {
+        "dummy"
+    }
+    fn alignment(&self) -> usize {
+        64
+    }
+    fn alloc(&self, size: usize) -> Result<Box<dyn Buffer>> {
+        self.log.lock().allocs.push(size);
+        HostBufferType.alloc(size)
+    }
+    fn is_host(&self) -> bool {
+        false
+    }
+}
+
+impl DummyDevice {
+    /// A dummy device accepting the nodes for which `supported` is true.
+    pub fn new(name: &str, supported: impl Fn(&Tensor) -> bool + Send + Sync + 'static) -> Self {
+        let log = Arc::new(Mutex::new(DummyLog::default()));
+        Self {
+            name: name.to_string(),
+            supported: Box::new(supported),
+            bt: DummyBufferType { log: log.clone() },
+            log,
+        }
+    }
+
+    /// A copy of the log so far.
+    pub fn log(&self) -> DummyLog {
+        self.log.lock().clone()
+    }
+}
+
+impl Device for DummyDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn buffer_type(&self) -> &dyn BufferType {
+        &self.bt
+    }
+    fn supports_op(&self, t: &Tensor, _srcs: &[&Tensor]) -> bool {
+        !matches!(t.op, Op::Leaf(_)) && (self.supported)(t)
+    }
+    fn new_stream(&self) -> Result<Box<dyn Stream>> {
+        Ok(Box::new(ImmediateStream))
+    }
+    fn launch(
+        &self,
+        _stream: &dyn Stream,
+        t: &Tensor,
+        _dst: TensorMem<'_>,
+        _srcs: &[TensorMem<'_>],
+    ) -> Result<()> {
+        self.log.lock().launches.push(t.op.name());
+        Ok(())
+    }
+}

@@ -1,0 +1,453 @@
+//! The multi-device scheduler: places each node on the first device that supports it, keeps
+//! weights uploaded once per device, copies tensors that cross devices, and runs the graph.
+//!
+//! Placement: compute nodes go to the first device (in priority order) whose `supports_op`
+//! accepts them; views, `cpy` and `set_rows` run where their storage lives; input and persistent
+//! leaves live on the device of their first consumer. Every device gets one arena laid out by the
+//! [`crate::plan`] planner plus slots for copies of tensors produced elsewhere. A copy is made
+//! right before its first reader on the other device and is refreshed after its source is
+//! rewritten.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::backend::{Buffer, Device, Stream, TensorMem};
+use crate::error::{GraphError, Result};
+use crate::exec::WeightBytes;
+use crate::graph::Graph;
+use crate::plan::{plan, ALIGN};
+use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
+
+/// Where each node runs and which copies the run needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Schedule {
+    /// Device index per node (`None` for nodes not needed).
+    pub device_of: Vec<Option<usize>>,
+    /// Runs of consecutive launched nodes on one device, in execution order.
+    pub splits: Vec<(usize, Vec<TensorId>)>,
+    /// `(storage root, device)` pairs that need a copy on a device other than the root's home.
+    pub copies: Vec<(TensorId, usize)>,
+}
+
+/// Operands a node reads (the written destination of `cpy`/`set_rows` excluded).
+fn read_srcs(t: &Tensor) -> impl Iterator<Item = (usize, TensorId)> + '_ {
+    let skip = match t.op {
+        Op::Cpy => Some(1),
+        Op::SetRows => Some(0),
+        _ => None,
+    };
+    t.src
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(move |(i, _)| Some(*i) != skip)
+}
+
+fn launches(t: &Tensor) -> bool {
+    !matches!(t.op, Op::Leaf(_) | Op::View)
+}
+
+/// Places `graph`'s nodes on `devices` (priority order). `persistent_home` pins persistent
+/// buffers that already exist.
+pub fn schedule(
+    graph: &Graph,
+    devices: &[Arc<dyn Device>],
+    persistent_home: &HashMap<String, usize>,
+) -> Result<Schedule> {
+    let n = graph.len();
+    let needed = crate::plan::needed_nodes(graph);
+    let nodes = graph.tensors();
+    let srcs_of =
+        |t: &Tensor| -> Vec<&Tensor> { t.src.iter().map(|s| &nodes[s.index()]).collect() };
+    let first_supporting = |t: &Tensor| devices.iter().position(|d| d.supports_op(t, &srcs_of(t)));
+    let mut dev = vec![None; n];
+    // 1. Computing nodes that own their result.
+    for i in 0..n {
+        let t = &nodes[i];
+        if needed[i] && launches(t) && !t.op.is_alias() {
+            dev[i] = Some(first_supporting(t).ok_or_else(|| no_device(t))?);
+        }
+    }
+    // 2. Leaves: the device of their first launched reader (through views).
+    for i in 0..n {
+        if !needed[i] || !matches!(nodes[i].op, Op::Leaf(_)) {
+            continue;
+        }
+        if let Some(&d) = persistent_home
+            .get(&nodes[i].name)
+            .filter(|_| nodes[i].op == Op::Leaf(Leaf::Persistent))
+        {
+            dev[i] = Some(d);
+            continue;
+        }
+        let root = TensorId::from_index(i);
+        let reader = (0..n).find(|&j| {
+            needed[j]
+                && launches(&nodes[j])
+                && nodes[j]
+                    .src
+                    .iter()
+                    .any(|&s| graph.storage_root(s).0 == root)
+        });
+        dev[i] = Some(match reader {
+            Some(j) if nodes[j].op.is_alias() => first_supporting(&nodes[j]).unwrap_or(0),
+            Some(j) => dev[j].unwrap_or(0),
+            None => 0,
+        });
+    }
+    // 3. Aliases run where their storage lives.
+    for i in 0..n {
+        let t = &nodes[i];
+        if needed[i] && t.op.is_alias() {
+            let home = dev[graph.storage_root(TensorId::from_index(i)).0.index()].unwrap_or(0);
+            if t.op != Op::View && !devices[home].supports_op(t, &srcs_of(t)) {
+                return Err(no_device(t));
+            }
+            dev[i] = Some(home);
+        }
+    }
+    let mut splits: Vec<(usize, Vec<TensorId>)> = Vec::new();
+    let mut copies = Vec::new();
+    let mut seen = HashSet::new();
+    for i in 0..n {
+        let t = &nodes[i];
+        if !needed[i] || !launches(t) {
+            continue;
+        }
+        let d = dev[i].unwrap_or(0);
+        for (_, s) in read_srcs(t) {
+            let r = graph.storage_root(s).0;
+            let weight = nodes[r.index()].op == Op::Leaf(Leaf::Weight);
+            if !weight && dev[r.index()] != Some(d) && seen.insert((r, d)) {
+                copies.push((r, d));
+            }
+        }
+        match splits.last_mut() {
+            Some((sd, v)) if *sd == d => v.push(TensorId::from_index(i)),
+            _ => splits.push((d, vec![TensorId::from_index(i)])),
+        }
+    }
+    Ok(Schedule {
+        device_of: dev,
+        splits,
+        copies,
+    })
+}
+
+fn no_device(t: &Tensor) -> GraphError {
+    GraphError::Unsupported {
+        backend: "scheduler",
+        op: t.op.name(),
+        detail: format!("no device supports `{}`", t.name),
+    }
+}
+
+struct Persistent {
+    dtype: DType,
+    ne: [usize; 4],
+    device: usize,
+    buf: Box<dyn Buffer>,
+}
+
+/// Runs graphs over several devices; the multi-device counterpart of [`crate::Executor`].
+pub struct Scheduler {
+    devices: Vec<Arc<dyn Device>>,
+    streams: Vec<Box<dyn Stream>>,
+    weights: HashMap<String, (DType, [usize; 4], WeightBytes)>,
+    uploaded: HashMap<(String, usize), Box<dyn Buffer>>,
+    persistent: HashMap<String, Persistent>,
+    arenas: Vec<Option<Box<dyn Buffer>>>,
+    last: Option<(Graph, Schedule, Vec<Option<usize>>)>,
+    copies_made: usize,
+}
+
+impl Scheduler {
+    /// A scheduler over `devices`, highest priority first.
+    pub fn new(devices: Vec<Arc<dyn Device>>) -> Result<Self> {
+        let streams = devices
+            .iter()
+            .map(|d| d.new_stream())
+            .collect::<Result<Vec<_>>>()?;
+        let arenas = devices.iter().map(|_| None).collect();
+        Ok(Self {
+            devices,
+            streams,
+            weights: HashMap::new(),
+            uploaded: HashMap::new(),
+            persistent: HashMap::new(),
+            arenas,
+            last: None,
+            copies_made: 0,
+        })
+    }
+
+    /// Binds weight bytes by name; each device that needs them gets one upload, kept across runs.
+    pub fn bind_weight(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[usize],
+        bytes: WeightBytes,
+    ) -> Result<()> {
+        let ne = crate::tensor::shape4(shape).ok_or_else(|| {
+            crate::error::shape_err("bind_weight", format!("`{name}`: bad shape {shape:?}"))
+        })?;
+        let expected = crate::tensor::row_bytes(dtype, ne[0]) * ne[1] * ne[2] * ne[3];
+        if bytes.bytes().len() != expected {
+            return Err(GraphError::Size {
+                name: name.into(),
+                dtype,
+                ne,
+                expected,
+                got: bytes.bytes().len(),
+            });
+        }
+        self.uploaded.retain(|(n, _), _| n != name);
+        self.weights.insert(name.to_string(), (dtype, ne, bytes));
+        Ok(())
+    }
+
+    /// Copies made between devices so far (each one a read from one device and a write to another).
+    pub fn copies_made(&self) -> usize {
+        self.copies_made
+    }
+
+    /// The schedule of the last run.
+    pub fn last_schedule(&self) -> Option<&Schedule> {
+        self.last.as_ref().map(|(_, s, _)| s)
+    }
+
+    /// Runs `graph` with dense `inputs`; outputs stay readable until the next run.
+    pub fn run(&mut self, graph: &Graph, inputs: &[(TensorId, &[u8])]) -> Result<()> {
+        let homes: HashMap<String, usize> = self
+            .persistent
+            .iter()
+            .map(|(k, p)| (k.clone(), p.device))
+            .collect();
+        let sched = schedule(graph, &self.devices, &homes)?;
+        let p = plan(graph);
+        let nodes = graph.tensors();
+        // Copy slots after the planned arena, per device.
+        let mut arena_size = vec![p.peak; self.devices.len()];
+        let mut slot = HashMap::new();
+        for &(r, d) in &sched.copies {
+            slot.insert((r, d), arena_size[d]);
+            arena_size[d] += nodes[r.index()].extent().div_ceil(ALIGN) * ALIGN;
+        }
+        for d in 0..self.devices.len() {
+            let have = self.arenas[d].as_ref().map_or(0, |b| b.size());
+            if have < arena_size[d] {
+                self.arenas[d] = Some(self.devices[d].buffer_type().alloc(arena_size[d])?);
+            }
+        }
+        // Leaves: weights uploaded once per device, persistent buffers created, inputs written.
+        for (i, t) in nodes.iter().enumerate() {
+            let Some(d) = sched.device_of[i] else {
+                continue;
+            };
+            match t.op {
+                Op::Leaf(Leaf::Weight) => {
+                    let (dt, ne, bytes) = self
+                        .weights
+                        .get(&t.name)
+                        .ok_or_else(|| GraphError::UnboundWeight(t.name.clone()))?;
+                    if *dt != t.dtype || *ne != t.ne {
+                        return Err(GraphError::Mismatch {
+                            name: t.name.clone(),
+                            bound: format!("{dt} {ne:?}"),
+                            declared: format!("{} {:?}", t.dtype, t.ne),
+                        });
+                    }
+                    let mut users: Vec<usize> = (0..nodes.len())
+                        .filter(|&j| sched.device_of[j].is_some() && launches(&nodes[j]))
+                        .filter(|&j| {
+                            read_srcs(&nodes[j]).any(|(_, s)| graph.storage_root(s).0.index() == i)
+                        })
+                        .filter_map(|j| sched.device_of[j])
+                        .collect();
+                    users.push(d);
+                    for u in users {
+                        if !self.uploaded.contains_key(&(t.name.clone(), u)) {
+                            let buf = self.devices[u].buffer_type().alloc(bytes.bytes().len())?;
+                            buf.write(0, bytes.bytes())?;
+                            self.uploaded.insert((t.name.clone(), u), buf);
+                        }
+                    }
+                }
+                Op::Leaf(Leaf::Persistent) => match self.persistent.get(&t.name) {
+                    Some(pb) if pb.dtype != t.dtype || pb.ne != t.ne => {
+                        return Err(GraphError::Mismatch {
+                            name: t.name.clone(),
+                            bound: format!("{} {:?}", pb.dtype, pb.ne),
+                            declared: format!("{} {:?}", t.dtype, t.ne),
+                        })
+                    }
+                    Some(_) => {}
+                    None => {
+                        let buf = self.devices[d].buffer_type().alloc(t.dense_bytes())?;
+                        self.persistent.insert(
+                            t.name.clone(),
+                            Persistent {
+                                dtype: t.dtype,
+                                ne: t.ne,
+                                device: d,
+                                buf,
+                            },
+                        );
+                    }
+                },
+                Op::Leaf(Leaf::Input) => {
+                    let id = TensorId::from_index(i);
+                    let data = inputs
+                        .iter()
+                        .find(|(x, _)| *x == id)
+                        .map(|(_, b)| *b)
+                        .ok_or_else(|| GraphError::MissingInput(t.name.clone()))?;
+                    if data.len() != t.dense_bytes() {
+                        return Err(GraphError::Size {
+                            name: t.name.clone(),
+                            dtype: t.dtype,
+                            ne: t.ne,
+                            expected: t.dense_bytes(),
+                            got: data.len(),
+                        });
+                    }
+                    let arena = self.arenas[d]
+                        .as_deref()
+                        .ok_or_else(|| GraphError::MissingInput(t.name.clone()))?;
+                    arena.write(p.offset[i].unwrap_or(0), data)?;
+                }
+                _ => {}
+            }
+        }
+        // Execute, copying across devices on demand.
+        let mut valid: HashSet<(TensorId, usize)> = HashSet::new();
+        let mut staging = Vec::new();
+        for (d, ids) in &sched.splits {
+            let d = *d;
+            for &id in ids {
+                let t = &nodes[id.index()];
+                for (_, s) in read_srcs(t) {
+                    let r = graph.storage_root(s).0;
+                    if let Some(&off) = slot.get(&(r, d)) {
+                        if valid.insert((r, d)) {
+                            let home = sched.device_of[r.index()].unwrap_or(0);
+                            let (src_buf, src_off) = self.home_of(graph, &p.offset, r, home)?;
+                            staging.resize(nodes[r.index()].extent(), 0);
+                            self.streams[home].synchronize()?;
+                            src_buf.read(src_off, &mut staging)?;
+                            self.arena(d)?.write(off, &staging)?;
+                            self.copies_made += 1;
+                        }
+                    }
+                }
+                let mut mems = Vec::with_capacity(t.src.len());
+                for (_, s) in read_srcs(t) {
+                    mems.push(self.mem(graph, &p.offset, &slot, &sched, s, d)?);
+                }
+                let dst = self.mem(graph, &p.offset, &slot, &sched, id, d)?;
+                self.devices[d].launch(self.streams[d].as_ref(), t, dst, &mems)?;
+                if matches!(t.op, Op::Cpy | Op::SetRows) {
+                    // The root was rewritten: copies of it elsewhere are stale.
+                    let r = graph.storage_root(id).0;
+                    valid.retain(|&(x, _)| x != r);
+                }
+            }
+        }
+        for s in &self.streams {
+            s.synchronize()?;
+        }
+        self.last = Some((graph.clone(), sched, p.offset));
+        Ok(())
+    }
+
+    fn arena(&self, d: usize) -> Result<&dyn Buffer> {
+        self.arenas[d]
+            .as_deref()
+            .ok_or_else(|| GraphError::Unsupported {
+                backend: "scheduler",
+                op: "arena",
+                detail: format!("device {d} has no arena"),
+            })
+    }
+
+    /// The home buffer and offset of storage root `r`.
+    fn home_of(
+        &self,
+        graph: &Graph,
+        offsets: &[Option<usize>],
+        r: TensorId,
+        home: usize,
+    ) -> Result<(&dyn Buffer, usize)> {
+        let t = &graph.tensors()[r.index()];
+        match t.op {
+            Op::Leaf(Leaf::Persistent) => {
+                let p = self
+                    .persistent
+                    .get(&t.name)
+                    .ok_or_else(|| GraphError::UnboundWeight(t.name.clone()))?;
+                Ok((p.buf.as_ref(), 0))
+            }
+            Op::Leaf(Leaf::Weight) => {
+                let b = self
+                    .uploaded
+                    .get(&(t.name.clone(), home))
+                    .ok_or_else(|| GraphError::UnboundWeight(t.name.clone()))?;
+                Ok((b.as_ref(), 0))
+            }
+            _ => Ok((self.arena(home)?, offsets[r.index()].unwrap_or(0))),
+        }
+    }
+
+    fn mem<'a>(
+        &'a self,
+        graph: &'a Graph,
+        offsets: &[Option<usize>],
+        slot: &HashMap<(TensorId, usize), usize>,
+        sched: &Schedule,
+        id: TensorId,
+        d: usize,
+    ) -> Result<TensorMem<'a>> {
+        let (r, off) = graph.storage_root(id);
+        let tensor = &graph.tensors()[id.index()];
+        let is_weight = graph.tensors()[r.index()].op == Op::Leaf(Leaf::Weight);
+        if let (false, Some(&s)) = (is_weight, slot.get(&(r, d))) {
+            return Ok(TensorMem {
+                tensor,
+                buffer: self.arena(d)?,
+                offset: s + off,
+            });
+        }
+        let home = if is_weight {
+            d
+        } else {
+            sched.device_of[r.index()].unwrap_or(0)
+        };
+        let (buffer, base) = self.home_of(graph, offsets, r, home)?;
+        Ok(TensorMem {
+            tensor,
+            buffer,
+            offset: base + off,
+        })
+    }
+
+    /// An output of the last run as f32 values in logical order.
+    pub fn output_f32(&self, id: TensorId) -> Result<Vec<f32>> {
+        let (graph, sched, offsets) = self
+            .last
+            .as_ref()
+            .ok_or_else(|| GraphError::NotOutput(format!("{id:?}")))?;
+        if !graph.outputs().contains(&id) {
+            return Err(GraphError::NotOutput(format!("{id:?}")));
+        }
+        let t = graph.tensor(id)?;
+        let (r, off) = graph.storage_root(id);
+        let home = sched.device_of[r.index()].unwrap_or(0);
+        let (buf, base) = self.home_of(graph, offsets, r, home)?;
+        let mut bytes = vec![0u8; t.extent()];
+        buf.read(base + off, &mut bytes)?;
+        let mut out = vec![0f32; t.nelements()];
+        crate::cpu::gather_f32(t, &bytes, &mut out)?;
+        Ok(out)
+    }
+}
