@@ -1,0 +1,383 @@
+//! Quantized kernels on the GPU against the `gguf` crate's CPU dequantization: Q8_1 activation
+//! quantization, mat-vec for every weight type, dequantize-to-f16 (+ gemmEx, the prefill path)
+//! and get_rows.
+
+mod common;
+
+use common::{assert_nmse, gpu, Arg, Rng};
+use gguf::GgmlType;
+use hip_ffi::{GemmEx, GemmType, Op, PointerMode};
+use kernels::{KernelId, WeightType, Q8_1_BYTES, QK8_1};
+
+fn ggml(t: WeightType) -> GgmlType {
+    GgmlType::ALL
+        .iter()
+        .copied()
+        .find(|g| g.name() == t.ggml_name())
+        .unwrap_or_else(|| panic!("no ggml type {}", t.ggml_name()))
+}
+
+/// Byte offsets of the f16 scale fields inside one block (random bytes there could be NaN).
+fn f16_fields(t: WeightType) -> &'static [usize] {
+    match t {
+        WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => &[0],
+        WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
+        WeightType::Q2_K => &[80, 82],
+        WeightType::Q3_K => &[108],
+        WeightType::Q6_K => &[208],
+    }
+}
+
+/// `rows` rows of `ncols` random values' worth of blocks, with sane random scales.
+fn random_rows(t: WeightType, rows: usize, ncols: usize, rng: &mut Rng) -> Vec<u8> {
+    let nblocks = rows * ncols / t.block_values();
+    let mut b = rng.bytes(nblocks * t.block_bytes());
+    for blk in b.chunks_mut(t.block_bytes()) {
+        for &off in f16_fields(t) {
+            let v = 0.002 + 0.01 * rng.f32().abs();
+            blk[off..off + 2].copy_from_slice(&common::f16_bits(v).to_le_bytes());
+        }
+    }
+    b
+}
+
+fn dequant(t: WeightType, bytes: &[u8]) -> Vec<f32> {
+    gguf::dequantize_to_vec(ggml(t), bytes).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn quantize_q8_1_matches_the_cpu_rounding() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1);
+    let n = 4096;
+    let x = rng.vec(n);
+    let dx = g.upload(&x);
+    let dy = g.alloc(n / QK8_1 * Q8_1_BYTES);
+    g.launch(
+        KernelId::QuantizeQ8_1,
+        [(n as u32).div_ceil(256), 1, 1],
+        256,
+        &[dx.arg(), dy.arg(), Arg::I32(n as i32)],
+    );
+    let y: Vec<u8> = g.download(&dy, n / QK8_1 * Q8_1_BYTES);
+    let mut off_by_one = 0;
+    for (b, xs) in x.chunks(QK8_1).enumerate() {
+        let blk = &y[b * Q8_1_BYTES..(b + 1) * Q8_1_BYTES];
+        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let gd = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+        assert_eq!(gd, half::f16::from_f32(d).to_f32(), "block {b} scale");
+        let mut sum = 0i32;
+        for (l, &v) in xs.iter().enumerate() {
+            let want = (v / d).round() as i32;
+            let got = i32::from(blk[4 + l] as i8);
+            assert!(
+                (got - want).abs() <= 1,
+                "block {b} value {l}: {got} vs {want}"
+            );
+            off_by_one += usize::from(got != want);
+            sum += got;
+        }
+        let gs = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32();
+        let ws = half::f16::from_f32(sum as f32 * d).to_f32();
+        assert!(
+            (gs - ws).abs() <= 1e-3 * ws.abs() + 1e-6,
+            "block {b} sum {gs} vs {ws}"
+        );
+    }
+    assert!(
+        off_by_one < n / 100,
+        "{off_by_one} values rounded differently"
+    );
+}
+
+#[test]
+fn matvec_every_weight_type_against_dequantized_reference() {
+    let Some(g) = gpu() else { return };
+    println!("device: {}", g.name);
+    let mut rng = Rng::new(2);
+    let (nrows, ncols, ny) = (37usize, 1024usize, 2usize);
+    let x = rng.vec(ny * ncols);
+    let dx = g.upload(&x);
+    let dy = g.alloc(ny * ncols / QK8_1 * Q8_1_BYTES);
+    g.launch(
+        KernelId::QuantizeQ8_1,
+        [((ny * ncols) as u32).div_ceil(256), 1, 1],
+        256,
+        &[dx.arg(), dy.arg(), Arg::I32((ny * ncols) as i32)],
+    );
+    for &t in WeightType::ALL {
+        let w = random_rows(t, nrows, ncols, &mut rng);
+        let wf = dequant(t, &w);
+        let row_bytes = ncols / t.block_values() * t.block_bytes();
+        let dw = g.upload(&w);
+        let dout = g.alloc(ny * nrows * 4);
+        g.launch(
+            t.matvec(),
+            [nrows as u32, ny as u32, 1],
+            4 * g.warp,
+            &[
+                dw.arg(),
+                dy.arg(),
+                dout.arg(),
+                Arg::I32(ncols as i32),
+                Arg::I64(row_bytes as i64),
+                Arg::I32(nrows as i32),
+            ],
+        );
+        let got: Vec<f32> = g.download(&dout, ny * nrows);
+        let mut want = vec![0.0f32; ny * nrows];
+        for c in 0..ny {
+            for r in 0..nrows {
+                let s: f64 = (0..ncols)
+                    .map(|i| f64::from(wf[r * ncols + i]) * f64::from(x[c * ncols + i]))
+                    .sum();
+                want[c * nrows + r] = s as f32;
+            }
+        }
+        // 8-bit activations cost ~1e-5 NMSE; a layout slip costs ~1.
+        assert_nmse(&format!("matvec {}", t.ggml_name()), &got, &want, 5e-4);
+    }
+}
+
+#[test]
+fn matvec_float_weights() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(3);
+    let (nrows, ncols, stride) = (29usize, 300usize, 320usize);
+    let w = rng.vec(nrows * stride);
+    let x = rng.vec(ncols);
+    let mut want = vec![0.0f32; nrows];
+    for (r, o) in want.iter_mut().enumerate() {
+        *o = (0..ncols)
+            .map(|i| f64::from(w[r * stride + i]) * f64::from(x[i]))
+            .sum::<f64>() as f32;
+    }
+    let dx = g.upload(&x);
+    let dout = g.alloc(nrows * 4);
+    let args = |dw: &common::DevBuf<'_>| {
+        [
+            dw.arg(),
+            dx.arg(),
+            dout.arg(),
+            Arg::I32(ncols as i32),
+            Arg::I64(stride as i64),
+            Arg::I32(nrows as i32),
+        ]
+    };
+    let dw = g.upload(&w);
+    g.launch(
+        KernelId::MatvecF32,
+        [nrows as u32, 1, 1],
+        2 * g.warp,
+        &args(&dw),
+    );
+    assert_nmse("matvec f32", &g.download::<f32>(&dout, nrows), &want, 1e-10);
+    let wh: Vec<u16> = w.iter().map(|&v| common::f16_bits(v)).collect();
+    let mut want_h = vec![0.0f32; nrows];
+    for (r, o) in want_h.iter_mut().enumerate() {
+        *o = (0..ncols)
+            .map(|i| f64::from(half::f16::from_bits(wh[r * stride + i]).to_f32()) * f64::from(x[i]))
+            .sum::<f64>() as f32;
+    }
+    let dwh = g.upload(&wh);
+    g.launch(
+        KernelId::MatvecF16,
+        [nrows as u32, 1, 1],
+        2 * g.warp,
+        &args(&dwh),
+    );
+    assert_nmse(
+        "matvec f16",
+        &g.download::<f32>(&dout, nrows),
+        &want_h,
+        1e-10,
+    );
+}
+
+#[test]
+fn dequant_f16_and_get_rows_every_weight_type() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(4);
+    let (nrows, ncols) = (5usize, 512usize);
+    let ids: Vec<i32> = vec![3, 0, 4, 3, 1];
+    let dids = g.upload(&ids);
+    for &t in WeightType::ALL {
+        let w = random_rows(t, nrows, ncols, &mut rng);
+        let wf = dequant(t, &w);
+        let row_bytes = ncols / t.block_values() * t.block_bytes();
+        let dw = g.upload(&w);
+        let subs = (ncols / 32) as u32;
+        let dh = g.alloc(nrows * ncols * 2);
+        g.launch(
+            t.dequant_f16(),
+            [subs.div_ceil(64), nrows as u32, 1],
+            64,
+            &[
+                dw.arg(),
+                dh.arg(),
+                Arg::I32(ncols as i32),
+                Arg::I64(row_bytes as i64),
+                Arg::I64(ncols as i64),
+            ],
+        );
+        let got: Vec<u16> = g.download(&dh, nrows * ncols);
+        for (i, (&h, &want)) in got.iter().zip(&wf).enumerate() {
+            let v = half::f16::from_bits(h).to_f32();
+            assert!(
+                (v - want).abs() <= 1e-3 * want.abs() + 1e-6,
+                "dequant_f16 {} value {i}: {v} vs {want}",
+                t.ggml_name()
+            );
+        }
+        let dr = g.alloc(ids.len() * ncols * 4);
+        g.launch(
+            t.get_rows(),
+            [subs.div_ceil(64), ids.len() as u32, 1],
+            64,
+            &[
+                dw.arg(),
+                dids.arg(),
+                dr.arg(),
+                Arg::I32(ncols as i32),
+                Arg::I64(row_bytes as i64),
+                Arg::I64(ncols as i64),
+            ],
+        );
+        let rows: Vec<f32> = g.download(&dr, ids.len() * ncols);
+        for (k, &id) in ids.iter().enumerate() {
+            for c in 0..ncols {
+                let (v, want) = (rows[k * ncols + c], wf[id as usize * ncols + c]);
+                assert!(
+                    (v - want).abs() <= 1e-6 * want.abs() + 1e-7,
+                    "get_rows {} row {id} col {c}: {v} vs {want}",
+                    t.ggml_name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn get_rows_float_tables() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(5);
+    let (nrows, ncols, stride) = (6usize, 100usize, 104usize);
+    let t = rng.vec(nrows * stride);
+    let th: Vec<u16> = t.iter().map(|&v| common::f16_bits(v)).collect();
+    let ids: Vec<i32> = vec![5, 2, 2, 0];
+    let dids = g.upload(&ids);
+    let dout = g.alloc(ids.len() * ncols * 4);
+    for (k, dt) in [
+        (KernelId::GetRowsF32, g.upload(&t)),
+        (KernelId::GetRowsF16, g.upload(&th)),
+    ] {
+        g.launch(
+            k,
+            [1, ids.len() as u32, 1],
+            128,
+            &[
+                dt.arg(),
+                dids.arg(),
+                dout.arg(),
+                Arg::I32(ncols as i32),
+                Arg::I64(stride as i64),
+                Arg::I64(ncols as i64),
+            ],
+        );
+        let got: Vec<f32> = g.download(&dout, ids.len() * ncols);
+        for (r, &id) in ids.iter().enumerate() {
+            for c in 0..ncols {
+                let src = t[id as usize * stride + c];
+                let want = if k == KernelId::GetRowsF16 {
+                    half::f16::from_f32(src).to_f32()
+                } else {
+                    src
+                };
+                assert_eq!(got[r * ncols + c], want, "{} row {r} col {c}", k.name());
+            }
+        }
+    }
+}
+
+/// The prefill path: weights dequantized to f16 on the device, activations converted to f16,
+/// one gemmEx with f32 output, against the CPU product of the same rounded operands.
+#[test]
+fn dequantized_weights_through_gemm_ex() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(6);
+    let (m, n, k) = (96usize, 7usize, 512usize);
+    let t = WeightType::Q4_K;
+    let w = random_rows(t, m, k, &mut rng);
+    let wf = dequant(t, &w);
+    let x = rng.vec(n * k);
+    let dw = g.upload(&w);
+    let dwh = g.alloc(m * k * 2);
+    g.launch(
+        t.dequant_f16(),
+        [(k as u32 / 32).div_ceil(64), m as u32, 1],
+        64,
+        &[
+            dw.arg(),
+            dwh.arg(),
+            Arg::I32(k as i32),
+            Arg::I64((k / 256 * 144) as i64),
+            Arg::I64(k as i64),
+        ],
+    );
+    let dx = g.upload(&x);
+    let dxh = g.alloc(n * k * 2);
+    g.launch(
+        KernelId::ConvertF32F16,
+        [((n * k) as u32).div_ceil(256), 1, 1],
+        256,
+        &[dx.arg(), dxh.arg(), Arg::I64((n * k) as i64)],
+    );
+    let dc = g.alloc(n * m * 4);
+    let handle = g.api.blas_create().expect("blas handle");
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Row-major out[n][m] = X[n][k] . W[m][k]^T is column-major C(m x n) = W^T(k x m)^T X^T(k x n).
+    let args = GemmEx {
+        trans_a: Op::T,
+        trans_b: Op::N,
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        alpha: &alpha,
+        a: dwh.ptr,
+        a_type: GemmType::F16,
+        lda: k as i32,
+        b: dxh.ptr,
+        b_type: GemmType::F16,
+        ldb: k as i32,
+        beta: &beta,
+        c: dc.ptr,
+        c_type: GemmType::F32,
+        ldc: m as i32,
+    };
+    // SAFETY: the handle is live; alpha/beta are host f32 in host pointer mode and outlive the
+    // synchronize; the matrices are allocations of the sizes m, n, k and the strides imply.
+    unsafe {
+        g.api
+            .blas_set_stream(handle, g.stream)
+            .expect("blas stream");
+        g.api
+            .blas_set_pointer_mode(handle, PointerMode::Host)
+            .expect("pointer mode");
+        g.api.gemm_ex(handle, &args).expect("gemm_ex");
+        g.api.stream_synchronize(g.stream).expect("sync");
+    }
+    let got: Vec<f32> = g.download(&dc, n * m);
+    // SAFETY: the stream is idle; the handle is not used afterwards.
+    unsafe { g.api.blas_destroy(handle) }.expect("blas destroy");
+    let r16 = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
+    let mut want = vec![0.0f32; n * m];
+    for j in 0..n {
+        for i in 0..m {
+            want[j * m + i] = (0..k)
+                .map(|l| r16(wf[i * k + l]) * r16(x[j * k + l]))
+                .sum::<f64>() as f32;
+        }
+    }
+    assert_nmse("dequant q4_K + gemm_ex", &got, &want, 1e-6);
+}
