@@ -5,7 +5,8 @@ for the few types it has no converter for) on inputs the Rust tests prepare.
 Commands:
   dequant DIR   DIR/manifest.txt lines "TYPE_ID IN OUT": dequantize IN's raw blocks, write f32 to OUT
   quant DIR     DIR/manifest.txt lines "TYPE_ID IN OUT": quantize IN's f32 values, write bytes to OUT
-  dump FILE OUT read FILE with GGUFReader, write its canonical listing to OUT
+  dump FILE OUT [DIR NAME...]  read FILE with GGUFReader, write its canonical listing to OUT
+                (and dequantize the named tensors into DIR/NAME.f32, sharing one parse)
   tensors FILE DIR NAME...  dequantize the named tensors of FILE into DIR/NAME.f32
   bench DIR REPEAT  DIR/manifest.txt "TYPE_ID IN OUT": time gguf-py dequantization, print "TYPE_ID seconds"
 """
@@ -94,8 +95,10 @@ def canon(parts, i, vtype):
     return "%d:%d" % (int(vtype), int(v)), i + 1
 
 
-def cmd_dump(path, out):
+def cmd_dump(path, out, d=None, names=()):
     r = gguf.GGUFReader(path)
+    if d is not None:
+        tensors_of(r, d, names)
     lines = []
     for name, field in r.fields.items():
         if name.startswith("GGUF."):
@@ -114,7 +117,10 @@ def cmd_dump(path, out):
 
 
 def cmd_tensors(path, d, names):
-    r = gguf.GGUFReader(path)
+    tensors_of(gguf.GGUFReader(path), d, names)
+
+
+def tensors_of(r, d, names):
     by_name = {t.name: t for t in r.tensors}
     for n in names:
         t = by_name[n]
@@ -142,7 +148,7 @@ def main():
     elif cmd == "quant":
         cmd_quant(sys.argv[2])
     elif cmd == "dump":
-        cmd_dump(sys.argv[2], sys.argv[3])
+        cmd_dump(sys.argv[2], sys.argv[3], *(sys.argv[4:5]), names=sys.argv[5:])
     elif cmd == "tensors":
         cmd_tensors(sys.argv[2], sys.argv[3], sys.argv[4:])
     elif cmd == "bench":
