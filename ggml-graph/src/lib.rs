@@ -11,6 +11,8 @@
 //!   contents across runs; `set_rows`/`cpy` write them and return an alias to read through.
 //! - The [`plan`] module places intermediates in one arena by liveness and best fit, so a model can
 //!   rebuild its graph every step; the arena only grows.
+//! - [`opt`] passes (CSE, view folding, fusion guarded by `can_fuse`, dead-node elimination)
+//!   rewrite a graph keeping its `TensorId`s valid; call [`opt::optimize`] before running.
 //! - Backends split into buffer type / buffer / stream / device ([`backend`]); the [`Scheduler`]
 //!   places nodes on several devices by `supports_op` and inserts copies; a dummy device records
 //!   allocations and launches for logic tests.
@@ -49,6 +51,7 @@ pub mod cpu;
 pub mod error;
 pub mod exec;
 pub mod graph;
+pub mod opt;
 pub mod plan;
 pub mod quant;
 pub mod sched;

@@ -142,6 +142,16 @@ pub enum Op {
     SetRows,
     /// `[a]`: I32 index of the largest value of each row.
     Argmax,
+    /// Fused `[x, w]`: `rms_norm(x, eps) * w` (`w` broadcast), made by the optimizer.
+    RmsNormMul {
+        /// Epsilon inside the square root.
+        eps: f32,
+    },
+    /// Fused `[w, x, b]`: `mul_mat(w, x) + b` (`b` broadcast), made by the optimizer.
+    MulMatAdd,
+    /// Fused `[w_gate, w_up, x]`: `act(mul_mat(w_gate, x)) * mul_mat(w_up, x)`, made by the
+    /// optimizer; the activations are quantized once for both weights.
+    MulMatGated(Act),
 }
 
 impl Op {
@@ -169,6 +179,10 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::SetRows => "set_rows",
             Op::Argmax => "argmax",
+            Op::RmsNormMul { .. } => "rms_norm_mul",
+            Op::MulMatAdd => "mul_mat_add",
+            Op::MulMatGated(Act::Silu) => "mul_mat_swiglu",
+            Op::MulMatGated(Act::Gelu) => "mul_mat_geglu",
         }
     }
 

@@ -16,12 +16,16 @@ fn chunk_rows(n: usize, threads: usize) -> usize {
     (n / (threads * 8)).clamp(4, 256)
 }
 
+/// The second weight and activation of a fused gated product: `act(w . x) * (w2 . x)`.
+pub(crate) type Gate<'a, 'b> = Option<(&'a SrcView<'b>, fn(f32) -> f32)>;
+
 pub(crate) fn mul_mat(
     be: &CpuBackend,
     t: &Tensor,
     out: &mut [u8],
     w: &SrcView<'_>,
     x: &SrcView<'_>,
+    gate: Gate<'_, '_>,
 ) -> Result<()> {
     let wt = w.t;
     let wty = wt.dtype;
@@ -63,14 +67,20 @@ pub(crate) fn mul_mat(
             let batch = i3 * b2 + i2;
             let w_off = (i2 / r2) * wt.nb[2] + (i3 / r3) * wt.nb[3];
             let ob = &mut o[batch * n * m..(batch + 1) * n * m];
-            let dot = |row: usize, col: usize| -> f32 {
+            let dot1 = |wv: &SrcView<'_>, row: usize, col: usize| -> f32 {
                 let wo = w_off + row * wt.nb[1];
-                let wrow = &w.data[wo..wo + wrb];
+                let wrow = &wv.data[wo..wo + wrb];
                 if float_w {
                     dot_float(simd, wty, wrow, x.row(xa, col, i2, i3))
                 } else {
                     let c = batch * m + col;
                     vec_dot(simd, wty, k, wrow, &acts[c * arb..(c + 1) * arb])
+                }
+            };
+            let dot = |row: usize, col: usize| -> f32 {
+                match gate {
+                    Some((w2, act)) => act(dot1(w, row, col)) * dot1(w2, row, col),
+                    None => dot1(w, row, col),
                 }
             };
             if m == 1 {
@@ -91,7 +101,7 @@ pub(crate) fn mul_mat(
                 }
                 tiles.par_iter_mut().enumerate().for_each(|(ci, cols)| {
                     let rows = cols.first().map_or(0, |c| c.len());
-                    if float_w {
+                    if float_w || gate.is_some() {
                         for r in 0..rows {
                             for (col, oc) in cols.iter_mut().enumerate() {
                                 oc[r] = dot(ci * chunk + r, col);

@@ -65,7 +65,8 @@ impl CpuBackend {
     /// True when this backend can run `t`'s op with its operand types.
     pub fn supports(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
         match t.op {
-            Op::MulMat | Op::GetRows => {
+            Op::MulMatGated(_) if srcs[0].dtype != srcs[1].dtype => false,
+            Op::MulMat | Op::GetRows | Op::MulMatAdd | Op::MulMatGated(_) => {
                 let w = srcs[0].dtype;
                 matches!(w, DType::F32 | DType::F16 | DType::BF16)
                     || crate::quant::blocks::is_supported(w)
@@ -137,7 +138,20 @@ pub(crate) fn compute(
     match &t.op {
         Op::Leaf(_) | Op::View => Ok(()),
         Op::GetRows => ops::get_rows(t, out, &srcs[0], &srcs[1]),
-        Op::MulMat => matmul::mul_mat(be, t, out, &srcs[0], &srcs[1]),
+        Op::MulMat => matmul::mul_mat(be, t, out, &srcs[0], &srcs[1], None),
+        Op::MulMatAdd => {
+            matmul::mul_mat(be, t, out, &srcs[0], &srcs[1], None)?;
+            ops::add_in_place(t, out, &srcs[2])
+        }
+        Op::MulMatGated(act) => matmul::mul_mat(
+            be,
+            t,
+            out,
+            &srcs[0],
+            &srcs[2],
+            Some((&srcs[1], ops::act_fn(*act))),
+        ),
+        Op::RmsNormMul { eps } => ops::rms_norm_mul(t, out, &srcs[0], &srcs[1], *eps),
         Op::Add => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a + b),
         Op::Mul => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a * b),
         Op::Scale(s) => {

@@ -309,3 +309,48 @@ pub(crate) fn argmax(t: &Tensor, out: &mut [u8], a: &SrcView<'_>) -> Result<()> 
     });
     Ok(())
 }
+
+/// `out += b` with `b` broadcast (the bias of a fused `mul_mat` + `add`).
+pub(crate) fn add_in_place(t: &Tensor, out: &mut [u8], b: &SrcView<'_>) -> Result<()> {
+    let ba = b.f32s()?;
+    let o = out_f32(t, out)?;
+    let ne0 = t.ne[0].max(1);
+    let bne = b.t.ne;
+    o.par_chunks_mut(ne0)
+        .with_min_len(min_rows(ne0))
+        .enumerate()
+        .for_each(|(r, orow)| {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            let brow = b.row(ba, i1 % bne[1], i2 % bne[2], i3 % bne[3]);
+            for (i, o) in orow.iter_mut().enumerate() {
+                *o += brow[i % bne[0]];
+            }
+        });
+    Ok(())
+}
+
+/// `rms_norm(x) * w` with `w` broadcast, in one pass over each row.
+pub(crate) fn rms_norm_mul(
+    t: &Tensor,
+    out: &mut [u8],
+    x: &SrcView<'_>,
+    w: &SrcView<'_>,
+    eps: f32,
+) -> Result<()> {
+    let (xa, wa) = (x.f32s()?, w.f32s()?);
+    let o = out_f32(t, out)?;
+    let ne0 = t.ne[0].max(1);
+    let wne = w.t.ne;
+    o.par_chunks_mut(ne0)
+        .with_min_len(min_rows(ne0))
+        .enumerate()
+        .for_each(|(r, orow)| {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            rms_norm_row(x.row(xa, i1, i2, i3), orow, eps);
+            let wrow = w.row(wa, i1 % wne[1], i2 % wne[2], i3 % wne[3]);
+            for (i, o) in orow.iter_mut().enumerate() {
+                *o *= wrow[i % wne[0]];
+            }
+        });
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! Optimizer passes over a [`Graph`]: common-subexpression elimination, view folding and fusion
+//! rewrite the graph in place keeping every `TensorId` valid (replaced nodes become dead and are
+//! neither run nor allocated); dead-node elimination compacts the graph and returns the id map.
+
+use std::collections::HashMap;
+
+use crate::graph::Graph;
+use crate::plan::needed_nodes;
+use crate::tensor::{DType, Op, Tensor, TensorId};
+
+/// What the passes changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OptStats {
+    /// Nodes merged into an identical earlier node.
+    pub cse: usize,
+    /// Views re-pointed at their root, and identity views removed.
+    pub views_folded: usize,
+    /// Fusions made (each removes at least one node from the executed set).
+    pub fused: usize,
+}
+
+/// Runs CSE, view folding and fusion (in that order) on `g` in place.
+pub fn optimize(g: &mut Graph) -> OptStats {
+    let cse = eliminate_common(g);
+    let views_folded = fold_views(g);
+    let fused = fuse(g);
+    OptStats {
+        cse,
+        views_folded,
+        fused,
+    }
+}
+
+/// Points every use of `from` (sources, view parents) at `to`; outputs stay on `from`, which
+/// becomes a zero-cost view of `to`.
+fn redirect(g: &mut Graph, from: TensorId, to: TensorId) {
+    for t in g.nodes.iter_mut().skip(from.index() + 1) {
+        for s in t.src.iter_mut() {
+            if *s == from {
+                *s = to;
+            }
+        }
+        if let Some((p, _)) = t.view_of.as_mut() {
+            if *p == from {
+                *p = to;
+            }
+        }
+    }
+    if g.outputs.contains(&from) {
+        let t = &mut g.nodes[from.index()];
+        t.op = Op::View;
+        t.src = vec![to];
+        t.view_of = Some((to, 0));
+    }
+}
+
+fn has_side_effect(g: &Graph, id: TensorId) -> bool {
+    g.writes_persistent(id) || matches!(g.nodes[id.index()].op, Op::Cpy | Op::SetRows)
+}
+
+/// Merges nodes that compute the same op on the same operands (leaves: same name and kind).
+pub fn eliminate_common(g: &mut Graph) -> usize {
+    let mut seen: HashMap<String, TensorId> = HashMap::new();
+    let mut merged = 0;
+    for i in 0..g.len() {
+        let id = TensorId::from_index(i);
+        if has_side_effect(g, id) {
+            continue;
+        }
+        let t = &g.nodes[i];
+        // The key names everything that determines the value; op parameters print exactly.
+        let key = match t.op {
+            Op::Leaf(kind) => format!("leaf {kind:?} {} {} {:?}", t.name, t.dtype, t.ne),
+            _ => format!(
+                "{:?} {} {:?} {:?} {:?} {:?}",
+                t.op, t.dtype, t.ne, t.nb, t.src, t.view_of
+            ),
+        };
+        match seen.get(&key) {
+            Some(&first) => {
+                redirect(g, id, first);
+                merged += 1;
+            }
+            None => {
+                seen.insert(key, id);
+            }
+        }
+    }
+    merged
+}
+
+/// Re-points views of views at the root view parent (one hop at run time) and removes views that
+/// are identical to their parent.
+pub fn fold_views(g: &mut Graph) -> usize {
+    let mut folded = 0;
+    for i in 0..g.len() {
+        let t = &g.nodes[i];
+        if t.op != Op::View {
+            continue;
+        }
+        let Some((p, off)) = t.view_of else { continue };
+        let parent = &g.nodes[p.index()];
+        if parent.op == Op::View {
+            if let Some((gp, poff)) = parent.view_of {
+                let t = &mut g.nodes[i];
+                t.view_of = Some((gp, poff + off));
+                t.src = vec![gp];
+                folded += 1;
+            }
+        }
+        let t = &g.nodes[i];
+        let Some((p, off)) = t.view_of else { continue };
+        let parent = &g.nodes[p.index()];
+        let is_output = g.outputs.contains(&TensorId::from_index(i));
+        if !is_output
+            && off == 0
+            && parent.ne == t.ne
+            && parent.nb == t.nb
+            && parent.dtype == t.dtype
+        {
+            redirect(g, TensorId::from_index(i), p);
+            folded += 1;
+        }
+    }
+    folded
+}
+
+/// Readers of each node (sources and view parents), among the needed nodes.
+fn consumers(g: &Graph) -> Vec<usize> {
+    let needed = needed_nodes(g);
+    let mut count = vec![0; g.len()];
+    for (i, t) in g.nodes.iter().enumerate() {
+        if !needed[i] {
+            continue;
+        }
+        for s in &t.src {
+            count[s.index()] += 1;
+        }
+        if let Some((p, _)) = t.view_of {
+            if !t.src.contains(&p) {
+                count[p.index()] += 1;
+            }
+        }
+    }
+    count
+}
+
+/// True when `producer`'s value may be folded into its single consumer: one reader, not an
+/// output, a computed (non-leaf, non-alias) node.
+pub fn can_fuse(g: &Graph, producer: TensorId, readers: &[usize]) -> bool {
+    let t = &g.nodes[producer.index()];
+    readers[producer.index()] == 1
+        && !g.outputs.contains(&producer)
+        && !matches!(t.op, Op::Leaf(_))
+        && !t.op.is_alias()
+}
+
+fn is_row_broadcast(x: &Tensor, w: &Tensor) -> bool {
+    w.dtype == DType::F32 && w.ne[0] == x.ne[0] && w.rows_contiguous()
+}
+
+/// Fuses `rms_norm * w`, `mul_mat + bias` and `act(mul_mat(wg, x)) * mul_mat(wu, x)`.
+pub fn fuse(g: &mut Graph) -> usize {
+    let mut fused = 0;
+    let mut readers = consumers(g);
+    for i in 0..g.len() {
+        let t = g.nodes[i].clone();
+        let srcs: Vec<Tensor> = t.src.iter().map(|s| g.nodes[s.index()].clone()).collect();
+        let new: Option<(Op, Vec<TensorId>)> = match t.op {
+            Op::Mul => {
+                let (a, b) = (t.src[0], t.src[1]);
+                match srcs[0].op {
+                    Op::RmsNorm { eps }
+                        if can_fuse(g, a, &readers) && is_row_broadcast(&srcs[0], &srcs[1]) =>
+                    {
+                        Some((Op::RmsNormMul { eps }, vec![srcs[0].src[0], b]))
+                    }
+                    _ => None,
+                }
+            }
+            Op::Add => {
+                let (a, b) = (t.src[0], t.src[1]);
+                let bias_ok =
+                    srcs[1].ne[0] == t.ne[0] && srcs[1].ne[1] == 1 && srcs[1].rows_contiguous();
+                match srcs[0].op {
+                    Op::MulMat if can_fuse(g, a, &readers) && bias_ok => {
+                        Some((Op::MulMatAdd, vec![srcs[0].src[0], srcs[0].src[1], b]))
+                    }
+                    _ => None,
+                }
+            }
+            Op::Gated(act) => {
+                let (gate, up) = (t.src[0], t.src[1]);
+                let both_mm = srcs[0].op == Op::MulMat && srcs[1].op == Op::MulMat;
+                if both_mm && gate != up && can_fuse(g, gate, &readers) && can_fuse(g, up, &readers)
+                {
+                    let (wg, wu) = (
+                        &g.nodes[srcs[0].src[0].index()],
+                        &g.nodes[srcs[1].src[0].index()],
+                    );
+                    let same_x = srcs[0].src[1] == srcs[1].src[1];
+                    if same_x && wg.dtype == wu.dtype && wg.ne == wu.ne && wg.nb == wu.nb {
+                        Some((
+                            Op::MulMatGated(act),
+                            vec![srcs[0].src[0], srcs[1].src[0], srcs[0].src[1]],
+                        ))
+                    } else {
+                        None
+                    }
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        if let Some((op, src)) = new {
+            // The fused producers now have no reader.
+            for s in &t.src {
+                if !src.contains(s) {
+                    readers[s.index()] = 0;
+                }
+            }
+            let n = &mut g.nodes[i];
+            n.op = op;
+            n.src = src;
+            fused += 1;
+        }
+    }
+    fused
+}
+
+/// A compacted copy of `g` without the nodes no output or persistent write needs, and the map
+/// from old ids to new ones.
+pub fn eliminate_dead(g: &Graph) -> (Graph, Vec<Option<TensorId>>) {
+    let needed = needed_nodes(g);
+    let mut map = vec![None; g.len()];
+    let mut out = Graph::new();
+    for (i, t) in g.nodes.iter().enumerate() {
+        if !needed[i] {
+            continue;
+        }
+        let mut t = t.clone();
+        let remap = |id: TensorId| map[id.index()].unwrap_or(id);
+        t.src = t.src.iter().map(|&s| remap(s)).collect();
+        t.view_of = t.view_of.map(|(p, o)| (remap(p), o));
+        map[i] = Some(TensorId::from_index(out.nodes.len()));
+        out.nodes.push(t);
+    }
+    out.outputs = g.outputs.iter().filter_map(|o| map[o.index()]).collect();
+    (out, map)
+}
