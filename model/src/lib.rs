@@ -20,5 +20,6 @@ pub mod perplexity;
 pub mod sampling;
 pub mod session;
 pub mod stream;
+pub mod tokenizer;
 
 pub use error::ModelError;

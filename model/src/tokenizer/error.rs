@@ -1,0 +1,34 @@
+//! The tokenizer's error type: each variant names the metadata key and what was expected.
+
+/// Why a vocabulary could not be built from GGUF metadata.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenizerError {
+    /// Reading a metadata key failed (absent where required, or of the wrong type).
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    /// `tokenizer.ggml.model` names a tokenizer we do not implement.
+    #[error("tokenizer.ggml.model `{0}` is not supported (supported: llama, gpt2)")]
+    UnsupportedModel(String),
+    /// `tokenizer.ggml.pre` names a pre-tokenizer we do not implement.
+    #[error("tokenizer.ggml.pre `{0}` is not supported (supported: default, gpt-2, llama-bpe/llama3, qwen2)")]
+    UnsupportedPre(String),
+    /// An array is shorter than the token list.
+    #[error(
+        "metadata key `{key}` has {found} entries, expected at least {expected} (one per token)"
+    )]
+    ShortArray {
+        /// The key.
+        key: &'static str,
+        /// Entries present.
+        found: usize,
+        /// Tokens in the vocabulary.
+        expected: usize,
+    },
+    /// The vocabulary is empty.
+    #[error("tokenizer.ggml.tokens is empty")]
+    Empty,
+    /// A special token id is needed but not set or out of range.
+    #[error("special token `{0}` is needed but not defined by the vocabulary")]
+    MissingSpecial(&'static str),
+}

@@ -1,0 +1,359 @@
+//! Building a [`Tokenizer`] from GGUF metadata with llama.cpp's defaults and fix-ups (special
+//! ids per tokenizer model, end-of-generation detection by token text, attribute overrides).
+
+use std::collections::{BTreeSet, HashMap};
+
+use gguf::{Metadata, MetadataValue};
+
+use super::{attr, Kind, PreTokenizer, Tokenizer, TokenizerError};
+
+/// Raw vocabulary fields as GGUF stores them; [`Tokenizer::from_parts`] applies the rules.
+#[derive(Clone, Debug, Default)]
+pub struct VocabParts {
+    /// `tokenizer.ggml.model`
+    pub model: String,
+    /// `tokenizer.ggml.pre`
+    pub pre: Option<String>,
+    /// `tokenizer.ggml.tokens`
+    pub tokens: Vec<String>,
+    /// `tokenizer.ggml.scores`
+    pub scores: Option<Vec<f32>>,
+    /// `tokenizer.ggml.token_type`
+    pub token_types: Option<Vec<i32>>,
+    /// `tokenizer.ggml.merges`
+    pub merges: Vec<String>,
+    /// `(key suffix after "tokenizer.ggml.", id)` for every special id key present.
+    pub special_ids: Vec<(String, u64)>,
+    /// `tokenizer.ggml.add_bos_token`
+    pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_eos_token`
+    pub add_eos: Option<bool>,
+    /// `tokenizer.ggml.add_space_prefix`
+    pub add_space_prefix: Option<bool>,
+    /// `general.name`
+    pub name: Option<String>,
+}
+
+const SPECIAL_KEYS: &[&str] = &[
+    "bos_token_id",
+    "eos_token_id",
+    "eot_token_id",
+    "eom_token_id",
+    "unknown_token_id",
+    "padding_token_id",
+    "fim_pad_token_id",
+    "fim_rep_token_id",
+    "fim_sep_token_id",
+];
+
+impl VocabParts {
+    /// Reads the fields from a GGUF file's metadata.
+    pub fn from_metadata(md: &Metadata) -> Result<Self, TokenizerError> {
+        let tokens = md.get_str_array("tokenizer.ggml.tokens")?.to_vec();
+        let scores = match md.get("tokenizer.ggml.scores") {
+            None => None,
+            Some(MetadataValue::Array(gguf::ArrayValue::I32(v))) => {
+                Some(v.iter().map(|&x| x as f32).collect())
+            }
+            Some(_) => Some(md.get_f32_array("tokenizer.ggml.scores")?.to_vec()),
+        };
+        let token_types = md
+            .get_i32_array_opt("tokenizer.ggml.token_type")?
+            .map(<[i32]>::to_vec);
+        let merges = md
+            .get_str_array_opt("tokenizer.ggml.merges")?
+            .map(<[String]>::to_vec)
+            .unwrap_or_default();
+        let mut special_ids = Vec::new();
+        for k in SPECIAL_KEYS {
+            let key = format!("tokenizer.ggml.{k}");
+            if let Some(v) = md.get(&key) {
+                let id = v.to_u64().ok_or_else(|| gguf::GgufError::WrongType {
+                    key: key.clone(),
+                    expected: "uint32",
+                    found: v.type_description(),
+                })?;
+                special_ids.push(((*k).to_owned(), id));
+            }
+        }
+        Ok(Self {
+            model: md.get_str("tokenizer.ggml.model")?.to_owned(),
+            pre: md.get_str_opt("tokenizer.ggml.pre")?.map(str::to_owned),
+            tokens,
+            scores,
+            token_types,
+            merges,
+            special_ids,
+            add_bos: md.get_bool_opt("tokenizer.ggml.add_bos_token")?,
+            add_eos: md.get_bool_opt("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: md.get_bool_opt("tokenizer.ggml.add_space_prefix")?,
+            name: md.get_str_opt("general.name")?.map(str::to_owned),
+        })
+    }
+}
+
+/// End-of-generation token texts llama.cpp recognises.
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+];
+
+/// Texts that make a token the end-of-turn token when the metadata names none.
+const EOT_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+];
+
+fn attr_of_type(t: i32) -> u32 {
+    match t {
+        1 => attr::NORMAL,
+        2 => attr::UNKNOWN,
+        3 => attr::CONTROL,
+        4 => attr::USER_DEFINED,
+        5 => attr::UNUSED,
+        6 => attr::BYTE,
+        _ => attr::UNDEFINED,
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer from raw vocabulary fields.
+    pub fn from_parts(p: VocabParts) -> Result<Self, TokenizerError> {
+        let n = p.tokens.len();
+        if n == 0 {
+            return Err(TokenizerError::Empty);
+        }
+        let (kind, mut add_bos, mut add_space_prefix, clean_spaces, ignore_merges) =
+            match p.model.as_str() {
+                "llama" => (Kind::Spm, true, true, false, false),
+                "gpt2" => {
+                    let pre = PreTokenizer::from_name(p.pre.as_deref()).ok_or_else(|| {
+                        TokenizerError::UnsupportedPre(p.pre.clone().unwrap_or_default())
+                    })?;
+                    let llama3 = pre == PreTokenizer::Llama3;
+                    let clean = pre != PreTokenizer::Qwen2;
+                    (Kind::Bpe(pre), llama3, false, clean, llama3)
+                }
+                other => return Err(TokenizerError::UnsupportedModel(other.to_owned())),
+            };
+        if let Some(v) = p.add_space_prefix {
+            add_space_prefix = v;
+        }
+        let mut add_eos = false;
+
+        if let Some(s) = &p.scores {
+            if s.len() < n {
+                return Err(TokenizerError::ShortArray {
+                    key: "tokenizer.ggml.scores",
+                    found: s.len(),
+                    expected: n,
+                });
+            }
+        }
+        if let Some(t) = &p.token_types {
+            if t.len() < n {
+                return Err(TokenizerError::ShortArray {
+                    key: "tokenizer.ggml.token_type",
+                    found: t.len(),
+                    expected: n,
+                });
+            }
+        }
+
+        let mut tokens = p.tokens;
+        let mut token_to_id = HashMap::with_capacity(n);
+        let mut attrs = vec![attr::NORMAL; n];
+        for (i, text) in tokens.iter_mut().enumerate() {
+            if text.is_empty() {
+                *text = format!("[EMPTY_{i}]");
+            }
+            // Later duplicates win, as in llama.cpp's map.
+            token_to_id.insert(text.clone(), i as u32);
+            if let Some(t) = &p.token_types {
+                attrs[i] = attr_of_type(t[i]);
+            }
+        }
+        let scores = p.scores.unwrap_or_else(|| vec![0.0; n]);
+
+        let mut ranks: HashMap<String, HashMap<String, usize>> = HashMap::new();
+        if matches!(kind, Kind::Bpe(_)) {
+            for (i, m) in p.merges.iter().enumerate() {
+                // Split at the first space after the first byte (a merge may start with one).
+                let split = m.as_bytes().iter().skip(1).position(|&b| b == b' ');
+                let (a, b) = match split {
+                    Some(p) => (&m[..p + 1], &m[p + 2..]),
+                    None => ("", ""),
+                };
+                ranks
+                    .entry(a.to_owned())
+                    .or_default()
+                    .entry(b.to_owned())
+                    .or_insert(i);
+            }
+        }
+
+        let in_range = |id: Option<u64>| id.filter(|&v| (v as usize) < n).map(|v| v as u32);
+        let (mut bos, mut eos, mut unk) = match kind {
+            Kind::Spm => (in_range(Some(1)), in_range(Some(2)), in_range(Some(0))),
+            Kind::Bpe(_) => (in_range(Some(11)), in_range(Some(11)), None),
+        };
+        let (mut eot, mut eom, mut pad, mut fim) = (None, None, None, Vec::new());
+        for (k, id) in &p.special_ids {
+            let Some(id) = in_range(Some(*id)) else {
+                continue;
+            };
+            match k.as_str() {
+                "bos_token_id" => bos = Some(id),
+                "eos_token_id" => eos = Some(id),
+                "eot_token_id" => eot = Some(id),
+                "eom_token_id" => eom = Some(id),
+                "unknown_token_id" => unk = Some(id),
+                "padding_token_id" => pad = Some(id),
+                _ => fim.push(id),
+            }
+        }
+        if let Some(v) = p.add_bos {
+            add_bos = v;
+        }
+        if let Some(v) = p.add_eos {
+            add_eos = v;
+        }
+
+        // End-of-turn and end-of-message by text, when the metadata does not name them.
+        let mut by_id: Vec<(u32, &str)> =
+            token_to_id.iter().map(|(t, &i)| (i, t.as_str())).collect();
+        by_id.sort_unstable();
+        for &(id, text) in &by_id {
+            if eot.is_none() && EOT_TEXTS.contains(&text) {
+                eot = Some(id);
+                attrs[id as usize] |= attr::CONTROL;
+            }
+            if eom.is_none() && text == "<|eom_id|>" {
+                eom = Some(id);
+                attrs[id as usize] |= attr::CONTROL;
+            }
+        }
+        for &(id, text) in &by_id {
+            let a = &mut attrs[id as usize];
+            if *a & attr::CONTROL != 0 && text.contains("unused") {
+                *a |= attr::UNUSED;
+            }
+        }
+        let mut eog: BTreeSet<u32> = fim.into_iter().collect();
+        for &(id, text) in &by_id {
+            if EOG_TEXTS.contains(&text) {
+                eog.insert(id);
+                attrs[id as usize] |= attr::CONTROL;
+            }
+        }
+        eog.extend(eos);
+        eog.extend(eot);
+        eog.extend(eom);
+        let has =
+            |eog: &BTreeSet<u32>, t: &str| eog.iter().find(|&&i| tokens[i as usize] == t).copied();
+        let harmony = has(&eog, "<|return|>").is_some() && has(&eog, "<|call|>").is_some()
+            || has(&eog, "<|calls|>").is_some() && has(&eog, "<|flush|>").is_some();
+        if let (true, Some(end)) = (harmony, has(&eog, "<|end|>")) {
+            eog.remove(&end);
+            attrs[end as usize] = attr::USER_DEFINED;
+        }
+        let normal_s =
+            has(&eog, "<|tool_response>").is_some() || has(&eog, "<|plamo:eos|>").is_some();
+        if let (true, Some(s)) = (normal_s, has(&eog, "</s>")) {
+            eog.remove(&s);
+            attrs[s as usize] = attr::NORMAL;
+        }
+
+        let mut special_cache: Vec<u32> = (0..n as u32)
+            .filter(|&i| {
+                attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
+            })
+            .collect();
+        special_cache.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()));
+
+        let byte_char = super::unicode::byte_to_char_table();
+        let char_byte = byte_char
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| (c, b as u8))
+            .collect();
+
+        let mut tok = Tokenizer {
+            kind,
+            tokens,
+            scores,
+            attrs,
+            token_to_id,
+            ranks,
+            bos,
+            eos,
+            eot,
+            unk,
+            pad,
+            eog,
+            add_bos,
+            add_eos,
+            add_space_prefix,
+            clean_spaces,
+            ignore_merges,
+            special_cache,
+            pieces: Vec::new(),
+            byte_char,
+            char_byte,
+        };
+        tok.pieces = (0..n as u32).map(|i| tok.make_piece(i, true)).collect();
+
+        // Per-model attribute fix-ups applied after the caches, as llama.cpp does.
+        let name = p.name.unwrap_or_default().to_lowercase();
+        if name.contains("phi-3") || name.contains("phi3") {
+            for &id in &tok.special_cache {
+                tok.attrs[id as usize] |= attr::RSTRIP;
+            }
+            for (t, on) in [
+                ("</s>", true),
+                ("<unk>", false),
+                ("<s>", false),
+                ("<|endoftext|>", false),
+            ] {
+                if let Some(&id) = tok.token_to_id.get(t) {
+                    let a = &mut tok.attrs[id as usize];
+                    *a = if on {
+                        *a | attr::RSTRIP
+                    } else {
+                        *a & !attr::RSTRIP
+                    };
+                }
+            }
+        }
+        Ok(tok)
+    }
+}

@@ -1,0 +1,100 @@
+//! Unit tests on hand-made vocabularies; the real ones are checked in `model/tests/tokenizer*.rs`.
+
+use super::*;
+
+fn spm() -> Tokenizer {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    let words = [
+        "▁", "h", "e", "l", "o", "▁h", "he", "ll", "llo", "▁hello", "hello", "<turn>",
+    ];
+    for w in words {
+        tokens.push(w.into());
+        types.push(if w == "<turn>" { 3 } else { 1 });
+    }
+    let n = tokens.len();
+    let scores = (0..n)
+        .map(|i| if i < 259 { 0.0 } else { i as f32 })
+        .collect();
+    Tokenizer::from_parts(VocabParts {
+        model: "llama".into(),
+        tokens,
+        scores: Some(scores),
+        token_types: Some(types),
+        ..VocabParts::default()
+    })
+    .expect("valid vocab")
+}
+
+#[test]
+fn spm_merges_prefix_and_byte_fallback() {
+    let t = spm();
+    let id = |s: &str| t.token_id(s).expect("token");
+    assert_eq!(t.encode("hello", true, false), vec![1, id("▁hello")]);
+    // 'é' is not in the vocabulary: two byte tokens.
+    assert_eq!(
+        t.encode("hé", false, false),
+        vec![id("▁h"), 3 + 0xC3, 3 + 0xA9]
+    );
+    assert_eq!(t.decode(&t.encode("hé hello", true, false)), "hé hello");
+}
+
+#[test]
+fn spm_special_tokens_only_when_parsed() {
+    let t = spm();
+    let turn = t.token_id("<turn>").expect("token");
+    let parsed = t.encode("<turn>hello", false, true);
+    assert_eq!(parsed[0], turn);
+    // After a special token the space prefix applies again.
+    assert_eq!(parsed[1], t.token_id("▁hello").expect("token"));
+    assert!(!t.encode("<turn>hello", false, false).contains(&turn));
+    assert!(t.is_eog(2));
+    assert_eq!(t.token_to_piece(turn), b"<turn>");
+    assert!(t.token_to_piece_ext(turn, 0, false).is_empty());
+}
+
+fn bpe() -> Tokenizer {
+    let table = unicode::byte_to_char_table();
+    let mut tokens: Vec<String> = table.iter().map(|c| c.to_string()).collect();
+    for w in ["he", "ll", "hell", "hello", "Ġw", "Ġwo", "<|endoftext|>"] {
+        tokens.push(w.into());
+    }
+    let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o"];
+    let n = tokens.len();
+    let mut types = vec![1; n];
+    types[n - 1] = 3;
+    Tokenizer::from_parts(VocabParts {
+        model: "gpt2".into(),
+        pre: Some("gpt-2".into()),
+        tokens,
+        token_types: Some(types),
+        merges: merges.iter().map(|s| (*s).to_owned()).collect(),
+        special_ids: vec![("eos_token_id".into(), (n - 1) as u64)],
+        ..VocabParts::default()
+    })
+    .expect("valid vocab")
+}
+
+#[test]
+fn bpe_merges_by_rank() {
+    let t = bpe();
+    let id = |s: &str| t.token_id(s).expect("token");
+    assert_eq!(
+        t.encode("hello wo", false, false),
+        vec![id("hello"), id("Ġwo")]
+    );
+    let ids = t.encode("hello wo é", false, false);
+    assert_eq!(t.decode(&ids), "hello wo é");
+    assert!(t.is_eog(id("<|endoftext|>")));
+}
+
+#[test]
+fn clean_spaces_passes() {
+    let mut v = b"a , b ' c 's d".to_vec();
+    clean_up_spaces(&mut v);
+    assert_eq!(v, b"a, b'c's d");
+}

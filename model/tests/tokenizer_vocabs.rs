@@ -1,0 +1,105 @@
+//! Our tokenizer against llama.cpp's own vocabulary tests: the `ggml-vocab-*.gguf` files with
+//! their `.inp` (texts separated by `\n__ggml_vocab_test__\n`) and `.out` (one line of ids per
+//! text) from the llama-cpp-python sdist, fetched by `cargo xtask fetch-vocabs` into the folder
+//! named by `ROCMFORGE_VOCAB_DIR`. Texts are encoded as llama.cpp's test does: no BOS/EOS,
+//! special tokens not parsed.
+
+use std::path::{Path, PathBuf};
+
+use model::tokenizer::Tokenizer;
+
+/// The vocabularies whose tokenizer model and pre-tokenizer we implement.
+const VOCABS: &[&str] = &["llama-spm", "llama-bpe", "qwen2", "gpt-2", "phi-3"];
+
+fn vocab_dir() -> Option<PathBuf> {
+    match std::env::var_os("ROCMFORGE_VOCAB_DIR") {
+        Some(d) => Some(PathBuf::from(d)),
+        None => {
+            println!("skipped: ROCMFORGE_VOCAB_DIR not set (run `cargo xtask fetch-vocabs`)");
+            None
+        }
+    }
+}
+
+fn read_cases(dir: &Path, name: &str) -> Vec<(String, Vec<u32>)> {
+    let base = dir.join(format!("ggml-vocab-{name}.gguf"));
+    let inp = std::fs::read_to_string(base.with_extension("gguf.inp"))
+        .unwrap_or_else(|e| panic!("{}.inp: {e}", base.display()));
+    let out = std::fs::read_to_string(base.with_extension("gguf.out"))
+        .unwrap_or_else(|e| panic!("{}.out: {e}", base.display()));
+    let sep = "\n__ggml_vocab_test__\n";
+    let mut texts = Vec::new();
+    let mut pos = 0;
+    while pos < inp.len() {
+        match inp[pos..].find(sep) {
+            Some(n) => {
+                texts.push(inp[pos..pos + n].to_owned());
+                pos += n + sep.len();
+            }
+            None => {
+                texts.push(inp[pos..].to_owned());
+                break;
+            }
+        }
+    }
+    let ids: Vec<Vec<u32>> = out
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .map(|t| {
+                    t.parse()
+                        .unwrap_or_else(|e| panic!("bad id `{t}` in {name}.out: {e}"))
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        texts.len(),
+        ids.len(),
+        "{name}: .inp and .out disagree on the number of tests"
+    );
+    texts.into_iter().zip(ids).collect()
+}
+
+#[test]
+fn llama_cpp_vocab_tests() {
+    let Some(dir) = vocab_dir() else { return };
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for name in VOCABS {
+        let path = dir.join(format!("ggml-vocab-{name}.gguf"));
+        let file =
+            gguf::GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let tok = Tokenizer::from_gguf(&file).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (text, want) in read_cases(&dir, name) {
+            let got = tok.encode(&text, false, false);
+            checked += 1;
+            if got != want {
+                failures.push(format!("{name}: {text:?}\n  want {want:?}\n  got  {got:?}"));
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} cases found");
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} cases differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn llama_cpp_vocab_round_trip() {
+    // Every case's expected ids detokenize back to the input for the BPE vocabularies
+    // (byte-level, so lossless) — checks pieces and the byte table.
+    let Some(dir) = vocab_dir() else { return };
+    for name in ["llama-bpe", "qwen2"] {
+        let file =
+            gguf::GgufFile::open(dir.join(format!("ggml-vocab-{name}.gguf"))).expect("open vocab");
+        let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+        for (text, ids) in read_cases(&dir, name) {
+            let bytes: Vec<u8> = ids.iter().flat_map(|&i| tok.token_to_piece(i)).collect();
+            assert_eq!(String::from_utf8_lossy(&bytes), text, "{name}");
+        }
+    }
+}
