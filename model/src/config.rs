@@ -206,15 +206,42 @@ impl ModelConfig {
         if arch == Architecture::Gemma3 {
             let sw_key = key(arch, "attention.sliding_window");
             let window = req_u(md, &sw_key)?;
-            // Five local layers, then one global one; local layers use their own rope base.
-            for (il, l) in layers.iter_mut().enumerate() {
-                if il % 6 < 5 {
-                    *l = LayerAttention {
-                        window: Some(window),
-                        rope_base: 10_000.0,
-                        rope_freq_scale: 1.0,
-                    };
+            let swa_base = opt_f(md, &key(arch, "rope.freq_base_swa"))?.unwrap_or(10_000.0);
+            let local = LayerAttention {
+                window: Some(window),
+                rope_base: swa_base,
+                rope_freq_scale: 1.0,
+            };
+            // Sliding-window layers: an explicit per-layer list, or a period whose last layer
+            // is global (llama.cpp's default period for Gemma 3 is 6).
+            let pattern_key = key(arch, "attention.sliding_window_pattern");
+            let is_swa: Vec<bool> = match md.get(&pattern_key) {
+                Some(gguf::MetadataValue::Array(gguf::ArrayValue::Bool(v))) => {
+                    if v.len() < n_layer {
+                        return Err(ModelError::BadKey {
+                            key: pattern_key,
+                            reason: format!("{} entries for {n_layer} layers", v.len()),
+                        });
+                    }
+                    v[..n_layer].to_vec()
                 }
+                _ => {
+                    let period = opt_u(md, &pattern_key)?.unwrap_or(6);
+                    (0..n_layer)
+                        .map(|il| period > 0 && il % period < period - 1)
+                        .collect()
+                }
+            };
+            for (l, swa) in layers.iter_mut().zip(is_swa) {
+                if swa {
+                    *l = local;
+                }
+            }
+            if opt_f(md, &key(arch, "final_logit_softcapping"))?.is_some_and(|c| c != 0.0) {
+                return Err(ModelError::BadKey {
+                    key: key(arch, "final_logit_softcapping"),
+                    reason: "final logit soft-capping is not supported".into(),
+                });
             }
             embd_scale = (n_embd as f32).sqrt();
             // Gemma 3 27B (62 layers) scales by the model width per head instead of head_dim.

@@ -12,6 +12,9 @@ pub enum ModelError {
     /// Building or running a compute graph failed.
     #[error("graph: {0}")]
     Graph(#[from] ggml_graph::GraphError),
+    /// The vocabulary could not be built from the file's metadata.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
     /// A required metadata key is absent.
     #[error("metadata key `{0}` is missing")]
     MissingKey(String),

@@ -13,6 +13,8 @@
 
 pub mod arch;
 pub mod chat;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod generate;
@@ -20,6 +22,7 @@ pub mod perplexity;
 pub mod sampling;
 pub mod session;
 pub mod stream;
+pub mod text;
 pub mod tokenizer;
 
 pub use error::ModelError;

@@ -14,6 +14,8 @@ pub fn build(b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
     for il in 0..b.cfg.n_layer {
         let h = b.rms_norm(x, &format!("blk.{il}.attn_norm.weight"))?;
         let a = b.self_attention(il, h, true)?;
+        let a = b.keep_needed_rows(il, a)?;
+        x = b.keep_needed_rows(il, x)?;
         let a = b.rms_norm(a, &format!("blk.{il}.post_attention_norm.weight"))?;
         let x1 = b.g.add(a, x)?;
         let h = b.rms_norm(x1, &format!("blk.{il}.ffn_norm.weight"))?;

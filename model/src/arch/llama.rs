@@ -13,6 +13,8 @@ pub(crate) fn blocks(b: &mut Builder<'_>, qk_norm: bool) -> Result<TensorId, Mod
     for il in 0..b.cfg.n_layer {
         let h = b.rms_norm(x, &format!("blk.{il}.attn_norm.weight"))?;
         let a = b.self_attention(il, h, qk_norm)?;
+        let a = b.keep_needed_rows(il, a)?;
+        x = b.keep_needed_rows(il, x)?;
         let x1 = b.g.add(a, x)?;
         let h = b.rms_norm(x1, &format!("blk.{il}.ffn_norm.weight"))?;
         let f = b.gated_ffn(il, h, Act::Silu)?;

@@ -351,14 +351,28 @@ impl<'a> Builder<'a> {
         self.linear(h, &format!("blk.{il}.ffn_down"))
     }
 
+    /// In the last layer, when only the last position's logits are wanted, keeps only that
+    /// position's column of `x` `[n_embd, n_tok]`: the rest of the layer then runs on one row.
+    pub fn keep_needed_rows(&mut self, il: usize, x: TensorId) -> Result<TensorId, ModelError> {
+        let nt = self.batch.n_tok;
+        if il + 1 != self.cfg.n_layer || self.batch.logits != LogitsMode::Last || nt == 1 {
+            return Ok(x);
+        }
+        let row = self.cfg.n_embd * DType::F32.type_size();
+        Ok(self
+            .g
+            .view(x, &[self.cfg.n_embd, 1], &[row], (nt - 1) * row)?)
+    }
+
     /// Final norm and output projection (`output.weight`, or the tied embedding table), only on
     /// the positions the batch asks logits for.
     fn finish(mut self, hidden: TensorId) -> Result<ForwardGraph, ModelError> {
         let n_embd = self.cfg.n_embd;
         let nt = self.batch.n_tok;
+        let already_one = self.g.tensor(hidden)?.ne[1] == 1;
         let x = match self.batch.logits {
             LogitsMode::All => hidden,
-            LogitsMode::Last if nt == 1 => hidden,
+            LogitsMode::Last if nt == 1 || already_one => hidden,
             LogitsMode::Last => {
                 let row = n_embd * DType::F32.type_size();
                 self.g.view(hidden, &[n_embd, 1], &[row], (nt - 1) * row)?

@@ -1,6 +1,5 @@
 //! The `rocmforge` command-line front end.
 
-fn main() {
-    eprintln!("rocmforge: no subcommands yet");
-    std::process::exit(2);
+fn main() -> std::process::ExitCode {
+    model::cli::main()
 }

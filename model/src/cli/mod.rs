@@ -1,0 +1,289 @@
+//! The `rocmforge` command-line front end: argument parsing and one module per group of
+//! subcommands.
+
+mod bench;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::arch::KvType;
+use crate::error::ModelError;
+use crate::sampling::SamplerConfig;
+use crate::session::SessionOptions;
+use crate::text::TextModel;
+
+/// File name of the default model (what `cargo xtask fetch-model` downloads).
+pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// The model cache folder: `$ROCMFORGE_CACHE`, else `$XDG_CACHE_HOME/rocmforge/models`, else
+/// `~/.cache/rocmforge/models` (the same rule as `cargo xtask fetch-model`).
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ROCMFORGE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("rocmforge").join("models")
+}
+
+/// The default model path.
+pub fn default_model() -> PathBuf {
+    cache_dir().join(DEFAULT_MODEL_FILE)
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rocmforge",
+    version,
+    about = "Run GGUF language models (llama, mistral, qwen2/3, gemma3)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Print a GGUF file's header, metadata and tensor table.
+    Info {
+        /// The GGUF file.
+        #[arg(short, long)]
+        model: Option<PathBuf>,
+    },
+    /// Print the token ids (and pieces) of a text.
+    Tokenize {
+        #[command(flatten)]
+        m: ModelArgs,
+        /// The text.
+        #[arg(short, long)]
+        prompt: String,
+        /// Do not add BOS/EOS even if the model asks for them.
+        #[arg(long)]
+        no_special: bool,
+        /// Print only the ids, space-separated.
+        #[arg(long)]
+        ids_only: bool,
+    },
+    /// Continue a prompt, streaming the text.
+    Generate(GenArgs),
+    /// Interactive chat using the model's chat template (reads stdin line by line).
+    Chat(ChatArgs),
+    /// Prompt-processing and generation speed, like llama-bench.
+    Bench(bench::BenchArgs),
+    /// Perplexity over a text file, like llama-perplexity.
+    Perplexity(bench::PplArgs),
+    /// Generate a short text from a fixed prompt with the default model.
+    Demo {
+        #[command(flatten)]
+        m: ModelArgs,
+        /// Tokens to generate.
+        #[arg(short = 'n', long, default_value_t = 96)]
+        n_predict: usize,
+    },
+}
+
+/// Model and session settings shared by the commands that run a model.
+#[derive(Args, Debug, Clone)]
+struct ModelArgs {
+    /// The GGUF model (default: the model `cargo xtask fetch-model` downloads).
+    #[arg(short, long)]
+    model: Option<PathBuf>,
+    /// Context length (0: the model's maximum).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx: usize,
+    /// CPU threads (0: all cores).
+    #[arg(short = 't', long, default_value_t = 0)]
+    threads: usize,
+    /// Prompt tokens per forward pass.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch: usize,
+    /// KV cache in f32 instead of f16.
+    #[arg(long)]
+    kv_f32: bool,
+}
+
+impl ModelArgs {
+    fn path(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(default_model)
+    }
+
+    fn session_options(&self) -> SessionOptions {
+        SessionOptions {
+            n_ctx: self.ctx,
+            kv_type: if self.kv_f32 {
+                KvType::F32
+            } else {
+                KvType::F16
+            },
+            n_batch: self.batch,
+            n_threads: self.threads,
+        }
+    }
+
+    /// Loads the model with a progress bar on stderr.
+    fn load(&self) -> Result<TextModel, ModelError> {
+        let path = self.path();
+        if !path.exists() {
+            return Err(ModelError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "model not found (run `cargo xtask fetch-model` for the default model, or pass -m)",
+                ),
+            });
+        }
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "loading {msg} [{bar:30}] {bytes}/{total_bytes} ({elapsed})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar.set_message(
+            path.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        );
+        let tm = TextModel::load(&path, |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        });
+        bar.finish_and_clear();
+        tm
+    }
+}
+
+/// Sampling flags.
+#[derive(Args, Debug, Clone)]
+struct SampleArgs {
+    /// Temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k (0: off).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (1.0: off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p (0: off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty (1.0: off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Tokens the penalties look back over.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Frequency penalty.
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Presence penalty.
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Random seed (same seed, same text).
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+    /// Stop when this text appears (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+}
+
+impl SampleArgs {
+    fn config(&self) -> Result<SamplerConfig, ModelError> {
+        if !(0.0..=1.0).contains(&self.top_p) || !(0.0..=1.0).contains(&self.min_p) {
+            return Err(ModelError::InvalidArgument(
+                "--top-p and --min-p must be between 0 and 1".into(),
+            ));
+        }
+        if self.repeat_penalty <= 0.0 {
+            return Err(ModelError::InvalidArgument(
+                "--repeat-penalty must be positive".into(),
+            ));
+        }
+        Ok(SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+struct GenArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    #[command(flatten)]
+    s: SampleArgs,
+    /// The prompt.
+    #[arg(short, long)]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print timings to stderr at the end.
+    #[arg(long)]
+    stats: bool,
+}
+
+#[derive(Args, Debug)]
+struct ChatArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    #[command(flatten)]
+    s: SampleArgs,
+    /// System prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// Tokens per reply at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    n_predict: usize,
+}
+
+/// Runs the CLI with the process arguments.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ROCMFORGE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let result = match cli.cmd {
+        Cmd::Info { model } => run::info(&model.unwrap_or_else(default_model)),
+        Cmd::Tokenize {
+            m,
+            prompt,
+            no_special,
+            ids_only,
+        } => run::tokenize(&m, &prompt, !no_special, ids_only),
+        Cmd::Generate(a) => run::generate(&a),
+        Cmd::Chat(a) => run::chat(&a),
+        Cmd::Bench(a) => bench::bench(&a),
+        Cmd::Perplexity(a) => bench::perplexity(&a),
+        Cmd::Demo { m, n_predict } => run::demo(&m, n_predict),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rocmforge: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
