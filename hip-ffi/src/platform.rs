@@ -131,9 +131,19 @@ mod tests {
             Ok(api) => {
                 let n = api.device_count().expect("device count");
                 assert!(n > 0);
+                println!(
+                    "selected {} with {n} device(s): {:?}",
+                    api.platform(),
+                    api.library_names()
+                );
             }
             Err(Error::NoGpu(why)) => {
                 assert!(why.contains("amd:") && why.contains("nvidia:"), "{why}");
+                let required = std::env::var("ROCMFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1");
+                assert!(
+                    !required,
+                    "ROCMFORGE_REQUIRE_GPU=1 but no provider has a device: {why}"
+                );
                 println!("skipped: no GPU ({why})");
             }
             Err(e) => panic!("unexpected error kind: {e}"),

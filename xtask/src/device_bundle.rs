@@ -34,7 +34,11 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut tests = Vec::new();
     for (what, sub) in [("test", "test"), ("bench", "bench")] {
         let mut cmd = cargo();
-        cmd.args([sub, "--no-run", "--release", "--message-format=json"]);
+        cmd.args([sub, "--no-run", "--message-format=json"]);
+        if sub == "test" {
+            // `cargo bench` is optimised already (bench profile) and refuses `--release`.
+            cmd.arg("--release");
+        }
         for c in CRATES {
             cmd.args(["-p", c]);
         }
@@ -115,10 +119,13 @@ fn built_executables(cmd: &mut Command, what: &str) -> Result<Vec<PathBuf>> {
 /// oracle, so xtask needs no GGUF parser), for GPU tests that upload the real tensor table with
 /// synthesized contents where the 253 MB model cannot travel.
 fn write_tensor_table(model: &Path, out: &Path) -> Result<()> {
-    const SCRIPT: &str = "import sys, gguf\n\
-r = gguf.GGUFReader(sys.argv[1])\n\
-for t in r.tensors:\n\
-    print(f'{t.name}\\t{t.tensor_type.name}\\t{int(t.n_bytes)}')\n";
+    // A string continuation (`\` at line end) would eat the loop body's indentation.
+    const SCRIPT: &str = r#"
+import sys, gguf
+r = gguf.GGUFReader(sys.argv[1])
+for t in r.tensors:
+    print(f"{t.name}\t{t.tensor_type.name}\t{int(t.n_bytes)}")
+"#;
     let o = Command::new("python3")
         .arg("-c")
         .arg(SCRIPT)

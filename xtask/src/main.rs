@@ -93,7 +93,10 @@ fn cargo() -> Command {
 fn demo(extra: &[String]) -> Result<()> {
     let model = fetch_model::run()?;
     run_cmd(cargo().args(["build", "--release", "-p", "model", "--bin", "rocmforge"]))?;
-    let bin = workspace_root().join("target/release/rocmforge");
+    let target = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let bin = target.join("release").join("rocmforge");
     let mut cmd = Command::new(bin);
     cmd.arg("demo").arg("-m").arg(&model).args(extra);
     run_cmd(&mut cmd)
