@@ -299,3 +299,31 @@ impl Device {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Discovery is total: with a GPU it lists devices, without one every entry point answers
+    /// with the same reason instead of panicking.
+    #[test]
+    fn discovery_without_panics() {
+        let available = gpu_available();
+        assert_eq!(available, gpu_available(), "cached");
+        let s = summary();
+        match gpu_unavailable_reason() {
+            None => {
+                assert!(available);
+                assert!(s.starts_with("platform:"), "{s}");
+                assert!(!devices().expect("devices").is_empty());
+            }
+            Some(why) => {
+                assert!(!available);
+                assert!(s.starts_with("no GPU"), "{s}");
+                let e = Device::open(0).expect_err("no GPU to open");
+                assert!(matches!(e, GpuError::Ffi(_)), "{e}");
+                println!("skipped: no GPU ({why})");
+            }
+        }
+    }
+}
