@@ -3,6 +3,9 @@
 
 use gguf::{ArrayValue, GgmlType, Metadata, MetadataValue, TensorToWrite};
 
+/// A seed file: its name and its tensors' types and shapes.
+type Seed<'a> = (&'a str, &'a [(GgmlType, &'a [u64])]);
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::args()
         .nth(1)
@@ -24,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ArrayValue::U8(vec![]),
         ])),
     );
-    let seeds: [(&str, &[(GgmlType, &[u64])]); 3] = [
+    let seeds: [Seed<'_>; 3] = [
         (
             "plain.gguf",
             &[(GgmlType::F32, &[4]), (GgmlType::F16, &[2, 2])],

@@ -246,10 +246,15 @@ pub(crate) fn tq2_0(src: &[u8], dst: &mut [f32]) {
     let blocks: &[BlockTQ2_0] = bytemuck::cast_slice(src);
     for (b, out) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_le(b.d);
-        for (i, o) in out.iter_mut().enumerate() {
-            let (h, s, l) = (i / 128, (i / 32) % 4, i % 32);
-            let q = ((b.qs[32 * h + l] >> (2 * s)) & 3) as i8 - 1;
-            *o = d * f32::from(q);
+        // Value 128h + 32s + l sits at shift 2s of qs[32h + l].
+        for h in 0..2 {
+            for s in 0..4 {
+                let q = &b.qs[32 * h..32 * h + 32];
+                let o = &mut out[128 * h + 32 * s..128 * h + 32 * s + 32];
+                for (o, &q) in o.iter_mut().zip(q) {
+                    *o = d * f32::from(((q >> (2 * s)) & 3) as i8 - 1);
+                }
+            }
         }
     }
 }
