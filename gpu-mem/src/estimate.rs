@@ -87,6 +87,48 @@ impl ModelNeeds {
     }
 }
 
+impl ModelNeeds {
+    /// Needs of a GGUF model at `context` positions with `kv_elem_bytes` per cached element
+    /// (2 for f16). KV shape comes from `{arch}.block_count`, `attention.head_count_kv` (else
+    /// `attention.head_count`) and `attention.key_length`/`value_length` (else
+    /// `embedding_length / head_count`);
+    /// sliding-window layers are counted at full context, an upper bound.
+    pub fn from_gguf(
+        file: &gguf::GgufFile,
+        context: u64,
+        kv_elem_bytes: u64,
+        activations: u64,
+    ) -> Result<Self> {
+        let g = |e: gguf::GgufError| GpuError::Gguf(e.to_string());
+        let blocks = file.arch_u32("block_count").map_err(g)? as u64;
+        let heads = file.arch_u32("attention.head_count").map_err(g)? as u64;
+        let kv_heads = file
+            .arch_u32_opt("attention.head_count_kv")
+            .map_err(g)?
+            .map_or(heads, u64::from);
+        let embd = file.arch_u32("embedding_length").map_err(g)? as u64;
+        let fallback = embd.checked_div(heads).unwrap_or(0);
+        let k_len = file
+            .arch_u32_opt("attention.key_length")
+            .map_err(g)?
+            .map_or(fallback, u64::from);
+        let v_len = file
+            .arch_u32_opt("attention.value_length")
+            .map_err(g)?
+            .map_or(k_len, u64::from);
+        // K and V may differ in width: average them into kv_cache_bytes' "2 x head_dim".
+        let kv_per_layer = kv_cache_bytes(1, kv_heads, k_len + v_len, context, kv_elem_bytes)? / 2;
+        let (mut layer_weights, other_weights) = weight_bytes_by_layer(file);
+        layer_weights.resize(blocks as usize, 0);
+        Ok(ModelNeeds {
+            layer_weights,
+            other_weights,
+            kv_per_layer,
+            activations,
+        })
+    }
+}
+
 /// Where the model runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
@@ -233,5 +275,14 @@ mod tests {
         );
         let sizes: Vec<u64> = file.tensors().iter().map(|t| t.size).collect();
         assert!(arena_bytes(&sizes, 1 << 30).unwrap() >= total);
+        // Gemma 3 270M: one KV head of width 256 for K and for V, 18 layers.
+        let needs = ModelNeeds::from_gguf(&file, 4096, 2, 0).unwrap();
+        assert_eq!(needs.kv_per_layer, 2 * 256 * 4096 * 2);
+        assert_eq!(needs.layer_weights.len(), 18);
+        assert_eq!(needs.gpu_bytes(18), total + 18 * needs.kv_per_layer);
+        assert!(matches!(
+            choose_placement(&needs, &[(0, 1 << 30)]),
+            Placement::Gpu { device: 0, .. }
+        ));
     }
 }

@@ -14,6 +14,7 @@
 //! - Reads from a sub-allocation stage through a whole allocation (plain D2H from sub-buffer
 //!   offsets failed on ROCm).
 
+pub mod activations;
 pub mod blas;
 pub mod budget;
 pub mod buffer;
@@ -27,6 +28,7 @@ pub mod stream;
 pub mod testing;
 pub mod upload;
 
+pub use activations::{ActivationBuffer, ActivationPool};
 pub use blas::{Blas, GemmElem, GemmShape};
 pub use budget::{Budget, BudgetConfig, LeakReport, Pressure, Tracker};
 pub use buffer::{DeviceBuffer, DeviceView, DeviceViewMut, PinnedHostBuffer};

@@ -430,3 +430,30 @@ fn drops_record_no_errors_and_leaks_are_reported() {
         dev.check_errors().unwrap();
     });
 }
+
+#[test]
+#[serial]
+fn activation_pool_hands_out_typed_reusable_buffers() {
+    with_gpu(|dev| {
+        let stream = Stream::new(dev).unwrap();
+        let pool = ActivationPool::new(dev, "activations");
+        let data: Vec<f32> = (0..5000).map(|i| i as f32).collect();
+        let first_addr;
+        {
+            let mut a = pool.alloc::<f32>(data.len()).unwrap();
+            first_addr = a.view().ptr();
+            stream.write(&data, &mut a.view_mut()).unwrap();
+            assert_eq!(stream.read_to_vec(&a.view()).unwrap(), data);
+        }
+        let b = pool.alloc::<f32>(4000).unwrap();
+        assert_eq!(
+            b.view().ptr(),
+            first_addr,
+            "same size class reuses the block"
+        );
+        assert_eq!(pool.stats().hits, 1);
+        drop(b);
+        assert!(pool.release_cached() > 0);
+        assert!(pool.alloc::<f32>(0).is_err());
+    });
+}
