@@ -445,7 +445,8 @@ fn activation_pool_hands_out_typed_reusable_buffers() {
             stream.write(&data, &mut a.view_mut()).unwrap();
             assert_eq!(stream.read_to_vec(&a.view()).unwrap(), data);
         }
-        let b = pool.alloc::<f32>(4000).unwrap();
+        // 4500 f32 = 18000 bytes: the same 32 KiB class as 5000 f32.
+        let b = pool.alloc::<f32>(4500).unwrap();
         assert_eq!(
             b.view().ptr(),
             first_addr,
