@@ -51,6 +51,8 @@ pub mod cpu;
 pub mod error;
 pub mod exec;
 pub mod graph;
+#[cfg(feature = "hip")]
+pub mod hip;
 pub mod opt;
 pub mod plan;
 pub mod quant;

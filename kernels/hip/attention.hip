@@ -19,8 +19,8 @@ struct attn_params {
     int n_kv_heads;    // KV heads (n_heads is a multiple)
     int head_dim;      // <= ATTN_DMAX
     int n_kv;          // valid cache positions (0..n_kv-1)
-    int pos0;          // absolute position of query token 0
-    int window;        // sliding window (0: none): key p is seen by query q iff q - p < window
+    int causal;        // 1: key p is seen by query token t only when p <= pos[t]
+    int window;        // sliding window (0: none): key p is seen by query t iff pos[t] - p < window
     int split_len;     // KV positions per split (grid.z splits)
     long long q_tok_stride, q_head_stride;
     long long k_pos_stride, k_head_stride;
@@ -39,7 +39,8 @@ __device__ __forceinline__ float ld_kv<__half>(const __half* p, long long i) { r
 // `part` (split > 1 only): per split and row (token * n_heads + head): [m, l, acc[head_dim]].
 template <typename KV>
 static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, const KV* __restrict__ k,
-                                                 const KV* __restrict__ v, float* __restrict__ out,
+                                                 const KV* __restrict__ v, const int* __restrict__ pos,
+                                                 float* __restrict__ out,
                                                  float* __restrict__ part, const attn_params p) {
     __shared__ float ks[ATTN_TK * ATTN_DMAX];
     __shared__ float vs[ATTN_TK * ATTN_DMAX];
@@ -54,16 +55,22 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
     const bool active = row < rows;
     const int tok = active ? row / gqa : 0;
     const int head = kvh * gqa + (active ? row % gqa : 0);
-    const int qpos = p.pos0 + tok;
+    const int qpos = pos[tok];
 
     // KV range of this split, narrowed to what the block's rows can see.
     const int last_row = min(row0 + nwarps, rows) - 1;
     const int first_tok = row0 / gqa, last_tok = last_row / gqa;
+    int pmin = pos[first_tok], pmax = pmin;
+    for (int t = first_tok + 1; t <= last_tok; ++t) {
+        pmin = min(pmin, pos[t]);
+        pmax = max(pmax, pos[t]);
+    }
     int lo = blockIdx.z * p.split_len;
-    int hi = min(lo + p.split_len, min(p.n_kv, p.pos0 + last_tok + 1));
-    if (p.window > 0) lo = max(lo, p.pos0 + first_tok - p.window + 1);
+    int hi = min(lo + p.split_len, p.n_kv);
+    if (p.causal) hi = min(hi, pmax + 1);
+    if (p.window > 0) lo = max(lo, pmin - p.window + 1);
     // This row's own range.
-    const int r_hi = min(qpos + 1, p.n_kv);
+    const int r_hi = p.causal ? min(qpos + 1, p.n_kv) : p.n_kv;
     const int r_lo = p.window > 0 ? max(0, qpos - p.window + 1) : 0;
 
     float qr[ATTN_DPL], acc[ATTN_DPL];
@@ -136,14 +143,14 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
     }
 }
 
-RF_KERNEL void attn_f16(const float* q, const __half* k, const __half* v, float* out, float* part,
-                        attn_params p) {
-    attn_impl<__half>(q, k, v, out, part, p);
+RF_KERNEL void attn_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
+                        float* part, attn_params p) {
+    attn_impl<__half>(q, k, v, pos, out, part, p);
 }
 
-RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, float* out, float* part,
-                        attn_params p) {
-    attn_impl<float>(q, k, v, out, part, p);
+RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
+                        float* part, attn_params p) {
+    attn_impl<float>(q, k, v, pos, out, part, p);
 }
 
 // Merges `n_splits` partial results per row: one block per row (token * n_heads + head).

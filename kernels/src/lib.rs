@@ -198,7 +198,7 @@ pub const ATTN_MAX_HEAD_DIM: usize = 256;
 /// `attn_f16`/`attn_f32`'s parameter block, passed by value (layout mirrors `attn_params` in
 /// `hip/attention.hip`: eight 32-bit ints, eight 64-bit strides in elements, one float).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct AttnParams {
     /// Query tokens.
     pub n_tokens: i32,
@@ -210,9 +210,10 @@ pub struct AttnParams {
     pub head_dim: i32,
     /// Valid cache positions.
     pub n_kv: i32,
-    /// Absolute position of query token 0.
-    pub pos0: i32,
-    /// Sliding window (0: none); key `p` is visible to query `q` iff `q - p < window`.
+    /// 1: key `p` is visible to query token `t` only when `p <= pos[t]` (positions are the
+    /// kernel's `pos` argument, one per query token).
+    pub causal: i32,
+    /// Sliding window (0: none); key `p` is visible to query token `t` iff `pos[t] - p < window`.
     pub window: i32,
     /// KV positions per split (grid z).
     pub split_len: i32,

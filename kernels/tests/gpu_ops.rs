@@ -464,6 +464,8 @@ fn attention_case(g: &common::Gpu, c: &AttnCase, seed: u64) {
         (g.upload(&k), g.upload(&v))
     };
     let dq = g.upload(&q);
+    let pos: Vec<i32> = (0..c.n_tokens).map(|t| (c.pos0 + t) as i32).collect();
+    let dpos = g.upload(&pos);
     let dout = g.alloc(want.len() * 4);
     let splits = c.n_kv.div_ceil(c.split_len);
     let dpart = g.alloc(splits * c.n_tokens * c.n_heads * (c.hd + 2) * 4);
@@ -473,7 +475,7 @@ fn attention_case(g: &common::Gpu, c: &AttnCase, seed: u64) {
         n_kv_heads: c.n_kv_heads as i32,
         head_dim: c.hd as i32,
         n_kv: c.n_kv as i32,
-        pos0: c.pos0 as i32,
+        causal: 1,
         window: c.window as i32,
         split_len: c.split_len as i32,
         q_tok_stride: (c.n_heads * c.hd) as i64,
@@ -502,6 +504,7 @@ fn attention_case(g: &common::Gpu, c: &AttnCase, seed: u64) {
             dq.arg(),
             dk.arg(),
             dv.arg(),
+            dpos.arg(),
             dout.arg(),
             dpart.arg(),
             Arg::Attn(p),

@@ -1,0 +1,330 @@
+//! The HIP backend of the graph: a [`Device`] that runs nodes with rocmforge's HIP kernels (AMD
+//! and NVIDIA) on one stream, with one BLAS handle for that stream, on memory from `gpu-mem`.
+//!
+//! Design choices:
+//! - One stream per device, created once with the device's one BLAS handle bound to it; every
+//!   copy and launch is queued on it, so ordering needs no events. Buffers and stream handles
+//!   keep the device state alive, so the stream is destroyed only after the last of them. [`Stream::synchronize`]
+//!   waits for that stream only, never for the whole device.
+//! - Buffers are `gpu-mem` allocations (budgeted and tracked); the scheduler uploads each weight
+//!   once per device and keeps it across runs.
+//! - `supports_op` accepts exactly the layouts the launch code handles (dense rows, 2-D weights,
+//!   broadcasts the kernels express); everything else stays on the CPU through the scheduler.
+//! - Kernels come from the `kernels` crate's embedded code objects, loaded lazily per module.
+
+mod ops;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+use gpu_mem::{Blas, DeviceBuffer, KernelArgs};
+use parking_lot::Mutex;
+
+use crate::backend::{Buffer, BufferType, Device, Stream, TensorMem};
+use crate::error::{GraphError, Result};
+use crate::tensor::Tensor;
+
+/// Wraps a device-layer error as the graph's error type.
+pub(crate) fn gpu_err(op: &'static str, e: impl std::fmt::Display) -> GraphError {
+    GraphError::Unsupported {
+        backend: "hip",
+        op,
+        detail: format!("device error: {e}"),
+    }
+}
+
+struct Inner {
+    dev: gpu_mem::Device,
+    /// Owned: made by `Box::leak` in [`HipDevice::new`] and freed in `Drop`, after `blas`.
+    stream: &'static gpu_mem::Stream,
+    blas: ManuallyDrop<Blas<'static>>,
+    target: kernels::Device,
+    warp: u32,
+    name: String,
+    modules: Mutex<HashMap<kernels::Module, gpu_mem::Module>>,
+    /// Grow-only scratch for quantized activations, f16 operands and attention partials.
+    scratch: Mutex<Option<DeviceBuffer<u8>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(e) = self.stream.synchronize() {
+            tracing::warn!("hip backend: stream sync at shutdown failed: {e}");
+        }
+        self.scratch.get_mut().take();
+        self.modules.get_mut().clear();
+        // SAFETY: `blas` is dropped exactly once, here, and not used afterwards.
+        unsafe { ManuallyDrop::drop(&mut self.blas) };
+        // SAFETY: `stream` came from `Box::leak` in `HipDevice::new`; its only borrowers were the
+        // BLAS handle (dropped above) and holders of this `Inner`, which is being dropped, so
+        // nothing refers to it any more and it is freed exactly once.
+        drop(unsafe { Box::from_raw(std::ptr::from_ref(self.stream).cast_mut()) });
+    }
+}
+
+/// A GPU as a graph [`Device`].
+#[derive(Clone)]
+pub struct HipDevice {
+    inner: Arc<Inner>,
+    bt: HipBufferType,
+}
+
+impl HipDevice {
+    /// Opens GPU `ordinal` of the platform `hip-ffi` selects. Fails with the reason when there is
+    /// no GPU or the kernels were not built (`cargo xtask kernels`).
+    pub fn new(ordinal: i32) -> Result<Self> {
+        if !kernels::built() {
+            return Err(gpu_err(
+                "open",
+                "kernels not built: run `cargo xtask kernels`",
+            ));
+        }
+        let dev = gpu_mem::Device::open(ordinal).map_err(|e| gpu_err("open", e))?;
+        let api = dev.api();
+        let arch = api.device_arch(ordinal).map_err(|e| gpu_err("open", e))?;
+        let target = match arch.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()) {
+            Some(v) => kernels::Device::Nvidia {
+                major: v / 10,
+                minor: v % 10,
+            },
+            None => kernels::Device::Amd(arch.clone()),
+        };
+        let warp = api
+            .device_attribute(hip_ffi::DeviceAttribute::WarpSize, ordinal)
+            .map_err(|e| gpu_err("open", e))? as u32;
+        let name = format!("hip:{ordinal} {} ({arch})", dev.info().name);
+        // Leaked here, reclaimed by `Inner::drop`: the BLAS handle bound to it borrows it.
+        let stream: &'static gpu_mem::Stream = Box::leak(Box::new(
+            gpu_mem::Stream::new(&dev).map_err(|e| gpu_err("open", e))?,
+        ));
+        let blas = match Blas::new(stream) {
+            Ok(b) => ManuallyDrop::new(b),
+            Err(e) => {
+                // SAFETY: the stream was leaked just above and nothing borrows it.
+                drop(unsafe { Box::from_raw(std::ptr::from_ref(stream).cast_mut()) });
+                return Err(gpu_err("open", e));
+            }
+        };
+        let inner = Arc::new(Inner {
+            dev,
+            stream,
+            blas,
+            target,
+            warp,
+            name,
+            modules: Mutex::new(HashMap::new()),
+            scratch: Mutex::new(None),
+        });
+        Ok(Self {
+            bt: HipBufferType {
+                inner: inner.clone(),
+            },
+            inner,
+        })
+    }
+
+    /// The `gpu-mem` device (budget, tracker, leak report).
+    pub fn gpu(&self) -> &gpu_mem::Device {
+        &self.inner.dev
+    }
+
+    fn launch_kernel(
+        &self,
+        k: kernels::KernelId,
+        grid: [u32; 3],
+        block: u32,
+        args: &mut KernelArgs,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let mut mods = inner.modules.lock();
+        let m = match mods.entry(k.module()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let img =
+                    kernels::image(k.module(), &inner.target).map_err(|e| gpu_err("load", e))?;
+                e.insert(
+                    gpu_mem::Module::load(&inner.dev, img.bytes).map_err(|e| gpu_err("load", e))?,
+                )
+            }
+        };
+        let f = m.function(k.name()).map_err(|e| gpu_err("load", e))?;
+        // SAFETY: every launch site in `ops` pushes the arguments of the kernel's `.hip`
+        // signature in order and type, with device addresses of buffers of this device whose
+        // extents `supports_op`/the launch code checked against the tensor shapes.
+        unsafe { inner.stream.launch(&f, grid, [block, 1, 1], 0, args) }
+            .map_err(|e| gpu_err(k.name(), e))
+    }
+
+    /// Base address of a scratch area of at least `bytes`, valid until the next call. Growing
+    /// first waits for queued work that may still read the old area.
+    fn scratch(&self, bytes: usize) -> Result<u64> {
+        let mut s = self.inner.scratch.lock();
+        if s.as_ref().is_none_or(|b| b.len() < bytes) {
+            self.inner
+                .stream
+                .synchronize()
+                .map_err(|e| gpu_err("scratch", e))?;
+            *s = None;
+            let grown = bytes.next_power_of_two().max(1 << 20);
+            *s = Some(
+                DeviceBuffer::new(&self.inner.dev, grown, "hip-backend scratch")
+                    .map_err(|e| gpu_err("scratch", e))?,
+            );
+        }
+        s.as_ref()
+            .map(|b| b.ptr().0)
+            .ok_or_else(|| gpu_err("scratch", "scratch allocation missing"))
+    }
+}
+
+/// Device memory from `gpu-mem`.
+#[derive(Clone)]
+pub struct HipBufferType {
+    inner: Arc<Inner>,
+}
+
+impl BufferType for HipBufferType {
+    fn name(&self) -> &str {
+        "hip"
+    }
+    fn alignment(&self) -> usize {
+        256
+    }
+    fn alloc(&self, size: usize) -> Result<Box<dyn Buffer>> {
+        let mut buf = DeviceBuffer::<u8>::new(&self.inner.dev, size.max(1), "graph buffer")
+            .map_err(|e| gpu_err("alloc", e))?;
+        self.inner
+            .stream
+            .memset(&mut buf.view_mut(), 0)
+            .map_err(|e| gpu_err("alloc", e))?;
+        Ok(Box::new(HipBuffer {
+            buf: Mutex::new(buf),
+            inner: self.inner.clone(),
+            size,
+        }))
+    }
+    fn is_host(&self) -> bool {
+        false
+    }
+}
+
+/// One device allocation.
+pub struct HipBuffer {
+    buf: Mutex<DeviceBuffer<u8>>,
+    inner: Arc<Inner>,
+    size: usize,
+}
+
+impl HipBuffer {
+    fn ptr(&self) -> u64 {
+        self.buf.lock().ptr().0
+    }
+
+    fn range(
+        &self,
+        what: &'static str,
+        offset: usize,
+        len: usize,
+    ) -> Result<std::ops::Range<usize>> {
+        offset
+            .checked_add(len)
+            .filter(|&e| e <= self.size)
+            .map(|e| offset..e)
+            .ok_or_else(|| gpu_err(what, format!("{offset}+{len} beyond {} bytes", self.size)))
+    }
+}
+
+impl Buffer for HipBuffer {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let r = self.range("write", offset, data.len())?;
+        let mut b = self.buf.lock();
+        let mut view = b.slice_mut(r).map_err(|e| gpu_err("write", e))?;
+        self.inner
+            .stream
+            .write(data, &mut view)
+            .map_err(|e| gpu_err("write", e))
+    }
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let r = self.range("read", offset, out.len())?;
+        let b = self.buf.lock();
+        let view = b.slice(r).map_err(|e| gpu_err("read", e))?;
+        self.inner
+            .stream
+            .read(&view, out)
+            .map_err(|e| gpu_err("read", e))?;
+        self.inner
+            .stream
+            .synchronize()
+            .map_err(|e| gpu_err("read", e))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The device's one stream, seen through the graph's trait.
+pub struct HipStream {
+    inner: Arc<Inner>,
+}
+
+impl Stream for HipStream {
+    fn synchronize(&self) -> Result<()> {
+        self.inner
+            .stream
+            .synchronize()
+            .map_err(|e| gpu_err("synchronize", e))
+    }
+}
+
+/// Device address of an operand.
+pub(crate) fn addr(m: &TensorMem<'_>) -> Result<u64> {
+    let b = m
+        .buffer
+        .as_any()
+        .downcast_ref::<HipBuffer>()
+        .ok_or_else(|| gpu_err("launch", "buffer was not allocated by the hip buffer type"))?;
+    if m.offset
+        .checked_add(m.tensor.extent())
+        .is_none_or(|e| e > b.size)
+    {
+        return Err(gpu_err(
+            "launch",
+            format!("`{}` exceeds its buffer", m.tensor.name),
+        ));
+    }
+    Ok(b.ptr() + m.offset as u64)
+}
+
+impl Device for HipDevice {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+    fn buffer_type(&self) -> &dyn BufferType {
+        &self.bt
+    }
+    fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
+        ops::supports(t, srcs)
+    }
+    fn new_stream(&self) -> Result<Box<dyn Stream>> {
+        Ok(Box::new(HipStream {
+            inner: self.inner.clone(),
+        }))
+    }
+    fn launch(
+        &self,
+        _stream: &dyn Stream,
+        t: &Tensor,
+        dst: TensorMem<'_>,
+        srcs: &[TensorMem<'_>],
+    ) -> Result<()> {
+        ops::launch(self, t, dst, srcs)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,503 @@
+//! Which nodes the HIP device runs ([`supports`]) and how each one maps onto kernel launches
+//! ([`launch`]). Shapes follow ggml (`ne[0]` innermost, `nb` byte strides).
+
+use gpu_mem::{DeviceView, DeviceViewMut, GemmShape, KernelArgs, Op as BlasOp};
+use kernels::{act, binary, AttnParams, KernelId, WeightType, Q8_1_BYTES, QK8_1};
+
+use super::{addr, gpu_err, HipDevice};
+use crate::backend::TensorMem;
+use crate::error::Result;
+use crate::tensor::{Act, DType, Op, Tensor};
+
+/// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx.
+const MATVEC_MAX_COLS: usize = 8;
+/// KV length from which single-token attention splits the keys across blocks.
+const SPLIT_K_FROM: usize = 512;
+const SPLIT_LEN: usize = 256;
+
+fn weight_type(t: DType) -> Option<WeightType> {
+    WeightType::from_ggml_name(t.name())
+}
+
+/// Dense rows, and rows evenly strided across dims 1..3 (one row stride describes them all).
+fn rows_uniform(t: &Tensor) -> bool {
+    t.rows_contiguous() && t.nb[2] == t.nb[1] * t.ne[1] && t.nb[3] == t.nb[2] * t.ne[2]
+}
+
+fn f32_rows(t: &Tensor) -> bool {
+    t.dtype == DType::F32 && rows_uniform(t)
+}
+
+fn dense(t: &Tensor, dt: DType) -> bool {
+    t.dtype == dt && t.is_contiguous()
+}
+
+/// True when `b` broadcasts onto `a` in a way `binary_f32` expresses.
+fn broadcastable(a: &Tensor, b: &Tensor) -> bool {
+    b.dtype == DType::F32
+        && b.rows_contiguous()
+        && (b.ne[0] == a.ne[0] || b.ne[0] == 1)
+        && (b.nrows() == 1 || (b.ne[1..] == a.ne[1..] && rows_uniform(b)))
+}
+
+/// Whether the HIP device runs `t` with operands `srcs`.
+pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
+    let out_f32 = dense(t, DType::F32);
+    match (&t.op, srcs) {
+        (Op::MulMat, [w, x]) => {
+            let wt_ok = match weight_type(w.dtype) {
+                Some(wt) => w.ne[0] % wt.block_values() == 0,
+                None => matches!(w.dtype, DType::F32 | DType::F16),
+            };
+            wt_ok
+                && w.is_contiguous()
+                && w.ne[2] == 1
+                && w.ne[3] == 1
+                && dense(x, DType::F32)
+                && out_f32
+        }
+        (Op::RmsNorm { .. }, [a]) | (Op::Unary(_), [a]) => f32_rows(a) && out_f32,
+        (Op::Scale(_), [a]) => dense(a, DType::F32) && out_f32,
+        (Op::Add | Op::Mul, [a, b]) => f32_rows(a) && broadcastable(a, b) && out_f32,
+        (Op::Gated(_), [g, u]) => f32_rows(g) && f32_rows(u) && g.ne == u.ne && out_f32,
+        (Op::Rope(p), [x, pos, rest @ ..]) => {
+            let ff_ok = match rest {
+                [] => true,
+                [ff] => dense(ff, DType::F32) && ff.nelements() >= p.n_dims / 2,
+                _ => false,
+            };
+            f32_rows(x)
+                && x.ne[3] == 1
+                && x.ne[0] % 2 == 0
+                && p.n_dims % 2 == 0
+                && p.n_dims <= x.ne[0]
+                && dense(pos, DType::I32)
+                && pos.nelements() >= x.ne[2]
+                && ff_ok
+                && out_f32
+        }
+        (Op::SoftMax { .. }, [a, rest @ ..]) => {
+            let mask_ok = match rest {
+                [] => true,
+                [m] => {
+                    f32_rows(m)
+                        && m.ne[0] == a.ne[0]
+                        && m.ne[1] == a.ne[1]
+                        && m.ne[2] == 1
+                        && m.ne[3] == 1
+                }
+                _ => false,
+            };
+            f32_rows(a) && mask_ok && out_f32
+        }
+        (Op::GetRows, [table, ids]) => {
+            let tt_ok = match weight_type(table.dtype) {
+                Some(wt) => table.ne[0] % wt.block_values() == 0,
+                None => matches!(table.dtype, DType::F32 | DType::F16),
+            };
+            tt_ok
+                && table.is_contiguous()
+                && table.ne[2] == 1
+                && table.ne[3] == 1
+                && dense(ids, DType::I32)
+                && ids.ne[1] == 1
+                && ids.ne[2] == 1
+                && ids.ne[3] == 1
+                && out_f32
+        }
+        (Op::Argmax, [a]) => f32_rows(a) && dense(t, DType::I32),
+        (Op::Attention(_), [q, k, v, pos]) => {
+            let d = q.ne[0];
+            q.dtype == DType::F32
+                && q.rows_contiguous()
+                && q.ne[3] == 1
+                && matches!(k.dtype, DType::F16 | DType::F32)
+                && v.dtype == k.dtype
+                && k.rows_contiguous()
+                && v.rows_contiguous()
+                && k.ne[0] == d
+                && v.ne[0] == d
+                && d <= kernels::ATTN_MAX_HEAD_DIM
+                && k.ne[1] > 0
+                && q.ne[1] % k.ne[1] == 0
+                && v.ne[1] == k.ne[1]
+                && v.ne[2] == k.ne[2]
+                && k.ne[3] == 1
+                && v.ne[3] == 1
+                && dense(pos, DType::I32)
+                && pos.nelements() >= q.ne[2]
+                && out_f32
+        }
+        _ => false,
+    }
+}
+
+fn elems(bytes: usize, t: &Tensor) -> i64 {
+    (bytes / t.dtype.type_size()) as i64
+}
+
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per) as u32
+}
+
+/// Queues node `t` on the device's stream.
+pub(crate) fn launch(
+    d: &HipDevice,
+    t: &Tensor,
+    dst: TensorMem<'_>,
+    srcs: &[TensorMem<'_>],
+) -> Result<()> {
+    let ts: Vec<&Tensor> = srcs.iter().map(|m| m.tensor).collect();
+    if !supports(t, &ts) {
+        return Err(gpu_err(
+            t.op.name(),
+            format!("`{}` has a layout this backend does not take", t.name),
+        ));
+    }
+    let out = addr(&dst)?;
+    let warp = d.inner.warp;
+    let mut a = KernelArgs::new();
+    match &t.op {
+        Op::MulMat => mul_mat(d, &srcs[0], &srcs[1], out),
+        Op::RmsNorm { eps } => {
+            let x = srcs[0].tensor;
+            a.push(addr(&srcs[0])?)
+                .push(0u64)
+                .push(out)
+                .push(x.ne[0] as i32);
+            a.push(elems(x.nb[1], x)).push(x.ne[0] as i64).push(*eps);
+            d.launch_kernel(KernelId::RmsNormF32, [x.nrows() as u32, 1, 1], 256, &mut a)
+        }
+        Op::Scale(s) => {
+            let n = t.nelements();
+            a.push(addr(&srcs[0])?)
+                .push(out)
+                .push(n as i64)
+                .push(*s)
+                .push(0.0f32);
+            d.launch_kernel(KernelId::ScaleF32, [blocks(n, 256), 1, 1], 256, &mut a)
+        }
+        Op::Add | Op::Mul => {
+            let (x, y) = (srcs[0].tensor, srcs[1].tensor);
+            let b_stride = if y.nrows() == 1 { 0 } else { elems(y.nb[1], y) };
+            let op = if matches!(t.op, Op::Add) {
+                binary::ADD
+            } else {
+                binary::MUL
+            };
+            a.push(addr(&srcs[0])?).push(addr(&srcs[1])?).push(out);
+            a.push(x.ne[0] as i32)
+                .push(x.nrows() as i32)
+                .push(elems(x.nb[1], x))
+                .push(b_stride)
+                .push(x.ne[0] as i64);
+            a.push(y.nrows() as i32).push(y.ne[0] as i32).push(op);
+            d.launch_kernel(
+                KernelId::BinaryF32,
+                [blocks(t.nelements(), 256), 1, 1],
+                256,
+                &mut a,
+            )
+        }
+        Op::Unary(kind) | Op::Gated(kind) => {
+            let x = srcs[0].tensor;
+            let (b, b_stride) = match srcs.get(1) {
+                Some(m) => (addr(m)?, elems(m.tensor.nb[1], m.tensor)),
+                None => (0u64, 0i64),
+            };
+            let k = if *kind == Act::Gelu {
+                act::GELU
+            } else {
+                act::SILU
+            };
+            a.push(addr(&srcs[0])?)
+                .push(b)
+                .push(out)
+                .push(x.ne[0] as i32)
+                .push(x.nrows() as i32);
+            a.push(elems(x.nb[1], x))
+                .push(b_stride)
+                .push(x.ne[0] as i64)
+                .push(k);
+            d.launch_kernel(
+                KernelId::ActF32,
+                [blocks(t.nelements(), 256), 1, 1],
+                256,
+                &mut a,
+            )
+        }
+        Op::Rope(p) => {
+            let x = srcs[0].tensor;
+            let ff = match srcs.get(2) {
+                Some(m) => addr(m)?,
+                None => 0,
+            };
+            let rows = x.nrows();
+            a.push(addr(&srcs[0])?)
+                .push(out)
+                .push(addr(&srcs[1])?)
+                .push(x.ne[1] as i32)
+                .push(x.ne[0] as i32);
+            a.push(p.n_dims as i32)
+                .push(elems(x.nb[1], x))
+                .push(x.ne[0] as i64)
+                .push(p.freq_base)
+                .push(p.freq_scale);
+            a.push(ff)
+                .push(i32::from(p.mode == crate::tensor::RopeMode::Neox))
+                .push(rows as i32);
+            d.launch_kernel(
+                KernelId::RopeF32,
+                [blocks(rows * x.ne[0] / 2, 256), 1, 1],
+                256,
+                &mut a,
+            )
+        }
+        Op::SoftMax { scale } => {
+            let x = srcs[0].tensor;
+            let (m, ms, mr) = match srcs.get(1) {
+                Some(mm) => (
+                    addr(mm)?,
+                    elems(mm.tensor.nb[1], mm.tensor),
+                    mm.tensor.ne[1] as i32,
+                ),
+                None => (0u64, 0i64, 1i32),
+            };
+            a.push(addr(&srcs[0])?)
+                .push(m)
+                .push(out)
+                .push(x.ne[0] as i32)
+                .push(elems(x.nb[1], x));
+            a.push(x.ne[0] as i64).push(ms).push(mr).push(*scale);
+            d.launch_kernel(KernelId::SoftmaxF32, [x.nrows() as u32, 1, 1], 256, &mut a)
+        }
+        Op::GetRows => {
+            let (table, ids) = (srcs[0].tensor, srcs[1].tensor);
+            let n = ids.nelements();
+            let ncols = table.ne[0];
+            a.push(addr(&srcs[0])?)
+                .push(addr(&srcs[1])?)
+                .push(out)
+                .push(ncols as i32);
+            match weight_type(table.dtype) {
+                Some(wt) => {
+                    a.push(table.nb[1] as i64).push(ncols as i64);
+                    d.launch_kernel(
+                        wt.get_rows(),
+                        [blocks(ncols / 32, 64), n as u32, 1],
+                        64,
+                        &mut a,
+                    )
+                }
+                None => {
+                    let k = if table.dtype == DType::F32 {
+                        KernelId::GetRowsF32
+                    } else {
+                        KernelId::GetRowsF16
+                    };
+                    a.push(elems(table.nb[1], table)).push(ncols as i64);
+                    d.launch_kernel(k, [blocks(ncols, 256), n as u32, 1], 256, &mut a)
+                }
+            }
+        }
+        Op::Argmax => {
+            let x = srcs[0].tensor;
+            a.push(addr(&srcs[0])?)
+                .push(out)
+                .push(x.ne[0] as i32)
+                .push(elems(x.nb[1], x));
+            d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &mut a)
+        }
+        Op::Attention(p) => attention(d, t, p, srcs, out, warp),
+        _ => Err(gpu_err(t.op.name(), "no launch for this op")),
+    }
+}
+
+fn attention(
+    d: &HipDevice,
+    t: &Tensor,
+    p: &crate::tensor::AttnParams,
+    srcs: &[TensorMem<'_>],
+    out: u64,
+    warp: u32,
+) -> Result<()> {
+    let (q, k, v) = (srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
+    let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
+    let (n_kv_heads, n_kv) = (k.ne[1], k.ne[2]);
+    let es = k.dtype.type_size();
+    let split_len = if n_tok == 1 && n_kv >= SPLIT_K_FROM {
+        SPLIT_LEN
+    } else {
+        n_kv.max(1)
+    };
+    let splits = n_kv.max(1).div_ceil(split_len);
+    let part = if splits > 1 {
+        d.scratch(splits * n_tok * n_heads * (hd + 2) * 4)?
+    } else {
+        0
+    };
+    let params = AttnParams {
+        n_tokens: n_tok as i32,
+        n_heads: n_heads as i32,
+        n_kv_heads: n_kv_heads as i32,
+        head_dim: hd as i32,
+        n_kv: n_kv as i32,
+        causal: i32::from(p.causal),
+        window: p.window.unwrap_or(0) as i32,
+        split_len: split_len as i32,
+        q_tok_stride: (q.nb[2] / 4) as i64,
+        q_head_stride: (q.nb[1] / 4) as i64,
+        k_pos_stride: (k.nb[2] / es) as i64,
+        k_head_stride: (k.nb[1] / es) as i64,
+        v_pos_stride: (v.nb[2] / es) as i64,
+        v_head_stride: (v.nb[1] / es) as i64,
+        o_tok_stride: (t.nb[2] / 4) as i64,
+        o_head_stride: (t.nb[1] / 4) as i64,
+        scale: p.scale,
+        reserved_tail: 0,
+    };
+    let nw = 4u32;
+    let rows = (n_tok * (n_heads / n_kv_heads)) as u32;
+    let kid = if k.dtype == DType::F16 {
+        KernelId::AttnF16
+    } else {
+        KernelId::AttnF32
+    };
+    let mut a = KernelArgs::new();
+    a.push(addr(&srcs[0])?)
+        .push(addr(&srcs[1])?)
+        .push(addr(&srcs[2])?)
+        .push(addr(&srcs[3])?);
+    a.push(out).push(part).push(params);
+    d.launch_kernel(
+        kid,
+        [rows.div_ceil(nw), n_kv_heads as u32, splits as u32],
+        nw * warp,
+        &mut a,
+    )?;
+    if splits > 1 {
+        let n_rows = n_tok * n_heads;
+        let mut c = KernelArgs::new();
+        c.push(part)
+            .push(out)
+            .push(splits as i32)
+            .push(n_heads as i32)
+            .push(n_rows as i32)
+            .push(hd as i32);
+        c.push(params.o_tok_stride).push(params.o_head_stride);
+        d.launch_kernel(KernelId::AttnCombineF32, [n_rows as u32, 1, 1], 128, &mut c)?;
+    }
+    Ok(())
+}
+
+const ALIGN: usize = 256;
+
+fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Result<()> {
+    let (wt_, xt) = (w.tensor, x.tensor);
+    let (k, n, m) = (wt_.ne[0], wt_.ne[1], xt.nrows());
+    let (wp, xp) = (addr(w)?, addr(x)?);
+    let warp = d.inner.warp;
+    let mut a = KernelArgs::new();
+    if m <= MATVEC_MAX_COLS {
+        if let Some(wt) = weight_type(wt_.dtype) {
+            let q8 = d.scratch(m * k / QK8_1 * Q8_1_BYTES)?;
+            a.push(xp).push(q8).push((m * k) as i32);
+            d.launch_kernel(
+                KernelId::QuantizeQ8_1,
+                [blocks(m * k, 256), 1, 1],
+                256,
+                &mut a,
+            )?;
+            let mut b = KernelArgs::new();
+            b.push(wp)
+                .push(q8)
+                .push(out)
+                .push(k as i32)
+                .push(wt_.nb[1] as i64)
+                .push(n as i32);
+            return d.launch_kernel(wt.matvec(), [n as u32, m as u32, 1], 4 * warp, &mut b);
+        }
+        let kid = if wt_.dtype == DType::F32 {
+            KernelId::MatvecF32
+        } else {
+            KernelId::MatvecF16
+        };
+        a.push(wp)
+            .push(xp)
+            .push(out)
+            .push(k as i32)
+            .push(elems(wt_.nb[1], wt_))
+            .push(n as i32);
+        return d.launch_kernel(kid, [n as u32, m as u32, 1], 4 * warp, &mut a);
+    }
+    // Column-major view: C (n x m) = op(W) (n x k) * X (k x m), W stored as k x n.
+    let shape = GemmShape {
+        trans_a: BlasOp::T,
+        trans_b: BlasOp::N,
+        m: n,
+        n: m,
+        k,
+        lda: k,
+        ldb: k,
+        ldc: n,
+    };
+    let dev = &d.inner.dev;
+    let blas = &d.inner.blas;
+    // The views below cover ranges inside allocations of this device that stay alive and
+    // untouched by the host until the queued work finishes: graph buffers are owned by the
+    // scheduler for the run, and the scratch is only replaced after a stream sync.
+    // SAFETY: `out` holds the n x m f32 result (extent checked by `addr`).
+    let mut c =
+        unsafe { DeviceViewMut::<f32>::from_raw(dev, hip_ffi::DevicePtr(out), n * m, false) };
+    if wt_.dtype == DType::F32 {
+        // SAFETY: the dense f32 weight holds n x k values (extent checked by `addr`).
+        let av = unsafe { DeviceView::<f32>::from_raw(dev, hip_ffi::DevicePtr(wp), n * k, false) };
+        // SAFETY: the dense f32 activations hold m x k values (extent checked by `addr`).
+        let bv = unsafe { DeviceView::<f32>::from_raw(dev, hip_ffi::DevicePtr(xp), m * k, false) };
+        return blas
+            .sgemm(&shape, 1.0, &av, &bv, 0.0, &mut c)
+            .map_err(|e| gpu_err("mul_mat", e));
+    }
+    let x_bytes = (m * k * 2).div_ceil(ALIGN) * ALIGN;
+    let w_bytes = if wt_.dtype == DType::F16 {
+        0
+    } else {
+        n * k * 2
+    };
+    let base = d.scratch(x_bytes + w_bytes)?;
+    let xh = base;
+    a.push(xp).push(xh).push((m * k) as i64);
+    d.launch_kernel(
+        KernelId::ConvertF32F16,
+        [blocks(m * k, 256), 1, 1],
+        256,
+        &mut a,
+    )?;
+    let wh = match weight_type(wt_.dtype) {
+        Some(wt) => {
+            let wh = base + x_bytes as u64;
+            let mut b = KernelArgs::new();
+            b.push(wp)
+                .push(wh)
+                .push(k as i32)
+                .push(wt_.nb[1] as i64)
+                .push(k as i64);
+            d.launch_kernel(
+                wt.dequant_f16(),
+                [blocks(k / 32, 64), n as u32, 1],
+                64,
+                &mut b,
+            )?;
+            wh
+        }
+        None => wp,
+    };
+    // SAFETY: `wh` is the f16 weight (n x k): the scratch area sized above, or the dense f16 weight.
+    let av =
+        unsafe { DeviceView::<half::f16>::from_raw(dev, hip_ffi::DevicePtr(wh), n * k, false) };
+    // SAFETY: `xh` is the scratch area holding the m x k f16 activations.
+    let bv =
+        unsafe { DeviceView::<half::f16>::from_raw(dev, hip_ffi::DevicePtr(xh), m * k, false) };
+    blas.gemm_ex(&shape, 1.0, &av, &bv, 0.0, &mut c)
+        .map_err(|e| gpu_err("mul_mat", e))
+}

@@ -1,0 +1,404 @@
+//! Op-by-op checks of the HIP device against the CPU backend, in the manner of ggml's
+//! test-backend-ops: the same graph runs through a scheduler whose first device is the GPU and
+//! through a CPU-only one, and the outputs must agree within an NMSE bound per op. Without a GPU
+//! (or without built kernels) each test prints why it skipped; `ROCMFORGE_REQUIRE_GPU=1` makes
+//! that a failure.
+
+use std::sync::Arc;
+
+use super::HipDevice;
+use crate::backend::{CpuDevice, Device};
+use crate::cpu::CpuBackend;
+use crate::exec::WeightBytes;
+use crate::graph::Graph;
+use crate::sched::Scheduler;
+use crate::tensor::{Act, AttnParams, DType, RopeMode, RopeParams, TensorId};
+
+fn hip() -> Option<Arc<HipDevice>> {
+    match HipDevice::new(0) {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) => {
+            if std::env::var("ROCMFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("ROCMFORGE_REQUIRE_GPU=1 but no HIP device: {e}");
+            }
+            println!("skipped: {e}");
+            None
+        }
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn f32(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| (self.f32() * 127.0) as i8 as u8).collect()
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// Random blocks of `dt` with every f16 scale field set to a small finite value.
+fn quant_bytes(dt: DType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let nb = rows * cols / dt.block_size();
+    let mut b = rng.bytes(nb * dt.type_size());
+    let fields: &[usize] = match dt {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        _ => &[],
+    };
+    for blk in b.chunks_mut(dt.type_size()) {
+        for &off in fields {
+            let v = half::f16::from_f32(0.002 + 0.01 * rng.f32().abs());
+            blk[off..off + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    b
+}
+
+struct Case {
+    g: Graph,
+    weights: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
+    inputs: Vec<(TensorId, Vec<u8>)>,
+    out: TensorId,
+}
+
+/// Runs the case on the GPU-first and the CPU-only scheduler; returns (gpu, cpu) outputs after
+/// checking that the output node itself ran on the GPU.
+fn run_both(hip: &Arc<HipDevice>, c: &Case) -> (Vec<f32>, Vec<f32>) {
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    let mut outs = Vec::new();
+    for devices in [
+        vec![hip.clone() as Arc<dyn Device>, cpu.clone()],
+        vec![cpu.clone()],
+    ] {
+        let mut s = Scheduler::new(devices).expect("scheduler");
+        for (name, dt, shape, bytes) in &c.weights {
+            s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                .expect("bind");
+        }
+        let inputs: Vec<(TensorId, &[u8])> =
+            c.inputs.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        s.run(&c.g, &inputs).expect("run");
+        outs.push(s.output_f32(c.out).expect("output"));
+        if outs.len() == 1 {
+            let placed = s.last_schedule().and_then(|sc| sc.device_of[c.out.index()]);
+            assert_eq!(
+                placed,
+                Some(0),
+                "{} did not run on the GPU",
+                c.g.tensors()[c.out.index()].op.name()
+            );
+        }
+    }
+    let cpu_out = outs.pop().expect("cpu output");
+    let gpu_out = outs.pop().expect("gpu output");
+    (gpu_out, cpu_out)
+}
+
+fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut e, mut n) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        if !g.is_finite() {
+            return f64::INFINITY;
+        }
+        e += (f64::from(g) - f64::from(w)).powi(2);
+        n += f64::from(w).powi(2);
+    }
+    e / n.max(1e-30)
+}
+
+fn check(hip: &Arc<HipDevice>, what: &str, c: &Case, bound: f64) {
+    let (g, w) = run_both(hip, c);
+    let e = nmse(&g, &w);
+    assert!(e <= bound, "{what}: NMSE {e:.3e} > {bound:.1e}");
+}
+
+#[test]
+fn mul_mat_matches_cpu_for_every_weight_type_decode_and_prefill() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let (k, n) = (512usize, 72usize);
+    let types = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::F16,
+        DType::F32,
+    ];
+    for dt in types {
+        for m in [1usize, 3, 17] {
+            let mut g = Graph::new();
+            let w = g.weight("w", dt, &[k, n]).expect("w");
+            let x = g.input("x", DType::F32, &[k, m]).expect("x");
+            let y = g.mul_mat(w, x).expect("mul_mat");
+            g.mark_output(y).expect("out");
+            let wb = match dt {
+                DType::F32 => f32_bytes(&rng.vec(k * n)),
+                DType::F16 => rng
+                    .vec(k * n)
+                    .iter()
+                    .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                    .collect(),
+                _ => quant_bytes(dt, n, k, &mut rng),
+            };
+            let c = Case {
+                g,
+                weights: vec![("w".into(), dt, vec![k, n], wb)],
+                inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
+                out: y,
+            };
+            // Both sides quantize activations to 8 bits for decode; prefill uses f16 operands.
+            check(&h, &format!("mul_mat {dt} m={m}"), &c, 2e-3);
+        }
+    }
+}
+
+fn unary_case(
+    build: impl Fn(&mut Graph, TensorId) -> TensorId,
+    shape: &[usize],
+    rng: &mut Rng,
+) -> Case {
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, shape).expect("x");
+    let y = build(&mut g, x);
+    g.mark_output(y).expect("out");
+    let n: usize = shape.iter().product();
+    Case {
+        g,
+        weights: vec![],
+        inputs: vec![(
+            x,
+            f32_bytes(&rng.vec(n).iter().map(|v| v * 3.0).collect::<Vec<_>>()),
+        )],
+        out: y,
+    }
+}
+
+#[test]
+fn elementwise_and_row_ops_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0xfeed_beef_cafe_f00d);
+    let shape = [640usize, 5, 2];
+    check(
+        &h,
+        "rms_norm",
+        &unary_case(|g, x| g.rms_norm(x, 1e-6).expect("op"), &shape, &mut rng),
+        1e-10,
+    );
+    check(
+        &h,
+        "scale",
+        &unary_case(|g, x| g.scale(x, 0.125).expect("op"), &shape, &mut rng),
+        1e-12,
+    );
+    check(
+        &h,
+        "gelu",
+        &unary_case(|g, x| g.gelu(x).expect("op"), &shape, &mut rng),
+        1e-8,
+    );
+    check(
+        &h,
+        "silu",
+        &unary_case(|g, x| g.silu(x).expect("op"), &shape, &mut rng),
+        1e-8,
+    );
+    check(
+        &h,
+        "soft_max",
+        &unary_case(
+            |g, x| g.soft_max_ext(x, None, 0.3).expect("op"),
+            &shape,
+            &mut rng,
+        ),
+        1e-10,
+    );
+    // Binary ops: same shape, and a broadcast row (norm weight / bias).
+    for bshape in [vec![640usize, 5, 2], vec![640usize]] {
+        for mul in [false, true] {
+            let mut g = Graph::new();
+            let a = g.input("a", DType::F32, &shape).expect("a");
+            let b = g.input("b", DType::F32, &bshape).expect("b");
+            let y = if mul { g.mul(a, b) } else { g.add(a, b) }.expect("op");
+            g.mark_output(y).expect("out");
+            let nb: usize = bshape.iter().product();
+            let c = Case {
+                g,
+                weights: vec![],
+                inputs: vec![
+                    (a, f32_bytes(&rng.vec(640 * 10))),
+                    (b, f32_bytes(&rng.vec(nb))),
+                ],
+                out: y,
+            };
+            check(
+                &h,
+                &format!("{} b={bshape:?}", if mul { "mul" } else { "add" }),
+                &c,
+                1e-14,
+            );
+        }
+    }
+    for act in [Act::Gelu, Act::Silu] {
+        let mut g = Graph::new();
+        let a = g.input("a", DType::F32, &[256, 7]).expect("a");
+        let b = g.input("b", DType::F32, &[256, 7]).expect("b");
+        let y = g.gated(act, a, b).expect("gated");
+        g.mark_output(y).expect("out");
+        let c = Case {
+            g,
+            weights: vec![],
+            inputs: vec![
+                (a, f32_bytes(&rng.vec(256 * 7))),
+                (b, f32_bytes(&rng.vec(256 * 7))),
+            ],
+            out: y,
+        };
+        check(&h, &format!("gated {act:?}"), &c, 1e-8);
+    }
+}
+
+#[test]
+fn rope_get_rows_and_argmax_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x0bad_c0de_1357_9bdf);
+    for (mode, n_dims) in [
+        (RopeMode::Normal, 64usize),
+        (RopeMode::Neox, 64),
+        (RopeMode::Neox, 32),
+    ] {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[64, 4, 3]).expect("x");
+        let pos = g.input("pos", DType::I32, &[3]).expect("pos");
+        let p = RopeParams {
+            mode,
+            n_dims,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+        };
+        let y = g.rope(x, pos, p, None).expect("rope");
+        g.mark_output(y).expect("out");
+        let c = Case {
+            g,
+            weights: vec![],
+            inputs: vec![
+                (x, f32_bytes(&rng.vec(64 * 12))),
+                (pos, bytemuck::cast_slice(&[0i32, 7, 300]).to_vec()),
+            ],
+            out: y,
+        };
+        check(&h, &format!("rope {mode:?} n_dims={n_dims}"), &c, 1e-9);
+    }
+    for dt in [DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F32] {
+        let (cols, rows) = (512usize, 9usize);
+        let mut g = Graph::new();
+        let t = g.weight("emb", dt, &[cols, rows]).expect("emb");
+        let ids = g.input("ids", DType::I32, &[4]).expect("ids");
+        let y = g.get_rows(t, ids).expect("get_rows");
+        g.mark_output(y).expect("out");
+        let tb = if dt == DType::F32 {
+            f32_bytes(&rng.vec(cols * rows))
+        } else {
+            quant_bytes(dt, rows, cols, &mut rng)
+        };
+        let c = Case {
+            g,
+            weights: vec![("emb".into(), dt, vec![cols, rows], tb)],
+            inputs: vec![(ids, bytemuck::cast_slice(&[8i32, 0, 3, 8]).to_vec())],
+            out: y,
+        };
+        check(&h, &format!("get_rows {dt}"), &c, 1e-12);
+    }
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[5000, 3]).expect("x");
+    let y = g.argmax(x).expect("argmax");
+    g.mark_output(y).expect("out");
+    let c = Case {
+        g,
+        weights: vec![],
+        inputs: vec![(x, f32_bytes(&rng.vec(15000)))],
+        out: y,
+    };
+    let (gpu, cpu) = run_both(&h, &c);
+    assert_eq!(gpu, cpu, "argmax");
+}
+
+#[test]
+fn attention_matches_cpu_prefill_and_decode() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x2468_ace0_1357_9bdf);
+    // (head dim, heads, kv heads, query tokens, kv length, window, kv type)
+    let cases = [
+        (128usize, 8usize, 2usize, 6usize, 10usize, None, DType::F32),
+        (256, 4, 1, 12, 12, Some(5usize), DType::F16),
+        (64, 4, 4, 1, 700, None, DType::F16),
+        (256, 4, 1, 1, 900, Some(512), DType::F16),
+    ];
+    for (hd, nh, nkv, nt, nk, window, kt) in cases {
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[hd, nh, nt]).expect("q");
+        let k = g.input("k", kt, &[hd, nkv, nk]).expect("k");
+        let v = g.input("v", kt, &[hd, nkv, nk]).expect("v");
+        let pos = g.input("pos", DType::I32, &[nt]).expect("pos");
+        let p = AttnParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            causal: true,
+            window,
+        };
+        let y = g.attention(q, k, v, pos, None, p).expect("attention");
+        g.mark_output(y).expect("out");
+        let kv = |rng: &mut Rng| -> Vec<u8> {
+            let vals = rng.vec(hd * nkv * nk);
+            if kt == DType::F16 {
+                vals.iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                    .collect()
+            } else {
+                f32_bytes(&vals)
+            }
+        };
+        let positions: Vec<i32> = (0..nt).map(|t| (nk - nt + t) as i32).collect();
+        let c = Case {
+            g,
+            weights: vec![],
+            inputs: vec![
+                (q, f32_bytes(&rng.vec(hd * nh * nt))),
+                (k, kv(&mut rng)),
+                (v, kv(&mut rng)),
+                (pos, bytemuck::cast_slice(&positions).to_vec()),
+            ],
+            out: y,
+        };
+        check(
+            &h,
+            &format!(
+                "attention hd={hd} heads={nh}/{nkv} tokens={nt} kv={nk} window={window:?} {kt}"
+            ),
+            &c,
+            1e-8,
+        );
+    }
+}
