@@ -128,6 +128,9 @@ fn test(extra: &[String]) -> Result<()> {
         "clippy",
         "--workspace",
         "--all-targets",
+        // The HIP backend is feature-gated: lint it too (it builds without a GPU or kernels).
+        "--features",
+        "ggml-graph/hip",
         "--profile",
         "ci",
         "--",
@@ -146,7 +149,14 @@ fn test(extra: &[String]) -> Result<()> {
     let model = fetch_model::run()?;
     run_cmd(
         cargo()
-            .args(["test", "--workspace", "--profile", "ci"])
+            .args([
+                "test",
+                "--workspace",
+                "--profile",
+                "ci",
+                "--features",
+                "ggml-graph/hip",
+            ])
             .args(extra)
             .env("ROCMFORGE_TEST_MODEL", &model),
     )
