@@ -1,9 +1,11 @@
 //! Quantized mat-vec throughput (GB/s of weight bytes read) beside the machine's measured memory
 //! read bandwidth, on 1 and 2 threads. Run: `cargo bench -p ggml-graph --bench matvec`.
-//! Set `MATVEC_QUICK=1` for the 2048x2048 shape only.
+//! Set `MATVEC_QUICK=1` for the 2048x2048 shape only, `MATVEC_SIMD=avx2|scalar` to cap the SIMD
+//! level.
 
 use std::time::{Duration, Instant};
 
+use ggml_graph::quant::Simd;
 use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
 use rayon::prelude::*;
 
@@ -73,7 +75,7 @@ fn prefill(threads: usize, ty: DType, k: usize, n: usize, m: usize) {
     let x = g.input("x", DType::F32, &[k, m]).expect("input");
     let y = g.mul_mat(w, x).expect("mul_mat");
     g.mark_output(y).expect("output");
-    let mut ex = Executor::new(CpuBackend::new(threads).expect("backend"));
+    let mut ex = Executor::new(backend(threads));
     ex.bind_weight("w", ty, &[k, n], WeightBytes::from_vec(weights(ty, k, n)))
         .expect("bind");
     let xv: Vec<f32> = (0..k * m)
@@ -88,6 +90,20 @@ fn prefill(threads: usize, ty: DType, k: usize, n: usize, m: usize) {
     );
 }
 
+fn simd_cap() -> Simd {
+    match std::env::var("MATVEC_SIMD").as_deref() {
+        Ok("scalar") => Simd::Scalar,
+        Ok("avx2") => Simd::Avx2,
+        _ => Simd::Avx512,
+    }
+}
+
+fn backend(threads: usize) -> CpuBackend {
+    CpuBackend::new(threads)
+        .expect("backend")
+        .with_simd(simd_cap())
+}
+
 fn main() {
     let quick = std::env::var_os("MATVEC_QUICK").is_some();
     let shapes: &[(usize, usize)] = if quick {
@@ -95,7 +111,7 @@ fn main() {
     } else {
         &[(2048, 2048), (4096, 14336)]
     };
-    println!("simd: {:?}", ggml_graph::quant::detected());
+    println!("simd: {:?}", backend(1).simd());
     for threads in [1, 2] {
         let bw = bandwidth(threads);
         println!("threads={threads} memory read bandwidth: {bw:.1} GB/s");
@@ -108,7 +124,7 @@ fn main() {
                 let x = g.input("x", DType::F32, &[k, 1]).expect("input");
                 let y = g.mul_mat(w, x).expect("mul_mat");
                 g.mark_output(y).expect("output");
-                let mut ex = Executor::new(CpuBackend::new(threads).expect("backend"));
+                let mut ex = Executor::new(backend(threads));
                 ex.bind_weight("w", ty, &[k, n], WeightBytes::from_vec(wb))
                     .expect("bind");
                 let xv: Vec<f32> = (0..k)

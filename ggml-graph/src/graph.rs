@@ -300,7 +300,7 @@ impl Graph {
                 ),
             ));
         }
-        if params.n_dims == 0 || params.n_dims % 2 != 0 || params.n_dims > xt.ne[0] {
+        if params.n_dims == 0 || !params.n_dims.is_multiple_of(2) || params.n_dims > xt.ne[0] {
             return Err(shape_err(
                 "rope",
                 format!(

@@ -79,6 +79,7 @@ fn mul_mat_every_type_scalar() {
 
 #[test]
 fn mul_mat_every_type_simd() {
+    check_mul_mat(Simd::Avx2);
     check_mul_mat(ggml_graph::quant::detected());
 }
 

@@ -9,11 +9,20 @@ use ggml_graph::DType;
 
 #[test]
 fn simd_matches_scalar_for_every_type() {
-    let simd = detected();
-    if simd == Simd::Scalar {
+    let levels: Vec<Simd> = [Simd::Avx2, Simd::Avx512]
+        .into_iter()
+        .filter(|&l| l <= detected())
+        .collect();
+    if levels.is_empty() {
         println!("skipped: this CPU has no SIMD path (scalar only)");
         return;
     }
+    for simd in levels {
+        check_level(simd);
+    }
+}
+
+fn check_level(simd: Simd) {
     let mut rng = Rng::new(77);
     for ty in [
         DType::Q4_0,

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::{min_rows, out_f32, unflatten, unsupported, CpuBackend, SrcView};
+use super::{for_rows, out_f32, unflatten, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
 use crate::quant::dot_float;
 use crate::tensor::{AttnParams, DType, RopeMode, RopeParams, Tensor};
@@ -25,31 +25,28 @@ pub(crate) fn rope(
     let ne0 = t.ne[0];
     let half = p.n_dims / 2;
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
-    o.par_chunks_mut(ne0)
-        .with_min_len(min_rows(ne0))
-        .enumerate()
-        .for_each(|(r, orow)| {
-            let (i1, i2, i3) = unflatten(r, &t.ne);
-            let src = x.row(xa, i1, i2, i3);
-            let position = pa[i2 * pos.t.nb[0] / 4] as f32;
-            let mut theta = position;
-            for i in 0..half {
-                let mut th = theta * p.freq_scale;
-                if let Some(f) = ffa {
-                    th /= f[i];
-                }
-                let (sin, cos) = th.sin_cos();
-                let (a, b) = match p.mode {
-                    RopeMode::Normal => (2 * i, 2 * i + 1),
-                    RopeMode::Neox => (i, i + half),
-                };
-                let (x0, x1) = (src[a], src[b]);
-                orow[a] = x0 * cos - x1 * sin;
-                orow[b] = x0 * sin + x1 * cos;
-                theta *= theta_scale;
+    for_rows(o, ne0, |r, orow| {
+        let (i1, i2, i3) = unflatten(r, &t.ne);
+        let src = x.row(xa, i1, i2, i3);
+        let position = pa[i2 * pos.t.nb[0] / 4] as f32;
+        let mut theta = position;
+        for i in 0..half {
+            let mut th = theta * p.freq_scale;
+            if let Some(f) = ffa {
+                th /= f[i];
             }
-            orow[p.n_dims..].copy_from_slice(&src[p.n_dims..]);
-        });
+            let (sin, cos) = th.sin_cos();
+            let (a, b) = match p.mode {
+                RopeMode::Normal => (2 * i, 2 * i + 1),
+                RopeMode::Neox => (i, i + half),
+            };
+            let (x0, x1) = (src[a], src[b]);
+            orow[a] = x0 * cos - x1 * sin;
+            orow[b] = x0 * sin + x1 * cos;
+            theta *= theta_scale;
+        }
+        orow[p.n_dims..].copy_from_slice(&src[p.n_dims..]);
+    });
     Ok(())
 }
 
@@ -67,30 +64,27 @@ pub(crate) fn soft_max(
     };
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
-    o.par_chunks_mut(ne0)
-        .with_min_len(min_rows(ne0))
-        .enumerate()
-        .for_each(|(r, orow)| {
-            let (i1, i2, i3) = unflatten(r, &t.ne);
-            let src = a.row(aa, i1, i2, i3);
-            let mrow = ma.map(|(m, all)| m.row(all, i1, i2 % m.t.ne[2], i3 % m.t.ne[3]));
-            let mut max = f32::NEG_INFINITY;
-            for (i, (o, &v)) in orow.iter_mut().zip(src).enumerate() {
-                *o = v * scale + mrow.map_or(0.0, |m| m[i]);
-                max = max.max(*o);
-            }
-            if max == f32::NEG_INFINITY {
-                orow.fill(0.0);
-                return;
-            }
-            let mut sum = 0.0f64;
-            for o in orow.iter_mut() {
-                *o = (*o - max).exp();
-                sum += *o as f64;
-            }
-            let inv = (1.0 / sum) as f32;
-            orow.iter_mut().for_each(|o| *o *= inv);
-        });
+    for_rows(o, ne0, |r, orow| {
+        let (i1, i2, i3) = unflatten(r, &t.ne);
+        let src = a.row(aa, i1, i2, i3);
+        let mrow = ma.map(|(m, all)| m.row(all, i1, i2 % m.t.ne[2], i3 % m.t.ne[3]));
+        let mut max = f32::NEG_INFINITY;
+        for (i, (o, &v)) in orow.iter_mut().zip(src).enumerate() {
+            *o = v * scale + mrow.map_or(0.0, |m| m[i]);
+            max = max.max(*o);
+        }
+        if max == f32::NEG_INFINITY {
+            orow.fill(0.0);
+            return;
+        }
+        let mut sum = 0.0f64;
+        for o in orow.iter_mut() {
+            *o = (*o - max).exp();
+            sum += *o as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        orow.iter_mut().for_each(|o| *o *= inv);
+    });
     Ok(())
 }
 

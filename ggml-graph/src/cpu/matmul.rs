@@ -50,13 +50,21 @@ pub(crate) fn mul_mat(
         if scratch.len() < arb * n_cols {
             scratch.resize(arb * n_cols, 0);
         }
-        scratch[..arb * n_cols]
-            .par_chunks_mut(arb)
-            .enumerate()
-            .for_each(|(c, dst)| {
-                let (mi, i2, i3) = (c % m, (c / m) % b2, c / (m * b2));
-                quantize_act(aty, x.row(xa, mi, i2, i3), dst);
-            });
+        let quant = |(c, dst): (usize, &mut [u8])| {
+            let (mi, i2, i3) = (c % m, (c / m) % b2, c / (m * b2));
+            quantize_act(aty, x.row(xa, mi, i2, i3), dst);
+        };
+        if n_cols <= 4 {
+            scratch[..arb * n_cols]
+                .chunks_mut(arb)
+                .enumerate()
+                .for_each(quant);
+        } else {
+            scratch[..arb * n_cols]
+                .par_chunks_mut(arb)
+                .enumerate()
+                .for_each(quant);
+        }
     }
     let acts: &[u8] = &scratch[..arb * n_cols];
     let wrb = wt.row_bytes();

@@ -38,13 +38,9 @@ impl CpuBackend {
         })
     }
 
-    /// Forces a SIMD level (tests compare the scalar and SIMD paths through whole graphs).
+    /// Caps the SIMD level at `simd` (tests compare the scalar and SIMD paths through whole graphs).
     pub fn with_simd(mut self, simd: Simd) -> Self {
-        self.simd = if simd == Simd::Scalar {
-            Simd::Scalar
-        } else {
-            detected()
-        };
+        self.simd = simd.min(detected());
         self
     }
 
@@ -114,6 +110,22 @@ pub(crate) fn unflatten(r: usize, ne: &[usize; 4]) -> (usize, usize, usize) {
 /// Rows per rayon task so small rows are batched.
 pub(crate) fn min_rows(ne0: usize) -> usize {
     (4096 / ne0.max(1)).max(1)
+}
+
+/// Work below this many output values runs on the calling thread: a rayon dispatch costs more
+/// than the work itself (decode runs hundreds of such small ops per token).
+const SERIAL_MAX: usize = 1 << 14;
+
+/// Calls `f(row_index, row)` for each `ne0`-long row of `o`, in parallel when the op is large.
+pub(crate) fn for_rows(o: &mut [f32], ne0: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if o.len() <= SERIAL_MAX {
+        o.chunks_mut(ne0).enumerate().for_each(|(r, row)| f(r, row));
+    } else {
+        o.par_chunks_mut(ne0)
+            .with_min_len(min_rows(ne0))
+            .enumerate()
+            .for_each(|(r, row)| f(r, row));
+    }
 }
 
 pub(crate) fn unsupported(t: &Tensor, detail: String) -> GraphError {

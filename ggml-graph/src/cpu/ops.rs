@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{min_rows, out_f32, unflatten, unsupported, SrcView};
+use super::{for_rows, min_rows, out_f32, unflatten, unsupported, SrcView};
 use crate::error::{GraphError, Result};
 use crate::tensor::{Act, DType, Tensor};
 
@@ -70,13 +70,10 @@ pub(crate) fn map_rows(
     let all = a.f32s()?;
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
-    o.par_chunks_mut(ne0)
-        .with_min_len(min_rows(ne0))
-        .enumerate()
-        .for_each(|(r, orow)| {
-            let (i1, i2, i3) = unflatten(r, &t.ne);
-            f(a.row(all, i1, i2, i3), orow);
-        });
+    for_rows(o, ne0, |r, orow| {
+        let (i1, i2, i3) = unflatten(r, &t.ne);
+        f(a.row(all, i1, i2, i3), orow);
+    });
     Ok(())
 }
 
@@ -91,23 +88,20 @@ pub(crate) fn binary(
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
     let bne = b.t.ne;
-    o.par_chunks_mut(ne0)
-        .with_min_len(min_rows(ne0))
-        .enumerate()
-        .for_each(|(r, orow)| {
-            let (i1, i2, i3) = unflatten(r, &t.ne);
-            let arow = a.row(aa, i1, i2, i3);
-            let brow = b.row(ba, i1 % bne[1], i2 % bne[2], i3 % bne[3]);
-            if brow.len() == orow.len() {
-                for ((o, &x), &y) in orow.iter_mut().zip(arow).zip(brow) {
-                    *o = f(x, y);
-                }
-            } else {
-                for (i, (o, &x)) in orow.iter_mut().zip(arow).enumerate() {
-                    *o = f(x, brow[i % bne[0]]);
-                }
+    for_rows(o, ne0, |r, orow| {
+        let (i1, i2, i3) = unflatten(r, &t.ne);
+        let arow = a.row(aa, i1, i2, i3);
+        let brow = b.row(ba, i1 % bne[1], i2 % bne[2], i3 % bne[3]);
+        if brow.len() == orow.len() {
+            for ((o, &x), &y) in orow.iter_mut().zip(arow).zip(brow) {
+                *o = f(x, y);
             }
-        });
+        } else {
+            for (i, (o, &x)) in orow.iter_mut().zip(arow).enumerate() {
+                *o = f(x, brow[i % bne[0]]);
+            }
+        }
+    });
     Ok(())
 }
 
@@ -121,19 +115,16 @@ pub(crate) fn gated(
     let (ga, ua) = (g.f32s()?, u.f32s()?);
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
-    o.par_chunks_mut(ne0)
-        .with_min_len(min_rows(ne0))
-        .enumerate()
-        .for_each(|(r, orow)| {
-            let (i1, i2, i3) = unflatten(r, &t.ne);
-            for ((o, &x), &y) in orow
-                .iter_mut()
-                .zip(g.row(ga, i1, i2, i3))
-                .zip(u.row(ua, i1, i2, i3))
-            {
-                *o = f(x) * y;
-            }
-        });
+    for_rows(o, ne0, |r, orow| {
+        let (i1, i2, i3) = unflatten(r, &t.ne);
+        for ((o, &x), &y) in orow
+            .iter_mut()
+            .zip(g.row(ga, i1, i2, i3))
+            .zip(u.row(ua, i1, i2, i3))
+        {
+            *o = f(x) * y;
+        }
+    });
     Ok(())
 }
 
@@ -316,16 +307,13 @@ pub(crate) fn add_in_place(t: &Tensor, out: &mut [u8], b: &SrcView<'_>) -> Resul
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
     let bne = b.t.ne;
-    o.par_chunks_mut(ne0)
-        .with_min_len(min_rows(ne0))
-        .enumerate()
-        .for_each(|(r, orow)| {
-            let (i1, i2, i3) = unflatten(r, &t.ne);
-            let brow = b.row(ba, i1 % bne[1], i2 % bne[2], i3 % bne[3]);
-            for (i, o) in orow.iter_mut().enumerate() {
-                *o += brow[i % bne[0]];
-            }
-        });
+    for_rows(o, ne0, |r, orow| {
+        let (i1, i2, i3) = unflatten(r, &t.ne);
+        let brow = b.row(ba, i1 % bne[1], i2 % bne[2], i3 % bne[3]);
+        for (i, o) in orow.iter_mut().enumerate() {
+            *o += brow[i % bne[0]];
+        }
+    });
     Ok(())
 }
 
@@ -341,16 +329,13 @@ pub(crate) fn rms_norm_mul(
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
     let wne = w.t.ne;
-    o.par_chunks_mut(ne0)
-        .with_min_len(min_rows(ne0))
-        .enumerate()
-        .for_each(|(r, orow)| {
-            let (i1, i2, i3) = unflatten(r, &t.ne);
-            rms_norm_row(x.row(xa, i1, i2, i3), orow, eps);
-            let wrow = w.row(wa, i1 % wne[1], i2 % wne[2], i3 % wne[3]);
-            for (i, o) in orow.iter_mut().enumerate() {
-                *o *= wrow[i % wne[0]];
-            }
-        });
+    for_rows(o, ne0, |r, orow| {
+        let (i1, i2, i3) = unflatten(r, &t.ne);
+        rms_norm_row(x.row(xa, i1, i2, i3), orow, eps);
+        let wrow = w.row(wa, i1 % wne[1], i2 % wne[2], i3 % wne[3]);
+        for (i, o) in orow.iter_mut().enumerate() {
+            *o *= wrow[i % wne[0]];
+        }
+    });
     Ok(())
 }

@@ -25,13 +25,15 @@ pub fn act_type(w: DType) -> Option<DType> {
     }
 }
 
-/// Which SIMD level the dot products use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which SIMD level the dot products use (ordered: each level includes the ones before).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Simd {
     /// Portable Rust.
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
+    /// AVX2 plus AVX-512 BW/VL and VNNI (`vpdpbusd` for the 32-value block types).
+    Avx512,
 }
 
 /// The best SIMD level of this CPU (detected once).
@@ -44,7 +46,11 @@ pub fn detected() -> Simd {
                 && std::is_x86_feature_detected!("fma")
                 && std::is_x86_feature_detected!("f16c")
             {
-                return Simd::Avx2;
+                return if x86::has_vnni() {
+                    Simd::Avx512
+                } else {
+                    Simd::Avx2
+                };
             }
         }
         Simd::Scalar
@@ -115,7 +121,13 @@ fn quantize_q8k_block(x: &[f32], out: &mut [u8]) {
 /// quantized to `act_type(ty)`, on the given SIMD level.
 pub fn vec_dot(simd: Simd, ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx2 {
+    if simd == Simd::Avx512 {
+        if let Some(v) = x86::vec_dot_vnni(ty, n, w, a) {
+            return v;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd != Simd::Scalar {
         if let Some(v) = x86::vec_dot(ty, n, w, a) {
             return v;
         }
@@ -136,7 +148,7 @@ pub fn vec_dot_cols(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx2 && x86::vec_dot_cols(ty, n, w, a, astride, out) {
+    if simd != Simd::Scalar && x86::vec_dot_cols(ty, n, w, a, astride, out) {
         return;
     }
     for (c, o) in out.iter_mut().enumerate() {
@@ -202,7 +214,7 @@ pub fn vec_dot_scalar(ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// Dot product of f32 `a` with a row of floats `w` of type F32, F16 or BF16.
 pub fn dot_float(simd: Simd, ty: DType, w: &[u8], a: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx2 {
+    if simd != Simd::Scalar {
         if let Some(v) = x86::dot_float(ty, w, a) {
             return v;
         }

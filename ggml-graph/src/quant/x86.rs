@@ -697,3 +697,68 @@ unsafe fn cols_q6_k<const C: usize>(
     // SAFETY: AVX2 present (caller).
     acc.map(|v| unsafe { hsum(v) })
 }
+
+/// True when the CPU has AVX-512 BW/VL and VNNI (256-bit `vpdpbusd`, mask-to-byte moves).
+pub(super) fn has_vnni() -> bool {
+    std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512bw")
+        && std::is_x86_feature_detected!("avx512vl")
+        && std::is_x86_feature_detected!("avx512vnni")
+}
+
+/// The 32-value block dot products with VNNI: `vpdpbusd` replaces the maddubs/madd pair and Q5_0
+/// expands its high bits with one mask move. `None` for other types.
+pub(super) fn vec_dot_vnni(ty: DType, n: usize, w: &[u8], a: &[u8]) -> Option<f32> {
+    if !matches!(ty, DType::Q4_0 | DType::Q5_0 | DType::Q8_0) {
+        return None;
+    }
+    let nb = n / QK;
+    if w.len() < nb * ty.type_size() || a.len() < nb * 34 {
+        return None;
+    }
+    // SAFETY: the caller obtained Simd::Avx512 from detection (has_vnni plus avx2/fma/f16c), and
+    // both rows hold `nb` whole blocks.
+    Some(unsafe { dot_small_vnni(ty, nb, w.as_ptr(), a.as_ptr()) })
+}
+
+/// # Safety
+/// AVX2/FMA/F16C/AVX-512 BW+VL+VNNI; `w` holds `nb` blocks of `ty`, `a` `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_small_vnni(ty: DType, nb: usize, w: *const u8, a: *const u8) -> f32 {
+    let bs = ty.type_size();
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let m4 = _mm256_set1_epi8(0x0f);
+    let hi_nib = _mm256_set1_epi8(0xf0_u8 as i8);
+    for i in 0..nb {
+        // SAFETY: block `i` of both rows is in bounds (caller).
+        unsafe {
+            let wb = w.add(i * bs);
+            let ab = a.add(i * 34);
+            let qw = match ty {
+                DType::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
+                DType::Q4_0 => {
+                    let t = _mm_loadu_si128(wb.add(2) as *const __m128i);
+                    let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+                    _mm256_sub_epi8(q, _mm256_set1_epi8(8))
+                }
+                _ => {
+                    let qh = std::ptr::read_unaligned(wb.add(2) as *const u32);
+                    let t = _mm_loadu_si128(wb.add(6) as *const __m128i);
+                    let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+                    // High nibble 0xF where the fifth bit is clear: value = nibble + 16 * bit - 16.
+                    _mm256_or_si256(q, _mm256_maskz_mov_epi8(!qh, hi_nib))
+                }
+            };
+            let qa = _mm256_loadu_si256(ab.add(2) as *const __m256i);
+            let p = _mm256_dpbusd_epi32(
+                _mm256_setzero_si256(),
+                _mm256_abs_epi8(qw),
+                _mm256_sign_epi8(qa, qw),
+            );
+            let d = _mm256_set1_ps(f16_load(wb) * f16_load(ab));
+            acc[i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[i & 1]);
+        }
+    }
+    // SAFETY: AVX2 present (this function's target features).
+    unsafe { hsum(_mm256_add_ps(acc[0], acc[1])) }
+}
