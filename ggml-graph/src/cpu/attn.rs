@@ -88,27 +88,17 @@ pub(crate) fn soft_max(
     Ok(())
 }
 
-/// `acc += w * row` for a float row of type `ty`.
-fn axpy(ty: DType, row: &[u8], w: f32, acc: &mut [f32]) {
-    match ty {
-        DType::F32 => {
-            for (a, c) in acc.iter_mut().zip(row.chunks_exact(4)) {
-                *a += w * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        DType::F16 => {
-            for (a, c) in acc.iter_mut().zip(row.chunks_exact(2)) {
-                *a += w * half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
-        _ => {
-            for (a, c) in acc.iter_mut().zip(row.chunks_exact(2)) {
-                *a += w * half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
-    }
+/// Query heads per KV head the kernel handles (real models use at most 16).
+const MAX_GROUP: usize = 64;
+
+thread_local! {
+    /// Per-thread attention scratch (scores, converted K and V rows), grown once and reused.
+    static ATTN_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Each task handles one token and one KV head with all the query heads that share it, so each
+/// K and V row is converted once per group: scores first, then an exact softmax, then the
+/// weighted sum of V rows.
 pub(crate) fn attention(
     be: &CpuBackend,
     t: &Tensor,
@@ -130,46 +120,89 @@ pub(crate) fn attention(
     if pa.iter().any(|&x| x < 0) {
         return Err(unsupported(t, "negative query position".into()));
     }
+    if group > MAX_GROUP {
+        return Err(unsupported(
+            t,
+            format!("{group} query heads per kv head (at most {MAX_GROUP})"),
+        ));
+    }
     let o = out_f32(t, out)?;
     let simd = be.simd();
-    o.par_chunks_mut(dv).enumerate().for_each(|(r, orow)| {
-        let (h, tok) = (r % n_head, r / n_head);
-        let kvh = h / group;
-        let qrow = &q.row(qa, h, tok, 0)[..d];
-        let qpos = pa[tok * pos.t.nb[0] / 4] as usize;
-        let hi = if p.causal { (qpos + 1).min(n_kv) } else { n_kv };
-        let lo = match p.window {
-            Some(w) if w > 0 => (qpos + 1).saturating_sub(w),
-            _ => 0,
-        };
-        let mrow = ma.map(|(m, all)| m.row(all, tok, 0, 0));
-        orow.fill(0.0);
-        let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-        for j in lo..hi {
-            let ko = k.off(kvh, j, 0);
-            let mut s = p.scale * dot_float(simd, k.t.dtype, &k.data[ko..ko + krb], qrow);
-            if let Some(m) = mrow {
-                s += m[j];
+    o.par_chunks_mut(dv * group)
+        .enumerate()
+        .for_each(|(r, ochunk)| {
+            let (kvh, tok) = (r % n_kv_head, r / n_kv_head);
+            let qpos = pa[tok * pos.t.nb[0] / 4] as usize;
+            let hi = if p.causal { (qpos + 1).min(n_kv) } else { n_kv };
+            let lo = match p.window {
+                Some(w) if w > 0 => (qpos + 1).saturating_sub(w),
+                _ => 0,
+            };
+            let n = hi.saturating_sub(lo);
+            let mrow = ma.map(|(m, all)| m.row(all, tok, 0, 0));
+            ochunk.fill(0.0);
+            if n == 0 {
+                return;
             }
-            if s == f32::NEG_INFINITY {
-                continue;
-            }
-            let vo = v.off(kvh, j, 0);
-            let vrow = &v.data[vo..vo + vrb];
-            if s > max {
-                let c = (max - s).exp();
-                orow.iter_mut().for_each(|a| *a *= c);
-                sum *= c;
-                max = s;
-            }
-            let w = (s - max).exp();
-            sum += w;
-            axpy(v.t.dtype, vrow, w, orow);
-        }
-        if sum > 0.0 {
-            let inv = 1.0 / sum;
-            orow.iter_mut().for_each(|a| *a *= inv);
-        }
-    });
+            ATTN_SCRATCH.with(|cell| {
+                let mut buf = cell.borrow_mut();
+                if buf.len() < group * n + d + dv {
+                    buf.resize(group * n + d + dv, 0.0);
+                }
+                let (scores, rest) = buf.split_at_mut(group * n);
+                let (krow, rest) = rest.split_at_mut(d);
+                let vrow = &mut rest[..dv];
+                for j in lo..hi {
+                    let ko = k.off(kvh, j, 0);
+                    to_f32_row(simd, k.t.dtype, &k.data[ko..ko + krb], krow);
+                    let bias = mrow.map_or(0.0, |m| m[j]);
+                    for g in 0..group {
+                        let qrow = &q.row(qa, kvh * group + g, tok, 0)[..d];
+                        let s = dot_float(simd, DType::F32, bytemuck::cast_slice(krow), qrow);
+                        scores[g * n + (j - lo)] = p.scale * s + bias;
+                    }
+                }
+                let mut inv = [0f32; MAX_GROUP];
+                for g in 0..group {
+                    let sg = &mut scores[g * n..(g + 1) * n];
+                    let max = sg.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    if max == f32::NEG_INFINITY {
+                        sg.fill(0.0);
+                        continue;
+                    }
+                    let mut sum = 0.0f32;
+                    for x in sg.iter_mut() {
+                        *x = (*x - max).exp();
+                        sum += *x;
+                    }
+                    inv[g] = 1.0 / sum;
+                }
+                for j in lo..hi {
+                    let vo = v.off(kvh, j, 0);
+                    to_f32_row(simd, v.t.dtype, &v.data[vo..vo + vrb], vrow);
+                    for (g, orow) in ochunk.chunks_exact_mut(dv).enumerate() {
+                        let w = scores[g * n + (j - lo)];
+                        if w != 0.0 {
+                            for (a, &x) in orow.iter_mut().zip(vrow.iter()) {
+                                *a += w * x;
+                            }
+                        }
+                    }
+                }
+                for (g, orow) in ochunk.chunks_exact_mut(dv).enumerate() {
+                    let s = inv[g];
+                    orow.iter_mut().for_each(|a| *a *= s);
+                }
+            });
+        });
     Ok(())
+}
+
+/// Converts a float row (F32/F16/BF16 bytes) to f32.
+fn to_f32_row(simd: crate::quant::Simd, ty: DType, src: &[u8], dst: &mut [f32]) {
+    if !crate::quant::convert_row(simd, ty, src, dst) {
+        for (d, c) in dst.iter_mut().zip(src.chunks_exact(ty.type_size())) {
+            *d = super::ops::load_scalar(ty, c);
+        }
+    }
 }

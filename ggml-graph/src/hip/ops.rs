@@ -105,6 +105,19 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && ids.ne[3] == 1
                 && out_f32
         }
+        // The scheduler asks with every source ([dst, src, idx]); launches pass the sources
+        // minus the written destination ([src, idx]). `t` describes the destination either way.
+        (Op::SetRows, [.., src, idx]) if srcs.len() <= 3 => {
+            matches!(t.dtype, DType::F16 | DType::F32)
+                && t.rows_contiguous()
+                && t.ne[2] * t.ne[3] == 1
+                && src.dtype == DType::F32
+                && src.rows_contiguous()
+                && src.ne[0] == t.ne[0]
+                && src.ne[2] * src.ne[3] == 1
+                && dense(idx, DType::I32)
+                && idx.nelements() >= src.ne[1]
+        }
         (Op::Argmax, [a]) => f32_rows(a) && dense(t, DType::I32),
         (Op::Attention(_), [q, k, v, pos]) => {
             let d = q.ne[0];
@@ -299,6 +312,22 @@ pub(crate) fn launch(
                     d.launch_kernel(k, [blocks(ncols, 256), n as u32, 1], 256, &mut a)
                 }
             }
+        }
+        Op::SetRows => {
+            let src = srcs[0].tensor;
+            let n = src.ne[1];
+            let kid = if t.dtype == DType::F16 {
+                KernelId::SetRowsF16
+            } else {
+                KernelId::SetRowsF32
+            };
+            a.push(addr(&srcs[0])?)
+                .push(addr(&srcs[1])?)
+                .push(out)
+                .push(src.ne[0] as i32)
+                .push(n as i32);
+            a.push(elems(src.nb[1], src)).push(elems(t.nb[1], t));
+            d.launch_kernel(kid, [blocks(n * src.ne[0], 256), 1, 1], 256, &mut a)
         }
         Op::Argmax => {
             let x = srcs[0].tensor;

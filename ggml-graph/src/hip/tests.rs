@@ -402,3 +402,38 @@ fn attention_matches_cpu_prefill_and_decode() {
         );
     }
 }
+
+#[test]
+fn set_rows_into_a_cache_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x1357_2468_9bdf_0ace);
+    for dt in [DType::F16, DType::F32] {
+        let (ncols, slots, n) = (128usize, 12usize, 4usize);
+        let mut g = Graph::new();
+        let cache = g.input("cache", dt, &[ncols, slots]).expect("cache");
+        let src = g.input("src", DType::F32, &[ncols, n]).expect("src");
+        let idx = g.input("idx", DType::I32, &[n]).expect("idx");
+        let y = g.set_rows(cache, src, idx).expect("set_rows");
+        g.mark_output(y).expect("out");
+        let init = rng.vec(ncols * slots);
+        let cache_bytes = if dt == DType::F16 {
+            init.iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect()
+        } else {
+            f32_bytes(&init)
+        };
+        let c = Case {
+            g,
+            weights: vec![],
+            inputs: vec![
+                (cache, cache_bytes),
+                (src, f32_bytes(&rng.vec(ncols * n))),
+                (idx, bytemuck::cast_slice(&[11i32, 0, 5, 6]).to_vec()),
+            ],
+            out: y,
+        };
+        let (gpu, cpu) = run_both(&h, &c);
+        assert_eq!(gpu, cpu, "set_rows into {dt}");
+    }
+}

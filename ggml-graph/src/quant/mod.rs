@@ -239,3 +239,13 @@ pub fn dot_float(simd: Simd, ty: DType, w: &[u8], a: &[f32]) -> f32 {
     }
     acc
 }
+
+/// Converts a float row (F32/F16/BF16) to f32 with SIMD; false when no SIMD path applies.
+pub fn convert_row(simd: Simd, ty: DType, src: &[u8], dst: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if simd != Simd::Scalar {
+        return x86::convert_row(ty, src, dst);
+    }
+    let _ = (simd, ty, src, dst);
+    false
+}

@@ -762,3 +762,47 @@ unsafe fn dot_small_vnni(ty: DType, nb: usize, w: *const u8, a: *const u8) -> f3
     // SAFETY: AVX2 present (this function's target features).
     unsafe { hsum(_mm256_add_ps(acc[0], acc[1])) }
 }
+
+/// F16/BF16/F32 bytes to f32, eight at a time; false for other types or short buffers.
+pub(super) fn convert_row(ty: DType, src: &[u8], dst: &mut [f32]) -> bool {
+    let n = dst.len();
+    if !matches!(ty, DType::F32 | DType::F16 | DType::BF16) || src.len() < n * ty.type_size() {
+        return false;
+    }
+    // SAFETY: detection reported avx2/fma/f16c; `src` holds `n` elements, `dst` has room for `n`.
+    unsafe { convert_row_avx2(ty, n, src.as_ptr(), dst.as_mut_ptr()) };
+    true
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; `n` elements of `ty` readable at `src`, `n` f32 writable at `dst`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn convert_row_avx2(ty: DType, n: usize, src: *const u8, dst: *mut f32) {
+    let mut i = 0;
+    // SAFETY: every access is below `n` elements (loop bounds), in bounds per the caller.
+    unsafe {
+        while i + 8 <= n {
+            let v = match ty {
+                DType::F32 => _mm256_loadu_ps((src as *const f32).add(i)),
+                DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(src.add(2 * i) as *const __m128i)),
+                _ => _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128(src.add(2 * i) as *const __m128i)),
+                    16,
+                )),
+            };
+            _mm256_storeu_ps(dst.add(i), v);
+            i += 8;
+        }
+        while i < n {
+            let v = match ty {
+                DType::F32 => std::ptr::read_unaligned((src as *const f32).add(i)),
+                DType::F16 => f16_load(src.add(2 * i)),
+                _ => f32::from_bits(
+                    (std::ptr::read_unaligned(src.add(2 * i) as *const u16) as u32) << 16,
+                ),
+            };
+            *dst.add(i) = v;
+            i += 1;
+        }
+    }
+}
