@@ -148,7 +148,7 @@ pub fn vec_dot_cols(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd != Simd::Scalar && x86::vec_dot_cols(ty, n, w, a, astride, out) {
+    if simd != Simd::Scalar && x86::vec_dot_cols(ty, n, w, a, astride, out, simd == Simd::Avx512) {
         return;
     }
     for (c, o) in out.iter_mut().enumerate() {

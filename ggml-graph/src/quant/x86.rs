@@ -443,6 +443,7 @@ pub(super) fn vec_dot_cols(
     a: &[u8],
     astride: usize,
     out: &mut [f32],
+    vnni: bool,
 ) -> bool {
     let (nb, abytes) = match ty {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (n / QK, 34),
@@ -471,6 +472,9 @@ pub(super) fn vec_dot_cols(
         };
     }
     match ty {
+        // `vnni` is true only when `has_vnni` reported the
+        // AVX-512 features, besides the AVX2 ones every kernel here needs.
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 if vnni => go!(cols_small_vnni),
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => go!(cols_small),
         DType::Q6_K => go!(cols_q6_k),
         _ => go!(cols_q4_k),
@@ -805,4 +809,57 @@ unsafe fn convert_row_avx2(ty: DType, n: usize, src: *const u8, dst: *mut f32) {
             i += 1;
         }
     }
+}
+
+/// [`cols_small`] with `vpdpbusd` and mask-move expansion of Q5_0's fifth bits.
+///
+/// # Safety
+/// AVX2/FMA/F16C/AVX-512 BW+VL+VNNI; `w` holds `nb` blocks of `ty`; `C` Q8_0 rows of `nb` blocks at
+/// `a + c * astride`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn cols_small_vnni<const C: usize>(
+    ty: DType,
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [f32; C] {
+    let mut acc = [_mm256_setzero_ps(); C];
+    let bs = ty.type_size();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let hi_nib = _mm256_set1_epi8(0xf0_u8 as i8);
+    for i in 0..nb {
+        // SAFETY: block `i` of the weight row and of every activation row is in bounds (caller).
+        unsafe {
+            let wb = w.add(i * bs);
+            let qw = match ty {
+                DType::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
+                DType::Q4_0 => {
+                    let t = _mm_loadu_si128(wb.add(2) as *const __m128i);
+                    let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+                    _mm256_sub_epi8(q, _mm256_set1_epi8(8))
+                }
+                _ => {
+                    let qh = std::ptr::read_unaligned(wb.add(2) as *const u32);
+                    let t = _mm_loadu_si128(wb.add(6) as *const __m128i);
+                    let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+                    _mm256_or_si256(q, _mm256_maskz_mov_epi8(!qh, hi_nib))
+                }
+            };
+            let dw = f16_load(wb);
+            let ax = _mm256_abs_epi8(qw);
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let ab = a.add(c * astride + i * 34);
+                let qa = _mm256_loadu_si256(ab.add(2) as *const __m256i);
+                let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, _mm256_sign_epi8(qa, qw));
+                *acc = _mm256_fmadd_ps(
+                    _mm256_set1_ps(dw * f16_load(ab)),
+                    _mm256_cvtepi32_ps(p),
+                    *acc,
+                );
+            }
+        }
+    }
+    // SAFETY: AVX2 present (this function's target features).
+    acc.map(|v| unsafe { hsum(v) })
 }
