@@ -211,6 +211,7 @@ impl Device for CpuDevice {
         let pairs: Vec<(&Tensor, Loc)> = srcs.iter().map(|m| m.tensor).zip(locs).collect();
         let be = &self.backend;
         with_io(
+            crate::plan::in_place_op(&t.op),
             &mut guards,
             &[],
             (0, dst.offset),

@@ -306,9 +306,15 @@ impl Executor {
                     let loc = locs[s.index()].ok_or(GraphError::BadId(s))?;
                     srcs.push((st, loc));
                 }
-                with_io(pools, &weights, out_loc, t.extent(), &srcs, |out, views| {
-                    cpu::compute(backend, t, out, views)
-                })?;
+                with_io(
+                    crate::plan::in_place_op(&t.op),
+                    pools,
+                    &weights,
+                    out_loc,
+                    t.extent(),
+                    &srcs,
+                    |out, views| cpu::compute(backend, t, out, views),
+                )?;
             }
             Ok(())
         })?;
@@ -404,6 +410,7 @@ impl Pool for parking_lot::MutexGuard<'_, Vec<Line>> {
 }
 
 pub(crate) fn with_io<P: Pool, R>(
+    inplace_capable: bool,
     pools: &mut [P],
     weights: &[&[u8]],
     (pool, start): (usize, usize),
@@ -411,6 +418,8 @@ pub(crate) fn with_io<P: Pool, R>(
     srcs: &[(&Tensor, Loc)],
     f: impl FnOnce(&mut [u8], &[SrcView<'_>]) -> Result<R>,
 ) -> Result<R> {
+    // Only the first operand of an in-place capable op may share the output's bytes.
+    let mut first = true;
     let (left, rest) = pools.split_at_mut(pool);
     let (mid, right) = rest
         .split_first_mut()
@@ -421,6 +430,7 @@ pub(crate) fn with_io<P: Pool, R>(
     let (before, after): (&[u8], &[u8]) = (before, after);
     let mut views = Vec::with_capacity(srcs.len());
     for &(t, loc) in srcs {
+        let inplace_ok = std::mem::take(&mut first) && inplace_capable;
         let n = t.extent();
         let data: &[u8] = match loc {
             Loc::Weight { idx, off } => &weights[idx][off..off + n],
@@ -437,6 +447,13 @@ pub(crate) fn with_io<P: Pool, R>(
                     &after[off - start - len..off - start - len + n]
                 } else if n == 0 {
                     &[]
+                } else if off == start && n == len && inplace_ok {
+                    views.push(SrcView {
+                        t,
+                        data: &[],
+                        aliased: true,
+                    });
+                    continue;
                 } else {
                     return Err(GraphError::Unsupported {
                         backend: "cpu",
@@ -446,7 +463,11 @@ pub(crate) fn with_io<P: Pool, R>(
                 }
             }
         };
-        views.push(SrcView { t, data });
+        views.push(SrcView {
+            t,
+            data,
+            aliased: false,
+        });
     }
     f(out, &views)
 }

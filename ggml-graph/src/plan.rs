@@ -22,6 +22,8 @@ pub struct Plan {
     /// First node index at which each arena root is live, and the last (inclusive; `usize::MAX`
     /// for outputs). `None` for tensors that are not arena roots.
     pub live: Vec<Option<(usize, usize)>>,
+    /// For a node placed over its first operand's storage (in place): that operand's root.
+    pub in_place: Vec<Option<usize>>,
     /// Bytes of arena needed.
     pub peak: usize,
     /// Sum of the sizes of all arena roots (what a planner without reuse would need).
@@ -30,6 +32,22 @@ pub struct Plan {
 
 fn align_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Ops whose kernels can write their result over their first operand (same shape, elementwise
+/// or row-wise, reading each row before writing it).
+pub fn in_place_op(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Add
+            | Op::Mul
+            | Op::Scale(_)
+            | Op::RmsNorm { .. }
+            | Op::Norm { .. }
+            | Op::Unary(_)
+            | Op::Gated(_)
+            | Op::RmsNormMul { .. }
+    )
 }
 
 /// Marks the nodes that outputs and persistent writes depend on.
@@ -150,6 +168,7 @@ pub fn plan(graph: &Graph) -> Plan {
     let mut live = vec![None; n];
     let mut total = 0;
     let mut frees: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut in_place = vec![None; n];
     let mut released = 0;
     let arena = |i: usize| needed[i] && is_arena_root(graph, TensorId(i as u32));
     // Inputs are written before the first node runs: place them first.
@@ -170,7 +189,39 @@ pub fn plan(graph: &Graph) -> Plan {
             }
             released += 1;
         }
-        root_off[i] = Some(fl.alloc(size));
+        // In place: the first operand is a dense arena root of the same size whose last reader
+        // is this node, and no other operand reads it.
+        let reuse = match (&t.op, t.src.first()) {
+            (op, Some(&s0)) if in_place_op(op) && birth == i => {
+                let r = s0.index();
+                let st = &graph.nodes[r];
+                let only_once = t
+                    .src
+                    .iter()
+                    .filter(|&&x| graph.storage_root(x).0.index() == r)
+                    .count()
+                    == 1;
+                let ok = s0 == graph.storage_root(s0).0
+                    && root_off[r].is_some()
+                    && !is_output[r]
+                    && last_use[r] == Some(i)
+                    && only_once
+                    && st.dtype == t.dtype
+                    && st.dense_bytes() == size
+                    && st.is_contiguous();
+                ok.then_some(r)
+            }
+            _ => None,
+        };
+        root_off[i] = match reuse {
+            Some(r) => {
+                // The range passes to this node: drop the operand's pending release.
+                frees[i].retain(|&x| x != r);
+                in_place[i] = Some(r);
+                root_off[r]
+            }
+            None => Some(fl.alloc(size)),
+        };
         let death = if is_output[i] {
             usize::MAX
         } else {
@@ -195,6 +246,7 @@ pub fn plan(graph: &Graph) -> Plan {
         offset,
         needed,
         live,
+        in_place,
         peak: fl.end,
         total,
     }

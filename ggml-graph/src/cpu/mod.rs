@@ -76,10 +76,16 @@ impl CpuBackend {
 pub(crate) struct SrcView<'a> {
     pub t: &'a Tensor,
     pub data: &'a [u8],
+    /// The operand occupies exactly the output's bytes (planned in place): read it from the
+    /// output; `data` is empty.
+    pub aliased: bool,
 }
 
 impl SrcView<'_> {
     pub fn f32s(&self) -> Result<&[f32]> {
+        if self.aliased {
+            return Ok(&[]);
+        }
         bytemuck::try_cast_slice(self.data).map_err(|_| GraphError::Misaligned(self.t.name.clone()))
     }
 
@@ -168,19 +174,13 @@ pub(crate) fn compute(
         Op::Mul => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a * b),
         Op::Scale(s) => {
             let s = *s;
-            ops::map_rows(t, out, &srcs[0], |x, o| {
-                o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * s)
-            })
+            ops::map_rows(t, out, &srcs[0], |o| o.iter_mut().for_each(|v| *v *= s))
         }
-        Op::RmsNorm { eps } => {
-            ops::map_rows(t, out, &srcs[0], |x, o| ops::rms_norm_row(x, o, *eps))
-        }
-        Op::Norm { eps } => ops::map_rows(t, out, &srcs[0], |x, o| ops::norm_row(x, o, *eps)),
+        Op::RmsNorm { eps } => ops::map_rows(t, out, &srcs[0], |o| ops::rms_norm_in_place(o, *eps)),
+        Op::Norm { eps } => ops::map_rows(t, out, &srcs[0], |o| ops::norm_in_place(o, *eps)),
         Op::Unary(act) => {
             let f = ops::act_fn(*act);
-            ops::map_rows(t, out, &srcs[0], |x, o| {
-                o.iter_mut().zip(x).for_each(|(o, &v)| *o = f(v))
-            })
+            ops::map_rows(t, out, &srcs[0], |o| o.iter_mut().for_each(|v| *v = f(*v)))
         }
         Op::Gated(act) => ops::gated(t, out, &srcs[0], &srcs[1], ops::act_fn(*act)),
         Op::Rope(p) => attn::rope(t, out, &srcs[0], &srcs[1], srcs.get(2), p),

@@ -44,35 +44,38 @@ pub(crate) fn act_fn(act: Act) -> fn(f32) -> f32 {
     }
 }
 
-pub(crate) fn rms_norm_row(x: &[f32], o: &mut [f32], eps: f32) {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
-    o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * scale);
+pub(crate) fn rms_norm_in_place(o: &mut [f32], eps: f32) {
+    let ss: f64 = o.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / o.len() as f64 + eps as f64).sqrt()) as f32;
+    o.iter_mut().for_each(|v| *v *= scale);
 }
 
-pub(crate) fn norm_row(x: &[f32], o: &mut [f32], eps: f32) {
-    let n = x.len() as f64;
-    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+pub(crate) fn norm_in_place(o: &mut [f32], eps: f32) {
+    let n = o.len() as f64;
+    let mean = o.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = o.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
     let scale = 1.0 / (var + eps as f64).sqrt();
     o.iter_mut()
-        .zip(x)
-        .for_each(|(o, &v)| *o = ((v as f64 - mean) * scale) as f32);
+        .for_each(|v| *v = ((*v as f64 - mean) * scale) as f32);
 }
 
-/// Applies `f(src_row, out_row)` to every row; the output is dense with `src`'s shape.
+/// Copies each row of `a` into the (dense) output, unless `a` already is the output (planned in
+/// place), then applies `f` to it.
 pub(crate) fn map_rows(
     t: &Tensor,
     out: &mut [u8],
     a: &SrcView<'_>,
-    f: impl Fn(&[f32], &mut [f32]) + Sync,
+    f: impl Fn(&mut [f32]) + Sync,
 ) -> Result<()> {
     let all = a.f32s()?;
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
     for_rows(o, ne0, |r, orow| {
-        let (i1, i2, i3) = unflatten(r, &t.ne);
-        f(a.row(all, i1, i2, i3), orow);
+        if !a.aliased {
+            let (i1, i2, i3) = unflatten(r, &t.ne);
+            orow.copy_from_slice(a.row(all, i1, i2, i3));
+        }
+        f(orow);
     });
     Ok(())
 }
@@ -90,15 +93,17 @@ pub(crate) fn binary(
     let bne = b.t.ne;
     for_rows(o, ne0, |r, orow| {
         let (i1, i2, i3) = unflatten(r, &t.ne);
-        let arow = a.row(aa, i1, i2, i3);
+        if !a.aliased {
+            orow.copy_from_slice(a.row(aa, i1, i2, i3));
+        }
         let brow = b.row(ba, i1 % bne[1], i2 % bne[2], i3 % bne[3]);
         if brow.len() == orow.len() {
-            for ((o, &x), &y) in orow.iter_mut().zip(arow).zip(brow) {
-                *o = f(x, y);
+            for (o, &y) in orow.iter_mut().zip(brow) {
+                *o = f(*o, y);
             }
         } else {
-            for (i, (o, &x)) in orow.iter_mut().zip(arow).enumerate() {
-                *o = f(x, brow[i % bne[0]]);
+            for (i, o) in orow.iter_mut().enumerate() {
+                *o = f(*o, brow[i % bne[0]]);
             }
         }
     });
@@ -117,12 +122,11 @@ pub(crate) fn gated(
     let ne0 = t.ne[0].max(1);
     for_rows(o, ne0, |r, orow| {
         let (i1, i2, i3) = unflatten(r, &t.ne);
-        for ((o, &x), &y) in orow
-            .iter_mut()
-            .zip(g.row(ga, i1, i2, i3))
-            .zip(u.row(ua, i1, i2, i3))
-        {
-            *o = f(x) * y;
+        if !g.aliased {
+            orow.copy_from_slice(g.row(ga, i1, i2, i3));
+        }
+        for (o, &y) in orow.iter_mut().zip(u.row(ua, i1, i2, i3)) {
+            *o = f(*o) * y;
         }
     });
     Ok(())
@@ -331,7 +335,10 @@ pub(crate) fn rms_norm_mul(
     let wne = w.t.ne;
     for_rows(o, ne0, |r, orow| {
         let (i1, i2, i3) = unflatten(r, &t.ne);
-        rms_norm_row(x.row(xa, i1, i2, i3), orow, eps);
+        if !x.aliased {
+            orow.copy_from_slice(x.row(xa, i1, i2, i3));
+        }
+        rms_norm_in_place(orow, eps);
         let wrow = w.row(wa, i1 % wne[1], i2 % wne[2], i3 % wne[3]);
         for (i, o) in orow.iter_mut().enumerate() {
             *o *= wrow[i % wne[0]];
