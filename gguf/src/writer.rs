@@ -116,8 +116,14 @@ impl<W: Write> GgufWriter<W> {
                 "{ALIGNMENT_KEY} must be set before the first tensor"
             )));
         }
+        if key == ALIGNMENT_KEY && !matches!(value, MetadataValue::U32(a) if a.is_power_of_two()) {
+            return Err(GgufError::Writer(format!(
+                "{ALIGNMENT_KEY} must be a power-of-two uint32, found {} {value}",
+                value.type_description()
+            )));
+        }
         self.metadata.set(key, value);
-        self.alignment().map(|_| ())
+        Ok(())
     }
 
     /// Copies every key of `metadata`.
@@ -369,5 +375,53 @@ fn encode_array(out: &mut Vec<u8>, a: &ArrayValue) {
         ArrayValue::U64(v) => nums!(v),
         ArrayValue::I64(v) => nums!(v),
         ArrayValue::F64(v) => nums!(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn misuse_is_a_typed_error() {
+        let mut w = GgufWriter::new(Vec::new());
+        w.add_tensor_info("a", &[32], GgmlType::Q8_0)
+            .expect("declare");
+        assert!(
+            w.add_tensor_info("a", &[32], GgmlType::Q8_0).is_err(),
+            "duplicate name"
+        );
+        assert!(
+            w.add_tensor_info("b", &[31], GgmlType::Q8_0).is_err(),
+            "partial block"
+        );
+        assert!(
+            w.add_tensor_info("c", &[1, 1, 1, 1, 1], GgmlType::F32)
+                .is_err(),
+            "5 dims"
+        );
+        assert!(
+            w.set(ALIGNMENT_KEY, 64u32).is_err(),
+            "alignment after tensors"
+        );
+        assert!(
+            w.write_tensor_data("a", &[0; 34]).is_err(),
+            "data before header"
+        );
+        w.write_header().expect("header");
+        assert!(w.set("k", 1u32).is_err(), "metadata after header");
+        assert!(w.write_tensor_data("a", &[0; 33]).is_err(), "wrong size");
+        assert!(w.write_tensor_data("x", &[0; 34]).is_err(), "wrong name");
+        w.write_tensor_data("a", &[0; 34]).expect("data");
+        let bytes = w.finish().expect("finish");
+        let f = crate::GgufFile::from_bytes(bytes).expect("read back");
+        assert_eq!(f.tensors()[0].size, 34);
+
+        let mut w = GgufWriter::new(Vec::new());
+        assert!(w.set(ALIGNMENT_KEY, 24u32).is_err(), "non power of two");
+        w.add_tensor_info("a", &[4], GgmlType::F32)
+            .expect("declare");
+        w.write_header().expect("header");
+        assert!(w.finish().is_err(), "tensor never written");
     }
 }

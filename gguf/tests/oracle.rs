@@ -313,3 +313,51 @@ pub fn assert_listing_eq(ours: &str, theirs: &str) {
     }
     assert_eq!(a.len(), b.len(), "listing lengths differ");
 }
+
+#[test]
+fn type_table_matches_gguf_py_quant_sizes() {
+    if !python_oracle_available() {
+        return;
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import gguf\nfor t, (b, s) in gguf.GGML_QUANT_SIZES.items(): print(int(t), t.name, b, s)",
+        ])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut seen = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (id, name, bs, ts): (u32, &str, usize, usize) = (
+            f[0].parse().expect("id"),
+            f[1],
+            f[2].parse().expect("block"),
+            f[3].parse().expect("size"),
+        );
+        match GgmlType::from_id(id) {
+            Some(t) => {
+                assert_eq!(
+                    (t.block_size(), t.type_size()),
+                    (bs, ts),
+                    "{name} (id {id})"
+                );
+                assert_eq!(t.name().to_uppercase(), name.to_uppercase(), "id {id}");
+                seen += 1;
+            }
+            // gguf-py 0.19 also lists NVFP4 and Q1_0, which no issue type needs yet.
+            None => println!("gguf-py type {name} (id {id}) is not in our table"),
+        }
+    }
+    assert_eq!(
+        seen,
+        GgmlType::ALL.len(),
+        "every type of ours is in gguf-py's table"
+    );
+}

@@ -224,3 +224,74 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>> {
         .try_for_each(|(s, d)| quantize_row(ty, s, d))?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_structs_match_the_type_table() {
+        use std::mem::size_of;
+        let sizes = [
+            (GgmlType::Q4_0, size_of::<BlockQ4_0>()),
+            (GgmlType::Q4_1, size_of::<BlockQ4_1>()),
+            (GgmlType::Q5_0, size_of::<BlockQ5_0>()),
+            (GgmlType::Q5_1, size_of::<BlockQ5_1>()),
+            (GgmlType::Q8_0, size_of::<BlockQ8_0>()),
+            (GgmlType::Q8_1, size_of::<BlockQ8_1>()),
+            (GgmlType::Q2_K, size_of::<BlockQ2K>()),
+            (GgmlType::Q3_K, size_of::<BlockQ3K>()),
+            (GgmlType::Q4_K, size_of::<BlockQ4K>()),
+            (GgmlType::Q5_K, size_of::<BlockQ5K>()),
+            (GgmlType::Q6_K, size_of::<BlockQ6K>()),
+            (GgmlType::Q8_K, size_of::<BlockQ8K>()),
+            (GgmlType::IQ2_XXS, size_of::<BlockIQ2XXS>()),
+            (GgmlType::IQ2_XS, size_of::<BlockIQ2XS>()),
+            (GgmlType::IQ2_S, size_of::<BlockIQ2S>()),
+            (GgmlType::IQ3_XXS, size_of::<BlockIQ3XXS>()),
+            (GgmlType::IQ3_S, size_of::<BlockIQ3S>()),
+            (GgmlType::IQ1_S, size_of::<BlockIQ1S>()),
+            (GgmlType::IQ1_M, size_of::<BlockIQ1M>()),
+            (GgmlType::IQ4_NL, size_of::<BlockIQ4NL>()),
+            (GgmlType::IQ4_XS, size_of::<BlockIQ4XS>()),
+            (GgmlType::TQ1_0, size_of::<BlockTQ1_0>()),
+            (GgmlType::TQ2_0, size_of::<BlockTQ2_0>()),
+            (GgmlType::MXFP4, size_of::<BlockMXFP4>()),
+        ];
+        for (ty, size) in sizes {
+            assert_eq!(size, ty.type_size(), "{ty}");
+        }
+    }
+
+    #[test]
+    fn size_mismatches_are_errors() {
+        let mut out = [0f32; 32];
+        assert!(matches!(
+            dequantize(GgmlType::Q8_0, &[0; 33], &mut out),
+            Err(GgufError::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            dequantize_row(GgmlType::Q8_0, &[0; 68], &mut out),
+            Err(GgufError::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            quantize(GgmlType::Q4_0, &[0.0; 31]),
+            Err(GgufError::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            quantize(GgmlType::IQ2_XXS, &[0.0; 256]),
+            Err(GgufError::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn q8_0_layout_is_scale_then_values() {
+        let q = quantize(GgmlType::Q8_0, &[1.0; 32]).expect("quantize");
+        assert_eq!(q.len(), 34);
+        assert_eq!(
+            f16_le([q[0], q[1]]),
+            half::f16::from_f32(1.0 / 127.0).to_f32()
+        );
+        assert!(q[2..].iter().all(|&b| b as i8 == 127));
+    }
+}
