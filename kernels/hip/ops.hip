@@ -1,6 +1,6 @@
 // Row-wise and element-wise kernels of the transformer block: fused RMS norm x weight, RoPE
 // (normal and NeoX), softmax with scale and mask, activations and gated activations, broadcast
-// add/mul, scale, KV-cache writes and argmax.
+// add/mul, scale, KV-cache writes (contiguous positions or indexed rows) and argmax.
 //
 // Layouts are row-major with explicit row strides (in elements), so views of larger tensors
 // (one head, one half of a fused gate/up output) are read in place.
@@ -156,6 +156,28 @@ RF_KERNEL void kv_write_f16(const float* src, __half* dst, int n_tokens, int n_k
 RF_KERNEL void kv_write_f32(const float* src, float* dst, int n_tokens, int n_kv_heads, int head_dim,
                             long long src_stride, int pos0, long long pos_stride, long long head_stride) {
     kv_write<float>(src, dst, n_tokens, n_kv_heads, head_dim, src_stride, pos0, pos_stride, head_stride);
+}
+
+// dst row idx[r] := src row r (f32 converted to the cache type) for r < nrows: the graph's
+// set_rows, which writes K/V rows at arbitrary cache slots.
+template <typename O>
+static __device__ __forceinline__ void set_rows(const float* __restrict__ src, const int* __restrict__ idx,
+                                                O* __restrict__ dst, int ncols, int nrows, long long src_stride,
+                                                long long dst_stride) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)ncols * nrows) return;
+    const long long r = t / ncols, c = t % ncols;
+    dst[(long long)idx[r] * dst_stride + c] = to_cache<O>(src[r * src_stride + c]);
+}
+
+RF_KERNEL void set_rows_f16(const float* src, const int* idx, __half* dst, int ncols, int nrows,
+                            long long src_stride, long long dst_stride) {
+    set_rows<__half>(src, idx, dst, ncols, nrows, src_stride, dst_stride);
+}
+
+RF_KERNEL void set_rows_f32(const float* src, const int* idx, float* dst, int ncols, int nrows,
+                            long long src_stride, long long dst_stride) {
+    set_rows<float>(src, idx, dst, ncols, nrows, src_stride, dst_stride);
 }
 
 // Index of the largest value of each row (the first one on ties; NaN never wins). One block per

@@ -254,6 +254,8 @@ kernel_ids! {
     ScaleF32 => Ops, "scale_f32";
     KvWriteF16 => Ops, "kv_write_f16";
     KvWriteF32 => Ops, "kv_write_f32";
+    SetRowsF16 => Ops, "set_rows_f16";
+    SetRowsF32 => Ops, "set_rows_f32";
     ArgmaxF32 => Ops, "argmax_f32";
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";

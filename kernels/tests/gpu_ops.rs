@@ -626,3 +626,54 @@ fn attention_decode_split_k() {
         33,
     );
 }
+
+#[test]
+fn set_rows_writes_indexed_rows_and_leaves_the_rest() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(40);
+    let (ncols, n, slots) = (96usize, 3usize, 10usize);
+    let src = rng.vec(n * ncols);
+    let idx: Vec<i32> = vec![7, 2, 9];
+    let (ds, di) = (g.upload(&src), g.upload(&idx));
+    let d16 = g.alloc(slots * ncols * 2);
+    let d32 = g.alloc(slots * ncols * 4);
+    for (k, d) in [(KernelId::SetRowsF16, &d16), (KernelId::SetRowsF32, &d32)] {
+        g.launch(
+            k,
+            [((n * ncols) as u32).div_ceil(128), 1, 1],
+            128,
+            &[
+                ds.arg(),
+                di.arg(),
+                d.arg(),
+                Arg::I32(ncols as i32),
+                Arg::I32(n as i32),
+                Arg::I64(ncols as i64),
+                Arg::I64(ncols as i64),
+            ],
+        );
+    }
+    let c16: Vec<u16> = g.download(&d16, slots * ncols);
+    let c32: Vec<u32> = g.download(&d32, slots * ncols);
+    for s in 0..slots {
+        let from = idx.iter().position(|&i| i as usize == s);
+        for c in 0..ncols {
+            match from {
+                Some(r) => {
+                    let v = src[r * ncols + c];
+                    assert_eq!(
+                        c16[s * ncols + c],
+                        common::f16_bits(v),
+                        "f16 slot {s} col {c}"
+                    );
+                    assert_eq!(c32[s * ncols + c], v.to_bits(), "f32 slot {s} col {c}");
+                }
+                None => assert_eq!(
+                    (c16[s * ncols + c], c32[s * ncols + c]),
+                    (0xFFFF, 0xFFFF_FFFF),
+                    "slot {s}"
+                ),
+            }
+        }
+    }
+}
