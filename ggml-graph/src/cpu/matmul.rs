@@ -109,7 +109,7 @@ pub(crate) fn mul_mat(
                 }
                 tiles.par_iter_mut().enumerate().for_each(|(ci, cols)| {
                     let rows = cols.first().map_or(0, |c| c.len());
-                    if float_w || gate.is_some() {
+                    if float_w {
                         for r in 0..rows {
                             for (col, oc) in cols.iter_mut().enumerate() {
                                 oc[r] = dot(ci * chunk + r, col);
@@ -118,23 +118,37 @@ pub(crate) fn mul_mat(
                         return;
                     }
                     // Quantized: up to 4 columns per weight-row pass, each block decoded once.
-                    let mut tmp = [0f32; 4];
+                    let (mut tmp, mut tmp2) = ([0f32; 4], [0f32; 4]);
                     for r in 0..rows {
                         let wo = w_off + (ci * chunk + r) * wt.nb[1];
-                        let wrow = &w.data[wo..wo + wrb];
                         let mut col = 0;
                         while col < m {
                             let cn = (m - col).min(4);
                             let a0 = (batch * m + col) * arb;
+                            let a = &acts[a0..a0 + cn * arb];
                             vec_dot_cols(
                                 simd,
                                 wty,
                                 k,
-                                wrow,
-                                &acts[a0..a0 + cn * arb],
+                                &w.data[wo..wo + wrb],
+                                a,
                                 arb,
                                 &mut tmp[..cn],
                             );
+                            if let Some((w2, act)) = gate {
+                                vec_dot_cols(
+                                    simd,
+                                    wty,
+                                    k,
+                                    &w2.data[wo..wo + wrb],
+                                    a,
+                                    arb,
+                                    &mut tmp2[..cn],
+                                );
+                                for c in 0..cn {
+                                    tmp[c] = act(tmp[c]) * tmp2[c];
+                                }
+                            }
                             for (c, &v) in tmp[..cn].iter().enumerate() {
                                 cols[col + c][r] = v;
                             }

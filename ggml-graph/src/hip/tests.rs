@@ -437,3 +437,151 @@ fn set_rows_into_a_cache_matches_cpu() {
         assert_eq!(gpu, cpu, "set_rows into {dt}");
     }
 }
+
+/// One attention block the way the model crate builds it (projections, q/k norms, NeoX rope,
+/// set_rows into persistent f16 caches, views over the filled rows, windowed attention, output
+/// projection, gated FFN, residuals), run as a 5-token prefill and then two 1-token decode
+/// steps. The caches persist across runs on each side; every run's output must agree.
+#[test]
+fn attention_block_prefill_then_decode_with_persistent_cache() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x005e_ed0f_b10c_u64);
+    let (dm, hd, nh, nkv, ff, n_ctx) = (256usize, 64usize, 4usize, 1usize, 512usize, 16usize);
+    let mut weights: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut wq = |name: &str, dt: DType, k: usize, n: usize, rng: &mut Rng| {
+        weights.push((name.into(), dt, vec![k, n], quant_bytes(dt, n, k, rng)));
+    };
+    wq("q", DType::Q4_K, dm, nh * hd, &mut rng);
+    wq("k", DType::Q8_0, dm, nkv * hd, &mut rng);
+    wq("v", DType::Q5_0, dm, nkv * hd, &mut rng);
+    wq("o", DType::Q4_K, nh * hd, dm, &mut rng);
+    wq("gate", DType::Q4_K, dm, ff, &mut rng);
+    wq("up", DType::Q6_K, dm, ff, &mut rng);
+    wq("down", DType::Q6_K, ff, dm, &mut rng);
+    for (name, n) in [
+        ("attn_norm", dm),
+        ("ffn_norm", dm),
+        ("q_norm", hd),
+        ("k_norm", hd),
+    ] {
+        let w: Vec<f32> = rng.vec(n).iter().map(|v| 1.0 + 0.2 * v).collect();
+        weights.push((name.into(), DType::F32, vec![n], f32_bytes(&w)));
+    }
+    let build = |n_past: usize, nt: usize| -> (Graph, TensorId, TensorId, TensorId) {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[dm, nt]).expect("x");
+        let pos = g.input("pos", DType::I32, &[nt]).expect("pos");
+        let w =
+            |g: &mut Graph, n: &str, dt: DType, s: &[usize]| g.weight(n, dt, s).expect("weight");
+        let norm = |g: &mut Graph, a: TensorId, wn: TensorId| {
+            let r = g.rms_norm(a, 1e-6).expect("norm");
+            g.mul(r, wn).expect("mul")
+        };
+        let an = w(&mut g, "attn_norm", DType::F32, &[dm]);
+        let xn = norm(&mut g, x, an);
+        let (wq_, wk, wv, wo) = (
+            w(&mut g, "q", DType::Q4_K, &[dm, nh * hd]),
+            w(&mut g, "k", DType::Q8_0, &[dm, nkv * hd]),
+            w(&mut g, "v", DType::Q5_0, &[dm, nkv * hd]),
+            w(&mut g, "o", DType::Q4_K, &[nh * hd, dm]),
+        );
+        let q = g.mul_mat(wq_, xn).expect("q");
+        let k = g.mul_mat(wk, xn).expect("k");
+        let v = g.mul_mat(wv, xn).expect("v");
+        let q = g.reshape(q, &[hd, nh, nt]).expect("rq");
+        let k = g.reshape(k, &[hd, nkv, nt]).expect("rk");
+        let qn = w(&mut g, "q_norm", DType::F32, &[hd]);
+        let kn = w(&mut g, "k_norm", DType::F32, &[hd]);
+        let q = norm(&mut g, q, qn);
+        let k = norm(&mut g, k, kn);
+        let rp = RopeParams {
+            mode: RopeMode::Neox,
+            n_dims: hd,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+        };
+        let q = g.rope(q, pos, rp, None).expect("rope q");
+        let k = g.rope(k, pos, rp, None).expect("rope k");
+        let ck = g
+            .persistent("cache_k", DType::F16, &[hd * nkv, n_ctx])
+            .expect("ck");
+        let cv = g
+            .persistent("cache_v", DType::F16, &[hd * nkv, n_ctx])
+            .expect("cv");
+        let kr = g.reshape(k, &[hd * nkv, nt]).expect("kr");
+        let vr = g.reshape(v, &[hd * nkv, nt]).expect("vr");
+        let kc = g.set_rows(ck, kr, pos).expect("set k");
+        let vc = g.set_rows(cv, vr, pos).expect("set v");
+        let n_kv = n_past + nt;
+        let k_all = g
+            .view(kc, &[hd, nkv, n_kv], &[hd * 2, hd * nkv * 2], 0)
+            .expect("k view");
+        let v_all = g
+            .view(vc, &[hd, nkv, n_kv], &[hd * 2, hd * nkv * 2], 0)
+            .expect("v view");
+        let p = AttnParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            causal: true,
+            window: Some(4),
+        };
+        let o = g.attention(q, k_all, v_all, pos, None, p).expect("attn");
+        let o = g.reshape(o, &[hd * nh, nt]).expect("ro");
+        let o = g.mul_mat(wo, o).expect("o");
+        let x1 = g.add(x, o).expect("res1");
+        let fnw = w(&mut g, "ffn_norm", DType::F32, &[dm]);
+        let xn2 = norm(&mut g, x1, fnw);
+        let (wg, wu, wd) = (
+            w(&mut g, "gate", DType::Q4_K, &[dm, ff]),
+            w(&mut g, "up", DType::Q6_K, &[dm, ff]),
+            w(&mut g, "down", DType::Q6_K, &[ff, dm]),
+        );
+        let gt = g.mul_mat(wg, xn2).expect("gate");
+        let up = g.mul_mat(wu, xn2).expect("up");
+        let act = g.geglu(gt, up).expect("geglu");
+        let dn = g.mul_mat(wd, act).expect("down");
+        let y = g.add(x1, dn).expect("res2");
+        g.mark_output(y).expect("out");
+        (g, x, pos, y)
+    };
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(CpuBackend::new(2).expect("cpu"))));
+    let mut gpu_s =
+        Scheduler::new(vec![h.clone() as Arc<dyn Device>, cpu.clone()]).expect("gpu sched");
+    let mut cpu_s = Scheduler::new(vec![cpu]).expect("cpu sched");
+    for s in [&mut gpu_s, &mut cpu_s] {
+        for (name, dt, shape, bytes) in &weights {
+            s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                .expect("bind");
+        }
+    }
+    let mut n_past = 0;
+    for nt in [5usize, 1, 1] {
+        let (g, x, pos, y) = build(n_past, nt);
+        let xv = f32_bytes(&rng.vec(dm * nt));
+        let pv: Vec<i32> = (n_past..n_past + nt).map(|p| p as i32).collect();
+        let inputs: [(TensorId, &[u8]); 2] = [(x, &xv), (pos, bytemuck::cast_slice(&pv))];
+        gpu_s.run(&g, &inputs).expect("gpu run");
+        cpu_s.run(&g, &inputs).expect("cpu run");
+        let sched = gpu_s.last_schedule().expect("schedule");
+        let on_gpu = g.tensors().iter().enumerate().filter(|(i, t)| {
+            !matches!(t.op, crate::tensor::Op::Leaf(_) | crate::tensor::Op::View)
+                && sched.device_of[*i] == Some(0)
+        });
+        let launched = g
+            .tensors()
+            .iter()
+            .filter(|t| !matches!(t.op, crate::tensor::Op::Leaf(_) | crate::tensor::Op::View))
+            .count();
+        assert_eq!(
+            on_gpu.count(),
+            launched,
+            "every compute node runs on the GPU"
+        );
+        let (a, b) = (
+            gpu_s.output_f32(y).expect("gpu out"),
+            cpu_s.output_f32(y).expect("cpu out"),
+        );
+        let e = nmse(&a, &b);
+        assert!(e <= 1e-4, "block n_past={n_past} nt={nt}: NMSE {e:.3e}");
+        n_past += nt;
+    }
+}
