@@ -413,3 +413,24 @@ fn random_mutations_never_panic() {
         "mutations should mostly be rejected ({errors})"
     );
 }
+
+#[test]
+fn open_reports_io_errors_and_empty_files() {
+    let dir = scratch("open");
+    let missing = dir.join("missing.gguf");
+    match GgufFile::open(&missing) {
+        Err(GgufError::Io { path, .. }) => assert_eq!(path, missing),
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    let empty = dir.join("empty.gguf");
+    std::fs::write(&empty, b"").expect("write");
+    assert!(
+        GgufFile::open(&empty).is_err(),
+        "an empty file is not a GGUF"
+    );
+    let good = dir.join("good.gguf");
+    std::fs::write(&good, small_file()).expect("write");
+    let f = GgufFile::open(&good).expect("open");
+    assert_eq!(f.path(), Some(good.as_path()));
+    assert_eq!(f.tensors().len(), 3);
+}
