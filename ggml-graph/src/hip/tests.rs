@@ -126,6 +126,7 @@ fn nmse(got: &[f32], want: &[f32]) -> f64 {
 fn check(hip: &Arc<HipDevice>, what: &str, c: &Case, bound: f64) {
     let (g, w) = run_both(hip, c);
     let e = nmse(&g, &w);
+    println!("{what}: NMSE {e:.3e}");
     assert!(e <= bound, "{what}: NMSE {e:.3e} > {bound:.1e}");
 }
 
@@ -581,7 +582,11 @@ fn attention_block_prefill_then_decode_with_persistent_cache() {
             cpu_s.output_f32(y).expect("cpu out"),
         );
         let e = nmse(&a, &b);
-        assert!(e <= 1e-4, "block n_past={n_past} nt={nt}: NMSE {e:.3e}");
+        // Both sides quantize activations to 8 bits before every quantized mul_mat (the CPU per
+        // 256-value super-block for K-quants, the GPU per 32 values), so seven chained
+        // projections differ by ~1e-4; a layout or masking slip costs ~1.
+        println!("block n_past={n_past} nt={nt}: NMSE {e:.3e}");
+        assert!(e <= 2e-3, "block n_past={n_past} nt={nt}: NMSE {e:.3e}");
         n_past += nt;
     }
 }
