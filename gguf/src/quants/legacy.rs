@@ -8,11 +8,35 @@ use std::sync::OnceLock;
 
 use super::blocks::*;
 
-pub(crate) fn f32_(src: &[u8], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
-        *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-    }
+/// Converts little-endian scalars to f32. When the bytes happen to be aligned for `T` (tensor
+/// data in a mapped file is) and the host is little-endian, it reads them as `&[T]` in one
+/// straight loop the compiler vectorizes; otherwise it decodes byte by byte.
+macro_rules! scalar_kernel {
+    ($name:ident, $t:ty, $conv:expr) => {
+        pub(crate) fn $name(src: &[u8], dst: &mut [f32]) {
+            const W: usize = std::mem::size_of::<$t>();
+            let conv: fn($t) -> f32 = $conv;
+            #[cfg(target_endian = "little")]
+            if let Ok(vals) = bytemuck::try_cast_slice::<u8, $t>(src) {
+                for (d, &v) in dst.iter_mut().zip(vals) {
+                    *d = conv(v);
+                }
+                return;
+            }
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(W)) {
+                let mut a = [0u8; W];
+                a.copy_from_slice(s);
+                *d = conv(<$t>::from_le_bytes(a));
+            }
+        }
+    };
 }
+
+scalar_kernel!(f32_, f32, |v| v);
+scalar_kernel!(f64_, f64, |v| v as f32);
+scalar_kernel!(i16_, i16, f32::from);
+scalar_kernel!(i32_, i32, |v| v as f32);
+scalar_kernel!(i64_, i64, |v| v as f32);
 
 /// All 65536 half values as f32: one load per element beats a software conversion, and the
 /// table is built with the exact, NaN-preserving [`f16_bits_to_f32`].
@@ -41,37 +65,9 @@ pub(crate) fn bf16_(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub(crate) fn f64_(src: &[u8], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src.chunks_exact(8)) {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(s);
-        *d = f64::from_le_bytes(a) as f32;
-    }
-}
-
 pub(crate) fn i8_(src: &[u8], dst: &mut [f32]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = f32::from(s as i8);
-    }
-}
-
-pub(crate) fn i16_(src: &[u8], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *d = f32::from(i16::from_le_bytes([s[0], s[1]]));
-    }
-}
-
-pub(crate) fn i32_(src: &[u8], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
-        *d = i32::from_le_bytes([s[0], s[1], s[2], s[3]]) as f32;
-    }
-}
-
-pub(crate) fn i64_(src: &[u8], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src.chunks_exact(8)) {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(s);
-        *d = i64::from_le_bytes(a) as f32;
     }
 }
 

@@ -264,6 +264,29 @@ mod tests {
     }
 
     #[test]
+    fn unaligned_scalar_input_decodes_like_aligned() {
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F64,
+            GgmlType::I16,
+            GgmlType::I32,
+            GgmlType::I64,
+        ] {
+            let n = 64;
+            let bytes: Vec<u8> = (0..n * ty.type_size() + 1)
+                .map(|i| (i * 37 % 251) as u8)
+                .collect();
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            let mut shifted = bytes[1..].to_vec();
+            dequantize_row(ty, &shifted, &mut a).expect("aligned copy");
+            shifted.insert(0, 0);
+            dequantize_row(ty, &shifted[1..], &mut b).expect("unaligned view");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{ty}");
+        }
+    }
+
+    #[test]
     fn size_mismatches_are_errors() {
         let mut out = [0f32; 32];
         assert!(matches!(
