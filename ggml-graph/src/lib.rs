@@ -9,15 +9,18 @@
 //!   e.g. a mmap'd GGUF) and use GGUF dims directly: `mul_mat(W[K, N], X[K, M]) -> [N, M]`.
 //! - Persistent leaves (the KV cache) are executor-owned buffers found by name that keep their
 //!   contents across runs; `set_rows`/`cpy` write them and return an alias to read through.
-//! - The [`plan`] module places intermediates in one arena by liveness and best fit, so a model can
-//!   rebuild its graph every step; the arena only grows.
+//! - The [`plan`] module places intermediates in one arena by liveness and best fit (elementwise
+//!   and row ops take over a dying first operand in place), so a model can rebuild its graph every
+//!   step; the arena only grows.
 //! - [`opt`] passes (CSE, view folding, fusion guarded by `can_fuse`, dead-node elimination)
 //!   rewrite a graph keeping its `TensorId`s valid; call [`opt::optimize`] before running.
 //! - Backends split into buffer type / buffer / stream / device ([`backend`]); the [`Scheduler`]
 //!   places nodes on several devices by `supports_op` and inserts copies; a dummy device records
 //!   allocations and launches for logic tests.
 //! - The CPU backend quantizes activations to 8-bit blocks once per `mul_mat` and dots them with
-//!   quantized weights in integers (llama.cpp's approach), SIMD chosen at run time.
+//!   quantized weights in integers (llama.cpp's approach); up to four activation columns share
+//!   each decoded weight block in prefill. SIMD (AVX2/FMA/F16C, AVX-512 VNNI) is chosen at run
+//!   time ([`quant::detected`]); the scalar path is the tested reference.
 //!
 //! ```
 //! use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
