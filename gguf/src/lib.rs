@@ -10,6 +10,15 @@
 //!   allocated; errors are one enum ([`GgufError`]) that names the byte offset.
 //! - Dequantization is bit-identical to the `gguf` Python package (tests compare f32 bit
 //!   patterns); block layouts are exposed as Pod structs for other kernels.
+//!
+//! Entry points: [`GgufFile::open`] (read), [`GgufWriter`] (write), [`dequantize`] /
+//! [`dequantize_row`] / [`quantize`] (convert), [`dump::write_info`] (a `gguf-dump`-style
+//! listing; `cargo run -p gguf --example gguf-info FILE`).
+//!
+//! Verification: `tests/oracle.rs` and `tests/model.rs` compare against the `gguf` Python
+//! package through `tests/oracle.py`; `tests/hardening.rs` covers truncated and corrupted
+//! files; `tests/roundtrip.rs` is a proptest; `fuzz/` holds the cargo-fuzz reader target
+//! (`cargo xtask fuzz`); `cargo bench -p gguf` measures opening and dequantization.
 
 pub mod dump;
 pub mod error;
