@@ -443,8 +443,10 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Res
                 .push(out)
                 .push(k as i32)
                 .push(wt_.nb[1] as i64)
+                .push(n as i32)
                 .push(n as i32);
-            return d.launch_kernel(wt.matvec(), [n as u32, m as u32, 1], 4 * warp, &mut b);
+            // One warp per output row, four warps per block.
+            return d.launch_kernel(wt.matvec(), [blocks(n, 4), m as u32, 1], 4 * warp, &mut b);
         }
         let kid = if wt_.dtype == DType::F32 {
             KernelId::MatvecF32
