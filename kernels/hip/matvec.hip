@@ -245,33 +245,36 @@ struct vd_q6_k {
 };
 
 // ---------------------------------------------------------------------------------------------
-// out[c * out_stride + row] = dot(W[row], y[c]) for rows in grid.x, activation vectors in grid.y.
-// W rows are `row_bytes` apart; y vectors are `ncols / 32` Q8_1 blocks apart.
+// out[c * out_stride + row] = dot(W[row], y[c]): each warp computes one row (rows
+// blockIdx.x * warps_per_block + warp), activation vectors in grid.y. W rows are `row_bytes`
+// apart; y vectors are `ncols / 32` Q8_1 blocks apart. A warp per row keeps every lane busy on
+// short rows (640 values) and needs no block-wide reduction on long ones.
 // ---------------------------------------------------------------------------------------------
 template <typename T>
 static __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
                                                 float* __restrict__ out, int ncols, long long row_bytes,
-                                                int out_stride) {
-    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
-    const int row = blockIdx.x;
+                                                int out_stride, int nrows) {
+    const int lane = threadIdx.x % RF_WARP;
+    const int row = blockIdx.x * (blockDim.x / RF_WARP) + threadIdx.x / RF_WARP;
+    if (row >= nrows) return;  // whole warps leave together
     const int col = blockIdx.y;
     const uint8_t* wr = w + (long long)row * row_bytes;
     const uint8_t* yc = y + (size_t)col * (ncols / QK8_1) * Q8_1_BYTES;
     constexpr int UPB = T::QK / T::UNIT;  // units per block
     const int units = ncols / T::UNIT;
     float acc = 0.0f;
-    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    for (int u = lane; u < units; u += RF_WARP) {
         const int blk = u / UPB, sub = u % UPB;
         acc += T::dot(wr + (size_t)blk * T::BYTES, sub, yc, u * (T::UNIT / QK8_1));
     }
-    acc = block_sum(acc, scratch);
-    if (threadIdx.x == 0) out[(size_t)col * out_stride + row] = acc;
+    acc = warp_sum(acc);
+    if (lane == 0) out[(size_t)col * out_stride + row] = acc;
 }
 
 #define RF_MATVEC(name, T)                                                                       \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
-                        int out_stride) {                                                        \
-        matvec_q<T>(w, y, out, ncols, row_bytes, out_stride);                                    \
+                        int out_stride, int nrows) {                                             \
+        matvec_q<T>(w, y, out, ncols, row_bytes, out_stride, nrows);                             \
     }
 
 RF_MATVEC(matvec_q4_0, vd_q4_0)

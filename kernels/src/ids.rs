@@ -126,7 +126,8 @@ impl WeightType {
         }
     }
 
-    /// The decode mat-vec kernel (`w`, `y` as Q8_1, `out`, `ncols`, `row_bytes`, `out_stride`).
+    /// The decode mat-vec kernel (`w`, `y` as Q8_1, `out`, `ncols`, `row_bytes`, `out_stride`,
+    /// `nrows`); one warp per row, so grid x = ceil(nrows / warps per block).
     pub fn matvec(self) -> KernelId {
         match self {
             WeightType::Q4_0 => KernelId::MatvecQ4_0,

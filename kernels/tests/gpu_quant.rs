@@ -114,7 +114,7 @@ fn matvec_every_weight_type_against_dequantized_reference() {
         let dout = g.alloc(ny * nrows * 4);
         g.launch(
             t.matvec(),
-            [nrows as u32, ny as u32, 1],
+            [(nrows as u32).div_ceil(4), ny as u32, 1],
             4 * g.warp,
             &[
                 dw.arg(),
@@ -122,6 +122,7 @@ fn matvec_every_weight_type_against_dequantized_reference() {
                 dout.arg(),
                 Arg::I32(ncols as i32),
                 Arg::I64(row_bytes as i64),
+                Arg::I32(nrows as i32),
                 Arg::I32(nrows as i32),
             ],
         );

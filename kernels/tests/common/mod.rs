@@ -50,6 +50,9 @@ pub struct Gpu {
     pub device: Device,
     pub warp: u32,
     pub name: String,
+    /// Wait for each launch (tests: a fault is reported by the launch that caused it); off for
+    /// benchmarks, which time queued work with events.
+    sync_launches: bool,
     modules: parking_lot::Mutex<HashMap<Module, ModuleHandle>>,
 }
 
@@ -105,6 +108,7 @@ pub fn gpu() -> Option<Gpu> {
             device,
             warp,
             name,
+            sync_launches: true,
             modules: parking_lot::Mutex::new(HashMap::new()),
         })
     };
@@ -115,6 +119,12 @@ pub fn gpu() -> Option<Gpu> {
 }
 
 impl Gpu {
+    /// The same GPU, with launches left queued (for timing with events).
+    pub fn no_sync(mut self) -> Self {
+        self.sync_launches = false;
+        self
+    }
+
     pub fn alloc(&self, bytes: usize) -> DevBuf<'_> {
         let ptr = self.api.malloc(bytes.max(4)).expect("device malloc");
         let b = DevBuf {
@@ -175,7 +185,8 @@ impl Gpu {
             .unwrap_or_else(|e| panic!("{}: {e}", k.name()))
     }
 
-    /// Launches `k` and waits for it, so a fault is reported by the launch that caused it.
+    /// Launches `k` and (unless `no_sync`) waits for it, so a fault is reported by the launch
+    /// that caused it.
     pub fn launch(&self, k: KernelId, grid: [u32; 3], block: u32, args: &[Arg]) {
         let f = self.function(k);
         let mut vals: Vec<Arg> = args.to_vec();
@@ -195,10 +206,13 @@ impl Gpu {
             self.api
                 .launch_kernel(f, grid, [block, 1, 1], 0, self.stream, ptrs.as_mut_ptr())
                 .unwrap_or_else(|e| panic!("launch {}: {e}", k.name()));
-            self.api
-                .stream_synchronize(self.stream)
-                .unwrap_or_else(|e| panic!("{} failed: {e}", k.name()));
+            if self.sync_launches {
+                self.api
+                    .stream_synchronize(self.stream)
+                    .unwrap_or_else(|e| panic!("{} failed: {e}", k.name()));
+            }
         }
+        // The driver copied the argument values at launch; they may go now.
         drop(vals);
     }
 }
