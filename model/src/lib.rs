@@ -22,6 +22,7 @@ pub mod perplexity;
 pub mod sampling;
 pub mod session;
 pub mod stream;
+pub mod synth;
 pub mod text;
 pub mod tokenizer;
 

@@ -23,6 +23,7 @@ pub use error::TokenizerError;
 pub use load::VocabParts;
 pub use pretok::PreTokenizer;
 pub use stream::StreamDecoder;
+pub(crate) use unicode::byte_to_char_table;
 
 /// Token attribute bits (llama.cpp's `llama_token_attr`).
 pub mod attr {
