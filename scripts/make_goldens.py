@@ -227,6 +227,23 @@ def cmd_perplexity(a):
     })
 
 
+def cmd_bpe_default(a):
+    """The `default` BPE pre-tokenizer (no vocabulary in llama.cpp's test set uses it): the
+    gpt-2 test vocabulary with tokenizer.ggml.pre rewritten to "default" (metadata only)."""
+    from llama_cpp import Llama
+
+    llm = Llama(a.model, vocab_only=True, verbose=False)
+    texts = list(TOKENIZER_TEXTS)
+    with open(a.inp, encoding="utf-8") as f:
+        texts += f.read().split("\n__ggml_vocab_test__\n")
+    cases = [{"text": t, "ids": llm.tokenize(t.encode("utf-8"), add_bos=False, special=False)} for t in texts]
+    write("bpe_default_pre.json", {
+        "reference": REFERENCE,
+        "vocab": "ggml-vocab-gpt-2.gguf with tokenizer.ggml.pre = default",
+        "cases": cases,
+    })
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -240,8 +257,11 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--bin", required=True)
     p.add_argument("--ctx", type=int, default=128)
+    d = sub.add_parser("bpe-default")
+    d.add_argument("--model", required=True, help="ggml-vocab-gpt-2.gguf with tokenizer.ggml.pre set to default")
+    d.add_argument("--inp", required=True, help="ggml-vocab-gpt-2.gguf.inp")
     a = ap.parse_args()
-    {"gemma": cmd_gemma, "synth": cmd_synth, "perplexity": cmd_perplexity}[a.cmd](a)
+    {"gemma": cmd_gemma, "synth": cmd_synth, "perplexity": cmd_perplexity, "bpe-default": cmd_bpe_default}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -103,3 +103,40 @@ fn llama_cpp_vocab_round_trip() {
         }
     }
 }
+
+#[test]
+fn default_pre_tokenizer_equals_llama_cpp() {
+    // llama.cpp's test set has no vocabulary with the `default` pre-tokenizer: the golden was
+    // made on the gpt-2 vocabulary with `tokenizer.ggml.pre` rewritten to "default"
+    // (`scripts/make_goldens.py bpe-default`).
+    let Some(dir) = vocab_dir() else { return };
+    let file = gguf::GgufFile::open(dir.join("ggml-vocab-gpt-2.gguf")).expect("open vocab");
+    let mut parts = model::tokenizer::VocabParts::from_metadata(file.metadata()).expect("vocab");
+    parts.pre = Some("default".to_owned());
+    let tok = Tokenizer::from_parts(parts).expect("tokenizer");
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/bpe_default_pre.json");
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("golden")).expect("golden JSON");
+    let mut bad = Vec::new();
+    let cases = g["cases"].as_array().expect("cases");
+    for c in cases {
+        let text = c["text"].as_str().expect("text");
+        let want: Vec<u32> = c["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|v| v.as_u64().expect("id") as u32)
+            .collect();
+        let got = tok.encode(text, false, false);
+        if got != want {
+            bad.push(format!("{text:?}\n  want {want:?}\n  got  {got:?}"));
+        }
+    }
+    assert!(cases.len() > 50);
+    assert!(
+        bad.is_empty(),
+        "{} mismatches:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
