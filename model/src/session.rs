@@ -188,7 +188,8 @@ impl Session {
             n_past: n_ctx - n_batch,
             logits: LogitsMode::Last,
         };
-        let fg = build_forward(s.model.config(), s.model.weights(), &s.kv, worst)?;
+        let mut fg = build_forward(s.model.config(), s.model.weights(), &s.kv, worst)?;
+        ggml_graph::opt::optimize(&mut fg.graph);
         s.exec.reserve(&fg.graph)?;
         Ok(s)
     }
@@ -290,7 +291,9 @@ impl Session {
             n_past: self.n_past,
             logits: mode,
         };
-        let fg = build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
+        let mut fg = build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
+        // Fusion (rms_norm * w, gate/up + activation, matmul + bias) keeps tensor ids valid.
+        ggml_graph::opt::optimize(&mut fg.graph);
         let ids: Vec<u8> = tokens
             .iter()
             .flat_map(|&t| (t as i32).to_le_bytes())

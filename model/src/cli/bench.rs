@@ -175,7 +175,8 @@ pub(super) fn perplexity(a: &PplArgs) -> Result<(), ModelError> {
         source: e,
     })?;
     let tm = a.m.load()?;
-    let tokens = tm.encode(&text, true)?;
+    // As llama-perplexity: BOS per the metadata, special-token text left as plain text.
+    let tokens = tm.tokenizer().encode(&text, true, false);
     let mut opts = a.m.session_options();
     opts.n_batch = opts.n_batch.max(opts.n_ctx);
     let mut session = Session::new(tm.model(), &opts)?;
