@@ -92,7 +92,7 @@ fn run_once(
 pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
     let tm = a.m.load()?;
     let cfg = tm.model().config().clone();
-    let mut opts = a.m.session_options();
+    let mut opts = a.m.session_options(&tm);
     let longest = a
         .n_prompt
         .iter()
@@ -177,7 +177,7 @@ pub(super) fn perplexity(a: &PplArgs) -> Result<(), ModelError> {
     let tm = a.m.load()?;
     // As llama-perplexity: BOS per the metadata, special-token text left as plain text.
     let tokens = tm.tokenizer().encode(&text, true, false);
-    let mut opts = a.m.session_options();
+    let mut opts = a.m.session_options(&tm);
     opts.n_batch = opts.n_batch.max(opts.n_ctx);
     let mut session = Session::new(tm.model(), &opts)?;
     let popts = PplOptions {

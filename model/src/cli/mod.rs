@@ -86,6 +86,8 @@ enum Cmd {
         #[arg(short = 'n', long, default_value_t = 96)]
         n_predict: usize,
     },
+    /// Write a synthetic GGUF model (seeded random weights at a real architecture's shapes).
+    Synth(run::SynthArgs),
 }
 
 /// Model and session settings shared by the commands that run a model.
@@ -94,9 +96,9 @@ struct ModelArgs {
     /// The GGUF model (default: the model `cargo xtask fetch-model` downloads).
     #[arg(short, long)]
     model: Option<PathBuf>,
-    /// Context length (0: the model's maximum).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
-    ctx: usize,
+    /// Context length (0: the model's maximum; default 4096 or the model's maximum if smaller).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx: Option<usize>,
     /// CPU threads (0: all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     threads: usize,
@@ -113,9 +115,10 @@ impl ModelArgs {
         self.model.clone().unwrap_or_else(default_model)
     }
 
-    fn session_options(&self) -> SessionOptions {
+    fn session_options(&self, tm: &TextModel) -> SessionOptions {
+        let max = tm.model().config().n_ctx_train;
         SessionOptions {
-            n_ctx: self.ctx,
+            n_ctx: self.ctx.unwrap_or(4096.min(max)),
             kv_type: if self.kv_f32 {
                 KvType::F32
             } else {
@@ -278,6 +281,7 @@ pub fn main() -> ExitCode {
         Cmd::Bench(a) => bench::bench(&a),
         Cmd::Perplexity(a) => bench::perplexity(&a),
         Cmd::Demo { m, n_predict } => run::demo(&m, n_predict),
+        Cmd::Synth(a) => run::synth(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

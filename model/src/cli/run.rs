@@ -2,7 +2,9 @@
 //! produce text.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
 
 use super::{ChatArgs, GenArgs, ModelArgs};
 use crate::chat::ChatMessage;
@@ -116,7 +118,7 @@ fn print_stats(g: &Generation) {
 pub(super) fn generate(a: &GenArgs) -> Result<(), ModelError> {
     let cfg = a.s.config()?;
     let tm = a.m.load()?;
-    let mut session = Session::new(tm.model(), &a.m.session_options())?;
+    let mut session = Session::new(tm.model(), &a.m.session_options(&tm))?;
     let prompt = tm.encode(&a.prompt, true)?;
     let mut sampler = Sampler::new(cfg);
     let opts = GenerateOptions {
@@ -172,7 +174,7 @@ fn chat_turn(
 pub(super) fn chat(a: &ChatArgs) -> Result<(), ModelError> {
     let cfg = a.s.config()?;
     let tm = a.m.load()?;
-    let mut session = Session::new(tm.model(), &a.m.session_options())?;
+    let mut session = Session::new(tm.model(), &a.m.session_options(&tm))?;
     let mut sampler = Sampler::new(cfg);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
@@ -214,7 +216,7 @@ pub const DEMO_PROMPT: &str = "Once upon a time, in a small village by the sea,"
 
 pub(super) fn demo(m: &ModelArgs, n_predict: usize) -> Result<(), ModelError> {
     let tm = m.load()?;
-    let mut session = Session::new(tm.model(), &m.session_options())?;
+    let mut session = Session::new(tm.model(), &m.session_options(&tm))?;
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: 0.7,
         repeat_penalty: 1.1,
@@ -246,5 +248,35 @@ pub(super) fn demo(m: &ModelArgs, n_predict: usize) -> Result<(), ModelError> {
     )?;
     stdout_write("\n");
     print_stats(&g);
+    Ok(())
+}
+
+/// `synth` arguments.
+#[derive(Args, Debug)]
+pub(super) struct SynthArgs {
+    /// Architecture: llama, mistral, qwen2, qwen3 or gemma3.
+    #[arg(long)]
+    arch: String,
+    /// Shape preset (tiny ... llama3-8b; see `model::synth::preset`).
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    /// Weight types: q4_k_m, or one type such as q8_0 or f16.
+    #[arg(long, default_value = "q4_k_m")]
+    ftype: String,
+    /// Random seed of the weights.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Copy the tokenizer from this GGUF (default: a minimal byte-level vocabulary).
+    #[arg(long)]
+    vocab: Option<PathBuf>,
+    /// Output file.
+    #[arg(short, long)]
+    out: PathBuf,
+}
+
+pub(super) fn synth(a: &SynthArgs) -> Result<(), ModelError> {
+    let opts = crate::synth::SynthOptions::parse(&a.arch, &a.preset, &a.ftype, a.seed)?;
+    crate::synth::write(&opts, a.vocab.as_deref(), &a.out)?;
+    eprintln!("wrote {}", a.out.display());
     Ok(())
 }
