@@ -1,0 +1,144 @@
+//! The whole CPU stack on files written by our own tools: `model::synth` writes a GGUF through
+//! the `gguf` writer and quantizers, `gguf` maps it back, `model` builds each architecture's
+//! graph and `ggml-graph` runs it. Checks invariants that hold for any weights: prompt chunking
+//! and token-by-token decoding give the logits of one batch, an f32 KV cache agrees with f16,
+//! sessions are deterministic and bad input gives typed errors.
+
+use std::path::PathBuf;
+
+use model::arch::{KvType, LogitsMode};
+use model::session::{Model, Session, SessionOptions};
+use model::ModelError;
+
+fn synth(arch: &str) -> Model {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pipeline");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(format!("{arch}.gguf"));
+    let opts = model::synth::SynthOptions::parse(arch, "tiny", "q8_0", 3).expect("options");
+    model::synth::write(&opts, None, &path).expect("write synthetic model");
+    Model::load(&path, |_, _| {}).expect("load synthetic model")
+}
+
+fn session(m: &Model, n_batch: usize, kv: KvType) -> Session {
+    let opts = SessionOptions {
+        n_ctx: 64,
+        n_batch,
+        n_threads: 2,
+        kv_type: kv,
+    };
+    Session::new(m, &opts).expect("session")
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn check_arch(arch: &str) {
+    let m = synth(arch);
+    let n_vocab = m.config().n_vocab;
+    let prompt: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % n_vocab as u32).collect();
+
+    let whole = session(&m, 512, KvType::F16)
+        .eval(&prompt, LogitsMode::Last)
+        .expect("one batch");
+    assert_eq!(whole.len(), n_vocab);
+    assert!(
+        whole.iter().all(|x| x.is_finite()),
+        "{arch}: non-finite logits"
+    );
+
+    let chunked = session(&m, 4, KvType::F16)
+        .eval(&prompt, LogitsMode::Last)
+        .expect("chunks");
+    let mut s = session(&m, 512, KvType::F16);
+    let mut stepwise = Vec::new();
+    for &t in &prompt {
+        stepwise = s.eval(&[t], LogitsMode::Last).expect("step");
+    }
+    let f32kv = session(&m, 512, KvType::F32)
+        .eval(&prompt, LogitsMode::Last)
+        .expect("f32 kv");
+    let all = session(&m, 512, KvType::F16)
+        .eval(&prompt, LogitsMode::All)
+        .expect("all logits");
+    assert_eq!(all.len(), prompt.len() * n_vocab);
+
+    let scale = whole.iter().fold(0f32, |a, x| a.max(x.abs())).max(1e-3);
+    for (what, other, tol) in [
+        ("chunks of 4", &chunked, 0.05),
+        ("token by token", &stepwise, 0.05),
+        ("f32 KV cache", &f32kv, 0.02),
+        (
+            "all-position logits",
+            &all[(prompt.len() - 1) * n_vocab..].to_vec(),
+            1e-5,
+        ),
+    ] {
+        let d = max_diff(&whole, other) / scale;
+        assert!(
+            d < tol,
+            "{arch}: {what} differs from one batch by {d} (relative)"
+        );
+    }
+    // A different history must change the result (the cache is really read).
+    let mut other_prompt = prompt.clone();
+    other_prompt[0] = (other_prompt[0] + 1) % n_vocab as u32;
+    let moved = session(&m, 512, KvType::F16)
+        .eval(&other_prompt, LogitsMode::Last)
+        .expect("eval");
+    assert!(
+        max_diff(&whole, &moved) > 1e-4,
+        "{arch}: first token has no effect"
+    );
+
+    let mut s = session(&m, 512, KvType::F16);
+    assert!(matches!(
+        s.eval(&vec![1; 65], LogitsMode::Last),
+        Err(ModelError::ContextFull { .. })
+    ));
+    assert!(matches!(
+        s.eval(&[n_vocab as u32], LogitsMode::Last),
+        Err(ModelError::BadToken { .. })
+    ));
+    assert!(matches!(
+        s.eval(&[], LogitsMode::Last),
+        Err(ModelError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn llama_pipeline() {
+    check_arch("llama");
+}
+
+#[test]
+fn qwen2_pipeline() {
+    check_arch("qwen2");
+}
+
+#[test]
+fn qwen3_pipeline() {
+    check_arch("qwen3");
+}
+
+#[test]
+fn gemma3_pipeline() {
+    check_arch("gemma3");
+}
+
+#[test]
+fn context_beyond_the_model_maximum_is_refused() {
+    let m = synth("llama");
+    let opts = SessionOptions {
+        n_ctx: m.config().n_ctx_train + 1,
+        ..SessionOptions::default()
+    };
+    assert!(matches!(
+        Session::new(&m, &opts),
+        Err(ModelError::InvalidArgument(_))
+    ));
+}
