@@ -51,6 +51,30 @@ pub(super) struct PplArgs {
     chunks: Option<usize>,
 }
 
+/// llama.cpp's name for a `general.file_type` value (as llama-bench prints it).
+fn file_type_name(ft: u32) -> &'static str {
+    match ft {
+        0 => "all F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K - Medium",
+        11 => "Q3_K - Small",
+        12 => "Q3_K - Medium",
+        13 => "Q3_K - Large",
+        14 => "Q4_K - Small",
+        15 => "Q4_K - Medium",
+        16 => "Q5_K - Small",
+        17 => "Q5_K - Medium",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => "",
+    }
+}
+
 fn mean_sd(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<f64>() / n;
@@ -109,13 +133,18 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
     let file = tm.model().file();
     let size: u64 = file.tensors().iter().map(|t| t.size).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    let md = file.metadata();
     let name = format!(
-        "{} {}",
+        "{} {} {}",
         cfg.arch.name(),
-        file.metadata()
-            .get_str_opt("general.size_label")
+        md.get_str_opt("general.size_label")
             .ok()
             .flatten()
+            .unwrap_or(""),
+        md.get_u32_opt("general.file_type")
+            .ok()
+            .flatten()
+            .map(file_type_name)
             .unwrap_or("")
     );
     println!(
