@@ -30,56 +30,7 @@ fn stdout_write(text: &str) {
 pub(super) fn info(path: &Path) -> Result<(), ModelError> {
     let file = gguf::GgufFile::open(path)?;
     let mut out = std::io::stdout().lock();
-    write_info(&file, &mut out).map_err(|e| io_err(path, e))
-}
-
-fn write_info(file: &gguf::GgufFile, out: &mut impl Write) -> std::io::Result<()> {
-    writeln!(
-        out,
-        "GGUF v{}, alignment {}, data at offset {}, {} bytes",
-        file.version(),
-        file.alignment(),
-        file.data_offset(),
-        file.file_size()
-    )?;
-    writeln!(out, "\nmetadata ({} keys):", file.metadata().len())?;
-    for (k, v) in file.metadata().iter() {
-        let mut text = v.to_string();
-        if text.len() > 200 {
-            let cut = (0..=200)
-                .rev()
-                .find(|&i| text.is_char_boundary(i))
-                .unwrap_or(0);
-            text.truncate(cut);
-            text.push_str("...");
-        }
-        writeln!(out, "  {k:<40} {:<16} {text}", v.type_description())?;
-    }
-    writeln!(out, "\ntensors ({}):", file.tensors().len())?;
-    let mut by_type = std::collections::BTreeMap::new();
-    for t in file.tensors() {
-        writeln!(
-            out,
-            "  {:<36} {:<6} {:<20} {:>12} bytes at +{}",
-            t.name,
-            t.ggml_type.name(),
-            t.shape_string(),
-            t.size,
-            t.offset
-        )?;
-        let e = by_type.entry(t.ggml_type.name()).or_insert((0usize, 0u64));
-        e.0 += 1;
-        e.1 += t.size;
-    }
-    writeln!(out, "\nby type:")?;
-    for (ty, (n, bytes)) in by_type {
-        writeln!(
-            out,
-            "  {ty:<6} {n:>4} tensors {:>10.2} MiB",
-            bytes as f64 / 1048576.0
-        )?;
-    }
-    Ok(())
+    gguf::dump::write_info(&file, &mut out).map_err(|e| io_err(path, e))
 }
 
 pub(super) fn tokenize(
