@@ -50,6 +50,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// List the GPUs the HIP providers find (AMD, or NVIDIA through HIP's CUDA platform).
+    Devices,
     /// Print a GGUF file's header, metadata and tensor table.
     Info {
         /// The GGUF file.
@@ -269,6 +271,10 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .try_init();
     let result = match cli.cmd {
+        Cmd::Devices => {
+            gpu_mem::print_summary();
+            Ok(())
+        }
         Cmd::Info { model } => run::info(&model.unwrap_or_else(default_model)),
         Cmd::Tokenize {
             m,
