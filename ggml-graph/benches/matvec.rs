@@ -25,6 +25,8 @@ fn weights(ty: DType, k: usize, n: usize) -> Vec<u8> {
     let scale_offsets: &[usize] = match ty {
         DType::Q4_K => &[0, 2],
         DType::Q6_K => &[208],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
         _ => &[0],
     };
     for blk in v.chunks_exact_mut(ty.type_size()) {
@@ -116,7 +118,14 @@ fn main() {
         let bw = bandwidth(threads);
         println!("threads={threads} memory read bandwidth: {bw:.1} GB/s");
         for &(k, n) in shapes {
-            for ty in [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_0] {
+            for ty in [
+                DType::Q4_K,
+                DType::Q6_K,
+                DType::Q8_0,
+                DType::Q5_0,
+                DType::Q2_K,
+                DType::Q3_K,
+            ] {
                 let wb = weights(ty, k, n);
                 let bytes = wb.len();
                 let mut g = Graph::new();
@@ -140,7 +149,14 @@ fn main() {
                 );
             }
         }
-        for ty in [DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_0] {
+        for ty in [
+            DType::Q4_K,
+            DType::Q6_K,
+            DType::Q8_0,
+            DType::Q5_0,
+            DType::Q2_K,
+            DType::Q3_K,
+        ] {
             prefill(threads, ty, 2048, 2048, 128);
         }
     }

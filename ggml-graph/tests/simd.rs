@@ -37,11 +37,12 @@ fn check_level(simd: Simd) {
         DType::Q6_K,
     ] {
         let aty = act_type(ty).unwrap();
-        // An odd block count (224 = 7 blocks) exercises the kernels' tails for 32-value types.
+        // Odd block counts (224 = 7 small blocks; 768 = 3 and 1792 = 7 super-blocks) exercise
+        // the kernels' tails.
         let sizes: &[usize] = if ty.block_size() == 32 {
             &[224, 256, 512, 2048]
         } else {
-            &[256, 512, 2048]
+            &[256, 768, 1792, 2048]
         };
         for &n in sizes {
             for _ in 0..8 {

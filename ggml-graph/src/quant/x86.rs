@@ -6,6 +6,9 @@
 
 use std::arch::x86_64::*;
 
+mod k23;
+use k23::cols_k23;
+
 use super::blocks::{QK, QK_K};
 use super::Q8K_BYTES;
 use crate::tensor::DType;
@@ -15,7 +18,9 @@ pub(super) fn vec_dot(ty: DType, n: usize, w: &[u8], a: &[u8]) -> Option<f32> {
     let (nb, abytes) = match ty {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (n / QK, 34),
         DType::Q4_1 | DType::Q5_1 => (n / QK, 36),
-        DType::Q4_K | DType::Q5_K | DType::Q6_K => (n / QK_K, Q8K_BYTES),
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+            (n / QK_K, Q8K_BYTES)
+        }
         _ => return None,
     };
     if w.len() < nb * ty.type_size() || a.len() < nb * abytes {
@@ -32,6 +37,8 @@ pub(super) fn vec_dot(ty: DType, n: usize, w: &[u8], a: &[u8]) -> Option<f32> {
             DType::Q5_1 => dot_q4_1(nb, w.as_ptr(), a.as_ptr(), true),
             DType::Q4_K => dot_q4_k(nb, w.as_ptr(), a.as_ptr(), false),
             DType::Q5_K => dot_q4_k(nb, w.as_ptr(), a.as_ptr(), true),
+            DType::Q2_K => k23::cols_q2_k::<1>(nb, w.as_ptr(), a.as_ptr(), 0)[0],
+            DType::Q3_K => k23::cols_q3_k::<1>(nb, w.as_ptr(), a.as_ptr(), 0)[0],
             _ => dot_q6_k(nb, w.as_ptr(), a.as_ptr()),
         })
     }
@@ -447,7 +454,9 @@ pub(super) fn vec_dot_cols(
 ) -> bool {
     let (nb, abytes) = match ty {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (n / QK, 34),
-        DType::Q4_K | DType::Q5_K | DType::Q6_K => (n / QK_K, Q8K_BYTES),
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+            (n / QK_K, Q8K_BYTES)
+        }
         _ => return false,
     };
     let c = out.len();
@@ -477,6 +486,7 @@ pub(super) fn vec_dot_cols(
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 if vnni => go!(cols_small_vnni),
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => go!(cols_small),
         DType::Q6_K => go!(cols_q6_k),
+        DType::Q2_K | DType::Q3_K => go!(cols_k23),
         _ => go!(cols_q4_k),
     }
     true
