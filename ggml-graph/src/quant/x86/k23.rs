@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::blocks::{q3k_scales, QK_K};
+use super::super::blocks::QK_K;
 use super::super::Q8K_BYTES;
 use super::{f16_load, hsum};
 use crate::tensor::DType;
@@ -50,6 +50,33 @@ pub(super) unsafe fn cols_k23<const C: usize>(
             cols_q3_k::<C>(nb, w, a, astride)
         }
     }
+}
+
+/// The sixteen signed 6-bit scales of a Q3_K block (12 packed bytes at `p`, biased by 32) as
+/// i8 lanes: low nibbles from bytes 0..8, high 2 bits from bytes 8..12.
+///
+/// # Safety
+/// AVX2/FMA/F16C; 12 readable bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3k_scales_simd(p: *const u8) -> __m128i {
+    // SAFETY: 12 readable bytes at `p` (caller).
+    let (lo, hi) = unsafe {
+        (
+            std::ptr::read_unaligned(p as *const u64),
+            std::ptr::read_unaligned(p.add(8) as *const u32),
+        )
+    };
+    const K2: u32 = 0x0f0f_0f0f;
+    const K1: u32 = 0x0303_0303;
+    let (a0, a1) = (lo as u32, (lo >> 32) as u32);
+    let v = _mm_set_epi32(
+        (((a1 >> 4) & K2) | (((hi >> 6) & K1) << 4)) as i32,
+        (((a0 >> 4) & K2) | (((hi >> 4) & K1) << 4)) as i32,
+        ((a1 & K2) | (((hi >> 2) & K1) << 4)) as i32,
+        ((a0 & K2) | ((hi & K1) << 4)) as i32,
+    );
+    _mm_sub_epi8(v, _mm_set1_epi8(32))
 }
 
 /// Dot products of one Q2_K row (`nb` blocks at `w`) with `C` Q8_K rows at `a + c * astride`.
@@ -134,8 +161,7 @@ pub(super) unsafe fn cols_q3_k<const C: usize>(
         unsafe {
             let wb = w.add(i * Q3K_BYTES);
             let d = f16_load(wb.add(108));
-            let sc = q3k_scales(std::slice::from_raw_parts(wb.add(96), 12));
-            let scales = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+            let scales = q3k_scales_simd(wb.add(96));
             let hmask = _mm256_loadu_si256(wb as *const __m256i);
             let mut sumi = [_mm256_setzero_si256(); C];
             for half in 0..2 {
