@@ -5,9 +5,11 @@
 //! Greedy runs are compared token by token up to the first step where llama.cpp's own top-2
 //! logit gap is below [`ENGINE_TIE`]: past such a step either token is a correct answer and the
 //! two continuations may part ways legitimately. The threshold is above the 0.1 of the project's
-//! goal because our logits still differ from llama.cpp's by up to about one unit (activation
-//! quantization order, llama.cpp's f16 GELU table and f16 flash-attention accumulation): with
-//! 0.1, runs part at steps whose llama.cpp gap is 0.25 to 0.5. The test prints both counts.
+//! goal because our logits still differ from llama.cpp's by up to about one unit: the model
+//! amplifies float-rounding-order differences (a change in the last bits of one matmul's sums
+//! flips Q8 activation roundings downstream and moves logits by up to ~1), and our kernels do
+//! not sum in llama.cpp's order. With 0.1, runs part at steps whose llama.cpp gap is 0.17 to
+//! 0.26 (AVX-512) or up to 0.44 (scalar). The test prints both counts.
 
 use std::path::PathBuf;
 
@@ -28,9 +30,11 @@ const ENGINE_TIE: f64 = 0.5;
 /// position, mask or rope base moves logits by several units.
 const LOGIT_TOL: f32 = 1.5;
 /// Largest accepted difference between prompt-processing paths of our own engine (one batch,
-/// small chunks, token by token): they differ only in how activations are blocked for the
-/// quantized matmuls.
-const PATH_TOL: f32 = 1.0;
+/// small chunks, token by token). Every matmul column goes through the same kernel whatever the
+/// batch size, so the paths agree exactly; when they did not (one-column and four-column
+/// kernels summing in different orders) Q8 activation rounding flipped differently downstream
+/// and the logits parted by 0.7 to 0.9.
+const PATH_TOL: f32 = 1e-3;
 
 fn load() -> Option<TextModel> {
     let Some(path) = std::env::var_os("ROCMFORGE_TEST_MODEL") else {

@@ -120,6 +120,15 @@ fn quantize_q8k_block(x: &[f32], out: &mut [u8]) {
 /// Dot product of one weight row `w` (`n` values of type `ty`) with an activation row `a` already
 /// quantized to `act_type(ty)`, on the given SIMD level.
 pub fn vec_dot(simd: Simd, ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    // One column through the multi-column kernels first: every column of a matmul then sees the
+    // same float accumulation order whatever the batch size, so prefill and decode agree exactly.
+    #[cfg(target_arch = "x86_64")]
+    if simd != Simd::Scalar {
+        let mut out = [0f32];
+        if x86::vec_dot_cols(ty, n, w, a, a.len(), &mut out, simd == Simd::Avx512) {
+            return out[0];
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if simd == Simd::Avx512 {
         if let Some(v) = x86::vec_dot_vnni(ty, n, w, a) {

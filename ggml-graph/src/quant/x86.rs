@@ -440,7 +440,7 @@ unsafe fn dot_float_avx2(ty: DType, n: usize, w: *const u8, a: *const f32) -> f3
     }
 }
 
-/// Dot products of one weight row with `out.len()` (2 to 4) activation rows spaced `astride`
+/// Dot products of one weight row with `out.len()` (1 to 4) activation rows spaced `astride`
 /// bytes apart in `a`, decoding each weight block once for all of them. Returns false when this
 /// type or column count has no kernel here.
 pub(super) fn vec_dot_cols(
@@ -460,7 +460,7 @@ pub(super) fn vec_dot_cols(
         _ => return false,
     };
     let c = out.len();
-    if !(2..=4).contains(&c)
+    if !(1..=4).contains(&c)
         || w.len() < nb * ty.type_size()
         || astride < nb * abytes
         || a.len() < (c - 1) * astride + nb * abytes
@@ -473,6 +473,7 @@ pub(super) fn vec_dot_cols(
             // `c` activation rows holds `nb` blocks (checked above).
             unsafe {
                 match c {
+                    1 => out.copy_from_slice(&$f::<1>(ty, nb, w.as_ptr(), a.as_ptr(), astride)),
                     2 => out.copy_from_slice(&$f::<2>(ty, nb, w.as_ptr(), a.as_ptr(), astride)),
                     3 => out.copy_from_slice(&$f::<3>(ty, nb, w.as_ptr(), a.as_ptr(), astride)),
                     _ => out.copy_from_slice(&$f::<4>(ty, nb, w.as_ptr(), a.as_ptr(), astride)),
