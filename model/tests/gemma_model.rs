@@ -3,13 +3,13 @@
 //! all made by `scripts/make_goldens.py` from llama.cpp.
 //!
 //! Greedy runs are compared token by token up to the first step where llama.cpp's own top-2
-//! logit gap is below [`ENGINE_TIE`]: past such a step either token is a correct answer and the
+//! logit gap is below [`engine_tie`]: past such a step either token is a correct answer and the
 //! two continuations may part ways legitimately. The threshold is above the 0.1 of the project's
 //! goal because our logits still differ from llama.cpp's by up to about one unit: the model
 //! amplifies float-rounding-order differences (a change in the last bits of one matmul's sums
 //! flips Q8 activation roundings downstream and moves logits by up to ~1), and our kernels do
 //! not sum in llama.cpp's order. With 0.1, runs part at steps whose llama.cpp gap is 0.17 to
-//! 0.26 (AVX-512) or up to 0.44 (scalar). The test prints both counts.
+//! 0.26 (AVX2 and AVX-512 alike) or up to 0.44 (scalar). The test prints both counts.
 
 use std::path::PathBuf;
 
@@ -22,8 +22,16 @@ use serial_test::serial;
 
 /// The project's near-tie rule (reported).
 const NEAR_TIE: f64 = 0.1;
-/// The near-tie rule asserted (see the module docs).
-const ENGINE_TIE: f64 = 0.5;
+/// The near-tie rule asserted (see the module docs): the SIMD kernels (AVX2 and AVX-512 give
+/// the same logits here) part from llama.cpp at gaps up to 0.26, the portable kernels at up to
+/// 0.44.
+fn engine_tie() -> f64 {
+    if ggml_graph::quant::detected() == ggml_graph::quant::Simd::Scalar {
+        0.5
+    } else {
+        0.3
+    }
+}
 /// Largest accepted |ours - llama.cpp| over the reference's top logits. Both engines quantize
 /// activations to 8 bits for the quantized matmuls, and llama.cpp's CPU flash attention
 /// accumulates V in f16; measured differences stay around half of this, while a wrong
@@ -112,7 +120,7 @@ fn greedy_and_logits_match_llama_cpp() {
             );
         }
         let tie = |t: f64| gaps.iter().position(|&gap| gap < t).unwrap_or(want.len());
-        let (limit, limit_01) = (tie(ENGINE_TIE), tie(NEAR_TIE));
+        let (limit, limit_01) = (tie(engine_tie()), tie(NEAR_TIE));
         let mut first_diff = None;
         for (step, &w) in want.iter().enumerate() {
             let got = argmax(&logits);
@@ -128,26 +136,29 @@ fn greedy_and_logits_match_llama_cpp() {
         assert!(
             equal >= limit,
             "{text:?}: greedy differs at step {equal} (llama.cpp gap {}), before the first \
-             step with a gap under {ENGINE_TIE} ({limit})",
-            gaps[equal]
+             step with a gap under {} ({limit})",
+            gaps[equal],
+            engine_tie()
         );
         compared_tokens += limit;
         full += usize::from(limit == want.len());
         full_01 += usize::from(equal >= limit_01 && limit_01 == want.len());
         agree_01 += usize::from(equal >= limit_01);
         println!(
-            "{:<36} equal for {equal:>2}/{} steps; gap<{ENGINE_TIE} at {limit:>2}, gap<{NEAR_TIE} at {limit_01:>2}{}",
+            "{:<36} equal for {equal:>2}/{} steps; gap<{} at {limit:>2}, gap<{NEAR_TIE} at {limit_01:>2}{}",
             format!("{text:?}").chars().take(36).collect::<String>(),
             want.len(),
+            engine_tie(),
             first_diff.map(|d| format!(", parted at llama.cpp gap {}", gaps[d])).unwrap_or_default()
         );
     }
     println!(
         "greedy: {compared_tokens} tokens compared equal over {} prompts, {full} compared in \
-         full (gap rule {ENGINE_TIE}); with the {NEAR_TIE} rule {agree_01} prompts agree up to \
+         full (gap rule {}); with the {NEAR_TIE} rule {agree_01} prompts agree up to \
          the tie, {full_01} over all 64 tokens; max |logit diff| over reference top-k: \
          {worst_logit:.4}",
-        prompts.len()
+        prompts.len(),
+        engine_tie()
     );
 }
 
