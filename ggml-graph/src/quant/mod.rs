@@ -120,6 +120,14 @@ fn quantize_q8k_block(x: &[f32], out: &mut [u8]) {
 /// Dot product of one weight row `w` (`n` values of type `ty`) with an activation row `a` already
 /// quantized to `act_type(ty)`, on the given SIMD level.
 pub fn vec_dot(simd: Simd, ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    // Q8_0 on AVX-512 always takes the one-row VNNI kernel (decode's hot output matrix), in
+    // `vec_dot_cols` too, so batch sizes still agree exactly.
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx512 && ty == DType::Q8_0 {
+        if let Some(v) = x86::vec_dot_vnni(ty, n, w, a) {
+            return v;
+        }
+    }
     // One column through the multi-column kernels first: every column of a matmul then sees the
     // same float accumulation order whatever the batch size, so prefill and decode agree exactly.
     #[cfg(target_arch = "x86_64")]
@@ -157,7 +165,10 @@ pub fn vec_dot_cols(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd != Simd::Scalar && x86::vec_dot_cols(ty, n, w, a, astride, out, simd == Simd::Avx512) {
+    if simd != Simd::Scalar
+        && !(simd == Simd::Avx512 && ty == DType::Q8_0)
+        && x86::vec_dot_cols(ty, n, w, a, astride, out, simd == Simd::Avx512)
+    {
         return;
     }
     for (c, o) in out.iter_mut().enumerate() {
