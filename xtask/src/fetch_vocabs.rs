@@ -2,18 +2,17 @@
 //! with `.inp`/`.out` expected ids) from the llama-cpp-python sdist on PyPI into the cache.
 
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::Result;
+use crate::{pypi, Result};
 
 const PACKAGE: &str = "llama-cpp-python";
 /// The release whose vendored llama.cpp (0c1e57098) is the project's reference.
 const VERSION: &str = "0.3.36";
 const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
-const PYPI: &str = "https://pypi.org/pypi";
 /// Vocabularies the tokenizer tests use.
 const VOCABS: &[&str] = &["llama-spm", "llama-bpe", "qwen2", "gpt-2", "phi-3"];
 const SUFFIXES: &[&str] = &["", ".inp", ".out"];
@@ -90,15 +89,8 @@ fn resolve(meta_url: &str, url: &str) -> String {
 }
 
 fn download_sdist() -> Result<Vec<u8>> {
-    let meta_url = format!("{PYPI}/{PACKAGE}/json");
     eprintln!("looking up {PACKAGE} {VERSION} on PyPI");
-    let text = ureq::get(&meta_url)
-        .call()
-        .map_err(|e| format!("{meta_url}: {e}"))?
-        .into_string()
-        .map_err(|e| format!("{meta_url}: {e}"))?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{meta_url}: bad JSON: {e}"))?;
+    let (meta_url, meta) = pypi::package_json(PACKAGE)?;
     let url = meta["releases"][VERSION]
         .as_array()
         .and_then(|files| {
@@ -110,14 +102,7 @@ fn download_sdist() -> Result<Vec<u8>> {
         .ok_or_else(|| format!("{meta_url}: no sdist listed for {VERSION}"))?;
     let url = resolve(&meta_url, url);
     eprintln!("downloading {url}");
-    let mut body = Vec::new();
-    ureq::get(&url)
-        .call()
-        .map_err(|e| format!("{url}: {e}"))?
-        .into_reader()
-        .read_to_end(&mut body)
-        .map_err(|e| format!("{url}: {e}"))?;
-    Ok(body)
+    pypi::download(&url)
 }
 
 /// Copies the wanted `vendor/llama.cpp/models/` members of the tar.gz into `dir`.

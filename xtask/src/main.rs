@@ -7,6 +7,7 @@ mod fetch_model;
 mod fetch_vocabs;
 mod fuzz;
 mod kernels;
+mod pypi;
 mod setup;
 
 use std::env;
