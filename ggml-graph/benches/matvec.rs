@@ -1,7 +1,7 @@
 //! Quantized mat-vec throughput (GB/s of weight bytes read) beside the machine's measured memory
 //! read bandwidth, on 1 and 2 threads. Run: `cargo bench -p ggml-graph --bench matvec`.
 //! Set `MATVEC_QUICK=1` for the 2048x2048 shape only, `MATVEC_SIMD=avx2|scalar` to cap the SIMD
-//! level.
+//! level, `MATVEC_GEMMA=1` for Gemma 3 270M's shapes and types only (decode and 128-token prefill).
 
 use std::time::{Duration, Instant};
 
@@ -106,7 +106,59 @@ fn backend(threads: usize) -> CpuBackend {
         .with_simd(simd_cap())
 }
 
+/// Gemma 3 270M Q4_K_M's matrices: `(type, k, n)`.
+const GEMMA: [(DType, usize, usize); 6] = [
+    (DType::Q5_0, 640, 2048),
+    (DType::Q5_0, 640, 1024),
+    (DType::Q8_0, 640, 256),
+    (DType::Q4_K, 1024, 640),
+    (DType::Q6_K, 2048, 640),
+    (DType::Q8_0, 640, 262144),
+];
+
+fn gemma() {
+    for threads in [1, 2] {
+        let bw = bandwidth(threads);
+        println!("threads={threads} memory read bandwidth: {bw:.1} GB/s");
+        for (ty, k, n) in GEMMA {
+            matvec(threads, ty, k, n, bw);
+        }
+        for (ty, k, n) in &GEMMA[..5] {
+            prefill(threads, *ty, *k, *n, 128);
+        }
+    }
+}
+
+/// One-column product time and weight bytes per second.
+fn matvec(threads: usize, ty: DType, k: usize, n: usize, bw: f64) {
+    let wb = weights(ty, k, n);
+    let bytes = wb.len();
+    let mut g = Graph::new();
+    let w = g.weight("w", ty, &[k, n]).expect("weight");
+    let x = g.input("x", DType::F32, &[k, 1]).expect("input");
+    let y = g.mul_mat(w, x).expect("mul_mat");
+    g.mark_output(y).expect("output");
+    let mut ex = Executor::new(backend(threads));
+    ex.bind_weight("w", ty, &[k, n], WeightBytes::from_vec(wb))
+        .expect("bind");
+    let xv: Vec<f32> = (0..k)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let xb: Vec<u8> = bytemuck::cast_slice(&xv).to_vec();
+    let t = time(|| ex.run(&g, &[(x, &xb)]).expect("run"));
+    let gbs = bytes as f64 / t / 1e9;
+    println!(
+        "threads={threads} {ty:>5} {k}x{n}: {:8.1} us  {gbs:6.1} GB/s  ({:.0}% of memory bandwidth)",
+        t * 1e6,
+        100.0 * gbs / bw
+    );
+}
+
 fn main() {
+    if std::env::var_os("MATVEC_GEMMA").is_some() {
+        gemma();
+        return;
+    }
     let quick = std::env::var_os("MATVEC_QUICK").is_some();
     let shapes: &[(usize, usize)] = if quick {
         &[(2048, 2048)]
@@ -126,27 +178,7 @@ fn main() {
                 DType::Q2_K,
                 DType::Q3_K,
             ] {
-                let wb = weights(ty, k, n);
-                let bytes = wb.len();
-                let mut g = Graph::new();
-                let w = g.weight("w", ty, &[k, n]).expect("weight");
-                let x = g.input("x", DType::F32, &[k, 1]).expect("input");
-                let y = g.mul_mat(w, x).expect("mul_mat");
-                g.mark_output(y).expect("output");
-                let mut ex = Executor::new(backend(threads));
-                ex.bind_weight("w", ty, &[k, n], WeightBytes::from_vec(wb))
-                    .expect("bind");
-                let xv: Vec<f32> = (0..k)
-                    .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
-                    .collect();
-                let xb: Vec<u8> = bytemuck::cast_slice(&xv).to_vec();
-                let t = time(|| ex.run(&g, &[(x, &xb)]).expect("run"));
-                let gbs = bytes as f64 / t / 1e9;
-                println!(
-                    "threads={threads} {ty:>5} {k}x{n}: {:8.1} us  {gbs:6.1} GB/s  ({:.0}% of memory bandwidth)",
-                    t * 1e6,
-                    100.0 * gbs / bw
-                );
+                matvec(threads, ty, k, n, bw);
             }
         }
         for ty in [

@@ -4,7 +4,10 @@
 mod common;
 
 use common::*;
-use ggml_graph::quant::{act_type, detected, dot_float, quantize_act, vec_dot, vec_dot_cols, Simd};
+use ggml_graph::quant::{
+    act_type, detected, dot_float, dot_tile, quantize_act, quantize_act_tiled, tiled,
+    tiled_act_bytes, vec_dot, vec_dot_cols, Simd,
+};
 use ggml_graph::DType;
 
 #[test]
@@ -140,6 +143,67 @@ fn one_column_and_several_columns_agree_bit_for_bit() {
                             one.to_bits(),
                             "{simd:?} {ty} cols={cols} c={c}: {o} vs {one}"
                         );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tile kernels (AVX-512 VNNI, Q4_0/Q5_0/Q8_0): activations quantized and prepared in one
+/// SIMD pass give bit for bit what the scalar quantizer plus the one-row entry point give, for
+/// every tile shape (1 to 9 rows, 1 to 9 columns) and odd block counts.
+#[test]
+fn tiles_match_the_one_row_path_bit_for_bit() {
+    if !tiled(detected(), DType::Q8_0) {
+        println!("skipped: this CPU has no AVX-512 VNNI tile kernels");
+        return;
+    }
+    let simd = detected();
+    let mut rng = Rng::new(9);
+    for ty in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
+        for n in [32, 224, 640] {
+            let (rows, cols) = (9, 9);
+            let wrb = n / 32 * ty.type_size();
+            let w = random_weights(&mut rng, ty, rows * n);
+            // Exact halves and zero blocks test the rounding and the zero scale.
+            let mut x: Vec<f32> = rng
+                .vec(cols * n)
+                .iter()
+                .map(|v| v * v * v * 300.0)
+                .collect();
+            x[..32].fill(0.0);
+            x[40] = 127.0 * 0.5;
+            x[41] = -127.0;
+            let pb = tiled_act_bytes(n);
+            let mut prep = vec![0u8; cols * pb];
+            for (xr, p) in x.chunks_exact(n).zip(prep.chunks_exact_mut(pb)) {
+                assert!(quantize_act_tiled(ty, xr, p));
+            }
+            let arb = n / 32 * 34;
+            let mut q8 = vec![0u8; cols * arb];
+            quantize_act(DType::Q8_0, &x, &mut q8);
+            for rn in 1..=rows {
+                for cn in 1..=cols {
+                    let mut out = vec![0f32; cn * rn];
+                    assert!(dot_tile(
+                        simd, ty, n, &w, wrb, rn, &prep, pb, cn, &mut out, rn
+                    ));
+                    for c in 0..cn {
+                        for r in 0..rn {
+                            let one = vec_dot(
+                                simd,
+                                ty,
+                                n,
+                                &w[r * wrb..(r + 1) * wrb],
+                                &q8[c * arb..(c + 1) * arb],
+                            );
+                            assert_eq!(
+                                out[c * rn + r].to_bits(),
+                                one.to_bits(),
+                                "{ty} n={n} tile {rn}x{cn} r={r} c={c}"
+                            );
+                        }
                     }
                 }
             }

@@ -7,13 +7,16 @@ use rayon::prelude::*;
 
 use super::{out_f32, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
-use crate::quant::{act_type, dot_float, quantize_act, vec_dot, vec_dot_cols};
+use crate::quant::{
+    act_type, dot_float, dot_tile, quantize_act, quantize_act_tiled, tiled, tiled_act_bytes,
+    vec_dot, vec_dot_cols,
+};
 use crate::tensor::{row_bytes, DType, Tensor};
 
 /// Weight rows per parallel task.
 fn chunk_rows(n: usize, threads: usize) -> usize {
-    // Enough tasks to balance (8 per thread), but never tiny ones.
-    (n / (threads * 8)).clamp(4, 256)
+    // Enough tasks to balance (8 per thread), but never tiny ones; whole 4-row tiles.
+    ((n / (threads * 8)).clamp(4, 256) + 3) & !3
 }
 
 /// The second weight and activation of a fused gated product: `act(w . x) * (w2 . x)`.
@@ -44,15 +47,23 @@ pub(crate) fn mul_mat(
 
     // Activation rows, flat over (m, b2, b3): quantized into scratch, or f32 slices.
     let aty = act_type(wty);
+    let tile = tiled(simd, wty);
     let mut scratch = be.scratch.lock();
-    let arb = aty.map_or(0, |a| row_bytes(a, k));
+    let arb = match aty {
+        Some(_) if tile => tiled_act_bytes(k),
+        Some(a) => row_bytes(a, k),
+        None => 0,
+    };
     if let Some(aty) = aty {
         if scratch.len() < arb * n_cols {
             scratch.resize(arb * n_cols, 0);
         }
         let quant = |(c, dst): (usize, &mut [u8])| {
             let (mi, i2, i3) = (c % m, (c / m) % b2, c / (m * b2));
-            quantize_act(aty, x.row(xa, mi, i2, i3), dst);
+            let xr = x.row(xa, mi, i2, i3);
+            if !(tile && quantize_act_tiled(wty, xr, dst)) {
+                quantize_act(aty, xr, dst);
+            }
         };
         if n_cols <= 4 {
             scratch[..arb * n_cols]
@@ -75,6 +86,11 @@ pub(crate) fn mul_mat(
             let batch = i3 * b2 + i2;
             let w_off = (i2 / r2) * wt.nb[2] + (i3 / r3) * wt.nb[3];
             let ob = &mut o[batch * n * m..(batch + 1) * n * m];
+            if tile {
+                let a = &acts[batch * m * arb..(batch + 1) * m * arb];
+                mul_mat_tiled(simd, wty, k, w, w_off, a, arb, m, gate, chunk, ob)?;
+                continue;
+            }
             let dot1 = |wv: &SrcView<'_>, row: usize, col: usize| -> f32 {
                 let wo = w_off + row * wt.nb[1];
                 let wrow = &wv.data[wo..wo + wrb];
@@ -160,4 +176,98 @@ pub(crate) fn mul_mat(
         }
     }
     Ok(())
+}
+
+/// The tile-kernel path: each task owns `chunk` weight rows and computes them for all `m`
+/// columns (`a`: prepared activation rows, `arb` bytes each) into `ob` (`m` columns of `n`).
+#[allow(clippy::too_many_arguments)]
+fn mul_mat_tiled(
+    simd: crate::quant::Simd,
+    wty: DType,
+    k: usize,
+    w: &SrcView<'_>,
+    w_off: usize,
+    a: &[u8],
+    arb: usize,
+    m: usize,
+    gate: Gate<'_, '_>,
+    chunk: usize,
+    ob: &mut [f32],
+) -> Result<()> {
+    let wt = w.t;
+    let n = ob.len() / m;
+    let wstride = wt.nb[1];
+    let wrb = wt.row_bytes();
+    let span = |r0: usize, rn: usize| (w_off + r0 * wstride, (rn - 1) * wstride + wrb);
+    let run = |r0: usize, rn: usize, res: &mut [f32], res2: &mut [f32]| -> bool {
+        let (s, len) = span(r0, rn);
+        let Some(wr) = w.data.get(s..s + len) else {
+            return false;
+        };
+        if !dot_tile(simd, wty, k, wr, wstride, rn, a, arb, m, res, rn) {
+            return false;
+        }
+        if let Some((w2, act)) = gate {
+            let Some(wr2) = w2.data.get(s..s + len) else {
+                return false;
+            };
+            if !dot_tile(simd, wty, k, wr2, wstride, rn, a, arb, m, res2, rn) {
+                return false;
+            }
+            for (v, &u) in res.iter_mut().zip(res2.iter()) {
+                *v = act(*v) * u;
+            }
+        }
+        true
+    };
+    let bad = || unsupported(wt, format!("{wty} tile shapes (k {k}, rows {n})"));
+    if m == 1 {
+        let ok = ob
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .map(|(ci, oc)| {
+                let rn = oc.len();
+                let mut res2 = if gate.is_some() {
+                    vec![0f32; rn]
+                } else {
+                    Vec::new()
+                };
+                run(ci * chunk, rn, oc, &mut res2)
+            })
+            .all(|ok| ok);
+        return if ok { Ok(()) } else { Err(bad()) };
+    }
+    // Split every output column into row chunks; a task owns one chunk in all columns.
+    let n_chunks = n.div_ceil(chunk);
+    let mut tiles: Vec<Vec<&mut [f32]>> = (0..n_chunks).map(|_| Vec::with_capacity(m)).collect();
+    for col in ob.chunks_mut(n) {
+        for (ci, part) in col.chunks_mut(chunk).enumerate() {
+            tiles[ci].push(part);
+        }
+    }
+    let ok = tiles
+        .par_iter_mut()
+        .enumerate()
+        .map(|(ci, cols)| {
+            let rn = cols.first().map_or(0, |c| c.len());
+            let mut res = vec![0f32; rn * m];
+            let mut res2 = if gate.is_some() {
+                vec![0f32; rn * m]
+            } else {
+                Vec::new()
+            };
+            if !run(ci * chunk, rn, &mut res, &mut res2) {
+                return false;
+            }
+            for (col, r) in cols.iter_mut().zip(res.chunks_exact(rn)) {
+                col.copy_from_slice(r);
+            }
+            true
+        })
+        .all(|ok| ok);
+    if ok {
+        Ok(())
+    } else {
+        Err(bad())
+    }
 }

@@ -77,11 +77,14 @@ pub fn quantize_act(ty: DType, x: &[f32], out: &mut [u8]) {
 fn quantize_q8_block(with_sum: bool, x: &[f32], out: &mut [u8]) {
     let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
     let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    // As ggml's x86 quantizer: 127 / amax (not 1 / d, which differs in the last bit a quarter of
+    // the time) and ties to even. Activations hit exact .5 products often enough (a dozen per
+    // Gemma 3 layer input) that either difference moves logits by tenths.
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let start = if with_sum { 4 } else { 2 };
     let mut sum = 0i32;
     for (o, &v) in out[start..start + QK].iter_mut().zip(x) {
-        let q = (v * id).round() as i32;
+        let q = (v * id).round_ties_even() as i32;
         sum += q;
         *o = q as i8 as u8;
     }
@@ -105,7 +108,8 @@ fn quantize_q8k_block(x: &[f32], out: &mut [u8]) {
     }
     let iscale = -127.0 / max;
     for (o, &v) in out[4..4 + QK_K].iter_mut().zip(x) {
-        *o = ((iscale * v).round() as i32).min(127) as i8 as u8;
+        // Ties to even, as ggml's `nearest_int`.
+        *o = ((iscale * v).round_ties_even() as i32).min(127) as i8 as u8;
     }
     for g in 0..16 {
         let s: i32 = out[4 + 16 * g..4 + 16 * g + 16]
@@ -117,34 +121,105 @@ fn quantize_q8k_block(x: &[f32], out: &mut [u8]) {
     out[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
 }
 
+/// True when `ty` on `simd` runs through the row x column tile kernels ([`dot_tile`]), which take
+/// activations prepared by [`quantize_act_tiled`] instead of plain 8-bit blocks.
+pub fn tiled(simd: Simd, ty: DType) -> bool {
+    cfg!(target_arch = "x86_64")
+        && simd == Simd::Avx512
+        && matches!(ty, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)
+}
+
+/// Bytes of one prepared activation row of `n` values for the tile kernels.
+pub fn tiled_act_bytes(n: usize) -> usize {
+    (n / QK).div_ceil(2) * 192
+}
+
+/// Quantizes `x` (a multiple of 32 values) to Q8_0 and prepares it for [`dot_tile`] with weights
+/// of type `ty` (the same values [`quantize_act`] gives, laid out for the tiles). False when
+/// `ty` has no tile kernel.
+pub fn quantize_act_tiled(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        tiled(detected(), ty) && x86::tile::quantize_prepare(ty, x, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, x, out);
+        false
+    }
+}
+
+/// Dot products of `rows` weight rows of type `ty` (`n` values, `wstride` bytes apart in `w`) with
+/// `cols` activation rows prepared by [`quantize_act_tiled`] (`astride` bytes apart in `a`),
+/// written to `out[c * ocs + r]`; each weight row is decoded once for all columns. False when
+/// [`tiled`] does not hold or a length does not fit.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_tile(
+    simd: Simd,
+    ty: DType,
+    n: usize,
+    w: &[u8],
+    wstride: usize,
+    rows: usize,
+    a: &[u8],
+    astride: usize,
+    cols: usize,
+    out: &mut [f32],
+    ocs: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if tiled(simd, ty) {
+        return x86::tile::dot_tile(ty, n, w, wstride, rows, a, astride, cols, out, ocs);
+    }
+    let _ = (simd, ty, n, w, wstride, rows, a, astride, cols, out, ocs);
+    false
+}
+
+/// [`dot_tile`] for activation rows given as plain Q8_0 blocks (`astride` bytes apart): prepares
+/// them first. False when no tile kernel applies.
+fn dot_tile_q8(
+    simd: Simd,
+    ty: DType,
+    n: usize,
+    w: &[u8],
+    a: &[u8],
+    astride: usize,
+    out: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if tiled(simd, ty) {
+        let pb = tiled_act_bytes(n);
+        let mut prep = vec![0u8; pb * out.len()];
+        for (c, p) in prep.chunks_exact_mut(pb).enumerate() {
+            let Some(row) = a.get(c * astride..) else {
+                return false;
+            };
+            if !x86::tile::prepare_act(ty, n, row, p) {
+                return false;
+            }
+        }
+        let cols = out.len();
+        return dot_tile(simd, ty, n, w, w.len(), 1, &prep, pb, cols, out, 1);
+    }
+    let _ = (simd, ty, n, w, a, astride, out);
+    false
+}
+
 /// Dot product of one weight row `w` (`n` values of type `ty`) with an activation row `a` already
 /// quantized to `act_type(ty)`, on the given SIMD level.
 pub fn vec_dot(simd: Simd, ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
-    // Q8_0 on AVX-512 always takes the one-row VNNI kernel (decode's hot output matrix), in
-    // `vec_dot_cols` too, so batch sizes still agree exactly.
-    #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx512 && ty == DType::Q8_0 {
-        if let Some(v) = x86::vec_dot_vnni(ty, n, w, a) {
-            return v;
-        }
+    // The tile kernels (and below, the multi-column kernels) first, with one column: every column
+    // of a matmul then sees the same float accumulation order whatever the batch size, so prefill
+    // and decode agree exactly.
+    let mut out = [0f32];
+    if dot_tile_q8(simd, ty, n, w, a, a.len(), &mut out) {
+        return out[0];
     }
-    // One column through the multi-column kernels first: every column of a matmul then sees the
-    // same float accumulation order whatever the batch size, so prefill and decode agree exactly.
     #[cfg(target_arch = "x86_64")]
     if simd != Simd::Scalar {
-        let mut out = [0f32];
-        if x86::vec_dot_cols(ty, n, w, a, a.len(), &mut out, simd == Simd::Avx512) {
+        if x86::vec_dot_cols(ty, n, w, a, a.len(), &mut out) {
             return out[0];
         }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx512 {
-        if let Some(v) = x86::vec_dot_vnni(ty, n, w, a) {
-            return v;
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd != Simd::Scalar {
         if let Some(v) = x86::vec_dot(ty, n, w, a) {
             return v;
         }
@@ -164,11 +239,11 @@ pub fn vec_dot_cols(
     astride: usize,
     out: &mut [f32],
 ) {
+    if dot_tile_q8(simd, ty, n, w, a, astride, out) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
-    if simd != Simd::Scalar
-        && !(simd == Simd::Avx512 && ty == DType::Q8_0)
-        && x86::vec_dot_cols(ty, n, w, a, astride, out, simd == Simd::Avx512)
-    {
+    if simd != Simd::Scalar && x86::vec_dot_cols(ty, n, w, a, astride, out) {
         return;
     }
     for (c, o) in out.iter_mut().enumerate() {

@@ -7,6 +7,7 @@
 use std::arch::x86_64::*;
 
 mod k23;
+pub(super) mod tile;
 use k23::cols_k23;
 
 use super::blocks::{QK, QK_K};
@@ -450,7 +451,6 @@ pub(super) fn vec_dot_cols(
     a: &[u8],
     astride: usize,
     out: &mut [f32],
-    vnni: bool,
 ) -> bool {
     let (nb, abytes) = match ty {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (n / QK, 34),
@@ -482,9 +482,6 @@ pub(super) fn vec_dot_cols(
         };
     }
     match ty {
-        // `vnni` is true only when `has_vnni` reported the
-        // AVX-512 features, besides the AVX2 ones every kernel here needs.
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 if vnni => go!(cols_small_vnni),
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => go!(cols_small),
         DType::Q6_K => go!(cols_q6_k),
         DType::Q2_K | DType::Q3_K => go!(cols_k23),
@@ -721,63 +718,6 @@ pub(super) fn has_vnni() -> bool {
         && std::is_x86_feature_detected!("avx512vnni")
 }
 
-/// The 32-value block dot products with VNNI: `vpdpbusd` replaces the maddubs/madd pair and Q5_0
-/// expands its high bits with one mask move. `None` for other types.
-pub(super) fn vec_dot_vnni(ty: DType, n: usize, w: &[u8], a: &[u8]) -> Option<f32> {
-    if !matches!(ty, DType::Q4_0 | DType::Q5_0 | DType::Q8_0) {
-        return None;
-    }
-    let nb = n / QK;
-    if w.len() < nb * ty.type_size() || a.len() < nb * 34 {
-        return None;
-    }
-    // SAFETY: the caller obtained Simd::Avx512 from detection (has_vnni plus avx2/fma/f16c), and
-    // both rows hold `nb` whole blocks.
-    Some(unsafe { dot_small_512(ty, nb, w.as_ptr(), a.as_ptr()) })
-}
-
-/// # Safety
-/// AVX2/FMA/F16C/AVX-512 BW+VL+VNNI; `w` holds `nb` blocks of `ty`, `a` `nb` Q8_0 blocks.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_small_vnni(ty: DType, nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let bs = ty.type_size();
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let m4 = _mm256_set1_epi8(0x0f);
-    let hi_nib = _mm256_set1_epi8(0xf0_u8 as i8);
-    for i in 0..nb {
-        // SAFETY: block `i` of both rows is in bounds (caller).
-        unsafe {
-            let wb = w.add(i * bs);
-            let ab = a.add(i * 34);
-            let qw = match ty {
-                DType::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
-                DType::Q4_0 => {
-                    let t = _mm_loadu_si128(wb.add(2) as *const __m128i);
-                    let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-                    _mm256_sub_epi8(q, _mm256_set1_epi8(8))
-                }
-                _ => {
-                    let qh = std::ptr::read_unaligned(wb.add(2) as *const u32);
-                    let t = _mm_loadu_si128(wb.add(6) as *const __m128i);
-                    let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-                    // High nibble 0xF where the fifth bit is clear: value = nibble + 16 * bit - 16.
-                    _mm256_or_si256(q, _mm256_maskz_mov_epi8(!qh, hi_nib))
-                }
-            };
-            let qa = _mm256_loadu_si256(ab.add(2) as *const __m256i);
-            let p = _mm256_dpbusd_epi32(
-                _mm256_setzero_si256(),
-                _mm256_abs_epi8(qw),
-                _mm256_sign_epi8(qa, qw),
-            );
-            let d = _mm256_set1_ps(f16_load(wb) * f16_load(ab));
-            acc[i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[i & 1]);
-        }
-    }
-    // SAFETY: AVX2 present (this function's target features).
-    unsafe { hsum(_mm256_add_ps(acc[0], acc[1])) }
-}
-
 /// F16/BF16/F32 bytes to f32, eight at a time; false for other types or short buffers.
 pub(super) fn convert_row(ty: DType, src: &[u8], dst: &mut [f32]) -> bool {
     let n = dst.len();
@@ -819,124 +759,5 @@ unsafe fn convert_row_avx2(ty: DType, n: usize, src: *const u8, dst: *mut f32) {
             *dst.add(i) = v;
             i += 1;
         }
-    }
-}
-
-/// [`cols_small`] with `vpdpbusd` and mask-move expansion of Q5_0's fifth bits.
-///
-/// # Safety
-/// AVX2/FMA/F16C/AVX-512 BW+VL+VNNI; `w` holds `nb` blocks of `ty`; `C` Q8_0 rows of `nb` blocks at
-/// `a + c * astride`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn cols_small_vnni<const C: usize>(
-    ty: DType,
-    nb: usize,
-    w: *const u8,
-    a: *const u8,
-    astride: usize,
-) -> [f32; C] {
-    let mut acc = [_mm256_setzero_ps(); C];
-    let bs = ty.type_size();
-    let m4 = _mm256_set1_epi8(0x0f);
-    let hi_nib = _mm256_set1_epi8(0xf0_u8 as i8);
-    for i in 0..nb {
-        // SAFETY: block `i` of the weight row and of every activation row is in bounds (caller).
-        unsafe {
-            let wb = w.add(i * bs);
-            let qw = match ty {
-                DType::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
-                DType::Q4_0 => {
-                    let t = _mm_loadu_si128(wb.add(2) as *const __m128i);
-                    let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-                    _mm256_sub_epi8(q, _mm256_set1_epi8(8))
-                }
-                _ => {
-                    let qh = std::ptr::read_unaligned(wb.add(2) as *const u32);
-                    let t = _mm_loadu_si128(wb.add(6) as *const __m128i);
-                    let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-                    _mm256_or_si256(q, _mm256_maskz_mov_epi8(!qh, hi_nib))
-                }
-            };
-            let dw = f16_load(wb);
-            let ax = _mm256_abs_epi8(qw);
-            for (c, acc) in acc.iter_mut().enumerate() {
-                let ab = a.add(c * astride + i * 34);
-                let qa = _mm256_loadu_si256(ab.add(2) as *const __m256i);
-                let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, _mm256_sign_epi8(qa, qw));
-                *acc = _mm256_fmadd_ps(
-                    _mm256_set1_ps(dw * f16_load(ab)),
-                    _mm256_cvtepi32_ps(p),
-                    *acc,
-                );
-            }
-        }
-    }
-    // SAFETY: AVX2 present (this function's target features).
-    acc.map(|v| unsafe { hsum(v) })
-}
-
-/// Two 32-value blocks per 512-bit step: weights as i8 (Q8_0, Q4_0 or Q5_0), one `vpdpbusd`
-/// for both, and the per-block scales blended into one vector.
-///
-/// # Safety
-/// AVX2/FMA/F16C/AVX-512 F+BW+VL+VNNI; `w` holds `nb` blocks of `ty`, `a` `nb` Q8_0 blocks.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_small_512(ty: DType, nb: usize, w: *const u8, a: *const u8) -> f32 {
-    let bs = ty.type_size();
-    let m4 = _mm512_set1_epi8(0x0f);
-    let hi_nib = _mm512_set1_epi8(0xf0_u8 as i8);
-    let mut acc = _mm512_setzero_ps();
-    let mut i = 0;
-    // SAFETY: blocks `i` and `i + 1` are below `nb`, in bounds of both rows (caller).
-    unsafe {
-        // Two blocks' 16 nibble bytes as [lo0, hi0, lo1, hi1] nibbles, masked to 4 bits.
-        let nib2 = |p0: *const u8, p1: *const u8| -> __m512i {
-            let t0 = _mm_loadu_si128(p0 as *const __m128i);
-            let t1 = _mm_loadu_si128(p1 as *const __m128i);
-            let v0 = _mm256_set_m128i(_mm_srli_epi16(t0, 4), t0);
-            let v1 = _mm256_set_m128i(_mm_srli_epi16(t1, 4), t1);
-            _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1), m4)
-        };
-        while i + 2 <= nb {
-            let (w0, w1) = (w.add(i * bs), w.add((i + 1) * bs));
-            let (a0, a1) = (a.add(i * 34), a.add((i + 1) * 34));
-            let qw = match ty {
-                DType::Q8_0 => _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(w0.add(2) as *const __m256i)),
-                    _mm256_loadu_si256(w1.add(2) as *const __m256i),
-                    1,
-                ),
-                DType::Q4_0 => _mm512_sub_epi8(nib2(w0.add(2), w1.add(2)), _mm512_set1_epi8(8)),
-                _ => {
-                    let h0 = std::ptr::read_unaligned(w0.add(2) as *const u32) as u64;
-                    let h1 = std::ptr::read_unaligned(w1.add(2) as *const u32) as u64;
-                    // High nibble 0xF where the fifth bit is clear: value = nibble + 16 * bit - 16.
-                    let clear = !(h0 | (h1 << 32));
-                    _mm512_or_si512(
-                        nib2(w0.add(6), w1.add(6)),
-                        _mm512_maskz_mov_epi8(clear, hi_nib),
-                    )
-                }
-            };
-            let qa = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256(a0.add(2) as *const __m256i)),
-                _mm256_loadu_si256(a1.add(2) as *const __m256i),
-                1,
-            );
-            // |w| . (a * sign(w)): negate the activation where the weight is negative.
-            let neg = _mm512_movepi8_mask(qw);
-            let sa = _mm512_mask_sub_epi8(qa, neg, _mm512_setzero_si512(), qa);
-            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(qw), sa);
-            let d0 = _mm512_set1_ps(f16_load(w0) * f16_load(a0));
-            let d1 = _mm512_set1_ps(f16_load(w1) * f16_load(a1));
-            let d = _mm512_mask_blend_ps(0xff00, d0, d1);
-            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
-            i += 2;
-        }
-        let mut sum = _mm512_reduce_add_ps(acc);
-        if i < nb {
-            sum += dot_small_vnni(ty, nb - i, w.add(i * bs), a.add(i * 34));
-        }
-        sum
     }
 }
