@@ -150,9 +150,10 @@ fn one_column_and_several_columns_agree_bit_for_bit() {
     }
 }
 
-/// The tile kernels (AVX-512 VNNI, Q4_0/Q5_0/Q8_0): activations quantized and prepared in one
-/// SIMD pass give bit for bit what the scalar quantizer plus the one-row entry point give, for
-/// every tile shape (1 to 9 rows, 1 to 9 columns) and odd block counts.
+/// The tile kernels (AVX-512 VNNI; Q4_0/Q5_0/Q8_0 and Q4_K/Q5_K/Q6_K): activations quantized for
+/// the tiles (for the 32-value types in one SIMD pass) give bit for bit what the scalar quantizer
+/// plus the one-row entry point give, for every tile shape (1 to 9 rows, 1 to 9 columns) and odd
+/// block counts.
 #[test]
 fn tiles_match_the_one_row_path_bit_for_bit() {
     if !tiled(detected(), DType::Q8_0) {
@@ -161,10 +162,23 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
     }
     let simd = detected();
     let mut rng = Rng::new(9);
-    for ty in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
-        for n in [32, 224, 640] {
+    for ty in [
+        DType::Q4_0,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ] {
+        let aty = act_type(ty).unwrap();
+        let sizes: &[usize] = if ty.block_size() == 32 {
+            &[32, 224, 640]
+        } else {
+            &[256, 768, 2048]
+        };
+        for &n in sizes {
             let (rows, cols) = (9, 9);
-            let wrb = n / 32 * ty.type_size();
+            let wrb = n / ty.block_size() * ty.type_size();
             let w = random_weights(&mut rng, ty, rows * n);
             // Exact halves and zero blocks test the rounding and the zero scale.
             let mut x: Vec<f32> = rng
@@ -175,14 +189,14 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
             x[..32].fill(0.0);
             x[40] = 127.0 * 0.5;
             x[41] = -127.0;
-            let pb = tiled_act_bytes(n);
+            let pb = tiled_act_bytes(ty, n);
             let mut prep = vec![0u8; cols * pb];
             for (xr, p) in x.chunks_exact(n).zip(prep.chunks_exact_mut(pb)) {
                 assert!(quantize_act_tiled(ty, xr, p));
             }
-            let arb = n / 32 * 34;
+            let arb = n / aty.block_size() * aty.type_size();
             let mut q8 = vec![0u8; cols * arb];
-            quantize_act(DType::Q8_0, &x, &mut q8);
+            quantize_act(aty, &x, &mut q8);
             for rn in 1..=rows {
                 for cn in 1..=cols {
                     let mut out = vec![0f32; cn * rn];

@@ -50,7 +50,7 @@ pub(crate) fn mul_mat(
     let tile = tiled(simd, wty);
     let mut scratch = be.scratch.lock();
     let arb = match aty {
-        Some(_) if tile => tiled_act_bytes(k),
+        Some(_) if tile => tiled_act_bytes(wty, k),
         Some(a) => row_bytes(a, k),
         None => 0,
     };

@@ -122,37 +122,58 @@ fn quantize_q8k_block(x: &[f32], out: &mut [u8]) {
 }
 
 /// True when `ty` on `simd` runs through the row x column tile kernels ([`dot_tile`]), which take
-/// activations prepared by [`quantize_act_tiled`] instead of plain 8-bit blocks.
+/// activations from [`quantize_act_tiled`].
 pub fn tiled(simd: Simd, ty: DType) -> bool {
     cfg!(target_arch = "x86_64")
         && simd == Simd::Avx512
-        && matches!(ty, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)
+        && matches!(
+            ty,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K
+        )
 }
 
-/// Bytes of one prepared activation row of `n` values for the tile kernels.
-pub fn tiled_act_bytes(n: usize) -> usize {
-    (n / QK).div_ceil(2) * 192
+/// True for the tile types whose activations are prepared beyond plain Q8_0 blocks.
+fn prepared(ty: DType) -> bool {
+    matches!(ty, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)
 }
 
-/// Quantizes `x` (a multiple of 32 values) to Q8_0 and prepares it for [`dot_tile`] with weights
-/// of type `ty` (the same values [`quantize_act`] gives, laid out for the tiles). False when
-/// `ty` has no tile kernel.
+/// Bytes of one activation row of `n` values for the tile kernels of weight type `ty`.
+pub fn tiled_act_bytes(ty: DType, n: usize) -> usize {
+    if prepared(ty) {
+        (n / QK).div_ceil(2) * 192
+    } else {
+        n / QK_K * Q8K_BYTES
+    }
+}
+
+/// Quantizes `x` for [`dot_tile`] with weights of type `ty`: Q8_K blocks for the K-quants; for the
+/// 32-value types Q8_0 values laid out for the tiles (the same values [`quantize_act`] gives).
+/// False when `ty` has no tile kernel on this CPU.
 pub fn quantize_act_tiled(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
+    if !tiled(detected(), ty) {
+        return false;
+    }
+    if !prepared(ty) {
+        if !x.len().is_multiple_of(QK_K) || out.len() < tiled_act_bytes(ty, x.len()) {
+            return false;
+        }
+        quantize_act(DType::Q8_K, x, out);
+        return true;
+    }
     #[cfg(target_arch = "x86_64")]
     {
-        tiled(detected(), ty) && x86::tile::quantize_prepare(ty, x, out)
+        x86::tile::quantize_prepare(ty, x, out)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (ty, x, out);
         false
     }
 }
 
 /// Dot products of `rows` weight rows of type `ty` (`n` values, `wstride` bytes apart in `w`) with
-/// `cols` activation rows prepared by [`quantize_act_tiled`] (`astride` bytes apart in `a`),
-/// written to `out[c * ocs + r]`; each weight row is decoded once for all columns. False when
-/// [`tiled`] does not hold or a length does not fit.
+/// `cols` activation rows from [`quantize_act_tiled`] (`astride` bytes apart in `a`), written to
+/// `out[c * ocs + r]`; each weight row is decoded once for all columns. False when [`tiled`]
+/// does not hold or a length does not fit.
 #[allow(clippy::too_many_arguments)]
 pub fn dot_tile(
     simd: Simd,
@@ -169,14 +190,18 @@ pub fn dot_tile(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if tiled(simd, ty) {
-        return x86::tile::dot_tile(ty, n, w, wstride, rows, a, astride, cols, out, ocs);
+        return if prepared(ty) {
+            x86::tile::dot_tile(ty, n, w, wstride, rows, a, astride, cols, out, ocs)
+        } else {
+            x86::ktile::dot_tile(ty, n, w, wstride, rows, a, astride, cols, out, ocs)
+        };
     }
     let _ = (simd, ty, n, w, wstride, rows, a, astride, cols, out, ocs);
     false
 }
 
-/// [`dot_tile`] for activation rows given as plain Q8_0 blocks (`astride` bytes apart): prepares
-/// them first. False when no tile kernel applies.
+/// [`dot_tile`] for one weight row and activation rows given as plain `act_type(ty)` blocks
+/// (`astride` bytes apart). False when no tile kernel applies.
 fn dot_tile_q8(
     simd: Simd,
     ty: DType,
@@ -188,8 +213,12 @@ fn dot_tile_q8(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if tiled(simd, ty) {
-        let pb = tiled_act_bytes(n);
-        let mut prep = vec![0u8; pb * out.len()];
+        let cols = out.len();
+        if !prepared(ty) {
+            return dot_tile(simd, ty, n, w, w.len(), 1, a, astride, cols, out, 1);
+        }
+        let pb = tiled_act_bytes(ty, n);
+        let mut prep = vec![0u8; pb * cols];
         for (c, p) in prep.chunks_exact_mut(pb).enumerate() {
             let Some(row) = a.get(c * astride..) else {
                 return false;
@@ -198,7 +227,6 @@ fn dot_tile_q8(
                 return false;
             }
         }
-        let cols = out.len();
         return dot_tile(simd, ty, n, w, w.len(), 1, &prep, pb, cols, out, 1);
     }
     let _ = (simd, ty, n, w, a, astride, out);

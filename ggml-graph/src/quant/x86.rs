@@ -7,6 +7,7 @@
 use std::arch::x86_64::*;
 
 mod k23;
+pub(super) mod ktile;
 pub(super) mod tile;
 use k23::cols_k23;
 

@@ -1,0 +1,290 @@
+//! AVX-512 VNNI row x column tiles for the K-quants Q4_K, Q5_K and Q6_K with Q8_K activations.
+//!
+//! Weight rows are decoded once per call into unsigned bytes in value order plus, per 64 values,
+//! a vector of 16-bit sub-block scales; the inner loop is then `vpmaddubsw` + `vpdpwssd` per 64
+//! values and row-column pair, exact in integers like the one-row kernels. Each (row, column)
+//! result has its own accumulator walked in super-block order, so results do not depend on the
+//! tile shape.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use super::{f16_load, k4_scales};
+use crate::quant::blocks::QK_K;
+use crate::quant::Q8K_BYTES;
+use crate::tensor::DType;
+
+/// Bytes of one decoded super-block: 256 values, 4 x 32 i16 scales, 16 i16 mins (Q4_K/Q5_K, each
+/// repeated for two 16-value groups) or scales (Q6_K), f32 d and dmin, padding.
+const W_SB: usize = 576;
+const OFF_SC: usize = 256;
+const OFF_MIN: usize = 512;
+const OFF_D: usize = 544;
+/// Rows per register tile.
+const TR: usize = 4;
+/// Columns per register tile.
+const TC: usize = 3;
+
+fn supported(ty: DType) -> bool {
+    matches!(ty, DType::Q4_K | DType::Q5_K | DType::Q6_K)
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks of `ty` (Q4_K, Q5_K or Q6_K) readable at `w`,
+/// `nb * W_SB` bytes writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
+    let bs = ty.type_size();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2 = _mm256_set1_epi8(0x03);
+    for i in 0..nb {
+        // SAFETY: block `i` is readable and its decoded bytes writable (caller).
+        unsafe {
+            let wb = w.add(i * bs);
+            let o = out.add(i * W_SB);
+            let q = o;
+            let scv = o.add(OFF_SC) as *mut i16;
+            let mins = o.add(OFF_MIN) as *mut i16;
+            let dd = o.add(OFF_D) as *mut f32;
+            if ty == DType::Q6_K {
+                for half in 0..2 {
+                    let ql = wb.add(64 * half);
+                    let qh = _mm256_loadu_si256(wb.add(128 + 32 * half) as *const __m256i);
+                    let l1 = _mm256_loadu_si256(ql as *const __m256i);
+                    let l2 = _mm256_loadu_si256(ql.add(32) as *const __m256i);
+                    let hi = |s: i32| {
+                        _mm256_slli_epi16(
+                            _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), m2),
+                            4,
+                        )
+                    };
+                    let vals = [
+                        _mm256_or_si256(_mm256_and_si256(l1, m4), hi(0)),
+                        _mm256_or_si256(_mm256_and_si256(l2, m4), hi(2)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), hi(4)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4), hi(6)),
+                    ];
+                    for (k, v) in vals.iter().enumerate() {
+                        _mm256_storeu_si256(q.add(128 * half + 32 * k) as *mut __m256i, *v);
+                    }
+                }
+                let sc = wb.add(192) as *const i8;
+                for g in 0..16 {
+                    let s = *sc.add(g) as i16;
+                    *mins.add(g) = s;
+                    for l in 0..8 {
+                        *scv.add(8 * g + l) = s;
+                    }
+                }
+                *dd = f16_load(wb.add(208));
+                *dd.add(1) = 0.0;
+            } else {
+                let five = ty == DType::Q5_K;
+                let [u0, u1, u2, u3] = k4_scales(wb.add(4));
+                let scb = [u0.to_le_bytes(), u1.to_le_bytes()].concat();
+                let mnb = [u2.to_le_bytes(), u3.to_le_bytes()].concat();
+                let qs = wb.add(if five { 48 } else { 16 });
+                let hbits = if five {
+                    _mm256_loadu_si256(wb.add(16) as *const __m256i)
+                } else {
+                    _mm256_setzero_si256()
+                };
+                let one = _mm256_set1_epi8(1);
+                for j in 0..4 {
+                    let bits = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                    let mut lo = _mm256_and_si256(bits, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    if five {
+                        let b = |s: usize| {
+                            let v = _mm256_srl_epi16(hbits, _mm_cvtsi32_si128(s as i32));
+                            _mm256_slli_epi16(_mm256_and_si256(v, one), 4)
+                        };
+                        lo = _mm256_or_si256(lo, b(2 * j));
+                        hi = _mm256_or_si256(hi, b(2 * j + 1));
+                    }
+                    _mm256_storeu_si256(q.add(64 * j) as *mut __m256i, lo);
+                    _mm256_storeu_si256(q.add(64 * j + 32) as *mut __m256i, hi);
+                }
+                for s in 0..8 {
+                    for l in 0..16 {
+                        *scv.add(16 * s + l) = scb[s] as i16;
+                    }
+                    *mins.add(2 * s) = mnb[s] as i16;
+                    *mins.add(2 * s + 1) = mnb[s] as i16;
+                }
+                *dd = f16_load(wb);
+                *dd.add(1) = f16_load(wb.add(2));
+            }
+        }
+    }
+}
+
+/// `R` decoded weight rows (`wstride` bytes apart) times `C` Q8_K rows (`astride` bytes
+/// apart), `nb` super-blocks each; `out[r][c]`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; every row holds `nb` super-blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
+    nb: usize,
+    w: *const u8,
+    wstride: usize,
+    a: *const u8,
+    astride: usize,
+) -> [[f32; C]; R] {
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    for i in 0..nb {
+        // SAFETY: super-block `i` of every row is in bounds (caller).
+        unsafe {
+            let mut sumi = [[_mm512_setzero_si512(); C]; R];
+            for j in 0..4 {
+                for c in 0..C {
+                    let av = _mm512_loadu_si512(
+                        a.add(c * astride + i * Q8K_BYTES + 4 + 64 * j) as *const _
+                    );
+                    for r in 0..R {
+                        let wp = w.add(r * wstride + i * W_SB);
+                        let wv = _mm512_loadu_si512(wp.add(64 * j) as *const _);
+                        let sv = _mm512_loadu_si512(wp.add(OFF_SC + 64 * j) as *const _);
+                        sumi[r][c] =
+                            _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wv, av), sv);
+                    }
+                }
+            }
+            for c in 0..C {
+                let ab = a.add(c * astride + i * Q8K_BYTES);
+                let da = std::ptr::read_unaligned(ab as *const f32);
+                let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
+                for r in 0..R {
+                    let wp = w.add(r * wstride + i * W_SB);
+                    let m16 = _mm256_loadu_si256(wp.add(OFF_MIN) as *const __m256i);
+                    let mm = _mm256_madd_epi16(m16, bsums);
+                    let dw = std::ptr::read_unaligned(wp.add(OFF_D) as *const f32);
+                    if SIX {
+                        // (q - 32) . a: subtract 32 * scale * group sum.
+                        let corr = _mm512_zextsi256_si512(_mm256_slli_epi32(mm, 5));
+                        let s = _mm512_sub_epi32(sumi[r][c], corr);
+                        acc[r][c] = _mm512_fmadd_ps(
+                            _mm512_set1_ps(dw * da),
+                            _mm512_cvtepi32_ps(s),
+                            acc[r][c],
+                        );
+                    } else {
+                        let dmin = std::ptr::read_unaligned(wp.add(OFF_D + 4) as *const f32);
+                        acc[r][c] = _mm512_fmadd_ps(
+                            _mm512_set1_ps(dw * da),
+                            _mm512_cvtepi32_ps(sumi[r][c]),
+                            acc[r][c],
+                        );
+                        let m = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mm));
+                        acc[r][c] = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * da), m, acc[r][c]);
+                    }
+                }
+            }
+        }
+    }
+    acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)))
+}
+
+thread_local! {
+    /// Decoded weight rows of the current call (reused: no allocation per call).
+    static DECODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Dot products of `rows` weight rows (`n` values of `ty` each, `wstride` bytes apart in `w`)
+/// with `cols` Q8_K activation rows (`astride` bytes apart in `a`): `out[c * ocs + r]`. False
+/// when the type or a length does not fit.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dot_tile(
+    ty: DType,
+    n: usize,
+    w: &[u8],
+    wstride: usize,
+    rows: usize,
+    a: &[u8],
+    astride: usize,
+    cols: usize,
+    out: &mut [f32],
+    ocs: usize,
+) -> bool {
+    let nb = n / QK_K;
+    let bs = ty.type_size();
+    if !supported(ty)
+        || !n.is_multiple_of(QK_K)
+        || rows == 0
+        || cols == 0
+        || wstride < nb * bs
+        || w.len() < (rows - 1) * wstride + nb * bs
+        || astride < nb * Q8K_BYTES
+        || a.len() < (cols - 1) * astride + nb * Q8K_BYTES
+        || ocs < rows
+        || out.len() < (cols - 1) * ocs + rows
+    {
+        return false;
+    }
+    let six = ty == DType::Q6_K;
+    DECODED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let drb = nb * W_SB;
+        if buf.len() < TR * drb {
+            buf.resize(TR * drb, 0);
+        }
+        let mut r0 = 0;
+        while r0 < rows {
+            let rn = (rows - r0).min(TR);
+            for r in 0..rn {
+                // SAFETY: Simd::Avx512 detection (the only caller path) reported the features;
+                // row `r0 + r` holds `nb` blocks (checked above), the buffer `TR * drb` bytes.
+                unsafe {
+                    decode_row(
+                        ty,
+                        nb,
+                        w.as_ptr().add((r0 + r) * wstride),
+                        buf.as_mut_ptr().add(r * drb),
+                    )
+                };
+            }
+            let mut c0 = 0;
+            while c0 < cols {
+                let cn = (cols - c0).min(TC);
+                let ap = a[c0 * astride..].as_ptr();
+                let wp = buf.as_ptr();
+                macro_rules! go {
+                    ($r:literal, $c:literal) => {{
+                        // SAFETY: AVX-512 VNNI detected (caller path); `$r` decoded rows of
+                        // `nb` super-blocks in the buffer, `$c` Q8_K rows of `nb` (checked).
+                        let res = unsafe {
+                            if six {
+                                tile::<$r, $c, true>(nb, wp, drb, ap, astride)
+                            } else {
+                                tile::<$r, $c, false>(nb, wp, drb, ap, astride)
+                            }
+                        };
+                        for (r, row) in res.iter().enumerate() {
+                            for (c, &v) in row.iter().enumerate() {
+                                out[(c0 + c) * ocs + r0 + r] = v;
+                            }
+                        }
+                    }};
+                }
+                match (rn, cn) {
+                    (4, 3) => go!(4, 3),
+                    (4, 2) => go!(4, 2),
+                    (4, 1) => go!(4, 1),
+                    (3, 3) => go!(3, 3),
+                    (3, 2) => go!(3, 2),
+                    (3, 1) => go!(3, 1),
+                    (2, 3) => go!(2, 3),
+                    (2, 2) => go!(2, 2),
+                    (2, 1) => go!(2, 1),
+                    (1, 3) => go!(1, 3),
+                    (1, 2) => go!(1, 2),
+                    _ => go!(1, 1),
+                }
+                c0 += cn;
+            }
+            r0 += rn;
+        }
+    });
+    true
+}
