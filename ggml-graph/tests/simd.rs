@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use ggml_graph::quant::{
-    act_type, detected, dot_float, dot_tile, quantize_act, quantize_act_tiled, tiled,
-    tiled_act_bytes, vec_dot, vec_dot_cols, Simd,
+    act_type, detected, dot_float, dot_tile, quantize_act, quantize_act_portable,
+    quantize_act_tiled, tiled, tiled_act_bytes, vec_dot, vec_dot_cols, Simd,
 };
 use ggml_graph::DType;
 
@@ -221,6 +221,36 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The SIMD activation quantizers write the portable quantizer's bytes (ties in the maximum, exact
+/// halves, zero blocks, large and tiny magnitudes).
+#[test]
+fn simd_quantizers_match_the_portable_one() {
+    let mut rng = Rng::new(21);
+    for ty in [DType::Q8_0, DType::Q8_1, DType::Q8_K] {
+        for case in 0..6 {
+            let n = 4 * 256;
+            let mut x: Vec<f32> = rng.vec(n).iter().map(|v| v * v * v * 50.0).collect();
+            match case {
+                1 => x[..256].fill(0.0),
+                2 => {
+                    x[3] = 9.0;
+                    x[7] = -9.0;
+                    x[300] = -11.0;
+                    x[301] = 11.0;
+                }
+                3 => x.iter_mut().for_each(|v| *v = (*v * 4.0).round() / 4.0),
+                4 => x.iter_mut().for_each(|v| *v *= 1e-30),
+                _ => {}
+            }
+            let mut want = vec![0u8; n / ty.block_size() * ty.type_size()];
+            let mut got = want.clone();
+            quantize_act_portable(ty, &x, &mut want);
+            quantize_act(ty, &x, &mut got);
+            assert_eq!(got, want, "{ty} case {case}");
         }
     }
 }

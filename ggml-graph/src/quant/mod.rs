@@ -57,8 +57,18 @@ pub fn detected() -> Simd {
     })
 }
 
-/// Quantizes `x` (a multiple of the block size) to the activation format `ty` in `out`.
+/// Quantizes `x` (a multiple of the block size) to the activation format `ty` in `out`; SIMD
+/// where this CPU has a kernel, with the same bytes as [`quantize_act_portable`].
 pub fn quantize_act(ty: DType, x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if ty == DType::Q8_K && detected() == Simd::Avx512 && x86::ktile::quantize_q8k(x, out) {
+        return;
+    }
+    quantize_act_portable(ty, x, out)
+}
+
+/// The portable activation quantizer (the reference for the SIMD ones).
+pub fn quantize_act_portable(ty: DType, x: &[f32], out: &mut [u8]) {
     match ty {
         DType::Q8_K => {
             for (xb, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8K_BYTES)) {

@@ -288,3 +288,63 @@ pub(crate) fn dot_tile(
     });
     true
 }
+
+/// Quantizes `x` (whole 256-value blocks) to Q8_K in `out`: bit for bit the portable quantizer
+/// (same max search, scale, round half away from zero, group sums). False when a length does not
+/// fit.
+pub(crate) fn quantize_q8k(x: &[f32], out: &mut [u8]) -> bool {
+    let nb = x.len() / QK_K;
+    if !x.len().is_multiple_of(QK_K) || out.len() < nb * Q8K_BYTES {
+        return false;
+    }
+    // SAFETY: Simd::Avx512 detection (the only caller path) reported AVX-512 F/BW/VL/VNNI and
+    // AVX2/FMA/F16C; `x` holds `nb` blocks, `out` `nb` Q8_K blocks (checked).
+    unsafe { quantize_q8k_rows(nb, x.as_ptr(), out.as_mut_ptr()) };
+    true
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; `256 * nb` f32 readable at `x`, `nb * Q8K_BYTES` bytes writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn quantize_q8k_rows(nb: usize, x: *const f32, out: *mut u8) {
+    for i in 0..nb {
+        // SAFETY: block `i` is readable and its output writable (caller).
+        unsafe {
+            let xb = x.add(i * QK_K);
+            let ob = out.add(i * Q8K_BYTES);
+            let mut m = _mm512_setzero_ps();
+            for g in 0..16 {
+                m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb.add(16 * g))));
+            }
+            let amax = _mm512_reduce_max_ps(m);
+            if amax == 0.0 {
+                std::ptr::write_bytes(ob, 0, Q8K_BYTES);
+                continue;
+            }
+            // The first value whose magnitude is the maximum (the portable search keeps the
+            // first on ties).
+            let mut max = amax;
+            for g in 0..16 {
+                let v = _mm512_loadu_ps(xb.add(16 * g));
+                let hit = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(v), _mm512_set1_ps(amax));
+                if hit != 0 {
+                    max = *xb.add(16 * g + hit.trailing_zeros() as usize);
+                    break;
+                }
+            }
+            let iscale = -127.0 / max;
+            let sv = _mm512_set1_ps(iscale);
+            let sums = ob.add(4 + QK_K) as *mut i16;
+            for g in 0..16 {
+                let v = _mm512_mul_ps(sv, _mm512_loadu_ps(xb.add(16 * g)));
+                let q = _mm512_min_epi32(
+                    _mm512_cvtps_epi32(super::tile::round_away(v)),
+                    _mm512_set1_epi32(127),
+                );
+                _mm_storeu_si128(ob.add(4 + 16 * g) as *mut __m128i, _mm512_cvtepi32_epi8(q));
+                *sums.add(g) = _mm512_reduce_add_epi32(q) as i16;
+            }
+            std::ptr::write_unaligned(ob as *mut f32, 1.0 / iscale);
+        }
+    }
+}

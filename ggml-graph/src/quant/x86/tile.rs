@@ -78,7 +78,7 @@ pub(crate) fn quantize_prepare(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
 /// Round half away from zero (`f32::round`) of every lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn round_away(r: __m512) -> __m512 {
+pub(super) fn round_away(r: __m512) -> __m512 {
     let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(r);
     let frac = _mm512_abs_ps(_mm512_sub_ps(r, t));
     let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
