@@ -183,7 +183,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
             }
         }
     }
-    acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)))
+    super::tile::reduce_tile(&acc)
 }
 
 thread_local! {
@@ -290,7 +290,7 @@ pub(crate) fn dot_tile(
 }
 
 /// Quantizes `x` (whole 256-value blocks) to Q8_K in `out`: bit for bit the portable quantizer
-/// (same max search, scale, round half away from zero, group sums). False when a length does not
+/// (same max search, scale, rounding ties to even, group sums). False when a length does not
 /// fit.
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [u8]) -> bool {
     let nb = x.len() / QK_K;
@@ -338,7 +338,7 @@ unsafe fn quantize_q8k_rows(nb: usize, x: *const f32, out: *mut u8) {
             for g in 0..16 {
                 let v = _mm512_mul_ps(sv, _mm512_loadu_ps(xb.add(16 * g)));
                 let q = _mm512_min_epi32(
-                    _mm512_cvtps_epi32(super::tile::round_away(v)),
+                    _mm512_cvtps_epi32(super::tile::round_even(v)),
                     _mm512_set1_epi32(127),
                 );
                 _mm_storeu_si128(ob.add(4 + 16 * g) as *mut __m128i, _mm512_cvtepi32_epi8(q));

@@ -75,19 +75,12 @@ pub(crate) fn quantize_prepare(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
     true
 }
 
-/// Round half away from zero (`f32::round`) of every lane.
+/// Round to nearest, ties to even (`f32::round_ties_even`, ggml's x86 quantizers), of every
+/// lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) fn round_away(r: __m512) -> __m512 {
-    let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(r);
-    let frac = _mm512_abs_ps(_mm512_sub_ps(r, t));
-    let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
-    // +-1 with r's sign.
-    let one = _mm512_castsi512_ps(_mm512_or_si512(
-        _mm512_and_si512(_mm512_castps_si512(r), _mm512_set1_epi32(i32::MIN)),
-        _mm512_set1_epi32(0x3f80_0000),
-    ));
-    _mm512_mask_add_ps(t, up, t, one)
+pub(super) fn round_even(r: __m512) -> __m512 {
+    _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(r)
 }
 
 /// # Safety
@@ -107,12 +100,12 @@ unsafe fn quantize_row(off: u8, nb: usize, x: *const f32, out: *mut u8) {
                     let v1 = _mm512_loadu_ps(x.add(i * QK + 16));
                     let amax =
                         _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-                    // The scalar quantizer's arithmetic: d = amax / 127, values rounded from
-                    // x / d with the unrounded d, the scale stored as f16.
+                    // The scalar quantizer's arithmetic (ggml's): values times 127 / amax,
+                    // ties to even, the scale amax / 127 stored as f16.
                     let d = amax / 127.0;
-                    let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-                    let q0 = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(v0, id)));
-                    let q1 = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(v1, id)));
+                    let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+                    let q0 = _mm512_cvtps_epi32(round_even(_mm512_mul_ps(v0, id)));
+                    let q1 = _mm512_cvtps_epi32(round_even(_mm512_mul_ps(v1, id)));
                     let q = _mm256_set_m128i(_mm512_cvtepi32_epi8(q1), _mm512_cvtepi32_epi8(q0));
                     (q, half::f16::from_f32(d).to_f32())
                 } else {
@@ -246,7 +239,49 @@ unsafe fn tile<const R: usize, const C: usize>(
             }
         }
     }
-    acc.map(|row| row.map(|v| _mm512_reduce_add_ps(v)))
+    reduce_tile(&acc)
+}
+
+/// Horizontal sums of four vectors, each in the same lane order (halves, quarters, then pairs),
+/// so a result never depends on which vectors were reduced together.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum4(v: [__m512; 4]) -> __m128 {
+    let mut q = [_mm_setzero_ps(); 4];
+    for (qi, &x) in q.iter_mut().zip(v.iter()) {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+        let y = _mm256_add_ps(_mm512_castps512_ps256(x), hi);
+        *qi = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps::<1>(y));
+    }
+    _mm_hadd_ps(_mm_hadd_ps(q[0], q[1]), _mm_hadd_ps(q[2], q[3]))
+}
+
+/// The horizontal sum of every accumulator of an `R x C` tile, four at a time.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn reduce_tile<const R: usize, const C: usize>(
+    acc: &[[__m512; C]; R],
+) -> [[f32; C]; R] {
+    let mut out = [[0f32; C]; R];
+    let mut k = 0;
+    while k < R * C {
+        let mut v = [_mm512_setzero_ps(); 4];
+        for (j, vj) in v.iter_mut().enumerate() {
+            if k + j < R * C {
+                *vj = acc[(k + j) / C][(k + j) % C];
+            }
+        }
+        let mut s = [0f32; 4];
+        // SAFETY: `s` has room for four f32.
+        unsafe { _mm_storeu_ps(s.as_mut_ptr(), hsum4(v)) };
+        for (j, &sj) in s.iter().enumerate() {
+            if k + j < R * C {
+                out[(k + j) / C][(k + j) % C] = sj;
+            }
+        }
+        k += 4;
+    }
+    out
 }
 
 thread_local! {
