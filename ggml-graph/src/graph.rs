@@ -275,6 +275,14 @@ impl Graph {
         self.gated(Act::Silu, gate, up)
     }
 
+    /// `cap * tanh(a / cap)` elementwise (soft-capping; `cap` > 0).
+    pub fn softcap(&mut self, a: TensorId, cap: f32) -> Result<TensorId> {
+        if !(cap > 0.0 && cap.is_finite()) {
+            return Err(shape_err("softcap", format!("cap {cap} must be positive")));
+        }
+        self.unary_like(Op::SoftCap(cap), a)
+    }
+
     /// `gelu(gate) * up`.
     pub fn geglu(&mut self, gate: TensorId, up: TensorId) -> Result<TensorId> {
         self.gated(Act::Gelu, gate, up)

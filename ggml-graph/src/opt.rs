@@ -60,33 +60,68 @@ fn has_side_effect(g: &Graph, id: TensorId) -> bool {
 
 /// Merges nodes that compute the same op on the same operands (leaves: same name and kind).
 pub fn eliminate_common(g: &mut Graph) -> usize {
-    let mut seen: HashMap<String, TensorId> = HashMap::new();
+    // Candidates by a hash of everything that determines the value, confirmed by `same_value`
+    // (graphs are rebuilt per decode step: no string keys here).
+    let mut seen: HashMap<u64, Vec<TensorId>> = HashMap::with_capacity(g.len());
     let mut merged = 0;
     for i in 0..g.len() {
         let id = TensorId::from_index(i);
         if has_side_effect(g, id) {
             continue;
         }
-        let t = &g.nodes[i];
-        // The key names everything that determines the value; op parameters print exactly.
-        let key = match t.op {
-            Op::Leaf(kind) => format!("leaf {kind:?} {} {} {:?}", t.name, t.dtype, t.ne),
-            _ => format!(
-                "{:?} {} {:?} {:?} {:?} {:?}",
-                t.op, t.dtype, t.ne, t.nb, t.src, t.view_of
-            ),
-        };
-        match seen.get(&key) {
-            Some(&first) => {
+        let key = value_hash(&g.nodes[i]);
+        let bucket = seen.entry(key).or_default();
+        match bucket
+            .iter()
+            .copied()
+            .find(|&f| same_value(&g.nodes[f.index()], &g.nodes[i]))
+        {
+            Some(first) => {
                 redirect(g, id, first);
                 merged += 1;
             }
-            None => {
-                seen.insert(key, id);
-            }
+            None => bucket.push(id),
         }
     }
     merged
+}
+
+/// A hash of what [`same_value`] compares (the op by variant only).
+fn value_hash(t: &Tensor) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::mem::discriminant(&t.op).hash(&mut h);
+    t.dtype.hash(&mut h);
+    t.ne.hash(&mut h);
+    match t.op {
+        Op::Leaf(_) => t.name.hash(&mut h),
+        _ => {
+            t.nb.hash(&mut h);
+            t.src.hash(&mut h);
+            t.view_of.hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// True when `a` and `b` compute the same value: leaves of the same kind, name, type and shape;
+/// other nodes with the same op (parameters bit for bit), type, layout, operands and view.
+fn same_value(a: &Tensor, b: &Tensor) -> bool {
+    if a.dtype != b.dtype || a.ne != b.ne {
+        return false;
+    }
+    match (&a.op, &b.op) {
+        (Op::Leaf(ka), Op::Leaf(kb)) => ka == kb && a.name == b.name,
+        (Op::Leaf(_), _) | (_, Op::Leaf(_)) => false,
+        // Float parameters compare by their exact printed form (0.0 and -0.0 differ).
+        (oa, ob) => {
+            a.nb == b.nb
+                && a.src == b.src
+                && a.view_of == b.view_of
+                && oa == ob
+                && format!("{oa:?}") == format!("{ob:?}")
+        }
+    }
 }
 
 /// Re-points views of views at the root view parent (one hop at run time) and removes views that

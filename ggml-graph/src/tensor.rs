@@ -58,6 +58,62 @@ pub struct RopeParams {
     pub freq_base: f32,
     /// Linear position scaling (1.0 for none).
     pub freq_scale: f32,
+    /// YaRN extrapolation mix (0.0: plain scaled rope; 1.0 with `rope.scaling.type = yarn`).
+    pub ext_factor: f32,
+    /// Magnitude applied to cos/sin (YaRN's attention factor; 1.0 otherwise).
+    pub attn_factor: f32,
+    /// YaRN: rotations per original context above which a dimension is extrapolated.
+    pub beta_fast: f32,
+    /// YaRN: rotations per original context below which a dimension is interpolated.
+    pub beta_slow: f32,
+    /// YaRN: the context length the model was trained with before scaling.
+    pub n_ctx_orig: usize,
+}
+
+impl RopeParams {
+    /// Plain rotary embedding (no YaRN) with a linear position scale.
+    pub fn new(mode: RopeMode, n_dims: usize, freq_base: f32, freq_scale: f32) -> Self {
+        Self {
+            mode,
+            n_dims,
+            freq_base,
+            freq_scale,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 0,
+        }
+    }
+
+    /// YaRN's correction range `[low, high]` of pair indices (ggml's `rope_yarn_corr_dims`):
+    /// pairs below `low` keep their trained frequency, pairs above `high` are fully scaled.
+    pub fn yarn_corr_dims(&self) -> [f32; 2] {
+        let n = self.n_dims as f32;
+        let dim = |beta: f32| {
+            n * (self.n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * self.freq_base.ln())
+        };
+        let start = dim(self.beta_fast).floor();
+        let end = dim(self.beta_slow).ceil();
+        [start.max(0.0), end.min(n - 1.0)]
+    }
+
+    /// The cos/sin magnitude: `attn_factor`, times YaRN's `1 + 0.1 ln(1 / freq_scale)` when
+    /// extrapolation is on (as ggml's `rope_yarn`).
+    pub fn mscale(&self) -> f32 {
+        if self.ext_factor != 0.0 {
+            self.attn_factor * (1.0 + 0.1 * (1.0 / self.freq_scale).ln())
+        } else {
+            self.attn_factor
+        }
+    }
+}
+
+/// YaRN's ramp for pair `i` between the correction dims (1 below `low`, 0 above `high`).
+pub fn yarn_ramp(corr: [f32; 2], i: usize) -> f32 {
+    let y = (i as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+    1.0 - y.clamp(0.0, 1.0)
 }
 
 /// Elementwise activation used alone or in a gated pair.
@@ -79,6 +135,9 @@ pub struct AttnParams {
     /// Sliding window: a key at position `j` is visible from query position `p` only when
     /// `p - j < window`.
     pub window: Option<usize>,
+    /// Gemma 2 style soft-capping of the scaled scores, `cap * tanh(s / cap)`, before the mask
+    /// and softmax (`None`: off).
+    pub softcap: Option<f32>,
 }
 
 /// An operation with its typed parameters; the operands are the node's `src` list, in the order
@@ -98,6 +157,8 @@ pub enum Op {
     Mul,
     /// `[a]`: `a * s`.
     Scale(f32),
+    /// `[a]`: `cap * tanh(a / cap)` elementwise (Gemma 2 final-logit soft-capping).
+    SoftCap(f32),
     /// `[a]`: per row `x / sqrt(mean(x^2) + eps)`.
     RmsNorm {
         /// Epsilon inside the square root.
@@ -164,6 +225,7 @@ impl Op {
             Op::Add => "add",
             Op::Mul => "mul",
             Op::Scale(_) => "scale",
+            Op::SoftCap(_) => "softcap",
             Op::RmsNorm { .. } => "rms_norm",
             Op::Norm { .. } => "norm",
             Op::Rope(_) => "rope",

@@ -124,6 +124,7 @@ fn attn_ref(
     (d, hq, hkv, n_kv): (usize, usize, usize, usize),
     p: AttnParams,
     mask: Option<&[f32]>,
+    half_prec: bool,
 ) -> Vec<f64> {
     let t = pos.len();
     let mut out = vec![0.0; d * hq * t];
@@ -137,16 +138,40 @@ fn attn_ref(
                 if !visible {
                     continue;
                 }
+                // With an f16 cache llama.cpp's CPU path rounds q (and below the
+                // probabilities) to f16 for its f16 products.
+                let qf = |x: f32| {
+                    if half_prec {
+                        half::f16::from_f32(x).to_f64()
+                    } else {
+                        x as f64
+                    }
+                };
                 let dot: f64 = (0..d)
-                    .map(|i| q[(tok * hq + h) * d + i] as f64 * k[(j * hkv + kh) * d + i] as f64)
+                    .map(|i| qf(q[(tok * hq + h) * d + i]) * k[(j * hkv + kh) * d + i] as f64)
                     .sum();
-                *s = dot * p.scale as f64 + mask.map_or(0.0, |m| m[tok * n_kv + j] as f64);
+                let mut sc = dot * p.scale as f64;
+                if let Some(c) = p.softcap {
+                    sc = c as f64 * (sc / c as f64).tanh();
+                }
+                *s = sc + mask.map_or(0.0, |m| m[tok * n_kv + j] as f64);
             }
             let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let sum: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
+            let probs: Vec<f64> = scores
+                .iter()
+                .map(|s| {
+                    let pr = (s - mx).exp() / sum;
+                    if half_prec {
+                        half::f16::from_f64(pr).to_f64()
+                    } else {
+                        pr
+                    }
+                })
+                .collect();
             for i in 0..d {
                 out[(tok * hq + h) * d + i] = (0..n_kv)
-                    .map(|j| (scores[j] - mx).exp() / sum * v[(j * hkv + kh) * d + i] as f64)
+                    .map(|j| probs[j] * v[(j * hkv + kh) * d + i] as f64)
                     .sum();
             }
         }
@@ -157,10 +182,12 @@ fn attn_ref(
 #[test]
 fn attention_gqa_causal_window_f16_cache() {
     let mut rng = Rng::new(12);
-    for (kv_ty, window, with_mask) in [
-        (DType::F32, None, false),
-        (DType::F16, Some(3), false),
-        (DType::F32, None, true),
+    for (kv_ty, window, with_mask, softcap) in [
+        (DType::F32, None, false, None),
+        (DType::F16, Some(3), false, None),
+        (DType::F32, None, true, None),
+        (DType::F32, None, true, Some(0.5)),
+        (DType::F16, None, false, Some(0.7)),
     ] {
         let (d, hq, hkv, n_kv, t) = (32, 4, 2, 9, 3);
         let qv = rng.vec(d * hq * t);
@@ -172,6 +199,7 @@ fn attention_gqa_causal_window_f16_cache() {
             scale: 1.0 / (d as f32).sqrt(),
             causal: true,
             window,
+            softcap,
         };
         let mut g = Graph::new();
         let q = g.input("q", DType::F32, &[d, hq, t]).unwrap();
@@ -223,9 +251,10 @@ fn attention_gqa_causal_window_f16_cache() {
             (d, hq, hkv, n_kv),
             p,
             with_mask.then_some(&mv[..]),
+            kv_ty == DType::F16,
         );
         assert_close(
-            &format!("attention {kv_ty} {window:?}"),
+            &format!("attention {kv_ty} {window:?} softcap {softcap:?}"),
             &ex.output_f32(y).unwrap(),
             &want,
             1e-9,

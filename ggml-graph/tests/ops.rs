@@ -71,8 +71,19 @@ fn binary_broadcast() {
     }
 }
 
+/// GELU (tanh form) as ggml's CPU backend evaluates it: input rounded to f16, result rounded to
+/// f16, exact limits beyond +-10.
 fn gelu64(x: f64) -> f64 {
-    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+    if x <= -10.0 {
+        return 0.0;
+    }
+    if x >= 10.0 {
+        return x;
+    }
+    let h = half::f16::from_f64(x).to_f64();
+    let y =
+        0.5 * h * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (h + 0.044715 * h * h * h)).tanh());
+    half::f16::from_f64(y).to_f64()
 }
 
 fn silu64(x: f64) -> f64 {
@@ -158,25 +169,49 @@ fn unary_norms_and_gates() {
     }
 }
 
+/// Rotary embedding in f64 with ggml's YaRN formulas (correction dims and ramp as
+/// `ggml_rope_yarn_corr_dims` / `rope_yarn_ramp`, magnitude `attn_factor * (1 + 0.1 ln(1/s))`).
 fn rope_ref(x: &[f32], ne: [usize; 4], pos: &[i32], p: RopeParams, ff: Option<&[f32]>) -> Vec<f64> {
     let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let half = p.n_dims / 2;
+    let nd = p.n_dims as f64;
+    let corr_dim = |beta: f64| {
+        nd * (p.n_ctx_orig as f64 / (beta * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * (p.freq_base as f64).ln())
+    };
+    let lo = corr_dim(p.beta_fast as f64).floor().max(0.0);
+    let hi = corr_dim(p.beta_slow as f64).ceil().min(nd - 1.0);
+    let ext = p.ext_factor as f64;
+    let fs = p.freq_scale as f64;
+    let mut mscale = p.attn_factor as f64;
+    if ext != 0.0 {
+        mscale *= 1.0 + 0.1 * (1.0 / fs).ln();
+    }
     for t in 0..ne[2] {
         for h in 0..ne[1] {
             let base = ne[0] * (h + ne[1] * t);
             for i in 0..half {
-                let freq = (p.freq_base as f64).powf(-2.0 * i as f64 / p.n_dims as f64);
-                let mut th = pos[t] as f64 * freq * p.freq_scale as f64;
+                let freq = (p.freq_base as f64).powf(-2.0 * i as f64 / nd);
+                let mut extrap = pos[t] as f64 * freq;
                 if let Some(f) = ff {
-                    th /= f[i] as f64;
+                    extrap /= f[i] as f64;
                 }
+                let interp = extrap * fs;
+                let th = if ext != 0.0 {
+                    let y = (i as f64 - lo) / (hi - lo).max(0.001);
+                    let mix = (1.0 - y.clamp(0.0, 1.0)) * ext;
+                    interp * (1.0 - mix) + extrap * mix
+                } else {
+                    interp
+                };
                 let (a, b) = match p.mode {
                     RopeMode::Normal => (2 * i, 2 * i + 1),
                     RopeMode::Neox => (i, i + half),
                 };
                 let (x0, x1) = (x[base + a] as f64, x[base + b] as f64);
-                out[base + a] = x0 * th.cos() - x1 * th.sin();
-                out[base + b] = x0 * th.sin() + x1 * th.cos();
+                let (sn, cs) = (th.sin() * mscale, th.cos() * mscale);
+                out[base + a] = x0 * cs - x1 * sn;
+                out[base + b] = x0 * sn + x1 * cs;
             }
         }
     }
@@ -184,24 +219,43 @@ fn rope_ref(x: &[f32], ne: [usize; 4], pos: &[i32], p: RopeParams, ff: Option<&[
 }
 
 #[test]
-fn rope_modes_partial_and_scaled() {
+fn rope_modes_partial_scaled_and_yarn() {
     let mut rng = Rng::new(3);
-    for (mode, d, n_dims, scale, use_ff) in [
-        (RopeMode::Normal, 64, 64, 1.0, false),
-        (RopeMode::Neox, 256, 256, 1.0, false),
-        (RopeMode::Neox, 80, 32, 0.25, false),
-        (RopeMode::Normal, 48, 48, 1.0, true),
+    let yarn = |mode, n_dims, scale: f32| RopeParams {
+        ext_factor: 1.0,
+        attn_factor: 0.9,
+        n_ctx_orig: 512,
+        ..RopeParams::new(mode, n_dims, 10000.0, scale)
+    };
+    for (p, d, use_ff) in [
+        (
+            RopeParams::new(RopeMode::Normal, 64, 10000.0, 1.0),
+            64,
+            false,
+        ),
+        (
+            RopeParams::new(RopeMode::Neox, 256, 10000.0, 1.0),
+            256,
+            false,
+        ),
+        (
+            RopeParams::new(RopeMode::Neox, 32, 10000.0, 0.25),
+            80,
+            false,
+        ),
+        (
+            RopeParams::new(RopeMode::Normal, 48, 10000.0, 1.0),
+            48,
+            true,
+        ),
+        (yarn(RopeMode::Normal, 64, 0.25), 64, false),
+        (yarn(RopeMode::Neox, 32, 0.125), 48, true),
     ] {
+        let n_dims = p.n_dims;
         let ne = [d, 3, 5, 1];
         let xv = rng.vec(d * 15);
         let pos = [0, 1, 7, 100, 4097];
         let ffv: Vec<f32> = (0..n_dims / 2).map(|i| 1.0 + i as f32 * 0.5).collect();
-        let p = RopeParams {
-            mode,
-            n_dims,
-            freq_base: 10000.0,
-            freq_scale: scale,
-        };
         let mut g = Graph::new();
         let x = g.input("x", DType::F32, &ne).unwrap();
         let ps = g.input("pos", DType::I32, &[5]).unwrap();
@@ -215,6 +269,12 @@ fn rope_modes_partial_and_scaled() {
         let ex = run(&g, &[], &ins);
         let want = rope_ref(&xv, ne, &pos, p, use_ff.then_some(&ffv[..]));
         assert_close("rope", &ex.output_f32(y).unwrap(), &want, FLOAT);
+        if p.ext_factor != 0.0 {
+            // YaRN really changes the result: the plain scaled rope is far from it.
+            let plain = RopeParams::new(p.mode, n_dims, 10000.0, p.freq_scale);
+            let other = rope_ref(&xv, ne, &pos, plain, use_ff.then_some(&ffv[..]));
+            assert!(common::nmse(&ex.output_f32(y).unwrap(), &other) > 1e-3);
+        }
     }
 }
 
@@ -364,4 +424,23 @@ fn get_rows_float_and_quantized() {
             EXACT,
         );
     }
+}
+
+#[test]
+fn softcap_bounds_and_matches_tanh() {
+    let mut rng = Rng::new(9);
+    let xv: Vec<f32> = rng.vec(300).iter().map(|v| v * 40.0).collect();
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[100, 3]).unwrap();
+    let y = g.softcap(x, 30.0).unwrap();
+    g.mark_output(y).unwrap();
+    assert!(g.softcap(x, 0.0).is_err());
+    let ex = run(&g, &[], &[(x, f32_bytes(&xv))]);
+    let got = ex.output_f32(y).unwrap();
+    let want: Vec<f64> = xv
+        .iter()
+        .map(|&v| 30.0 * (v as f64 / 30.0).tanh())
+        .collect();
+    assert_close("softcap", &got, &want, FLOAT);
+    assert!(got.iter().all(|v| v.abs() <= 30.0));
 }

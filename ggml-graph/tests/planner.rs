@@ -98,8 +98,13 @@ fn elementwise_chain_runs_in_place() {
     ex.run(&g, &[(x, bytemuck::cast_slice(&xv))]).unwrap();
     let got = ex.output_f32(e).unwrap();
     let silu = |v: f64| v / (1.0 + (-v).exp());
+    // ggml's CPU GELU: f16 input, f16 result.
     let gelu = |v: f64| {
-        0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())
+        let h = half::f16::from_f64(v).to_f64();
+        let y = 0.5
+            * h
+            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (h + 0.044715 * h * h * h)).tanh());
+        half::f16::from_f64(y).to_f64()
     };
     for (r, (grow, xrow)) in got.chunks(1024).zip(xv.chunks(1024)).enumerate() {
         let b: Vec<f64> = xrow.iter().map(|&v| silu(v as f64) * 0.5).collect();

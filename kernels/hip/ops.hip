@@ -21,11 +21,15 @@ RF_KERNEL void rms_norm_f32(const float* __restrict__ x, const float* __restrict
 
 // RoPE over x laid out [rows = tokens * heads, head_dim] (row stride `x_stride`), in place
 // allowed. Token of row r is r / n_heads, its position pos[token]. The first `n_dims` values of
-// each head rotate: pairs (2i, 2i+1) in normal mode, (i, i + n_dims/2) in NeoX mode, with angle
-// pos * freq_scale * base^(-2i/n_dims) / (freq_factors ? freq_factors[i] : 1). One thread per pair.
+// each head rotate: pairs (2i, 2i+1) in normal mode, (i, i + n_dims/2) in NeoX mode. Angles as
+// ggml's rope: extrap = pos * base^(-2i/n_dims) / (freq_factors ? freq_factors[i] : 1),
+// interp = freq_scale * extrap, and with YaRN (ext_factor != 0) a blend of the two by the ramp
+// over the correction dims [corr_lo, corr_hi]; cos/sin are multiplied by `mscale` (the host
+// folds YaRN's magnitude correction into it). One thread per pair.
 RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, int n_heads, int head_dim,
                         int n_dims, long long x_stride, long long y_stride, float base, float freq_scale,
-                        const float* __restrict__ freq_factors, int neox, int n_rows) {
+                        const float* __restrict__ freq_factors, int neox, int n_rows, float ext_factor,
+                        float mscale, float corr_lo, float corr_hi) {
     const int half_dims = n_dims / 2;
     const int pairs_per_row = head_dim / 2;
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -43,10 +47,19 @@ RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, i
         return;
     }
     const float p = (float)pos[r / n_heads];
-    float theta = p * freq_scale * powf(base, -2.0f * (float)i / (float)n_dims);
-    if (freq_factors) theta /= freq_factors[i];
+    float extrap = p * powf(base, -2.0f * (float)i / (float)n_dims);
+    if (freq_factors) extrap /= freq_factors[i];
+    const float interp = freq_scale * extrap;
+    float theta = interp;
+    if (ext_factor != 0.0f) {
+        const float ramp = ((float)i - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo);
+        const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, ramp))) * ext_factor;
+        theta = interp * (1.0f - mix) + extrap * mix;
+    }
     float s, c;
     sincosf(theta, &s, &c);
+    s *= mscale;
+    c *= mscale;
     const int i0 = neox ? i : 2 * i;
     const int i1 = neox ? i + half_dims : 2 * i + 1;
     const float a = xr[i0], b = xr[i1];
@@ -81,11 +94,16 @@ RF_KERNEL void softmax_f32(const float* __restrict__ x, const float* __restrict_
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] *= inv;
 }
 
-// GELU, tanh approximation (the form ggml's gelu and GGUF models' "gelu" FFNs use).
+// GELU, tanh approximation (the form ggml's gelu and GGUF models' "gelu" FFNs use), rounded as
+// ggml's CPU backend and our CPU op evaluate it (an f16 lookup table): f16 input, f16 result,
+// exact limits beyond +-10.
 static __device__ __forceinline__ float gelu_tanh(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
     const float k0 = 0.7978845608028654f;  // sqrt(2/pi)
     const float k1 = 0.044715f;
-    return 0.5f * x * (1.0f + tanhf(k0 * x * (1.0f + k1 * x * x)));
+    const float h = __half2float(__float2half(x));
+    return __half2float(__float2half(0.5f * h * (1.0f + tanhf(k0 * h * (1.0f + k1 * h * h)))));
 }
 
 static __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }

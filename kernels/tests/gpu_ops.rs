@@ -87,6 +87,11 @@ fn rope_normal_and_neox_full_and_partial() {
                         if with_ff { dff.arg() } else { NULL },
                         Arg::I32(i32::from(neox)),
                         Arg::I32(rows as i32),
+                        // No YaRN: ext_factor 0, magnitude 1, correction dims unused.
+                        Arg::F32(0.0),
+                        Arg::F32(1.0),
+                        Arg::F32(0.0),
+                        Arg::F32(0.0),
                     ],
                 );
                 let mut want = x.clone();

@@ -14,6 +14,9 @@ pub enum Architecture {
     Qwen2,
     /// `qwen3`: llama-like with per-head q/k RMS norms.
     Qwen3,
+    /// `gemma2`: post-norms, GELU-gated FFN, every other layer sliding-window, soft-capped
+    /// attention scores and logits.
+    Gemma2,
     /// `gemma3`: q/k norms, post-norms, GELU-gated FFN, sliding-window layers.
     Gemma3,
 }
@@ -25,6 +28,7 @@ impl Architecture {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
+            "gemma2" => Ok(Self::Gemma2),
             "gemma3" => Ok(Self::Gemma3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
@@ -36,6 +40,7 @@ impl Architecture {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
         }
     }
@@ -45,7 +50,7 @@ impl Architecture {
     pub fn rope_mode(self) -> RopeMode {
         match self {
             Self::Llama => RopeMode::Normal,
-            Self::Qwen2 | Self::Qwen3 | Self::Gemma3 => RopeMode::Neox,
+            Self::Qwen2 | Self::Qwen3 | Self::Gemma2 | Self::Gemma3 => RopeMode::Neox,
         }
     }
 }
@@ -105,10 +110,91 @@ pub struct ModelConfig {
     pub layers: Vec<LayerAttention>,
     /// Multiplier applied to token embeddings (Gemma: sqrt(n_embd)).
     pub embd_scale: f32,
+    /// YaRN settings shared by every layer (`ext_factor` 0 when the file does not use YaRN).
+    pub yarn: Yarn,
+    /// Gemma 2 style `cap * tanh(x / cap)` on attention scores (`None`: off).
+    pub attn_softcap: Option<f32>,
+    /// Same on the final logits.
+    pub final_softcap: Option<f32>,
+}
+
+/// YaRN rope parameters as llama.cpp derives them from `{arch}.rope.scaling.*`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// Extrapolation mix: 1.0 with `rope.scaling.type = yarn`, else 0.0.
+    pub ext_factor: f32,
+    /// cos/sin magnitude before the rope kernel's own YaRN correction.
+    pub attn_factor: f32,
+    /// Fast boundary (llama.cpp's default 32).
+    pub beta_fast: f32,
+    /// Slow boundary (default 1).
+    pub beta_slow: f32,
+    /// Context the model was trained with before scaling.
+    pub n_ctx_orig: usize,
 }
 
 fn key(arch: Architecture, suffix: &str) -> String {
     format!("{}.{suffix}", arch.name())
+}
+
+/// Rope position scaling as llama.cpp reads it: `rope.scaling.type` (absent means `linear`),
+/// `rope.scaling.factor` (or the older `rope.scale_linear`; absent or 0 means none), and for
+/// `yarn` the original context and attention factor. Returns the position scale and the YaRN
+/// settings.
+fn rope_scaling(
+    md: &Metadata,
+    arch: Architecture,
+    n_ctx_train: usize,
+) -> Result<(f32, Yarn), ModelError> {
+    let type_key = key(arch, "rope.scaling.type");
+    let kind = md
+        .get_str_opt(&type_key)
+        .map_err(|e| ModelError::BadKey {
+            key: type_key.clone(),
+            reason: e.to_string(),
+        })?
+        .unwrap_or("linear");
+    let factor = match opt_f(md, &key(arch, "rope.scaling.factor"))? {
+        Some(f) => f,
+        None => opt_f(md, &key(arch, "rope.scale_linear"))?.unwrap_or(0.0),
+    };
+    if factor < 0.0 || !factor.is_finite() {
+        return Err(ModelError::BadKey {
+            key: key(arch, "rope.scaling.factor"),
+            reason: format!("{factor} is not a valid scaling factor"),
+        });
+    }
+    let scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+    let rope_attn = opt_f(md, &key(arch, "rope.scaling.attn_factor"))?.unwrap_or(1.0);
+    let n_ctx_orig =
+        opt_u(md, &key(arch, "rope.scaling.original_context_length"))?.unwrap_or(n_ctx_train);
+    let mut yarn = Yarn {
+        ext_factor: 0.0,
+        attn_factor: rope_attn,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig,
+    };
+    let scale = match kind {
+        "none" => 1.0,
+        "linear" => scale,
+        "yarn" => {
+            yarn.ext_factor = 1.0;
+            // llama.cpp's context setup: the magnitude 0.1 ln(s) + 1 of the scale s, divided by
+            // the same factor because its rope kernel multiplies it in again.
+            let f = 1.0 / scale;
+            let m = if f <= 1.0 { 1.0 } else { 0.1 * f.ln() + 1.0 };
+            yarn.attn_factor = m * (1.0 / (1.0 + 0.1 * f.ln())) * rope_attn;
+            scale
+        }
+        other => {
+            return Err(ModelError::BadKey {
+                key: type_key,
+                reason: format!("rope scaling `{other}` is not supported (none, linear, yarn)"),
+            })
+        }
+    };
+    Ok((scale, yarn))
 }
 
 fn req_u(md: &Metadata, k: &str) -> Result<usize, ModelError> {
@@ -174,27 +260,7 @@ impl ModelConfig {
             });
         }
         let rope_base = opt_f(md, &key(arch, "rope.freq_base"))?.unwrap_or(10_000.0);
-        let rope_freq_scale = match md
-            .get_str_opt(&key(arch, "rope.scaling.type"))
-            .ok()
-            .flatten()
-        {
-            Some("linear") => {
-                let f = opt_f(md, &key(arch, "rope.scaling.factor"))?.unwrap_or(1.0);
-                if f > 0.0 {
-                    1.0 / f
-                } else {
-                    1.0
-                }
-            }
-            Some("none") | None => 1.0,
-            Some(other) => {
-                return Err(ModelError::BadKey {
-                    key: key(arch, "rope.scaling.type"),
-                    reason: format!("rope scaling `{other}` is not supported"),
-                })
-            }
-        };
+        let (rope_freq_scale, yarn) = rope_scaling(md, arch, n_ctx_train)?;
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
         let mut embd_scale = 1.0;
         let global = LayerAttention {
@@ -203,17 +269,31 @@ impl ModelConfig {
             rope_freq_scale,
         };
         let mut layers = vec![global; n_layer];
-        if arch == Architecture::Gemma3 {
+        let mut attn_softcap = None;
+        let mut final_softcap = None;
+        if matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) {
+            let gemma2 = arch == Architecture::Gemma2;
             let sw_key = key(arch, "attention.sliding_window");
-            let window = req_u(md, &sw_key)?;
-            let swa_base = opt_f(md, &key(arch, "rope.freq_base_swa"))?.unwrap_or(10_000.0);
+            // Gemma 2 files may omit the window (llama.cpp's default 4096); Gemma 3 needs it.
+            let window = match opt_u(md, &sw_key)? {
+                Some(w) => w,
+                None if gemma2 => 4096,
+                None => return Err(ModelError::MissingKey(sw_key)),
+            };
+            // Local layers: Gemma 3 uses base 10000 and no position scaling there, Gemma 2 the
+            // global settings.
+            let swa_base = opt_f(md, &key(arch, "rope.freq_base_swa"))?.unwrap_or(if gemma2 {
+                rope_base
+            } else {
+                10_000.0
+            });
             let local = LayerAttention {
                 window: Some(window),
                 rope_base: swa_base,
-                rope_freq_scale: 1.0,
+                rope_freq_scale: if gemma2 { rope_freq_scale } else { 1.0 },
             };
             // Sliding-window layers: an explicit per-layer list, or a period whose last layer
-            // is global (llama.cpp's default period for Gemma 3 is 6).
+            // is global (llama.cpp's default period: 2 for Gemma 2, 6 for Gemma 3).
             let pattern_key = key(arch, "attention.sliding_window_pattern");
             let is_swa: Vec<bool> = match md.get(&pattern_key) {
                 Some(gguf::MetadataValue::Array(gguf::ArrayValue::Bool(v))) => {
@@ -226,7 +306,7 @@ impl ModelConfig {
                     v[..n_layer].to_vec()
                 }
                 _ => {
-                    let period = opt_u(md, &pattern_key)?.unwrap_or(6);
+                    let period = opt_u(md, &pattern_key)?.unwrap_or(if gemma2 { 2 } else { 6 });
                     (0..n_layer)
                         .map(|il| period > 0 && il % period < period - 1)
                         .collect()
@@ -237,16 +317,28 @@ impl ModelConfig {
                     *l = local;
                 }
             }
-            if opt_f(md, &key(arch, "final_logit_softcapping"))?.is_some_and(|c| c != 0.0) {
-                return Err(ModelError::BadKey {
-                    key: key(arch, "final_logit_softcapping"),
-                    reason: "final logit soft-capping is not supported".into(),
-                });
-            }
             embd_scale = (n_embd as f32).sqrt();
-            // Gemma 3 27B (62 layers) scales by the model width per head instead of head_dim.
-            if n_layer == 62 {
+            // The 27B models (Gemma 2: 46 layers, Gemma 3: 62) scale by the model width per
+            // head instead of head_dim.
+            if n_layer == if gemma2 { 46 } else { 62 } {
                 attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+            }
+            // Soft-capping: Gemma 2 always caps (defaults 50 and 30), Gemma 3 only when the
+            // file asks for it.
+            let cap = |k: &str, default: Option<f32>| -> Result<Option<f32>, ModelError> {
+                let ck = key(arch, k);
+                match opt_f(md, &ck)?.or(default) {
+                    Some(c) if c > 0.0 && c.is_finite() => Ok(Some(c)),
+                    Some(0.0) | None => Ok(None),
+                    Some(c) => Err(ModelError::BadKey {
+                        key: ck,
+                        reason: format!("soft-cap {c} must be positive"),
+                    }),
+                }
+            };
+            final_softcap = cap("final_logit_softcapping", gemma2.then_some(30.0))?;
+            if gemma2 {
+                attn_softcap = cap("attn_logit_softcapping", Some(50.0))?;
             }
         }
         Ok(Self {
@@ -266,6 +358,9 @@ impl ModelConfig {
             attn_scale,
             layers,
             embd_scale,
+            yarn,
+            attn_softcap,
+            final_softcap,
         })
     }
 

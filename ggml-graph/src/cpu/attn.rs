@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use super::{for_rows, out_f32, unflatten, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
 use crate::quant::dot_float;
-use crate::tensor::{AttnParams, DType, RopeMode, RopeParams, Tensor};
+use crate::tensor::{yarn_ramp, AttnParams, DType, RopeMode, RopeParams, Tensor};
 
 pub(crate) fn rope(
     t: &Tensor,
@@ -25,17 +25,28 @@ pub(crate) fn rope(
     let ne0 = t.ne[0];
     let half = p.n_dims / 2;
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
+    let corr = p.yarn_corr_dims();
+    let mscale = p.mscale();
     for_rows(o, ne0, |r, orow| {
         let (i1, i2, i3) = unflatten(r, &t.ne);
         let src = x.row(xa, i1, i2, i3);
         let position = pa[i2 * pos.t.nb[0] / 4] as f32;
         let mut theta = position;
         for i in 0..half {
-            let mut th = theta * p.freq_scale;
-            if let Some(f) = ffa {
-                th /= f[i];
-            }
-            let (sin, cos) = th.sin_cos();
+            // ggml's order of operations: frequency factor, then linear scale, then the YaRN
+            // blend of the scaled (interpolated) and trained (extrapolated) angles.
+            let extrap = match ffa {
+                Some(f) => theta / f[i],
+                None => theta,
+            };
+            let interp = p.freq_scale * extrap;
+            let th = if p.ext_factor != 0.0 {
+                let mix = yarn_ramp(corr, i) * p.ext_factor;
+                interp * (1.0 - mix) + extrap * mix
+            } else {
+                interp
+            };
+            let (sin, cos) = (th.sin() * mscale, th.cos() * mscale);
             let (a, b) = match p.mode {
                 RopeMode::Normal => (2 * i, 2 * i + 1),
                 RopeMode::Neox => (i, i + half),
@@ -146,23 +157,36 @@ pub(crate) fn attention(
             }
             ATTN_SCRATCH.with(|cell| {
                 let mut buf = cell.borrow_mut();
-                if buf.len() < group * n + d + dv {
-                    buf.resize(group * n + d + dv, 0.0);
+                let need = group * n + group * d + d + dv;
+                if buf.len() < need {
+                    buf.resize(need, 0.0);
                 }
                 let (scores, rest) = buf.split_at_mut(group * n);
+                let (qrows, rest) = rest.split_at_mut(group * d);
                 let (krow, rest) = rest.split_at_mut(d);
                 let vrow = &mut rest[..dv];
+                // llama.cpp's CPU path (KQ and KQV as matrix products) converts the queries to
+                // the K cache's type and the probabilities to the V cache's type before the
+                // products: half precision with the default f16 cache. Those roundings move
+                // Gemma logits by tenths, so they are part of the numerics we follow.
+                for (g, qr) in qrows.chunks_exact_mut(d).enumerate() {
+                    qr.copy_from_slice(&q.row(qa, kvh * group + g, tok, 0)[..d]);
+                    round_to(k.t.dtype, qr);
+                }
                 for j in lo..hi {
                     let ko = k.off(kvh, j, 0);
                     to_f32_row(simd, k.t.dtype, &k.data[ko..ko + krb], krow);
                     let bias = mrow.map_or(0.0, |m| m[j]);
-                    for g in 0..group {
-                        let qrow = &q.row(qa, kvh * group + g, tok, 0)[..d];
-                        let s = dot_float(simd, DType::F32, bytemuck::cast_slice(krow), qrow);
-                        scores[g * n + (j - lo)] = p.scale * s + bias;
+                    for (g, qrow) in qrows.chunks_exact(d).enumerate() {
+                        let s =
+                            p.scale * dot_float(simd, DType::F32, bytemuck::cast_slice(krow), qrow);
+                        let s = match p.softcap {
+                            Some(c) => super::ops::softcap(s, c),
+                            None => s,
+                        };
+                        scores[g * n + (j - lo)] = s + bias;
                     }
                 }
-                let mut inv = [0f32; MAX_GROUP];
                 for g in 0..group {
                     let sg = &mut scores[g * n..(g + 1) * n];
                     let max = sg.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -170,12 +194,14 @@ pub(crate) fn attention(
                         sg.fill(0.0);
                         continue;
                     }
-                    let mut sum = 0.0f32;
+                    let mut sum = 0.0f64;
                     for x in sg.iter_mut() {
                         *x = (*x - max).exp();
-                        sum += *x;
+                        sum += *x as f64;
                     }
-                    inv[g] = 1.0 / sum;
+                    let inv = (1.0 / sum) as f32;
+                    sg.iter_mut().for_each(|x| *x *= inv);
+                    round_to(v.t.dtype, sg);
                 }
                 for j in lo..hi {
                     let vo = v.off(kvh, j, 0);
@@ -189,13 +215,22 @@ pub(crate) fn attention(
                         }
                     }
                 }
-                for (g, orow) in ochunk.chunks_exact_mut(dv).enumerate() {
-                    let s = inv[g];
-                    orow.iter_mut().for_each(|a| *a *= s);
-                }
             });
         });
     Ok(())
+}
+
+/// Rounds `x` to the precision of `ty` (F16 or BF16; F32 leaves it as is).
+fn round_to(ty: DType, x: &mut [f32]) {
+    match ty {
+        DType::F16 => x
+            .iter_mut()
+            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        DType::BF16 => x
+            .iter_mut()
+            .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
+        _ => {}
+    }
 }
 
 /// Converts a float row (F32/F16/BF16 bytes) to f32.

@@ -176,6 +176,12 @@ pub(crate) fn compute(
             let s = *s;
             ops::map_rows(t, out, &srcs[0], |o| o.iter_mut().for_each(|v| *v *= s))
         }
+        Op::SoftCap(c) => {
+            let c = *c;
+            ops::map_rows(t, out, &srcs[0], |o| {
+                o.iter_mut().for_each(|v| *v = ops::softcap(*v, c))
+            })
+        }
         Op::RmsNorm { eps } => ops::map_rows(t, out, &srcs[0], |o| ops::rms_norm_in_place(o, *eps)),
         Op::Norm { eps } => ops::map_rows(t, out, &srcs[0], |o| ops::norm_in_place(o, *eps)),
         Op::Unary(act) => {
@@ -199,6 +205,15 @@ pub(crate) fn gather_f32(t: &Tensor, bytes: &[u8], dst: &mut [f32]) -> Result<()
     let es = t.dtype.type_size();
     if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32) {
         return Err(unsupported(t, format!("reading {} as f32", t.dtype)));
+    }
+    // Contiguous f32 (logits every decode step): one copy.
+    if t.dtype == DType::F32 && t.is_contiguous() {
+        if let Some(src) = bytes.get(..dst.len() * 4) {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            return Ok(());
+        }
     }
     dst.par_chunks_mut(t.ne[0].max(1))
         .enumerate()

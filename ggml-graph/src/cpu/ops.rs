@@ -28,13 +28,42 @@ fn store_scalar(dtype: DType, v: f32, b: &mut [u8]) {
     }
 }
 
+/// GELU, tanh form, evaluated as ggml's CPU backend does: inputs rounded to f16 and looked up in
+/// a table of f16-rounded results (exact limits beyond +-10). The f16 steps are part of the
+/// reference's numerics: computing in full f32 instead moves Gemma logits by tenths.
 pub(crate) fn gelu(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        gelu_table()[half::f16::from_f32(x).to_bits() as usize]
+    }
+}
+
+/// `gelu_f32` of every f16 value, rounded to f16 (indexed by the f16 bits).
+fn gelu_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| {
+                let x = half::f16::from_bits(b).to_f32();
+                half::f16::from_f32(gelu_f32(x)).to_f32()
+            })
+            .collect()
+    })
+}
+
+/// GELU, tanh approximation, in f32.
+pub(crate) fn gelu_f32(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    // tanh(y) = 1 - 2 / (e^(2y) + 1): one exp instead of libm's slower tanhf; exact limits
-    // at both infinities.
-    let y = SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x);
-    let tanh = 1.0 - 2.0 / ((2.0 * y).exp() + 1.0);
-    0.5 * x * (1.0 + tanh)
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
+
+/// `cap * tanh(x / cap)` as llama.cpp's graph computes it: a multiply by the f32 reciprocal,
+/// libm's tanhf, a multiply by the cap.
+pub(crate) fn softcap(x: f32, cap: f32) -> f32 {
+    (x * (1.0 / cap)).tanh() * cap
 }
 
 pub(crate) fn silu(x: f32) -> f32 {
@@ -48,9 +77,16 @@ pub(crate) fn act_fn(act: Act) -> fn(f32) -> f32 {
     }
 }
 
+/// The scale `1 / sqrt(mean(x^2) + eps)` as ggml's CPU kernel rounds it: f32 squares summed in
+/// f64, mean and root in f32. Tiny differences here flip 8-bit activation roundings downstream.
+pub(crate) fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let ss: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (ss / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
 pub(crate) fn rms_norm_in_place(o: &mut [f32], eps: f32) {
-    let ss: f64 = o.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / (ss / o.len() as f64 + eps as f64).sqrt()) as f32;
+    let scale = rms_scale(o, eps);
     o.iter_mut().for_each(|v| *v *= scale);
 }
 

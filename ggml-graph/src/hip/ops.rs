@@ -119,9 +119,11 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && idx.nelements() >= src.ne[1]
         }
         (Op::Argmax, [a]) => f32_rows(a) && dense(t, DType::I32),
-        (Op::Attention(_), [q, k, v, pos]) => {
+        // Soft-capped scores have no GPU kernel yet: such layers run on the CPU.
+        (Op::Attention(p), [q, k, v, pos]) => {
             let d = q.ne[0];
-            q.dtype == DType::F32
+            p.softcap.is_none()
+                && q.dtype == DType::F32
                 && q.rows_contiguous()
                 && q.ne[3] == 1
                 && matches!(k.dtype, DType::F16 | DType::F32)
@@ -256,9 +258,14 @@ pub(crate) fn launch(
                 .push(x.ne[0] as i64)
                 .push(p.freq_base)
                 .push(p.freq_scale);
+            let corr = p.yarn_corr_dims();
             a.push(ff)
                 .push(i32::from(p.mode == crate::tensor::RopeMode::Neox))
-                .push(rows as i32);
+                .push(rows as i32)
+                .push(p.ext_factor)
+                .push(p.mscale())
+                .push(corr[0])
+                .push(corr[1]);
             d.launch_kernel(
                 KernelId::RopeF32,
                 [blocks(rows * x.ne[0] / 2, 256), 1, 1],

@@ -294,12 +294,7 @@ fn rope_get_rows_and_argmax_match_cpu() {
         let mut g = Graph::new();
         let x = g.input("x", DType::F32, &[64, 4, 3]).expect("x");
         let pos = g.input("pos", DType::I32, &[3]).expect("pos");
-        let p = RopeParams {
-            mode,
-            n_dims,
-            freq_base: 10000.0,
-            freq_scale: 1.0,
-        };
+        let p = RopeParams::new(mode, n_dims, 10000.0, 1.0);
         let y = g.rope(x, pos, p, None).expect("rope");
         g.mark_output(y).expect("out");
         let c = Case {
@@ -368,6 +363,7 @@ fn attention_matches_cpu_prefill_and_decode() {
             scale: 1.0 / (hd as f32).sqrt(),
             causal: true,
             window,
+            softcap: None,
         };
         let y = g.attention(q, k, v, pos, None, p).expect("attention");
         g.mark_output(y).expect("out");
@@ -495,12 +491,7 @@ fn attention_block_prefill_then_decode_with_persistent_cache() {
         let kn = w(&mut g, "k_norm", DType::F32, &[hd]);
         let q = norm(&mut g, q, qn);
         let k = norm(&mut g, k, kn);
-        let rp = RopeParams {
-            mode: RopeMode::Neox,
-            n_dims: hd,
-            freq_base: 10000.0,
-            freq_scale: 1.0,
-        };
+        let rp = RopeParams::new(RopeMode::Neox, hd, 10000.0, 1.0);
         let q = g.rope(q, pos, rp, None).expect("rope q");
         let k = g.rope(k, pos, rp, None).expect("rope k");
         let ck = g
@@ -524,6 +515,7 @@ fn attention_block_prefill_then_decode_with_persistent_cache() {
             scale: 1.0 / (hd as f32).sqrt(),
             causal: true,
             window: Some(4),
+            softcap: None,
         };
         let o = g.attention(q, k_all, v_all, pos, None, p).expect("attn");
         let o = g.reshape(o, &[hd * nh, nt]).expect("ro");

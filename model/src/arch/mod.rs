@@ -5,6 +5,7 @@
 //! to the mapped file), the KV cache as persistent leaves owned by the executor; nothing here
 //! reads or writes tensor data.
 
+pub mod gemma2;
 pub mod gemma3;
 pub mod llama;
 pub mod qwen2;
@@ -145,6 +146,7 @@ pub fn build_forward(
         Architecture::Llama => llama::build(&mut b)?,
         Architecture::Qwen2 => qwen2::build(&mut b)?,
         Architecture::Qwen3 => qwen3::build(&mut b)?,
+        Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
     };
     b.finish(hidden)
@@ -239,10 +241,20 @@ impl<'a> Builder<'a> {
         let n_embd = self.cfg.n_embd;
         let table = self.weight_shaped("token_embd.weight", &[n_embd, self.cfg.n_vocab])?;
         let x = self.g.get_rows(table, self.tokens)?;
-        if self.cfg.embd_scale != 1.0 {
-            return Ok(self.g.scale(x, self.cfg.embd_scale)?);
-        }
+        let x = if self.cfg.embd_scale != 1.0 {
+            self.g.scale(x, self.cfg.embd_scale)?
+        } else {
+            x
+        };
+        self.g.set_name(x, "inp_scaled")?;
         Ok(x)
+    }
+
+    /// Names `id` after llama.cpp's graph callback names (`attn_norm-3`, ...), so intermediate
+    /// tensors can be matched with llama.cpp's when comparing the two engines layer by layer.
+    pub fn tag(&mut self, id: TensorId, name: &str, il: usize) -> Result<TensorId, ModelError> {
+        self.g.set_name(id, &format!("{name}-{il}"))?;
+        Ok(id)
     }
 
     /// `rms_norm(x) * w` with the layer's weight `name`.
@@ -263,14 +275,18 @@ impl<'a> Builder<'a> {
     }
 
     fn rope_params(&self, la: &LayerAttention) -> RopeParams {
+        let mode = match self.cfg.rope_mode {
+            RopeMode::Normal => ggml_graph::RopeMode::Normal,
+            RopeMode::Neox => ggml_graph::RopeMode::Neox,
+        };
+        let y = self.cfg.yarn;
         RopeParams {
-            mode: match self.cfg.rope_mode {
-                RopeMode::Normal => ggml_graph::RopeMode::Normal,
-                RopeMode::Neox => ggml_graph::RopeMode::Neox,
-            },
-            n_dims: self.cfg.n_rot,
-            freq_base: la.rope_base,
-            freq_scale: la.rope_freq_scale,
+            ext_factor: y.ext_factor,
+            attn_factor: y.attn_factor,
+            beta_fast: y.beta_fast,
+            beta_slow: y.beta_slow,
+            n_ctx_orig: y.n_ctx_orig,
+            ..RopeParams::new(mode, self.cfg.n_rot, la.rope_base, la.rope_freq_scale)
         }
     }
 
@@ -300,11 +316,16 @@ impl<'a> Builder<'a> {
         if qk_norm {
             q = self.rms_norm(q, &format!("blk.{il}.attn_q_norm.weight"))?;
             k = self.rms_norm(k, &format!("blk.{il}.attn_k_norm.weight"))?;
+            self.tag(q, "Qcur_normed", il)?;
+            self.tag(k, "Kcur_normed", il)?;
         }
         let rp = self.rope_params(&la);
         let freq_factors = self.weight_opt("rope_freqs.weight")?;
         let q = self.g.rope(q, self.pos, rp, freq_factors)?;
         let k = self.g.rope(k, self.pos, rp, freq_factors)?;
+        self.tag(q, "Qcur", il)?;
+        self.tag(k, "Kcur", il)?;
+        self.tag(v, "Vcur", il)?;
 
         // Write this batch's keys and values at their positions, then attend over every filled
         // position: rows 0..n_past + n_tok of the cache.
@@ -332,10 +353,13 @@ impl<'a> Builder<'a> {
             scale: c.attn_scale,
             causal: true,
             window: la.window,
+            softcap: c.attn_softcap,
         };
         let o = self.g.attention(q, k_all, v_all, self.pos, None, params)?;
         let o = self.g.reshape(o, &[hdv * nh, nt])?;
-        self.linear(o, &format!("blk.{il}.attn_output"))
+        self.tag(o, "kqv_out", il)?;
+        let o = self.linear(o, &format!("blk.{il}.attn_output"))?;
+        self.tag(o, "attn_out", il)
     }
 
     /// Gated feed-forward of layer `il`: `down(act(gate x) * up x)`.
@@ -347,8 +371,12 @@ impl<'a> Builder<'a> {
     ) -> Result<TensorId, ModelError> {
         let gate = self.linear(x, &format!("blk.{il}.ffn_gate"))?;
         let up = self.linear(x, &format!("blk.{il}.ffn_up"))?;
+        self.tag(gate, "ffn_gate", il)?;
+        self.tag(up, "ffn_up", il)?;
         let h = self.g.gated(act, gate, up)?;
-        self.linear(h, &format!("blk.{il}.ffn_down"))
+        self.tag(h, "ffn_act", il)?;
+        let f = self.linear(h, &format!("blk.{il}.ffn_down"))?;
+        self.tag(f, "ffn_out", il)
     }
 
     /// In the last layer, when only the last position's logits are wanted, keeps only that
@@ -379,12 +407,16 @@ impl<'a> Builder<'a> {
             }
         };
         let x = self.rms_norm(x, "output_norm.weight")?;
+        self.g.set_name(x, "result_norm")?;
         let out = if self.weights.contains("output.weight") {
             self.weight_shaped("output.weight", &[n_embd, self.cfg.n_vocab])?
         } else {
             self.weight("token_embd.weight")?
         };
-        let logits = self.g.mul_mat(out, x)?;
+        let mut logits = self.g.mul_mat(out, x)?;
+        if let Some(cap) = self.cfg.final_softcap {
+            logits = self.g.softcap(logits, cap)?;
+        }
         self.g.mark_output(logits)?;
         Ok(ForwardGraph {
             graph: self.g,

@@ -259,9 +259,7 @@ fn hsum4(v: [__m512; 4]) -> __m128 {
 /// The horizontal sum of every accumulator of an `R x C` tile, four at a time.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) fn reduce_tile<const R: usize, const C: usize>(
-    acc: &[[__m512; C]; R],
-) -> [[f32; C]; R] {
+pub(super) fn reduce_tile<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32; C]; R] {
     let mut out = [[0f32; C]; R];
     let mut k = 0;
     while k < R * C {
