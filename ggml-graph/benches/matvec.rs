@@ -1,7 +1,8 @@
 //! Quantized mat-vec throughput (GB/s of weight bytes read) beside the machine's measured memory
 //! read bandwidth, on 1 and 2 threads. Run: `cargo bench -p ggml-graph --bench matvec`.
 //! Set `MATVEC_QUICK=1` for the 2048x2048 shape only, `MATVEC_SIMD=avx2|scalar` to cap the SIMD
-//! level, `MATVEC_GEMMA=1` for Gemma 3 270M's shapes and types only (decode and 128-token prefill).
+//! level, `MATVEC_GEMMA=1` for Gemma 3 270M's shapes and types only (decode and 128-token prefill;
+//! `MATVEC_THREADS=1,2` picks the thread counts), `MATVEC_CPU=1` to time in process CPU seconds.
 
 use std::time::{Duration, Instant};
 
@@ -37,20 +38,39 @@ fn weights(ty: DType, k: usize, n: usize) -> Vec<u8> {
     v
 }
 
-/// Seconds per call of `f`: the best of several timed batches after a warm-up.
+/// Seconds per call of `f`: the best of several timed batches after a warm-up. With
+/// `MATVEC_CPU=1`, process CPU seconds instead of wall seconds (steadier on a shared machine; 1%
+/// resolution per batch, so batches run a second).
 fn time(mut f: impl FnMut()) -> f64 {
     f();
+    let cpu = std::env::var_os("MATVEC_CPU").is_some();
+    let batch = Duration::from_millis(if cpu { 1000 } else { 200 });
     let mut best = f64::MAX;
-    for _ in 0..5 {
+    for _ in 0..if cpu { 3 } else { 5 } {
         let start = Instant::now();
+        let c0 = cpu_seconds();
         let mut iters = 0;
-        while start.elapsed() < Duration::from_millis(200) {
+        while start.elapsed() < batch {
             f();
             iters += 1;
         }
-        best = best.min(start.elapsed().as_secs_f64() / iters as f64);
+        let spent = match (cpu, c0, cpu_seconds()) {
+            (true, Some(a), Some(b)) => b - a,
+            _ => start.elapsed().as_secs_f64(),
+        };
+        best = best.min(spent / iters as f64);
     }
     best
+}
+
+/// User plus system CPU seconds of this process (Linux `/proc/self/stat`, 100 ticks a second).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which ends with ')'): state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
 }
 
 fn bandwidth(threads: usize) -> f64 {
@@ -117,7 +137,11 @@ const GEMMA: [(DType, usize, usize); 6] = [
 ];
 
 fn gemma() {
-    for threads in [1, 2] {
+    let threads: Vec<usize> = std::env::var("MATVEC_THREADS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2]);
+    for threads in threads {
         let bw = bandwidth(threads);
         println!("threads={threads} memory read bandwidth: {bw:.1} GB/s");
         for (ty, k, n) in GEMMA {

@@ -68,21 +68,32 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
                         _mm256_storeu_si256(q.add(128 * half + 32 * k) as *mut __m256i, *v);
                     }
                 }
-                let sc = wb.add(192) as *const i8;
-                for g in 0..16 {
-                    let s = *sc.add(g) as i16;
-                    *mins.add(g) = s;
-                    for l in 0..8 {
-                        *scv.add(8 * g + l) = s;
-                    }
+                // Group g's scale on i16 lanes 8g..8g+7 of the 256 values' 128 lanes.
+                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192) as *const __m128i));
+                _mm256_storeu_si256(mins as *mut __m256i, sc16);
+                let sc512 = _mm512_zextsi256_si512(sc16);
+                for j in 0..4 {
+                    let idx = _mm512_srli_epi16(
+                        _mm512_add_epi16(
+                            _mm512_set1_epi16(32 * j as i16),
+                            _mm512_set_epi16(
+                                31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15,
+                                14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
+                            ),
+                        ),
+                        3,
+                    );
+                    _mm512_storeu_si512(
+                        scv.add(32 * j) as *mut _,
+                        _mm512_permutexvar_epi16(idx, sc512),
+                    );
                 }
                 *dd = f16_load(wb.add(208));
                 *dd.add(1) = 0.0;
             } else {
                 let five = ty == DType::Q5_K;
                 let [u0, u1, u2, u3] = k4_scales(wb.add(4));
-                let scb = [u0.to_le_bytes(), u1.to_le_bytes()].concat();
-                let mnb = [u2.to_le_bytes(), u3.to_le_bytes()].concat();
+                let sc = (u0 as u64 | (u1 as u64) << 32).to_le_bytes();
                 let qs = wb.add(if five { 48 } else { 16 });
                 let hbits = if five {
                     _mm256_loadu_si256(wb.add(16) as *const __m256i)
@@ -105,13 +116,20 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
                     _mm256_storeu_si256(q.add(64 * j) as *mut __m256i, lo);
                     _mm256_storeu_si256(q.add(64 * j + 32) as *mut __m256i, hi);
                 }
-                for s in 0..8 {
-                    for l in 0..16 {
-                        *scv.add(16 * s + l) = scb[s] as i16;
-                    }
-                    *mins.add(2 * s) = mnb[s] as i16;
-                    *mins.add(2 * s + 1) = mnb[s] as i16;
+                for j in 0..4 {
+                    let v = _mm512_mask_blend_epi16(
+                        0xffff_0000,
+                        _mm512_set1_epi16(sc[2 * j] as i16),
+                        _mm512_set1_epi16(sc[2 * j + 1] as i16),
+                    );
+                    _mm512_storeu_si512(scv.add(32 * j) as *mut _, v);
                 }
+                // Each sub-block's min on both of its 16-value groups.
+                let m8 = _mm_cvtsi64_si128((u2 as u64 | (u3 as u64) << 32) as i64);
+                _mm256_storeu_si256(
+                    mins as *mut __m256i,
+                    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)),
+                );
                 *dd = f16_load(wb);
                 *dd.add(1) = f16_load(wb.add(2));
             }
