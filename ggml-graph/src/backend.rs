@@ -26,6 +26,26 @@ pub trait BufferType: Send + Sync {
     fn alloc(&self, size: usize) -> Result<Box<dyn Buffer>>;
     /// True when buffers are host memory.
     fn is_host(&self) -> bool;
+    /// One buffer per tensor holding a copy of `tensors` (weights, uploaded once). The default
+    /// makes one allocation per tensor; a device buffer type overrides it to carve every tensor
+    /// out of a few large allocations. `progress(bytes)` reports the bytes copied so far.
+    fn alloc_weights(
+        &self,
+        tensors: &[&[u8]],
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Vec<Box<dyn Buffer>>> {
+        let mut done = 0u64;
+        tensors
+            .iter()
+            .map(|t| {
+                let b = self.alloc(t.len())?;
+                b.write(0, t)?;
+                done += t.len() as u64;
+                progress(done);
+                Ok(b)
+            })
+            .collect()
+    }
 }
 
 /// One allocation.

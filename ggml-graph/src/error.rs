@@ -64,6 +64,16 @@ pub enum GraphError {
     /// Tensor data was not aligned for its element type (e.g. f32 weights at an odd offset).
     #[error("`{0}`: data is not aligned for its element type")]
     Misaligned(String),
+    /// A device call failed (open, allocation, copy, kernel launch, BLAS, synchronization).
+    #[error("{backend}: {op}: device error: {detail}")]
+    Device {
+        /// Backend name.
+        backend: &'static str,
+        /// The op or step that failed (a kernel name, `alloc`, `write`...).
+        op: &'static str,
+        /// The device layer's message.
+        detail: String,
+    },
 }
 
 /// Result alias for this crate.

@@ -3,7 +3,9 @@
 //!
 //! Placement: compute nodes go to the first device (in priority order) whose `supports_op`
 //! accepts them; views, `cpy` and `set_rows` run where their storage lives; input and persistent
-//! leaves live on the device of their first consumer. Every device gets one arena laid out by the
+//! leaves live on the device of their first consumer. An optional [`PlacementRule`] names the
+//! device of weights and persistent leaves (a layer split such as llama.cpp's `-ngl`): nodes that
+//! read a placed leaf run on its device and the nodes in between follow their operands. Every device gets one arena laid out by the
 //! [`crate::plan`] planner plus slots for copies of tensors produced elsewhere. A copy is made
 //! right before its first reader on the other device and is refreshed after its source is
 //! rewritten.
@@ -47,6 +49,10 @@ fn launches(t: &Tensor) -> bool {
     !matches!(t.op, Op::Leaf(_) | Op::View)
 }
 
+/// Maps the name of a weight or persistent leaf to the device (index into the scheduler's
+/// devices) that holds it; `None` leaves the choice to the scheduler.
+pub type PlacementRule = Arc<dyn Fn(&str) -> Option<usize> + Send + Sync>;
+
 /// Places `graph`'s nodes on `devices` (priority order). `persistent_home` pins persistent
 /// buffers that already exist.
 pub fn schedule(
@@ -54,21 +60,83 @@ pub fn schedule(
     devices: &[Arc<dyn Device>],
     persistent_home: &HashMap<String, usize>,
 ) -> Result<Schedule> {
+    schedule_with(graph, devices, persistent_home, None)
+}
+
+/// The device each node prefers under `rule`: a node that reads a placed weight or persistent
+/// leaf goes where that leaf lives; any other node follows its most recently computed operand,
+/// so the norms, residual adds and attention of a layer stay with the layer's weights.
+fn preferences(graph: &Graph, n_devices: usize, rule: &PlacementRule) -> Vec<Option<usize>> {
+    let nodes = graph.tensors();
+    let mut pref: Vec<Option<usize>> = vec![None; nodes.len()];
+    for (i, t) in nodes.iter().enumerate() {
+        pref[i] = match t.op {
+            Op::Leaf(Leaf::Weight | Leaf::Persistent) => rule(&t.name).filter(|&d| d < n_devices),
+            Op::Leaf(_) => None,
+            _ if t.op.is_alias() => pref[graph.storage_root(TensorId::from_index(i)).0.index()],
+            _ => {
+                let mut pinned = None;
+                let mut latest: Option<(usize, usize)> = None;
+                for &s in &t.src {
+                    let r = graph.storage_root(s).0.index();
+                    if matches!(nodes[r].op, Op::Leaf(Leaf::Weight | Leaf::Persistent)) {
+                        pinned = pinned.or(pref[r]);
+                    } else if let Some(d) = pref[s.index()] {
+                        if latest.is_none_or(|(j, _)| s.index() > j) {
+                            latest = Some((s.index(), d));
+                        }
+                    }
+                }
+                pinned.or(latest.map(|(_, d)| d))
+            }
+        };
+    }
+    pref
+}
+
+/// [`schedule`] with an optional placement rule for weights and persistent leaves (for example
+/// "layer `i`'s weights and KV cache on the GPU"); nodes a preferred device does not support
+/// go to the first device that does.
+pub fn schedule_with(
+    graph: &Graph,
+    devices: &[Arc<dyn Device>],
+    persistent_home: &HashMap<String, usize>,
+    rule: Option<&PlacementRule>,
+) -> Result<Schedule> {
     let n = graph.len();
     let needed = crate::plan::needed_nodes(graph);
     let nodes = graph.tensors();
     let srcs_of =
         |t: &Tensor| -> Vec<&Tensor> { t.src.iter().map(|s| &nodes[s.index()]).collect() };
     let first_supporting = |t: &Tensor| devices.iter().position(|d| d.supports_op(t, &srcs_of(t)));
+    let pref = match rule {
+        Some(r) => preferences(graph, devices.len(), r),
+        None => vec![None; n],
+    };
+    // The first launched reader of each storage root.
+    let mut first_reader: Vec<Option<usize>> = vec![None; n];
+    for j in 0..n {
+        if needed[j] && launches(&nodes[j]) {
+            for &s in &nodes[j].src {
+                let r = graph.storage_root(s).0.index();
+                first_reader[r].get_or_insert(j);
+            }
+        }
+    }
     let mut dev = vec![None; n];
     // 1. Computing nodes that own their result.
     for i in 0..n {
         let t = &nodes[i];
         if needed[i] && launches(t) && !t.op.is_alias() {
-            dev[i] = Some(first_supporting(t).ok_or_else(|| no_device(t))?);
+            let preferred = pref[i].filter(|&d| devices[d].supports_op(t, &srcs_of(t)));
+            dev[i] = Some(
+                preferred
+                    .or_else(|| first_supporting(t))
+                    .ok_or_else(|| no_device(t))?,
+            );
         }
     }
-    // 2. Leaves: the device of their first launched reader (through views).
+    // 2. Leaves: where the rule puts them, else the device of their first launched reader.
     for i in 0..n {
         if !needed[i] || !matches!(nodes[i].op, Op::Leaf(_)) {
             continue;
@@ -80,16 +148,11 @@ pub fn schedule(
             dev[i] = Some(d);
             continue;
         }
-        let root = TensorId::from_index(i);
-        let reader = (0..n).find(|&j| {
-            needed[j]
-                && launches(&nodes[j])
-                && nodes[j]
-                    .src
-                    .iter()
-                    .any(|&s| graph.storage_root(s).0 == root)
-        });
-        dev[i] = Some(match reader {
+        if let Some(d) = pref[i] {
+            dev[i] = Some(d);
+            continue;
+        }
+        dev[i] = Some(match first_reader[i] {
             Some(j) if nodes[j].op.is_alias() => first_supporting(&nodes[j]).unwrap_or(0),
             Some(j) => dev[j].unwrap_or(0),
             None => 0,
@@ -159,6 +222,18 @@ pub struct Scheduler {
     arenas: Vec<Option<Box<dyn Buffer>>>,
     last: Option<(Graph, Schedule, Vec<Option<usize>>)>,
     copies_made: usize,
+    placement: Option<PlacementRule>,
+}
+
+/// Bytes a scheduler holds on one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceUsage {
+    /// Weight copies.
+    pub weights: u64,
+    /// Persistent buffers (KV cache).
+    pub persistent: u64,
+    /// The activation arena (planned intermediates plus cross-device copies).
+    pub arena: u64,
 }
 
 impl Scheduler {
@@ -178,7 +253,95 @@ impl Scheduler {
             arenas,
             last: None,
             copies_made: 0,
+            placement: None,
         })
+    }
+
+    /// The devices, highest priority first.
+    pub fn devices(&self) -> &[Arc<dyn Device>] {
+        &self.devices
+    }
+
+    /// Places weights and persistent leaves by name (see [`schedule_with`]); applies to
+    /// persistent buffers created from now on.
+    pub fn set_placement(&mut self, rule: PlacementRule) {
+        self.placement = Some(rule);
+    }
+
+    /// Uploads every bound weight that the placement rule puts on a device, one
+    /// [`crate::backend::BufferType::alloc_weights`] call per device (a device arena instead of one allocation
+    /// per tensor), so no run uploads them lazily. `progress(done, total)` reports bytes.
+    pub fn upload_placed_weights(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        let Some(rule) = self.placement.clone() else {
+            return Ok(());
+        };
+        let mut per_device: Vec<Vec<String>> = vec![Vec::new(); self.devices.len()];
+        let mut names: Vec<&String> = self.weights.keys().collect();
+        names.sort();
+        for name in names {
+            if let Some(d) = rule(name).filter(|&d| d < self.devices.len()) {
+                if !self.uploaded.contains_key(&(name.clone(), d)) {
+                    per_device[d].push(name.clone());
+                }
+            }
+        }
+        let total: u64 = per_device
+            .iter()
+            .flatten()
+            .filter_map(|n| self.weights.get(n))
+            .map(|(_, _, b)| b.bytes().len() as u64)
+            .sum();
+        let mut base = 0u64;
+        for (d, names) in per_device.into_iter().enumerate() {
+            if names.is_empty() {
+                continue;
+            }
+            let mut datas: Vec<&[u8]> = Vec::with_capacity(names.len());
+            for n in &names {
+                let (_, _, b) = self
+                    .weights
+                    .get(n)
+                    .ok_or_else(|| GraphError::UnboundWeight(n.clone()))?;
+                datas.push(b.bytes());
+            }
+            let bytes: u64 = datas.iter().map(|b| b.len() as u64).sum();
+            let bufs = self.devices[d]
+                .buffer_type()
+                .alloc_weights(&datas, &mut |done| progress(base + done, total))?;
+            if bufs.len() != names.len() {
+                return Err(GraphError::Unsupported {
+                    backend: "scheduler",
+                    op: "upload",
+                    detail: format!(
+                        "{} returned {} weight buffers for {} tensors",
+                        self.devices[d].name(),
+                        bufs.len(),
+                        names.len()
+                    ),
+                });
+            }
+            for (n, b) in names.into_iter().zip(bufs) {
+                self.uploaded.insert((n, d), b);
+            }
+            base += bytes;
+        }
+        progress(total, total);
+        Ok(())
+    }
+
+    /// Bytes held per device (weights, persistent buffers, activation arena).
+    pub fn usage(&self) -> Vec<DeviceUsage> {
+        let mut u = vec![DeviceUsage::default(); self.devices.len()];
+        for ((_, d), b) in &self.uploaded {
+            u[*d].weights += b.size() as u64;
+        }
+        for p in self.persistent.values() {
+            u[p.device].persistent += p.buf.size() as u64;
+        }
+        for (d, a) in self.arenas.iter().enumerate() {
+            u[d].arena = a.as_ref().map_or(0, |b| b.size() as u64);
+        }
+        u
     }
 
     /// Binds weight bytes by name; each device that needs them gets one upload, kept across runs.
@@ -224,7 +387,7 @@ impl Scheduler {
             .iter()
             .map(|(k, p)| (k.clone(), p.device))
             .collect();
-        let sched = schedule(graph, &self.devices, &homes)?;
+        let sched = schedule_with(graph, &self.devices, &homes, self.placement.as_ref())?;
         let p = plan(graph);
         let nodes = graph.tensors();
         // Copy slots after the planned arena, per device.
@@ -238,6 +401,22 @@ impl Scheduler {
             let have = self.arenas[d].as_ref().map_or(0, |b| b.size());
             if have < arena_size[d] {
                 self.arenas[d] = Some(self.devices[d].buffer_type().alloc(arena_size[d])?);
+            }
+        }
+        // Devices that read each weight (through views), in one pass over the nodes.
+        let mut weight_users: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (j, t) in nodes.iter().enumerate() {
+            let Some(d) = sched.device_of[j].filter(|_| launches(t)) else {
+                continue;
+            };
+            for (_, s) in read_srcs(t) {
+                let r = graph.storage_root(s).0.index();
+                if nodes[r].op == Op::Leaf(Leaf::Weight) {
+                    let users = weight_users.entry(r).or_default();
+                    if !users.contains(&d) {
+                        users.push(d);
+                    }
+                }
             }
         }
         // Leaves: weights uploaded once per device, persistent buffers created, inputs written.
@@ -258,14 +437,10 @@ impl Scheduler {
                             declared: format!("{} {:?}", t.dtype, t.ne),
                         });
                     }
-                    let mut users: Vec<usize> = (0..nodes.len())
-                        .filter(|&j| sched.device_of[j].is_some() && launches(&nodes[j]))
-                        .filter(|&j| {
-                            read_srcs(&nodes[j]).any(|(_, s)| graph.storage_root(s).0.index() == i)
-                        })
-                        .filter_map(|j| sched.device_of[j])
-                        .collect();
-                    users.push(d);
+                    let mut users = weight_users.remove(&i).unwrap_or_default();
+                    if !users.contains(&d) {
+                        users.push(d);
+                    }
                     for u in users {
                         if !self.uploaded.contains_key(&(t.name.clone(), u)) {
                             let buf = self.devices[u].buffer_type().alloc(bytes.bytes().len())?;

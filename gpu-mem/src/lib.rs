@@ -22,6 +22,7 @@ pub mod device;
 pub mod error;
 pub mod estimate;
 pub mod fallback;
+pub mod launch;
 pub mod module;
 pub mod pool;
 pub mod stream;
@@ -38,6 +39,7 @@ pub use device::{
 pub use error::{GpuError, Result};
 pub use fallback::FallbackBuffer;
 pub use hip_ffi::{Op, Platform};
+pub use launch::{KernelArg, MemRange, ParamKind};
 pub use module::{Function, KernelArgs, Module};
 pub use pool::{CachingAllocator, Lease, Pool, PoolStats, RawAllocator, WeightArena};
 pub use stream::{Event, Graph, GraphExec, Stream};

@@ -132,6 +132,15 @@ impl KernelArgs {
         self
     }
 
+    /// Appends a struct passed by value, given as its bytes (layouts of at most 8-byte
+    /// alignment, like [`KernelArgs::push`]).
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> &mut Self {
+        let mut words = vec![0u64; bytes.len().div_ceil(8).max(1)].into_boxed_slice();
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        self.values.push(words);
+        self
+    }
+
     /// Appends a read-only buffer's device address.
     pub fn push_view<T: Pod>(&mut self, view: &DeviceView<'_, T>) -> &mut Self {
         self.push(view.ptr().0)

@@ -126,11 +126,30 @@ static __device__ __forceinline__ int ld_i32_a4(const uint8_t* p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Activations quantized on the device for the integer dot products: ggml's block_q8_1 (half d,
-// half s = d * sum(qs), 32 x int8), 36 bytes, so its 32-bit words are 4-byte aligned.
+// Activations quantized on the device for the integer dot products: ggml's block_q8_1 values
+// (d = amax / 127, 32 x int8, s = d * sum(qs)) stored planar, so that value loads are 16-byte
+// aligned and adjacent lanes read adjacent bytes: per vector of `ncols` values, `ncols` int8 at
+// offset 0, then `ncols / 32` half2 (d, s) at offset `ncols`; vectors are `q8_vec_bytes(ncols)`
+// apart (36 bytes per 32 values, rounded up to 16). `kernels::q8_1_vector_bytes` mirrors this.
 // ---------------------------------------------------------------------------------------------
 #define QK8_1 32
 #define Q8_1_BYTES 36
+
+static __device__ __forceinline__ size_t q8_vec_bytes(int ncols) {
+    return ((size_t)ncols / 32 * Q8_1_BYTES + 15) & ~(size_t)15;
+}
+
+struct q8_vec {
+    const uint8_t* q;   // ncols int8
+    const uint8_t* ds;  // ncols / 32 half2 (d, s)
+};
+
+static __device__ __forceinline__ q8_vec q8_vec_at(const uint8_t* y, int ncols, int vec) {
+    q8_vec v;
+    v.q = y + (size_t)vec * q8_vec_bytes(ncols);
+    v.ds = v.q + ncols;
+    return v;
+}
 
 struct q8_1_view {
     float d;
@@ -138,13 +157,41 @@ struct q8_1_view {
     const uint8_t* qs;
 };
 
-static __device__ __forceinline__ q8_1_view q8_1_at(const uint8_t* y, int block) {
-    const uint8_t* b = y + (size_t)block * Q8_1_BYTES;
+static __device__ __forceinline__ q8_1_view q8_1_at(q8_vec y, int block) {
     q8_1_view v;
-    v.d = ld_f16(b);
-    v.s = ld_f16(b + 2);
-    v.qs = b + 4;
+    v.d = ld_f16(y.ds + 4 * block);
+    v.s = ld_f16(y.ds + 4 * block + 2);
+    v.qs = y.q + 32 * block;
     return v;
+}
+
+// The low (d) and high (s) halves of a packed half2 word.
+static __device__ __forceinline__ float lo_f16(uint32_t w) {
+    return __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
+}
+static __device__ __forceinline__ float hi_f16(uint32_t w) {
+    return __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+}
+
+// 16 bytes at a 16-byte aligned address.
+static __device__ __forceinline__ int4 ld_b128(const uint8_t* p) {
+    return *reinterpret_cast<const int4*>(p);
+}
+
+// Bytes 2..5 of the 8-byte pair (lo, hi): a 32-bit word that starts at a 2-byte offset.
+static __device__ __forceinline__ uint32_t funnel16(uint32_t lo, uint32_t hi) {
+    return (lo >> 16) | (hi << 16);
+}
+
+// Orders a warp's shared-memory writes before its lanes read each other's data.
+static __device__ __forceinline__ void rf_syncwarp() {
+#if defined(RF_NVIDIA)
+    __syncwarp();
+#else
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,7 +337,12 @@ struct deq_q4_k {
         const float d1 = d * (float)sc, m1 = dmin * (float)m;
         const uint8_t* qs = b + 16 + 32 * (sub / 2);
         const int shift = 4 * (sub & 1);
-        for (int l = 0; l < 32; ++l) out[l] = d1 * (float)((qs[l] >> shift) & 0xF) - m1;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t w = (uint32_t)ld_i32_a2(qs + 4 * k) >> shift;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) out[4 * k + i] = d1 * (float)((w >> (8 * i)) & 0xF) - m1;
+        }
     }
 };
 
@@ -321,9 +373,16 @@ struct deq_q6_k {
         const int n = sub / 4, j = sub % 4;
         const uint8_t* l4 = ql + 64 * n + 32 * (j & 1);
         const int shift = 4 * (j >> 1);
-        for (int l = 0; l < 32; ++l) {
-            const int q = (((l4[l] >> shift) & 0xF) | (((qh[32 * n + l] >> (2 * j)) & 3) << 4)) - 32;
-            out[l] = d * (float)sc[8 * n + 2 * j + l / 16] * (float)q;
+        const float d0 = d * (float)sc[8 * n + 2 * j], d1 = d * (float)sc[8 * n + 2 * j + 1];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t lo = (uint32_t)ld_i32_a2(l4 + 4 * k) >> shift;
+            const uint32_t hi = (uint32_t)ld_i32_a2(qh + 32 * n + 4 * k) >> (2 * j);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int q = (int)(((lo >> (8 * i)) & 0xF) | (((hi >> (8 * i)) & 3) << 4)) - 32;
+                out[4 * k + i] = (k < 4 ? d0 : d1) * (float)q;
+            }
         }
     }
 };

@@ -5,12 +5,37 @@
 // `ncols` values apart in the destination.
 #include "common.h"
 
-template <typename O>
-static __device__ __forceinline__ O cvt(float v);
-template <>
-__device__ __forceinline__ float cvt<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half cvt<__half>(float v) { return __float2half(v); }
+// Writes 32 values with 16-byte stores where the destination allows it (the f16 gemm operand
+// always does): scalar 2-byte stores, 64 bytes apart across a warp, left most of the write
+// bandwidth unused.
+static __device__ __forceinline__ void store32(__half* d, const float* v) {
+    if ((reinterpret_cast<uintptr_t>(d) & 15) == 0) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            union {
+                __half2 h[4];
+                int4 q;
+            } u;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) u.h[k] = __floats2half2_rn(v[8 * c + 2 * k], v[8 * c + 2 * k + 1]);
+            reinterpret_cast<int4*>(d)[c] = u.q;
+        }
+    } else {
+#pragma unroll
+        for (int l = 0; l < 32; ++l) d[l] = __float2half(v[l]);
+    }
+}
+
+static __device__ __forceinline__ void store32(float* d, const float* v) {
+    if ((reinterpret_cast<uintptr_t>(d) & 15) == 0) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+            reinterpret_cast<float4*>(d)[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    } else {
+#pragma unroll
+        for (int l = 0; l < 32; ++l) d[l] = v[l];
+    }
+}
 
 // Rows given by grid.y (or by `ids` when non-null); sub-blocks by grid.x * blockDim.x.
 template <typename T, typename O>
@@ -27,8 +52,7 @@ static __device__ __forceinline__ void dequant_rows(const uint8_t* __restrict__ 
     float v[32];
     T::run(b, s % SPB, v);
     O* d = dst + (long long)r * dst_stride + (long long)s * 32;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) d[l] = cvt<O>(v[l]);
+    store32(d, v);
 }
 
 #define RF_DEQUANT(suffix, T)                                                                    \

@@ -1,58 +1,61 @@
-// Decode-time matrix-vector products: activations quantized to Q8_1 blocks on the device, then
-// integer dot products against ggml-quantized weight rows read in place.
+// Decode-time matrix-vector products: activations quantized to Q8_1 values on the device (planar
+// layout, see common.h), then integer dot products against ggml-quantized weight rows read in
+// place.
 //
-// Each weight type defines a "unit": the span of values one thread handles per step (one 32-value
-// Q8_1 block, or two for Q4_K/Q5_K whose nibbles pair sub-blocks). A block of threads computes one
-// output row: its threads stride over the row's units, then the block reduces. Offsets that
-// depend on the whole 32-value block (Q4_0's -8, the K-quant minimums) use the Q8_1 block's
-// precomputed sum `s`, or per-16 sums via a dot with ones where the scale changes every 16 values.
+// Two kernel shapes:
+// - Fast kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K): each warp computes `R` rows at once, so each
+//   activation load serves R rows, and lanes are laid out so that a warp's loads cover
+//   contiguous bytes. Q4_K blocks (144 bytes) are 16-byte aligned, so lanes read them directly
+//   with 16-byte loads. Blocks of 18/22/34/210 bytes are only 2-byte aligned: a warp first
+//   copies its span of each row into shared memory with coalesced 16-byte (or 4-byte) loads, then
+//   lanes pick their fields out of shared memory.
+// - One-warp-per-row kernels (the other types): each lane handles a "unit" (one 32-value Q8_1
+//   block, or two for Q5_K whose nibbles pair sub-blocks) and the warp reduces.
+// Offsets that depend on a whole 32-value block (Q4_0's -8, the K-quant minimums) use the Q8_1
+// block's precomputed sum `s`.
+//
+// Every mat-vec kernel takes (w, y, out, ncols, row_bytes, out_stride, nrows), runs MV_WARPS warps
+// per block (the host passes MV_WARPS * warp size threads) and covers MV_WARPS * R rows per block
+// (`kernels::WeightType::matvec_rows_per_block`); grid.y is the activation vector. The fast
+// kernels loop when grid.x is smaller than the row groups: a grid the GPU holds at once
+// (`kernels::matvec_grid`) has no tail wave and no per-block start-up beyond the first.
 #include "common.h"
 
-// x (n floats, n a multiple of 32) -> y (n/32 Q8_1 blocks). One 32-lane group per block: works
-// for any warp size that is a multiple of 32, since the reductions use width 32.
-RF_KERNEL void quantize_q8_1(const float* __restrict__ x, uint8_t* __restrict__ y, int n) {
+#define MV_WARPS 4
+
+// x (vectors of ncols floats, x_stride apart; ncols a multiple of 32) -> y (planar Q8_1, see
+// common.h). grid.y is the vector. Each 32-lane group quantizes one block: works for any warp
+// size that is a multiple of 32, since the reductions use width 32.
+RF_KERNEL void quantize_q8_1(const float* __restrict__ x, uint8_t* __restrict__ y, int ncols,
+                             long long x_stride) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int blk = i / QK8_1;
-    if (blk * QK8_1 >= n) return;  // whole 32-lane groups leave together
+    if (blk * QK8_1 >= ncols) return;  // whole 32-lane groups leave together
     const int l = i % QK8_1;
-    const float v = x[i];
+    const float v = x[(long long)blockIdx.y * x_stride + i];
     const float amax = warp_max<32>(fabsf(v));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const int q = (int)roundf(v * id);
     const float sum = warp_sum<32>((float)q);
-    uint8_t* b = y + (size_t)blk * Q8_1_BYTES;
-    reinterpret_cast<int8_t*>(b + 4)[l] = (int8_t)q;
+    uint8_t* yq = y + (size_t)blockIdx.y * q8_vec_bytes(ncols);
+    reinterpret_cast<int8_t*>(yq)[i] = (int8_t)q;
     if (l == 0) {
-        reinterpret_cast<__half*>(b)[0] = __float2half(d);
-        reinterpret_cast<__half*>(b)[1] = __float2half(sum * d);
+        __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * blk);
+        ds[0] = __float2half(d);
+        ds[1] = __float2half(sum * d);
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-type unit dot products. `b` is the weight block, `u` the unit index inside it, `y` the Q8_1
-// activations of the whole row (block index = value index / 32).
+// Per-type unit dot products of the one-warp-per-row kernels. `b` is the weight block, `u` the unit
+// index inside it, `y` the quantized activation vector (block index = value index / 32).
 // ---------------------------------------------------------------------------------------------
 static __device__ __forceinline__ int ones() { return 0x01010101; }
 
-struct vd_q4_0 {
-    static constexpr int QK = 32, BYTES = Q4_0_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int, const uint8_t* y, int yb) {
-        const q8_1_view a = q8_1_at(y, yb);
-        int sumi = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int w = ld_i32_a2(b + 2 + 4 * j);
-            sumi = dot4_i8(w & 0x0F0F0F0F, ld_i32_a4(a.qs + 4 * j), sumi);
-            sumi = dot4_i8((w >> 4) & 0x0F0F0F0F, ld_i32_a4(a.qs + 16 + 4 * j), sumi);
-        }
-        return ld_f16(b) * (a.d * (float)sumi - 8.0f * a.s);
-    }
-};
-
 struct vd_q4_1 {
     static constexpr int QK = 32, BYTES = Q4_1_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int, const uint8_t* y, int yb) {
+    static __device__ __forceinline__ float dot(const uint8_t* b, int, q8_vec y, int yb) {
         const q8_1_view a = q8_1_at(y, yb);
         int sumi = 0;
 #pragma unroll
@@ -65,27 +68,9 @@ struct vd_q4_1 {
     }
 };
 
-struct vd_q5_0 {
-    static constexpr int QK = 32, BYTES = Q5_0_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int, const uint8_t* y, int yb) {
-        const q8_1_view a = q8_1_at(y, yb);
-        const uint32_t qh = (uint32_t)ld_i32_a2(b + 2);
-        int sumi = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int w = ld_i32_a2(b + 6 + 4 * j);
-            const int lo = (w & 0x0F0F0F0F) | spread_bit4((qh >> (4 * j)) & 0xF);
-            const int hi = ((w >> 4) & 0x0F0F0F0F) | spread_bit4((qh >> (16 + 4 * j)) & 0xF);
-            sumi = dot4_i8(lo, ld_i32_a4(a.qs + 4 * j), sumi);
-            sumi = dot4_i8(hi, ld_i32_a4(a.qs + 16 + 4 * j), sumi);
-        }
-        return ld_f16(b) * (a.d * (float)sumi - 16.0f * a.s);
-    }
-};
-
 struct vd_q5_1 {
     static constexpr int QK = 32, BYTES = Q5_1_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int, const uint8_t* y, int yb) {
+    static __device__ __forceinline__ float dot(const uint8_t* b, int, q8_vec y, int yb) {
         const q8_1_view a = q8_1_at(y, yb);
         const uint32_t qh = (uint32_t)ld_i32_a4(b + 4);
         int sumi = 0;
@@ -101,22 +86,11 @@ struct vd_q5_1 {
     }
 };
 
-struct vd_q8_0 {
-    static constexpr int QK = 32, BYTES = Q8_0_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int, const uint8_t* y, int yb) {
-        const q8_1_view a = q8_1_at(y, yb);
-        int sumi = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sumi = dot4_i8(ld_i32_a2(b + 2 + 4 * j), ld_i32_a4(a.qs + 4 * j), sumi);
-        return ld_f16(b) * a.d * (float)sumi;
-    }
-};
-
 // Q2_K unit u (0..7) = values 32u..32u+31: 2-bit fields at shift 2*(u%4) of qs[32*(u/4) + l],
 // scales (low nibble) and mins (high nibble) per 16 values.
 struct vd_q2_k {
     static constexpr int QK = QK_K, BYTES = Q2_K_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int u, const uint8_t* y, int yb) {
+    static __device__ __forceinline__ float dot(const uint8_t* b, int u, q8_vec y, int yb) {
         const q8_1_view a = q8_1_at(y, yb);
         const int n = u / 4, j = u % 4;
         const uint8_t* qs = b + 16 + 32 * n;
@@ -143,7 +117,7 @@ struct vd_q2_k {
 // "no -4") at bit 4*(u/4) + u%4 of hmask[l]; signed 6-bit scales per 16 values.
 struct vd_q3_k {
     static constexpr int QK = QK_K, BYTES = Q3_K_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int u, const uint8_t* y, int yb) {
+    static __device__ __forceinline__ float dot(const uint8_t* b, int u, q8_vec y, int yb) {
         const q8_1_view a = q8_1_at(y, yb);
         const int n = u / 4, j = u % 4;
         const uint8_t* qs = b + 32 + 32 * n;
@@ -166,84 +140,6 @@ struct vd_q3_k {
     }
 };
 
-// Q4_K unit u (0..3) = values 64u..64u+63: low nibbles of qs[32u + l] are sub-block 2u, high
-// nibbles sub-block 2u+1; mins use the Q8_1 sums directly.
-struct vd_q4_k {
-    static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, UNIT = 64;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int u, const uint8_t* y, int yb) {
-        const q8_1_view a0 = q8_1_at(y, yb), a1 = q8_1_at(y, yb + 1);
-        const int4* qs = reinterpret_cast<const int4*>(b + 16 + 32 * u);
-        const int4 w0 = qs[0], w1 = qs[1];
-        const int w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            s0 = dot4_i8(w[k] & 0x0F0F0F0F, ld_i32_a4(a0.qs + 4 * k), s0);
-            s1 = dot4_i8((w[k] >> 4) & 0x0F0F0F0F, ld_i32_a4(a1.qs + 4 * k), s1);
-        }
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * u, b + 4, sc0, m0);
-        scale_min_k4(2 * u + 1, b + 4, sc1, m1);
-        return ld_f16(b) * ((float)(sc0 * s0) * a0.d + (float)(sc1 * s1) * a1.d) -
-               ld_f16(b + 2) * ((float)m0 * a0.s + (float)m1 * a1.s);
-    }
-};
-
-// Q5_K unit u (0..3): as Q4_K plus the fifth bit of value l of sub-block k at bit k of qh[l].
-struct vd_q5_k {
-    static constexpr int QK = QK_K, BYTES = Q5_K_BYTES, UNIT = 64;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int u, const uint8_t* y, int yb) {
-        const q8_1_view a0 = q8_1_at(y, yb), a1 = q8_1_at(y, yb + 1);
-        const int4* qs = reinterpret_cast<const int4*>(b + 48 + 32 * u);
-        const int4* qhp = reinterpret_cast<const int4*>(b + 16);
-        const int4 w0 = qs[0], w1 = qs[1], h0 = qhp[0], h1 = qhp[1];
-        const int w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-        const int hh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const int lo = (w[k] & 0x0F0F0F0F) | (((hh[k] >> (2 * u)) & 0x01010101) << 4);
-            const int hi = ((w[k] >> 4) & 0x0F0F0F0F) | (((hh[k] >> (2 * u + 1)) & 0x01010101) << 4);
-            s0 = dot4_i8(lo, ld_i32_a4(a0.qs + 4 * k), s0);
-            s1 = dot4_i8(hi, ld_i32_a4(a1.qs + 4 * k), s1);
-        }
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * u, b + 4, sc0, m0);
-        scale_min_k4(2 * u + 1, b + 4, sc1, m1);
-        return ld_f16(b) * ((float)(sc0 * s0) * a0.d + (float)(sc1 * s1) * a1.d) -
-               ld_f16(b + 2) * ((float)m0 * a0.s + (float)m1 * a1.s);
-    }
-};
-
-// Q6_K unit u (0..7): n = u/4, j = u%4; low 4 bits from ql[64n + 32(j&1) + l] at shift 4(j>>1),
-// high 2 bits from qh[32n + l] at shift 2j; value - 32; int8 scales per 16 values.
-struct vd_q6_k {
-    static constexpr int QK = QK_K, BYTES = Q6_K_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int u, const uint8_t* y, int yb) {
-        const q8_1_view a = q8_1_at(y, yb);
-        const int n = u / 4, j = u % 4;
-        const uint8_t* ql = b + 64 * n + 32 * (j & 1);
-        const uint8_t* qh = b + 128 + 32 * n;
-        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-        const int shift = 4 * (j >> 1);
-        int acc = 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int sq = 0, su = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int lo = (ld_i32_a2(ql + 16 * h + 4 * k) >> shift) & 0x0F0F0F0F;
-                const int hi = (ld_i32_a2(qh + 16 * h + 4 * k) >> (2 * j)) & 0x03030303;
-                const int v = ld_i32_a4(a.qs + 16 * h + 4 * k);
-                sq = dot4_i8(lo | (hi << 4), v, sq);
-                su = dot4_i8(ones(), v, su);
-            }
-            acc += (int)sc[8 * n + 2 * j + h] * (sq - 32 * su);
-        }
-        return a.d * ld_f16(b + 208) * (float)acc;
-    }
-};
-
 // ---------------------------------------------------------------------------------------------
 // out[c * out_stride + row] = dot(W[row], y[c]): each warp computes one row (rows
 // blockIdx.x * warps_per_block + warp), activation vectors in grid.y. W rows are `row_bytes`
@@ -251,7 +147,7 @@ struct vd_q6_k {
 // short rows (640 values) and needs no block-wide reduction on long ones.
 // ---------------------------------------------------------------------------------------------
 template <typename T>
-static __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
+static __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y_all,
                                                 float* __restrict__ out, int ncols, long long row_bytes,
                                                 int out_stride, int nrows) {
     const int lane = threadIdx.x % RF_WARP;
@@ -259,7 +155,7 @@ static __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, c
     if (row >= nrows) return;  // whole warps leave together
     const int col = blockIdx.y;
     const uint8_t* wr = w + (long long)row * row_bytes;
-    const uint8_t* yc = y + (size_t)col * (ncols / QK8_1) * Q8_1_BYTES;
+    const q8_vec yc = q8_vec_at(y_all, ncols, col);
     constexpr int UPB = T::QK / T::UNIT;  // units per block
     const int units = ncols / T::UNIT;
     float acc = 0.0f;
@@ -277,16 +173,448 @@ static __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, c
         matvec_q<T>(w, y, out, ncols, row_bytes, out_stride, nrows);                             \
     }
 
-RF_MATVEC(matvec_q4_0, vd_q4_0)
 RF_MATVEC(matvec_q4_1, vd_q4_1)
-RF_MATVEC(matvec_q5_0, vd_q5_0)
 RF_MATVEC(matvec_q5_1, vd_q5_1)
-RF_MATVEC(matvec_q8_0, vd_q8_0)
 RF_MATVEC(matvec_q2_k, vd_q2_k)
 RF_MATVEC(matvec_q3_k, vd_q3_k)
-RF_MATVEC(matvec_q4_k, vd_q4_k)
-RF_MATVEC(matvec_q5_k, vd_q5_k)
-RF_MATVEC(matvec_q6_k, vd_q6_k)
+
+// =============================================================================================
+// Fast kernels: R rows per warp, coalesced weight loads.
+// =============================================================================================
+
+// Signed bytes q - 32 for bytes q in 0..63, with no borrow between bytes.
+static __device__ __forceinline__ int sub32_bytes(int q) {
+    return (int)((((uint32_t)q | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+}
+
+// N 32-bit words starting at the 2-byte aligned byte offset `o` of a shared-memory stage (which
+// has a slack word past its data, so the window's last read stays inside it).
+template <int N>
+static __device__ __forceinline__ void st_words(const uint32_t* st, int o, uint32_t* out) {
+    const uint32_t* p = st + (o >> 2);
+    const int sh = (o & 2) * 8;
+    uint32_t w[N + 1];
+#pragma unroll
+    for (int k = 0; k <= N; ++k) w[k] = p[k];
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = (uint32_t)(((((uint64_t)w[k + 1]) << 32) | w[k]) >> sh);
+}
+
+static __device__ __forceinline__ float st_f16(const uint32_t* st, int o) {
+    const uint32_t w = st[o >> 2];
+    return (o & 2) ? hi_f16(w) : lo_f16(w);
+}
+
+static __device__ __forceinline__ int word(const int4& v, int k) {
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// Warp sums of the R row accumulators; lane r writes row row0 + r.
+template <int R>
+static __device__ __forceinline__ void mv_store(float* acc, float* __restrict__ out, int lane, int row0, int nrows,
+                                                int out_stride) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane < R && row0 + lane < nrows) {
+        float v = acc[0];
+#pragma unroll
+        for (int r = 1; r < R; ++r)
+            if (lane == r) v = acc[r];
+        out[(size_t)blockIdx.y * out_stride + row0 + lane] = v;
+    }
+}
+
+// --- 32-value blocks, one block per lane ----------------------------------------------------
+
+struct act32 {
+    int4 q0, q1;  // values 0..15, 16..31
+    float d, s;
+};
+
+static __device__ __forceinline__ void load_act32(q8_vec y, int b, act32& a) {
+    a.q0 = ld_b128(y.q + 32 * b);
+    a.q1 = ld_b128(y.q + 32 * b + 16);
+    const uint32_t ds = *reinterpret_cast<const uint32_t*>(y.ds + 4 * b);
+    a.d = lo_f16(ds);
+    a.s = hi_f16(ds);
+}
+
+struct mv_q8_0 {
+    static constexpr int QK = 32, BYTES = Q8_0_BYTES, LPB = 1, ROUNDS = 1;
+    using Act = act32;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int, Act& a) { load_act32(y, b, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int, const Act& a) {
+        uint32_t q[8];
+        st_words<8>(st, o + 2, q);
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s = dot4_i8((int)q[k], word(a.q0, k), s);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s = dot4_i8((int)q[k + 4], word(a.q1, k), s);
+        return st_f16(st, o) * a.d * (float)s;
+    }
+};
+
+struct mv_q5_0 {
+    static constexpr int QK = 32, BYTES = Q5_0_BYTES, LPB = 1, ROUNDS = 1;
+    using Act = act32;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int, Act& a) { load_act32(y, b, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int, const Act& a) {
+        uint32_t v[5];  // qh, then 4 words of qs
+        st_words<5>(st, o + 2, v);
+        const uint32_t qh = v[0];
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int lo = ((int)v[k + 1] & 0x0F0F0F0F) | spread_bit4((qh >> (4 * k)) & 0xF);
+            const int hi = (((int)v[k + 1] >> 4) & 0x0F0F0F0F) | spread_bit4((qh >> (16 + 4 * k)) & 0xF);
+            s = dot4_i8(lo, word(a.q0, k), s);
+            s = dot4_i8(hi, word(a.q1, k), s);
+        }
+        return st_f16(st, o) * (a.d * (float)s - 16.0f * a.s);
+    }
+};
+
+struct mv_q4_0 {
+    static constexpr int QK = 32, BYTES = Q4_0_BYTES, LPB = 1, ROUNDS = 1;
+    using Act = act32;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int, Act& a) { load_act32(y, b, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int, const Act& a) {
+        uint32_t q[4];
+        st_words<4>(st, o + 2, q);
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            s = dot4_i8((int)q[k] & 0x0F0F0F0F, word(a.q0, k), s);
+            s = dot4_i8(((int)q[k] >> 4) & 0x0F0F0F0F, word(a.q1, k), s);
+        }
+        return st_f16(st, o) * (a.d * (float)s - 8.0f * a.s);
+    }
+};
+
+// --- Q6_K: four lanes per block; lane c = 2n + h takes bytes l in [16h, 16h + 16) of half n ---
+
+template <int ROUNDS_>
+struct mv_q6_k {
+    static constexpr int QK = QK_K, BYTES = Q6_K_BYTES, LPB = 4, ROUNDS = ROUNDS_;
+    struct Act {
+        int4 q[4];   // values 128n + 32j + 16h + [0, 16), j = 0..3
+        float d[4];  // their Q8_1 scales
+    };
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) {
+        const int n = c >> 1, h = c & 1;
+        const uint8_t* base = y.q + 256 * b + 128 * n + 16 * h;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a.q[j] = ld_b128(base + 32 * j);
+        const int4 ds = ld_b128(y.ds + 4 * (8 * b + 4 * n));
+        a.d[0] = lo_f16((uint32_t)ds.x);
+        a.d[1] = lo_f16((uint32_t)ds.y);
+        a.d[2] = lo_f16((uint32_t)ds.z);
+        a.d[3] = lo_f16((uint32_t)ds.w);
+    }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int c, const Act& a) {
+        const int n = c >> 1, h = c & 1;
+        uint32_t ql0[4], ql1[4], qh[4], sc[2];
+        st_words<4>(st, o + 64 * n + 16 * h, ql0);
+        st_words<4>(st, o + 64 * n + 32 + 16 * h, ql1);
+        st_words<4>(st, o + 128 + 32 * n + 16 * h, qh);
+        st_words<2>(st, o + 192 + 8 * n, sc);
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t* ql = (j & 1) ? ql1 : ql0;
+            int s = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int lo = (int)(ql[k] >> (4 * (j >> 1))) & 0x0F0F0F0F;
+                const int hi = (int)(qh[k] >> (2 * j)) & 0x03030303;
+                s = dot4_i8(sub32_bytes(lo | (hi << 4)), word(a.q[j], k), s);
+            }
+            const int scale = (int)(int8_t)(sc[j >> 1] >> (8 * (2 * (j & 1) + h)));
+            acc += (float)(scale * s) * a.d[j];
+        }
+        return st_f16(st, o + 208) * acc;
+    }
+};
+
+// Rows read through shared memory: per step, each of the warp's R rows contributes
+// G = ROUNDS * warp / LPB consecutive blocks, which the warp first copies into its stage with
+// coalesced loads (all loads of all rows issued before the first store, so each lane has several
+// in flight), then each lane reads its part of ROUNDS blocks out of the stage.
+template <typename T>
+struct stage_dims {
+    static constexpr int G = T::ROUNDS * RF_WARP / T::LPB;
+    static constexpr int SPAN = G * T::BYTES;
+    static constexpr int WORDS = ((SPAN + 3) / 4 + 2 + 3) & ~3;  // + start offset, + slack, 16-byte rows
+};
+
+template <typename T, int R, bool A16>
+static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
+                                                          float* __restrict__ out, int ncols, long long row_bytes,
+                                                          int out_stride, int nrows,
+                                                          uint32_t (*stage)[R][stage_dims<T>::WORDS]) {
+    constexpr int G = stage_dims<T>::G;
+    constexpr int SPAN = stage_dims<T>::SPAN;
+    constexpr int IT = A16 ? (SPAN / 16 + RF_WARP - 1) / RF_WARP : (SPAN / 4 + 2 + RF_WARP - 1) / RF_WARP;
+    const int lane = threadIdx.x % RF_WARP;
+    const int wid = threadIdx.x / RF_WARP;
+    if (wid >= MV_WARPS) return;  // whole warps leave together
+    const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
+    // A grid smaller than the row count loops (the host caps it near what stays resident).
+    for (int row0 = (blockIdx.x * MV_WARPS + wid) * R; row0 < nrows; row0 += gridDim.x * MV_WARPS * R) {
+    const uint8_t* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
+    const int nblk = ncols / T::QK;
+    const int part = lane % T::LPB, bl = lane / T::LPB;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int b0 = 0; b0 < nblk; b0 += G) {
+        const int bytes = min(G, nblk - b0) * T::BYTES;
+        int off[R];
+        if (A16) {
+            const int n = (bytes + 15) / 16;
+            int4 v[R][IT];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int4* src = reinterpret_cast<const int4*>(wr[r] + (long long)b0 * T::BYTES);
+#pragma unroll
+                for (int i = 0; i < IT; ++i)
+                    if (lane + i * RF_WARP < n) v[r][i] = src[lane + i * RF_WARP];
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                off[r] = 0;
+#pragma unroll
+                for (int i = 0; i < IT; ++i)
+                    if (lane + i * RF_WARP < n) reinterpret_cast<int4*>(stage[wid][r])[lane + i * RF_WARP] = v[r][i];
+            }
+        } else {
+            uint32_t v[R][IT];
+            int n[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint8_t* src = wr[r] + (long long)b0 * T::BYTES;
+                off[r] = (int)((uintptr_t)src & 3);
+                n[r] = (off[r] + bytes + 3) / 4;
+                const uint32_t* s4 = reinterpret_cast<const uint32_t*>(src - off[r]);
+#pragma unroll
+                for (int i = 0; i < IT; ++i)
+                    if (lane + i * RF_WARP < n[r]) v[r][i] = s4[lane + i * RF_WARP];
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int i = 0; i < IT; ++i)
+                    if (lane + i * RF_WARP < n[r]) stage[wid][r][lane + i * RF_WARP] = v[r][i];
+        }
+        rf_syncwarp();
+#pragma unroll
+        for (int k = 0; k < T::ROUNDS; ++k) {
+            const int bk = bl + k * (RF_WARP / T::LPB);
+            if (b0 + bk < nblk) {
+                typename T::Act a;
+                T::load_act(yv, b0 + bk, part, a);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] += T::dot(stage[wid][r], off[r] + bk * T::BYTES, part, a);
+            }
+        }
+        rf_syncwarp();
+    }
+    mv_store<R>(acc, out, lane, row0, nrows, out_stride);
+    }
+}
+
+template <typename T, int R>
+static __device__ __forceinline__ void matvec_staged(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
+                                                     float* __restrict__ out, int ncols, long long row_bytes,
+                                                     int out_stride, int nrows) {
+    // 16-byte loads when every row starts 16-byte aligned (a full step's span is a multiple of
+    // 16 for every staged type; a last, shorter one reads at most to the end of its 16-byte chunk).
+    __shared__ __align__(16) uint32_t stage[MV_WARPS][R][stage_dims<T>::WORDS];
+    if ((((uintptr_t)w | (uintptr_t)row_bytes) & 15) == 0)
+        matvec_staged_impl<T, R, true>(w, y, out, ncols, row_bytes, out_stride, nrows, stage);
+    else
+        matvec_staged_impl<T, R, false>(w, y, out, ncols, row_bytes, out_stride, nrows, stage);
+}
+
+// --- Q4_K / Q5_K: 16-byte aligned blocks read directly; eight lanes per block, lane c takes qs
+// bytes [16c, 16c + 16): low nibbles are values 64u + 16h + [0, 16) of sub-block 2u, high
+// nibbles the same offsets of sub-block 2u + 1 (u = c / 2, h = c % 2).
+
+struct act_k4 {
+    int4 lo, hi;
+    float d0, s0, d1, s1;  // s0 = s1 = 0 on odd lanes, so the minimums count once per sub-block
+};
+
+static __device__ __forceinline__ void load_act_k4(q8_vec y, int b, int c, act_k4& a) {
+    const int u = c >> 1, h = c & 1;
+    const uint8_t* base = y.q + 256 * b + 64 * u + 16 * h;
+    a.lo = ld_b128(base);
+    a.hi = ld_b128(base + 32);
+    const uint2 ds = *reinterpret_cast<const uint2*>(y.ds + 4 * (8 * b + 2 * u));
+    a.d0 = lo_f16(ds.x);
+    a.d1 = lo_f16(ds.y);
+    a.s0 = h ? 0.0f : hi_f16(ds.x);
+    a.s1 = h ? 0.0f : hi_f16(ds.y);
+}
+
+template <bool A16>
+static __device__ __forceinline__ int4 ld_w128(const uint8_t* p) {
+    if (A16) return ld_b128(p);
+    return make_int4(ld_i32_a2(p), ld_i32_a2(p + 4), ld_i32_a2(p + 8), ld_i32_a2(p + 12));
+}
+
+// The 6-bit scales and mins of sub-blocks 2u and 2u + 1 from the 12 scale bytes (s0, s1, s2).
+static __device__ __forceinline__ void k4_scales(int u, uint32_t s0, uint32_t s1, uint32_t s2, int& sc0, int& m0,
+                                                 int& sc1, int& m1) {
+    const int k = 16 * (u & 1);  // bit offset of byte 2u mod 4
+    const uint32_t a0 = s0 >> k, a1 = s1 >> k, a2 = s2 >> k;
+    if (u < 2) {
+        sc0 = a0 & 63;
+        m0 = a1 & 63;
+        sc1 = (a0 >> 8) & 63;
+        m1 = (a1 >> 8) & 63;
+    } else {
+        sc0 = (a2 & 0xF) | (((a0 >> 6) & 3) << 4);
+        m0 = ((a2 >> 4) & 0xF) | (((a1 >> 6) & 3) << 4);
+        sc1 = ((a2 >> 8) & 0xF) | (((a0 >> 14) & 3) << 4);
+        m1 = ((a2 >> 12) & 0xF) | (((a1 >> 14) & 3) << 4);
+    }
+}
+
+static __device__ __forceinline__ float k4_finish(const int4& hdr, int u, int slo, int shi, const act_k4& a) {
+    int sc0, m0, sc1, m1;
+    k4_scales(u, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, sc0, m0, sc1, m1);
+    return lo_f16((uint32_t)hdr.x) * ((float)(sc0 * slo) * a.d0 + (float)(sc1 * shi) * a.d1) -
+           hi_f16((uint32_t)hdr.x) * ((float)m0 * a.s0 + (float)m1 * a.s1);
+}
+
+struct mv_q4_k {
+    static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, LPB = 8;
+    using Act = act_k4;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4(y, b, c, a); }
+    template <bool A16>
+    static __device__ __forceinline__ float dot(const uint8_t* blk, int c, const Act& a) {
+        const int4 hdr = ld_w128<A16>(blk);
+        const int4 q = ld_w128<A16>(blk + 16 + 16 * c);
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            slo = dot4_i8(word(q, k) & 0x0F0F0F0F, word(a.lo, k), slo);
+            shi = dot4_i8((word(q, k) >> 4) & 0x0F0F0F0F, word(a.hi, k), shi);
+        }
+        return k4_finish(hdr, c >> 1, slo, shi, a);
+    }
+};
+
+// Q4_K through the stage: ROUNDS = 4 makes a step 16 blocks (2304 bytes) per row, so each lane
+// has five 16-byte loads per row in flight.
+struct mv_q4_k_st {
+    static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, LPB = 8, ROUNDS = 4;
+    using Act = act_k4;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4(y, b, c, a); }
+    static __device__ __forceinline__ int4 st_128(const uint32_t* st, int o) {
+        if ((o & 15) == 0) return *reinterpret_cast<const int4*>(st + (o >> 2));
+        uint32_t v[4];
+        st_words<4>(st, o, v);
+        return make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+    }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int c, const Act& a) {
+        const int4 hdr = st_128(st, o);
+        const int4 q = st_128(st, o + 16 + 16 * c);
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            slo = dot4_i8(word(q, k) & 0x0F0F0F0F, word(a.lo, k), slo);
+            shi = dot4_i8((word(q, k) >> 4) & 0x0F0F0F0F, word(a.hi, k), shi);
+        }
+        return k4_finish(hdr, c >> 1, slo, shi, a);
+    }
+};
+
+struct mv_q5_k {
+    static constexpr int QK = QK_K, BYTES = Q5_K_BYTES, LPB = 8;
+    using Act = act_k4;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4(y, b, c, a); }
+    template <bool A16>
+    static __device__ __forceinline__ float dot(const uint8_t* blk, int c, const Act& a) {
+        const int u = c >> 1, h = c & 1;
+        const int4 hdr = ld_w128<A16>(blk);
+        const int4 qh = ld_w128<A16>(blk + 16 + 16 * h);
+        const int4 q = ld_w128<A16>(blk + 48 + 16 * c);
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int lo = (word(q, k) & 0x0F0F0F0F) | (((word(qh, k) >> (2 * u)) & 0x01010101) << 4);
+            const int hi = ((word(q, k) >> 4) & 0x0F0F0F0F) | (((word(qh, k) >> (2 * u + 1)) & 0x01010101) << 4);
+            slo = dot4_i8(lo, word(a.lo, k), slo);
+            shi = dot4_i8(hi, word(a.hi, k), shi);
+        }
+        return k4_finish(hdr, u, slo, shi, a);
+    }
+};
+
+template <typename T, int R, bool A16>
+static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
+                                                          float* __restrict__ out, int ncols, long long row_bytes,
+                                                          int out_stride, int nrows) {
+    constexpr int G = RF_WARP / T::LPB;
+    const int lane = threadIdx.x % RF_WARP;
+    const int wid = threadIdx.x / RF_WARP;
+    if (wid >= MV_WARPS) return;  // whole warps leave together
+    const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
+    // A grid smaller than the row count loops (the host caps it near what stays resident).
+    for (int row0 = (blockIdx.x * MV_WARPS + wid) * R; row0 < nrows; row0 += gridDim.x * MV_WARPS * R) {
+    const uint8_t* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
+    const int nblk = ncols / T::QK;
+    const int part = lane % T::LPB;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+    for (int b = lane / T::LPB; b < nblk; b += G) {
+        typename T::Act a;
+        T::load_act(yv, b, part, a);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += T::template dot<A16>(wr[r] + (size_t)b * T::BYTES, part, a);
+    }
+    mv_store<R>(acc, out, lane, row0, nrows, out_stride);
+    }
+}
+
+template <typename T, int R>
+static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
+                                                     float* __restrict__ out, int ncols, long long row_bytes,
+                                                     int out_stride, int nrows) {
+    if ((((uintptr_t)w | (uintptr_t)row_bytes) & 15) == 0)
+        matvec_direct_impl<T, R, true>(w, y, out, ncols, row_bytes, out_stride, nrows);
+    else
+        matvec_direct_impl<T, R, false>(w, y, out, ncols, row_bytes, out_stride, nrows);
+}
+
+#define RF_MATVEC_FAST(name, shape, T, R)                                                        \
+    RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
+                        int out_stride, int nrows) {                                             \
+        shape<T, R>(w, y, out, ncols, row_bytes, out_stride, nrows);                             \
+    }
+
+// Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is
+// MV_WARPS * R.
+RF_MATVEC_FAST(matvec_q4_0, matvec_staged, mv_q4_0, 2)
+RF_MATVEC_FAST(matvec_q5_0, matvec_staged, mv_q5_0, 2)
+RF_MATVEC_FAST(matvec_q8_0, matvec_staged, mv_q8_0, 2)
+RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<2>, 2)
+RF_MATVEC_FAST(matvec_q4_k, matvec_staged, mv_q4_k_st, 2)
+RF_MATVEC_FAST(matvec_q5_k, matvec_direct, mv_q5_k, 2)
+
+// Variants with other row counts or paths, timed by the decode benchmark to choose.
+RF_MATVEC_FAST(matvec_q6_k_r4, matvec_staged, mv_q6_k<1>, 4)
+RF_MATVEC_FAST(matvec_q4_k_d1, matvec_direct, mv_q4_k, 1)
+RF_MATVEC_FAST(matvec_q4_k_d2, matvec_direct, mv_q4_k, 2)
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>

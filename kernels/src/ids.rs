@@ -126,8 +126,10 @@ impl WeightType {
         }
     }
 
-    /// The decode mat-vec kernel (`w`, `y` as Q8_1, `out`, `ncols`, `row_bytes`, `out_stride`,
-    /// `nrows`); one warp per row, so grid x = ceil(nrows / warps per block).
+    /// The decode mat-vec kernel (`w`, `y` as planar Q8_1 from `quantize_q8_1`, `out`, `ncols`,
+    /// `row_bytes`, `out_stride`, `nrows`), launched with [`crate::MATVEC_WARPS`] warps per
+    /// block, grid x = ceil(nrows / [`WeightType::matvec_rows_per_block`]) and grid y = the
+    /// number of activation vectors.
     pub fn matvec(self) -> KernelId {
         match self {
             WeightType::Q4_0 => KernelId::MatvecQ4_0,
@@ -141,6 +143,31 @@ impl WeightType {
             WeightType::Q5_K => KernelId::MatvecQ5_K,
             WeightType::Q6_K => KernelId::MatvecQ6_K,
         }
+    }
+
+    /// True when [`WeightType::matvec`] loops over row groups, so its grid may be smaller than
+    /// the row count (the one-warp-per-row kernels need one warp per row).
+    pub fn matvec_loops(self) -> bool {
+        !matches!(
+            self,
+            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K
+        )
+    }
+
+    /// Output rows one block of [`WeightType::matvec`] computes: [`crate::MATVEC_WARPS`] warps
+    /// times the rows per warp (`R` in `hip/matvec.hip`: 2 for the fast kernels, 1 for the
+    /// one-warp-per-row ones).
+    pub fn matvec_rows_per_block(self) -> usize {
+        let per_warp = match self {
+            WeightType::Q4_0
+            | WeightType::Q5_0
+            | WeightType::Q8_0
+            | WeightType::Q4_K
+            | WeightType::Q5_K
+            | WeightType::Q6_K => 2,
+            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K => 1,
+        };
+        crate::MATVEC_WARPS as usize * per_warp
     }
 
     /// The dequantize-to-f16 kernel (`src`, `dst`, `ncols`, `row_bytes`, `dst_stride`).
@@ -176,6 +203,31 @@ impl WeightType {
     }
 }
 
+/// One kernel parameter's C type, in the order of the kernel's signature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// A device pointer.
+    Ptr,
+    /// `int`.
+    I32,
+    /// `long long`.
+    I64,
+    /// `float`.
+    F32,
+    /// `attn_params` by value ([`crate::AttnParams`]).
+    Attn,
+}
+
+impl Param {
+    /// Bytes of a by-value struct parameter, `None` for scalars and pointers.
+    pub fn struct_bytes(self) -> Option<usize> {
+        match self {
+            Param::Attn => Some(std::mem::size_of::<crate::AttnParams>()),
+            _ => None,
+        }
+    }
+}
+
 macro_rules! kernel_ids {
     ($($variant:ident => $module:ident, $name:literal;)*) => {
         /// A kernel: its `extern "C"` symbol and module.
@@ -197,6 +249,12 @@ macro_rules! kernel_ids {
                 match self {
                     $(KernelId::$variant => $name,)*
                 }
+            }
+
+            /// The kernel's parameters in signature order (`kernels/hip`; a test keeps the two in
+            /// step), for launchers that check their arguments.
+            pub fn params(self) -> &'static [Param] {
+                params_of(self)
             }
 
             /// The module (source file) the kernel is compiled into.
@@ -261,4 +319,59 @@ kernel_ids! {
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";
     AttnCombineF32 => Attention, "attn_combine_f32";
+}
+
+fn params_of(k: KernelId) -> &'static [Param] {
+    use KernelId as K;
+    use Param::{Attn, Ptr, F32, I32, I64};
+    match k {
+        K::QuantizeQ8_1 => &[Ptr, Ptr, I32, I64],
+        K::MatvecQ4_0
+        | K::MatvecQ4_1
+        | K::MatvecQ5_0
+        | K::MatvecQ5_1
+        | K::MatvecQ8_0
+        | K::MatvecQ2_K
+        | K::MatvecQ3_K
+        | K::MatvecQ4_K
+        | K::MatvecQ5_K
+        | K::MatvecQ6_K => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        K::MatvecF32 | K::MatvecF16 => &[Ptr, Ptr, Ptr, I32, I64, I32],
+        K::DequantF16Q4_0
+        | K::DequantF16Q4_1
+        | K::DequantF16Q5_0
+        | K::DequantF16Q5_1
+        | K::DequantF16Q8_0
+        | K::DequantF16Q2_K
+        | K::DequantF16Q3_K
+        | K::DequantF16Q4_K
+        | K::DequantF16Q5_K
+        | K::DequantF16Q6_K => &[Ptr, Ptr, I32, I64, I64],
+        K::GetRowsQ4_0
+        | K::GetRowsQ4_1
+        | K::GetRowsQ5_0
+        | K::GetRowsQ5_1
+        | K::GetRowsQ8_0
+        | K::GetRowsQ2_K
+        | K::GetRowsQ3_K
+        | K::GetRowsQ4_K
+        | K::GetRowsQ5_K
+        | K::GetRowsQ6_K
+        | K::GetRowsF32
+        | K::GetRowsF16 => &[Ptr, Ptr, Ptr, I32, I64, I64],
+        K::ConvertF32F16 | K::ConvertF16F32 => &[Ptr, Ptr, I64],
+        K::RmsNormF32 => &[Ptr, Ptr, Ptr, I32, I64, I64, F32],
+        K::RopeF32 => &[
+            Ptr, Ptr, Ptr, I32, I32, I32, I64, I64, F32, F32, Ptr, I32, I32, F32, F32, F32, F32,
+        ],
+        K::SoftmaxF32 => &[Ptr, Ptr, Ptr, I32, I64, I64, I64, I32, F32],
+        K::ActF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, I32],
+        K::BinaryF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, I32, I32, I32],
+        K::ScaleF32 => &[Ptr, Ptr, I64, F32, F32],
+        K::KvWriteF16 | K::KvWriteF32 => &[Ptr, Ptr, I32, I32, I32, I64, I32, I64, I64],
+        K::SetRowsF16 | K::SetRowsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64],
+        K::ArgmaxF32 => &[Ptr, Ptr, I32, I64],
+        K::AttnF16 | K::AttnF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
+        K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
+    }
 }

@@ -14,7 +14,7 @@
 
 mod ids;
 
-pub use ids::{KernelId, Module, WeightType};
+pub use ids::{KernelId, Module, Param, WeightType};
 
 include!(concat!(env!("OUT_DIR"), "/embedded.rs"));
 
@@ -188,10 +188,37 @@ pub mod binary {
     pub const MUL: i32 = 1;
 }
 
-/// Bytes of one device-quantized activation block (ggml's `block_q8_1`: f16 d, f16 d*sum, 32 x i8).
+/// Bytes per 32 device-quantized activation values (ggml's `block_q8_1`: f16 d, f16 d*sum,
+/// 32 x i8), stored planar by `quantize_q8_1`: see [`q8_1_vector_bytes`].
 pub const Q8_1_BYTES: usize = 36;
 /// Values per Q8_1 activation block.
 pub const QK8_1: usize = 32;
+/// Warps per block of every mat-vec kernel (`MV_WARPS` in `hip/matvec.hip`).
+pub const MATVEC_WARPS: u32 = 4;
+/// Mat-vec blocks per multiprocessor the grid is capped at (the fast kernels loop over the
+/// remaining rows), see [`matvec_grid`].
+pub const MATVEC_BLOCKS_PER_SM: u32 = 8;
+
+/// Grid x of a mat-vec launch over `nrows` rows: one block per `rows_per_block` rows
+/// ([`WeightType::matvec_rows_per_block`]), capped at [`MATVEC_BLOCKS_PER_SM`] per multiprocessor
+/// for the kernels that loop over rows ([`WeightType::matvec_loops`]), so that the whole grid is
+/// resident at once: no tail wave and no block start-up beyond the first.
+pub fn matvec_grid(t: WeightType, nrows: usize, multiprocessors: u32) -> u32 {
+    let blocks = nrows.div_ceil(t.matvec_rows_per_block()).max(1);
+    let blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
+    if t.matvec_loops() && multiprocessors > 0 {
+        blocks.min(multiprocessors.saturating_mul(MATVEC_BLOCKS_PER_SM))
+    } else {
+        blocks
+    }
+}
+
+/// Bytes between consecutive activation vectors of `ncols` values (a multiple of 32) quantized
+/// by `quantize_q8_1`: `ncols` int8 values, then `ncols / 32` half2 (d, d * sum) scales, rounded
+/// up to 16 bytes so that every vector starts 16-byte aligned (`q8_vec_bytes` in `common.h`).
+pub fn q8_1_vector_bytes(ncols: usize) -> usize {
+    (ncols / QK8_1 * Q8_1_BYTES).div_ceil(16) * 16
+}
 /// Largest head dimension the attention kernels take.
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
 

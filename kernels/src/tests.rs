@@ -22,9 +22,11 @@ fn every_kernel_symbol_is_in_its_sources() {
     }
 }
 
-/// True when a `RF_MATVEC(name, T)` or `RF_DEQUANT(suffix, T)` line defines `name`.
+/// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)` or `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
-    if src.contains(&format!("RF_MATVEC({name},")) {
+    if src.contains(&format!("RF_MATVEC({name},"))
+        || src.contains(&format!("RF_MATVEC_FAST({name},"))
+    {
         return true;
     }
     for prefix in ["dequant_f16_", "get_rows_"] {
@@ -115,4 +117,78 @@ fn lookup_reports_missing_kernels_or_finds_every_symbol() {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The C parameter list of kernel `name` in `src`: its own definition, or the one of the macro
+/// that defines it (`RF_MATVEC`, `RF_MATVEC_FAST`, `RF_DEQUANT`).
+fn c_params(src: &str, name: &str) -> Option<String> {
+    let list_after = |at: usize| -> Option<String> {
+        let open = at + src[at..].find('(')?;
+        let close = open + src[open..].find(')')?;
+        Some(src[open + 1..close].replace('\\', " "))
+    };
+    if let Some(at) = src.find(&format!("RF_KERNEL void {name}(")) {
+        return list_after(at);
+    }
+    if src.contains(&format!("RF_MATVEC({name},")) {
+        let def = src.find("#define RF_MATVEC(")?;
+        return list_after(def + src[def..].find("RF_KERNEL void name(")?);
+    }
+    if src.contains(&format!("RF_MATVEC_FAST({name},")) {
+        let def = src.find("#define RF_MATVEC_FAST(")?;
+        return list_after(def + src[def..].find("RF_KERNEL void name(")?);
+    }
+    for prefix in ["dequant_f16_", "get_rows_"] {
+        if let Some(suffix) = name.strip_prefix(prefix) {
+            if src.contains(&format!("RF_DEQUANT({suffix},")) {
+                let def = src.find("#define RF_DEQUANT(")?;
+                return list_after(def + src[def..].find(&format!("{prefix}##suffix("))?);
+            }
+        }
+    }
+    None
+}
+
+fn param_of_c(decl: &str) -> Option<Param> {
+    let d = decl.split_whitespace().collect::<Vec<_>>().join(" ");
+    if d.contains('*') {
+        Some(Param::Ptr)
+    } else if d.starts_with("long long ") {
+        Some(Param::I64)
+    } else if d.starts_with("int ") {
+        Some(Param::I32)
+    } else if d.starts_with("float ") {
+        Some(Param::F32)
+    } else if d.starts_with("attn_params ") {
+        Some(Param::Attn)
+    } else {
+        None
+    }
+}
+
+#[test]
+fn parameter_table_matches_the_sources() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
+    for &k in KernelId::ALL {
+        let path = dir.join(format!("{}.hip", k.module().stem()));
+        let src =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let list = c_params(&src, k.name()).unwrap_or_else(|| panic!("{}: no signature", k.name()));
+        let parsed: Vec<Param> = list
+            .split(',')
+            .map(|d| {
+                param_of_c(d).unwrap_or_else(|| panic!("{}: unknown parameter `{d}`", k.name()))
+            })
+            .collect();
+        assert_eq!(parsed, k.params(), "{}: ({list})", k.name());
+    }
+}
+
+#[test]
+fn struct_parameters_have_their_rust_size() {
+    assert_eq!(
+        Param::Attn.struct_bytes(),
+        Some(std::mem::size_of::<AttnParams>())
+    );
+    assert_eq!(Param::I64.struct_bytes(), None);
 }

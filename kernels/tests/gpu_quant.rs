@@ -7,7 +7,7 @@ mod common;
 use common::{assert_nmse, gpu, Arg, Rng};
 use gguf::GgmlType;
 use hip_ffi::{GemmEx, GemmType, Op, PointerMode};
-use kernels::{KernelId, WeightType, Q8_1_BYTES, QK8_1};
+use kernels::{q8_1_vector_bytes, KernelId, WeightType, MATVEC_WARPS, QK8_1};
 
 fn ggml(t: WeightType) -> GgmlType {
     GgmlType::ALL
@@ -49,75 +49,125 @@ fn dequant(t: WeightType, bytes: &[u8]) -> Vec<f32> {
 fn quantize_q8_1_matches_the_cpu_rounding() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(1);
-    let n = 4096;
-    let x = rng.vec(n);
+    // Two vectors of 640 values (a vector stride that needs the 16-byte round-up), read from
+    // rows 704 floats apart.
+    let (n, nvec, x_stride) = (640usize, 2usize, 704usize);
+    let x = rng.vec(nvec * x_stride);
+    let vb = q8_1_vector_bytes(n);
+    assert_eq!(vb % 16, 0);
     let dx = g.upload(&x);
-    let dy = g.alloc(n / QK8_1 * Q8_1_BYTES);
+    let dy = g.alloc(nvec * vb);
     g.launch(
         KernelId::QuantizeQ8_1,
-        [(n as u32).div_ceil(256), 1, 1],
+        [(n as u32).div_ceil(256), nvec as u32, 1],
         256,
-        &[dx.arg(), dy.arg(), Arg::I32(n as i32)],
+        &[
+            dx.arg(),
+            dy.arg(),
+            Arg::I32(n as i32),
+            Arg::I64(x_stride as i64),
+        ],
     );
-    let y: Vec<u8> = g.download(&dy, n / QK8_1 * Q8_1_BYTES);
+    let y: Vec<u8> = g.download(&dy, nvec * vb);
     let mut off_by_one = 0;
-    for (b, xs) in x.chunks(QK8_1).enumerate() {
-        let blk = &y[b * Q8_1_BYTES..(b + 1) * Q8_1_BYTES];
-        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let gd = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-        assert_eq!(gd, half::f16::from_f32(d).to_f32(), "block {b} scale");
-        let mut sum = 0i32;
-        for (l, &v) in xs.iter().enumerate() {
-            let want = (v / d).round() as i32;
-            let got = i32::from(blk[4 + l] as i8);
-            assert!(
-                (got - want).abs() <= 1,
-                "block {b} value {l}: {got} vs {want}"
+    for v in 0..nvec {
+        let yv = &y[v * vb..(v + 1) * vb];
+        let xv = &x[v * x_stride..v * x_stride + n];
+        for (b, xs) in xv.chunks(QK8_1).enumerate() {
+            let ds = &yv[n + 4 * b..n + 4 * b + 4];
+            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let gd = half::f16::from_le_bytes([ds[0], ds[1]]).to_f32();
+            assert_eq!(
+                gd,
+                half::f16::from_f32(d).to_f32(),
+                "vector {v} block {b} scale"
             );
-            off_by_one += usize::from(got != want);
-            sum += got;
+            let mut sum = 0i32;
+            for (l, &val) in xs.iter().enumerate() {
+                let want = (val / d).round() as i32;
+                let got = i32::from(yv[b * QK8_1 + l] as i8);
+                assert!(
+                    (got - want).abs() <= 1,
+                    "vector {v} block {b} value {l}: {got} vs {want}"
+                );
+                off_by_one += usize::from(got != want);
+                sum += got;
+            }
+            let gs = half::f16::from_le_bytes([ds[2], ds[3]]).to_f32();
+            let ws = half::f16::from_f32(sum as f32 * d).to_f32();
+            assert!(
+                (gs - ws).abs() <= 1e-3 * ws.abs() + 1e-6,
+                "vector {v} block {b} sum {gs} vs {ws}"
+            );
         }
-        let gs = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32();
-        let ws = half::f16::from_f32(sum as f32 * d).to_f32();
-        assert!(
-            (gs - ws).abs() <= 1e-3 * ws.abs() + 1e-6,
-            "block {b} sum {gs} vs {ws}"
-        );
     }
     assert!(
-        off_by_one < n / 100,
+        off_by_one < nvec * n / 100,
         "{off_by_one} values rounded differently"
     );
 }
 
-#[test]
-fn matvec_every_weight_type_against_dequantized_reference() {
-    let Some(g) = gpu() else { return };
-    println!("device: {}", g.name);
-    let mut rng = Rng::new(2);
-    let (nrows, ncols, ny) = (37usize, 1024usize, 2usize);
+/// Alignment of the weight rows inside the buffer for `t`: 2 where ggml's block layout is only
+/// 2-byte aligned anyway (the kernels' unaligned paths), else 4.
+fn misalignment(t: WeightType) -> usize {
+    match t {
+        WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K => 4,
+        _ => 2,
+    }
+}
+
+/// Mat-vec of `nrows` x `ncols` random weights of every type against the dequantized weights in
+/// f64, for `ny` activation vectors; `misalign` puts the rows at an odd address, `max_grid` caps
+/// the grid of the kernels that loop over rows.
+fn check_matvec(
+    g: &common::Gpu,
+    rng: &mut Rng,
+    (nrows, ncols, ny): (usize, usize, usize),
+    misalign: bool,
+    max_grid: u32,
+) {
     let x = rng.vec(ny * ncols);
     let dx = g.upload(&x);
-    let dy = g.alloc(ny * ncols / QK8_1 * Q8_1_BYTES);
+    let vb = q8_1_vector_bytes(ncols);
+    let dy = g.alloc(ny * vb);
     g.launch(
         KernelId::QuantizeQ8_1,
-        [((ny * ncols) as u32).div_ceil(256), 1, 1],
+        [(ncols as u32).div_ceil(256), ny as u32, 1],
         256,
-        &[dx.arg(), dy.arg(), Arg::I32((ny * ncols) as i32)],
+        &[
+            dx.arg(),
+            dy.arg(),
+            Arg::I32(ncols as i32),
+            Arg::I64(ncols as i64),
+        ],
     );
     for &t in WeightType::ALL {
-        let w = random_rows(t, nrows, ncols, &mut rng);
+        if ncols % t.block_values() != 0 {
+            continue;
+        }
+        let w = random_rows(t, nrows, ncols, rng);
         let wf = dequant(t, &w);
         let row_bytes = ncols / t.block_values() * t.block_bytes();
-        let dw = g.upload(&w);
+        let offset = if misalign { misalignment(t) } else { 0 };
+        let mut padded = vec![0u8; offset];
+        padded.extend_from_slice(&w);
+        let dw = g.upload(&padded);
         let dout = g.alloc(ny * nrows * 4);
         g.launch(
             t.matvec(),
-            [(nrows as u32).div_ceil(4), ny as u32, 1],
-            4 * g.warp,
+            [
+                if t.matvec_loops() {
+                    (nrows.div_ceil(t.matvec_rows_per_block()) as u32).min(max_grid)
+                } else {
+                    nrows.div_ceil(t.matvec_rows_per_block()) as u32
+                },
+                ny as u32,
+                1,
+            ],
+            MATVEC_WARPS * g.warp,
             &[
-                dw.arg(),
+                Arg::Ptr(hip_ffi::DevicePtr(dw.ptr.0 + offset as u64)),
                 dy.arg(),
                 dout.arg(),
                 Arg::I32(ncols as i32),
@@ -137,8 +187,33 @@ fn matvec_every_weight_type_against_dequantized_reference() {
             }
         }
         // 8-bit activations cost ~1e-5 NMSE; a layout slip costs ~1.
-        assert_nmse(&format!("matvec {}", t.ggml_name()), &got, &want, 5e-4);
+        assert_nmse(
+            &format!(
+                "matvec {} {nrows}x{ncols} x{ny} offset {offset}",
+                t.ggml_name()
+            ),
+            &got,
+            &want,
+            5e-4,
+        );
     }
+}
+
+#[test]
+fn matvec_every_weight_type_against_dequantized_reference() {
+    let Some(g) = gpu() else { return };
+    println!("device: {}", g.name);
+    let mut rng = Rng::new(2);
+    // Rows not a multiple of the rows per block; 1024 columns: whole warp steps for most types.
+    check_matvec(&g, &mut rng, (37, 1024, 2), false, u32::MAX);
+    // 11 super-blocks / 88 small blocks: a partial last step, and rows at odd addresses.
+    check_matvec(&g, &mut rng, (19, 2816, 1), true, u32::MAX);
+    // Fewer blocks than one warp step (640 values: Gemma 3's width).
+    check_matvec(&g, &mut rng, (5, 640, 3), false, u32::MAX);
+    check_matvec(&g, &mut rng, (9, 768, 1), true, u32::MAX);
+    // Grids smaller than the row groups: the kernels loop over rows.
+    check_matvec(&g, &mut rng, (133, 4096, 1), false, 2);
+    check_matvec(&g, &mut rng, (61, 1536, 2), true, 1);
 }
 
 #[test]

@@ -51,6 +51,9 @@ pub enum ModelError {
         /// Context length.
         n_ctx: usize,
     },
+    /// No usable GPU, or the layers asked for do not fit it.
+    #[error("device: {0}")]
+    Device(String),
     /// A caller-provided setting is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

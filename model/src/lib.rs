@@ -16,9 +16,11 @@ pub mod chat;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
+mod engine;
 pub mod error;
 pub mod generate;
 pub mod perplexity;
+pub mod placement;
 pub mod sampling;
 pub mod session;
 pub mod stream;

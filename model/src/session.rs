@@ -1,16 +1,24 @@
-//! A loaded model and inference sessions over it: weights bound zero-copy from the mapped file,
-//! a persistent KV cache, chunked prompt processing and token-by-token decoding.
+//! A loaded model and inference sessions over it: weights bound zero-copy from the mapped file
+//! (or uploaded to a GPU), a persistent KV cache, chunked prompt processing and token-by-token
+//! decoding.
+//!
+//! A session runs on the CPU executor, or with feature `hip` on the scheduler over a GPU and the
+//! CPU with the layers split as [`crate::placement`] decides (`--device`, `-ngl`, the GPU's free
+//! memory). The graphs built by [`crate::arch`] are the same either way.
 
+use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ggml_graph::{CpuBackend, Executor, WeightBytes};
+use ggml_graph::{CpuBackend, DType, WeightBytes};
 use gguf::GgufFile;
 
 use crate::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode, WeightTable};
 use crate::config::ModelConfig;
+use crate::engine::Engine;
 use crate::error::ModelError;
+use crate::placement::{mib, DeviceChoice, GpuEstimate, LayerSplit};
 
 /// The mapped file as a shared byte owner for [`WeightBytes`].
 struct FileBytes(Arc<GgufFile>);
@@ -91,6 +99,13 @@ pub struct SessionOptions {
     pub n_batch: usize,
     /// CPU threads (0: all cores).
     pub n_threads: usize,
+    /// Where to run.
+    pub device: DeviceChoice,
+    /// llama.cpp's `-ngl`: the last N repeating layers on the GPU (N > layers: the output head
+    /// too); `None`: as many as fit the GPU's budget.
+    pub n_gpu_layers: Option<usize>,
+    /// Caps the GPU memory the session may use (bytes), below the budget from free memory.
+    pub gpu_mem_limit: Option<u64>,
 }
 
 impl Default for SessionOptions {
@@ -100,8 +115,143 @@ impl Default for SessionOptions {
             kv_type: KvType::F16,
             n_batch: 512,
             n_threads: 0,
+            device: DeviceChoice::Auto,
+            n_gpu_layers: None,
+            gpu_mem_limit: None,
         }
     }
+}
+
+/// Where a session's layers run and what the GPU part was estimated to need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DevicePlan {
+    /// The GPU's name, or `cpu`.
+    pub device: String,
+    /// The layer split (all on the CPU when no GPU is used).
+    pub split: LayerSplit,
+    /// Estimated GPU bytes of the split.
+    pub estimate: GpuEstimate,
+    /// Bytes the GPU budget allowed at session creation.
+    pub available: Option<u64>,
+    /// Why this plan (device choice, fit, `-ngl`, missing GPU).
+    pub reason: String,
+}
+
+impl DevicePlan {
+    pub(crate) fn cpu(n_layer: usize, reason: String) -> Self {
+        Self {
+            device: "cpu".into(),
+            split: LayerSplit::new(n_layer, 0),
+            estimate: GpuEstimate::default(),
+            available: None,
+            reason,
+        }
+    }
+
+    /// True when some layers run on a GPU.
+    pub fn uses_gpu(&self) -> bool {
+        !self.split.is_cpu_only()
+    }
+}
+
+impl fmt::Display for DevicePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.split;
+        if !self.uses_gpu() {
+            return write!(
+                f,
+                "device: cpu; all {} layers on the CPU ({})",
+                s.n_layer, self.reason
+            );
+        }
+        let gpu_range = if s.gpu_layers() == 0 {
+            String::new()
+        } else {
+            format!(" (blk.{}..{})", s.first_gpu_layer(), s.n_layer - 1)
+        };
+        write!(
+            f,
+            "device: {}; layers on GPU: {}/{}{}{}, on CPU: {}; output head on {} ({})\n\
+             estimated GPU bytes: weights {}, KV cache {}, activations+workspace {}, total {}",
+            self.device,
+            s.gpu_layers(),
+            s.n_layer,
+            gpu_range,
+            if s.output_on_gpu() { " + output" } else { "" },
+            s.n_layer - s.gpu_layers(),
+            if s.output_on_gpu() { "GPU" } else { "CPU" },
+            self.reason,
+            mib(self.estimate.weights),
+            mib(self.estimate.kv),
+            mib(self.estimate.activations),
+            mib(self.estimate.total()),
+        )?;
+        if let Some(a) = self.available {
+            write!(f, " of {} available", mib(a))?;
+        }
+        Ok(())
+    }
+}
+
+/// GPU memory a session holds, measured, and where the last pass ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Every live allocation on the device (the `gpu-mem` tracker: weights, KV cache,
+    /// activations, scratch and staging).
+    pub allocated: u64,
+    /// Weight bytes held by the scheduler on the GPU.
+    pub weights: u64,
+    /// KV-cache bytes on the GPU.
+    pub kv: u64,
+    /// Activation arena bytes on the GPU.
+    pub activations: u64,
+    /// Nodes of the last pass launched on the GPU.
+    pub gpu_nodes: usize,
+    /// Nodes of the last pass launched on the CPU.
+    pub cpu_nodes: usize,
+    /// Tensors copied between the devices so far.
+    pub copies: usize,
+}
+
+impl fmt::Display for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "GPU memory allocated: {} (weights {}, KV cache {}, activations {}, other {})",
+            mib(self.allocated),
+            mib(self.weights),
+            mib(self.kv),
+            mib(self.activations),
+            mib(self
+                .allocated
+                .saturating_sub(self.weights + self.kv + self.activations)),
+        )?;
+        write!(
+            f,
+            "; last pass: {} nodes on the GPU, {} on the CPU; {} cross-device copies so far",
+            self.gpu_nodes, self.cpu_nodes, self.copies
+        )
+    }
+}
+
+/// A tensor as `(name, type, dims, zero-copy bytes of the map)`.
+pub(crate) type WeightView = (String, DType, Vec<usize>, WeightBytes);
+
+/// Every tensor of the model.
+pub(crate) fn weight_views(model: &Model) -> Result<Vec<WeightView>, ModelError> {
+    let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(Arc::clone(model.file())));
+    let base = model.file().data_offset() as usize;
+    model
+        .file()
+        .tensors()
+        .iter()
+        .map(|t| {
+            let start = base + t.offset as usize;
+            let bytes = WeightBytes::new(Arc::clone(&owner), start..start + t.size as usize)?;
+            let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+            Ok((t.name.clone(), t.ggml_type, dims, bytes))
+        })
+        .collect()
 }
 
 /// Timing of the forward passes run so far.
@@ -115,10 +265,16 @@ pub struct EvalStats {
     pub passes: u64,
 }
 
+/// Called once after the first forward pass with the GPU memory then in use.
+pub type FirstPassHook = Box<dyn FnMut(&DeviceMemory) + Send>;
+
 /// An inference session: an executor with the model's weights bound and a KV cache.
 pub struct Session {
     model: Model,
-    exec: Executor,
+    engine: Engine,
+    n_threads: usize,
+    plan: DevicePlan,
+    first_pass: Option<FirstPassHook>,
     kv: KvCacheSpec,
     n_batch: usize,
     n_past: usize,
@@ -137,9 +293,18 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Binds every tensor of the model to a new executor (no copies) and sizes the arena for a
-    /// full prompt batch.
+    /// Binds every tensor of the model to a new executor (no copies on the CPU; one upload on a
+    /// GPU) and sizes the arena for a full prompt batch.
     pub fn new(model: &Model, opts: &SessionOptions) -> Result<Self, ModelError> {
+        Self::with_progress(model, opts, &mut |_, _| {})
+    }
+
+    /// [`Session::new`], reporting weight upload progress as `(bytes done, total)`.
+    pub fn with_progress(
+        model: &Model,
+        opts: &SessionOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, ModelError> {
         let cfg = model.config();
         let n_ctx = if opts.n_ctx == 0 {
             cfg.n_ctx_train
@@ -157,41 +322,49 @@ impl Session {
                 "batch size must be at least 1".into(),
             ));
         }
-        let backend = CpuBackend::new(opts.n_threads)?;
-        let mut exec = Executor::new(backend);
-        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> =
-            Arc::new(FileBytes(Arc::clone(model.file())));
-        let base = model.file().data_offset() as usize;
-        for t in model.file().tensors() {
-            let start = base + t.offset as usize;
-            let bytes = WeightBytes::new(Arc::clone(&owner), start..start + t.size as usize)?;
-            let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-            exec.bind_weight(&t.name, t.ggml_type, &dims, bytes)?;
-        }
         let kv = KvCacheSpec {
             dtype: opts.kv_type,
             n_ctx,
         };
         let n_batch = opts.n_batch.min(n_ctx);
-        let mut s = Self {
-            model: model.clone(),
-            exec,
-            kv,
-            n_batch,
-            n_past: 0,
-            history: Vec::new(),
-            stats: EvalStats::default(),
-        };
         // Worst case: a full batch at the end of the context.
         let worst = BatchSpec {
             n_tok: n_batch,
             n_past: n_ctx - n_batch,
             logits: LogitsMode::Last,
         };
-        let mut fg = build_forward(s.model.config(), s.model.weights(), &s.kv, worst)?;
-        ggml_graph::opt::optimize(&mut fg.graph);
-        s.exec.reserve(&fg.graph)?;
-        Ok(s)
+        let fg = build_forward(cfg, model.weights(), &kv, worst)?;
+        let backend = CpuBackend::new(opts.n_threads)?;
+        let n_threads = backend.n_threads();
+        let (engine, plan) = crate::engine::place(model, opts, &kv, fg.graph, backend, progress)?;
+        Ok(Self {
+            model: model.clone(),
+            engine,
+            n_threads,
+            plan,
+            first_pass: None,
+            kv,
+            n_batch,
+            n_past: 0,
+            history: Vec::new(),
+            stats: EvalStats::default(),
+        })
+    }
+
+    /// Where the layers run and the GPU estimate.
+    pub fn device_plan(&self) -> &DevicePlan {
+        &self.plan
+    }
+
+    /// GPU memory in use now; `None` on the CPU.
+    pub fn device_memory(&self) -> Option<DeviceMemory> {
+        self.engine.device_memory()
+    }
+
+    /// Calls `hook` once after the next forward pass (the first one for a new session) with the
+    /// GPU memory then in use; never called on the CPU.
+    pub fn on_first_pass(&mut self, hook: FirstPassHook) {
+        self.first_pass = Some(hook);
     }
 
     /// The model.
@@ -201,7 +374,7 @@ impl Session {
 
     /// CPU threads the executor uses.
     pub fn n_threads(&self) -> usize {
-        self.exec.backend().n_threads()
+        self.n_threads
     }
 
     /// Context length.
@@ -292,8 +465,8 @@ impl Session {
             logits: mode,
         };
         let mut fg = build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
-        // Fusion (rms_norm * w, gate/up + activation, matmul + bias) keeps tensor ids valid.
-        ggml_graph::opt::optimize(&mut fg.graph);
+        // The optimizer keeps tensor ids valid.
+        self.engine.optimize(&mut fg.graph);
         let ids: Vec<u8> = tokens
             .iter()
             .flat_map(|&t| (t as i32).to_le_bytes())
@@ -302,15 +475,20 @@ impl Session {
             .flat_map(|p| (p as i32).to_le_bytes())
             .collect();
         let t1 = Instant::now();
-        self.exec
+        self.engine
             .run(&fg.graph, &[(fg.tokens, &ids), (fg.pos, &pos)])?;
-        let logits = self.exec.output_f32(fg.logits)?;
+        let logits = self.engine.output_f32(fg.logits)?;
         let t2 = Instant::now();
         self.stats.build_s += (t1 - t0).as_secs_f64();
         self.stats.run_s += (t2 - t1).as_secs_f64();
         self.stats.passes += 1;
         self.n_past += tokens.len();
         self.history.extend_from_slice(tokens);
+        if let Some(mut hook) = self.first_pass.take() {
+            if let Some(m) = self.device_memory() {
+                hook(&m);
+            }
+        }
         Ok(logits)
     }
 }

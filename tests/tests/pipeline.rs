@@ -25,6 +25,7 @@ fn session(m: &Model, n_batch: usize, kv: KvType) -> Session {
         n_batch,
         n_threads: 2,
         kv_type: kv,
+        ..SessionOptions::default()
     };
     Session::new(m, &opts).expect("session")
 }

@@ -2,9 +2,14 @@
 //! mode and copies them, with a runner script, into the git-ignored `.device/` folder that the GPU
 //! machine receives (it has no Rust toolchain).
 //!
+//! The bundle also holds the model's whole-model GPU tests (`model/tests/gpu_model.rs`) and the
+//! release `rocmforge` binary.
+//!
 //! On the GPU machine run `bash .device/run.sh` from the repository root: every test binary runs
 //! serially with `ROCMFORGE_REQUIRE_GPU=1`, which turns each "skipped: no GPU" into a failure, then
-//! the transfer benchmarks run.
+//! the transfer benchmarks run, then `rocmforge` writes a synthetic Gemma-3-270M-shaped model and
+//! generates and benchmarks on the GPU (whole and half offload) and the CPU.
+//! `ROCMFORGE_TEST_MODEL` (a model file on that machine) adds the real-model GPU test.
 
 use std::fs;
 use std::io::BufRead;
@@ -15,6 +20,8 @@ use crate::{workspace_root, Result};
 
 /// Crates whose tests and benchmarks need the GPU.
 const CRATES: &[&str] = &["hip-ffi", "gpu-mem"];
+/// `(crate, integration test)` pairs that need the GPU, in crates whose other tests do not.
+const GPU_TESTS: &[(&str, &str)] = &[("model", "gpu_model")];
 
 /// `cargo xtask device-bundle [--model PATH]`.
 pub fn run(args: &[String]) -> Result<()> {
@@ -48,10 +55,42 @@ pub fn run(args: &[String]) -> Result<()> {
                 .map(|n| n.to_string_lossy().into_owned())
                 .ok_or_else(|| format!("odd executable path {}", exe.display()))?;
             let dst = bin_dir.join(format!("{what}-{name}"));
-            fs::copy(&exe, &dst)
-                .map_err(|e| format!("{} -> {}: {e}", exe.display(), dst.display()))?;
+            copy_exe(&exe, &dst)?;
             tests.push(dst);
         }
+    }
+    for (krate, test) in GPU_TESTS {
+        let mut cmd = cargo();
+        cmd.args([
+            "test",
+            "--no-run",
+            "--release",
+            "--message-format=json",
+            "-p",
+            krate,
+            "--test",
+            test,
+        ]);
+        for exe in built_executables(&mut cmd, "test")? {
+            let dst = bin_dir.join(format!("test-{krate}-{test}"));
+            copy_exe(&exe, &dst)?;
+            tests.push(dst);
+        }
+    }
+    let mut cmd = cargo();
+    cmd.args([
+        "build",
+        "--release",
+        "--message-format=json",
+        "-p",
+        "model",
+        "--bin",
+        "rocmforge",
+    ]);
+    for exe in built_executables(&mut cmd, "bin")? {
+        let dst = bin_dir.join("rocmforge");
+        copy_exe(&exe, &dst)?;
+        tests.push(dst);
     }
     if let Some(model) = model {
         let table = out.join("model-tensors.tsv");
@@ -75,6 +114,22 @@ pub fn run(args: &[String]) -> Result<()> {
         total as f64 / (1 << 20) as f64,
         out.display()
     );
+    Ok(())
+}
+
+/// Copies an executable into the bundle without its debug sections when `strip` is there (the
+/// GPU machine takes 64 MiB per call; line tables triple the size).
+fn copy_exe(exe: &Path, dst: &Path) -> Result<()> {
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(dst)
+        .arg(exe)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        fs::copy(exe, dst).map_err(|e| format!("{} -> {}: {e}", exe.display(), dst.display()))?;
+    }
     Ok(())
 }
 
@@ -164,6 +219,18 @@ for b in .device/bin/bench-*; do
   echo "=== $b"
   "$b" --bench || fail=1
 done
+# Whole-model runs: a synthetic Gemma-3-270M-shaped model (Q4_K_M mix, byte-level vocabulary).
+rf=.device/bin/rocmforge
+if [ -x "$rf" ]; then
+  m=${TMPDIR:-/tmp}/rocmforge-synth-gemma3-270m.gguf
+  [ -f "$m" ] || "$rf" synth --arch gemma3 --preset gemma3-270m --out "$m" || fail=1
+  echo "=== rocmforge generate (GPU)"
+  "$rf" generate -m "$m" --device gpu -p "hello" -n 32 --temp 0 --stats || fail=1
+  for dev in "--device gpu" "--device gpu -ngl 9" "--device cpu"; do
+    echo "=== rocmforge bench $dev"
+    "$rf" bench -m "$m" $dev -p 512 -n 128 -r 3 || fail=1
+  done
+fi
 echo "device run: $([ $fail = 0 ] && echo ALL PASSED || echo FAILURES)"
 exit $fail
 "#;

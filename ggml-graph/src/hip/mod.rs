@@ -7,7 +7,9 @@
 //!   keep the device state alive, so the stream is destroyed only after the last of them. [`Stream::synchronize`]
 //!   waits for that stream only, never for the whole device.
 //! - Buffers are `gpu-mem` allocations (budgeted and tracked); the scheduler uploads each weight
-//!   once per device and keeps it across runs.
+//!   once per device and keeps it across runs. Weights uploaded together
+//!   ([`BufferType::alloc_weights`]) share one `gpu-mem` weight arena (a few large allocations,
+//!   one slot per tensor) and travel through the pinned double-buffered uploader.
 //! - `supports_op` accepts exactly the layouts the launch code handles (dense rows, 2-D weights,
 //!   broadcasts the kernels express); everything else stays on the CPU through the scheduler.
 //! - Kernels come from the `kernels` crate's embedded code objects, loaded lazily per module.
@@ -19,7 +21,8 @@ use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use gpu_mem::{Blas, DeviceBuffer, KernelArgs};
+use gpu_mem::pool::ArenaSlot;
+use gpu_mem::{Blas, DeviceArena, DeviceBuffer, KernelArgs, WeightUploader};
 use parking_lot::Mutex;
 
 use crate::backend::{Buffer, BufferType, Device, Stream, TensorMem};
@@ -200,7 +203,7 @@ impl BufferType for HipBufferType {
             .memset(&mut buf.view_mut(), 0)
             .map_err(|e| gpu_err("alloc", e))?;
         Ok(Box::new(HipBuffer {
-            buf: Mutex::new(buf),
+            mem: Mem::Owned(Mutex::new(buf)),
             inner: self.inner.clone(),
             size,
         }))
@@ -208,18 +211,90 @@ impl BufferType for HipBufferType {
     fn is_host(&self) -> bool {
         false
     }
+    fn alloc_weights(
+        &self,
+        tensors: &[&[u8]],
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Vec<Box<dyn Buffer>>> {
+        let dev = &self.inner.dev;
+        let sizes: Vec<u64> = tensors.iter().map(|t| t.len() as u64).collect();
+        let arena = Arc::new(
+            DeviceArena::for_sizes(dev, &sizes, WEIGHT_CHUNK, "weights")
+                .map_err(|e| gpu_err("upload", e))?,
+        );
+        let slots = sizes
+            .iter()
+            .map(|&s| arena.alloc(s))
+            .collect::<gpu_mem::Result<Vec<_>>>()
+            .map_err(|e| gpu_err("upload", e))?;
+        let mut uploader =
+            WeightUploader::new(dev, UPLOAD_STAGING).map_err(|e| gpu_err("upload", e))?;
+        let mut done = 0u64;
+        let mut fill = |i: usize, off: u64, dst: &mut [u8]| -> gpu_mem::Result<()> {
+            let off = off as usize;
+            let src = tensors[i].get(off..off + dst.len()).ok_or_else(|| {
+                gpu_mem::GpuError::InvalidArgument(format!(
+                    "weight {i}: bytes {off}+{} beyond {}",
+                    dst.len(),
+                    tensors[i].len()
+                ))
+            })?;
+            dst.copy_from_slice(src);
+            done += dst.len() as u64;
+            progress(done);
+            Ok(())
+        };
+        let uploaded = uploader
+            .upload(&arena, &slots, &mut fill)
+            .map_err(|e| gpu_err("upload", e))?;
+        // Compute runs on the device's own stream: wait here so every later launch sees the
+        // weights (session creation, not the hot path).
+        uploaded.synchronize().map_err(|e| gpu_err("upload", e))?;
+        Ok(slots
+            .into_iter()
+            .map(|slot| {
+                Box::new(HipBuffer {
+                    size: slot.bytes as usize,
+                    mem: Mem::Slot {
+                        arena: arena.clone(),
+                        slot,
+                    },
+                    inner: self.inner.clone(),
+                }) as Box<dyn Buffer>
+            })
+            .collect())
+    }
 }
 
-/// One device allocation.
+/// Largest weight-arena chunk (one driver allocation each).
+const WEIGHT_CHUNK: u64 = 1 << 30;
+/// Bytes of each of the uploader's two pinned staging buffers.
+const UPLOAD_STAGING: usize = 16 << 20;
+
+/// Where a buffer's bytes live.
+enum Mem {
+    /// An allocation of its own.
+    Owned(Mutex<DeviceBuffer<u8>>),
+    /// A slot of a shared weight arena (freed with the last slot of the arena).
+    Slot {
+        arena: Arc<DeviceArena>,
+        slot: ArenaSlot,
+    },
+}
+
+/// One device allocation, or one tensor's slot of a weight arena.
 pub struct HipBuffer {
-    buf: Mutex<DeviceBuffer<u8>>,
+    mem: Mem,
     inner: Arc<Inner>,
     size: usize,
 }
 
 impl HipBuffer {
     fn ptr(&self) -> u64 {
-        self.buf.lock().ptr().0
+        match &self.mem {
+            Mem::Owned(b) => b.lock().ptr().0,
+            Mem::Slot { slot, .. } => slot.addr,
+        }
     }
 
     fn range(
@@ -242,7 +317,13 @@ impl Buffer for HipBuffer {
     }
     fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         let r = self.range("write", offset, data.len())?;
-        let mut b = self.buf.lock();
+        let Mem::Owned(b) = &self.mem else {
+            return Err(gpu_err(
+                "write",
+                "weight-arena slots are filled once by the uploader",
+            ));
+        };
+        let mut b = b.lock();
         let mut view = b.slice_mut(r).map_err(|e| gpu_err("write", e))?;
         self.inner
             .stream
@@ -251,12 +332,20 @@ impl Buffer for HipBuffer {
     }
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let r = self.range("read", offset, out.len())?;
-        let b = self.buf.lock();
-        let view = b.slice(r).map_err(|e| gpu_err("read", e))?;
-        self.inner
-            .stream
-            .read(&view, out)
-            .map_err(|e| gpu_err("read", e))?;
+        match &self.mem {
+            Mem::Owned(b) => {
+                let b = b.lock();
+                let view = b.slice(r).map_err(|e| gpu_err("read", e))?;
+                self.inner.stream.read(&view, out)
+            }
+            Mem::Slot { arena, slot } => {
+                let whole = arena.view::<u8>(slot).map_err(|e| gpu_err("read", e))?;
+                let view = whole.slice(r).map_err(|e| gpu_err("read", e))?;
+                // Sub-allocation reads stage through a whole allocation inside `read`.
+                self.inner.stream.read(&view, out)
+            }
+        }
+        .map_err(|e| gpu_err("read", e))?;
         self.inner
             .stream
             .synchronize()

@@ -1,12 +1,12 @@
 //! Which nodes the HIP device runs ([`supports`]) and how each one maps onto kernel launches
 //! ([`launch`]). Shapes follow ggml (`ne[0]` innermost, `nb` byte strides).
 
-use gpu_mem::{DeviceView, DeviceViewMut, GemmShape, KernelArgs, Op as BlasOp};
-use kernels::{act, binary, AttnParams, KernelId, WeightType, Q8_1_BYTES, QK8_1};
+use gpu_mem::{DeviceBuffer, DeviceView, DeviceViewMut, GemmShape, KernelArgs, Op as BlasOp};
+use kernels::{act, binary, AttnParams, KernelId, WeightType};
 
 use super::{addr, gpu_err, HipDevice};
 use crate::backend::TensorMem;
-use crate::error::Result;
+use crate::error::{GraphError, Result};
 use crate::tensor::{Act, DType, Op, Tensor};
 
 /// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx.
@@ -14,6 +14,75 @@ const MATVEC_MAX_COLS: usize = 8;
 /// KV length from which single-token attention splits the keys across blocks.
 const SPLIT_K_FROM: usize = 512;
 const SPLIT_LEN: usize = 256;
+
+/// The activations last quantized for the mat-vec kernels, kept while their source is unchanged:
+/// q/k/v (and gate/up) multiply the same normalized input, so one quantization serves them all.
+/// Every launch reports its destination ([`Q8Cache::written`]) and every host write or new
+/// buffer clears the cache, so a hit always means the source bytes are the ones quantized.
+#[derive(Default)]
+pub(crate) struct Q8Cache {
+    buf: Option<DeviceBuffer<u8>>,
+    /// (source address, source bytes, values per vector, vectors) of what `buf` holds.
+    key: Option<(u64, usize, usize, usize)>,
+}
+
+impl Q8Cache {
+    /// Forgets the cached quantization.
+    pub(crate) fn clear(&mut self) {
+        self.key = None;
+    }
+
+    /// Forgets the cached quantization when `addr..addr + bytes` overlaps its source.
+    pub(crate) fn written(&mut self, addr: u64, bytes: usize) {
+        if let Some((src, len, ..)) = self.key {
+            if addr < src + len as u64 && src < addr + bytes as u64 {
+                self.key = None;
+            }
+        }
+    }
+
+    /// Device address of `x` (`m` dense f32 vectors of `k` values at `xp`) quantized to planar
+    /// Q8_1, quantizing it now unless the cache already holds it.
+    fn quantized(&mut self, d: &HipDevice, xp: u64, k: usize, m: usize) -> Result<u64> {
+        let key = (xp, m * k * 4, k, m);
+        let bytes = m * kernels::q8_1_vector_bytes(k);
+        if self.buf.as_ref().is_none_or(|b| b.len() < bytes) {
+            // Queued mat-vecs may still read the old buffer.
+            d.inner
+                .stream
+                .synchronize()
+                .map_err(|e| gpu_err("quantize", e))?;
+            self.key = None;
+            self.buf = None;
+            self.buf = Some(
+                DeviceBuffer::new(
+                    &d.inner.dev,
+                    bytes.max(1 << 16),
+                    "hip-backend q8 activations",
+                )
+                .map_err(|e| gpu_err("quantize", e))?,
+            );
+        }
+        let q8 = self
+            .buf
+            .as_ref()
+            .map(|b| b.ptr().0)
+            .ok_or_else(|| gpu_err("quantize", "q8 buffer missing"))?;
+        if self.key != Some(key) {
+            self.key = None;
+            let mut a = KernelArgs::new();
+            a.push(xp).push(q8).push(k as i32).push(k as i64);
+            d.launch_kernel(
+                KernelId::QuantizeQ8_1,
+                [blocks(k, 256), m as u32, 1],
+                256,
+                &mut a,
+            )?;
+            self.key = Some(key);
+        }
+        Ok(q8)
+    }
+}
 
 fn weight_type(t: DType) -> Option<WeightType> {
     WeightType::from_ggml_name(t.name())
@@ -164,12 +233,14 @@ pub(crate) fn launch(
 ) -> Result<()> {
     let ts: Vec<&Tensor> = srcs.iter().map(|m| m.tensor).collect();
     if !supports(t, &ts) {
-        return Err(gpu_err(
-            t.op.name(),
-            format!("`{}` has a layout this backend does not take", t.name),
-        ));
+        return Err(GraphError::Unsupported {
+            backend: "hip",
+            op: t.op.name(),
+            detail: format!("`{}` has a layout this backend does not take", t.name),
+        });
     }
     let out = addr(&dst)?;
+    d.inner.q8.lock().written(out, dst.tensor.extent());
     let warp = d.inner.warp;
     let mut a = KernelArgs::new();
     match &t.op {
@@ -345,7 +416,11 @@ pub(crate) fn launch(
             d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &mut a)
         }
         Op::Attention(p) => attention(d, t, p, srcs, out, warp),
-        _ => Err(gpu_err(t.op.name(), "no launch for this op")),
+        _ => Err(GraphError::Unsupported {
+            backend: "hip",
+            op: t.op.name(),
+            detail: "no launch for this op".to_owned(),
+        }),
     }
 }
 
@@ -436,14 +511,8 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Res
     let mut a = KernelArgs::new();
     if m <= MATVEC_MAX_COLS {
         if let Some(wt) = weight_type(wt_.dtype) {
-            let q8 = d.scratch(m * k / QK8_1 * Q8_1_BYTES)?;
-            a.push(xp).push(q8).push((m * k) as i32);
-            d.launch_kernel(
-                KernelId::QuantizeQ8_1,
-                [blocks(m * k, 256), 1, 1],
-                256,
-                &mut a,
-            )?;
+            let mut cache = d.inner.q8.lock();
+            let q8 = cache.quantized(d, xp, k, m)?;
             let mut b = KernelArgs::new();
             b.push(wp)
                 .push(q8)
@@ -452,8 +521,14 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Res
                 .push(wt_.nb[1] as i64)
                 .push(n as i32)
                 .push(n as i32);
-            // One warp per output row, four warps per block.
-            return d.launch_kernel(wt.matvec(), [blocks(n, 4), m as u32, 1], 4 * warp, &mut b);
+            let r = d.launch_kernel(
+                wt.matvec(),
+                [kernels::matvec_grid(wt, n, d.inner.sms), m as u32, 1],
+                kernels::MATVEC_WARPS * warp,
+                &mut b,
+            );
+            drop(cache);
+            return r;
         }
         let kid = if wt_.dtype == DType::F32 {
             KernelId::MatvecF32

@@ -171,24 +171,35 @@ impl Gpu {
         out
     }
 
-    fn function(&self, k: KernelId) -> hip_ffi::FunctionHandle {
+    fn function(&self, module: Module, name: &str) -> hip_ffi::FunctionHandle {
         let mut mods = self.modules.lock();
-        let m = *mods.entry(k.module()).or_insert_with(|| {
-            let img = kernels::image(k.module(), &self.device).unwrap_or_else(|e| panic!("{e}"));
+        let m = *mods.entry(module).or_insert_with(|| {
+            let img = kernels::image(module, &self.device).unwrap_or_else(|e| panic!("{e}"));
             // SAFETY: the image was built for this platform and architecture family.
             unsafe { self.api.module_load_data(img.bytes) }
-                .unwrap_or_else(|e| panic!("loading {:?}: {e}", k.module()))
+                .unwrap_or_else(|e| panic!("loading {module:?}: {e}"))
         });
-        let name = CString::new(k.name()).expect("kernel names have no NUL");
+        let cname = CString::new(name).expect("kernel names have no NUL");
         // SAFETY: the module is live (held in the cache until drop).
-        unsafe { self.api.module_get_function(m, &name) }
-            .unwrap_or_else(|e| panic!("{}: {e}", k.name()))
+        unsafe { self.api.module_get_function(m, &cname) }.unwrap_or_else(|e| panic!("{name}: {e}"))
     }
 
     /// Launches `k` and (unless `no_sync`) waits for it, so a fault is reported by the launch
     /// that caused it.
     pub fn launch(&self, k: KernelId, grid: [u32; 3], block: u32, args: &[Arg]) {
-        let f = self.function(k);
+        self.launch_named(k.module(), k.name(), grid, block, args);
+    }
+
+    /// [`Gpu::launch`] by symbol, for kernel variants that have no [`KernelId`] (benchmarks).
+    pub fn launch_named(
+        &self,
+        module: Module,
+        name: &str,
+        grid: [u32; 3],
+        block: u32,
+        args: &[Arg],
+    ) {
+        let f = self.function(module, name);
         let mut vals: Vec<Arg> = args.to_vec();
         let mut ptrs: Vec<*mut c_void> = vals
             .iter_mut()
@@ -205,11 +216,11 @@ impl Gpu {
         unsafe {
             self.api
                 .launch_kernel(f, grid, [block, 1, 1], 0, self.stream, ptrs.as_mut_ptr())
-                .unwrap_or_else(|e| panic!("launch {}: {e}", k.name()));
+                .unwrap_or_else(|e| panic!("launch {name}: {e}"));
             if self.sync_launches {
                 self.api
                     .stream_synchronize(self.stream)
-                    .unwrap_or_else(|e| panic!("{} failed: {e}", k.name()));
+                    .unwrap_or_else(|e| panic!("{name} failed: {e}"));
             }
         }
         // The driver copied the argument values at launch; they may go now.

@@ -116,7 +116,7 @@ fn run_once(
 pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
     let tm = a.m.load()?;
     let cfg = tm.model().config().clone();
-    let mut opts = a.m.session_options(&tm);
+    let mut opts = a.m.session_options(&tm)?;
     let longest = a
         .n_prompt
         .iter()
@@ -128,8 +128,13 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
     opts.n_batch = opts
         .n_batch
         .max(a.n_prompt.iter().copied().max().unwrap_or(1));
-    let mut session = Session::new(tm.model(), &opts)?;
+    let mut session = a.m.session(&tm, &opts)?;
     let threads = session.n_threads();
+    let backend = if session.device_plan().uses_gpu() {
+        "HIP"
+    } else {
+        "CPU"
+    };
     let file = tm.model().file();
     let size: u64 = file.tensors().iter().map(|t| t.size).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
@@ -175,7 +180,7 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
             name,
             size as f64 / (1024.0 * 1024.0),
             params as f64 / 1e6,
-            "CPU",
+            backend,
             threads,
             test,
             mean,
@@ -206,9 +211,9 @@ pub(super) fn perplexity(a: &PplArgs) -> Result<(), ModelError> {
     let tm = a.m.load()?;
     // As llama-perplexity: BOS per the metadata, special-token text left as plain text.
     let tokens = tm.tokenizer().encode(&text, true, false);
-    let mut opts = a.m.session_options(&tm);
+    let mut opts = a.m.session_options(&tm)?;
     opts.n_batch = opts.n_batch.max(opts.n_ctx);
-    let mut session = Session::new(tm.model(), &opts)?;
+    let mut session = a.m.session(&tm, &opts)?;
     let popts = PplOptions {
         n_ctx: session.n_ctx(),
         max_chunks: a.chunks,

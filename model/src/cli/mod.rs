@@ -12,8 +12,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::arch::KvType;
 use crate::error::ModelError;
+use crate::placement::{parse_bytes, DeviceChoice};
 use crate::sampling::SamplerConfig;
-use crate::session::SessionOptions;
+use crate::session::{Session, SessionOptions};
 use crate::text::TextModel;
 
 /// File name of the default model (what `cargo xtask fetch-model` downloads).
@@ -110,6 +111,18 @@ struct ModelArgs {
     /// KV cache in f32 instead of f16.
     #[arg(long)]
     kv_f32: bool,
+    /// Where to run: auto (the GPU when present, as many layers as fit), gpu or cpu.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Repeating layers on the GPU, counted from the last (more than the model has: the output
+    /// head too); default: as many as fit.
+    /// (`-ngl N` is accepted as in llama.cpp.)
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
+    n_gpu_layers: Option<usize>,
+    /// Caps the GPU memory used (bytes, or with a K/M/G suffix); also env
+    /// ROCMFORGE_GPU_MEM_LIMIT.
+    #[arg(long)]
+    gpu_mem_limit: Option<String>,
 }
 
 impl ModelArgs {
@@ -117,9 +130,13 @@ impl ModelArgs {
         self.model.clone().unwrap_or_else(default_model)
     }
 
-    fn session_options(&self, tm: &TextModel) -> SessionOptions {
+    fn session_options(&self, tm: &TextModel) -> Result<SessionOptions, ModelError> {
         let max = tm.model().config().n_ctx_train;
-        SessionOptions {
+        let limit = match &self.gpu_mem_limit {
+            Some(s) => Some(s.clone()),
+            None => std::env::var("ROCMFORGE_GPU_MEM_LIMIT").ok(),
+        };
+        Ok(SessionOptions {
             n_ctx: self.ctx.unwrap_or(4096.min(max)),
             kv_type: if self.kv_f32 {
                 KvType::F32
@@ -128,7 +145,32 @@ impl ModelArgs {
             },
             n_batch: self.batch,
             n_threads: self.threads,
+            device: self.device,
+            n_gpu_layers: self.n_gpu_layers,
+            gpu_mem_limit: limit.as_deref().map(parse_bytes).transpose()?,
+        })
+    }
+
+    /// A session with a progress bar for the weight upload; prints the device plan to stderr and,
+    /// on a GPU, the memory in use after the first forward pass.
+    fn session(&self, tm: &TextModel, opts: &SessionOptions) -> Result<Session, ModelError> {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("uploading weights [{bar:30}] {bytes}/{total_bytes}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        let s = Session::with_progress(tm.model(), opts, &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        });
+        bar.finish_and_clear();
+        let mut s = s?;
+        eprintln!("{}", s.device_plan());
+        if s.device_plan().uses_gpu() {
+            s.on_first_pass(Box::new(|m| eprintln!("after the first forward pass: {m}")));
         }
+        Ok(s)
     }
 
     /// Loads the model with a progress bar on stderr.
@@ -262,7 +304,14 @@ struct ChatArgs {
 
 /// Runs the CLI with the process arguments.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // llama.cpp spells the layer count `-ngl`, which is not a one-letter flag for clap.
+    let cli = Cli::parse_from(std::env::args_os().map(|a| {
+        if a == "-ngl" {
+            "--n-gpu-layers".into()
+        } else {
+            a
+        }
+    }));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ROCMFORGE_LOG")

@@ -69,7 +69,7 @@ fn print_stats(g: &Generation) {
 pub(super) fn generate(a: &GenArgs) -> Result<(), ModelError> {
     let cfg = a.s.config()?;
     let tm = a.m.load()?;
-    let mut session = Session::new(tm.model(), &a.m.session_options(&tm))?;
+    let mut session = a.m.session(&tm, &a.m.session_options(&tm)?)?;
     let prompt = tm.encode(&a.prompt, true)?;
     let mut sampler = Sampler::new(cfg);
     let opts = GenerateOptions {
@@ -125,7 +125,7 @@ fn chat_turn(
 pub(super) fn chat(a: &ChatArgs) -> Result<(), ModelError> {
     let cfg = a.s.config()?;
     let tm = a.m.load()?;
-    let mut session = Session::new(tm.model(), &a.m.session_options(&tm))?;
+    let mut session = a.m.session(&tm, &a.m.session_options(&tm)?)?;
     let mut sampler = Sampler::new(cfg);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
@@ -167,7 +167,7 @@ pub const DEMO_PROMPT: &str = "Once upon a time, in a small village by the sea,"
 
 pub(super) fn demo(m: &ModelArgs, n_predict: usize) -> Result<(), ModelError> {
     let tm = m.load()?;
-    let mut session = Session::new(tm.model(), &m.session_options(&tm))?;
+    let mut session = m.session(&tm, &m.session_options(&tm)?)?;
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: 0.7,
         repeat_penalty: 1.1,

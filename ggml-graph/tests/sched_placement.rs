@@ -1,0 +1,169 @@
+//! The scheduler's placement rule: weights and persistent leaves placed by name (a layer split
+//! like llama.cpp's `-ngl`) pull the nodes that read them onto their device, the nodes between
+//! follow their operands, weights are uploaded up front per device, and results equal the
+//! single-device executor.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use ggml_graph::backend::{BufferType, CpuDevice, Device, Stream, TensorMem};
+use ggml_graph::sched::PlacementRule;
+use ggml_graph::{CpuBackend, DType, Graph, Result, Scheduler, Tensor, TensorId, WeightBytes};
+
+/// A CPU device under another name (each scheduler device needs its own buffers).
+struct Named(&'static str, CpuDevice);
+
+impl Device for Named {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn buffer_type(&self) -> &dyn BufferType {
+        self.1.buffer_type()
+    }
+    fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
+        self.1.supports_op(t, srcs)
+    }
+    fn new_stream(&self) -> Result<Box<dyn Stream>> {
+        self.1.new_stream()
+    }
+    fn launch(
+        &self,
+        s: &dyn Stream,
+        t: &Tensor,
+        dst: TensorMem<'_>,
+        srcs: &[TensorMem<'_>],
+    ) -> Result<()> {
+        self.1.launch(s, t, dst, srcs)
+    }
+}
+
+fn dev(name: &'static str) -> Arc<dyn Device> {
+    Arc::new(Named(
+        name,
+        CpuDevice::new(Arc::new(CpuBackend::new(1).unwrap())),
+    ))
+}
+
+const D: usize = 64;
+
+/// Two "layers" (matmul, gelu, KV write, residual add) and an output matmul.
+fn model(g: &mut Graph) -> (TensorId, TensorId, TensorId) {
+    let x = g.input("x", DType::F32, &[D, 2]).unwrap();
+    let idx = g.input("idx", DType::I32, &[2]).unwrap();
+    let mut h = x;
+    for il in 0..2 {
+        let w = g
+            .weight(&format!("blk.{il}.w"), DType::Q8_0, &[D, D])
+            .unwrap();
+        let y = g.mul_mat(w, h).unwrap();
+        let y = g.gelu(y).unwrap();
+        let cache = g
+            .persistent(&format!("cache.{il}"), DType::F32, &[D, 4])
+            .unwrap();
+        let c = g.set_rows(cache, y, idx).unwrap();
+        let all = g.cont(c).unwrap();
+        g.mark_output(all).unwrap();
+        h = g.add(y, h).unwrap();
+    }
+    let out = g.weight("out.w", DType::Q8_0, &[D, D]).unwrap();
+    let z = g.mul_mat(out, h).unwrap();
+    g.mark_output(z).unwrap();
+    (x, idx, z)
+}
+
+fn layer(name: &str) -> Option<usize> {
+    let rest = name
+        .strip_prefix("blk.")
+        .or_else(|| name.strip_prefix("cache."))?;
+    rest.split('.').next()?.parse().ok()
+}
+
+#[test]
+fn layers_follow_the_placement_rule() {
+    let mut rng = Rng::new(5);
+    let mut g = Graph::new();
+    let (x, idx, z) = model(&mut g);
+    let weights: Vec<(String, Vec<u8>)> = ["blk.0.w", "blk.1.w", "out.w"]
+        .iter()
+        .map(|n| (n.to_string(), random_weights(&mut rng, DType::Q8_0, D * D)))
+        .collect();
+    let xb = f32_bytes(&rng.vec(D * 2));
+    let ib = i32_bytes(&[0, 3]);
+    let ins: [(TensorId, &[u8]); 2] = [(x, &xb), (idx, &ib)];
+
+    let mut reference = Scheduler::new(vec![dev("one")]).unwrap();
+    // Layer 1 and the output on "gpu" (device 0), layer 0 on "cpu" (device 1), as `-ngl 2` of
+    // two layers plus the head.
+    let rule: PlacementRule = Arc::new(|name: &str| match layer(name) {
+        Some(0) => Some(1),
+        Some(_) => Some(0),
+        None if name.starts_with("out.") => Some(0),
+        None => None,
+    });
+    let mut s = Scheduler::new(vec![dev("gpu"), dev("cpu")]).unwrap();
+    for sch in [&mut reference, &mut s] {
+        for (n, b) in &weights {
+            sch.bind_weight(n, DType::Q8_0, &[D, D], WeightBytes::from_vec(b.clone()))
+                .unwrap();
+        }
+    }
+    s.set_placement(rule);
+    let mut reports = Vec::new();
+    s.upload_placed_weights(&mut |done, total| reports.push((done, total)))
+        .unwrap();
+    let wbytes = weights[0].1.len() as u64;
+    assert_eq!(reports.last(), Some(&(3 * wbytes, 3 * wbytes)));
+    let before = s.usage();
+    assert_eq!(before[0].weights, 2 * wbytes, "blk.1.w and out.w");
+    assert_eq!(before[1].weights, wbytes, "blk.0.w");
+
+    for _ in 0..2 {
+        reference.run(&g, &ins).unwrap();
+        s.run(&g, &ins).unwrap();
+        assert_eq!(s.output_f32(z).unwrap(), reference.output_f32(z).unwrap());
+    }
+    // No weight was uploaded lazily; each cache lives with its layer.
+    let after = s.usage();
+    assert_eq!(after[0].weights, before[0].weights);
+    assert_eq!(after[1].weights, before[1].weights);
+    assert_eq!(after[1].persistent, after[0].persistent);
+    assert!(after[0].persistent > 0);
+
+    let sched = s.last_schedule().unwrap();
+    let on = |op: &str| -> Vec<usize> {
+        g.tensors()
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.op.name() == op)
+            .filter_map(|(i, _)| sched.device_of[i])
+            .collect()
+    };
+    assert_eq!(on("mul_mat"), vec![1, 0, 0]);
+    // gelu, set_rows and the residual add follow their layer's matmul.
+    assert_eq!(on("gelu"), vec![1, 0]);
+    assert_eq!(on("set_rows"), vec![1, 0]);
+    assert_eq!(on("add"), vec![1, 0]);
+}
+
+#[test]
+fn without_a_rule_the_first_supporting_device_wins() {
+    let mut rng = Rng::new(6);
+    let mut g = Graph::new();
+    let (x, idx, _) = model(&mut g);
+    let mut s = Scheduler::new(vec![dev("gpu"), dev("cpu")]).unwrap();
+    for n in ["blk.0.w", "blk.1.w", "out.w"] {
+        let b = random_weights(&mut rng, DType::Q8_0, D * D);
+        s.bind_weight(n, DType::Q8_0, &[D, D], WeightBytes::from_vec(b))
+            .unwrap();
+    }
+    // Nothing placed: nothing uploaded up front.
+    s.upload_placed_weights(&mut |_, _| {}).unwrap();
+    assert!(s.usage().iter().all(|u| u.weights == 0));
+    let xb = f32_bytes(&rng.vec(D * 2));
+    let ib = i32_bytes(&[1, 2]);
+    s.run(&g, &[(x, &xb), (idx, &ib)]).unwrap();
+    let sched = s.last_schedule().unwrap();
+    assert!(sched.splits.iter().all(|(d, _)| *d == 0));
+}

@@ -1,0 +1,340 @@
+//! What runs a session's graphs: the CPU executor, or (feature `hip`) the multi-device
+//! scheduler over a GPU and the CPU with a `-ngl`-style layer split, and the choice between them.
+
+use ggml_graph::{CpuBackend, Executor, Graph, GraphError, TensorId};
+
+#[cfg(not(feature = "hip"))]
+use crate::arch::KvCacheSpec;
+use crate::error::ModelError;
+#[cfg(not(feature = "hip"))]
+use crate::session::SessionOptions;
+use crate::session::{weight_views, DeviceMemory, DevicePlan, Model};
+
+#[cfg(feature = "hip")]
+pub(crate) use gpu::place;
+
+/// The executor of a session.
+pub(crate) enum Engine {
+    /// Everything on the CPU, weights bound zero-copy from the mapped file.
+    Cpu(Box<Executor>),
+    /// Layers split between a GPU and the CPU.
+    #[cfg(feature = "hip")]
+    Gpu(Box<gpu::GpuEngine>),
+}
+
+impl Engine {
+    pub(crate) fn run(
+        &mut self,
+        graph: &Graph,
+        inputs: &[(TensorId, &[u8])],
+    ) -> Result<(), GraphError> {
+        match self {
+            Self::Cpu(e) => e.run(graph, inputs),
+            #[cfg(feature = "hip")]
+            Self::Gpu(g) => g.sched.run(graph, inputs),
+        }
+    }
+
+    pub(crate) fn output_f32(&self, id: TensorId) -> Result<Vec<f32>, GraphError> {
+        match self {
+            Self::Cpu(e) => e.output_f32(id),
+            #[cfg(feature = "hip")]
+            Self::Gpu(g) => g.sched.output_f32(id),
+        }
+    }
+
+    /// Runs the graph optimizer as far as the engine's devices take its output.
+    pub(crate) fn optimize(&self, g: &mut Graph) {
+        match self {
+            Self::Cpu(_) => {
+                ggml_graph::opt::optimize(g);
+            }
+            #[cfg(feature = "hip")]
+            Self::Gpu(e) => gpu::optimize(g, e.fuse),
+        }
+    }
+
+    /// GPU memory in use and where the last pass ran; `None` on the CPU.
+    pub(crate) fn device_memory(&self) -> Option<DeviceMemory> {
+        match self {
+            Self::Cpu(_) => None,
+            #[cfg(feature = "hip")]
+            Self::Gpu(g) => Some(g.memory()),
+        }
+    }
+}
+
+/// The CPU executor: every tensor bound zero-copy, the arena sized for the unoptimized graph
+/// `worst` of the largest batch (optimized here), with `reason` in its plan.
+fn cpu_only(
+    model: &Model,
+    backend: CpuBackend,
+    worst: Graph,
+    reason: String,
+) -> Result<(Engine, DevicePlan), ModelError> {
+    let mut worst = worst;
+    ggml_graph::opt::optimize(&mut worst);
+    let mut exec = Executor::new(backend);
+    for (name, dtype, dims, bytes) in weight_views(model)? {
+        exec.bind_weight(&name, dtype, &dims, bytes)?;
+    }
+    exec.reserve(&worst)?;
+    let plan = DevicePlan::cpu(model.config().n_layer, reason);
+    Ok((Engine::Cpu(Box::new(exec)), plan))
+}
+
+/// Without the `hip` feature every session runs on the CPU.
+#[cfg(not(feature = "hip"))]
+pub(crate) fn place(
+    model: &Model,
+    opts: &SessionOptions,
+    _kv: &KvCacheSpec,
+    worst: Graph,
+    backend: CpuBackend,
+    _progress: &mut dyn FnMut(u64, u64),
+) -> Result<(Engine, DevicePlan), ModelError> {
+    use crate::placement::DeviceChoice;
+    let reason = match opts.device {
+        DeviceChoice::Gpu if opts.n_gpu_layers != Some(0) => {
+            return Err(ModelError::Device(
+                "this build has no GPU support (feature `hip`)".into(),
+            ))
+        }
+        DeviceChoice::Cpu => "--device cpu",
+        _ => "built without GPU support",
+    };
+    cpu_only(model, backend, worst, reason.into())
+}
+
+#[cfg(feature = "hip")]
+mod gpu {
+    use std::sync::Arc;
+
+    use ggml_graph::backend::{CpuDevice, Device};
+    use ggml_graph::hip::HipDevice;
+    use ggml_graph::sched::PlacementRule;
+    use ggml_graph::{CpuBackend, Graph, Op, Scheduler};
+
+    use super::{cpu_only, Engine};
+    use crate::arch::{KvCacheSpec, KvType};
+    use crate::error::ModelError;
+    use crate::placement::{choose_layers, layer_of, mib, DeviceChoice, LayerSplit, Needs};
+    use crate::placement::{CPU, GPU};
+    use crate::session::{DeviceMemory, DevicePlan, Model, SessionOptions};
+
+    /// A scheduler over `[GPU, CPU]` with the model's weights bound and the GPU's share uploaded.
+    pub(crate) struct GpuEngine {
+        pub(crate) sched: Scheduler,
+        hip: Arc<HipDevice>,
+        /// Whether graphs keep the optimizer's fused nodes (only when the GPU runs them all).
+        pub(crate) fuse: bool,
+    }
+
+    impl GpuEngine {
+        pub(crate) fn memory(&self) -> DeviceMemory {
+            let usage = self.sched.usage();
+            let gpu = usage.get(GPU).copied().unwrap_or_default();
+            let (mut gpu_nodes, mut cpu_nodes) = (0, 0);
+            if let Some(s) = self.sched.last_schedule() {
+                for (d, ids) in &s.splits {
+                    if *d == GPU {
+                        gpu_nodes += ids.len();
+                    } else {
+                        cpu_nodes += ids.len();
+                    }
+                }
+            }
+            DeviceMemory {
+                allocated: self.hip.gpu().tracker().live_bytes(),
+                weights: gpu.weights,
+                kv: gpu.persistent,
+                activations: gpu.arena,
+                gpu_nodes,
+                cpu_nodes,
+                copies: self.sched.copies_made(),
+            }
+        }
+    }
+
+    fn is_fused(op: &Op) -> bool {
+        matches!(
+            op,
+            Op::RmsNormMul { .. } | Op::MulMatAdd | Op::MulMatGated(_)
+        )
+    }
+
+    /// The optimizer without fusion when the GPU lacks kernels for fused nodes: a fused node
+    /// the GPU cannot run would go to the CPU with a copy each way, in every layer.
+    pub(super) fn optimize(g: &mut Graph, fuse: bool) {
+        if fuse {
+            ggml_graph::opt::optimize(g);
+        } else {
+            ggml_graph::opt::eliminate_common(g);
+            ggml_graph::opt::fold_views(g);
+        }
+    }
+
+    /// True when the GPU runs every fused node the optimizer makes of `worst`.
+    fn gpu_runs_fused_nodes(hip: &HipDevice, worst: &Graph) -> bool {
+        let mut g = worst.clone();
+        ggml_graph::opt::optimize(&mut g);
+        let nodes = g.tensors();
+        let needed = ggml_graph::plan::needed_nodes(&g);
+        nodes.iter().enumerate().all(|(i, t)| {
+            if !needed[i] || !is_fused(&t.op) {
+                return true;
+            }
+            let srcs: Vec<_> = t.src.iter().map(|s| &nodes[s.index()]).collect();
+            hip.supports_op(t, &srcs)
+        })
+    }
+
+    /// Bytes the HIP backend allocates besides weights, KV cache and the planned arena: its
+    /// scratch (f16 copies of a weight and of the activations for batched matmuls, quantized
+    /// activations, attention partials; grown to a power of two, at least 1 MiB), the staging
+    /// of the logits read-back, and cross-device copy slots. `head` counts the output matrix.
+    fn workspace(model: &Model, n_batch: usize, head: bool) -> u64 {
+        let cfg = model.config();
+        let mut w_elems = 0u64;
+        let mut max_k = cfg.n_embd as u64;
+        for t in model.file().tensors() {
+            let in_head = layer_of(&t.name).is_none();
+            if in_head && !head {
+                continue;
+            }
+            let k = t.dims.first().copied().unwrap_or(0);
+            let n: u64 = t.dims.iter().product();
+            w_elems = w_elems.max(n);
+            max_k = max_k.max(k);
+        }
+        let n_batch = n_batch as u64;
+        let scratch = (2 * w_elems + 4 * n_batch * max_k).max(1 << 20);
+        let staging = 4 * cfg.n_vocab as u64;
+        let copies = 8 * n_batch * cfg.n_embd as u64;
+        scratch
+            .next_power_of_two()
+            .saturating_add(staging)
+            .saturating_add(copies)
+            .saturating_add(1 << 20)
+    }
+
+    /// What the GPU part of a session needs: weights by layer and KV rows per layer (gpu-mem's
+    /// estimate from the file), the planner's activation arena for the worst-case batch, and
+    /// the backend's workspace.
+    fn needs(
+        model: &Model,
+        kv: &KvCacheSpec,
+        n_batch: usize,
+        activations: u64,
+    ) -> Result<Needs, ModelError> {
+        let elem = match kv.dtype {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        };
+        let mn = gpu_mem::estimate::ModelNeeds::from_gguf(
+            model.file(),
+            kv.n_ctx as u64,
+            elem,
+            activations,
+        )
+        .map_err(|e| ModelError::Device(format!("memory estimate: {e}")))?;
+        Ok(Needs {
+            layer_weights: mn.layer_weights,
+            other_weights: mn.other_weights,
+            kv_per_layer: mn.kv_per_layer,
+            activations: mn.activations,
+            workspace_layers: workspace(model, n_batch, false),
+            workspace_head: workspace(model, n_batch, true),
+        })
+    }
+
+    /// Chooses the device and layer split and builds the engine that runs it. `worst` is the
+    /// unoptimized graph of the largest batch.
+    pub(crate) fn place(
+        model: &Model,
+        opts: &SessionOptions,
+        kv: &KvCacheSpec,
+        worst: Graph,
+        backend: CpuBackend,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(Engine, DevicePlan), ModelError> {
+        let n_layer = model.config().n_layer;
+        if opts.device == DeviceChoice::Cpu {
+            return cpu_only(model, backend, worst, "--device cpu".into());
+        }
+        if opts.n_gpu_layers == Some(0) {
+            return cpu_only(model, backend, worst, "-ngl 0".into());
+        }
+        let hip = match open_gpu(opts.gpu_mem_limit) {
+            Ok(h) => h,
+            Err(e) if opts.device == DeviceChoice::Auto => {
+                tracing::info!("no GPU, running on the CPU: {e}");
+                return cpu_only(model, backend, worst, format!("no GPU: {e}"));
+            }
+            Err(e) => return Err(e),
+        };
+        let fuse = gpu_runs_fused_nodes(&hip, &worst);
+        let mut g = worst;
+        optimize(&mut g, fuse);
+        let available = hip.gpu().budget().available();
+        let activations = ggml_graph::plan::plan(&g).peak as u64;
+        let n_batch = g
+            .tensors()
+            .iter()
+            .find(|t| t.name == "tokens")
+            .map_or(1, |t| t.ne[0]);
+        let needs = needs(model, kv, n_batch, activations)?;
+        let (ngl, reason) = match opts.n_gpu_layers {
+            Some(n) => (n, format!("-ngl {n}")),
+            None => {
+                let n = choose_layers(&needs, available);
+                (
+                    n,
+                    format!("--device {}: as many layers as fit", opts.device),
+                )
+            }
+        };
+        let split = LayerSplit::new(n_layer, ngl);
+        if split.is_cpu_only() {
+            let why = format!(
+                "not even one layer fits the GPU: {} needed, {} available",
+                mib(needs.gpu_estimate(&LayerSplit::new(n_layer, 1)).total()),
+                mib(available)
+            );
+            if opts.device == DeviceChoice::Gpu {
+                return Err(ModelError::Device(why));
+            }
+            return cpu_only(model, backend, g, why);
+        }
+        let plan = DevicePlan {
+            device: hip.name().to_string(),
+            split,
+            estimate: needs.gpu_estimate(&split),
+            available: Some(available),
+            reason: format!("{reason}{}", if fuse { "" } else { "; unfused graph" }),
+        };
+        // Device order is the placement's: GPU first, then the CPU.
+        const { assert!(GPU == 0 && CPU == 1) };
+        let devices: Vec<Arc<dyn Device>> =
+            vec![hip.clone(), Arc::new(CpuDevice::new(Arc::new(backend)))];
+        let mut sched = Scheduler::new(devices)?;
+        for (name, dtype, dims, bytes) in crate::session::weight_views(model)? {
+            sched.bind_weight(&name, dtype, &dims, bytes)?;
+        }
+        let rule: PlacementRule = Arc::new(move |name: &str| split.device_of(name));
+        sched.set_placement(rule);
+        sched.upload_placed_weights(progress)?;
+        let engine = GpuEngine { sched, hip, fuse };
+        Ok((Engine::Gpu(Box::new(engine)), plan))
+    }
+
+    /// Opens GPU 0 with its budget capped at `limit` bytes (when given).
+    fn open_gpu(limit: Option<u64>) -> Result<Arc<HipDevice>, ModelError> {
+        let hip = HipDevice::new(0)?;
+        if let Some(l) = limit {
+            let b = hip.gpu().budget();
+            b.set_limit(b.limit().min(l));
+        }
+        Ok(Arc::new(hip))
+    }
+}
