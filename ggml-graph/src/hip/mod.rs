@@ -31,10 +31,10 @@ use crate::tensor::Tensor;
 
 /// Wraps a device-layer error as the graph's error type.
 pub(crate) fn gpu_err(op: &'static str, e: impl std::fmt::Display) -> GraphError {
-    GraphError::Unsupported {
+    GraphError::Device {
         backend: "hip",
         op,
-        detail: format!("device error: {e}"),
+        detail: e.to_string(),
     }
 }
 
@@ -45,10 +45,14 @@ struct Inner {
     blas: ManuallyDrop<Blas<'static>>,
     target: kernels::Device,
     warp: u32,
+    /// Multiprocessors (CUs), for grids sized to what stays resident.
+    sms: u32,
     name: String,
     modules: Mutex<HashMap<kernels::Module, gpu_mem::Module>>,
     /// Grow-only scratch for quantized activations, f16 operands and attention partials.
     scratch: Mutex<Option<DeviceBuffer<u8>>>,
+    /// The last activations quantized for the mat-vec kernels (shared by q/k/v, gate/up).
+    q8: Mutex<ops::Q8Cache>,
 }
 
 impl Drop for Inner {
@@ -97,6 +101,10 @@ impl HipDevice {
         let warp = api
             .device_attribute(hip_ffi::DeviceAttribute::WarpSize, ordinal)
             .map_err(|e| gpu_err("open", e))? as u32;
+        let sms = api
+            .device_attribute(hip_ffi::DeviceAttribute::MultiprocessorCount, ordinal)
+            .map_err(|e| gpu_err("open", e))?
+            .max(0) as u32;
         let name = format!("hip:{ordinal} {} ({arch})", dev.info().name);
         // Leaked here, reclaimed by `Inner::drop`: the BLAS handle bound to it borrows it.
         let stream: &'static gpu_mem::Stream = Box::leak(Box::new(
@@ -116,9 +124,11 @@ impl HipDevice {
             blas,
             target,
             warp,
+            sms,
             name,
             modules: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
+            q8: Mutex::new(ops::Q8Cache::default()),
         });
         Ok(Self {
             bt: HipBufferType {
@@ -196,6 +206,7 @@ impl BufferType for HipBufferType {
         256
     }
     fn alloc(&self, size: usize) -> Result<Box<dyn Buffer>> {
+        self.inner.q8.lock().clear();
         let mut buf = DeviceBuffer::<u8>::new(&self.inner.dev, size.max(1), "graph buffer")
             .map_err(|e| gpu_err("alloc", e))?;
         self.inner
@@ -316,6 +327,7 @@ impl Buffer for HipBuffer {
         self.size
     }
     fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.inner.q8.lock().clear();
         let r = self.range("write", offset, data.len())?;
         let Mem::Owned(b) = &self.mem else {
             return Err(gpu_err(
