@@ -217,6 +217,18 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                                 one.to_bits(),
                                 "{ty} n={n} tile {rn}x{cn} r={r} c={c}"
                             );
+                            // The 32-value types sum like ggml's x86 kernels (eight lanes, one
+                            // block per step), as the AVX2 multi-column kernel does too.
+                            if ty.block_size() == 32 && rn == rows && cn == cols {
+                                let avx2 = vec_dot(
+                                    Simd::Avx2,
+                                    ty,
+                                    n,
+                                    &w[r * wrb..(r + 1) * wrb],
+                                    &q8[c * arb..(c + 1) * arb],
+                                );
+                                assert_eq!(avx2.to_bits(), one.to_bits(), "{ty} n={n} vs AVX2");
+                            }
                         }
                     }
                 }

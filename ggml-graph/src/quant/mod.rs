@@ -150,7 +150,7 @@ fn prepared(ty: DType) -> bool {
 /// Bytes of one activation row of `n` values for the tile kernels of weight type `ty`.
 pub fn tiled_act_bytes(ty: DType, n: usize) -> usize {
     if prepared(ty) {
-        (n / QK).div_ceil(2) * 192
+        n / QK * 128
     } else {
         n / QK_K * Q8K_BYTES
     }

@@ -1,14 +1,16 @@
 //! AVX-512 VNNI row x column tiles for the 32-value block types (Q4_0, Q5_0, Q8_0).
 //!
-//! Weight rows are decoded once per call into unsigned bytes (the value plus a per-type offset)
-//! and per-lane scale vectors; activation rows are prepared once per matmul into bytes, scale
-//! vectors and the per-lane offset corrections `-offset * sum(a)`. The inner loop is then one
-//! `vpdpbusd` (started from the correction, so every i32 lane equals the signed dot exactly), one
-//! convert, one multiply and one FMA per row-column pair and 64 values, and each decoded weight
-//! vector serves several columns, each activation vector several rows.
+//! Every (row, column) result accumulates exactly as ggml's x86 kernels do (its `vec_dot` for one
+//! column and llamafile's tinyBLAS for several): eight f32 lanes, one 32-value block per step,
+//! `acc = fma(dw * da, lanes, acc)`, then ggml's eight-lane horizontal sum. So with ggml's 8-bit
+//! activations the products match llama.cpp bit for bit, and decode (one column) equals prefill.
 //!
-//! Every (row, column) result has its own accumulator walked in block order, so a result does not
-//! depend on the tile shape: one column, four columns, one row or many agree bit for bit.
+//! Speed comes from the layout: weight rows are decoded in pairs, once per call, into unsigned
+//! bytes (the value plus a per-type offset) with the two rows' blocks side by side in one 512-bit
+//! vector, plus their scales; activation blocks are prepared once per matmul with the per-lane
+//! offset corrections `-offset * sum(a)`, broadcast to both halves. One `vpdpbusd` (started from
+//! the correction, so each i32 lane equals the signed dot exactly), one convert, one multiply and
+//! one FMA then advance two rows of one column by a block.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -17,20 +19,15 @@ use super::f16_load;
 use crate::quant::blocks::QK;
 use crate::tensor::DType;
 
-/// Bytes of one decoded weight step (two blocks): 64 unsigned values, 16 f32 scales.
-const W_STEP: usize = 128;
-/// Bytes of one prepared activation step (two blocks): 64 i8 values, 16 f32 scales, 16 i32
-/// offset corrections.
-pub(crate) const A_STEP: usize = 192;
-/// Rows per register tile.
-const TR: usize = 4;
+/// Bytes of one decoded block of a row pair: 2 x 32 unsigned values, 2 x 8 f32 scales.
+const W_BLK: usize = 128;
+/// Bytes of one prepared activation block: 32 i8 values, 8 i32 offset corrections, f32 scale,
+/// padding.
+pub(crate) const A_BLK: usize = 128;
+/// Row pairs per register tile.
+const TP: usize = 2;
 /// Columns per register tile.
 const TC: usize = 4;
-
-/// Two-block steps of an `n`-value row (an odd last block fills half a step, the rest zero).
-pub(crate) fn steps(n: usize) -> usize {
-    (n / QK).div_ceil(2)
-}
 
 /// The value offset that makes `ty`'s weights unsigned, or `None` for other types.
 fn offset(ty: DType) -> Option<u8> {
@@ -42,35 +39,35 @@ fn offset(ty: DType) -> Option<u8> {
     }
 }
 
-/// Prepares one activation row of `nb` Q8_0 blocks (`q8`) for weights of type `ty` into `out`
-/// (`steps * A_STEP` bytes). False when the type or a length does not fit.
+/// Prepares one activation row of `n / 32` Q8_0 blocks (`q8`) for weights of type `ty` into
+/// `out` (`n / 32 * A_BLK` bytes). False when the type or a length does not fit.
 pub(crate) fn prepare_act(ty: DType, n: usize, q8: &[u8], out: &mut [u8]) -> bool {
     let Some(off) = offset(ty) else {
         return false;
     };
     let nb = n / QK;
-    if !n.is_multiple_of(QK) || q8.len() < nb * 34 || out.len() < steps(n) * A_STEP {
+    if !n.is_multiple_of(QK) || q8.len() < nb * 34 || out.len() < nb * A_BLK {
         return false;
     }
     // SAFETY: the caller reached this through Simd::Avx512 detection (AVX-512 F/BW/VL/VNNI plus
-    // AVX2/FMA/F16C); `q8` holds `nb` blocks and `out` `steps(n)` prepared steps (checked).
+    // AVX2/FMA/F16C); `q8` holds `nb` blocks and `out` `nb` prepared blocks (checked).
     unsafe { prepare_row(off, nb, q8.as_ptr(), out.as_mut_ptr()) };
     true
 }
 
 /// Quantizes `x` (whole 32-value blocks) to Q8_0 and prepares it for weights of type `ty` in
-/// one pass: the same bytes as `quantize_act` followed by [`prepare_act`]. False when the type or
-/// a length does not fit.
+/// one pass: the same values as `quantize_act` followed by [`prepare_act`]. False when the type
+/// or a length does not fit.
 pub(crate) fn quantize_prepare(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
     let Some(off) = offset(ty) else {
         return false;
     };
     let n = x.len();
-    if !n.is_multiple_of(QK) || out.len() < steps(n) * A_STEP {
+    if !n.is_multiple_of(QK) || out.len() < n / QK * A_BLK {
         return false;
     }
     // SAFETY: Simd::Avx512 detection (the only caller path) reported AVX-512 F/BW/VL/VNNI and
-    // AVX2/FMA/F16C; `x` holds `n / 32` blocks, `out` `steps(n)` prepared steps (checked).
+    // AVX2/FMA/F16C; `x` holds `n / 32` blocks, `out` as many prepared blocks (checked).
     unsafe { quantize_row(off, n / QK, x.as_ptr(), out.as_mut_ptr()) };
     true
 }
@@ -83,163 +80,183 @@ pub(super) fn round_even(r: __m512) -> __m512 {
     _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(r)
 }
 
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C; `32 * nb` f32 readable at `x`, `ceil(nb / 2) * A_STEP` bytes
-/// writable at `out`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn quantize_row(off: u8, nb: usize, x: *const f32, out: *mut u8) {
-    let offv = _mm512_set1_epi8(off as i8);
-    for s in 0..nb.div_ceil(2) {
-        // SAFETY: blocks below `nb` are readable, the step's bytes writable (caller).
-        unsafe {
-            let o = out.add(s * A_STEP);
-            for h in 0..2 {
-                let i = 2 * s + h;
-                let (q, d) = if i < nb {
-                    let v0 = _mm512_loadu_ps(x.add(i * QK));
-                    let v1 = _mm512_loadu_ps(x.add(i * QK + 16));
-                    let amax =
-                        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-                    // The scalar quantizer's arithmetic (ggml's): values times 127 / amax,
-                    // ties to even, the scale amax / 127 stored as f16.
-                    let d = amax / 127.0;
-                    let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
-                    let q0 = _mm512_cvtps_epi32(round_even(_mm512_mul_ps(v0, id)));
-                    let q1 = _mm512_cvtps_epi32(round_even(_mm512_mul_ps(v1, id)));
-                    let q = _mm256_set_m128i(_mm512_cvtepi32_epi8(q1), _mm512_cvtepi32_epi8(q0));
-                    (q, half::f16::from_f32(d).to_f32())
-                } else {
-                    (_mm256_setzero_si256(), 0.0)
-                };
-                _mm256_storeu_si256(o.add(32 * h) as *mut __m256i, q);
-                _mm256_storeu_ps(o.add(64 + 32 * h) as *mut f32, _mm256_set1_ps(d));
-            }
-            let a = _mm512_loadu_si512(o as *const _);
-            let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a);
-            _mm512_storeu_si512(
-                o.add(128) as *mut _,
-                _mm512_sub_epi32(_mm512_setzero_si512(), sums),
-            );
-        }
-    }
-}
-
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C; `nb` Q8_0 blocks readable at `q8`, `ceil(nb / 2) * A_STEP`
-/// bytes writable at `out`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn prepare_row(off: u8, nb: usize, q8: *const u8, out: *mut u8) {
-    let offv = _mm512_set1_epi8(off as i8);
-    for s in 0..nb.div_ceil(2) {
-        // SAFETY: blocks below `nb` are readable, the step's bytes writable (caller).
-        unsafe {
-            let o = out.add(s * A_STEP);
-            for h in 0..2 {
-                let i = 2 * s + h;
-                let (q, d) = if i < nb {
-                    let ab = q8.add(i * 34);
-                    (
-                        _mm256_loadu_si256(ab.add(2) as *const __m256i),
-                        f16_load(ab),
-                    )
-                } else {
-                    (_mm256_setzero_si256(), 0.0)
-                };
-                _mm256_storeu_si256(o.add(32 * h) as *mut __m256i, q);
-                _mm256_storeu_ps(o.add(64 + 32 * h) as *mut f32, _mm256_set1_ps(d));
-            }
-            let a = _mm512_loadu_si512(o as *const _);
-            let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a);
-            _mm512_storeu_si512(
-                o.add(128) as *mut _,
-                _mm512_sub_epi32(_mm512_setzero_si512(), sums),
-            );
-        }
-    }
-}
-
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks of `ty` (Q4_0, Q5_0 or Q8_0) readable at `w`,
-/// `ceil(nb / 2) * W_STEP` bytes writable at `out`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
-    let bs = ty.type_size();
-    let m4 = _mm256_set1_epi8(0x0f);
-    let bit5 = _mm256_set1_epi8(0x10);
-    let flip = _mm256_set1_epi8(0x80_u8 as i8);
-    for s in 0..nb.div_ceil(2) {
-        // SAFETY: blocks below `nb` are readable, the step's bytes writable (caller).
-        unsafe {
-            let o = out.add(s * W_STEP);
-            for h in 0..2 {
-                let i = 2 * s + h;
-                let (q, d) = if i < nb {
-                    let wb = w.add(i * bs);
-                    let q = match ty {
-                        DType::Q8_0 => {
-                            _mm256_xor_si256(_mm256_loadu_si256(wb.add(2) as *const __m256i), flip)
-                        }
-                        DType::Q4_0 => {
-                            let t = _mm_loadu_si128(wb.add(2) as *const __m128i);
-                            _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4)
-                        }
-                        _ => {
-                            let qh = std::ptr::read_unaligned(wb.add(2) as *const u32);
-                            let t = _mm_loadu_si128(wb.add(6) as *const __m128i);
-                            let nib =
-                                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-                            _mm256_or_si256(nib, _mm256_maskz_mov_epi8(qh, bit5))
-                        }
-                    };
-                    (q, f16_load(wb))
-                } else {
-                    (_mm256_setzero_si256(), 0.0)
-                };
-                _mm256_storeu_si256(o.add(32 * h) as *mut __m256i, q);
-                _mm256_storeu_ps(o.add(64 + 32 * h) as *mut f32, _mm256_set1_ps(d));
-            }
-        }
-    }
-}
-
-/// `R` decoded weight rows (`wstride` bytes apart) times `C` prepared activation rows
-/// (`astride` bytes apart), `steps` steps each; `out[r][c]`.
+/// Writes one prepared block: values, offset corrections, scale.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI; every row holds `steps` steps.
+/// AVX-512 VL/VNNI; `A_BLK` bytes writable at `o`.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const R: usize, const C: usize>(
-    steps: usize,
+unsafe fn put_act(off: u8, q: __m256i, d: f32, o: *mut u8) {
+    let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(off as i8), q);
+    // SAFETY: `A_BLK` bytes writable at `o` (caller).
+    unsafe {
+        _mm256_storeu_si256(o as *mut __m256i, q);
+        _mm256_storeu_si256(
+            o.add(32) as *mut __m256i,
+            _mm256_sub_epi32(_mm256_setzero_si256(), sums),
+        );
+        std::ptr::write_unaligned(o.add(64) as *mut f32, d);
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `32 * nb` f32 readable at `x`, `nb * A_BLK` bytes writable at
+/// `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn quantize_row(off: u8, nb: usize, x: *const f32, out: *mut u8) {
+    for i in 0..nb {
+        // SAFETY: block `i` is readable and its prepared bytes writable (caller).
+        unsafe {
+            let v0 = _mm512_loadu_ps(x.add(i * QK));
+            let v1 = _mm512_loadu_ps(x.add(i * QK + 16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            // The portable quantizer's arithmetic (ggml's x86 one): values times 127 / amax,
+            // ties to even, the scale amax / 127 stored as f16.
+            let d = amax / 127.0;
+            let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let q0 = _mm512_cvtps_epi32(round_even(_mm512_mul_ps(v0, id)));
+            let q1 = _mm512_cvtps_epi32(round_even(_mm512_mul_ps(v1, id)));
+            let q = _mm256_set_m128i(_mm512_cvtepi32_epi8(q1), _mm512_cvtepi32_epi8(q0));
+            put_act(off, q, half::f16::from_f32(d).to_f32(), out.add(i * A_BLK));
+        }
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` Q8_0 blocks readable at `q8`, `nb * A_BLK` bytes writable
+/// at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn prepare_row(off: u8, nb: usize, q8: *const u8, out: *mut u8) {
+    for i in 0..nb {
+        // SAFETY: block `i` is readable and its prepared bytes writable (caller).
+        unsafe {
+            let ab = q8.add(i * 34);
+            let q = _mm256_loadu_si256(ab.add(2) as *const __m256i);
+            put_act(off, q, f16_load(ab), out.add(i * A_BLK));
+        }
+    }
+}
+
+/// Block `i` of a weight row as unsigned bytes (value plus offset) and its scale.
+///
+/// # Safety
+/// AVX-512 BW/VL and F16C; block `i` of `ty` readable at `w`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_block(ty: DType, w: *const u8, i: usize) -> (__m256i, f32) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    // SAFETY: block `i` readable at `w` (caller).
+    unsafe {
+        let wb = w.add(i * ty.type_size());
+        let q = match ty {
+            DType::Q8_0 => _mm256_xor_si256(
+                _mm256_loadu_si256(wb.add(2) as *const __m256i),
+                _mm256_set1_epi8(0x80_u8 as i8),
+            ),
+            DType::Q4_0 => {
+                let t = _mm_loadu_si128(wb.add(2) as *const __m128i);
+                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4)
+            }
+            _ => {
+                let qh = std::ptr::read_unaligned(wb.add(2) as *const u32);
+                let t = _mm_loadu_si128(wb.add(6) as *const __m128i);
+                let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+                _mm256_or_si256(nib, _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10)))
+            }
+        };
+        (q, f16_load(wb))
+    }
+}
+
+/// Decodes rows `w0` and (when present) `w1`, `nb` blocks of `ty` each, into `nb` pair blocks at
+/// `out`; a missing second row decodes as zeros.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks readable at `w0` (and `w1`), `nb * W_BLK` bytes
+/// writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_pair(ty: DType, nb: usize, w0: *const u8, w1: Option<*const u8>, out: *mut u8) {
+    for i in 0..nb {
+        // SAFETY: block `i` of both rows is readable, the pair block writable (caller).
+        unsafe {
+            let o = out.add(i * W_BLK);
+            let (q0, d0) = decode_block(ty, w0, i);
+            let (q1, d1) = match w1 {
+                Some(w1) => decode_block(ty, w1, i),
+                None => (_mm256_setzero_si256(), 0.0),
+            };
+            _mm256_storeu_si256(o as *mut __m256i, q0);
+            _mm256_storeu_si256(o.add(32) as *mut __m256i, q1);
+            _mm256_storeu_ps(o.add(64) as *mut f32, _mm256_set1_ps(d0));
+            _mm256_storeu_ps(o.add(96) as *mut f32, _mm256_set1_ps(d1));
+        }
+    }
+}
+
+/// `P` decoded row pairs (`wstride` bytes apart) times `C` prepared activation rows (`astride`
+/// bytes apart), `nb` blocks each: `out[2p + h][c]`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; every row holds `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<const P: usize, const C: usize>(
+    nb: usize,
     w: *const u8,
     wstride: usize,
     a: *const u8,
     astride: usize,
-) -> [[f32; C]; R] {
-    let mut acc = [[_mm512_setzero_ps(); C]; R];
-    for s in 0..steps {
-        // SAFETY: step `s` of every row is in bounds (caller).
+) -> [[[f32; C]; 2]; P] {
+    let mut acc = [[_mm512_setzero_ps(); C]; P];
+    for i in 0..nb {
+        // SAFETY: block `i` of every row is in bounds (caller).
         unsafe {
-            let mut wv = [_mm512_setzero_si512(); R];
-            let mut dw = [_mm512_setzero_ps(); R];
-            for r in 0..R {
-                let p = w.add(r * wstride + s * W_STEP);
-                wv[r] = _mm512_loadu_si512(p as *const _);
-                dw[r] = _mm512_loadu_ps(p.add(64) as *const f32);
+            let mut wv = [_mm512_setzero_si512(); P];
+            let mut dw = [_mm512_setzero_ps(); P];
+            for p in 0..P {
+                let wp = w.add(p * wstride + i * W_BLK);
+                wv[p] = _mm512_loadu_si512(wp as *const _);
+                dw[p] = _mm512_loadu_ps(wp.add(64) as *const f32);
             }
             for c in 0..C {
-                let p = a.add(c * astride + s * A_STEP);
-                let av = _mm512_loadu_si512(p as *const _);
-                let da = _mm512_loadu_ps(p.add(64) as *const f32);
-                let corr = _mm512_loadu_si512(p.add(128) as *const _);
-                for r in 0..R {
-                    let d = _mm512_mul_ps(dw[r], da);
-                    let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, wv[r], av));
-                    acc[r][c] = _mm512_fmadd_ps(d, q, acc[r][c]);
+                let ap = a.add(c * astride + i * A_BLK);
+                let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(ap as *const __m256i));
+                let corr = _mm512_broadcast_i64x4(_mm256_loadu_si256(ap.add(32) as *const __m256i));
+                let da = _mm512_set1_ps(std::ptr::read_unaligned(ap.add(64) as *const f32));
+                for p in 0..P {
+                    let d = _mm512_mul_ps(dw[p], da);
+                    let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, wv[p], av));
+                    acc[p][c] = _mm512_fmadd_ps(d, q, acc[p][c]);
                 }
             }
         }
     }
-    reduce_tile(&acc)
+    let mut out = [[[0f32; C]; 2]; P];
+    for p in 0..P {
+        for c in 0..C {
+            let [lo, hi] = hsum8x2(acc[p][c]);
+            out[p][0][c] = lo;
+            out[p][1][c] = hi;
+        }
+    }
+    out
+}
+
+/// ggml's eight-lane horizontal sum (`hsum_float_8`: 128-bit halves, then `movehl`, then
+/// `movehdup`) of each 256-bit half of `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum8x2(x: __m512) -> [f32; 2] {
+    let lo = _mm512_castps512_ps256(x);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+    let s_lo = _mm_add_ps(_mm256_extractf128_ps::<1>(lo), _mm256_castps256_ps128(lo));
+    let s_hi = _mm_add_ps(_mm256_extractf128_ps::<1>(hi), _mm256_castps256_ps128(hi));
+    let y = _mm256_set_m128(s_hi, s_lo);
+    let y = _mm256_add_ps(y, _mm256_permute_ps::<0b1110_1110>(y));
+    let y = _mm256_add_ps(y, _mm256_movehdup_ps(y));
+    [
+        _mm256_cvtss_f32(y),
+        _mm_cvtss_f32(_mm256_extractf128_ps::<1>(y)),
+    ]
 }
 
 /// Horizontal sums of four vectors, each in the same lane order (halves, quarters, then pairs),
@@ -304,7 +321,6 @@ pub(crate) fn dot_tile(
     ocs: usize,
 ) -> bool {
     let nb = n / QK;
-    let st = steps(n);
     let bs = ty.type_size();
     if offset(ty).is_none()
         || !n.is_multiple_of(QK)
@@ -312,8 +328,8 @@ pub(crate) fn dot_tile(
         || cols == 0
         || wstride < nb * bs
         || w.len() < (rows - 1) * wstride + nb * bs
-        || astride < st * A_STEP
-        || a.len() < (cols - 1) * astride + st * A_STEP
+        || astride < nb * A_BLK
+        || a.len() < (cols - 1) * astride + nb * A_BLK
         || ocs < rows
         || out.len() < (cols - 1) * ocs + rows
     {
@@ -321,22 +337,27 @@ pub(crate) fn dot_tile(
     }
     DECODED.with(|buf| {
         let mut buf = buf.borrow_mut();
-        let drb = st * W_STEP;
-        if buf.len() < TR * drb {
-            buf.resize(TR * drb, 0);
+        let dpb = nb * W_BLK;
+        if buf.len() < TP * dpb {
+            buf.resize(TP * dpb, 0);
         }
         let mut r0 = 0;
         while r0 < rows {
-            let rn = (rows - r0).min(TR);
-            for r in 0..rn {
+            let rn = (rows - r0).min(2 * TP);
+            let np = rn.div_ceil(2);
+            for p in 0..np {
+                let r = r0 + 2 * p;
+                let w1 = (r + 1 < r0 + rn).then(|| w[(r + 1) * wstride..].as_ptr());
                 // SAFETY: Simd::Avx512 detection (the only caller path) reported the features;
-                // row `r0 + r` holds `nb` blocks (checked above), the buffer `TR * drb` bytes.
+                // rows `r` and `r + 1` (when present) hold `nb` blocks (checked above), the
+                // buffer `TP * dpb` bytes.
                 unsafe {
-                    decode_row(
+                    decode_pair(
                         ty,
                         nb,
-                        w.as_ptr().add((r0 + r) * wstride),
-                        buf.as_mut_ptr().add(r * drb),
+                        w[r * wstride..].as_ptr(),
+                        w1,
+                        buf.as_mut_ptr().add(p * dpb),
                     )
                 };
             }
@@ -346,26 +367,23 @@ pub(crate) fn dot_tile(
                 let ap = a[c0 * astride..].as_ptr();
                 let wp = buf.as_ptr();
                 macro_rules! go {
-                    ($r:literal, $c:literal) => {{
-                        // SAFETY: AVX-512 VNNI detected (caller path); `$r` decoded rows of
-                        // `st` steps in the buffer, `$c` prepared rows of `st` steps (checked).
-                        let res = unsafe { tile::<$r, $c>(st, wp, drb, ap, astride) };
-                        for (r, row) in res.iter().enumerate() {
-                            for (c, &v) in row.iter().enumerate() {
-                                out[(c0 + c) * ocs + r0 + r] = v;
+                    ($p:literal, $c:literal) => {{
+                        // SAFETY: AVX-512 VNNI detected (caller path); `$p` decoded pairs of
+                        // `nb` blocks in the buffer, `$c` prepared rows of `nb` blocks (checked).
+                        let res = unsafe { tile::<$p, $c>(nb, wp, dpb, ap, astride) };
+                        for (p, pair) in res.iter().enumerate() {
+                            for (h, row) in pair.iter().enumerate() {
+                                let r = 2 * p + h;
+                                if r < rn {
+                                    for (c, &v) in row.iter().enumerate() {
+                                        out[(c0 + c) * ocs + r0 + r] = v;
+                                    }
+                                }
                             }
                         }
                     }};
                 }
-                match (rn, cn) {
-                    (4, 4) => go!(4, 4),
-                    (4, 3) => go!(4, 3),
-                    (4, 2) => go!(4, 2),
-                    (4, 1) => go!(4, 1),
-                    (3, 4) => go!(3, 4),
-                    (3, 3) => go!(3, 3),
-                    (3, 2) => go!(3, 2),
-                    (3, 1) => go!(3, 1),
+                match (np, cn) {
                     (2, 4) => go!(2, 4),
                     (2, 3) => go!(2, 3),
                     (2, 2) => go!(2, 2),
