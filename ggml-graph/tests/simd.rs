@@ -217,9 +217,12 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                                 one.to_bits(),
                                 "{ty} n={n} tile {rn}x{cn} r={r} c={c}"
                             );
-                            // The 32-value types sum like ggml's x86 kernels (eight lanes, one
-                            // block per step), as the AVX2 multi-column kernel does too.
-                            if ty.block_size() == 32 && rn == rows && cn == cols {
+                            // The 32-value types and Q6_K sum like ggml's x86 kernels (eight
+                            // lanes, one block per step), as the AVX2 multi-column kernels do.
+                            if (ty.block_size() == 32 || ty == DType::Q6_K)
+                                && rn == rows
+                                && cn == cols
+                            {
                                 let avx2 = vec_dot(
                                     Simd::Avx2,
                                     ty,

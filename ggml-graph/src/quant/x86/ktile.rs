@@ -2,9 +2,9 @@
 //!
 //! Weight rows are decoded once per call into unsigned bytes in value order plus, per 64 values,
 //! a vector of 16-bit sub-block scales; the inner loop is then `vpmaddubsw` + `vpdpwssd` per 64
-//! values and row-column pair, exact in integers like the one-row kernels. Each (row, column)
-//! result has its own accumulator walked in super-block order, so results do not depend on the
-//! tile shape.
+//! values and row-column pair, exact in integers. The float steps per result follow llama.cpp's
+//! x86 kernels (see [`tile`]); each (row, column) result has its own accumulators walked in
+//! super-block order, so results do not depend on the tile shape.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -140,6 +140,13 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
 /// `R` decoded weight rows (`wstride` bytes apart) times `C` Q8_K rows (`astride` bytes
 /// apart), `nb` super-blocks each; `out[r][c]`.
 ///
+/// The float steps follow llama.cpp's x86 kernels for this machine's types. Q6_K (ggml's
+/// `vec_dot_q6_K_q8_K`): per super-block eight i32 lanes (each lane four consecutive values of
+/// every 32), minus `32 * scale * group sum`, `acc = fma(da * dw, lanes, acc)`, then ggml's
+/// eight-lane horizontal sum. Q4_K/Q5_K (ggml's repacked Q4_K gemv/gemm): per super-block the
+/// whole integer dot and the whole integer min term, `a = fma(dot, dw * da, a)`,
+/// `m = fma(mins, dmin * da, m)`, result `a - m`.
+///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI; every row holds `nb` super-blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -150,7 +157,9 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
     a: *const u8,
     astride: usize,
 ) -> [[f32; C]; R] {
-    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let mut acc8 = [[_mm256_setzero_ps(); C]; R];
+    let mut acc_d = [[0f32; C]; R];
+    let mut acc_m = [[0f32; C]; R];
     for i in 0..nb {
         // SAFETY: super-block `i` of every row is in bounds (caller).
         unsafe {
@@ -178,30 +187,58 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
                     let m16 = _mm256_loadu_si256(wp.add(OFF_MIN) as *const __m256i);
                     let mm = _mm256_madd_epi16(m16, bsums);
                     let dw = std::ptr::read_unaligned(wp.add(OFF_D) as *const f32);
+                    // Lanes m and m + 8 hold the same four values of two 32-value chunks.
+                    let s = sumi[r][c];
+                    let s8 = _mm256_add_epi32(
+                        _mm512_castsi512_si256(s),
+                        _mm512_extracti64x4_epi64::<1>(s),
+                    );
                     if SIX {
-                        // (q - 32) . a: subtract 32 * scale * group sum.
-                        let corr = _mm512_zextsi256_si512(_mm256_slli_epi32(mm, 5));
-                        let s = _mm512_sub_epi32(sumi[r][c], corr);
-                        acc[r][c] = _mm512_fmadd_ps(
-                            _mm512_set1_ps(dw * da),
-                            _mm512_cvtepi32_ps(s),
-                            acc[r][c],
+                        let s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5));
+                        acc8[r][c] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(da * dw),
+                            _mm256_cvtepi32_ps(s8),
+                            acc8[r][c],
                         );
                     } else {
                         let dmin = std::ptr::read_unaligned(wp.add(OFF_D + 4) as *const f32);
-                        acc[r][c] = _mm512_fmadd_ps(
-                            _mm512_set1_ps(dw * da),
-                            _mm512_cvtepi32_ps(sumi[r][c]),
-                            acc[r][c],
-                        );
-                        let m = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mm));
-                        acc[r][c] = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * da), m, acc[r][c]);
+                        let (dot, mins) = (hsum_i32(s8), hsum_i32(mm));
+                        acc_d[r][c] = (dot as f32).mul_add(dw * da, acc_d[r][c]);
+                        acc_m[r][c] = (mins as f32).mul_add(dmin * da, acc_m[r][c]);
                     }
                 }
             }
         }
     }
-    super::tile::reduce_tile(&acc)
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            out[r][c] = if SIX {
+                hsum_float_8(acc8[r][c])
+            } else {
+                acc_d[r][c] - acc_m[r][c]
+            };
+        }
+    }
+    out
+}
+
+/// Sum of eight i32 lanes (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
+    _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32::<1>(x)))
+}
+
+/// ggml's `hsum_float_8`: 128-bit halves, then `movehl`, then `movehdup`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum_float_8(x: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
 }
 
 thread_local! {

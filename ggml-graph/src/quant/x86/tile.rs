@@ -259,46 +259,6 @@ fn hsum8x2(x: __m512) -> [f32; 2] {
     ]
 }
 
-/// Horizontal sums of four vectors, each in the same lane order (halves, quarters, then pairs),
-/// so a result never depends on which vectors were reduced together.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn hsum4(v: [__m512; 4]) -> __m128 {
-    let mut q = [_mm_setzero_ps(); 4];
-    for (qi, &x) in q.iter_mut().zip(v.iter()) {
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
-        let y = _mm256_add_ps(_mm512_castps512_ps256(x), hi);
-        *qi = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps::<1>(y));
-    }
-    _mm_hadd_ps(_mm_hadd_ps(q[0], q[1]), _mm_hadd_ps(q[2], q[3]))
-}
-
-/// The horizontal sum of every accumulator of an `R x C` tile, four at a time.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) fn reduce_tile<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32; C]; R] {
-    let mut out = [[0f32; C]; R];
-    let mut k = 0;
-    while k < R * C {
-        let mut v = [_mm512_setzero_ps(); 4];
-        for (j, vj) in v.iter_mut().enumerate() {
-            if k + j < R * C {
-                *vj = acc[(k + j) / C][(k + j) % C];
-            }
-        }
-        let mut s = [0f32; 4];
-        // SAFETY: `s` has room for four f32.
-        unsafe { _mm_storeu_ps(s.as_mut_ptr(), hsum4(v)) };
-        for (j, &sj) in s.iter().enumerate() {
-            if k + j < R * C {
-                out[(k + j) / C][(k + j) % C] = sj;
-            }
-        }
-        k += 4;
-    }
-    out
-}
-
 thread_local! {
     /// Decoded weight rows of the current call (reused: no allocation per call).
     static DECODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
