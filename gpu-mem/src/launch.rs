@@ -81,15 +81,13 @@ impl<'a> MemRange<'a> {
 
     /// Bytes `offset..offset + bytes` of this range.
     pub fn sub(self, offset: usize, bytes: usize) -> Result<Self> {
-        let end = offset
-            .checked_add(bytes)
-            .filter(|&e| e <= self.bytes)
-            .ok_or(GpuError::OutOfBounds {
+        if offset.checked_add(bytes).is_none_or(|e| e > self.bytes) {
+            return Err(GpuError::OutOfBounds {
                 start: offset as u64,
-                end: offset as u64 + bytes as u64,
+                end: (offset as u64).saturating_add(bytes as u64),
                 len: self.bytes as u64,
-            })?;
-        let _ = end;
+            });
+        }
         Ok(Self {
             ptr: DevicePtr(self.ptr.0 + offset as u64),
             bytes,
@@ -164,6 +162,37 @@ pub enum KernelArg<'a> {
     Bytes(&'a [u8]),
 }
 
+impl<'a> From<MemRange<'a>> for KernelArg<'a> {
+    fn from(m: MemRange<'a>) -> Self {
+        KernelArg::Mem(m)
+    }
+}
+
+/// `None` is a null pointer.
+impl<'a> From<Option<MemRange<'a>>> for KernelArg<'a> {
+    fn from(m: Option<MemRange<'a>>) -> Self {
+        m.map_or(KernelArg::Null, KernelArg::Mem)
+    }
+}
+
+impl From<i32> for KernelArg<'_> {
+    fn from(v: i32) -> Self {
+        KernelArg::I32(v)
+    }
+}
+
+impl From<i64> for KernelArg<'_> {
+    fn from(v: i64) -> Self {
+        KernelArg::I64(v)
+    }
+}
+
+impl From<f32> for KernelArg<'_> {
+    fn from(v: f32) -> Self {
+        KernelArg::F32(v)
+    }
+}
+
 impl KernelArg<'_> {
     fn matches(&self, p: ParamKind) -> bool {
         matches!(
@@ -173,6 +202,34 @@ impl KernelArg<'_> {
                 | (KernelArg::I64(_), ParamKind::I64)
                 | (KernelArg::F32(_), ParamKind::F32)
         ) || matches!((self, p), (KernelArg::Bytes(b), ParamKind::Bytes(n)) if b.len() == n)
+    }
+}
+
+impl Stream {
+    /// Copies host bytes into `dst` (same length) and waits for the copy.
+    pub fn write_range(&self, src: &[u8], dst: MemRange<'_>) -> Result<()> {
+        self.device().expect_same(dst.device, "copy destination")?;
+        if src.len() != dst.bytes {
+            return Err(GpuError::LengthMismatch {
+                src: src.len(),
+                dst: dst.bytes,
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.device().bind()?;
+        // SAFETY: `src` stays borrowed until the synchronize below; `dst` is live device memory
+        // of exactly that many bytes on this stream's device (checked).
+        unsafe {
+            self.device().api().memcpy_htod_async(
+                dst.ptr,
+                src.as_ptr().cast(),
+                src.len(),
+                self.handle(),
+            )?;
+        }
+        self.synchronize()
     }
 }
 

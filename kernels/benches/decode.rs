@@ -168,18 +168,17 @@ fn main() {
         "matvec: us per call (back-to-back launches; replayed graph), weight GB/s and % of copy \
          bandwidth from the graph time (weights rotate over >= 4x L2)"
     );
-    // (type, variants: (symbol suffix, rows per block))
-    let types: &[(WeightType, &[(&str, usize)])] = &[
-        (WeightType::Q4_K, &[("", 8), ("_d1", 4), ("_d2", 8)]),
-        (WeightType::Q6_K, &[("", 8), ("_r4", 16)]),
-        (WeightType::Q8_0, &[("", 8)]),
-        (WeightType::Q5_0, &[]),
-        (WeightType::Q4_0, &[]),
-        (WeightType::Q5_K, &[]),
-        (WeightType::Q3_K, &[]),
+    let types = [
+        WeightType::Q4_K,
+        WeightType::Q6_K,
+        WeightType::Q8_0,
+        WeightType::Q5_0,
+        WeightType::Q4_0,
+        WeightType::Q5_K,
+        WeightType::Q3_K,
     ];
     let mut summary = Vec::new();
-    for &(t, variants) in types {
+    for t in types {
         for s in SHAPES {
             if s.cols % t.block_values() != 0 {
                 continue;
@@ -206,8 +205,8 @@ fn main() {
                 );
             };
             quantize(0);
-            let run = |name: &str, rpb: usize, cap: u32| {
-                let blocks = (rows.div_ceil(rpb) as u32).min(cap.saturating_mul(sms as u32));
+            let run = |name: &str| {
+                let blocks = kernels::matvec_grid(t, rows);
                 let launch = |i: u32| {
                     let wp = w.ptr.0 + ((i as usize % n) * wbytes) as u64;
                     g.launch_named(
@@ -222,7 +221,7 @@ fn main() {
                 let gms = graph_ms(&g, ITERS, launch);
                 let gbs = wbytes as f64 / (gms * 1e-3);
                 println!(
-                    "  {name:16} cap {cap:5} {:28} stream {:7.1} us graph {:7.1} us {:6.0} GB/s {:5.1}%",
+                    "  {name:16} {:28} stream {:7.1} us graph {:7.1} us {:6.0} GB/s {:5.1}%",
                     s.what,
                     ms * 1e3,
                     gms * 1e3,
@@ -232,17 +231,7 @@ fn main() {
                 (gms, gbs)
             };
             let k = t.matvec();
-            let cap = kernels::MATVEC_BLOCKS_PER_SM;
-            let (ms, gbs) = if t.matvec_loops() {
-                run(k.name(), t.matvec_rows_per_block(), cap)
-            } else {
-                run(k.name(), t.matvec_rows_per_block(), u32::MAX)
-            };
-            for &(suffix, rpb) in variants {
-                for c in [4, 8, 16, u32::MAX] {
-                    run(&format!("{}{suffix}", k.name()), rpb, c);
-                }
-            }
+            let (ms, gbs) = run(k.name());
             let qms = graph_ms(&g, ITERS, quantize);
             summary.push(format!(
                 "{:5} {:28} {:7.1} us {:5.0} GB/s {:5.1}% (+ quantize {:.1} us; graph times)",

@@ -17,8 +17,8 @@
 // Every mat-vec kernel takes (w, y, out, ncols, row_bytes, out_stride, nrows), runs MV_WARPS warps
 // per block (the host passes MV_WARPS * warp size threads) and covers MV_WARPS * R rows per block
 // (`kernels::WeightType::matvec_rows_per_block`); grid.y is the activation vector. The fast
-// kernels loop when grid.x is smaller than the row groups: a grid the GPU holds at once
-// (`kernels::matvec_grid`) has no tail wave and no per-block start-up beyond the first.
+// kernels also loop when grid.x is smaller than the row groups (capping the grid to what stays
+// resident measured no faster on an H200, so the host launches one block per row group).
 #include "common.h"
 
 #define MV_WARPS 4
@@ -509,31 +509,6 @@ struct mv_q4_k {
     }
 };
 
-// Q4_K through the stage: ROUNDS = 4 makes a step 16 blocks (2304 bytes) per row, so each lane
-// has five 16-byte loads per row in flight.
-struct mv_q4_k_st {
-    static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, LPB = 8, ROUNDS = 4;
-    using Act = act_k4;
-    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4(y, b, c, a); }
-    static __device__ __forceinline__ int4 st_128(const uint32_t* st, int o) {
-        if ((o & 15) == 0) return *reinterpret_cast<const int4*>(st + (o >> 2));
-        uint32_t v[4];
-        st_words<4>(st, o, v);
-        return make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
-    }
-    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int c, const Act& a) {
-        const int4 hdr = st_128(st, o);
-        const int4 q = st_128(st, o + 16 + 16 * c);
-        int slo = 0, shi = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            slo = dot4_i8(word(q, k) & 0x0F0F0F0F, word(a.lo, k), slo);
-            shi = dot4_i8((word(q, k) >> 4) & 0x0F0F0F0F, word(a.hi, k), shi);
-        }
-        return k4_finish(hdr, c >> 1, slo, shi, a);
-    }
-};
-
 struct mv_q5_k {
     static constexpr int QK = QK_K, BYTES = Q5_K_BYTES, LPB = 8;
     using Act = act_k4;
@@ -603,18 +578,15 @@ static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__
     }
 
 // Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is
-// MV_WARPS * R.
+// MV_WARPS * R. Chosen with `cargo bench -p kernels --bench decode` on an H200: Q4_K reads
+// directly with one row per warp (62% of the copy bandwidth on 8B FFN shapes against 53% through
+// the stage with two rows), the 2-byte aligned types through the stage with two rows.
 RF_MATVEC_FAST(matvec_q4_0, matvec_staged, mv_q4_0, 2)
 RF_MATVEC_FAST(matvec_q5_0, matvec_staged, mv_q5_0, 2)
 RF_MATVEC_FAST(matvec_q8_0, matvec_staged, mv_q8_0, 2)
 RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<2>, 2)
-RF_MATVEC_FAST(matvec_q4_k, matvec_staged, mv_q4_k_st, 2)
-RF_MATVEC_FAST(matvec_q5_k, matvec_direct, mv_q5_k, 2)
-
-// Variants with other row counts or paths, timed by the decode benchmark to choose.
-RF_MATVEC_FAST(matvec_q6_k_r4, matvec_staged, mv_q6_k<1>, 4)
-RF_MATVEC_FAST(matvec_q4_k_d1, matvec_direct, mv_q4_k, 1)
-RF_MATVEC_FAST(matvec_q4_k_d2, matvec_direct, mv_q4_k, 2)
+RF_MATVEC_FAST(matvec_q4_k, matvec_direct, mv_q4_k, 1)
+RF_MATVEC_FAST(matvec_q5_k, matvec_direct, mv_q5_k, 1)
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>

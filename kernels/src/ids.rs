@@ -145,8 +145,8 @@ impl WeightType {
         }
     }
 
-    /// True when [`WeightType::matvec`] loops over row groups, so its grid may be smaller than
-    /// the row count (the one-warp-per-row kernels need one warp per row).
+    /// True when [`WeightType::matvec`] loops over row groups, so a grid smaller than
+    /// [`crate::matvec_grid`] is still complete (the one-warp-per-row kernels need every block).
     pub fn matvec_loops(self) -> bool {
         !matches!(
             self,
@@ -155,17 +155,16 @@ impl WeightType {
     }
 
     /// Output rows one block of [`WeightType::matvec`] computes: [`crate::MATVEC_WARPS`] warps
-    /// times the rows per warp (`R` in `hip/matvec.hip`: 2 for the fast kernels, 1 for the
-    /// one-warp-per-row ones).
+    /// times the rows per warp (`R` in `hip/matvec.hip`).
     pub fn matvec_rows_per_block(self) -> usize {
         let per_warp = match self {
-            WeightType::Q4_0
-            | WeightType::Q5_0
-            | WeightType::Q8_0
-            | WeightType::Q4_K
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::Q6_K => 2,
+            WeightType::Q4_K
             | WeightType::Q5_K
-            | WeightType::Q6_K => 2,
-            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K => 1,
+            | WeightType::Q4_1
+            | WeightType::Q5_1
+            | WeightType::Q2_K
+            | WeightType::Q3_K => 1,
         };
         crate::MATVEC_WARPS as usize * per_warp
     }

@@ -195,22 +195,10 @@ pub const Q8_1_BYTES: usize = 36;
 pub const QK8_1: usize = 32;
 /// Warps per block of every mat-vec kernel (`MV_WARPS` in `hip/matvec.hip`).
 pub const MATVEC_WARPS: u32 = 4;
-/// Mat-vec blocks per multiprocessor the grid is capped at (the fast kernels loop over the
-/// remaining rows), see [`matvec_grid`].
-pub const MATVEC_BLOCKS_PER_SM: u32 = 8;
-
-/// Grid x of a mat-vec launch over `nrows` rows: one block per `rows_per_block` rows
-/// ([`WeightType::matvec_rows_per_block`]), capped at [`MATVEC_BLOCKS_PER_SM`] per multiprocessor
-/// for the kernels that loop over rows ([`WeightType::matvec_loops`]), so that the whole grid is
-/// resident at once: no tail wave and no block start-up beyond the first.
-pub fn matvec_grid(t: WeightType, nrows: usize, multiprocessors: u32) -> u32 {
-    let blocks = nrows.div_ceil(t.matvec_rows_per_block()).max(1);
-    let blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
-    if t.matvec_loops() && multiprocessors > 0 {
-        blocks.min(multiprocessors.saturating_mul(MATVEC_BLOCKS_PER_SM))
-    } else {
-        blocks
-    }
+/// Grid x of a mat-vec launch over `nrows` rows: one block per
+/// [`WeightType::matvec_rows_per_block`] rows.
+pub fn matvec_grid(t: WeightType, nrows: usize) -> u32 {
+    u32::try_from(nrows.div_ceil(t.matvec_rows_per_block()).max(1)).unwrap_or(u32::MAX)
 }
 
 /// Bytes between consecutive activation vectors of `ncols` values (a multiple of 32) quantized

@@ -13,6 +13,9 @@
 //! - `supports_op` accepts exactly the layouts the launch code handles (dense rows, 2-D weights,
 //!   broadcasts the kernels express); everything else stays on the CPU through the scheduler.
 //! - Kernels come from the `kernels` crate's embedded code objects, loaded lazily per module.
+//!   Launches go through `gpu-mem`'s checked launch: arguments are matched against the
+//!   kernel's parameter table (`kernels::KernelId::params`) and device memory is passed as
+//!   `MemRange`s borrowed from live buffers, never as raw addresses.
 
 mod ops;
 
@@ -22,7 +25,7 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use gpu_mem::pool::ArenaSlot;
-use gpu_mem::{Blas, DeviceArena, DeviceBuffer, KernelArgs, WeightUploader};
+use gpu_mem::{Blas, DeviceArena, DeviceBuffer, KernelArg, MemRange, ParamKind, WeightUploader};
 use parking_lot::Mutex;
 
 use crate::backend::{Buffer, BufferType, Device, Stream, TensorMem};
@@ -45,12 +48,10 @@ struct Inner {
     blas: ManuallyDrop<Blas<'static>>,
     target: kernels::Device,
     warp: u32,
-    /// Multiprocessors (CUs), for grids sized to what stays resident.
-    sms: u32,
     name: String,
     modules: Mutex<HashMap<kernels::Module, gpu_mem::Module>>,
     /// Grow-only scratch for quantized activations, f16 operands and attention partials.
-    scratch: Mutex<Option<DeviceBuffer<u8>>>,
+    scratch: Mutex<Option<Arc<DeviceBuffer<u8>>>>,
     /// The last activations quantized for the mat-vec kernels (shared by q/k/v, gate/up).
     q8: Mutex<ops::Q8Cache>,
 }
@@ -101,10 +102,6 @@ impl HipDevice {
         let warp = api
             .device_attribute(hip_ffi::DeviceAttribute::WarpSize, ordinal)
             .map_err(|e| gpu_err("open", e))? as u32;
-        let sms = api
-            .device_attribute(hip_ffi::DeviceAttribute::MultiprocessorCount, ordinal)
-            .map_err(|e| gpu_err("open", e))?
-            .max(0) as u32;
         let name = format!("hip:{ordinal} {} ({arch})", dev.info().name);
         // Leaked here, reclaimed by `Inner::drop`: the BLAS handle bound to it borrows it.
         let stream: &'static gpu_mem::Stream = Box::leak(Box::new(
@@ -124,7 +121,6 @@ impl HipDevice {
             blas,
             target,
             warp,
-            sms,
             name,
             modules: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
@@ -148,7 +144,7 @@ impl HipDevice {
         k: kernels::KernelId,
         grid: [u32; 3],
         block: u32,
-        args: &mut KernelArgs,
+        args: &[KernelArg<'_>],
     ) -> Result<()> {
         let inner = &self.inner;
         let mut mods = inner.modules.lock();
@@ -163,16 +159,28 @@ impl HipDevice {
             }
         };
         let f = m.function(k.name()).map_err(|e| gpu_err("load", e))?;
-        // SAFETY: every launch site in `ops` pushes the arguments of the kernel's `.hip`
-        // signature in order and type, with device addresses of buffers of this device whose
-        // extents `supports_op`/the launch code checked against the tensor shapes.
-        unsafe { inner.stream.launch(&f, grid, [block, 1, 1], 0, args) }
+        let params: Vec<ParamKind> = k
+            .params()
+            .iter()
+            .map(|p| match p {
+                kernels::Param::Ptr => ParamKind::Ptr,
+                kernels::Param::I32 => ParamKind::I32,
+                kernels::Param::I64 => ParamKind::I64,
+                kernels::Param::F32 => ParamKind::F32,
+                kernels::Param::Attn => {
+                    ParamKind::Bytes(std::mem::size_of::<kernels::AttnParams>())
+                }
+            })
+            .collect();
+        inner
+            .stream
+            .launch_checked(&f, k.name(), &params, grid, [block, 1, 1], 0, args)
             .map_err(|e| gpu_err(k.name(), e))
     }
 
-    /// Base address of a scratch area of at least `bytes`, valid until the next call. Growing
-    /// first waits for queued work that may still read the old area.
-    fn scratch(&self, bytes: usize) -> Result<u64> {
+    /// A scratch area of at least `bytes`, kept alive by the returned handle; the next call may
+    /// replace it (growing first waits for queued work that may still use the old one).
+    fn scratch(&self, bytes: usize) -> Result<Arc<DeviceBuffer<u8>>> {
         let mut s = self.inner.scratch.lock();
         if s.as_ref().is_none_or(|b| b.len() < bytes) {
             self.inner
@@ -181,13 +189,12 @@ impl HipDevice {
                 .map_err(|e| gpu_err("scratch", e))?;
             *s = None;
             let grown = bytes.next_power_of_two().max(1 << 20);
-            *s = Some(
+            *s = Some(Arc::new(
                 DeviceBuffer::new(&self.inner.dev, grown, "hip-backend scratch")
                     .map_err(|e| gpu_err("scratch", e))?,
-            );
+            ));
         }
-        s.as_ref()
-            .map(|b| b.ptr().0)
+        s.clone()
             .ok_or_else(|| gpu_err("scratch", "scratch allocation missing"))
     }
 }
@@ -214,7 +221,7 @@ impl BufferType for HipBufferType {
             .memset(&mut buf.view_mut(), 0)
             .map_err(|e| gpu_err("alloc", e))?;
         Ok(Box::new(HipBuffer {
-            mem: Mem::Owned(Mutex::new(buf)),
+            mem: Mem::Owned(buf),
             inner: self.inner.clone(),
             size,
         }))
@@ -285,7 +292,7 @@ const UPLOAD_STAGING: usize = 16 << 20;
 /// Where a buffer's bytes live.
 enum Mem {
     /// An allocation of its own.
-    Owned(Mutex<DeviceBuffer<u8>>),
+    Owned(DeviceBuffer<u8>),
     /// A slot of a shared weight arena (freed with the last slot of the arena).
     Slot {
         arena: Arc<DeviceArena>,
@@ -301,13 +308,6 @@ pub struct HipBuffer {
 }
 
 impl HipBuffer {
-    fn ptr(&self) -> u64 {
-        match &self.mem {
-            Mem::Owned(b) => b.lock().ptr().0,
-            Mem::Slot { slot, .. } => slot.addr,
-        }
-    }
-
     fn range(
         &self,
         what: &'static str,
@@ -335,18 +335,18 @@ impl Buffer for HipBuffer {
                 "weight-arena slots are filled once by the uploader",
             ));
         };
-        let mut b = b.lock();
-        let mut view = b.slice_mut(r).map_err(|e| gpu_err("write", e))?;
+        let dst = MemRange::of_buffer(b)
+            .sub(r.start, r.len())
+            .map_err(|e| gpu_err("write", e))?;
         self.inner
             .stream
-            .write(data, &mut view)
+            .write_range(data, dst)
             .map_err(|e| gpu_err("write", e))
     }
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let r = self.range("read", offset, out.len())?;
         match &self.mem {
             Mem::Owned(b) => {
-                let b = b.lock();
                 let view = b.slice(r).map_err(|e| gpu_err("read", e))?;
                 self.inner.stream.read(&view, out)
             }
@@ -382,9 +382,9 @@ impl Stream for HipStream {
     }
 }
 
-/// Device address of an operand.
-pub(crate) fn addr(m: &TensorMem<'_>) -> Result<u64> {
-    let b = m
+/// The device memory of an operand: exactly its extent inside its buffer.
+pub(crate) fn addr<'a>(m: &TensorMem<'a>) -> Result<MemRange<'a>> {
+    let b: &'a HipBuffer = m
         .buffer
         .as_any()
         .downcast_ref::<HipBuffer>()
@@ -398,7 +398,15 @@ pub(crate) fn addr(m: &TensorMem<'_>) -> Result<u64> {
             format!("`{}` exceeds its buffer", m.tensor.name),
         ));
     }
-    Ok(b.ptr() + m.offset as u64)
+    let whole = match &b.mem {
+        Mem::Owned(buf) => MemRange::of_buffer(buf),
+        Mem::Slot { arena, slot } => {
+            MemRange::of_view(&arena.view::<u8>(slot).map_err(|e| gpu_err("launch", e))?)
+        }
+    };
+    whole
+        .sub(m.offset, m.tensor.extent())
+        .map_err(|e| gpu_err("launch", e))
 }
 
 impl Device for HipDevice {

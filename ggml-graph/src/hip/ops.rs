@@ -1,7 +1,9 @@
 //! Which nodes the HIP device runs ([`supports`]) and how each one maps onto kernel launches
 //! ([`launch`]). Shapes follow ggml (`ne[0]` innermost, `nb` byte strides).
 
-use gpu_mem::{DeviceBuffer, DeviceView, DeviceViewMut, GemmShape, KernelArgs, Op as BlasOp};
+use std::sync::Arc;
+
+use gpu_mem::{DeviceBuffer, GemmShape, KernelArg, MemRange, Op as BlasOp};
 use kernels::{act, binary, AttnParams, KernelId, WeightType};
 
 use super::{addr, gpu_err, HipDevice};
@@ -15,13 +17,28 @@ const MATVEC_MAX_COLS: usize = 8;
 const SPLIT_K_FROM: usize = 512;
 const SPLIT_LEN: usize = 256;
 
+/// A launch's arguments in the kernel's parameter order; `launch_checked` matches them against
+/// the kernel's parameter table.
+struct Args<'a>(Vec<KernelArg<'a>>);
+
+impl<'a> Args<'a> {
+    fn new() -> Self {
+        Self(Vec::with_capacity(16))
+    }
+
+    fn push(&mut self, v: impl Into<KernelArg<'a>>) -> &mut Self {
+        self.0.push(v.into());
+        self
+    }
+}
+
 /// The activations last quantized for the mat-vec kernels, kept while their source is unchanged:
 /// q/k/v (and gate/up) multiply the same normalized input, so one quantization serves them all.
 /// Every launch reports its destination ([`Q8Cache::written`]) and every host write or new
 /// buffer clears the cache, so a hit always means the source bytes are the ones quantized.
 #[derive(Default)]
 pub(crate) struct Q8Cache {
-    buf: Option<DeviceBuffer<u8>>,
+    buf: Option<Arc<DeviceBuffer<u8>>>,
     /// (source address, source bytes, values per vector, vectors) of what `buf` holds.
     key: Option<(u64, usize, usize, usize)>,
 }
@@ -41,10 +58,16 @@ impl Q8Cache {
         }
     }
 
-    /// Device address of `x` (`m` dense f32 vectors of `k` values at `xp`) quantized to planar
-    /// Q8_1, quantizing it now unless the cache already holds it.
-    fn quantized(&mut self, d: &HipDevice, xp: u64, k: usize, m: usize) -> Result<u64> {
-        let key = (xp, m * k * 4, k, m);
+    /// `x` (`m` dense f32 vectors of `k` values) quantized to planar Q8_1, quantizing it now
+    /// unless the cache already holds it.
+    fn quantized(
+        &mut self,
+        d: &HipDevice,
+        x: MemRange<'_>,
+        k: usize,
+        m: usize,
+    ) -> Result<Arc<DeviceBuffer<u8>>> {
+        let key = (x.addr(), x.len(), k, m);
         let bytes = m * kernels::q8_1_vector_bytes(k);
         if self.buf.as_ref().is_none_or(|b| b.len() < bytes) {
             // Queued mat-vecs may still read the old buffer.
@@ -54,29 +77,31 @@ impl Q8Cache {
                 .map_err(|e| gpu_err("quantize", e))?;
             self.key = None;
             self.buf = None;
-            self.buf = Some(
+            self.buf = Some(Arc::new(
                 DeviceBuffer::new(
                     &d.inner.dev,
                     bytes.max(1 << 16),
                     "hip-backend q8 activations",
                 )
                 .map_err(|e| gpu_err("quantize", e))?,
-            );
+            ));
         }
         let q8 = self
             .buf
-            .as_ref()
-            .map(|b| b.ptr().0)
+            .clone()
             .ok_or_else(|| gpu_err("quantize", "q8 buffer missing"))?;
         if self.key != Some(key) {
             self.key = None;
-            let mut a = KernelArgs::new();
-            a.push(xp).push(q8).push(k as i32).push(k as i64);
+            let mut a = Args::new();
+            a.push(x)
+                .push(MemRange::of_buffer(&q8))
+                .push(k as i32)
+                .push(k as i64);
             d.launch_kernel(
                 KernelId::QuantizeQ8_1,
                 [blocks(k, 256), m as u32, 1],
                 256,
-                &mut a,
+                &a.0,
             )?;
             self.key = Some(key);
         }
@@ -240,19 +265,19 @@ pub(crate) fn launch(
         });
     }
     let out = addr(&dst)?;
-    d.inner.q8.lock().written(out, dst.tensor.extent());
+    d.inner.q8.lock().written(out.addr(), out.len());
     let warp = d.inner.warp;
-    let mut a = KernelArgs::new();
+    let mut a = Args::new();
     match &t.op {
         Op::MulMat => mul_mat(d, &srcs[0], &srcs[1], out),
         Op::RmsNorm { eps } => {
             let x = srcs[0].tensor;
             a.push(addr(&srcs[0])?)
-                .push(0u64)
+                .push(KernelArg::Null)
                 .push(out)
                 .push(x.ne[0] as i32);
             a.push(elems(x.nb[1], x)).push(x.ne[0] as i64).push(*eps);
-            d.launch_kernel(KernelId::RmsNormF32, [x.nrows() as u32, 1, 1], 256, &mut a)
+            d.launch_kernel(KernelId::RmsNormF32, [x.nrows() as u32, 1, 1], 256, &a.0)
         }
         Op::Scale(s) => {
             let n = t.nelements();
@@ -261,7 +286,7 @@ pub(crate) fn launch(
                 .push(n as i64)
                 .push(*s)
                 .push(0.0f32);
-            d.launch_kernel(KernelId::ScaleF32, [blocks(n, 256), 1, 1], 256, &mut a)
+            d.launch_kernel(KernelId::ScaleF32, [blocks(n, 256), 1, 1], 256, &a.0)
         }
         Op::Add | Op::Mul => {
             let (x, y) = (srcs[0].tensor, srcs[1].tensor);
@@ -282,14 +307,14 @@ pub(crate) fn launch(
                 KernelId::BinaryF32,
                 [blocks(t.nelements(), 256), 1, 1],
                 256,
-                &mut a,
+                &a.0,
             )
         }
         Op::Unary(kind) | Op::Gated(kind) => {
             let x = srcs[0].tensor;
             let (b, b_stride) = match srcs.get(1) {
-                Some(m) => (addr(m)?, elems(m.tensor.nb[1], m.tensor)),
-                None => (0u64, 0i64),
+                Some(m) => (Some(addr(m)?), elems(m.tensor.nb[1], m.tensor)),
+                None => (None, 0i64),
             };
             let k = if *kind == Act::Gelu {
                 act::GELU
@@ -309,14 +334,14 @@ pub(crate) fn launch(
                 KernelId::ActF32,
                 [blocks(t.nelements(), 256), 1, 1],
                 256,
-                &mut a,
+                &a.0,
             )
         }
         Op::Rope(p) => {
             let x = srcs[0].tensor;
             let ff = match srcs.get(2) {
-                Some(m) => addr(m)?,
-                None => 0,
+                Some(m) => Some(addr(m)?),
+                None => None,
             };
             let rows = x.nrows();
             a.push(addr(&srcs[0])?)
@@ -341,18 +366,18 @@ pub(crate) fn launch(
                 KernelId::RopeF32,
                 [blocks(rows * x.ne[0] / 2, 256), 1, 1],
                 256,
-                &mut a,
+                &a.0,
             )
         }
         Op::SoftMax { scale } => {
             let x = srcs[0].tensor;
             let (m, ms, mr) = match srcs.get(1) {
                 Some(mm) => (
-                    addr(mm)?,
+                    Some(addr(mm)?),
                     elems(mm.tensor.nb[1], mm.tensor),
                     mm.tensor.ne[1] as i32,
                 ),
-                None => (0u64, 0i64, 1i32),
+                None => (None, 0i64, 1i32),
             };
             a.push(addr(&srcs[0])?)
                 .push(m)
@@ -360,7 +385,7 @@ pub(crate) fn launch(
                 .push(x.ne[0] as i32)
                 .push(elems(x.nb[1], x));
             a.push(x.ne[0] as i64).push(ms).push(mr).push(*scale);
-            d.launch_kernel(KernelId::SoftmaxF32, [x.nrows() as u32, 1, 1], 256, &mut a)
+            d.launch_kernel(KernelId::SoftmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0)
         }
         Op::GetRows => {
             let (table, ids) = (srcs[0].tensor, srcs[1].tensor);
@@ -377,7 +402,7 @@ pub(crate) fn launch(
                         wt.get_rows(),
                         [blocks(ncols / 32, 64), n as u32, 1],
                         64,
-                        &mut a,
+                        &a.0,
                     )
                 }
                 None => {
@@ -387,7 +412,7 @@ pub(crate) fn launch(
                         KernelId::GetRowsF16
                     };
                     a.push(elems(table.nb[1], table)).push(ncols as i64);
-                    d.launch_kernel(k, [blocks(ncols, 256), n as u32, 1], 256, &mut a)
+                    d.launch_kernel(k, [blocks(ncols, 256), n as u32, 1], 256, &a.0)
                 }
             }
         }
@@ -405,7 +430,7 @@ pub(crate) fn launch(
                 .push(src.ne[0] as i32)
                 .push(n as i32);
             a.push(elems(src.nb[1], src)).push(elems(t.nb[1], t));
-            d.launch_kernel(kid, [blocks(n * src.ne[0], 256), 1, 1], 256, &mut a)
+            d.launch_kernel(kid, [blocks(n * src.ne[0], 256), 1, 1], 256, &a.0)
         }
         Op::Argmax => {
             let x = srcs[0].tensor;
@@ -413,7 +438,7 @@ pub(crate) fn launch(
                 .push(out)
                 .push(x.ne[0] as i32)
                 .push(elems(x.nb[1], x));
-            d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &mut a)
+            d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0)
         }
         Op::Attention(p) => attention(d, t, p, srcs, out, warp),
         _ => Err(GraphError::Unsupported {
@@ -429,7 +454,7 @@ fn attention(
     t: &Tensor,
     p: &crate::tensor::AttnParams,
     srcs: &[TensorMem<'_>],
-    out: u64,
+    out: MemRange<'_>,
     warp: u32,
 ) -> Result<()> {
     let (q, k, v) = (srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
@@ -442,10 +467,19 @@ fn attention(
         n_kv.max(1)
     };
     let splits = n_kv.max(1).div_ceil(split_len);
-    let part = if splits > 1 {
-        d.scratch(splits * n_tok * n_heads * (hd + 2) * 4)?
+    let part_bytes = splits * n_tok * n_heads * (hd + 2) * 4;
+    let part_buf = if splits > 1 {
+        Some(d.scratch(part_bytes)?)
     } else {
-        0
+        None
+    };
+    let part = match &part_buf {
+        Some(b) => Some(
+            MemRange::of_buffer(b)
+                .sub(0, part_bytes)
+                .map_err(|e| gpu_err("attention", e))?,
+        ),
+        None => None,
     };
     let params = AttnParams {
         n_tokens: n_tok as i32,
@@ -474,21 +508,23 @@ fn attention(
     } else {
         KernelId::AttnF32
     };
-    let mut a = KernelArgs::new();
+    let mut a = Args::new();
     a.push(addr(&srcs[0])?)
         .push(addr(&srcs[1])?)
         .push(addr(&srcs[2])?)
         .push(addr(&srcs[3])?);
-    a.push(out).push(part).push(params);
+    a.push(out)
+        .push(part)
+        .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
     d.launch_kernel(
         kid,
         [rows.div_ceil(nw), n_kv_heads as u32, splits as u32],
         nw * warp,
-        &mut a,
+        &a.0,
     )?;
     if splits > 1 {
         let n_rows = n_tok * n_heads;
-        let mut c = KernelArgs::new();
+        let mut c = Args::new();
         c.push(part)
             .push(out)
             .push(splits as i32)
@@ -496,26 +532,25 @@ fn attention(
             .push(n_rows as i32)
             .push(hd as i32);
         c.push(params.o_tok_stride).push(params.o_head_stride);
-        d.launch_kernel(KernelId::AttnCombineF32, [n_rows as u32, 1, 1], 128, &mut c)?;
+        d.launch_kernel(KernelId::AttnCombineF32, [n_rows as u32, 1, 1], 128, &c.0)?;
     }
     Ok(())
 }
 
 const ALIGN: usize = 256;
 
-fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Result<()> {
+fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_>) -> Result<()> {
     let (wt_, xt) = (w.tensor, x.tensor);
     let (k, n, m) = (wt_.ne[0], wt_.ne[1], xt.nrows());
     let (wp, xp) = (addr(w)?, addr(x)?);
     let warp = d.inner.warp;
-    let mut a = KernelArgs::new();
     if m <= MATVEC_MAX_COLS {
         if let Some(wt) = weight_type(wt_.dtype) {
             let mut cache = d.inner.q8.lock();
             let q8 = cache.quantized(d, xp, k, m)?;
-            let mut b = KernelArgs::new();
+            let mut b = Args::new();
             b.push(wp)
-                .push(q8)
+                .push(MemRange::of_buffer(&q8))
                 .push(out)
                 .push(k as i32)
                 .push(wt_.nb[1] as i64)
@@ -523,9 +558,9 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Res
                 .push(n as i32);
             let r = d.launch_kernel(
                 wt.matvec(),
-                [kernels::matvec_grid(wt, n, d.inner.sms), m as u32, 1],
+                [kernels::matvec_grid(wt, n), m as u32, 1],
                 kernels::MATVEC_WARPS * warp,
-                &mut b,
+                &b.0,
             );
             drop(cache);
             return r;
@@ -535,13 +570,14 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Res
         } else {
             KernelId::MatvecF16
         };
+        let mut a = Args::new();
         a.push(wp)
             .push(xp)
             .push(out)
             .push(k as i32)
             .push(elems(wt_.nb[1], wt_))
             .push(n as i32);
-        return d.launch_kernel(kid, [n as u32, m as u32, 1], 4 * warp, &mut a);
+        return d.launch_kernel(kid, [n as u32, m as u32, 1], 4 * warp, &a.0);
     }
     // Column-major view: C (n x m) = op(W) (n x k) * X (k x m), W stored as k x n.
     let shape = GemmShape {
@@ -554,19 +590,12 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Res
         ldb: k,
         ldc: n,
     };
-    let dev = &d.inner.dev;
     let blas = &d.inner.blas;
-    // The views below cover ranges inside allocations of this device that stay alive and
-    // untouched by the host until the queued work finishes: graph buffers are owned by the
-    // scheduler for the run, and the scratch is only replaced after a stream sync.
-    // SAFETY: `out` holds the n x m f32 result (extent checked by `addr`).
-    let mut c =
-        unsafe { DeviceViewMut::<f32>::from_raw(dev, hip_ffi::DevicePtr(out), n * m, false) };
+    let views = |e| gpu_err("mul_mat", e);
+    let mut c = out.view_mut::<f32>().map_err(views)?;
     if wt_.dtype == DType::F32 {
-        // SAFETY: the dense f32 weight holds n x k values (extent checked by `addr`).
-        let av = unsafe { DeviceView::<f32>::from_raw(dev, hip_ffi::DevicePtr(wp), n * k, false) };
-        // SAFETY: the dense f32 activations hold m x k values (extent checked by `addr`).
-        let bv = unsafe { DeviceView::<f32>::from_raw(dev, hip_ffi::DevicePtr(xp), m * k, false) };
+        let av = wp.view::<f32>().map_err(views)?;
+        let bv = xp.view::<f32>().map_err(views)?;
         return blas
             .sgemm(&shape, 1.0, &av, &bv, 0.0, &mut c)
             .map_err(|e| gpu_err("mul_mat", e));
@@ -577,19 +606,21 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Res
     } else {
         n * k * 2
     };
-    let base = d.scratch(x_bytes + w_bytes)?;
-    let xh = base;
+    let scratch = d.scratch(x_bytes + w_bytes)?;
+    let base = MemRange::of_buffer(&scratch);
+    let xh = base.sub(0, m * k * 2).map_err(views)?;
+    let mut a = Args::new();
     a.push(xp).push(xh).push((m * k) as i64);
     d.launch_kernel(
         KernelId::ConvertF32F16,
         [blocks(m * k, 256), 1, 1],
         256,
-        &mut a,
+        &a.0,
     )?;
     let wh = match weight_type(wt_.dtype) {
         Some(wt) => {
-            let wh = base + x_bytes as u64;
-            let mut b = KernelArgs::new();
+            let wh = base.sub(x_bytes, n * k * 2).map_err(views)?;
+            let mut b = Args::new();
             b.push(wp)
                 .push(wh)
                 .push(k as i32)
@@ -599,18 +630,14 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: u64) -> Res
                 wt.dequant_f16(),
                 [blocks(k / 32, 64), n as u32, 1],
                 64,
-                &mut b,
+                &b.0,
             )?;
             wh
         }
         None => wp,
     };
-    // SAFETY: `wh` is the f16 weight (n x k): the scratch area sized above, or the dense f16 weight.
-    let av =
-        unsafe { DeviceView::<half::f16>::from_raw(dev, hip_ffi::DevicePtr(wh), n * k, false) };
-    // SAFETY: `xh` is the scratch area holding the m x k f16 activations.
-    let bv =
-        unsafe { DeviceView::<half::f16>::from_raw(dev, hip_ffi::DevicePtr(xh), m * k, false) };
+    let av = wh.view::<half::f16>().map_err(views)?;
+    let bv = xh.view::<half::f16>().map_err(views)?;
     blas.gemm_ex(&shape, 1.0, &av, &bv, 0.0, &mut c)
         .map_err(|e| gpu_err("mul_mat", e))
 }

@@ -177,6 +177,67 @@ fn mul_mat_matches_cpu_for_every_weight_type_decode_and_prefill() {
     }
 }
 
+/// Two decode mat-vecs of one input (as q/k/v share theirs) reuse one activation quantization;
+/// a new input written between runs, and a node rewriting the input's memory, must not see the
+/// old quantized values.
+#[test]
+fn shared_mat_vec_input_is_quantized_once_and_refreshed() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x5eed_0fc0_ffee);
+    let (k, n) = (1024usize, 40usize);
+    let mut g = Graph::new();
+    let w1 = g.weight("w1", DType::Q4_K, &[k, n]).expect("w1");
+    let w2 = g.weight("w2", DType::Q6_K, &[k, n]).expect("w2");
+    let x = g.input("x", DType::F32, &[k, 1]).expect("x");
+    let y1 = g.mul_mat(w1, x).expect("y1");
+    let y2 = g.mul_mat(w2, x).expect("y2");
+    let y = g.add(y1, y2).expect("y");
+    g.mark_output(y).expect("out");
+    let weights = vec![
+        (
+            "w1".to_owned(),
+            DType::Q4_K,
+            vec![k, n],
+            quant_bytes(DType::Q4_K, n, k, &mut rng),
+        ),
+        (
+            "w2".to_owned(),
+            DType::Q6_K,
+            vec![k, n],
+            quant_bytes(DType::Q6_K, n, k, &mut rng),
+        ),
+    ];
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    let mut gpu_s = Scheduler::new(vec![h.clone() as Arc<dyn Device>, cpu.clone()]).expect("s");
+    let mut cpu_s = Scheduler::new(vec![cpu]).expect("s");
+    for s in [&mut gpu_s, &mut cpu_s] {
+        for (name, dt, shape, bytes) in &weights {
+            s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                .expect("bind");
+        }
+    }
+    let mut last: Option<Vec<f32>> = None;
+    for step in 0..3 {
+        let xb = f32_bytes(&rng.vec(k));
+        gpu_s.run(&g, &[(x, &xb)]).expect("gpu run");
+        cpu_s.run(&g, &[(x, &xb)]).expect("cpu run");
+        let got = gpu_s.output_f32(y).expect("gpu out");
+        let want = cpu_s.output_f32(y).expect("cpu out");
+        let e = nmse(&got, &want);
+        println!("step {step}: NMSE {e:.3e}");
+        assert!(e <= 2e-3, "step {step}: NMSE {e:.3e}");
+        if let Some(prev) = &last {
+            assert_ne!(
+                prev, &got,
+                "step {step}: output did not follow the new input"
+            );
+        }
+        last = Some(got);
+    }
+}
+
 fn unary_case(
     build: impl Fn(&mut Graph, TensorId) -> TensorId,
     shape: &[usize],
