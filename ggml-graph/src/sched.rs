@@ -128,10 +128,11 @@ pub fn schedule_with(
     for i in 0..n {
         let t = &nodes[i];
         if needed[i] && launches(t) && !t.op.is_alias() {
-            let preferred = pref[i].filter(|&d| devices[d].supports_op(t, &srcs_of(t)));
+            let srcs = srcs_of(t);
+            let preferred = pref[i].filter(|&d| devices[d].supports_op(t, &srcs));
             dev[i] = Some(
                 preferred
-                    .or_else(|| first_supporting(t))
+                    .or_else(|| devices.iter().position(|d| d.supports_op(t, &srcs)))
                     .ok_or_else(|| no_device(t))?,
             );
         }
@@ -197,6 +198,22 @@ pub fn schedule_with(
     })
 }
 
+/// Stores the copy of weight `name` on device `d` of `n_dev`.
+fn put_uploaded(
+    map: &mut HashMap<String, Vec<Option<Box<dyn Buffer>>>>,
+    n_dev: usize,
+    name: &str,
+    d: usize,
+    b: Box<dyn Buffer>,
+) {
+    if !map.contains_key(name) {
+        map.insert(name.to_string(), (0..n_dev).map(|_| None).collect());
+    }
+    if let Some(slot) = map.get_mut(name).and_then(|v| v.get_mut(d)) {
+        *slot = Some(b);
+    }
+}
+
 fn no_device(t: &Tensor) -> GraphError {
     GraphError::Unsupported {
         backend: "scheduler",
@@ -217,12 +234,34 @@ pub struct Scheduler {
     devices: Vec<Arc<dyn Device>>,
     streams: Vec<Box<dyn Stream>>,
     weights: HashMap<String, (DType, [usize; 4], WeightBytes)>,
-    uploaded: HashMap<(String, usize), Box<dyn Buffer>>,
+    /// Weight copies by name, one slot per device.
+    uploaded: HashMap<String, Vec<Option<Box<dyn Buffer>>>>,
     persistent: HashMap<String, Persistent>,
     arenas: Vec<Option<Box<dyn Buffer>>>,
-    last: Option<(Graph, Schedule, Vec<Option<usize>>)>,
+    last: Option<LastRun>,
     copies_made: usize,
     placement: Option<PlacementRule>,
+}
+
+/// Where an output of the last run lives.
+enum OutLoc {
+    /// In device `device`'s arena at `offset`.
+    Arena { device: usize, offset: usize },
+    /// In a persistent buffer, at `offset`.
+    Persistent { name: String, offset: usize },
+    /// In the copy of a weight on `device`, at `offset`.
+    Weight {
+        name: String,
+        device: usize,
+        offset: usize,
+    },
+}
+
+/// What the last run leaves readable: its schedule and its outputs (not the whole graph, which
+/// would be cloned on every run).
+struct LastRun {
+    sched: Schedule,
+    outputs: Vec<(TensorId, Tensor, OutLoc)>,
 }
 
 /// Bytes a scheduler holds on one device.
@@ -275,12 +314,13 @@ impl Scheduler {
         let Some(rule) = self.placement.clone() else {
             return Ok(());
         };
+        let nd = self.devices.len();
         let mut per_device: Vec<Vec<String>> = vec![Vec::new(); self.devices.len()];
         let mut names: Vec<&String> = self.weights.keys().collect();
         names.sort();
         for name in names {
             if let Some(d) = rule(name).filter(|&d| d < self.devices.len()) {
-                if !self.uploaded.contains_key(&(name.clone(), d)) {
+                if self.uploaded_buf(name, d).is_none() {
                     per_device[d].push(name.clone());
                 }
             }
@@ -321,7 +361,7 @@ impl Scheduler {
                 });
             }
             for (n, b) in names.into_iter().zip(bufs) {
-                self.uploaded.insert((n, d), b);
+                put_uploaded(&mut self.uploaded, nd, &n, d, b);
             }
             base += bytes;
         }
@@ -332,8 +372,12 @@ impl Scheduler {
     /// Bytes held per device (weights, persistent buffers, activation arena).
     pub fn usage(&self) -> Vec<DeviceUsage> {
         let mut u = vec![DeviceUsage::default(); self.devices.len()];
-        for ((_, d), b) in &self.uploaded {
-            u[*d].weights += b.size() as u64;
+        for copies in self.uploaded.values() {
+            for (d, b) in copies.iter().enumerate() {
+                if let Some(b) = b {
+                    u[d].weights += b.size() as u64;
+                }
+            }
         }
         for p in self.persistent.values() {
             u[p.device].persistent += p.buf.size() as u64;
@@ -365,7 +409,7 @@ impl Scheduler {
                 got: bytes.bytes().len(),
             });
         }
-        self.uploaded.retain(|(n, _), _| n != name);
+        self.uploaded.remove(name);
         self.weights.insert(name.to_string(), (dtype, ne, bytes));
         Ok(())
     }
@@ -377,7 +421,14 @@ impl Scheduler {
 
     /// The schedule of the last run.
     pub fn last_schedule(&self) -> Option<&Schedule> {
-        self.last.as_ref().map(|(_, s, _)| s)
+        self.last.as_ref().map(|l| &l.sched)
+    }
+
+    fn uploaded_buf(&self, name: &str, d: usize) -> Option<&dyn Buffer> {
+        self.uploaded
+            .get(name)
+            .and_then(|v| v.get(d))
+            .and_then(|b| b.as_deref())
     }
 
     /// Runs `graph` with dense `inputs`; outputs stay readable until the next run.
@@ -390,11 +441,12 @@ impl Scheduler {
         let sched = schedule_with(graph, &self.devices, &homes, self.placement.as_ref())?;
         let p = plan(graph);
         let nodes = graph.tensors();
-        // Copy slots after the planned arena, per device.
-        let mut arena_size = vec![p.peak; self.devices.len()];
-        let mut slot = HashMap::new();
+        // Copy slots after the planned arena, per device: `slot[root * n_dev + device]`.
+        let nd = self.devices.len();
+        let mut arena_size = vec![p.peak; nd];
+        let mut slot: Vec<Option<usize>> = vec![None; nodes.len() * nd];
         for &(r, d) in &sched.copies {
-            slot.insert((r, d), arena_size[d]);
+            slot[r.index() * nd + d] = Some(arena_size[d]);
             arena_size[d] += nodes[r.index()].extent().div_ceil(ALIGN) * ALIGN;
         }
         for d in 0..self.devices.len() {
@@ -442,10 +494,10 @@ impl Scheduler {
                         users.push(d);
                     }
                     for u in users {
-                        if !self.uploaded.contains_key(&(t.name.clone(), u)) {
+                        if self.uploaded_buf(&t.name, u).is_none() {
                             let buf = self.devices[u].buffer_type().alloc(bytes.bytes().len())?;
                             buf.write(0, bytes.bytes())?;
-                            self.uploaded.insert((t.name.clone(), u), buf);
+                            put_uploaded(&mut self.uploaded, nd, &t.name, u, buf);
                         }
                     }
                 }
@@ -496,7 +548,7 @@ impl Scheduler {
             }
         }
         // Execute, copying across devices on demand.
-        let mut valid: HashSet<(TensorId, usize)> = HashSet::new();
+        let mut valid = vec![false; nodes.len() * nd];
         let mut staging = Vec::new();
         for (d, ids) in &sched.splits {
             let d = *d;
@@ -504,8 +556,8 @@ impl Scheduler {
                 let t = &nodes[id.index()];
                 for (_, s) in read_srcs(t) {
                     let r = graph.storage_root(s).0;
-                    if let Some(&off) = slot.get(&(r, d)) {
-                        if valid.insert((r, d)) {
+                    if let Some(off) = slot[r.index() * nd + d] {
+                        if !std::mem::replace(&mut valid[r.index() * nd + d], true) {
                             let home = sched.device_of[r.index()].unwrap_or(0);
                             let (src_buf, src_off) = self.home_of(graph, &p.offset, r, home)?;
                             staging.resize(nodes[r.index()].extent(), 0);
@@ -524,15 +576,37 @@ impl Scheduler {
                 self.devices[d].launch(self.streams[d].as_ref(), t, dst, &mems)?;
                 if matches!(t.op, Op::Cpy | Op::SetRows) {
                     // The root was rewritten: copies of it elsewhere are stale.
-                    let r = graph.storage_root(id).0;
-                    valid.retain(|&(x, _)| x != r);
+                    let r = graph.storage_root(id).0.index();
+                    valid[r * nd..(r + 1) * nd].fill(false);
                 }
             }
         }
         for s in &self.streams {
             s.synchronize()?;
         }
-        self.last = Some((graph.clone(), sched, p.offset));
+        let mut outputs = Vec::with_capacity(graph.outputs().len());
+        for &o in graph.outputs() {
+            let (r, off) = graph.storage_root(o);
+            let root = &nodes[r.index()];
+            let home = sched.device_of[r.index()].unwrap_or(0);
+            let loc = match root.op {
+                Op::Leaf(Leaf::Persistent) => OutLoc::Persistent {
+                    name: root.name.clone(),
+                    offset: off,
+                },
+                Op::Leaf(Leaf::Weight) => OutLoc::Weight {
+                    name: root.name.clone(),
+                    device: home,
+                    offset: off,
+                },
+                _ => OutLoc::Arena {
+                    device: home,
+                    offset: p.offset[r.index()].unwrap_or(0) + off,
+                },
+            };
+            outputs.push((o, nodes[o.index()].clone(), loc));
+        }
+        self.last = Some(LastRun { sched, outputs });
         Ok(())
     }
 
@@ -565,10 +639,9 @@ impl Scheduler {
             }
             Op::Leaf(Leaf::Weight) => {
                 let b = self
-                    .uploaded
-                    .get(&(t.name.clone(), home))
+                    .uploaded_buf(&t.name, home)
                     .ok_or_else(|| GraphError::UnboundWeight(t.name.clone()))?;
-                Ok((b.as_ref(), 0))
+                Ok((b, 0))
             }
             _ => Ok((self.arena(home)?, offsets[r.index()].unwrap_or(0))),
         }
@@ -578,7 +651,7 @@ impl Scheduler {
         &'a self,
         graph: &'a Graph,
         offsets: &[Option<usize>],
-        slot: &HashMap<(TensorId, usize), usize>,
+        slot: &[Option<usize>],
         sched: &Schedule,
         id: TensorId,
         d: usize,
@@ -586,7 +659,8 @@ impl Scheduler {
         let (r, off) = graph.storage_root(id);
         let tensor = &graph.tensors()[id.index()];
         let is_weight = graph.tensors()[r.index()].op == Op::Leaf(Leaf::Weight);
-        if let (false, Some(&s)) = (is_weight, slot.get(&(r, d))) {
+        let nd = self.devices.len();
+        if let (false, Some(s)) = (is_weight, slot[r.index() * nd + d]) {
             return Ok(TensorMem {
                 tensor,
                 buffer: self.arena(d)?,
@@ -608,19 +682,32 @@ impl Scheduler {
 
     /// An output of the last run as f32 values in logical order.
     pub fn output_f32(&self, id: TensorId) -> Result<Vec<f32>> {
-        let (graph, sched, offsets) = self
+        let (_, t, loc) = self
             .last
             .as_ref()
+            .and_then(|l| l.outputs.iter().find(|(o, _, _)| *o == id))
             .ok_or_else(|| GraphError::NotOutput(format!("{id:?}")))?;
-        if !graph.outputs().contains(&id) {
-            return Err(GraphError::NotOutput(format!("{id:?}")));
-        }
-        let t = graph.tensor(id)?;
-        let (r, off) = graph.storage_root(id);
-        let home = sched.device_of[r.index()].unwrap_or(0);
-        let (buf, base) = self.home_of(graph, offsets, r, home)?;
+        let (buf, offset) = match loc {
+            OutLoc::Arena { device, offset } => (self.arena(*device)?, *offset),
+            OutLoc::Persistent { name, offset } => {
+                let p = self
+                    .persistent
+                    .get(name)
+                    .ok_or_else(|| GraphError::UnboundWeight(name.clone()))?;
+                (p.buf.as_ref(), *offset)
+            }
+            OutLoc::Weight {
+                name,
+                device,
+                offset,
+            } => (
+                self.uploaded_buf(name, *device)
+                    .ok_or_else(|| GraphError::UnboundWeight(name.clone()))?,
+                *offset,
+            ),
+        };
         let mut bytes = vec![0u8; t.extent()];
-        buf.read(base + off, &mut bytes)?;
+        buf.read(offset, &mut bytes)?;
         let mut out = vec![0f32; t.nelements()];
         crate::cpu::gather_f32(t, &bytes, &mut out)?;
         Ok(out)
