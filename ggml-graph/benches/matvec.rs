@@ -2,7 +2,8 @@
 //! read bandwidth, on 1 and 2 threads. Run: `cargo bench -p ggml-graph --bench matvec`.
 //! Set `MATVEC_QUICK=1` for the 2048x2048 shape only, `MATVEC_SIMD=avx2|scalar` to cap the SIMD
 //! level, `MATVEC_GEMMA=1` for Gemma 3 270M's shapes and types only (decode and 128-token prefill;
-//! `MATVEC_THREADS=1,2` picks the thread counts), `MATVEC_CPU=1` to time in process CPU seconds.
+//! `MATVEC_THREADS=1,2` picks the thread counts, `MATVEC_SHAPE=640x262144` one shape),
+//! `MATVEC_CPU=1` to time in process CPU seconds.
 
 use std::time::{Duration, Instant};
 
@@ -144,11 +145,17 @@ fn gemma() {
     for threads in threads {
         let bw = bandwidth(threads);
         println!("threads={threads} memory read bandwidth: {bw:.1} GB/s");
+        let only = std::env::var("MATVEC_SHAPE").ok();
+        let pick = |k: usize, n: usize| only.as_ref().is_none_or(|s| *s == format!("{k}x{n}"));
         for (ty, k, n) in GEMMA {
-            matvec(threads, ty, k, n, bw);
+            if pick(k, n) {
+                matvec(threads, ty, k, n, bw);
+            }
         }
         for (ty, k, n) in &GEMMA[..5] {
-            prefill(threads, *ty, *k, *n, 128);
+            if pick(*k, *n) {
+                prefill(threads, *ty, *k, *n, 128);
+            }
         }
     }
 }

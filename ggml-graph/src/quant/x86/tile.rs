@@ -241,6 +241,47 @@ unsafe fn tile<const P: usize, const C: usize>(
     out
 }
 
+/// One weight row read straight from its blocks (decoded in registers) times one or two
+/// prepared columns: [`tile`]'s arithmetic on 256-bit lanes (a row's half of a pair), for
+/// decode, where the rows stream from memory once and one sequential stream per thread keeps the
+/// hardware prefetcher ahead.
+///
+/// # Safety
+/// AVX-512 VL/VNNI and F16C; `nb` blocks of `ty` readable at `w`, `C` prepared activation rows of
+/// `nb` blocks at `a + c * astride`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn row_direct<const C: usize>(
+    ty: DType,
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [f32; C] {
+    let mut acc = [_mm256_setzero_ps(); C];
+    for i in 0..nb {
+        // SAFETY: block `i` of the row and of every activation row is in bounds (caller).
+        unsafe {
+            let (q, d) = decode_block(ty, w, i);
+            let dw = _mm256_set1_ps(d);
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let ap = a.add(c * astride + i * A_BLK);
+                let av = _mm256_loadu_si256(ap as *const __m256i);
+                let corr = _mm256_loadu_si256(ap.add(32) as *const __m256i);
+                let da = _mm256_set1_ps(std::ptr::read_unaligned(ap.add(64) as *const f32));
+                let d = _mm256_mul_ps(dw, da);
+                let p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr, q, av));
+                *acc = _mm256_fmadd_ps(d, p, *acc);
+            }
+        }
+    }
+    let mut out = [0f32; C];
+    for (o, &v) in out.iter_mut().zip(acc.iter()) {
+        let [lo, _] = hsum8x2(_mm512_castps256_ps512(v));
+        *o = lo;
+    }
+    out
+}
+
 /// ggml's eight-lane horizontal sum (`hsum_float_8`: 128-bit halves, then `movehl`, then
 /// `movehdup`) of each 256-bit half of `x`.
 #[inline]
@@ -294,6 +335,23 @@ pub(crate) fn dot_tile(
         || out.len() < (cols - 1) * ocs + rows
     {
         return false;
+    }
+    if cols <= 2 {
+        for r in 0..rows {
+            let wr = w[r * wstride..].as_ptr();
+            // SAFETY: AVX-512 VNNI detected (caller path); row `r` holds `nb` blocks and the
+            // `cols` prepared rows `nb` blocks each (checked above).
+            unsafe {
+                if cols == 2 {
+                    let v = row_direct::<2>(ty, nb, wr, a.as_ptr(), astride);
+                    out[r] = v[0];
+                    out[ocs + r] = v[1];
+                } else {
+                    out[r] = row_direct::<1>(ty, nb, wr, a.as_ptr(), astride)[0];
+                }
+            }
+        }
+        return true;
     }
     DECODED.with(|buf| {
         let mut buf = buf.borrow_mut();
