@@ -26,6 +26,7 @@ pub mod launch;
 pub mod module;
 pub mod pool;
 pub mod stream;
+pub mod stream_blas;
 pub mod testing;
 pub mod upload;
 
@@ -43,4 +44,5 @@ pub use launch::{KernelArg, MemRange, ParamKind};
 pub use module::{Function, KernelArgs, Module};
 pub use pool::{CachingAllocator, Lease, Pool, PoolStats, RawAllocator, WeightArena};
 pub use stream::{Event, Graph, GraphExec, Stream};
+pub use stream_blas::StreamBlas;
 pub use upload::{DeviceArena, WeightUploader};

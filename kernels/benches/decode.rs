@@ -168,17 +168,18 @@ fn main() {
         "matvec: us per call (back-to-back launches; replayed graph), weight GB/s and % of copy \
          bandwidth from the graph time (weights rotate over >= 4x L2)"
     );
-    let types = [
-        WeightType::Q4_K,
-        WeightType::Q6_K,
-        WeightType::Q8_0,
-        WeightType::Q5_0,
-        WeightType::Q4_0,
-        WeightType::Q5_K,
-        WeightType::Q3_K,
+    // (type, variants: symbol suffix and rows per block)
+    let types: [(WeightType, &[(&str, usize)]); 7] = [
+        (WeightType::Q4_K, &[("_u2", 4), ("_u4", 4)]),
+        (WeightType::Q6_K, &[("_w4", 4)]),
+        (WeightType::Q8_0, &[]),
+        (WeightType::Q5_0, &[]),
+        (WeightType::Q4_0, &[]),
+        (WeightType::Q5_K, &[("_u2", 4)]),
+        (WeightType::Q3_K, &[]),
     ];
     let mut summary = Vec::new();
-    for t in types {
+    for (t, variants) in types {
         for s in SHAPES {
             if s.cols % t.block_values() != 0 {
                 continue;
@@ -205,8 +206,8 @@ fn main() {
                 );
             };
             quantize(0);
-            let run = |name: &str| {
-                let blocks = kernels::matvec_grid(t, rows);
+            let run = |name: &str, rpb: usize| {
+                let blocks = rows.div_ceil(rpb) as u32;
                 let launch = |i: u32| {
                     let wp = w.ptr.0 + ((i as usize % n) * wbytes) as u64;
                     g.launch_named(
@@ -231,7 +232,10 @@ fn main() {
                 (gms, gbs)
             };
             let k = t.matvec();
-            let (ms, gbs) = run(k.name());
+            let (ms, gbs) = run(k.name(), t.matvec_rows_per_block());
+            for &(suffix, rpb) in variants {
+                run(&format!("{}{suffix}", k.name()), rpb);
+            }
             let qms = graph_ms(&g, ITERS, quantize);
             summary.push(format!(
                 "{:5} {:28} {:7.1} us {:5.0} GB/s {:5.1}% (+ quantize {:.1} us; graph times)",

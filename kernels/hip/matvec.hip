@@ -495,10 +495,15 @@ struct mv_q4_k {
     static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, LPB = 8;
     using Act = act_k4;
     static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4(y, b, c, a); }
+    struct Raw {
+        int4 hdr, q;
+    };
     template <bool A16>
-    static __device__ __forceinline__ float dot(const uint8_t* blk, int c, const Act& a) {
-        const int4 hdr = ld_w128<A16>(blk);
-        const int4 q = ld_w128<A16>(blk + 16 + 16 * c);
+    static __device__ __forceinline__ Raw load(const uint8_t* blk, int c) {
+        return Raw{ld_w128<A16>(blk), ld_w128<A16>(blk + 16 + 16 * c)};
+    }
+    static __device__ __forceinline__ float compute(const Raw& w, int c, const Act& a) {
+        const int4 hdr = w.hdr, q = w.q;
         int slo = 0, shi = 0;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -513,12 +518,16 @@ struct mv_q5_k {
     static constexpr int QK = QK_K, BYTES = Q5_K_BYTES, LPB = 8;
     using Act = act_k4;
     static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4(y, b, c, a); }
+    struct Raw {
+        int4 hdr, qh, q;
+    };
     template <bool A16>
-    static __device__ __forceinline__ float dot(const uint8_t* blk, int c, const Act& a) {
-        const int u = c >> 1, h = c & 1;
-        const int4 hdr = ld_w128<A16>(blk);
-        const int4 qh = ld_w128<A16>(blk + 16 + 16 * h);
-        const int4 q = ld_w128<A16>(blk + 48 + 16 * c);
+    static __device__ __forceinline__ Raw load(const uint8_t* blk, int c) {
+        return Raw{ld_w128<A16>(blk), ld_w128<A16>(blk + 16 + 16 * (c & 1)), ld_w128<A16>(blk + 48 + 16 * c)};
+    }
+    static __device__ __forceinline__ float compute(const Raw& w, int c, const Act& a) {
+        const int u = c >> 1;
+        const int4 hdr = w.hdr, qh = w.qh, q = w.q;
         int slo = 0, shi = 0;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -531,7 +540,7 @@ struct mv_q5_k {
     }
 };
 
-template <typename T, int R, bool A16>
+template <typename T, int R, int U, bool A16>
 static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
                                                           float* __restrict__ out, int ncols, long long row_bytes,
                                                           int out_stride, int nrows) {
@@ -550,25 +559,49 @@ static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restr
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-#pragma unroll 2
-    for (int b = lane / T::LPB; b < nblk; b += G) {
-        typename T::Act a;
-        T::load_act(yv, b, part, a);
+    // U blocks per lane per step, every load issued before the first dot product.
+    for (int b0 = lane / T::LPB; b0 < nblk; b0 += U * G) {
+        typename T::Act a[U];
+        typename T::Raw raw[U][R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += T::template dot<A16>(wr[r] + (size_t)b * T::BYTES, part, a);
+        for (int u = 0; u < U; ++u) {
+            const int b = min(b0 + u * G, nblk - 1);
+            T::load_act(yv, b, part, a[u]);
+#pragma unroll
+            for (int r = 0; r < R; ++r) raw[u][r] = T::template load<A16>(wr[r] + (size_t)b * T::BYTES, part);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (b0 + u * G < nblk)
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] += T::compute(raw[u][r], part, a[u]);
     }
     mv_store<R>(acc, out, lane, row0, nrows, out_stride);
     }
 }
 
-template <typename T, int R>
+template <typename T, int R, int U = 1>
 static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
                                                      float* __restrict__ out, int ncols, long long row_bytes,
                                                      int out_stride, int nrows) {
     if ((((uintptr_t)w | (uintptr_t)row_bytes) & 15) == 0)
-        matvec_direct_impl<T, R, true>(w, y, out, ncols, row_bytes, out_stride, nrows);
+        matvec_direct_impl<T, R, U, true>(w, y, out, ncols, row_bytes, out_stride, nrows);
     else
-        matvec_direct_impl<T, R, false>(w, y, out, ncols, row_bytes, out_stride, nrows);
+        matvec_direct_impl<T, R, U, false>(w, y, out, ncols, row_bytes, out_stride, nrows);
+}
+
+template <typename T, int R>
+static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
+                                                      float* __restrict__ out, int ncols, long long row_bytes,
+                                                      int out_stride, int nrows) {
+    matvec_direct<T, R, 2>(w, y, out, ncols, row_bytes, out_stride, nrows);
+}
+
+template <typename T, int R>
+static __device__ __forceinline__ void matvec_direct4(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
+                                                      float* __restrict__ out, int ncols, long long row_bytes,
+                                                      int out_stride, int nrows) {
+    matvec_direct<T, R, 4>(w, y, out, ncols, row_bytes, out_stride, nrows);
 }
 
 #define RF_MATVEC_FAST(name, shape, T, R)                                                        \
@@ -587,6 +620,12 @@ RF_MATVEC_FAST(matvec_q8_0, matvec_staged, mv_q8_0, 2)
 RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<2>, 2)
 RF_MATVEC_FAST(matvec_q4_k, matvec_direct, mv_q4_k, 1)
 RF_MATVEC_FAST(matvec_q5_k, matvec_direct, mv_q5_k, 1)
+
+// Variants timed by the decode benchmark (blocks per lane per step).
+RF_MATVEC_FAST(matvec_q4_k_u2, matvec_direct2, mv_q4_k, 1)
+RF_MATVEC_FAST(matvec_q4_k_u4, matvec_direct4, mv_q4_k, 1)
+RF_MATVEC_FAST(matvec_q5_k_u2, matvec_direct2, mv_q5_k, 1)
+RF_MATVEC_FAST(matvec_q6_k_w4, matvec_staged, mv_q6_k<4>, 1)
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>

@@ -21,11 +21,10 @@ mod ops;
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use gpu_mem::pool::ArenaSlot;
-use gpu_mem::{Blas, DeviceArena, DeviceBuffer, KernelArg, MemRange, ParamKind, WeightUploader};
+use gpu_mem::{DeviceArena, DeviceBuffer, KernelArg, MemRange, ParamKind, WeightUploader};
 use parking_lot::Mutex;
 
 use crate::backend::{Buffer, BufferType, Device, Stream, TensorMem};
@@ -43,9 +42,8 @@ pub(crate) fn gpu_err(op: &'static str, e: impl std::fmt::Display) -> GraphError
 
 struct Inner {
     dev: gpu_mem::Device,
-    /// Owned: made by `Box::leak` in [`HipDevice::new`] and freed in `Drop`, after `blas`.
-    stream: &'static gpu_mem::Stream,
-    blas: ManuallyDrop<Blas<'static>>,
+    /// The device's one stream and the BLAS handle bound to it.
+    sb: gpu_mem::StreamBlas,
     target: kernels::Device,
     warp: u32,
     name: String,
@@ -58,17 +56,11 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Err(e) = self.stream.synchronize() {
+        if let Err(e) = self.sb.stream().synchronize() {
             tracing::warn!("hip backend: stream sync at shutdown failed: {e}");
         }
         self.scratch.get_mut().take();
         self.modules.get_mut().clear();
-        // SAFETY: `blas` is dropped exactly once, here, and not used afterwards.
-        unsafe { ManuallyDrop::drop(&mut self.blas) };
-        // SAFETY: `stream` came from `Box::leak` in `HipDevice::new`; its only borrowers were the
-        // BLAS handle (dropped above) and holders of this `Inner`, which is being dropped, so
-        // nothing refers to it any more and it is freed exactly once.
-        drop(unsafe { Box::from_raw(std::ptr::from_ref(self.stream).cast_mut()) });
     }
 }
 
@@ -103,22 +95,10 @@ impl HipDevice {
             .device_attribute(hip_ffi::DeviceAttribute::WarpSize, ordinal)
             .map_err(|e| gpu_err("open", e))? as u32;
         let name = format!("hip:{ordinal} {} ({arch})", dev.info().name);
-        // Leaked here, reclaimed by `Inner::drop`: the BLAS handle bound to it borrows it.
-        let stream: &'static gpu_mem::Stream = Box::leak(Box::new(
-            gpu_mem::Stream::new(&dev).map_err(|e| gpu_err("open", e))?,
-        ));
-        let blas = match Blas::new(stream) {
-            Ok(b) => ManuallyDrop::new(b),
-            Err(e) => {
-                // SAFETY: the stream was leaked just above and nothing borrows it.
-                drop(unsafe { Box::from_raw(std::ptr::from_ref(stream).cast_mut()) });
-                return Err(gpu_err("open", e));
-            }
-        };
+        let sb = gpu_mem::StreamBlas::new(&dev).map_err(|e| gpu_err("open", e))?;
         let inner = Arc::new(Inner {
             dev,
-            stream,
-            blas,
+            sb,
             target,
             warp,
             name,
@@ -173,7 +153,8 @@ impl HipDevice {
             })
             .collect();
         inner
-            .stream
+            .sb
+            .stream()
             .launch_checked(&f, k.name(), &params, grid, [block, 1, 1], 0, args)
             .map_err(|e| gpu_err(k.name(), e))
     }
@@ -184,7 +165,8 @@ impl HipDevice {
         let mut s = self.inner.scratch.lock();
         if s.as_ref().is_none_or(|b| b.len() < bytes) {
             self.inner
-                .stream
+                .sb
+                .stream()
                 .synchronize()
                 .map_err(|e| gpu_err("scratch", e))?;
             *s = None;
@@ -217,7 +199,8 @@ impl BufferType for HipBufferType {
         let mut buf = DeviceBuffer::<u8>::new(&self.inner.dev, size.max(1), "graph buffer")
             .map_err(|e| gpu_err("alloc", e))?;
         self.inner
-            .stream
+            .sb
+            .stream()
             .memset(&mut buf.view_mut(), 0)
             .map_err(|e| gpu_err("alloc", e))?;
         Ok(Box::new(HipBuffer {
@@ -339,7 +322,8 @@ impl Buffer for HipBuffer {
             .sub(r.start, r.len())
             .map_err(|e| gpu_err("write", e))?;
         self.inner
-            .stream
+            .sb
+            .stream()
             .write_range(data, dst)
             .map_err(|e| gpu_err("write", e))
     }
@@ -348,18 +332,19 @@ impl Buffer for HipBuffer {
         match &self.mem {
             Mem::Owned(b) => {
                 let view = b.slice(r).map_err(|e| gpu_err("read", e))?;
-                self.inner.stream.read(&view, out)
+                self.inner.sb.stream().read(&view, out)
             }
             Mem::Slot { arena, slot } => {
                 let whole = arena.view::<u8>(slot).map_err(|e| gpu_err("read", e))?;
                 let view = whole.slice(r).map_err(|e| gpu_err("read", e))?;
                 // Sub-allocation reads stage through a whole allocation inside `read`.
-                self.inner.stream.read(&view, out)
+                self.inner.sb.stream().read(&view, out)
             }
         }
         .map_err(|e| gpu_err("read", e))?;
         self.inner
-            .stream
+            .sb
+            .stream()
             .synchronize()
             .map_err(|e| gpu_err("read", e))
     }
@@ -376,7 +361,8 @@ pub struct HipStream {
 impl Stream for HipStream {
     fn synchronize(&self) -> Result<()> {
         self.inner
-            .stream
+            .sb
+            .stream()
             .synchronize()
             .map_err(|e| gpu_err("synchronize", e))
     }

@@ -72,7 +72,8 @@ impl Q8Cache {
         if self.buf.as_ref().is_none_or(|b| b.len() < bytes) {
             // Queued mat-vecs may still read the old buffer.
             d.inner
-                .stream
+                .sb
+                .stream()
                 .synchronize()
                 .map_err(|e| gpu_err("quantize", e))?;
             self.key = None;
@@ -590,7 +591,7 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_
         ldb: k,
         ldc: n,
     };
-    let blas = &d.inner.blas;
+    let blas = d.inner.sb.blas();
     let views = |e| gpu_err("mul_mat", e);
     let mut c = out.view_mut::<f32>().map_err(views)?;
     if wt_.dtype == DType::F32 {
