@@ -463,4 +463,93 @@ mod tests {
         assert_eq!(c.layers[1].rope_base, 10_000.0);
         assert_eq!(c.embd_scale, 1.0);
     }
+    fn llama_md() -> Metadata {
+        let mut md = Metadata::new();
+        md.set(
+            "general.architecture",
+            MetadataValue::String("llama".into()),
+        );
+        md.set("llama.context_length", MetadataValue::U32(8192));
+        md.set("llama.embedding_length", MetadataValue::U32(256));
+        md.set("llama.block_count", MetadataValue::U32(2));
+        md.set("llama.feed_forward_length", MetadataValue::U32(512));
+        md.set("llama.attention.head_count", MetadataValue::U32(4));
+        md.set(
+            "llama.attention.layer_norm_rms_epsilon",
+            MetadataValue::F32(1e-5),
+        );
+        md
+    }
+
+    #[test]
+    fn rope_scaling_types_follow_llama_cpp() {
+        // No type key: llama.cpp treats the factor as linear scaling.
+        let mut md = llama_md();
+        md.set("llama.rope.scaling.factor", MetadataValue::F32(4.0));
+        let c = ModelConfig::from_metadata(&md, 10).unwrap();
+        assert_eq!(c.layers[0].rope_freq_scale, 0.25);
+        assert_eq!(c.yarn.ext_factor, 0.0);
+        // `none` ignores the factor.
+        md.set(
+            "llama.rope.scaling.type",
+            MetadataValue::String("none".into()),
+        );
+        let c = ModelConfig::from_metadata(&md, 10).unwrap();
+        assert_eq!(c.layers[0].rope_freq_scale, 1.0);
+        // YaRN: extrapolation on, original context from its key, magnitude cancelled to ~1.
+        md.set(
+            "llama.rope.scaling.type",
+            MetadataValue::String("yarn".into()),
+        );
+        md.set(
+            "llama.rope.scaling.original_context_length",
+            MetadataValue::U32(2048),
+        );
+        let c = ModelConfig::from_metadata(&md, 10).unwrap();
+        assert_eq!(c.layers[0].rope_freq_scale, 0.25);
+        assert_eq!(c.yarn.ext_factor, 1.0);
+        assert_eq!(c.yarn.n_ctx_orig, 2048);
+        assert!((c.yarn.attn_factor - 1.0).abs() < 1e-6);
+        md.set(
+            "llama.rope.scaling.type",
+            MetadataValue::String("longrope".into()),
+        );
+        let err = ModelConfig::from_metadata(&md, 10).unwrap_err();
+        assert!(err.to_string().contains("rope.scaling.type"), "{err}");
+    }
+
+    #[test]
+    fn gemma2_defaults_and_soft_caps() {
+        let mut md = Metadata::new();
+        for (k, v) in gemma_md().iter() {
+            if let Some(rest) = k.strip_prefix("gemma3.") {
+                if rest != "attention.sliding_window" {
+                    md.set(format!("gemma2.{rest}"), v.clone());
+                }
+            }
+        }
+        md.set(
+            "general.architecture",
+            MetadataValue::String("gemma2".into()),
+        );
+        let c = ModelConfig::from_metadata(&md, 10).unwrap();
+        assert_eq!(c.arch, Architecture::Gemma2);
+        assert_eq!(c.attn_softcap, Some(50.0));
+        assert_eq!(c.final_softcap, Some(30.0));
+        // Even layers slide over llama.cpp's default 4096 window with the global rope base.
+        assert_eq!(c.layers[0].window, Some(4096));
+        assert_eq!(c.layers[1].window, None);
+        assert_eq!(c.layers[0].rope_base, 1e6);
+        md.set("gemma2.final_logit_softcapping", MetadataValue::F32(0.0));
+        md.set("gemma2.attn_logit_softcapping", MetadataValue::F32(-1.0));
+        let err = ModelConfig::from_metadata(&md, 10).unwrap_err();
+        assert!(err.to_string().contains("attn_logit_softcapping"), "{err}");
+        // Gemma 3 caps logits only when its file says so.
+        let c = ModelConfig::from_metadata(&gemma_md(), 10).unwrap();
+        assert_eq!((c.attn_softcap, c.final_softcap), (None, None));
+        let mut g3 = gemma_md();
+        g3.set("gemma3.final_logit_softcapping", MetadataValue::F32(30.0));
+        let c = ModelConfig::from_metadata(&g3, 10).unwrap();
+        assert_eq!(c.final_softcap, Some(30.0));
+    }
 }

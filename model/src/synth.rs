@@ -27,18 +27,22 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 (q/k RMS norms).
     Qwen3,
+    /// Gemma 2 (post-attention/FFN norms, tied output, every other layer windowed, soft-capped
+    /// attention scores and logits).
+    Gemma2,
     /// Gemma 3 (q/k norms, post-attention/FFN norms, tied output, sliding window).
     Gemma3,
 }
 
 impl Arch {
-    /// Parses `llama|mistral|qwen2|qwen3|gemma3`.
+    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3`.
     pub fn parse(s: &str) -> Result<Self, ModelError> {
         Ok(match s {
             "llama" => Self::Llama,
             "mistral" => Self::Mistral,
             "qwen2" => Self::Qwen2,
             "qwen3" => Self::Qwen3,
+            "gemma2" => Self::Gemma2,
             "gemma3" => Self::Gemma3,
             _ => return Err(ModelError::UnsupportedArchitecture(s.to_owned())),
         })
@@ -49,6 +53,7 @@ impl Arch {
             Self::Llama | Self::Mistral => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
         }
     }
@@ -142,6 +147,24 @@ pub struct SynthOptions {
     pub ftype: FileType,
     /// Random seed.
     pub seed: u64,
+    /// Rope, soft-capping and window settings beyond the architecture's defaults.
+    pub extras: Extras,
+}
+
+/// Optional metadata and tensors that exercise less common model features.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Extras {
+    /// `rope.scaling.type = yarn` with this factor and original context length.
+    pub yarn: Option<(f32, u32)>,
+    /// A `rope_freqs.weight` tensor (Llama 3.1 style per-pair frequency divisors).
+    pub rope_freqs: bool,
+    /// `attn_logit_softcapping` and `final_logit_softcapping` (Gemma 2).
+    pub softcap: Option<(f32, f32)>,
+    /// `attention.sliding_window` (Gemma; 512 when unset).
+    pub window: Option<u32>,
+    /// Standard deviation of the q and k projections instead of 0.02: larger values make
+    /// attention sharp, so rope and score changes show in the logits.
+    pub qk_std: Option<f32>,
 }
 
 impl SynthOptions {
@@ -158,6 +181,7 @@ impl SynthOptions {
             shape: preset(preset_name)?,
             ftype: FileType::parse(ftype)?,
             seed,
+            extras: Extras::default(),
         })
     }
 }
@@ -207,6 +231,7 @@ struct Spec {
     dims: Vec<u64>,
     ty: GgmlType,
     norm: bool,
+    std: f32,
 }
 
 /// llama.cpp's `use_more_bits`: which layers get Q6_K for attn_v/ffn_down in Q4_K_M.
@@ -246,11 +271,14 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
     let mut v = Vec::new();
     let mat = |v: &mut Vec<Spec>, name: String, cols: u64, rows: u64, layer: Option<(u64, u64)>| {
         let ty = matrix_type(o.ftype, &name, layer, cols);
+        let qk = name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight");
+        let std = o.extras.qk_std.filter(|_| qk).unwrap_or(0.02);
         v.push(Spec {
             name,
             dims: vec![cols, rows],
             ty,
             norm: false,
+            std,
         });
     };
     mat(&mut v, "token_embd.weight".into(), e, n_vocab, None);
@@ -284,6 +312,10 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 n.push((b("post_attention_norm.weight"), e));
                 n.push((b("post_ffw_norm.weight"), e));
             }
+            Arch::Gemma2 => {
+                n.push((b("post_attention_norm.weight"), e));
+                n.push((b("post_ffw_norm.weight"), e));
+            }
             Arch::Llama | Arch::Mistral => {}
         }
         layers.push((m, n));
@@ -298,22 +330,34 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 dims: vec![len],
                 ty: GgmlType::F32,
                 norm: true,
+                std: 0.02,
             });
         }
+    }
+    if o.extras.rope_freqs {
+        v.push(Spec {
+            name: "rope_freqs.weight".into(),
+            dims: vec![hd / 2],
+            ty: GgmlType::F32,
+            norm: true,
+            std: 0.02,
+        });
     }
     v.push(Spec {
         name: "output_norm.weight".into(),
         dims: vec![e],
         ty: GgmlType::F32,
         norm: true,
+        std: 0.02,
     });
-    if o.arch != Arch::Gemma3 {
+    if !matches!(o.arch, Arch::Gemma2 | Arch::Gemma3) {
         let ty = matrix_type(o.ftype, "output.weight", None, e);
         v.push(Spec {
             name: "output.weight".into(),
             dims: vec![e, n_vocab],
             ty,
             norm: false,
+            std: 0.02,
         });
     }
     v
@@ -355,10 +399,20 @@ fn tensor_bytes(seed: u64, t: &Spec) -> Result<Vec<u8>, ModelError> {
         ModelError::InvalidArgument(format!("{}: {cols} columns do not fit {}", t.name, t.ty))
     })? as usize;
     let mut out = vec![0u8; row_bytes * rows];
+    if t.name == "rope_freqs.weight" {
+        // Frequency divisors from 1 (fastest pair) to 8 (slowest), as Llama 3.1's long-context
+        // factors leave high frequencies alone and slow the low ones down.
+        let n = cols.max(2) as f32 - 1.0;
+        let vals: Vec<f32> = (0..cols)
+            .map(|i| 1.0 + 7.0 * (i as f32 / n).powi(2))
+            .collect();
+        gguf::quantize_row(t.ty, &vals, &mut out)?;
+        return Ok(out);
+    }
     let (mean, std) = if t.norm && t.name.contains("norm") {
-        (1.0, 0.02)
+        (1.0, t.std)
     } else {
-        (0.0, 0.02)
+        (0.0, t.std)
     };
     out.par_chunks_mut(row_bytes).enumerate().try_for_each(
         |(r, dst)| -> Result<(), ModelError> {
@@ -413,8 +467,21 @@ pub fn write(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), M
         k("attention.layer_norm_rms_epsilon"),
         MetadataValue::F32(s.eps),
     );
-    if o.arch == Arch::Gemma3 {
-        md.set(k("attention.sliding_window"), MetadataValue::U32(512));
+    if matches!(o.arch, Arch::Gemma2 | Arch::Gemma3) {
+        let w = o.extras.window.unwrap_or(512);
+        md.set(k("attention.sliding_window"), MetadataValue::U32(w));
+    }
+    if let Some((attn, fin)) = o.extras.softcap {
+        md.set(k("attn_logit_softcapping"), MetadataValue::F32(attn));
+        md.set(k("final_logit_softcapping"), MetadataValue::F32(fin));
+    }
+    if let Some((factor, orig)) = o.extras.yarn {
+        md.set(k("rope.scaling.type"), "yarn");
+        md.set(k("rope.scaling.factor"), MetadataValue::F32(factor));
+        md.set(
+            k("rope.scaling.original_context_length"),
+            MetadataValue::U32(orig),
+        );
     }
     match vocab {
         Some(p) => {
@@ -459,18 +526,48 @@ pub fn write_model(arch: &str, out: &Path, seed: u64) -> Result<(), ModelError> 
 pub fn golden_spec(name: &str) -> Option<(SynthOptions, &'static str)> {
     let (arch, ftype, vocab) = match name {
         "llama" => ("llama", "q4_k_m", "ggml-vocab-llama-bpe.gguf"),
+        "llama-yarn" | "llama-rope-freqs" => ("llama", "q8_0", "ggml-vocab-llama-bpe.gguf"),
         "mistral" => ("mistral", "q8_0", "ggml-vocab-llama-spm.gguf"),
         "qwen2" => ("qwen2", "q4_k_m", "ggml-vocab-qwen2.gguf"),
         "qwen3" => ("qwen3", "f16", "ggml-vocab-qwen2.gguf"),
+        "gemma2" => ("gemma2", "q8_0", "ggml-vocab-llama-spm.gguf"),
         _ => return None,
     };
-    SynthOptions::parse(arch, "tiny", ftype, 42)
-        .ok()
-        .map(|o| (o, vocab))
+    let mut o = SynthOptions::parse(arch, "tiny", ftype, 42).ok()?;
+    match name {
+        // Scaled 4x from a 512-token original context: the correction dims fall inside the
+        // 64-dim heads, so some pairs are interpolated, some extrapolated, some blended.
+        // Sharp attention (q/k std 0.2: scores of order 10) so position encodings show.
+        "llama-yarn" => {
+            o.extras.yarn = Some((4.0, 512));
+            o.extras.qk_std = Some(0.2);
+        }
+        "llama-rope-freqs" => {
+            o.extras.rope_freqs = true;
+            o.extras.qk_std = Some(0.2);
+        }
+        // Caps below the score and logit magnitudes, so tanh bends them; a 4-token window so
+        // short prompts already slide.
+        "gemma2" => {
+            o.extras.softcap = Some((5.0, 2.0));
+            o.extras.window = Some(4);
+            o.extras.qk_std = Some(0.2);
+        }
+        _ => {}
+    }
+    Some((o, vocab))
 }
 
 /// Names accepted by [`golden_spec`].
-pub const GOLDEN_NAMES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+pub const GOLDEN_NAMES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "llama-yarn",
+    "llama-rope-freqs",
+    "gemma2",
+];
 
 #[cfg(test)]
 mod tests {
