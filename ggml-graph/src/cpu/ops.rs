@@ -380,8 +380,13 @@ pub(crate) fn rms_norm_mul(
         }
         rms_norm_in_place(orow, eps);
         let wrow = w.row(wa, i1 % wne[1], i2 % wne[2], i3 % wne[3]);
-        for (i, o) in orow.iter_mut().enumerate() {
-            *o *= wrow[i % wne[0]];
+        if wrow.len() == orow.len() {
+            // The usual case (no broadcast along the row): no index division per element.
+            orow.iter_mut().zip(wrow).for_each(|(o, &wv)| *o *= wv);
+        } else {
+            for (i, o) in orow.iter_mut().enumerate() {
+                *o *= wrow[i % wne[0]];
+            }
         }
     });
     Ok(())
