@@ -41,6 +41,14 @@ pub(crate) fn mul_mat(
     let (b2, b3) = (t.ne[2], t.ne[3]);
     let (r2, r3) = (b2 / wt.ne[2], b3 / wt.ne[3]);
     let xa = x.f32s()?;
+    // ggml multiplies F16 (BF16) weights with activations converted to F16 (BF16) (their
+    // `vec_dot_type`); the same rounding here keeps F16 models on llama.cpp's numbers.
+    let x_rounded: Option<Vec<f32>> = match wty {
+        DType::F16 => Some(xa.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()),
+        DType::BF16 => Some(xa.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()),
+        _ => None,
+    };
+    let xa = x_rounded.as_deref().unwrap_or(xa);
     let simd = be.simd();
     let o = out_f32(t, out)?;
     let n_cols = m * b2 * b3;
