@@ -44,8 +44,16 @@ pub(crate) fn mul_mat(
     // ggml multiplies F16 (BF16) weights with activations converted to F16 (BF16) (their
     // `vec_dot_type`); the same rounding here keeps F16 models on llama.cpp's numbers.
     let x_rounded: Option<Vec<f32>> = match wty {
-        DType::F16 => Some(xa.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()),
-        DType::BF16 => Some(xa.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()),
+        DType::F16 => Some(
+            xa.iter()
+                .map(|&v| half::f16::from_f32(v).to_f32())
+                .collect(),
+        ),
+        DType::BF16 => Some(
+            xa.iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect(),
+        ),
         _ => None,
     };
     let xa = x_rounded.as_deref().unwrap_or(xa);
