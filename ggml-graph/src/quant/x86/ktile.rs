@@ -143,9 +143,10 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
 /// The float steps follow llama.cpp's x86 kernels for this machine's types. Q6_K (ggml's
 /// `vec_dot_q6_K_q8_K`): per super-block eight i32 lanes (each lane four consecutive values of
 /// every 32), minus `32 * scale * group sum`, `acc = fma(da * dw, lanes, acc)`, then ggml's
-/// eight-lane horizontal sum. Q4_K/Q5_K (ggml's repacked Q4_K gemv/gemm): per super-block the
-/// whole integer dot and the whole integer min term, `a = fma(dot, dw * da, a)`,
-/// `m = fma(mins, dmin * da, m)`, result `a - m`.
+/// eight-lane horizontal sum. Q4_K/Q5_K: per super-block eight i32 lanes the same way, ggml's
+/// horizontal sum of them as floats, and `acc += da * (dw * sum - dmin * mins)` (llama.cpp's
+/// repacked Q4_K kernels sum in 64-value steps for prefill and 256-value steps for decode, which
+/// one order cannot follow both; this one keeps the Gemma greedy goldens).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI; every row holds `nb` super-blocks.
@@ -159,7 +160,6 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
 ) -> [[f32; C]; R] {
     let mut acc8 = [[_mm256_setzero_ps(); C]; R];
     let mut acc_d = [[0f32; C]; R];
-    let mut acc_m = [[0f32; C]; R];
     for i in 0..nb {
         // SAFETY: super-block `i` of every row is in bounds (caller).
         unsafe {
@@ -202,9 +202,9 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
                         );
                     } else {
                         let dmin = std::ptr::read_unaligned(wp.add(OFF_D + 4) as *const f32);
-                        let (dot, mins) = (hsum_i32(s8), hsum_i32(mm));
-                        acc_d[r][c] = (dot as f32).mul_add(dw * da, acc_d[r][c]);
-                        acc_m[r][c] = (mins as f32).mul_add(dmin * da, acc_m[r][c]);
+                        let mins = hsum_i32(mm) as f32;
+                        let dot = hsum_float_8(_mm256_cvtepi32_ps(s8));
+                        acc_d[r][c] += da * (dw * dot - dmin * mins);
                     }
                 }
             }
@@ -216,7 +216,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
             out[r][c] = if SIX {
                 hsum_float_8(acc8[r][c])
             } else {
-                acc_d[r][c] - acc_m[r][c]
+                acc_d[r][c]
             };
         }
     }
