@@ -170,12 +170,12 @@ fn main() {
     );
     // (type, variants: symbol suffix and rows per block)
     let types: [(WeightType, &[(&str, usize)]); 7] = [
-        (WeightType::Q4_K, &[("_u2", 4), ("_u4", 4)]),
-        (WeightType::Q6_K, &[("_w4", 4)]),
+        (WeightType::Q4_K, &[]),
+        (WeightType::Q6_K, &[]),
         (WeightType::Q8_0, &[]),
         (WeightType::Q5_0, &[]),
         (WeightType::Q4_0, &[]),
-        (WeightType::Q5_K, &[("_u2", 4)]),
+        (WeightType::Q5_K, &[]),
         (WeightType::Q3_K, &[]),
     ];
     let mut summary = Vec::new();

@@ -597,13 +597,6 @@ static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict_
     matvec_direct<T, R, 2>(w, y, out, ncols, row_bytes, out_stride, nrows);
 }
 
-template <typename T, int R>
-static __device__ __forceinline__ void matvec_direct4(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
-                                                      float* __restrict__ out, int ncols, long long row_bytes,
-                                                      int out_stride, int nrows) {
-    matvec_direct<T, R, 4>(w, y, out, ncols, row_bytes, out_stride, nrows);
-}
-
 #define RF_MATVEC_FAST(name, shape, T, R)                                                        \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
                         int out_stride, int nrows) {                                             \
@@ -611,21 +604,16 @@ static __device__ __forceinline__ void matvec_direct4(const uint8_t* __restrict_
     }
 
 // Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is
-// MV_WARPS * R. Chosen with `cargo bench -p kernels --bench decode` on an H200: Q4_K reads
-// directly with one row per warp (62% of the copy bandwidth on 8B FFN shapes against 53% through
-// the stage with two rows), the 2-byte aligned types through the stage with two rows.
+// MV_WARPS * R. Chosen with `cargo bench -p kernels --bench decode` on an H200: Q4_K/Q5_K read
+// directly, one row per warp and two blocks per lane in flight (Q4_K 8B FFN shapes: 63-68% of the
+// copy bandwidth, against 53% through the stage with two rows and 59-61% with one block in
+// flight); the 2-byte aligned types go through the stage with two rows.
 RF_MATVEC_FAST(matvec_q4_0, matvec_staged, mv_q4_0, 2)
 RF_MATVEC_FAST(matvec_q5_0, matvec_staged, mv_q5_0, 2)
 RF_MATVEC_FAST(matvec_q8_0, matvec_staged, mv_q8_0, 2)
 RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<2>, 2)
-RF_MATVEC_FAST(matvec_q4_k, matvec_direct, mv_q4_k, 1)
-RF_MATVEC_FAST(matvec_q5_k, matvec_direct, mv_q5_k, 1)
-
-// Variants timed by the decode benchmark (blocks per lane per step).
-RF_MATVEC_FAST(matvec_q4_k_u2, matvec_direct2, mv_q4_k, 1)
-RF_MATVEC_FAST(matvec_q4_k_u4, matvec_direct4, mv_q4_k, 1)
-RF_MATVEC_FAST(matvec_q5_k_u2, matvec_direct2, mv_q5_k, 1)
-RF_MATVEC_FAST(matvec_q6_k_w4, matvec_staged, mv_q6_k<4>, 1)
+RF_MATVEC_FAST(matvec_q4_k, matvec_direct2, mv_q4_k, 1)
+RF_MATVEC_FAST(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>
