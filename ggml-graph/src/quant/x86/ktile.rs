@@ -64,8 +64,14 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), hi(4)),
                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4), hi(6)),
                     ];
-                    for (k, v) in vals.iter().enumerate() {
-                        _mm256_storeu_si256(q.add(128 * half + 32 * k) as *mut __m256i, *v);
+                    // 512-bit stores, as the tile loads them: a wide load of two narrow fresh
+                    // stores is not forwarded and stalls (decode reads each row once).
+                    for k in 0..2 {
+                        let v = _mm512_inserti64x4::<1>(
+                            _mm512_castsi256_si512(vals[2 * k]),
+                            vals[2 * k + 1],
+                        );
+                        _mm512_storeu_si512(q.add(128 * half + 64 * k) as *mut _, v);
                     }
                 }
                 // Group g's scale on i16 lanes 8g..8g+7 of the 256 values' 128 lanes.
@@ -113,8 +119,8 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
                         lo = _mm256_or_si256(lo, b(2 * j));
                         hi = _mm256_or_si256(hi, b(2 * j + 1));
                     }
-                    _mm256_storeu_si256(q.add(64 * j) as *mut __m256i, lo);
-                    _mm256_storeu_si256(q.add(64 * j + 32) as *mut __m256i, hi);
+                    let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                    _mm512_storeu_si512(q.add(64 * j) as *mut _, v);
                 }
                 for j in 0..4 {
                     let v = _mm512_mask_blend_epi16(
