@@ -1,10 +1,12 @@
 //! Loaded code objects and their kernels, plus the argument packer for launches.
 
+use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::marker::PhantomData;
 
 use bytemuck::Pod;
 use hip_ffi::{FunctionHandle, ModuleHandle};
+use parking_lot::Mutex;
 
 use crate::buffer::{DeviceView, DeviceViewMut};
 use crate::device::Device;
@@ -14,6 +16,8 @@ use crate::error::{GpuError, Result};
 pub struct Module {
     device: Device,
     handle: ModuleHandle,
+    /// Kernels looked up so far (a launch path asks for the same few names over and over).
+    functions: Mutex<HashMap<String, FunctionHandle>>,
 }
 
 impl std::fmt::Debug for Module {
@@ -43,16 +47,26 @@ impl Module {
         Ok(Module {
             device: device.clone(),
             handle,
+            functions: Mutex::new(HashMap::new()),
         })
     }
 
     /// Looks up a kernel by name.
     pub fn function(&self, name: &str) -> Result<Function<'_>> {
-        let c = CString::new(name)
-            .map_err(|_| GpuError::InvalidArgument(format!("kernel name {name:?} contains NUL")))?;
-        self.device.bind()?;
-        // SAFETY: the module is live for `self`'s life.
-        let handle = unsafe { self.device.api().module_get_function(self.handle, &c) }?;
+        let cached = self.functions.lock().get(name).copied();
+        let handle = match cached {
+            Some(h) => h,
+            None => {
+                let c = CString::new(name).map_err(|_| {
+                    GpuError::InvalidArgument(format!("kernel name {name:?} contains NUL"))
+                })?;
+                self.device.bind()?;
+                // SAFETY: the module is live for `self`'s life.
+                let h = unsafe { self.device.api().module_get_function(self.handle, &c) }?;
+                self.functions.lock().insert(name.to_owned(), h);
+                h
+            }
+        };
         Ok(Function {
             device: &self.device,
             handle,
@@ -102,10 +116,13 @@ impl Function<'_> {
     }
 }
 
-/// Kernel arguments, packed by value in order (device pointers as 64-bit addresses).
+/// Kernel arguments, packed by value in order (device pointers as 64-bit addresses), all in one
+/// word buffer (a launch allocates once, not once per argument).
 #[derive(Debug, Default)]
 pub struct KernelArgs {
-    values: Vec<Box<[u64]>>,
+    words: Vec<u64>,
+    /// First word of each argument.
+    starts: Vec<usize>,
     error: Option<String>,
 }
 
@@ -120,24 +137,22 @@ impl KernelArgs {
         if std::mem::align_of::<T>() > 8 {
             self.error = Some(format!(
                 "argument {} has alignment {} (at most 8 is supported)",
-                self.values.len(),
+                self.starts.len(),
                 std::mem::align_of::<T>()
             ));
             return self;
         }
-        let bytes = bytemuck::bytes_of(&value);
-        let mut words = vec![0u64; bytes.len().div_ceil(8).max(1)].into_boxed_slice();
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-        self.values.push(words);
-        self
+        self.push_bytes(bytemuck::bytes_of(&value))
     }
 
     /// Appends a struct passed by value, given as its bytes (layouts of at most 8-byte
     /// alignment, like [`KernelArgs::push`]).
     pub fn push_bytes(&mut self, bytes: &[u8]) -> &mut Self {
-        let mut words = vec![0u64; bytes.len().div_ceil(8).max(1)].into_boxed_slice();
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-        self.values.push(words);
+        let start = self.words.len();
+        self.words.resize(start + bytes.len().div_ceil(8).max(1), 0);
+        bytemuck::cast_slice_mut::<u64, u8>(&mut self.words[start..])[..bytes.len()]
+            .copy_from_slice(bytes);
+        self.starts.push(start);
         self
     }
 
@@ -153,12 +168,12 @@ impl KernelArgs {
 
     /// Number of arguments.
     pub fn len(&self) -> usize {
-        self.values.len()
+        self.starts.len()
     }
 
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+        self.starts.is_empty()
     }
 
     /// One pointer per argument, as `hipModuleLaunchKernel` takes them.
@@ -166,10 +181,12 @@ impl KernelArgs {
         if let Some(e) = &self.error {
             return Err(GpuError::InvalidArgument(e.clone()));
         }
+        // The buffer is not resized while the pointers are in use (`&mut self` is held).
+        let base = self.words.as_mut_ptr();
         Ok(self
-            .values
-            .iter_mut()
-            .map(|v| v.as_mut_ptr().cast::<c_void>())
+            .starts
+            .iter()
+            .map(|&s| base.wrapping_add(s).cast::<c_void>())
             .collect())
     }
 }

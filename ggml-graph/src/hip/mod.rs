@@ -139,23 +139,11 @@ impl HipDevice {
             }
         };
         let f = m.function(k.name()).map_err(|e| gpu_err("load", e))?;
-        let params: Vec<ParamKind> = k
-            .params()
-            .iter()
-            .map(|p| match p {
-                kernels::Param::Ptr => ParamKind::Ptr,
-                kernels::Param::I32 => ParamKind::I32,
-                kernels::Param::I64 => ParamKind::I64,
-                kernels::Param::F32 => ParamKind::F32,
-                kernels::Param::Attn => {
-                    ParamKind::Bytes(std::mem::size_of::<kernels::AttnParams>())
-                }
-            })
-            .collect();
+        let params = param_kinds(k);
         inner
             .sb
             .stream()
-            .launch_checked(&f, k.name(), &params, grid, [block, 1, 1], 0, args)
+            .launch_checked(&f, k.name(), params, grid, [block, 1, 1], 0, args)
             .map_err(|e| gpu_err(k.name(), e))
     }
 
@@ -179,6 +167,34 @@ impl HipDevice {
         s.clone()
             .ok_or_else(|| gpu_err("scratch", "scratch allocation missing"))
     }
+}
+
+/// `k`'s parameter list in `gpu-mem`'s terms, converted once per kernel.
+fn param_kinds(k: kernels::KernelId) -> &'static [ParamKind] {
+    static TABLE: std::sync::OnceLock<HashMap<kernels::KernelId, Vec<ParamKind>>> =
+        std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        kernels::KernelId::ALL
+            .iter()
+            .map(|&id| {
+                let kinds = id
+                    .params()
+                    .iter()
+                    .map(|p| match p {
+                        kernels::Param::Ptr => ParamKind::Ptr,
+                        kernels::Param::I32 => ParamKind::I32,
+                        kernels::Param::I64 => ParamKind::I64,
+                        kernels::Param::F32 => ParamKind::F32,
+                        kernels::Param::Attn => {
+                            ParamKind::Bytes(std::mem::size_of::<kernels::AttnParams>())
+                        }
+                    })
+                    .collect();
+                (id, kinds)
+            })
+            .collect()
+    });
+    table.get(&k).map_or(&[], Vec::as_slice)
 }
 
 /// Device memory from `gpu-mem`.
