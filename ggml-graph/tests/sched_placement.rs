@@ -167,3 +167,41 @@ fn without_a_rule_the_first_supporting_device_wins() {
     let sched = s.last_schedule().unwrap();
     assert!(sched.splits.iter().all(|(d, _)| *d == 0));
 }
+
+#[test]
+fn keyed_runs_reuse_their_preparation_and_stay_exact() {
+    let mut rng = Rng::new(7);
+    let mut g = Graph::new();
+    let (x, idx, z) = model(&mut g);
+    let mut s = Scheduler::new(vec![dev("gpu"), dev("cpu")]).unwrap();
+    let mut reference = Scheduler::new(vec![dev("one")]).unwrap();
+    for n in ["blk.0.w", "blk.1.w", "out.w"] {
+        let b = random_weights(&mut rng, DType::Q8_0, D * D);
+        for sch in [&mut s, &mut reference] {
+            sch.bind_weight(n, DType::Q8_0, &[D, D], WeightBytes::from_vec(b.clone()))
+                .unwrap();
+        }
+    }
+    s.set_placement(Arc::new(|name: &str| {
+        layer(name).map(|l| if l == 0 { 1 } else { 0 })
+    }));
+    // Keyed, keyed again (reuse), unkeyed in between, keyed again: each equals a fresh run.
+    for (step, key) in [Some(3), Some(3), None, Some(3), Some(4)]
+        .into_iter()
+        .enumerate()
+    {
+        let xb = f32_bytes(&rng.vec(D * 2));
+        let ib = i32_bytes(&[(step % 4) as i32, ((step + 1) % 4) as i32]);
+        let ins: [(TensorId, &[u8]); 2] = [(x, &xb), (idx, &ib)];
+        s.run_keyed(key, &g, &ins).unwrap();
+        reference.run(&g, &ins).unwrap();
+        assert_eq!(
+            s.output_f32(z).unwrap(),
+            reference.output_f32(z).unwrap(),
+            "step {step}"
+        );
+    }
+    // A missing input is still an error on a reused preparation.
+    let xb = f32_bytes(&rng.vec(D * 2));
+    assert!(s.run_keyed(Some(4), &g, &[(x, &xb)]).is_err());
+}

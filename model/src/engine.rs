@@ -23,15 +23,21 @@ pub(crate) enum Engine {
 }
 
 impl Engine {
+    /// Runs `graph`; equal `key`s promise identical graphs (the scheduler then reuses its
+    /// schedule and memory plan).
     pub(crate) fn run(
         &mut self,
+        key: Option<u64>,
         graph: &Graph,
         inputs: &[(TensorId, &[u8])],
     ) -> Result<(), GraphError> {
         match self {
-            Self::Cpu(e) => e.run(graph, inputs),
+            Self::Cpu(e) => {
+                let _ = key;
+                e.run(graph, inputs)
+            }
             #[cfg(feature = "hip")]
-            Self::Gpu(g) => g.sched.run(graph, inputs),
+            Self::Gpu(g) => g.sched.run_keyed(key, graph, inputs),
         }
     }
 

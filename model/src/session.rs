@@ -14,7 +14,9 @@ use std::time::Instant;
 use ggml_graph::{CpuBackend, DType, WeightBytes};
 use gguf::GgufFile;
 
-use crate::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode, WeightTable};
+use crate::arch::{
+    build_forward, BatchSpec, ForwardGraph, KvCacheSpec, KvType, LogitsMode, WeightTable,
+};
 use crate::config::ModelConfig;
 use crate::engine::Engine;
 use crate::error::ModelError;
@@ -281,7 +283,15 @@ pub struct Session {
     /// The tokens at positions `0..n_past`.
     history: Vec<u32>,
     stats: EvalStats,
+    /// The optimized single-token decode graph of one KV bucket (see [`KV_BUCKET`]).
+    decode: Option<(usize, ForwardGraph)>,
 }
+
+/// Single-token decode graphs attend over the KV cache rounded up to a multiple of this many
+/// positions: keys past the query's position are masked by causality (and skipped by both
+/// backends' attention), so the result is unchanged, while the graph stays the same for this
+/// many steps and is built, optimized, scheduled and planned once per bucket.
+pub const KV_BUCKET: usize = 256;
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -348,6 +358,7 @@ impl Session {
             n_past: 0,
             history: Vec::new(),
             stats: EvalStats::default(),
+            decode: None,
         })
     }
 
@@ -459,14 +470,44 @@ impl Session {
 
     fn forward(&mut self, tokens: &[u32], mode: LogitsMode) -> Result<Vec<f32>, ModelError> {
         let t0 = Instant::now();
-        let batch = BatchSpec {
-            n_tok: tokens.len(),
-            n_past: self.n_past,
-            logits: mode,
+        let bucket = (tokens.len() == 1 && mode == LogitsMode::Last).then(|| {
+            (self.n_past + 1)
+                .next_multiple_of(KV_BUCKET)
+                .min(self.kv.n_ctx)
+        });
+        let built;
+        let fg = match bucket {
+            Some(n_kv) => {
+                if self.decode.as_ref().is_none_or(|(k, _)| *k != n_kv) {
+                    let batch = BatchSpec {
+                        n_tok: 1,
+                        n_past: n_kv - 1,
+                        logits: LogitsMode::Last,
+                    };
+                    let mut g =
+                        build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
+                    self.engine.optimize(&mut g.graph);
+                    self.decode = Some((n_kv, g));
+                }
+                match &self.decode {
+                    Some((_, g)) => g,
+                    None => return Err(ModelError::InvalidArgument("no decode graph".into())),
+                }
+            }
+            None => {
+                let batch = BatchSpec {
+                    n_tok: tokens.len(),
+                    n_past: self.n_past,
+                    logits: mode,
+                };
+                let mut g =
+                    build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
+                // The optimizer keeps tensor ids valid.
+                self.engine.optimize(&mut g.graph);
+                built = g;
+                &built
+            }
         };
-        let mut fg = build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
-        // The optimizer keeps tensor ids valid.
-        self.engine.optimize(&mut fg.graph);
         let ids: Vec<u8> = tokens
             .iter()
             .flat_map(|&t| (t as i32).to_le_bytes())
@@ -475,8 +516,11 @@ impl Session {
             .flat_map(|p| (p as i32).to_le_bytes())
             .collect();
         let t1 = Instant::now();
-        self.engine
-            .run(&fg.graph, &[(fg.tokens, &ids), (fg.pos, &pos)])?;
+        self.engine.run(
+            bucket.map(|b| b as u64),
+            &fg.graph,
+            &[(fg.tokens, &ids), (fg.pos, &pos)],
+        )?;
         let logits = self.engine.output_f32(fg.logits)?;
         let t2 = Instant::now();
         self.stats.build_s += (t1 - t0).as_secs_f64();
