@@ -103,7 +103,7 @@ impl RopeParams {
     /// extrapolation is on (as ggml's `rope_yarn`).
     pub fn mscale(&self) -> f32 {
         if self.ext_factor != 0.0 {
-            self.attn_factor * (1.0 + 0.1 * (1.0 / self.freq_scale).ln())
+            self.attn_factor * 0.1f32.mul_add((1.0 / self.freq_scale).ln(), 1.0)
         } else {
             self.attn_factor
         }

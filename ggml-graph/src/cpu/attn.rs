@@ -40,9 +40,11 @@ pub(crate) fn rope(
                 None => theta,
             };
             let interp = p.freq_scale * extrap;
+            // The fused multiply-adds are where ggml's build (GCC contracting `a*b + c*d` to
+            // fma(a, b, c*d)) puts them: with them the rotation is bit-exact with llama.cpp's.
             let th = if p.ext_factor != 0.0 {
                 let mix = yarn_ramp(corr, i) * p.ext_factor;
-                interp * (1.0 - mix) + extrap * mix
+                interp.mul_add(1.0 - mix, extrap * mix)
             } else {
                 interp
             };
@@ -52,8 +54,8 @@ pub(crate) fn rope(
                 RopeMode::Neox => (i, i + half),
             };
             let (x0, x1) = (src[a], src[b]);
-            orow[a] = x0 * cos - x1 * sin;
-            orow[b] = x0 * sin + x1 * cos;
+            orow[a] = x0.mul_add(cos, -(x1 * sin));
+            orow[b] = x0.mul_add(sin, x1 * cos);
             theta *= theta_scale;
         }
         orow[p.n_dims..].copy_from_slice(&src[p.n_dims..]);

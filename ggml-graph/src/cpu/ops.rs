@@ -54,10 +54,12 @@ fn gelu_table() -> &'static [f32] {
     })
 }
 
-/// GELU, tanh approximation, in f32.
+/// GELU, tanh approximation, in f32, with the one fused multiply-add ggml's build contracts
+/// `1 + 0.044715 x x` to (it decides the f16 rounding of a few table entries).
 pub(crate) fn gelu_f32(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+    let inner = (0.044_715 * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
 }
 
 /// `cap * tanh(x / cap)` as llama.cpp's graph computes it: a multiply by the f32 reciprocal,
