@@ -1,12 +1,19 @@
-// Flash-style attention over a KV cache: softmax(q k^T * scale + causal/sliding-window mask) v
-// without materializing the score matrix, with grouped-query heads sharing K/V tiles.
+// Attention over a KV cache: softmax(q k^T * scale + causal/sliding-window mask) v without
+// materializing the score matrix, with grouped-query heads sharing K/V tiles.
+//
+// Rounding follows llama.cpp's KQ and KQV matrix products (and our CPU op): with an f16 cache
+// the queries are rounded to f16 before q k^T, and the normalized probabilities are rounded to
+// f16 before they weight V. Rounding normalized probabilities needs the row's final max and sum
+// first, so each row takes two passes over its keys: scores only (running max and sum), then
+// scores again with the probabilities that weight V.
 //
 // Grid: x = tiles of query rows, y = KV heads, z = splits of the KV range. The query rows of a KV
-// head are (token, head-in-group) pairs; each warp owns one row and keeps its running max, sum
-// and output accumulator in registers (online softmax), while the block stages K/V tiles in
-// shared memory once for all its rows. Prefill uses many row tiles and one split; decode has
-// one row tile per KV head and splits the KV range across blocks (split-K), whose partial
-// results `attn_combine_f32` merges.
+// head are (token, head-in-group) pairs; each warp owns one row, while the block stages K/V
+// tiles in shared memory once for all its rows. Prefill uses many row tiles and one split
+// (`phase` 0: both passes in one launch). Decode has one row tile per KV head and splits the KV
+// range across blocks: `phase` 1 writes each split's (max, sum), `phase` 2 merges them into the
+// row's totals and writes each split's share of the output, and `attn_combine_f32` adds the
+// shares.
 #include "common.h"
 
 #define ATTN_DMAX 256
@@ -27,6 +34,7 @@ struct attn_params {
     long long v_pos_stride, v_head_stride;
     long long o_tok_stride, o_head_stride;
     float scale;
+    int phase;         // 0: whole range; split-K: 1 = per-split max and sum, 2 = per-split output
 };
 
 template <typename KV>
@@ -36,7 +44,15 @@ __device__ __forceinline__ float ld_kv<float>(const float* p, long long i) { ret
 template <>
 __device__ __forceinline__ float ld_kv<__half>(const __half* p, long long i) { return __half2float(p[i]); }
 
-// `part` (split > 1 only): per split and row (token * n_heads + head): [m, l, acc[head_dim]].
+// A value rounded to the cache's precision (what the CPU converts q and probabilities to).
+template <typename KV>
+static __device__ __forceinline__ float round_kv(float x);
+template <>
+__device__ __forceinline__ float round_kv<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float round_kv<__half>(float x) { return __half2float(__float2half(x)); }
+
+// `part` (split-K only): per split and row (token * n_heads + head): [m, l, out[head_dim]].
 template <typename KV>
 static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, const KV* __restrict__ k,
                                                  const KV* __restrict__ v, const int* __restrict__ pos,
@@ -56,6 +72,8 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
     const int tok = active ? row / gqa : 0;
     const int head = kvh * gqa + (active ? row % gqa : 0);
     const int qpos = pos[tok];
+    const long long nrows = (long long)p.n_tokens * p.n_heads;
+    const long long grow = (long long)tok * p.n_heads + head;
 
     // KV range of this split, narrowed to what the block's rows can see.
     const int last_row = min(row0 + nwarps, rows) - 1;
@@ -78,13 +96,59 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
 #pragma unroll
     for (int j = 0; j < ATTN_DPL; ++j) {
         const int d = lane + j * RF_WARP;
-        qr[j] = (active && d < D) ? qp[d] * p.scale : 0.0f;
+        qr[j] = (active && d < D) ? round_kv<KV>(qp[d]) : 0.0f;
         acc[j] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
-
     const KV* kb = k + (long long)kvh * p.k_head_stride;
     const KV* vb = v + (long long)kvh * p.v_head_stride;
+
+    // Pass 1: the row's max and sum of exp(score - max) over this block's keys.
+    float m = -INFINITY, l = 0.0f;
+    if (p.phase != 2) {
+        for (int t0 = lo; t0 < hi; t0 += ATTN_TK) {
+            const int tn = min(ATTN_TK, hi - t0);
+            __syncthreads();
+            for (int i = threadIdx.x; i < tn * D; i += blockDim.x) {
+                const int pp = i / D, d = i % D;
+                ks[pp * ATTN_DMAX + d] = ld_kv(kb, (long long)(t0 + pp) * p.k_pos_stride + d);
+            }
+            __syncthreads();
+            if (!active) continue;
+            const int a = max(t0, r_lo), e = min(t0 + tn, r_hi);
+            for (int ps = a; ps < e; ++ps) {
+                const float* kr = ks + (ps - t0) * ATTN_DMAX;
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < ATTN_DPL; ++j) {
+                    const int d = lane + j * RF_WARP;
+                    if (d < D) s += qr[j] * kr[d];
+                }
+                s = p.scale * warp_sum(s);
+                const float mn = fmaxf(m, s);
+                l = l * expf(m - mn) + expf(s - mn);  // exp(-inf) = 0 on the first key
+                m = mn;
+            }
+        }
+    }
+    if (p.phase == 1) {
+        if (active && lane == 0) {
+            float* pp = part + ((long long)blockIdx.z * nrows + grow) * (D + 2);
+            pp[0] = m;
+            pp[1] = l;
+        }
+        return;
+    }
+    if (p.phase == 2 && active) {
+        // The row's totals from every split's (max, sum).
+        for (int s = 0; s < (int)gridDim.z; ++s) m = fmaxf(m, part[((long long)s * nrows + grow) * (D + 2)]);
+        for (int s = 0; s < (int)gridDim.z; ++s) {
+            const float* pp = part + ((long long)s * nrows + grow) * (D + 2);
+            if (pp[0] != -INFINITY) l += pp[1] * expf(pp[0] - m);
+        }
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+
+    // Pass 2: probabilities, normalized and rounded, weight the V rows.
     for (int t0 = lo; t0 < hi; t0 += ATTN_TK) {
         const int tn = min(ATTN_TK, hi - t0);
         __syncthreads();
@@ -96,50 +160,32 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
         __syncthreads();
         if (!active) continue;
         const int a = max(t0, r_lo), e = min(t0 + tn, r_hi);
-        for (int pos = a; pos < e; ++pos) {
-            const float* kr = ks + (pos - t0) * ATTN_DMAX;
+        for (int ps = a; ps < e; ++ps) {
+            const float* kr = ks + (ps - t0) * ATTN_DMAX;
             float s = 0.0f;
 #pragma unroll
             for (int j = 0; j < ATTN_DPL; ++j) {
                 const int d = lane + j * RF_WARP;
                 if (d < D) s += qr[j] * kr[d];
             }
-            s = warp_sum(s);
-            const float mn = fmaxf(m, s);
-            const float corr = expf(m - mn);  // exp(-inf) = 0 on the first key
-            const float w = expf(s - mn);
-            l = l * corr + w;
-            const float* vr = vs + (pos - t0) * ATTN_DMAX;
+            s = p.scale * warp_sum(s);
+            const float w = round_kv<KV>(expf(s - m) * inv);
+            const float* vr = vs + (ps - t0) * ATTN_DMAX;
 #pragma unroll
             for (int j = 0; j < ATTN_DPL; ++j) {
                 const int d = lane + j * RF_WARP;
-                acc[j] = acc[j] * corr + (d < D ? w * vr[d] : 0.0f);
+                if (d < D) acc[j] += w * vr[d];
             }
-            m = mn;
         }
     }
     if (!active) return;
-    const long long grow = (long long)tok * p.n_heads + head;
-    if (gridDim.z == 1) {
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float* op = out + (long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride;
+    float* op = p.phase == 0
+                    ? out + (long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride
+                    : part + ((long long)blockIdx.z * nrows + grow) * (D + 2) + 2;
 #pragma unroll
-        for (int j = 0; j < ATTN_DPL; ++j) {
-            const int d = lane + j * RF_WARP;
-            if (d < D) op[d] = acc[j] * inv;
-        }
-    } else {
-        const long long nrows = (long long)p.n_tokens * p.n_heads;
-        float* pp = part + ((long long)blockIdx.z * nrows + grow) * (D + 2);
-        if (lane == 0) {
-            pp[0] = m;
-            pp[1] = l;
-        }
-#pragma unroll
-        for (int j = 0; j < ATTN_DPL; ++j) {
-            const int d = lane + j * RF_WARP;
-            if (d < D) pp[2 + d] = acc[j];
-        }
+    for (int j = 0; j < ATTN_DPL; ++j) {
+        const int d = lane + j * RF_WARP;
+        if (d < D) op[d] = acc[j];
     }
 }
 
@@ -153,28 +199,18 @@ RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, const in
     attn_impl<float>(q, k, v, pos, out, part, p);
 }
 
-// Merges `n_splits` partial results per row: one block per row (token * n_heads + head).
+// Adds the `n_splits` shares of each row's output (phase 2's results, already normalized by the
+// row's totals): one block per row (token * n_heads + head).
 RF_KERNEL void attn_combine_f32(const float* __restrict__ part, float* __restrict__ out, int n_splits,
                                 int n_heads, int n_rows, int head_dim, long long o_tok_stride,
                                 long long o_head_stride) {
     const long long grow = blockIdx.x;
     const int tok = (int)(grow / n_heads), head = (int)(grow % n_heads);
     const long long ps = (long long)head_dim + 2;
-    float mx = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, part[((long long)s * n_rows + grow) * ps]);
-    float L = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-        const float* pp = part + ((long long)s * n_rows + grow) * ps;
-        if (pp[0] != -INFINITY) L += pp[1] * expf(pp[0] - mx);
-    }
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     float* op = out + (long long)tok * o_tok_stride + (long long)head * o_head_stride;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float a = 0.0f;
-        for (int s = 0; s < n_splits; ++s) {
-            const float* pp = part + ((long long)s * n_rows + grow) * ps;
-            if (pp[0] != -INFINITY) a += pp[2 + d] * expf(pp[0] - mx);
-        }
-        op[d] = a * inv;
+        for (int s = 0; s < n_splits; ++s) a += part[((long long)s * n_rows + grow) * ps + 2 + d];
+        op[d] = a;
     }
 }

@@ -211,7 +211,7 @@ pub fn q8_1_vector_bytes(ncols: usize) -> usize {
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
 
 /// `attn_f16`/`attn_f32`'s parameter block, passed by value (layout mirrors `attn_params` in
-/// `hip/attention.hip`: eight 32-bit ints, eight 64-bit strides in elements, one float).
+/// `hip/attention.hip`: eight 32-bit ints, eight 64-bit strides in elements, a float, an int).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct AttnParams {
@@ -250,8 +250,10 @@ pub struct AttnParams {
     pub o_head_stride: i64,
     /// Score scale (usually 1/sqrt(head_dim)).
     pub scale: f32,
-    /// Unused tail padding, explicit so the struct has no uninitialized bytes.
-    pub reserved_tail: i32,
+    /// 0: one launch over the whole KV range (`split_len >= n_kv`). Split-K (several splits):
+    /// launch 1 writes each split's score max and sum to `part`, launch 2 merges them and
+    /// writes each split's share of the output, then `attn_combine_f32` adds the shares.
+    pub phase: i32,
 }
 
 #[cfg(test)]

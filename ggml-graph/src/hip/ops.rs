@@ -500,7 +500,7 @@ fn attention(
         o_tok_stride: (t.nb[2] / 4) as i64,
         o_head_stride: (t.nb[1] / 4) as i64,
         scale: p.scale,
-        reserved_tail: 0,
+        phase: 0,
     };
     let nw = 4u32;
     let rows = (n_tok * (n_heads / n_kv_heads)) as u32;
@@ -509,20 +509,25 @@ fn attention(
     } else {
         KernelId::AttnF32
     };
-    let mut a = Args::new();
-    a.push(addr(&srcs[0])?)
-        .push(addr(&srcs[1])?)
-        .push(addr(&srcs[2])?)
-        .push(addr(&srcs[3])?);
-    a.push(out)
-        .push(part)
-        .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
-    d.launch_kernel(
-        kid,
-        [rows.div_ceil(nw), n_kv_heads as u32, splits as u32],
-        nw * warp,
-        &a.0,
-    )?;
+    // Split-K takes two launches (see `AttnParams::phase`): split maxima and sums, then outputs.
+    let phases: &[i32] = if splits > 1 { &[1, 2] } else { &[0] };
+    for &phase in phases {
+        let pp = AttnParams { phase, ..params };
+        let mut a = Args::new();
+        a.push(addr(&srcs[0])?)
+            .push(addr(&srcs[1])?)
+            .push(addr(&srcs[2])?)
+            .push(addr(&srcs[3])?);
+        a.push(out)
+            .push(part)
+            .push(KernelArg::Bytes(bytemuck::bytes_of(&pp)));
+        d.launch_kernel(
+            kid,
+            [rows.div_ceil(nw), n_kv_heads as u32, splits as u32],
+            nw * warp,
+            &a.0,
+        )?;
+    }
     if splits > 1 {
         let n_rows = n_tok * n_heads;
         let mut c = Args::new();
