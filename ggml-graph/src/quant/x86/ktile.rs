@@ -29,23 +29,37 @@ fn supported(ty: DType) -> bool {
     matches!(ty, DType::Q4_K | DType::Q5_K | DType::Q6_K)
 }
 
+/// One super-block in registers: values in order (64 per vector), the 16-bit scale of each
+/// value pair's sub-block, the mins (Q4_K/Q5_K, per 16-value group) or scales (Q6_K), d, dmin.
+#[derive(Clone, Copy)]
+struct Sb {
+    vals: [__m512i; 4],
+    sv: [__m512i; 4],
+    m16: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+/// Decodes the super-block of `ty` at `wb`.
+///
+/// Always inlined into its AVX-512 callers (a call would pass the struct through memory); it has
+/// no target features of its own, which `inline(always)` requires.
+///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks of `ty` (Q4_K, Q5_K or Q6_K) readable at `w`,
-/// `nb * W_SB` bytes writable at `out`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
-    let bs = ty.type_size();
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m2 = _mm256_set1_epi8(0x03);
-    for i in 0..nb {
-        // SAFETY: block `i` is readable and its decoded bytes writable (caller).
-        unsafe {
-            let wb = w.add(i * bs);
-            let o = out.add(i * W_SB);
-            let q = o;
-            let scv = o.add(OFF_SC) as *mut i16;
-            let mins = o.add(OFF_MIN) as *mut i16;
-            let dd = o.add(OFF_D) as *mut f32;
+/// Only called from functions compiled with AVX-512 F/BW/VL/VNNI and F16C; one block of `ty`
+/// (Q4_K, Q5_K or Q6_K) readable at `wb`.
+#[inline(always)]
+unsafe fn decode_sb(ty: DType, wb: *const u8) -> Sb {
+    // SAFETY: the caller runs with the features these intrinsics need (see above); the block's
+    // bytes are readable and every read below stays inside it.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m2 = _mm256_set1_epi8(0x03);
+        let join =
+            |lo: __m256i, hi: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        let mut vals = [_mm512_setzero_si512(); 4];
+        let mut sv = [_mm512_setzero_si512(); 4];
+        {
             if ty == DType::Q6_K {
                 for half in 0..2 {
                     let ql = wb.add(64 * half);
@@ -58,27 +72,17 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
                             4,
                         )
                     };
-                    let vals = [
-                        _mm256_or_si256(_mm256_and_si256(l1, m4), hi(0)),
-                        _mm256_or_si256(_mm256_and_si256(l2, m4), hi(2)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), hi(4)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4), hi(6)),
-                    ];
-                    // 512-bit stores, as the tile loads them: a wide load of two narrow fresh
-                    // stores is not forwarded and stalls (decode reads each row once).
-                    for k in 0..2 {
-                        let v = _mm512_inserti64x4::<1>(
-                            _mm512_castsi256_si512(vals[2 * k]),
-                            vals[2 * k + 1],
-                        );
-                        _mm512_storeu_si512(q.add(128 * half + 64 * k) as *mut _, v);
-                    }
+                    let v0 = _mm256_or_si256(_mm256_and_si256(l1, m4), hi(0));
+                    let v1 = _mm256_or_si256(_mm256_and_si256(l2, m4), hi(2));
+                    let v2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), hi(4));
+                    let v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4), hi(6));
+                    vals[2 * half] = join(v0, v1);
+                    vals[2 * half + 1] = join(v2, v3);
                 }
                 // Group g's scale on i16 lanes 8g..8g+7 of the 256 values' 128 lanes.
                 let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192) as *const __m128i));
-                _mm256_storeu_si256(mins as *mut __m256i, sc16);
                 let sc512 = _mm512_zextsi256_si512(sc16);
-                for j in 0..4 {
+                for (j, v) in sv.iter_mut().enumerate() {
                     let idx = _mm512_srli_epi16(
                         _mm512_add_epi16(
                             _mm512_set1_epi16(32 * j as i16),
@@ -89,13 +93,15 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
                         ),
                         3,
                     );
-                    _mm512_storeu_si512(
-                        scv.add(32 * j) as *mut _,
-                        _mm512_permutexvar_epi16(idx, sc512),
-                    );
+                    *v = _mm512_permutexvar_epi16(idx, sc512);
                 }
-                *dd = f16_load(wb.add(208));
-                *dd.add(1) = 0.0;
+                Sb {
+                    vals,
+                    sv,
+                    m16: sc16,
+                    d: f16_load(wb.add(208)),
+                    dmin: 0.0,
+                }
             } else {
                 let five = ty == DType::Q5_K;
                 let [u0, u1, u2, u3] = k4_scales(wb.add(4));
@@ -119,27 +125,119 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
                         lo = _mm256_or_si256(lo, b(2 * j));
                         hi = _mm256_or_si256(hi, b(2 * j + 1));
                     }
-                    let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                    _mm512_storeu_si512(q.add(64 * j) as *mut _, v);
-                }
-                for j in 0..4 {
-                    let v = _mm512_mask_blend_epi16(
+                    vals[j] = join(lo, hi);
+                    sv[j] = _mm512_mask_blend_epi16(
                         0xffff_0000,
                         _mm512_set1_epi16(sc[2 * j] as i16),
                         _mm512_set1_epi16(sc[2 * j + 1] as i16),
                     );
-                    _mm512_storeu_si512(scv.add(32 * j) as *mut _, v);
                 }
                 // Each sub-block's min on both of its 16-value groups.
                 let m8 = _mm_cvtsi64_si128((u2 as u64 | (u3 as u64) << 32) as i64);
-                _mm256_storeu_si256(
-                    mins as *mut __m256i,
-                    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)),
-                );
-                *dd = f16_load(wb);
-                *dd.add(1) = f16_load(wb.add(2));
+                Sb {
+                    vals,
+                    sv,
+                    m16: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)),
+                    d: f16_load(wb),
+                    dmin: f16_load(wb.add(2)),
+                }
             }
         }
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks of `ty` (Q4_K, Q5_K or Q6_K) readable at `w`,
+/// `nb * W_SB` bytes writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
+    let bs = ty.type_size();
+    for i in 0..nb {
+        // SAFETY: block `i` is readable and its decoded bytes writable (caller). 512-bit stores,
+        // as the tile loads them: a wide load of narrow fresh stores is not forwarded.
+        unsafe {
+            let sb = decode_sb(ty, w.add(i * bs));
+            let o = out.add(i * W_SB);
+            for j in 0..4 {
+                _mm512_storeu_si512(o.add(64 * j) as *mut _, sb.vals[j]);
+                _mm512_storeu_si512(o.add(OFF_SC + 64 * j) as *mut _, sb.sv[j]);
+            }
+            _mm256_storeu_si256(o.add(OFF_MIN) as *mut __m256i, sb.m16);
+            let dd = o.add(OFF_D) as *mut f32;
+            *dd = sb.d;
+            *dd.add(1) = sb.dmin;
+        }
+    }
+}
+
+/// One weight row read straight from its blocks (decoded in registers) times one or two Q8_K
+/// rows: [`tile`]'s arithmetic for decode, where a decoded copy would be read once only.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks of `ty` readable at `w`, `C` Q8_K rows of `nb`
+/// blocks at `a + c * astride`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn row_direct<const C: usize, const SIX: bool>(
+    ty: DType,
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [f32; C] {
+    let bs = ty.type_size();
+    let mut acc8 = [_mm256_setzero_ps(); C];
+    let mut acc_d = [0f32; C];
+    for i in 0..nb {
+        // SAFETY: super-block `i` of the row and of every activation row is in bounds (caller).
+        unsafe {
+            let sb = decode_sb(ty, w.add(i * bs));
+            for c in 0..C {
+                let ab = a.add(c * astride + i * Q8K_BYTES);
+                let mut sumi = _mm512_setzero_si512();
+                for j in 0..4 {
+                    let av = _mm512_loadu_si512(ab.add(4 + 64 * j) as *const _);
+                    sumi =
+                        _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(sb.vals[j], av), sb.sv[j]);
+                }
+                let da = std::ptr::read_unaligned(ab as *const f32);
+                let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
+                let mm = _mm256_madd_epi16(sb.m16, bsums);
+                finish::<SIX>(sumi, mm, da, sb.d, sb.dmin, &mut acc8[c], &mut acc_d[c]);
+            }
+        }
+    }
+    let mut out = [0f32; C];
+    for c in 0..C {
+        out[c] = if SIX { hsum_float_8(acc8[c]) } else { acc_d[c] };
+    }
+    out
+}
+
+/// One super-block's float step of one result (see [`tile`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn finish<const SIX: bool>(
+    sumi: __m512i,
+    mm: __m256i,
+    da: f32,
+    dw: f32,
+    dmin: f32,
+    acc8: &mut __m256,
+    acc_d: &mut f32,
+) {
+    // Lanes m and m + 8 hold the same four values of two 32-value chunks.
+    let s8 = _mm256_add_epi32(
+        _mm512_castsi512_si256(sumi),
+        _mm512_extracti64x4_epi64::<1>(sumi),
+    );
+    if SIX {
+        // (q - 32) . a: subtract 32 * scale * group sum.
+        let s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5));
+        *acc8 = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(s8), *acc8);
+    } else {
+        let mins = hsum_i32(mm) as f32;
+        let dot = hsum_float_8(_mm256_cvtepi32_ps(s8));
+        *acc_d += da * (dw * dot - dmin * mins);
     }
 }
 
@@ -193,25 +291,16 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
                     let m16 = _mm256_loadu_si256(wp.add(OFF_MIN) as *const __m256i);
                     let mm = _mm256_madd_epi16(m16, bsums);
                     let dw = std::ptr::read_unaligned(wp.add(OFF_D) as *const f32);
-                    // Lanes m and m + 8 hold the same four values of two 32-value chunks.
-                    let s = sumi[r][c];
-                    let s8 = _mm256_add_epi32(
-                        _mm512_castsi512_si256(s),
-                        _mm512_extracti64x4_epi64::<1>(s),
+                    let dmin = std::ptr::read_unaligned(wp.add(OFF_D + 4) as *const f32);
+                    finish::<SIX>(
+                        sumi[r][c],
+                        mm,
+                        da,
+                        dw,
+                        dmin,
+                        &mut acc8[r][c],
+                        &mut acc_d[r][c],
                     );
-                    if SIX {
-                        let s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5));
-                        acc8[r][c] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(da * dw),
-                            _mm256_cvtepi32_ps(s8),
-                            acc8[r][c],
-                        );
-                    } else {
-                        let dmin = std::ptr::read_unaligned(wp.add(OFF_D + 4) as *const f32);
-                        let mins = hsum_i32(mm) as f32;
-                        let dot = hsum_float_8(_mm256_cvtepi32_ps(s8));
-                        acc_d[r][c] += da * (dw * dot - dmin * mins);
-                    }
                 }
             }
         }
@@ -284,6 +373,34 @@ pub(crate) fn dot_tile(
         return false;
     }
     let six = ty == DType::Q6_K;
+    if cols <= 2 {
+        for r in 0..rows {
+            let wr = w[r * wstride..].as_ptr();
+            let ap = a.as_ptr();
+            macro_rules! go {
+                ($c:literal) => {{
+                    // SAFETY: AVX-512 VNNI detected (caller path); row `r` holds `nb` blocks and
+                    // the `cols` Q8_K rows `nb` blocks each (checked above).
+                    let v = unsafe {
+                        if six {
+                            row_direct::<$c, true>(ty, nb, wr, ap, astride)
+                        } else {
+                            row_direct::<$c, false>(ty, nb, wr, ap, astride)
+                        }
+                    };
+                    for (c, &x) in v.iter().enumerate() {
+                        out[c * ocs + r] = x;
+                    }
+                }};
+            }
+            if cols == 2 {
+                go!(2)
+            } else {
+                go!(1)
+            }
+        }
+        return true;
+    }
     DECODED.with(|buf| {
         let mut buf = buf.borrow_mut();
         let drb = nb * W_SB;
