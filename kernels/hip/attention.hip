@@ -214,3 +214,51 @@ RF_KERNEL void attn_combine_f32(const float* __restrict__ part, float* __restric
         op[d] = a;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Prefill through GEMMs (tensor cores where the BLAS has them), for an f16 cache: queries to f16
+// (`attn_q_f16`), scores = K^T q per KV head (batched GEMM, f32 out), masked softmax to f16
+// probabilities (`attn_softmax_f16`), output = V P per KV head (batched GEMM). The roundings are
+// the ones above: f16 queries, probabilities normalized then rounded to f16.
+// ---------------------------------------------------------------------------------------------
+
+// q [token][head][d] (strided, f32) -> qh [head-in-group][kv head][token][d] (dense, f16), so
+// that for one head-in-group the rows of every KV head form one batched GEMM operand.
+RF_KERNEL void attn_q_f16(const float* __restrict__ q, __half* __restrict__ qh, int n_tokens, int n_heads,
+                          int n_kv_heads, int head_dim, long long q_tok_stride, long long q_head_stride) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long n = (long long)n_tokens * n_heads * head_dim;
+    if (i >= n) return;
+    const int gqa = n_heads / n_kv_heads;
+    const int d = (int)(i % head_dim);
+    const long long r = i / head_dim;  // (g * n_kv_heads + kvh) * n_tokens + tok
+    const int tok = (int)(r % n_tokens);
+    const int gk = (int)(r / n_tokens);
+    const int kvh = gk % n_kv_heads, g = gk / n_kv_heads;
+    const int head = kvh * gqa + g;
+    qh[i] = __float2half(q[(long long)tok * q_tok_stride + (long long)head * q_head_stride + d]);
+}
+
+// One block per (query token of the chunk, KV head): scores s[kvh][tok][n_kv] (already scaled)
+// -> probabilities p (same layout, f16), zero where the causal mask or the window hides a key.
+// Query token `tok` of the chunk is token `tok0 + tok` of the batch (its position is pos[...]).
+RF_KERNEL void attn_softmax_f16(const float* __restrict__ s, __half* __restrict__ p, const int* __restrict__ pos,
+                                int n_kv, int n_rows, int tok0, int causal, int window) {
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const long long base = ((long long)blockIdx.y * n_rows + blockIdx.x) * n_kv;
+    const float* sr = s + base;
+    __half* pr = p + base;
+    const int qpos = pos[tok0 + blockIdx.x];
+    const int hi = causal ? min(qpos + 1, n_kv) : n_kv;
+    const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
+    float mx = -INFINITY;
+    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) mx = fmaxf(mx, sr[j]);
+    mx = block_max(mx, scratch);
+    float sum = 0.0f;
+    if (mx != -INFINITY)
+        for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) sum += expf(sr[j] - mx);
+    sum = block_sum(sum, scratch);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int j = threadIdx.x; j < n_kv; j += blockDim.x)
+        pr[j] = __float2half(j >= lo && j < hi && mx != -INFINITY ? expf(sr[j] - mx) * inv : 0.0f);
+}

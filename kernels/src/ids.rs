@@ -318,6 +318,8 @@ kernel_ids! {
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";
     AttnCombineF32 => Attention, "attn_combine_f32";
+    AttnQF16 => Attention, "attn_q_f16";
+    AttnSoftmaxF16 => Attention, "attn_softmax_f16";
 }
 
 fn params_of(k: KernelId) -> &'static [Param] {
@@ -372,5 +374,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::ArgmaxF32 => &[Ptr, Ptr, I32, I64],
         K::AttnF16 | K::AttnF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
+        K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
+        K::AttnSoftmaxF16 => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32],
     }
 }

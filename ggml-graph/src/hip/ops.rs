@@ -16,6 +16,12 @@ const MATVEC_MAX_COLS: usize = 8;
 /// KV length from which single-token attention splits the keys across blocks.
 const SPLIT_K_FROM: usize = 512;
 const SPLIT_LEN: usize = 256;
+/// Query tokens from which f16-cache attention runs as GEMMs (`attention_gemm`).
+const ATTN_GEMM_FROM: usize = 16;
+/// Query tokens per `attention_gemm` chunk, at most (fewer when scores would pass the scratch cap).
+const ATTN_GEMM_CHUNK: usize = 512;
+/// Scratch for one chunk's scores (f32) and probabilities (f16), at most.
+const ATTN_GEMM_SCRATCH: usize = 64 << 20;
 
 /// A launch's arguments in the kernel's parameter order; `launch_checked` matches them against
 /// the kernel's parameter table.
@@ -462,6 +468,9 @@ fn attention(
     let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
     let (n_kv_heads, n_kv) = (k.ne[1], k.ne[2]);
     let es = k.dtype.type_size();
+    if n_tok >= ATTN_GEMM_FROM && k.dtype == DType::F16 && n_kv > 0 {
+        return attention_gemm(d, t, p, srcs, out);
+    }
     let split_len = if n_tok == 1 && n_kv >= SPLIT_K_FROM {
         SPLIT_LEN
     } else {
@@ -539,6 +548,140 @@ fn attention(
             .push(hd as i32);
         c.push(params.o_tok_stride).push(params.o_head_stride);
         d.launch_kernel(KernelId::AttnCombineF32, [n_rows as u32, 1, 1], 128, &c.0)?;
+    }
+    Ok(())
+}
+
+/// Prefill attention with an f16 cache as two batched GEMMs per head-in-group and token chunk
+/// (scores = K^T q, output = V P, one batch entry per KV head) around a masked softmax that
+/// writes f16 probabilities: tensor cores do the products, rounded as the CPU op rounds.
+fn attention_gemm(
+    d: &HipDevice,
+    t: &Tensor,
+    p: &crate::tensor::AttnParams,
+    srcs: &[TensorMem<'_>],
+    out: MemRange<'_>,
+) -> Result<()> {
+    let (q, k, v) = (srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
+    let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
+    let (n_kv_heads, n_kv) = (k.ne[1], k.ne[2]);
+    let gqa = n_heads / n_kv_heads;
+    let views = |e| gpu_err("attention", e);
+    let chunk = (ATTN_GEMM_SCRATCH / (n_kv_heads * n_kv * 6)).clamp(1, ATTN_GEMM_CHUNK.min(n_tok));
+    let qh_bytes = (n_tok * n_heads * hd * 2).div_ceil(ALIGN) * ALIGN;
+    let s_bytes = (n_kv_heads * chunk * n_kv * 4).div_ceil(ALIGN) * ALIGN;
+    let p_bytes = n_kv_heads * chunk * n_kv * 2;
+    let scratch = d.scratch(qh_bytes + s_bytes + p_bytes)?;
+    let base = MemRange::of_buffer(&scratch);
+    let qh = base.sub(0, n_tok * n_heads * hd * 2).map_err(views)?;
+    let sr = base
+        .sub(qh_bytes, n_kv_heads * chunk * n_kv * 4)
+        .map_err(views)?;
+    let pr = base.sub(qh_bytes + s_bytes, p_bytes).map_err(views)?;
+    let (q_tok, q_head) = ((q.nb[2] / 4) as i64, (q.nb[1] / 4) as i64);
+    let mut a = Args::new();
+    a.push(addr(&srcs[0])?)
+        .push(qh)
+        .push(n_tok as i32)
+        .push(n_heads as i32)
+        .push(n_kv_heads as i32)
+        .push(hd as i32)
+        .push(q_tok)
+        .push(q_head);
+    d.launch_kernel(
+        KernelId::AttnQF16,
+        [blocks(n_tok * n_heads * hd, 256), 1, 1],
+        256,
+        &a.0,
+    )?;
+    let (k_pos, k_head) = (k.nb[2] / 2, k.nb[1] / 2);
+    let (v_pos, v_head) = (v.nb[2] / 2, v.nb[1] / 2);
+    let (o_tok, o_head) = (t.nb[2] / 4, t.nb[1] / 4);
+    let blas = d.inner.sb.blas();
+    let kv = addr(&srcs[1])?.view::<half::f16>().map_err(views)?;
+    let vv = addr(&srcs[2])?.view::<half::f16>().map_err(views)?;
+    let pos = addr(&srcs[3])?;
+    for g in 0..gqa {
+        for t0 in (0..n_tok).step_by(chunk) {
+            let cn = chunk.min(n_tok - t0);
+            // Scores, column-major n_kv x cn per KV head: K^T (n_kv x hd) * q (hd x cn).
+            let shape = GemmShape {
+                trans_a: BlasOp::T,
+                trans_b: BlasOp::N,
+                m: n_kv,
+                n: cn,
+                k: hd,
+                lda: k_pos,
+                ldb: hd,
+                ldc: n_kv,
+            };
+            let q0 = ((g * n_kv_heads * n_tok + t0) * hd) * 2;
+            let qv = qh
+                .sub(q0, qh.len() - q0)
+                .map_err(views)?
+                .view::<half::f16>()
+                .map_err(views)?;
+            let mut sv = sr.view_mut::<f32>().map_err(views)?;
+            blas.gemm_strided_batched_ex(
+                &shape,
+                p.scale,
+                &kv,
+                k_head,
+                &qv,
+                n_tok * hd,
+                0.0,
+                &mut sv,
+                cn * n_kv,
+                n_kv_heads,
+            )
+            .map_err(views)?;
+            let mut b = Args::new();
+            b.push(sr)
+                .push(pr)
+                .push(pos)
+                .push(n_kv as i32)
+                .push(cn as i32)
+                .push(t0 as i32)
+                .push(i32::from(p.causal))
+                .push(p.window.unwrap_or(0) as i32);
+            d.launch_kernel(
+                KernelId::AttnSoftmaxF16,
+                [cn as u32, n_kv_heads as u32, 1],
+                256,
+                &b.0,
+            )?;
+            // Output, column-major hd x cn per head (columns o_tok apart): V (hd x n_kv) * P.
+            let shape = GemmShape {
+                trans_a: BlasOp::N,
+                trans_b: BlasOp::N,
+                m: hd,
+                n: cn,
+                k: n_kv,
+                lda: v_pos,
+                ldb: n_kv,
+                ldc: o_tok,
+            };
+            let pv = pr.view::<half::f16>().map_err(views)?;
+            let o0 = (g * o_head + t0 * o_tok) * 4;
+            let mut ov = out
+                .sub(o0, out.len() - o0)
+                .map_err(views)?
+                .view_mut::<f32>()
+                .map_err(views)?;
+            blas.gemm_strided_batched_ex(
+                &shape,
+                1.0,
+                &vv,
+                v_head,
+                &pv,
+                cn * n_kv,
+                0.0,
+                &mut ov,
+                gqa * o_head,
+                n_kv_heads,
+            )
+            .map_err(views)?;
+        }
     }
     Ok(())
 }

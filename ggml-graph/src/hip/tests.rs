@@ -413,6 +413,13 @@ fn attention_matches_cpu_prefill_and_decode() {
         (256, 4, 1, 12, 12, Some(5usize), DType::F16),
         (64, 4, 4, 1, 700, None, DType::F16),
         (256, 4, 1, 1, 900, Some(512), DType::F16),
+        // From 16 query tokens an f16 cache goes through the GEMM path: Gemma 3 270M's
+        // grouping, past positions, a window; two token chunks (600 > 512); the Llama-3-8B
+        // prefill shape, and the same shape with an f32 cache (the flash kernel).
+        (256, 4, 1, 40, 50, Some(16), DType::F16),
+        (64, 4, 2, 600, 600, Some(100), DType::F16),
+        (128, 32, 8, 512, 512, None, DType::F16),
+        (128, 32, 8, 512, 512, None, DType::F32),
     ];
     for (hd, nh, nkv, nt, nk, window, kt) in cases {
         let mut g = Graph::new();
