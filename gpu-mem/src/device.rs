@@ -109,6 +109,12 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
+/// Readable bytes past the end of every device allocation. Quantized blocks are only 2-byte
+/// aligned, so mat-vec kernels load a row's last bytes with the 4- or 16-byte word that holds
+/// them and may read up to 15 bytes past the row (ggml pads its GPU buffers for the same
+/// reason); the slack keeps those reads inside the allocation for the last tensor too.
+pub const ALLOC_TAIL_SLACK: usize = 16;
+
 /// Raw device memory: `malloc`/`free` of the provider on one device.
 pub(crate) struct DeviceRaw {
     api: &'static dyn HipApi,
@@ -122,7 +128,10 @@ impl RawAllocator for DeviceRaw {
         self.api.set_device(self.ordinal)?;
         let n = usize::try_from(bytes)
             .map_err(|_| GpuError::InvalidArgument(format!("{bytes} bytes exceed usize")))?;
-        let p = self.api.malloc(n)?;
+        let padded = n.checked_add(ALLOC_TAIL_SLACK).ok_or_else(|| {
+            GpuError::InvalidArgument(format!("{bytes} bytes plus the tail slack exceed usize"))
+        })?;
+        let p = self.api.malloc(padded)?;
         self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(p.0)
     }

@@ -342,9 +342,67 @@ fn gemma3_270m_on_gpu_equals_cpu() {
             true,
         )
         .expect("encode");
-    // Gemma's logits span tens of units; kernels that sum in another order move them by
-    // hundredths.
-    check_model("gemma3-270m", tm.model(), &prompt, 0.5);
+    // Gemma 3 270M amplifies the rounding of 8-bit activations: the GPU quantizes them per 32
+    // values (Q8_1), the CPU per the weight type's blocks (Q8_K per 256 for K-quants), which
+    // moves its logits by 1.4 to 2.0 (H100, H200); the same effect put our CPU 1.18 away from
+    // llama.cpp's before their summation orders were matched. The perplexity test below is the
+    // tight whole-model check for this model.
+    check_model("gemma3-270m", tm.model(), &prompt, 3.0);
+}
+
+#[test]
+#[serial]
+fn gemma3_270m_gpu_perplexity_within_one_percent_of_llama_cpp() {
+    let Ok(path) = std::env::var("ROCMFORGE_TEST_MODEL") else {
+        println!("skipped: ROCMFORGE_TEST_MODEL not set");
+        return;
+    };
+    if !have_gpu() {
+        return;
+    }
+    // Embedded so the test binary runs on a GPU machine without the source tree.
+    let g: serde_json::Value =
+        serde_json::from_str(include_str!("data/gemma3_perplexity.json")).expect("golden JSON");
+    let text = include_str!("data/perplexity.txt");
+    let n_ctx = g["n_ctx"].as_u64().expect("n_ctx") as usize;
+    let want = g["ppl"].as_f64().expect("ppl");
+    let tm = model::text::TextModel::load(&path, |_, _| {}).expect("load the test model");
+    let tokens = tm.tokenizer().encode(text, true, false);
+    let ppl_opts = model::perplexity::PplOptions {
+        n_ctx,
+        max_chunks: None,
+        bos: tm.bos_for_chunks(),
+    };
+    let ppl = |device| {
+        let o = SessionOptions {
+            n_ctx,
+            n_batch: n_ctx,
+            ..opts(device, None, None)
+        };
+        let mut s = Session::new(tm.model(), &o).expect("session");
+        model::perplexity::perplexity(&mut s, &tokens, &ppl_opts, |_, _, _| {}).expect("perplexity")
+    };
+    let gpu = ppl(DeviceChoice::Gpu);
+    let cpu = ppl(DeviceChoice::Cpu);
+    if let Some(n) = g["n_chunks"].as_u64() {
+        assert_eq!(gpu.chunks as u64, n, "number of windows");
+    }
+    let rel = |x: f64| (x - want) / want * 100.0;
+    println!(
+        "perplexity, {} windows of {n_ctx}: GPU {:.4} ({:+.3}%), CPU {:.4} ({:+.3}%), llama.cpp {want:.4}",
+        gpu.chunks,
+        gpu.ppl,
+        rel(gpu.ppl),
+        cpu.ppl,
+        rel(cpu.ppl)
+    );
+    // The CPU test's bound (summation order alone moves this perplexity by up to ~0.6%); a wrong
+    // kernel shows as far more.
+    assert!(
+        rel(gpu.ppl).abs() < 1.0,
+        "GPU perplexity {:.4} vs {want:.4}",
+        gpu.ppl
+    );
 }
 
 /// Runs everywhere: the device choice without a GPU, and `--device cpu` always on the CPU.

@@ -687,6 +687,8 @@ fn attention_gemm(
 }
 
 const ALIGN: usize = 256;
+/// The largest grid.y (and grid.z) a launch may use on every HIP platform.
+const MAX_GRID_Y: usize = 65535;
 
 fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_>) -> Result<()> {
     let (wt_, xt) = (w.tensor, x.tensor);
@@ -769,18 +771,28 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_
     let wh = match weight_type(wt_.dtype) {
         Some(wt) => {
             let wh = base.sub(x_bytes, n * k * 2).map_err(views)?;
-            let mut b = Args::new();
-            b.push(wp)
-                .push(wh)
-                .push(k as i32)
-                .push(wt_.nb[1] as i64)
-                .push(k as i64);
-            d.launch_kernel(
-                wt.dequant_f16(),
-                [blocks(k / 32, 64), n as u32, 1],
-                64,
-                &b.0,
-            )?;
+            // Rows go in grid.y, which the hardware caps at 65535 (vocabularies are larger):
+            // one launch per slice of rows.
+            let row_bytes = wt_.nb[1];
+            let mut r0 = 0;
+            while r0 < n {
+                let rows = (n - r0).min(MAX_GRID_Y);
+                let src = wp.sub(r0 * row_bytes, rows * row_bytes).map_err(views)?;
+                let dst = wh.sub(r0 * k * 2, rows * k * 2).map_err(views)?;
+                let mut b = Args::new();
+                b.push(src)
+                    .push(dst)
+                    .push(k as i32)
+                    .push(row_bytes as i64)
+                    .push(k as i64);
+                d.launch_kernel(
+                    wt.dequant_f16(),
+                    [blocks(k / 32, 64), rows as u32, 1],
+                    64,
+                    &b.0,
+                )?;
+                r0 += rows;
+            }
             wh
         }
         None => wp,

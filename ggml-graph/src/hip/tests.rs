@@ -177,6 +177,28 @@ fn mul_mat_matches_cpu_for_every_weight_type_decode_and_prefill() {
     }
 }
 
+/// A prefill product whose weight has more rows than a launch grid's y dimension allows
+/// (65535), as a vocabulary-sized output matrix with every position's logits does.
+#[test]
+fn mul_mat_prefill_with_more_rows_than_grid_y_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x0bad_cafe_f00d_1234);
+    let (k, n, m) = (64usize, 70_001usize, 12usize);
+    let dt = DType::Q8_0;
+    let mut g = Graph::new();
+    let w = g.weight("w", dt, &[k, n]).expect("w");
+    let x = g.input("x", DType::F32, &[k, m]).expect("x");
+    let y = g.mul_mat(w, x).expect("mul_mat");
+    g.mark_output(y).expect("out");
+    let c = Case {
+        g,
+        weights: vec![("w".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng))],
+        inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
+        out: y,
+    };
+    check(&h, "mul_mat q8_0 70001 rows m=12", &c, 2e-3);
+}
+
 /// Two decode mat-vecs of one input (as q/k/v share theirs) reuse one activation quantization;
 /// a new input written between runs, and a node rewriting the input's memory, must not see the
 /// old quantized values.

@@ -126,7 +126,10 @@ impl Gpu {
     }
 
     pub fn alloc(&self, bytes: usize) -> DevBuf<'_> {
-        let ptr = self.api.malloc(bytes.max(4)).expect("device malloc");
+        // 16 readable bytes past the end, as gpu-mem gives every allocation
+        // (`gpu_mem::device::ALLOC_TAIL_SLACK`): mat-vec kernels load a row's last bytes with
+        // the aligned word that holds them.
+        let ptr = self.api.malloc(bytes.max(4) + 16).expect("device malloc");
         let b = DevBuf {
             gpu: self,
             ptr,
