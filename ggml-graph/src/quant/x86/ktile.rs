@@ -187,6 +187,7 @@ unsafe fn row_direct<const C: usize, const SIX: bool>(
     let bs = ty.type_size();
     let mut acc8 = [_mm256_setzero_ps(); C];
     let mut acc_d = [0f32; C];
+    let mut acc_m = [0f32; C];
     for i in 0..nb {
         // SAFETY: super-block `i` of the row and of every activation row is in bounds (caller).
         unsafe {
@@ -202,18 +203,32 @@ unsafe fn row_direct<const C: usize, const SIX: bool>(
                 let da = std::ptr::read_unaligned(ab as *const f32);
                 let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
                 let mm = _mm256_madd_epi16(sb.m16, bsums);
-                finish::<SIX>(sumi, mm, da, sb.d, sb.dmin, &mut acc8[c], &mut acc_d[c]);
+                finish::<SIX>(
+                    sumi,
+                    mm,
+                    da,
+                    sb.d,
+                    sb.dmin,
+                    &mut acc8[c],
+                    &mut acc_d[c],
+                    &mut acc_m[c],
+                );
             }
         }
     }
     let mut out = [0f32; C];
     for c in 0..C {
-        out[c] = if SIX { hsum_float_8(acc8[c]) } else { acc_d[c] };
+        out[c] = if SIX {
+            hsum_float_8(acc8[c])
+        } else {
+            acc_d[c] - acc_m[c]
+        };
     }
     out
 }
 
 /// One super-block's float step of one result (see [`tile`]).
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn finish<const SIX: bool>(
@@ -224,6 +239,7 @@ fn finish<const SIX: bool>(
     dmin: f32,
     acc8: &mut __m256,
     acc_d: &mut f32,
+    acc_m: &mut f32,
 ) {
     // Lanes m and m + 8 hold the same four values of two 32-value chunks.
     let s8 = _mm256_add_epi32(
@@ -235,9 +251,11 @@ fn finish<const SIX: bool>(
         let s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5));
         *acc8 = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(s8), *acc8);
     } else {
-        let mins = hsum_i32(mm) as f32;
-        let dot = hsum_float_8(_mm256_cvtepi32_ps(s8));
-        *acc_d += da * (dw * dot - dmin * mins);
+        // The whole super-block's integer dot and min term, two fma chains (the result is
+        // `acc_d - acc_m`).
+        let (dot, mins) = (hsum_i32(s8) as f32, hsum_i32(mm) as f32);
+        *acc_d = dot.mul_add(dw * da, *acc_d);
+        *acc_m = mins.mul_add(dmin * da, *acc_m);
     }
 }
 
@@ -247,10 +265,10 @@ fn finish<const SIX: bool>(
 /// The float steps follow llama.cpp's x86 kernels for this machine's types. Q6_K (ggml's
 /// `vec_dot_q6_K_q8_K`): per super-block eight i32 lanes (each lane four consecutive values of
 /// every 32), minus `32 * scale * group sum`, `acc = fma(da * dw, lanes, acc)`, then ggml's
-/// eight-lane horizontal sum. Q4_K/Q5_K: per super-block eight i32 lanes the same way, ggml's
-/// horizontal sum of them as floats, and `acc += da * (dw * sum - dmin * mins)` (llama.cpp's
-/// repacked Q4_K kernels sum in 64-value steps for prefill and 256-value steps for decode, which
-/// one order cannot follow both; this one keeps the Gemma greedy goldens).
+/// eight-lane horizontal sum. Q4_K/Q5_K as ggml's repacked Q4_K mat-vec (`gemv_q4_K_8x8`): per
+/// super-block the whole integer dot and the whole integer min term, `a = fma(dot, dw * da, a)`,
+/// `m = fma(mins, dmin * da, m)`, result `a - m` (its prefill kernel steps by 64 values instead;
+/// one order cannot follow both, and decode's keeps the Gemma greedy goldens).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI; every row holds `nb` super-blocks.
@@ -264,6 +282,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
 ) -> [[f32; C]; R] {
     let mut acc8 = [[_mm256_setzero_ps(); C]; R];
     let mut acc_d = [[0f32; C]; R];
+    let mut acc_m = [[0f32; C]; R];
     for i in 0..nb {
         // SAFETY: super-block `i` of every row is in bounds (caller).
         unsafe {
@@ -300,6 +319,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
                         dmin,
                         &mut acc8[r][c],
                         &mut acc_d[r][c],
+                        &mut acc_m[r][c],
                     );
                 }
             }
@@ -311,7 +331,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
             out[r][c] = if SIX {
                 hsum_float_8(acc8[r][c])
             } else {
-                acc_d[r][c]
+                acc_d[r][c] - acc_m[r][c]
             };
         }
     }
