@@ -78,6 +78,14 @@ pub struct TensorMem<'a> {
     pub offset: usize,
 }
 
+/// Launches recorded by [`Device::begin_capture`] .. [`Device::end_capture`], replayable as a
+/// whole (a GPU graph). It reads and writes the same memory as the recorded launches, so its
+/// owner drops it before any of those buffers is freed or reallocated.
+pub trait Captured: Send {
+    /// Queues the recorded launches again on the device's stream.
+    fn replay(&self) -> Result<()>;
+}
+
 /// A compute device.
 pub trait Device: Send + Sync {
     /// Name for logs and errors.
@@ -97,6 +105,21 @@ pub trait Device: Send + Sync {
         dst: TensorMem<'_>,
         srcs: &[TensorMem<'_>],
     ) -> Result<()>;
+    /// Starts recording the launches queued from now on instead of running them; `false` when
+    /// the device cannot record (then launches run as usual). Nothing may synchronize or
+    /// allocate until [`Device::end_capture`].
+    fn begin_capture(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Ends the recording begun by [`Device::begin_capture`]; the recorded launches have not
+    /// run yet (replay them once for this run's results).
+    fn end_capture(&self) -> Result<Box<dyn Captured>> {
+        Err(crate::error::GraphError::Unsupported {
+            backend: "device",
+            op: "capture",
+            detail: format!("{} records no launches", self.name()),
+        })
+    }
 }
 
 fn out_of_range(what: &str, offset: usize, len: usize, size: usize) -> GraphError {

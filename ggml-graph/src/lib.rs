@@ -62,7 +62,9 @@ pub mod quant;
 pub mod sched;
 pub mod tensor;
 
-pub use backend::{Buffer, BufferType, CpuDevice, Device, DummyDevice, Stream, TensorMem};
+pub use backend::{
+    Buffer, BufferType, Captured, CpuDevice, Device, DummyDevice, Stream, TensorMem,
+};
 pub use cpu::CpuBackend;
 pub use error::{GraphError, Result};
 pub use exec::{Executor, WeightBytes};

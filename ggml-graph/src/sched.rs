@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::backend::{Buffer, Device, Stream, TensorMem};
+use crate::backend::{Buffer, Captured, Device, Stream, TensorMem};
 use crate::error::{GraphError, Result};
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
@@ -242,7 +242,13 @@ pub struct Scheduler {
     prepared: Option<Prepared>,
     copies_made: usize,
     placement: Option<PlacementRule>,
+    /// Whether repeated keyed runs on one device are captured and replayed (see
+    /// [`Scheduler::set_graph_capture`]).
+    capture: bool,
 }
+
+/// Capture attempts per prepared graph before it stays on plain launches.
+const CAPTURE_TRIES: u8 = 2;
 
 /// Where an output of the last run lives.
 enum OutLoc {
@@ -278,6 +284,13 @@ struct Prepared {
     arena_size: Vec<usize>,
     /// Needed input leaves.
     inputs: Vec<usize>,
+    /// The device running every launched node when there are no cross-device copies (the
+    /// condition for capturing the run).
+    single_device: Option<usize>,
+    /// The captured launches of this graph (valid while the arena and persistent buffers stay).
+    captured: Option<Box<dyn Captured>>,
+    /// Failed capture attempts.
+    capture_failures: u8,
 }
 
 /// Bytes a scheduler holds on one device.
@@ -310,7 +323,27 @@ impl Scheduler {
             prepared: None,
             copies_made: 0,
             placement: None,
+            capture: std::env::var("ROCMFORGE_GPU_GRAPH").map_or(true, |v| v != "0"),
         })
+    }
+
+    /// Turns capture of repeated keyed runs on or off (default on unless the environment sets
+    /// `ROCMFORGE_GPU_GRAPH=0`). A keyed graph whose launches all run on one device, with no
+    /// cross-device copies, is captured on its second run (the first one sizes every scratch
+    /// buffer) and replayed on later runs with the same key: inputs are written before the
+    /// replay and outputs read after it, so a decode step costs one graph launch instead of
+    /// one launch per node.
+    pub fn set_graph_capture(&mut self, on: bool) {
+        self.capture = on;
+        if let Some(p) = self.prepared.as_mut() {
+            p.captured = None;
+            p.capture_failures = 0;
+        }
+    }
+
+    /// True when the last keyed run's graph is held captured.
+    pub fn has_captured_graph(&self) -> bool {
+        self.prepared.as_ref().is_some_and(|p| p.captured.is_some())
     }
 
     /// The devices, highest priority first.
@@ -479,13 +512,19 @@ impl Scheduler {
             _ => None,
         };
         let hit = cached.is_some();
-        let prep = match cached {
+        let mut prep = match cached {
             Some(p) => p,
             None => self.prepare(key.unwrap_or(0), graph)?,
         };
         for d in 0..self.devices.len() {
             let have = self.arenas[d].as_ref().map_or(0, |b| b.size());
             if have < prep.arena_size[d] {
+                // Captured launches point into the old arena: drop them before freeing it.
+                prep.captured = None;
+                if let Some(p) = self.prepared.as_mut() {
+                    p.captured = None;
+                }
+                self.arenas[d] = None;
                 self.arenas[d] = Some(self.devices[d].buffer_type().alloc(prep.arena_size[d])?);
             }
         }
@@ -517,7 +556,10 @@ impl Scheduler {
                 .ok_or_else(|| GraphError::MissingInput(t.name.clone()))?;
             arena.write(prep.offsets[i].unwrap_or(0), data)?;
         }
-        let result = self.execute(graph, &prep);
+        let result = match prep.single_device {
+            Some(d) if hit && self.capture => self.execute_captured(graph, &mut prep, d),
+            _ => self.execute(graph, &prep),
+        };
         if result.is_ok() {
             let mut outputs = Vec::with_capacity(graph.outputs().len());
             for &o in graph.outputs() {
@@ -575,6 +617,10 @@ impl Scheduler {
         let inputs = (0..nodes.len())
             .filter(|&i| sched.device_of[i].is_some() && nodes[i].op == Op::Leaf(Leaf::Input))
             .collect();
+        let single_device = match sched.splits.as_slice() {
+            [(d, _)] if sched.copies.is_empty() => Some(*d),
+            _ => None,
+        };
         Ok(Prepared {
             key,
             n_nodes: nodes.len(),
@@ -583,6 +629,9 @@ impl Scheduler {
             slot,
             arena_size,
             inputs,
+            single_device,
+            captured: None,
+            capture_failures: 0,
         })
     }
 
@@ -663,8 +712,45 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Runs a graph whose launches all go to device `d` by replaying its capture, capturing
+    /// it first when there is none yet; plain launches when the device cannot capture.
+    fn execute_captured(&mut self, graph: &Graph, prep: &mut Prepared, d: usize) -> Result<()> {
+        if prep.captured.is_none() && prep.capture_failures < CAPTURE_TRIES {
+            if self.devices[d].begin_capture()? {
+                let launched = self.launch_nodes(graph, prep);
+                let captured = self.devices[d].end_capture();
+                match (launched, captured) {
+                    (Ok(()), Ok(c)) => prep.captured = Some(c),
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::debug!("scheduler: graph capture failed, plain launches: {e}");
+                        prep.capture_failures += 1;
+                    }
+                }
+            } else {
+                prep.capture_failures = CAPTURE_TRIES;
+            }
+        }
+        match &prep.captured {
+            Some(c) => {
+                c.replay()?;
+                self.streams[d].synchronize()
+            }
+            None => self.execute(graph, prep),
+        }
+    }
+
     /// Launches the scheduled nodes, copying tensors across devices on demand, and waits.
     fn execute(&mut self, graph: &Graph, prep: &Prepared) -> Result<()> {
+        self.launch_nodes(graph, prep)?;
+        for s in &self.streams {
+            s.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Queues the scheduled nodes, copying tensors across devices on demand (a graph without
+    /// copies queues launches only, which a capture can record).
+    fn launch_nodes(&mut self, graph: &Graph, prep: &Prepared) -> Result<()> {
         let nodes = graph.tensors();
         let nd = self.devices.len();
         let sched = prep.sched.as_ref();
@@ -700,9 +786,6 @@ impl Scheduler {
                     valid[r * nd..(r + 1) * nd].fill(false);
                 }
             }
-        }
-        for s in &self.streams {
-            s.synchronize()?;
         }
         Ok(())
     }

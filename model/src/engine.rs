@@ -49,6 +49,26 @@ impl Engine {
         }
     }
 
+    /// Turns GPU graph capture of repeated decode steps on or off (no effect on the CPU).
+    pub(crate) fn set_graph_capture(&mut self, on: bool) {
+        match self {
+            Self::Cpu(_) => {
+                let _ = on;
+            }
+            #[cfg(feature = "hip")]
+            Self::Gpu(g) => g.sched.set_graph_capture(on),
+        }
+    }
+
+    /// True when the last decode step's graph is held captured for replay.
+    pub(crate) fn has_captured_graph(&self) -> bool {
+        match self {
+            Self::Cpu(_) => false,
+            #[cfg(feature = "hip")]
+            Self::Gpu(g) => g.sched.has_captured_graph(),
+        }
+    }
+
     /// Runs the graph optimizer as far as the engine's devices take its output.
     pub(crate) fn optimize(&self, g: &mut Graph) {
         match self {

@@ -403,6 +403,17 @@ impl Session {
         self.stats
     }
 
+    /// Turns replay of captured GPU decode steps on or off (default on unless
+    /// `ROCMFORGE_GPU_GRAPH=0`); results are the same either way, replay saves host time.
+    pub fn set_gpu_graphs(&mut self, on: bool) {
+        self.engine.set_graph_capture(on);
+    }
+
+    /// True when the last decode step's GPU graph is held captured for replay.
+    pub fn has_gpu_graph(&self) -> bool {
+        self.engine.has_captured_graph()
+    }
+
     /// Forgets the context (the cache rows are simply overwritten later).
     pub fn reset(&mut self) {
         self.n_past = 0;

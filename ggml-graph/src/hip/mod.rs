@@ -21,13 +21,14 @@ mod ops;
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use gpu_mem::pool::ArenaSlot;
 use gpu_mem::{DeviceArena, DeviceBuffer, KernelArg, MemRange, ParamKind, WeightUploader};
 use parking_lot::Mutex;
 
-use crate::backend::{Buffer, BufferType, Device, Stream, TensorMem};
+use crate::backend::{Buffer, BufferType, Captured, Device, Stream, TensorMem};
 use crate::error::{GraphError, Result};
 use crate::tensor::Tensor;
 
@@ -52,6 +53,8 @@ struct Inner {
     scratch: Mutex<Option<Arc<DeviceBuffer<u8>>>>,
     /// The last activations quantized for the mat-vec kernels (shared by q/k/v, gate/up).
     q8: Mutex<ops::Q8Cache>,
+    /// True between `begin_capture` and `end_capture`: nothing may synchronize or allocate.
+    capturing: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -105,6 +108,7 @@ impl HipDevice {
             modules: Mutex::new(HashMap::new()),
             scratch: Mutex::new(None),
             q8: Mutex::new(ops::Q8Cache::default()),
+            capturing: AtomicBool::new(false),
         });
         Ok(Self {
             bt: HipBufferType {
@@ -152,6 +156,14 @@ impl HipDevice {
     fn scratch(&self, bytes: usize) -> Result<Arc<DeviceBuffer<u8>>> {
         let mut s = self.inner.scratch.lock();
         if s.as_ref().is_none_or(|b| b.len() < bytes) {
+            if self.inner.capturing.load(Ordering::Relaxed) {
+                // Growing synchronizes the stream, which a capture forbids: the caller falls
+                // back to plain launches (the scratch is then sized for the next capture).
+                return Err(gpu_err(
+                    "scratch",
+                    "scratch would grow during graph capture",
+                ));
+            }
             self.inner
                 .sb
                 .stream()
@@ -434,6 +446,65 @@ impl Device for HipDevice {
         srcs: &[TensorMem<'_>],
     ) -> Result<()> {
         ops::launch(self, t, dst, srcs)
+    }
+    fn begin_capture(&self) -> Result<bool> {
+        // A captured run must quantize its own mat-vec inputs: a cache hit on work done before
+        // the capture would leave the quantization out of the graph.
+        self.inner.q8.lock().clear();
+        if let Err(e) = self.inner.sb.stream().begin_capture() {
+            tracing::debug!("hip backend: stream capture unavailable: {e}");
+            return Ok(false);
+        }
+        self.inner.capturing.store(true, Ordering::Relaxed);
+        Ok(true)
+    }
+    fn end_capture(&self) -> Result<Box<dyn Captured>> {
+        self.inner.capturing.store(false, Ordering::Relaxed);
+        // Launches recorded but not run may have filled the cache (a failed capture is
+        // followed by plain launches, which must quantize for real).
+        self.inner.q8.lock().clear();
+        let stream = self.inner.sb.stream();
+        let graph = stream
+            .end_capture()
+            .map_err(|e| gpu_err("end capture", e))?;
+        let exec = graph
+            .instantiate()
+            .map_err(|e| gpu_err("instantiate graph", e))?;
+        // The scratch and quantization buffers may be replaced by later (larger) runs: the
+        // graph keeps the ones it recorded.
+        let keep = [
+            self.inner.scratch.lock().clone(),
+            self.inner.q8.lock().buffer(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        Ok(Box::new(HipCaptured {
+            exec,
+            inner: self.inner.clone(),
+            _keep: keep,
+        }))
+    }
+}
+
+/// A captured run of launches on the device's stream.
+struct HipCaptured {
+    exec: gpu_mem::GraphExec,
+    inner: Arc<Inner>,
+    /// Backend-owned buffers the recorded launches use.
+    _keep: Vec<Arc<DeviceBuffer<u8>>>,
+}
+
+impl Captured for HipCaptured {
+    fn replay(&self) -> Result<()> {
+        let stream = self.inner.sb.stream();
+        // SAFETY: the recorded launches use the backend's own buffers (kept alive in `_keep`)
+        // and buffers of the graph's owner, which by `Captured`'s contract drops this replay
+        // before freeing or reallocating any of them; all work is on this one stream.
+        unsafe { self.exec.launch(stream) }.map_err(|e| gpu_err("graph launch", e))?;
+        // The replay rewrote the quantization buffer behind the cache's back.
+        self.inner.q8.lock().clear();
+        Ok(())
     }
 }
 

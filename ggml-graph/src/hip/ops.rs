@@ -55,6 +55,11 @@ impl Q8Cache {
         self.key = None;
     }
 
+    /// The device buffer quantizations go to (kept alive by captured graphs that write it).
+    pub(crate) fn buffer(&self) -> Option<Arc<DeviceBuffer<u8>>> {
+        self.buf.clone()
+    }
+
     /// Forgets the cached quantization when `addr..addr + bytes` overlaps its source.
     pub(crate) fn written(&mut self, addr: u64, bytes: usize) {
         if let Some((src, len, ..)) = self.key {
