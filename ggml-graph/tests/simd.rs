@@ -217,12 +217,10 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                                 one.to_bits(),
                                 "{ty} n={n} tile {rn}x{cn} r={r} c={c}"
                             );
-                            // The 32-value types and Q6_K sum like ggml's x86 kernels (eight
-                            // lanes, one block per step), as the AVX2 multi-column kernels do.
-                            if (ty.block_size() == 32 || ty == DType::Q6_K)
-                                && rn == rows
-                                && cn == cols
-                            {
+                            // The same float steps as the AVX2 multi-column kernels (ggml's
+                            // x86 orders: `vec_dot` for the 32-value types and Q6_K, the
+                            // repacked Q4_K mat-vec for Q4_K/Q5_K).
+                            if rn == rows && cn == cols {
                                 let avx2 = vec_dot(
                                     Simd::Avx2,
                                     ty,

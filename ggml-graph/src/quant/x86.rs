@@ -559,6 +559,7 @@ unsafe fn cols_q4_k<const C: usize>(
     let five = ty == DType::Q5_K;
     let bs = ty.type_size();
     let mut out = [0.0f32; C];
+    let mut acc_m = [0.0f32; C];
     let m4 = _mm256_set1_epi8(0x0f);
     for i in 0..nb {
         // SAFETY: block `i` of the weight row and of every activation row is in bounds (caller).
@@ -622,9 +623,18 @@ unsafe fn cols_q4_k<const C: usize>(
                 let m = _mm_madd_epi16(mins, q8s);
                 let m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
                 let m = _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, 1)));
-                out[c] += da * (d * hsum(_mm256_cvtepi32_ps(*s)) - dmin * m as f32);
+                // ggml's repacked Q4_K mat-vec order, as the AVX-512 tiles: the whole integer
+                // dot and min term per super-block, two fma chains, `a - m` at the end.
+                let x = _mm_add_epi32(_mm256_castsi256_si128(*s), _mm256_extracti128_si256(*s, 1));
+                let x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
+                let dot = _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 1)));
+                out[c] = (dot as f32).mul_add(d * da, out[c]);
+                acc_m[c] = (m as f32).mul_add(dmin * da, acc_m[c]);
             }
         }
+    }
+    for (o, &m) in out.iter_mut().zip(acc_m.iter()) {
+        *o -= m;
     }
     out
 }
