@@ -16,6 +16,12 @@
 //!   Launches go through `gpu-mem`'s checked launch: arguments are matched against the
 //!   kernel's parameter table (`kernels::KernelId::params`) and device memory is passed as
 //!   `MemRange`s borrowed from live buffers, never as raw addresses.
+//! - Graph capture ([`Device::begin_capture`]): the stream's launches are recorded as a HIP
+//!   graph that the scheduler replays for repeated decode steps. While capturing, the scratch
+//!   refuses to grow (growth synchronizes) and the Q8 cache starts empty, so the recording
+//!   quantizes its own inputs; the recording keeps the scratch and Q8 buffers it used alive.
+//!   Replaying is the backend's one `unsafe` call: the graph's owner guarantees its buffers
+//!   outlive the recording (the scheduler drops it before reallocating its arena).
 
 mod ops;
 
