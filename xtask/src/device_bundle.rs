@@ -22,6 +22,12 @@ use crate::{workspace_root, Result};
 const CRATES: &[&str] = &["hip-ffi", "gpu-mem"];
 /// `(crate, integration test)` pairs that need the GPU, in crates whose other tests do not.
 const GPU_TESTS: &[(&str, &str)] = &[("model", "gpu_model")];
+/// Test executables built with extra cargo arguments: `(crate, arguments)`. The kernels' tests
+/// and the HIP backend's op-by-op checks against the CPU (unit tests behind ggml-graph's `hip`).
+const GPU_TEST_TARGETS: &[(&str, &[&str])] = &[
+    ("kernels", &["--tests"]),
+    ("ggml-graph", &["--lib", "--features", "hip"]),
+];
 
 /// `cargo xtask device-bundle [--model PATH]`.
 pub fn run(args: &[String]) -> Result<()> {
@@ -73,6 +79,27 @@ pub fn run(args: &[String]) -> Result<()> {
         ]);
         for exe in built_executables(&mut cmd, "test")? {
             let dst = bin_dir.join(format!("test-{krate}-{test}"));
+            copy_exe(&exe, &dst)?;
+            tests.push(dst);
+        }
+    }
+    for (krate, extra) in GPU_TEST_TARGETS {
+        let mut cmd = cargo();
+        cmd.args([
+            "test",
+            "--no-run",
+            "--release",
+            "--message-format=json",
+            "-p",
+            krate,
+        ]);
+        cmd.args(*extra);
+        for exe in built_executables(&mut cmd, "test")? {
+            let name = exe
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| format!("odd executable path {}", exe.display()))?;
+            let dst = bin_dir.join(format!("test-{krate}-{name}"));
             copy_exe(&exe, &dst)?;
             tests.push(dst);
         }
@@ -215,6 +242,13 @@ for t in .device/bin/test-*; do
     fail=1
   fi
 done
+# ROCMFORGE_MEMCHECK=1: every test binary again under compute-sanitizer's memcheck (NVIDIA).
+if [ "${ROCMFORGE_MEMCHECK:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  for t in .device/bin/test-*; do
+    echo "=== memcheck $t"
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$t" --test-threads=1 -q || { echo "FAILED: memcheck $t"; fail=1; }
+  done
+fi
 for b in .device/bin/bench-*; do
   echo "=== $b"
   "$b" --bench || fail=1
