@@ -20,11 +20,11 @@ use crate::{workspace_root, Result};
 
 /// Crates whose tests and benchmarks need the GPU.
 const CRATES: &[&str] = &["hip-ffi", "gpu-mem"];
-/// `(crate, integration test)` pairs that need the GPU, in crates whose other tests do not.
-const GPU_TESTS: &[(&str, &str)] = &[("model", "gpu_model")];
-/// Test executables built with extra cargo arguments: `(crate, arguments)`. The kernels' tests
-/// and the HIP backend's op-by-op checks against the CPU (unit tests behind ggml-graph's `hip`).
+/// GPU test executables of crates whose other tests do not need a GPU: `(crate, cargo target
+/// arguments)`. The whole-model GPU tests, the kernels' tests and the HIP backend's op-by-op
+/// checks against the CPU (unit tests behind ggml-graph's `hip`).
 const GPU_TEST_TARGETS: &[(&str, &[&str])] = &[
+    ("model", &["--test", "gpu_model"]),
     ("kernels", &["--tests"]),
     ("ggml-graph", &["--lib", "--features", "hip"]),
 ];
@@ -61,24 +61,6 @@ pub fn run(args: &[String]) -> Result<()> {
                 .map(|n| n.to_string_lossy().into_owned())
                 .ok_or_else(|| format!("odd executable path {}", exe.display()))?;
             let dst = bin_dir.join(format!("{what}-{name}"));
-            copy_exe(&exe, &dst)?;
-            tests.push(dst);
-        }
-    }
-    for (krate, test) in GPU_TESTS {
-        let mut cmd = cargo();
-        cmd.args([
-            "test",
-            "--no-run",
-            "--release",
-            "--message-format=json",
-            "-p",
-            krate,
-            "--test",
-            test,
-        ]);
-        for exe in built_executables(&mut cmd, "test")? {
-            let dst = bin_dir.join(format!("test-{krate}-{test}"));
             copy_exe(&exe, &dst)?;
             tests.push(dst);
         }
@@ -182,7 +164,12 @@ fn built_executables(cmd: &mut Command, what: &str) -> Result<Vec<PathBuf>> {
         let is_bench = msg["target"]["kind"]
             .as_array()
             .is_some_and(|k| k.iter().any(|x| x == "bench"));
-        if msg["reason"] == "compiler-artifact" && (what != "bench" || is_bench) {
+        // `cargo test --test X` also builds the package's binaries for the test to run.
+        let is_test_harness = msg["profile"]["test"] == true;
+        if msg["reason"] == "compiler-artifact"
+            && (what != "bench" || is_bench)
+            && (what != "test" || is_test_harness)
+        {
             if let Some(exe) = msg["executable"].as_str() {
                 exes.push(PathBuf::from(exe));
             }
