@@ -15,6 +15,8 @@
 //! way and their perplexities differ by 0.6%. Runs part from llama.cpp at gaps up to 0.44 (see
 //! [`engine_tie`]). The test prints the counts for the 0.1 rule too.
 
+mod common;
+
 use std::path::PathBuf;
 
 use model::arch::LogitsMode;
@@ -23,6 +25,8 @@ use model::sampling::argmax;
 use model::session::{Session, SessionOptions};
 use model::text::TextModel;
 use serial_test::serial;
+
+use common::{check_top_k, gaps, golden, u32s};
 
 /// The project's near-tie rule (reported).
 const NEAR_TIE: f64 = 0.1;
@@ -53,22 +57,6 @@ fn load() -> Option<TextModel> {
         return None;
     };
     Some(TextModel::load(&path, |_, _| {}).expect("load the test model"))
-}
-
-fn golden(name: &str) -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name);
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).expect("golden JSON")
-}
-
-fn u32s(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
 }
 
 fn session(tm: &TextModel, n_ctx: usize) -> Session {
@@ -103,25 +91,10 @@ fn greedy_and_logits_match_llama_cpp() {
             "prompt ids of {text:?}"
         );
         let want = u32s(&p["greedy"]);
-        let gaps: Vec<f64> = p["gap"]
-            .as_array()
-            .expect("gaps")
-            .iter()
-            .map(|x| x.as_f64().expect("gap"))
-            .collect();
+        let gaps = gaps(p);
         s.reset();
         let mut logits = s.eval(&ids, LogitsMode::Last).expect("prompt eval");
-        for pair in p["top_k"].as_array().expect("top_k") {
-            let id = pair[0].as_u64().expect("id") as usize;
-            let want_l = pair[1].as_f64().expect("logit") as f32;
-            let d = (logits[id] - want_l).abs();
-            worst_logit = worst_logit.max(d);
-            assert!(
-                d < LOGIT_TOL,
-                "{text:?}: logit of token {id}: ours {} llama.cpp {want_l}",
-                logits[id]
-            );
-        }
+        worst_logit = worst_logit.max(check_top_k(&format!("{text:?}"), p, &logits, LOGIT_TOL));
         let tie = |t: f64| gaps.iter().position(|&gap| gap < t).unwrap_or(want.len());
         let (limit, limit_01) = (tie(engine_tie()), tie(NEAR_TIE));
         let mut first_diff = None;

@@ -7,6 +7,8 @@
 //! each prompt runs through our execution plan for that architecture; the reference's top logits
 //! and its greedy tokens (up to the first near-tie) must match.
 
+mod common;
+
 use std::path::PathBuf;
 
 use model::arch::LogitsMode;
@@ -14,6 +16,8 @@ use model::sampling::argmax;
 use model::session::{Model, Session, SessionOptions};
 use serial_test::serial;
 use sha2::{Digest, Sha256};
+
+use common::{check_top_k, gaps, golden, u32s};
 
 /// |ours - llama.cpp| allowed on the reference's top logits. With activations rounded exactly as
 /// ggml rounds them (8 bits for quantized weights, f16 for F16 weights) the quantized files agree
@@ -24,22 +28,8 @@ const LOGIT_TOL: f32 = 0.005;
 /// the largest logit difference, so a flip can only mean a real error).
 const TIE: f64 = 0.01;
 
-fn golden(name: &str) -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/synth_{name}.json"));
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).expect("golden JSON")
-}
-
-fn u32s(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
 fn check(name: &str, vocabs: &std::path::Path) {
-    let g = golden(name);
+    let g = golden(&format!("synth_{name}.json"));
     let (opts, vocab) = model::synth::golden_spec(name).expect("known golden");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("synth-logits");
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -67,24 +57,9 @@ fn check(name: &str, vocabs: &std::path::Path) {
         let ids = u32s(&p["prompt_ids"]);
         s.reset();
         let mut logits = s.eval(&ids, LogitsMode::Last).expect("eval");
-        for pair in p["top_k"].as_array().expect("top_k") {
-            let id = pair[0].as_u64().expect("id") as usize;
-            let want = pair[1].as_f64().expect("logit") as f32;
-            let d = (logits[id] - want).abs();
-            worst = worst.max(d);
-            assert!(
-                d < LOGIT_TOL,
-                "{name}: token {id}: ours {} llama.cpp {want}",
-                logits[id]
-            );
-        }
+        worst = worst.max(check_top_k(name, p, &logits, LOGIT_TOL));
         let want = u32s(&p["greedy"]);
-        let gaps: Vec<f64> = p["gap"]
-            .as_array()
-            .expect("gap")
-            .iter()
-            .map(|x| x.as_f64().expect("gap"))
-            .collect();
+        let gaps = gaps(p);
         let limit = gaps.iter().position(|&x| x < TIE).unwrap_or(want.len());
         for (step, &w) in want.iter().enumerate().take(limit) {
             assert_eq!(argmax(&logits), w, "{name}: greedy step {step}");
