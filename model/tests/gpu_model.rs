@@ -353,8 +353,13 @@ fn gemma3_270m_on_gpu_equals_cpu() {
 /// Perplexity of the real model on the GPU against the CPU's (which is within 1% of llama.cpp's,
 /// see gemma_model.rs) over short windows: 8 tokens (every product through the 8-bit mat-vec
 /// path, the flash attention kernel) and 16 (f16 operands through gemmEx, the tensor-core
-/// attention). H200: 278.635 vs 278.673 and 69.534 vs 69.755. Over 128-token windows the GPU
-/// reads 11.859 against the CPU's 12.178 (-2.6%): not understood yet, so not asserted here.
+/// attention). H200: 278.635 vs 278.673 and 69.534 vs 69.755.
+///
+/// Over 128-token windows the GPU's gemmEx path reads lower than the CPU (H200: 11.859 vs 12.178):
+/// its f16 activations are finer than the CPU's 8-bit ones, and the difference grows with the
+/// context. The CPU running a copy of the model whose weights are the same dequantized values in
+/// f16 (so it also multiplies f16 activations by f16 weights) reads 11.861 on 20 such windows, so
+/// the GPU is held to that copy there.
 #[test]
 #[serial]
 fn gemma3_270m_gpu_perplexity_matches_the_cpu() {
@@ -402,6 +407,78 @@ fn gemma3_270m_gpu_perplexity_matches_the_cpu() {
             cpu.ppl
         );
     }
+
+    let n_ctx = 128;
+    let ppl_opts = model::perplexity::PplOptions {
+        n_ctx,
+        max_chunks: Some(20),
+        bos: tm.bos_for_chunks(),
+    };
+    let o = |device| SessionOptions {
+        n_ctx,
+        n_batch: n_ctx,
+        ..opts(device, None, None)
+    };
+    let mut s = Session::new(tm.model(), &o(DeviceChoice::Gpu)).expect("GPU session");
+    let gpu = model::perplexity::perplexity(&mut s, &tokens, &ppl_opts, |_, _, _| {})
+        .expect("GPU perplexity");
+    drop(s);
+    let f16_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemma-dequant-f16.gguf");
+    write_dequantized_f16_copy(&path, &f16_path);
+    let f16_model = Model::load(&f16_path, |_, _| {}).expect("load the f16 copy");
+    let mut s = Session::new(&f16_model, &o(DeviceChoice::Cpu)).expect("CPU session");
+    let cpu = model::perplexity::perplexity(&mut s, &tokens, &ppl_opts, |_, _, _| {})
+        .expect("CPU perplexity");
+    let _ = std::fs::remove_file(&f16_path);
+    let rel = (gpu.ppl - cpu.ppl) / cpu.ppl * 100.0;
+    println!(
+        "perplexity, {} windows of {n_ctx}: GPU {:.4}, CPU on the f16 copy {:.4} ({rel:+.3}%)",
+        gpu.chunks, gpu.ppl, cpu.ppl
+    );
+    assert_eq!(gpu.chunks, cpu.chunks);
+    assert!(
+        rel.abs() < 0.5,
+        "n_ctx {n_ctx}: GPU {:.4} vs CPU on the f16 copy {:.4}",
+        gpu.ppl,
+        cpu.ppl
+    );
+}
+
+/// Writes `src` again with every quantized matrix dequantized and rounded to f16 (what the GPU's
+/// prefill path multiplies), everything else unchanged.
+fn write_dequantized_f16_copy(src: &str, dst: &std::path::Path) {
+    let file = gguf::GgufFile::open(src).expect("open the test model");
+    let data: Vec<Vec<u8>> = file
+        .tensors()
+        .iter()
+        .map(|t| {
+            let raw = file.tensor_data(t);
+            if t.ggml_type.is_quantized() && t.dims.len() >= 2 {
+                let vals = gguf::dequantize_to_vec(t.ggml_type, raw).expect("dequantize");
+                vals.iter()
+                    .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                    .collect()
+            } else {
+                raw.to_vec()
+            }
+        })
+        .collect();
+    let tensors: Vec<gguf::TensorToWrite<'_>> = file
+        .tensors()
+        .iter()
+        .zip(&data)
+        .map(|(t, d)| gguf::TensorToWrite {
+            name: &t.name,
+            dims: &t.dims,
+            ty: if t.ggml_type.is_quantized() && t.dims.len() >= 2 {
+                gguf::GgmlType::F16
+            } else {
+                t.ggml_type
+            },
+            data: d,
+        })
+        .collect();
+    gguf::write_file(dst, file.metadata(), &tensors).expect("write the f16 copy");
 }
 
 /// Runs everywhere: the device choice without a GPU, and `--device cpu` always on the CPU.
