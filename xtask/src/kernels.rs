@@ -10,6 +10,10 @@ use std::thread;
 
 use crate::{workspace_root, Result};
 
+#[path = "../../kernels/source_hash.rs"]
+mod source_hash;
+use source_hash::source_hash;
+
 /// AMD targets Debian's ROCm 5.2 hipcc knows: CDNA 1-3 (wave64) and RDNA 1-2 (wave32).
 /// `ROCMFORGE_AMD_ARCHS` (comma-separated) replaces the list, e.g. with gfx1100 on a newer ROCm.
 const AMD_ARCHS: &str = "gfx906,gfx908,gfx90a,gfx940,gfx1010,gfx1030";
@@ -210,35 +214,6 @@ type Queue = std::sync::Mutex<Vec<(usize, Job)>>;
 fn job_queue(jobs: Vec<Job>) -> Queue {
     // Popped from the end: reverse so the first jobs start first.
     std::sync::Mutex::new(jobs.into_iter().enumerate().rev().collect())
-}
-
-/// Same FNV-1a as `kernels/build.rs`: names and bytes of the files in `kernels/hip`, sorted.
-fn source_hash(dir: &Path) -> String {
-    let mut names: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.path())
-                .filter(|p| p.is_file())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    for p in names {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        eat(name.as_bytes());
-        eat(&fs::read(&p).unwrap_or_default());
-    }
-    format!("{h:016x}")
 }
 
 fn which(prog: &str) -> Option<PathBuf> {
