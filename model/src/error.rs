@@ -9,6 +9,15 @@ pub enum ModelError {
     /// Reading the GGUF file failed.
     #[error(transparent)]
     Gguf(#[from] gguf::GgufError),
+    /// Loading the model file failed; `source` says where in it and why.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The model file.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: Box<ModelError>,
+    },
     /// Building or running a compute graph failed.
     #[error("graph: {0}")]
     Graph(#[from] ggml_graph::GraphError),
@@ -74,4 +83,17 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl ModelError {
+    /// Names `path` in the error, unless it already does (I/O errors carry their path).
+    pub fn in_file(self, path: &std::path::Path) -> Self {
+        match self {
+            Self::Gguf(gguf::GgufError::Io { .. }) | Self::Io { .. } | Self::InFile { .. } => self,
+            e => Self::InFile {
+                path: path.to_owned(),
+                source: Box::new(e),
+            },
+        }
+    }
 }

@@ -46,8 +46,10 @@ impl Model {
         path: impl AsRef<Path>,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Self, ModelError> {
-        let file = Arc::new(GgufFile::open(path.as_ref())?);
-        let model = Self::from_file(file)?;
+        let path = path.as_ref();
+        let open =
+            || -> Result<Self, ModelError> { Self::from_file(Arc::new(GgufFile::open(path)?)) };
+        let model = open().map_err(|e| e.in_file(path))?;
         let total: u64 = model.file.tensors().iter().map(|t| t.size).sum();
         let mut done = 0u64;
         for t in model.file.tensors() {
@@ -71,6 +73,18 @@ impl Model {
         let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let cfg = ModelConfig::from_metadata(file.metadata(), n_vocab)?;
         let weights = WeightTable::from_infos(file.tensors());
+        // One dry build of a decode graph (no memory touched) finds a missing or misshapen
+        // tensor now, as llama.cpp's loader does, rather than at the first forward pass.
+        let kv = KvCacheSpec {
+            dtype: KvType::F16,
+            n_ctx: 1,
+        };
+        let batch = BatchSpec {
+            n_tok: 1,
+            n_past: 0,
+            logits: LogitsMode::Last,
+        };
+        build_forward(&cfg, &weights, &kv, batch)?;
         Ok(Self { file, cfg, weights })
     }
 

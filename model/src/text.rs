@@ -24,7 +24,8 @@ impl TextModel {
         path: impl AsRef<Path>,
         progress: impl FnMut(u64, u64),
     ) -> Result<Self, ModelError> {
-        Self::from_model(Model::load(path, progress)?)
+        let path = path.as_ref();
+        Self::from_model(Model::load(path, progress)?).map_err(|e| e.in_file(path))
     }
 
     /// Adds the tokenizer and chat template read from the model's own file.

@@ -143,3 +143,59 @@ fn context_beyond_the_model_maximum_is_refused() {
         Err(ModelError::InvalidArgument(_))
     ));
 }
+
+/// A damaged model file (cut short, or with a tensor dropped) fails to load with an error that
+/// names the file and what was wrong, at any cut.
+#[test]
+fn damaged_files_are_refused_with_the_file_named() {
+    synth("llama");
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pipeline/llama.gguf");
+    let bytes = std::fs::read(&path).expect("read the synthetic model");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pipeline-damaged");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = gguf::GgufFile::open(&path).expect("open");
+    // The file may end in alignment padding; the last byte that matters ends the last tensor.
+    let data_end = file.data_offset()
+        + file
+            .tensors()
+            .iter()
+            .map(|t| t.offset + t.size)
+            .max()
+            .expect("tensors");
+    let data_end = usize::try_from(data_end).expect("size");
+    let cut = dir.join("cut.gguf");
+    for len in [0, 3, 8, 100, bytes.len() / 3, data_end - 1] {
+        std::fs::write(&cut, &bytes[..len]).expect("write the cut file");
+        let Err(err) = Model::load(&cut, |_, _| {}) else {
+            panic!("a file cut at {len} bytes must not load");
+        };
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ModelError::InFile { .. }) && msg.contains("cut.gguf"),
+            "cut at {len}: {msg}"
+        );
+    }
+
+    // The same metadata and every tensor but one: the missing tensor is named.
+    let kept: Vec<_> = file
+        .tensors()
+        .iter()
+        .filter(|t| t.name != "blk.0.attn_q.weight")
+        .map(|t| gguf::TensorToWrite {
+            name: &t.name,
+            dims: &t.dims,
+            ty: t.ggml_type,
+            data: file.tensor_data(t),
+        })
+        .collect();
+    let dropped = dir.join("dropped.gguf");
+    gguf::write_file(&dropped, file.metadata(), &kept).expect("write");
+    let Err(err) = Model::load(&dropped, |_, _| {}) else {
+        panic!("a model without blk.0.attn_q.weight must not load");
+    };
+    let msg = err.to_string();
+    assert!(
+        msg.contains("dropped.gguf") && msg.contains("blk.0.attn_q.weight"),
+        "{msg}"
+    );
+}

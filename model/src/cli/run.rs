@@ -28,7 +28,7 @@ fn stdout_write(text: &str) {
 }
 
 pub(super) fn info(path: &Path) -> Result<(), ModelError> {
-    let file = gguf::GgufFile::open(path)?;
+    let file = gguf::GgufFile::open(path).map_err(|e| ModelError::from(e).in_file(path))?;
     let mut out = std::io::stdout().lock();
     gguf::dump::write_info(&file, &mut out).map_err(|e| io_err(path, e))
 }
