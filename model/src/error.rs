@@ -36,7 +36,7 @@ pub enum ModelError {
         reason: String,
     },
     /// `general.architecture` names an architecture without an execution plan.
-    #[error("architecture `{0}` is not supported (supported: llama, qwen2, qwen3, gemma3)")]
+    #[error("architecture `{0}` is not supported (supported: llama (also mistral), qwen2, qwen3, gemma2, gemma3)")]
     UnsupportedArchitecture(String),
     /// A tensor the architecture needs is absent.
     #[error("tensor `{0}` is missing")]

@@ -29,7 +29,7 @@ pub fn default_model() -> PathBuf {
 #[command(
     name = "rocmforge",
     version,
-    about = "Run GGUF language models (llama, mistral, qwen2/3, gemma3)"
+    about = "Run GGUF language models (llama, mistral, qwen2/3, gemma2/3)"
 )]
 struct Cli {
     #[command(subcommand)]
