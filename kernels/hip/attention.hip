@@ -199,6 +199,145 @@ RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, const in
     attn_impl<float>(q, k, v, pos, out, part, p);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Few-token attention (decode): one block per (query head, query token) over the whole visible
+// KV range in one launch. Lanes work in groups of G, one key per group: each lane loads VEC
+// cache values at once (16 bytes), the group sums its partial dot products. The scaled scores stay
+// in shared memory, so the row's max and sum are known before the probabilities are normalized,
+// rounded (as above) and applied to V, where each thread owns VEC output dims of one key subset
+// and the subsets are summed through shared memory. Needs head_dim and every cache stride to be
+// multiples of VEC, 16-byte aligned caches and at most ATTN_DEC_MAX_KV visible keys (the host
+// checks; other shapes take `attn_f16` / `attn_f32`).
+// ---------------------------------------------------------------------------------------------
+#define ATTN_DEC_MAX_KV 4096
+#define ATTN_DEC_THREADS 256
+
+template <typename KV>
+struct kv_vec;
+template <>
+struct kv_vec<__half> {
+    static constexpr int VEC = 8;
+    static __device__ __forceinline__ void load(const __half* p, float* o) {
+        const int4 v = *reinterpret_cast<const int4*>(p);
+        const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __half22float2(h[i]);
+            o[2 * i] = f.x;
+            o[2 * i + 1] = f.y;
+        }
+    }
+};
+template <>
+struct kv_vec<float> {
+    static constexpr int VEC = 4;
+    static __device__ __forceinline__ void load(const float* p, float* o) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        o[0] = v.x;
+        o[1] = v.y;
+        o[2] = v.z;
+        o[3] = v.w;
+    }
+};
+
+template <typename KV>
+static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q, const KV* __restrict__ k,
+                                                     const KV* __restrict__ v, const int* __restrict__ pos,
+                                                     float* __restrict__ out, const attn_params p) {
+    constexpr int VEC = kv_vec<KV>::VEC;
+    constexpr int NT = ATTN_DEC_THREADS;
+    __shared__ float sc[ATTN_DEC_MAX_KV];
+    __shared__ __align__(16) float qs[ATTN_DMAX];
+    __shared__ float red[NT * 8];  // PV partial sums (at most NT * VEC floats), reductions
+    const int head = blockIdx.x, tok = blockIdx.y;
+    const int D = p.head_dim, chunks = D / VEC;
+    const int kvh = head / (p.n_heads / p.n_kv_heads);
+    const int qpos = pos[tok];
+    const int hi = p.causal ? min(qpos + 1, p.n_kv) : p.n_kv;
+    const int lo = p.window > 0 ? max(0, qpos - p.window + 1) : 0;
+    const int n = max(hi - lo, 0);
+    const float* qp = q + (long long)tok * p.q_tok_stride + (long long)head * p.q_head_stride;
+    for (int d = threadIdx.x; d < D; d += NT) qs[d] = round_kv<KV>(qp[d]);
+    __syncthreads();
+
+    // Scores: groups of G lanes (a power of two, at most a warp), one key per group.
+    int G = 1;
+    while (G * 2 <= chunks && G < RF_WARP) G *= 2;
+    const int lane = threadIdx.x % RF_WARP;
+    const int gl = lane % G;
+    const int group = threadIdx.x / G, ngroups = NT / G;
+    const KV* kb = k + (long long)kvh * p.k_head_stride;
+    const KV* vb = v + (long long)kvh * p.v_head_stride;
+    float mx = -INFINITY;
+    for (int j0 = 0; j0 < n; j0 += ngroups) {
+        const int j = j0 + group;
+        float s = 0.0f;
+        if (j < n) {
+            const KV* kr = kb + (long long)(lo + j) * p.k_pos_stride;
+            for (int c = gl; c < chunks; c += G) {
+                float kf[VEC];
+                kv_vec<KV>::load(kr + c * VEC, kf);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) s += qs[c * VEC + i] * kf[i];
+            }
+        }
+        // Group sum (the whole warp takes part; xor partners stay inside a group).
+        for (int m = G / 2; m > 0; m >>= 1) s += rf_shfl_xor(s, m);
+        if (j < n) {
+            s *= p.scale;
+            if (gl == 0) sc[j] = s;
+            mx = fmaxf(mx, s);
+        }
+    }
+    mx = block_max(mx, red);
+    float l = 0.0f;
+    __syncthreads();  // scores written by other groups
+    if (mx != -INFINITY)
+        for (int j = threadIdx.x; j < n; j += NT) l += expf(sc[j] - mx);
+    __syncthreads();  // `red` reused by block_sum
+    l = block_sum(l, red);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int j = threadIdx.x; j < n; j += NT) sc[j] = round_kv<KV>(expf(sc[j] - mx) * inv);
+    __syncthreads();
+
+    // Output: thread t owns dims [VEC * (t % chunks), +VEC) for keys t / chunks + i * kgroups.
+    const int kgroups = NT / chunks;
+    const int c = threadIdx.x % chunks, kg = threadIdx.x / chunks;
+    float acc[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
+    if (kg < kgroups) {
+        for (int j = kg; j < n; j += kgroups) {
+            const float w = sc[j];
+            float vf[VEC];
+            kv_vec<KV>::load(vb + (long long)(lo + j) * p.v_pos_stride + c * VEC, vf);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[i] += w * vf[i];
+        }
+    }
+    __syncthreads();
+    if (kg < kgroups)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) red[kg * D + c * VEC + i] = acc[i];
+    __syncthreads();
+    float* op = out + (long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride;
+    for (int d = threadIdx.x; d < D; d += NT) {
+        float a = 0.0f;
+        for (int g = 0; g < kgroups; ++g) a += red[g * D + d];
+        op[d] = a;
+    }
+}
+
+RF_KERNEL void attn_dec_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
+                            attn_params p) {
+    attn_dec_impl<__half>(q, k, v, pos, out, p);
+}
+
+RF_KERNEL void attn_dec_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
+                            attn_params p) {
+    attn_dec_impl<float>(q, k, v, pos, out, p);
+}
+
 // Adds the `n_splits` shares of each row's output (phase 2's results, already normalized by the
 // row's totals): one block per row (token * n_heads + head).
 RF_KERNEL void attn_combine_f32(const float* __restrict__ part, float* __restrict__ out, int n_splits,

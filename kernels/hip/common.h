@@ -90,6 +90,27 @@ static __device__ __forceinline__ float block_max(float v, float* scratch) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Activations (ops' act_f32 and the gated mat-vec epilogue evaluate the same functions).
+// ---------------------------------------------------------------------------------------------
+// GELU, tanh approximation (the form ggml's gelu and GGUF models' "gelu" FFNs use), rounded as
+// ggml's CPU backend and our CPU op evaluate it (an f16 lookup table): f16 input, f16 result,
+// exact limits beyond +-10.
+static __device__ __forceinline__ float gelu_tanh(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float k0 = 0.7978845608028654f;  // sqrt(2/pi)
+    const float k1 = 0.044715f;
+    const float h = __half2float(__float2half(x));
+    return __half2float(__float2half(0.5f * h * (1.0f + tanhf(k0 * h * (1.0f + k1 * h * h)))));
+}
+
+static __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+enum { ACT_GELU = 0, ACT_SILU = 1 };
+
+static __device__ __forceinline__ float act_fn(int kind, float x) { return kind == ACT_GELU ? gelu_tanh(x) : silu(x); }
+
+// ---------------------------------------------------------------------------------------------
 // 4 x int8 dot product with 32-bit accumulation: dp4a on NVIDIA (sm_61+), v_dot4_i32_i8 on AMD
 // targets that have it (gfx906/908/90a/940, RDNA2), a portable byte loop elsewhere.
 // ---------------------------------------------------------------------------------------------

@@ -224,6 +224,27 @@ static __device__ __forceinline__ void mv_store(float* acc, float* __restrict__ 
     }
 }
 
+// Gated epilogue: warp sums of both row sets, lane r writes act(gate[r]) * up[r].
+template <int R>
+static __device__ __forceinline__ void mv_store_gated(float* gate, float* up, int act_kind, float* __restrict__ out,
+                                                      int lane, int row0, int nrows, int out_stride) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        gate[r] = warp_sum(gate[r]);
+        up[r] = warp_sum(up[r]);
+    }
+    if (lane < R && row0 + lane < nrows) {
+        float g = gate[0], u = up[0];
+#pragma unroll
+        for (int r = 1; r < R; ++r)
+            if (lane == r) {
+                g = gate[r];
+                u = up[r];
+            }
+        out[(size_t)blockIdx.y * out_stride + row0 + lane] = act_fn(act_kind, g) * u;
+    }
+}
+
 // --- 32-value blocks, one block per lane ----------------------------------------------------
 
 struct act32 {
@@ -349,25 +370,17 @@ struct stage_dims {
 };
 
 template <typename T, int R, bool A16>
-static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
-                                                          float* __restrict__ out, int ncols, long long row_bytes,
-                                                          int out_stride, int nrows,
-                                                          uint32_t (*stage)[R][stage_dims<T>::WORDS]) {
+static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w, q8_vec yv, int ncols,
+                                                   long long row_bytes, int nrows, int row0, int lane, int wid,
+                                                   uint32_t (*stage)[R][stage_dims<T>::WORDS], float* acc) {
     constexpr int G = stage_dims<T>::G;
     constexpr int SPAN = stage_dims<T>::SPAN;
     constexpr int IT = A16 ? (SPAN / 16 + RF_WARP - 1) / RF_WARP : (SPAN / 4 + 2 + RF_WARP - 1) / RF_WARP;
-    const int lane = threadIdx.x % RF_WARP;
-    const int wid = threadIdx.x / RF_WARP;
-    if (wid >= MV_WARPS) return;  // whole warps leave together
-    const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
-    // A grid smaller than the row count loops (the host caps it near what stays resident).
-    for (int row0 = (blockIdx.x * MV_WARPS + wid) * R; row0 < nrows; row0 += gridDim.x * MV_WARPS * R) {
     const uint8_t* wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
     const int nblk = ncols / T::QK;
     const int part = lane % T::LPB, bl = lane / T::LPB;
-    float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     for (int b0 = 0; b0 < nblk; b0 += G) {
@@ -422,21 +435,43 @@ static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restr
         }
         rf_syncwarp();
     }
-    mv_store<R>(acc, out, lane, row0, nrows, out_stride);
+}
+
+// `w2` non-null (gated): out = act(w . y) * (w2 . y), both matrices of the same shape and type.
+template <typename T, int R, bool A16>
+static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                          const uint8_t* __restrict__ y, float* __restrict__ out,
+                                                          int ncols, long long row_bytes, int out_stride, int nrows,
+                                                          int act_kind, uint32_t (*stage)[R][stage_dims<T>::WORDS]) {
+    const int lane = threadIdx.x % RF_WARP;
+    const int wid = threadIdx.x / RF_WARP;
+    if (wid >= MV_WARPS) return;  // whole warps leave together
+    const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
+    // A grid smaller than the row count loops (the host caps it near what stays resident).
+    for (int row0 = (blockIdx.x * MV_WARPS + wid) * R; row0 < nrows; row0 += gridDim.x * MV_WARPS * R) {
+        float acc[R];
+        staged_rows<T, R, A16>(w, yv, ncols, row_bytes, nrows, row0, lane, wid, stage, acc);
+        if (w2) {
+            float up[R];
+            staged_rows<T, R, A16>(w2, yv, ncols, row_bytes, nrows, row0, lane, wid, stage, up);
+            mv_store_gated<R>(acc, up, act_kind, out, lane, row0, nrows, out_stride);
+        } else {
+            mv_store<R>(acc, out, lane, row0, nrows, out_stride);
+        }
     }
 }
 
 template <typename T, int R>
-static __device__ __forceinline__ void matvec_staged(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
-                                                     float* __restrict__ out, int ncols, long long row_bytes,
-                                                     int out_stride, int nrows) {
+static __device__ __forceinline__ void matvec_staged(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                     const uint8_t* __restrict__ y, float* __restrict__ out, int ncols,
+                                                     long long row_bytes, int out_stride, int nrows, int act_kind) {
     // 16-byte loads when every row starts 16-byte aligned (a full step's span is a multiple of
     // 16 for every staged type; a last, shorter one reads at most to the end of its 16-byte chunk).
     __shared__ __align__(16) uint32_t stage[MV_WARPS][R][stage_dims<T>::WORDS];
-    if ((((uintptr_t)w | (uintptr_t)row_bytes) & 15) == 0)
-        matvec_staged_impl<T, R, true>(w, y, out, ncols, row_bytes, out_stride, nrows, stage);
+    if ((((uintptr_t)w | (uintptr_t)(w2 ? w2 : w) | (uintptr_t)row_bytes) & 15) == 0)
+        matvec_staged_impl<T, R, true>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage);
     else
-        matvec_staged_impl<T, R, false>(w, y, out, ncols, row_bytes, out_stride, nrows, stage);
+        matvec_staged_impl<T, R, false>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage);
 }
 
 // --- Q4_K / Q5_K: 16-byte aligned blocks read directly; eight lanes per block, lane c takes qs
@@ -540,23 +575,18 @@ struct mv_q5_k {
     }
 };
 
+// Dot products of rows row0 .. row0 + R - 1 of `w` with the activation vector, per lane (the
+// caller sums across the warp).
 template <typename T, int R, int U, bool A16>
-static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
-                                                          float* __restrict__ out, int ncols, long long row_bytes,
-                                                          int out_stride, int nrows) {
+static __device__ __forceinline__ void direct_rows(const uint8_t* __restrict__ w, q8_vec yv, int ncols,
+                                                   long long row_bytes, int nrows, int row0, int lane,
+                                                   float* acc) {
     constexpr int G = RF_WARP / T::LPB;
-    const int lane = threadIdx.x % RF_WARP;
-    const int wid = threadIdx.x / RF_WARP;
-    if (wid >= MV_WARPS) return;  // whole warps leave together
-    const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
-    // A grid smaller than the row count loops (the host caps it near what stays resident).
-    for (int row0 = (blockIdx.x * MV_WARPS + wid) * R; row0 < nrows; row0 += gridDim.x * MV_WARPS * R) {
     const uint8_t* wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
     const int nblk = ncols / T::QK;
     const int part = lane % T::LPB;
-    float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     // U blocks per lane per step, every load issued before the first dot product.
@@ -576,31 +606,57 @@ static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restr
 #pragma unroll
                 for (int r = 0; r < R; ++r) acc[r] += T::compute(raw[u][r], part, a[u]);
     }
-    mv_store<R>(acc, out, lane, row0, nrows, out_stride);
+}
+
+// `w2` non-null (gated): out = act(w . y) * (w2 . y), both matrices of the same shape and type.
+template <typename T, int R, int U, bool A16>
+static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                          const uint8_t* __restrict__ y, float* __restrict__ out,
+                                                          int ncols, long long row_bytes, int out_stride, int nrows,
+                                                          int act_kind) {
+    const int lane = threadIdx.x % RF_WARP;
+    const int wid = threadIdx.x / RF_WARP;
+    if (wid >= MV_WARPS) return;  // whole warps leave together
+    const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
+    // A grid smaller than the row count loops (the host caps it near what stays resident).
+    for (int row0 = (blockIdx.x * MV_WARPS + wid) * R; row0 < nrows; row0 += gridDim.x * MV_WARPS * R) {
+        float acc[R];
+        direct_rows<T, R, U, A16>(w, yv, ncols, row_bytes, nrows, row0, lane, acc);
+        if (w2) {
+            float up[R];
+            direct_rows<T, R, U, A16>(w2, yv, ncols, row_bytes, nrows, row0, lane, up);
+            mv_store_gated<R>(acc, up, act_kind, out, lane, row0, nrows, out_stride);
+        } else {
+            mv_store<R>(acc, out, lane, row0, nrows, out_stride);
+        }
     }
 }
 
 template <typename T, int R, int U = 1>
-static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
-                                                     float* __restrict__ out, int ncols, long long row_bytes,
-                                                     int out_stride, int nrows) {
-    if ((((uintptr_t)w | (uintptr_t)row_bytes) & 15) == 0)
-        matvec_direct_impl<T, R, U, true>(w, y, out, ncols, row_bytes, out_stride, nrows);
+static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                     const uint8_t* __restrict__ y, float* __restrict__ out, int ncols,
+                                                     long long row_bytes, int out_stride, int nrows, int act_kind) {
+    if ((((uintptr_t)w | (uintptr_t)(w2 ? w2 : w) | (uintptr_t)row_bytes) & 15) == 0)
+        matvec_direct_impl<T, R, U, true>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
     else
-        matvec_direct_impl<T, R, U, false>(w, y, out, ncols, row_bytes, out_stride, nrows);
+        matvec_direct_impl<T, R, U, false>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
 }
 
 template <typename T, int R>
-static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
-                                                      float* __restrict__ out, int ncols, long long row_bytes,
-                                                      int out_stride, int nrows) {
-    matvec_direct<T, R, 2>(w, y, out, ncols, row_bytes, out_stride, nrows);
+static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                      const uint8_t* __restrict__ y, float* __restrict__ out, int ncols,
+                                                      long long row_bytes, int out_stride, int nrows, int act_kind) {
+    matvec_direct<T, R, 2>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
 }
 
 #define RF_MATVEC_FAST(name, shape, T, R)                                                        \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
                         int out_stride, int nrows) {                                             \
-        shape<T, R>(w, y, out, ncols, row_bytes, out_stride, nrows);                             \
+        shape<T, R>(w, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);                 \
+    }                                                                                            \
+    RF_KERNEL void name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, int ncols, \
+                                long long row_bytes, int out_stride, int nrows, int act_kind) {   \
+        shape<T, R>(wg, wu, y, out, ncols, row_bytes, out_stride, nrows, act_kind);              \
     }
 
 // Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is

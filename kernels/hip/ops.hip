@@ -19,6 +19,58 @@ RF_KERNEL void rms_norm_f32(const float* __restrict__ x, const float* __restrict
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] = xr[i] * r * (w ? w[i] : 1.0f);
 }
 
+// rms_norm_f32 that also writes its rows quantized for the decode mat-vecs (planar Q8_1, exactly
+// what `quantize_q8_1` makes of y), so the products that read the normalized rows skip their
+// quantization launch. ncols a multiple of 32, blockDim a multiple of 8 (each 32-value block is
+// four values of eight consecutive threads).
+RF_KERNEL void rms_norm_q8_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                               uint8_t* __restrict__ y8, int ncols, long long x_stride, long long y_stride,
+                               float eps) {
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const float* xr = x + (long long)blockIdx.x * x_stride;
+    float* yr = y + (long long)blockIdx.x * y_stride;
+    uint8_t* yq = y8 + (size_t)blockIdx.x * q8_vec_bytes(ncols);
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, scratch);
+    const float r = rsqrtf(ss / (float)ncols + eps);
+    // Every thread runs the same number of steps (the group reductions need all lanes).
+    for (int i0 = 4 * threadIdx.x; i0 < ((ncols + 4 * blockDim.x - 1) / (4 * blockDim.x)) * 4 * blockDim.x;
+         i0 += 4 * blockDim.x) {
+        const bool in = i0 < ncols;
+        float v[4];
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[j] = in ? xr[i0 + j] * r * (w ? w[i0 + j] : 1.0f) : 0.0f;
+            amax = fmaxf(amax, fabsf(v[j]));
+        }
+        amax = warp_max<8>(amax);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q[4];
+        float qs = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            q[j] = (int)roundf(v[j] * id);
+            qs += (float)q[j];
+        }
+        const float sum = warp_sum<8>(qs);
+        if (in) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) yr[i0 + j] = v[j];
+            const uint32_t packed = (uint32_t)(q[0] & 0xFF) | ((uint32_t)(q[1] & 0xFF) << 8) |
+                                    ((uint32_t)(q[2] & 0xFF) << 16) | ((uint32_t)(q[3] & 0xFF) << 24);
+            *reinterpret_cast<uint32_t*>(yq + i0) = packed;
+            if ((threadIdx.x & 7) == 0) {
+                __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * (i0 / 32));
+                ds[0] = __float2half(d);
+                ds[1] = __float2half(sum * d);
+            }
+        }
+    }
+}
+
 // RoPE over x laid out [rows = tokens * heads, head_dim] (row stride `x_stride`), in place
 // allowed. Token of row r is r / n_heads, its position pos[token]. The first `n_dims` values of
 // each head rotate: pairs (2i, 2i+1) in normal mode, (i, i + n_dims/2) in NeoX mode. Angles as
@@ -94,24 +146,6 @@ RF_KERNEL void softmax_f32(const float* __restrict__ x, const float* __restrict_
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] *= inv;
 }
 
-// GELU, tanh approximation (the form ggml's gelu and GGUF models' "gelu" FFNs use), rounded as
-// ggml's CPU backend and our CPU op evaluate it (an f16 lookup table): f16 input, f16 result,
-// exact limits beyond +-10.
-static __device__ __forceinline__ float gelu_tanh(float x) {
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
-    const float k0 = 0.7978845608028654f;  // sqrt(2/pi)
-    const float k1 = 0.044715f;
-    const float h = __half2float(__float2half(x));
-    return __half2float(__float2half(0.5f * h * (1.0f + tanhf(k0 * h * (1.0f + k1 * h * h)))));
-}
-
-static __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
-enum { ACT_GELU = 0, ACT_SILU = 1 };
-
-static __device__ __forceinline__ float act(int kind, float x) { return kind == ACT_GELU ? gelu_tanh(x) : silu(x); }
-
 // y = act(a) (b == null) or act(a) * b (gated: swiglu with SILU, geglu with GELU), over a
 // [rows, ncols] grid with per-operand row strides.
 RF_KERNEL void act_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
@@ -119,7 +153,7 @@ RF_KERNEL void act_f32(const float* __restrict__ a, const float* __restrict__ b,
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)ncols * nrows) return;
     const long long r = t / ncols, c = t % ncols;
-    float v = act(kind, a[r * a_stride + c]);
+    float v = act_fn(kind, a[r * a_stride + c]);
     if (b) v *= b[r * b_stride + c];
     y[r * y_stride + c] = v;
 }

@@ -145,6 +145,21 @@ impl WeightType {
         }
     }
 
+    /// The gated decode mat-vec (`w_gate`, `w_up`, `y`, `out`, `ncols`, `row_bytes`,
+    /// `out_stride`, `nrows`, `act`: [`crate::act`]): `out = act(w_gate . y) * (w_up . y)` with
+    /// [`WeightType::matvec`]'s grid and block; `None` for the one-warp-per-row types.
+    pub fn matvec_gated(self) -> Option<KernelId> {
+        match self {
+            WeightType::Q4_0 => Some(KernelId::MatvecGatedQ4_0),
+            WeightType::Q5_0 => Some(KernelId::MatvecGatedQ5_0),
+            WeightType::Q8_0 => Some(KernelId::MatvecGatedQ8_0),
+            WeightType::Q4_K => Some(KernelId::MatvecGatedQ4_K),
+            WeightType::Q5_K => Some(KernelId::MatvecGatedQ5_K),
+            WeightType::Q6_K => Some(KernelId::MatvecGatedQ6_K),
+            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K => None,
+        }
+    }
+
     /// True when [`WeightType::matvec`] loops over row groups, so a grid smaller than
     /// [`crate::matvec_grid`] is still complete (the one-warp-per-row kernels need every block).
     pub fn matvec_loops(self) -> bool {
@@ -278,6 +293,12 @@ kernel_ids! {
     MatvecQ4_K => Matvec, "matvec_q4_k";
     MatvecQ5_K => Matvec, "matvec_q5_k";
     MatvecQ6_K => Matvec, "matvec_q6_k";
+    MatvecGatedQ4_0 => Matvec, "matvec_q4_0_gated";
+    MatvecGatedQ5_0 => Matvec, "matvec_q5_0_gated";
+    MatvecGatedQ8_0 => Matvec, "matvec_q8_0_gated";
+    MatvecGatedQ4_K => Matvec, "matvec_q4_k_gated";
+    MatvecGatedQ5_K => Matvec, "matvec_q5_k_gated";
+    MatvecGatedQ6_K => Matvec, "matvec_q6_k_gated";
     MatvecF32 => Matvec, "matvec_f32";
     MatvecF16 => Matvec, "matvec_f16";
     DequantF16Q4_0 => Dequant, "dequant_f16_q4_0";
@@ -305,6 +326,7 @@ kernel_ids! {
     ConvertF32F16 => Dequant, "convert_f32_f16";
     ConvertF16F32 => Dequant, "convert_f16_f32";
     RmsNormF32 => Ops, "rms_norm_f32";
+    RmsNormQ8F32 => Ops, "rms_norm_q8_f32";
     RopeF32 => Ops, "rope_f32";
     SoftmaxF32 => Ops, "softmax_f32";
     ActF32 => Ops, "act_f32";
@@ -317,6 +339,8 @@ kernel_ids! {
     ArgmaxF32 => Ops, "argmax_f32";
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";
+    AttnDecF16 => Attention, "attn_dec_f16";
+    AttnDecF32 => Attention, "attn_dec_f32";
     AttnCombineF32 => Attention, "attn_combine_f32";
     AttnQF16 => Attention, "attn_q_f16";
     AttnSoftmaxF16 => Attention, "attn_softmax_f16";
@@ -337,6 +361,12 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecQ4_K
         | K::MatvecQ5_K
         | K::MatvecQ6_K => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        K::MatvecGatedQ4_0
+        | K::MatvecGatedQ5_0
+        | K::MatvecGatedQ8_0
+        | K::MatvecGatedQ4_K
+        | K::MatvecGatedQ5_K
+        | K::MatvecGatedQ6_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
         K::MatvecF32 | K::MatvecF16 => &[Ptr, Ptr, Ptr, I32, I64, I32],
         K::DequantF16Q4_0
         | K::DequantF16Q4_1
@@ -362,6 +392,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::GetRowsF16 => &[Ptr, Ptr, Ptr, I32, I64, I64],
         K::ConvertF32F16 | K::ConvertF16F32 => &[Ptr, Ptr, I64],
         K::RmsNormF32 => &[Ptr, Ptr, Ptr, I32, I64, I64, F32],
+        K::RmsNormQ8F32 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I64, F32],
         K::RopeF32 => &[
             Ptr, Ptr, Ptr, I32, I32, I32, I64, I64, F32, F32, Ptr, I32, I32, F32, F32, F32, F32,
         ],
@@ -373,6 +404,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::SetRowsF16 | K::SetRowsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64],
         K::ArgmaxF32 => &[Ptr, Ptr, I32, I64],
         K::AttnF16 | K::AttnF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
+        K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnSoftmaxF16 => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32],

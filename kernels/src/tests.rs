@@ -22,12 +22,17 @@ fn every_kernel_symbol_is_in_its_sources() {
     }
 }
 
-/// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)` or `RF_DEQUANT(suffix, T)` line defines `name`.
+/// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)` (also `name_gated`) or `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     if src.contains(&format!("RF_MATVEC({name},"))
         || src.contains(&format!("RF_MATVEC_FAST({name},"))
     {
         return true;
+    }
+    if let Some(base) = name.strip_suffix("_gated") {
+        if src.contains(&format!("RF_MATVEC_FAST({base},")) {
+            return true;
+        }
     }
     for prefix in ["dequant_f16_", "get_rows_"] {
         if let Some(suffix) = name.strip_prefix(prefix) {
@@ -137,6 +142,12 @@ fn c_params(src: &str, name: &str) -> Option<String> {
     if src.contains(&format!("RF_MATVEC_FAST({name},")) {
         let def = src.find("#define RF_MATVEC_FAST(")?;
         return list_after(def + src[def..].find("RF_KERNEL void name(")?);
+    }
+    if let Some(base) = name.strip_suffix("_gated") {
+        if src.contains(&format!("RF_MATVEC_FAST({base},")) {
+            let def = src.find("#define RF_MATVEC_FAST(")?;
+            return list_after(def + src[def..].find("RF_KERNEL void name##_gated(")?);
+        }
     }
     for prefix in ["dequant_f16_", "get_rows_"] {
         if let Some(suffix) = name.strip_prefix(prefix) {

@@ -24,6 +24,7 @@
 //!   outlive the recording (the scheduler drops it before reallocating its arena).
 
 mod ops;
+mod profile;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -61,12 +62,17 @@ struct Inner {
     q8: Mutex<ops::Q8Cache>,
     /// True between `begin_capture` and `end_capture`: nothing may synchronize or allocate.
     capturing: AtomicBool,
+    /// Per-node timing (`ROCMFORGE_PROFILE=1`); `None` when off.
+    profile: Option<Mutex<profile::Profiler>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         if let Err(e) = self.sb.stream().synchronize() {
             tracing::warn!("hip backend: stream sync at shutdown failed: {e}");
+        }
+        if let Some(p) = self.profile.as_mut() {
+            p.get_mut().report();
         }
         self.scratch.get_mut().take();
         self.modules.get_mut().clear();
@@ -115,6 +121,7 @@ impl HipDevice {
             scratch: Mutex::new(None),
             q8: Mutex::new(ops::Q8Cache::default()),
             capturing: AtomicBool::new(false),
+            profile: profile::enabled_by_env().then(|| Mutex::new(profile::Profiler::default())),
         });
         Ok(Self {
             bt: HipBufferType {
@@ -451,9 +458,28 @@ impl Device for HipDevice {
         dst: TensorMem<'_>,
         srcs: &[TensorMem<'_>],
     ) -> Result<()> {
-        ops::launch(self, t, dst, srcs)
+        let Some(prof) = &self.inner.profile else {
+            return ops::launch(self, t, dst, srcs);
+        };
+        let stream = self.inner.sb.stream();
+        let event = || {
+            let e = gpu_mem::Event::new(&self.inner.dev, true)?;
+            e.record(stream)?;
+            Ok::<_, gpu_mem::GpuError>(e)
+        };
+        let start = event().map_err(|e| gpu_err("profile", e))?;
+        ops::launch(self, t, dst, srcs)?;
+        let end = event().map_err(|e| gpu_err("profile", e))?;
+        let ts: Vec<&Tensor> = srcs.iter().map(|m| m.tensor).collect();
+        prof.lock()
+            .push(profile::key(t, &ts), start, end)
+            .map_err(|e| gpu_err("profile", e))
     }
     fn begin_capture(&self) -> Result<bool> {
+        if self.inner.profile.is_some() {
+            // Timing events go around every node, which needs plain launches.
+            return Ok(false);
+        }
         // A captured run must quantize its own mat-vec inputs: a cache hit on work done before
         // the capture would leave the quantization out of the graph.
         self.inner.q8.lock().clear();

@@ -69,18 +69,18 @@ impl Q8Cache {
         }
     }
 
-    /// `x` (`m` dense f32 vectors of `k` values) quantized to planar Q8_1, quantizing it now
-    /// unless the cache already holds it.
-    fn quantized(
-        &mut self,
-        d: &HipDevice,
-        x: MemRange<'_>,
-        k: usize,
-        m: usize,
-    ) -> Result<Arc<DeviceBuffer<u8>>> {
-        let key = (x.addr(), x.len(), k, m);
+    /// The quantization buffer, grown to hold `m` vectors of `k` values (forgetting what it
+    /// held when it grows).
+    fn ensure(&mut self, d: &HipDevice, k: usize, m: usize) -> Result<Arc<DeviceBuffer<u8>>> {
         let bytes = m * kernels::q8_1_vector_bytes(k);
         if self.buf.as_ref().is_none_or(|b| b.len() < bytes) {
+            if d.inner.capturing.load(std::sync::atomic::Ordering::Relaxed) {
+                // Growing synchronizes, which a capture forbids (the caller falls back).
+                return Err(gpu_err(
+                    "quantize",
+                    "q8 buffer would grow during graph capture",
+                ));
+            }
             // Queued mat-vecs may still read the old buffer.
             d.inner
                 .sb
@@ -98,10 +98,27 @@ impl Q8Cache {
                 .map_err(|e| gpu_err("quantize", e))?,
             ));
         }
-        let q8 = self
-            .buf
+        self.buf
             .clone()
-            .ok_or_else(|| gpu_err("quantize", "q8 buffer missing"))?;
+            .ok_or_else(|| gpu_err("quantize", "q8 buffer missing"))
+    }
+
+    /// Records that the buffer now holds `x` (`m` vectors of `k` values) quantized.
+    fn holds(&mut self, x: &MemRange<'_>, k: usize, m: usize) {
+        self.key = Some((x.addr(), x.len(), k, m));
+    }
+
+    /// `x` (`m` dense f32 vectors of `k` values) quantized to planar Q8_1, quantizing it now
+    /// unless the cache already holds it.
+    fn quantized(
+        &mut self,
+        d: &HipDevice,
+        x: MemRange<'_>,
+        k: usize,
+        m: usize,
+    ) -> Result<Arc<DeviceBuffer<u8>>> {
+        let key = (x.addr(), x.len(), k, m);
+        let q8 = self.ensure(d, k, m)?;
         if self.key != Some(key) {
             self.key = None;
             let mut a = Args::new();
@@ -161,6 +178,21 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && w.ne[3] == 1
                 && dense(x, DType::F32)
                 && out_f32
+        }
+        (Op::MulMatAdd, [w, x, b]) => {
+            supports(&mul_mat_shape(t), &[w, x])
+                && dense(b, DType::F32)
+                && b.ne[0] == t.ne[0]
+                && b.nrows() == 1
+        }
+        (Op::MulMatGated(_), [wg, wu, x]) => {
+            wg.dtype == wu.dtype
+                && wg.ne == wu.ne
+                && wg.nb == wu.nb
+                && supports(&mul_mat_shape(t), &[wg, x])
+        }
+        (Op::RmsNormMul { .. }, [a, w]) => {
+            f32_rows(a) && dense(w, DType::F32) && w.ne[0] == a.ne[0] && w.nrows() == 1 && out_f32
         }
         (Op::RmsNorm { .. }, [a]) | (Op::Unary(_), [a]) => f32_rows(a) && out_f32,
         (Op::Scale(_), [a]) => dense(a, DType::F32) && out_f32,
@@ -253,6 +285,13 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
     }
 }
 
+/// `t` seen as the plain `mul_mat` a fused mat-mul node extends (same result layout).
+fn mul_mat_shape(t: &Tensor) -> Tensor {
+    let mut m = t.clone();
+    m.op = Op::MulMat;
+    m
+}
+
 fn elems(bytes: usize, t: &Tensor) -> i64 {
     (bytes / t.dtype.type_size()) as i64
 }
@@ -282,14 +321,70 @@ pub(crate) fn launch(
     let mut a = Args::new();
     match &t.op {
         Op::MulMat => mul_mat(d, &srcs[0], &srcs[1], out),
-        Op::RmsNorm { eps } => {
+        Op::MulMatAdd => {
+            mul_mat(d, &srcs[0], &srcs[1], out)?;
+            // The bias row added in place (same index read then written by one thread).
+            let n = t.ne[0];
+            a.push(out).push(addr(&srcs[2])?).push(out);
+            a.push(n as i32)
+                .push(t.nrows() as i32)
+                .push(n as i64)
+                .push(0i64)
+                .push(n as i64);
+            a.push(1i32).push(n as i32).push(binary::ADD);
+            d.launch_kernel(
+                KernelId::BinaryF32,
+                [blocks(t.nelements(), 256), 1, 1],
+                256,
+                &a.0,
+            )
+        }
+        Op::MulMatGated(kind) => mul_mat_gated(d, *kind, srcs, out),
+        Op::RmsNorm { .. } | Op::RmsNormMul { .. } => {
+            let eps = match t.op {
+                Op::RmsNorm { eps } | Op::RmsNormMul { eps } => eps,
+                _ => 0.0,
+            };
             let x = srcs[0].tensor;
+            let w = match srcs.get(1) {
+                Some(m) => Some(addr(m)?),
+                None => None,
+            };
+            let (k, m) = (x.ne[0], x.nrows());
+            if m <= MATVEC_MAX_COLS && k % 32 == 0 && t.is_contiguous() {
+                // Decode: the rows also go out quantized for the mat-vecs that read them.
+                let mut cache = d.inner.q8.lock();
+                let q8 = cache.ensure(d, k, m)?;
+                a.push(addr(&srcs[0])?)
+                    .push(w)
+                    .push(out)
+                    .push(MemRange::of_buffer(&q8))
+                    .push(k as i32);
+                a.push(elems(x.nb[1], x)).push(k as i64).push(eps);
+                let block = (k / 4).div_ceil(warp as usize) as u32 * warp;
+                d.launch_kernel(
+                    KernelId::RmsNormQ8F32,
+                    [m as u32, 1, 1],
+                    block.clamp(warp, 1024),
+                    &a.0,
+                )?;
+                cache.holds(&out, k, m);
+                return Ok(());
+            }
             a.push(addr(&srcs[0])?)
-                .push(KernelArg::Null)
+                .push(w)
                 .push(out)
                 .push(x.ne[0] as i32);
-            a.push(elems(x.nb[1], x)).push(x.ne[0] as i64).push(*eps);
-            d.launch_kernel(KernelId::RmsNormF32, [x.nrows() as u32, 1, 1], 256, &a.0)
+            a.push(elems(x.nb[1], x)).push(x.ne[0] as i64).push(eps);
+            // About four values per thread: one 256-thread block per 4096-value row took
+            // 3-4 us on an H200, most of a decode norm.
+            let block = (x.ne[0] / 4).div_ceil(warp as usize) as u32 * warp;
+            d.launch_kernel(
+                KernelId::RmsNormF32,
+                [x.nrows() as u32, 1, 1],
+                block.clamp(warp, 1024),
+                &a.0,
+            )
         }
         Op::Scale(s) => {
             let n = t.nelements();
@@ -475,6 +570,56 @@ fn attention(
     let es = k.dtype.type_size();
     if n_tok >= ATTN_GEMM_FROM && k.dtype == DType::F16 && n_kv > 0 {
         return attention_gemm(d, t, p, srcs, out);
+    }
+    // Few query tokens (decode) over a cache the vector loads can read: one launch, one block
+    // per (head, token).
+    let vec = if k.dtype == DType::F16 { 8 } else { 4 };
+    let (k_addr, v_addr) = (addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr());
+    let dec_ok = n_kv <= kernels::ATTN_DEC_MAX_KV
+        && hd % vec == 0
+        && [k.nb[1], k.nb[2], v.nb[1], v.nb[2]]
+            .iter()
+            .all(|&b| b % (vec * es) == 0)
+        && (k_addr | v_addr) % 16 == 0;
+    if dec_ok {
+        let params = AttnParams {
+            n_tokens: n_tok as i32,
+            n_heads: n_heads as i32,
+            n_kv_heads: n_kv_heads as i32,
+            head_dim: hd as i32,
+            n_kv: n_kv as i32,
+            causal: i32::from(p.causal),
+            window: p.window.unwrap_or(0) as i32,
+            split_len: n_kv as i32,
+            q_tok_stride: (q.nb[2] / 4) as i64,
+            q_head_stride: (q.nb[1] / 4) as i64,
+            k_pos_stride: (k.nb[2] / es) as i64,
+            k_head_stride: (k.nb[1] / es) as i64,
+            v_pos_stride: (v.nb[2] / es) as i64,
+            v_head_stride: (v.nb[1] / es) as i64,
+            o_tok_stride: (t.nb[2] / 4) as i64,
+            o_head_stride: (t.nb[1] / 4) as i64,
+            scale: p.scale,
+            phase: 0,
+        };
+        let kid = if k.dtype == DType::F16 {
+            KernelId::AttnDecF16
+        } else {
+            KernelId::AttnDecF32
+        };
+        let mut a = Args::new();
+        a.push(addr(&srcs[0])?)
+            .push(addr(&srcs[1])?)
+            .push(addr(&srcs[2])?)
+            .push(addr(&srcs[3])?)
+            .push(out)
+            .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
+        return d.launch_kernel(
+            kid,
+            [n_heads as u32, n_tok as u32, 1],
+            kernels::ATTN_DEC_THREADS,
+            &a.0,
+        );
     }
     let split_len = if n_tok == 1 && n_kv >= SPLIT_K_FROM {
         SPLIT_LEN
@@ -806,4 +951,70 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_
     let bv = xh.view::<half::f16>().map_err(views)?;
     blas.gemm_ex(&shape, 1.0, &av, &bv, 0.0, &mut c)
         .map_err(|e| gpu_err("mul_mat", e))
+}
+
+fn act_kind(kind: Act) -> i32 {
+    if kind == Act::Gelu {
+        act::GELU
+    } else {
+        act::SILU
+    }
+}
+
+/// `act(w_gate x) * (w_up x)`: one gated mat-vec launch for decode (the activations quantized
+/// once), otherwise both products (the up one into scratch) and the gated activation.
+fn mul_mat_gated(
+    d: &HipDevice,
+    kind: Act,
+    srcs: &[TensorMem<'_>],
+    out: MemRange<'_>,
+) -> Result<()> {
+    let (wg, wu, x) = (&srcs[0], &srcs[1], &srcs[2]);
+    let (k, n, m) = (wg.tensor.ne[0], wg.tensor.ne[1], x.tensor.nrows());
+    let gated = weight_type(wg.tensor.dtype).and_then(|wt| wt.matvec_gated().map(|g| (wt, g)));
+    if let (true, Some((wt, kid))) = (m <= MATVEC_MAX_COLS, gated) {
+        let mut cache = d.inner.q8.lock();
+        let q8 = cache.quantized(d, addr(x)?, k, m)?;
+        let mut b = Args::new();
+        b.push(addr(wg)?)
+            .push(addr(wu)?)
+            .push(MemRange::of_buffer(&q8))
+            .push(out)
+            .push(k as i32)
+            .push(wg.tensor.nb[1] as i64)
+            .push(n as i32)
+            .push(n as i32)
+            .push(act_kind(kind));
+        let r = d.launch_kernel(
+            kid,
+            [kernels::matvec_grid(wt, n), m as u32, 1],
+            kernels::MATVEC_WARPS * d.inner.warp,
+            &b.0,
+        );
+        drop(cache);
+        return r;
+    }
+    // The up product goes past everything `mul_mat` puts in the scratch (its f16 copies of the
+    // activations and of one weight), grown first so that `mul_mat` reuses the same buffer.
+    let up_bytes = n * m * 4;
+    let x_bytes = (m * k * 2).div_ceil(ALIGN) * ALIGN;
+    let w_bytes = (n * k * 2).div_ceil(ALIGN) * ALIGN;
+    let up_at = x_bytes + w_bytes;
+    let scratch = d.scratch(up_at + up_bytes)?;
+    let up = MemRange::of_buffer(&scratch)
+        .sub(up_at, up_bytes)
+        .map_err(|e| gpu_err("mul_mat_gated", e))?;
+    mul_mat(d, wg, x, out)?;
+    mul_mat(d, wu, x, up)?;
+    let mut a = Args::new();
+    a.push(out)
+        .push(up)
+        .push(out)
+        .push(n as i32)
+        .push(m as i32)
+        .push(n as i64)
+        .push(n as i64)
+        .push(n as i64)
+        .push(act_kind(kind));
+    d.launch_kernel(KernelId::ActF32, [blocks(n * m, 256), 1, 1], 256, &a.0)
 }

@@ -12,7 +12,7 @@ use crate::cpu::CpuBackend;
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
 use crate::sched::Scheduler;
-use crate::tensor::{Act, AttnParams, DType, RopeMode, RopeParams, TensorId};
+use crate::tensor::{Act, AttnParams, DType, Op, RopeMode, RopeParams, TensorId};
 
 fn hip() -> Option<Arc<HipDevice>> {
     match HipDevice::new(0) {
@@ -442,6 +442,12 @@ fn attention_matches_cpu_prefill_and_decode() {
         (64, 4, 2, 600, 600, Some(100), DType::F16),
         (128, 32, 8, 512, 512, None, DType::F16),
         (128, 32, 8, 512, 512, None, DType::F32),
+        // Decode (the one-launch kernel): Llama-3-8B and Gemma shapes, a window, an f32
+        // cache, and a cache longer than that kernel takes (split-K).
+        (128, 32, 8, 1, 200, None, DType::F16),
+        (256, 4, 1, 1, 300, Some(128), DType::F16),
+        (128, 8, 2, 3, 70, None, DType::F32),
+        (128, 8, 2, 1, 5000, None, DType::F16),
     ];
     for (hd, nh, nkv, nt, nk, window, kt) in cases {
         let mut g = Graph::new();
@@ -670,5 +676,86 @@ fn attention_block_prefill_then_decode_with_persistent_cache() {
         println!("block n_past={n_past} nt={nt}: NMSE {e:.3e}");
         assert!(e <= 2e-3, "block n_past={n_past} nt={nt}: NMSE {e:.3e}");
         n_past += nt;
+    }
+}
+
+/// The optimizer's fused nodes (`rms_norm * w`, `mul_mat + bias`, gated FFN products) on the GPU
+/// against the CPU's fused ops: decode (one or two columns, the gated mat-vec kernels; Q4_1 has
+/// none and takes two products and the activation) and prefill (GEMMs).
+#[test]
+fn fused_nodes_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x0f05_ed00_1234_5678);
+    let (k, n) = (512usize, 136usize);
+    for m in [1usize, 2, 20] {
+        // rms_norm * weight
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[k, m]).expect("x");
+        let w = g.input("w", DType::F32, &[k]).expect("w");
+        let nx = g.rms_norm(x, 1e-5).expect("norm");
+        let y = g.mul(nx, w).expect("mul");
+        g.mark_output(y).expect("out");
+        assert_eq!(crate::opt::fuse(&mut g), 1);
+        assert!(matches!(g.tensors()[y.index()].op, Op::RmsNormMul { .. }));
+        let c = Case {
+            g,
+            weights: vec![],
+            inputs: vec![(x, f32_bytes(&rng.vec(k * m))), (w, f32_bytes(&rng.vec(k)))],
+            out: y,
+        };
+        check(&h, &format!("rms_norm_mul m={m}"), &c, 1e-10);
+
+        // mul_mat + bias
+        let dt = DType::Q8_0;
+        let mut g = Graph::new();
+        let w = g.weight("w", dt, &[k, n]).expect("w");
+        let b = g.input("b", DType::F32, &[n]).expect("b");
+        let x = g.input("x", DType::F32, &[k, m]).expect("x");
+        let mm = g.mul_mat(w, x).expect("mm");
+        let y = g.add(mm, b).expect("add");
+        g.mark_output(y).expect("out");
+        assert_eq!(crate::opt::fuse(&mut g), 1);
+        assert_eq!(g.tensors()[y.index()].op, Op::MulMatAdd);
+        let c = Case {
+            g,
+            weights: vec![("w".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng))],
+            inputs: vec![(b, f32_bytes(&rng.vec(n))), (x, f32_bytes(&rng.vec(k * m)))],
+            out: y,
+        };
+        check(&h, &format!("mul_mat_add {dt} m={m}"), &c, 2e-3);
+
+        // act(w_gate x) * (w_up x)
+        for dt in [
+            DType::Q4_K,
+            DType::Q6_K,
+            DType::Q5_K,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q5_0,
+            DType::Q4_1,
+        ] {
+            for act in [Act::Silu, Act::Gelu] {
+                let mut g = Graph::new();
+                let wg = g.weight("wg", dt, &[k, n]).expect("wg");
+                let wu = g.weight("wu", dt, &[k, n]).expect("wu");
+                let x = g.input("x", DType::F32, &[k, m]).expect("x");
+                let gt = g.mul_mat(wg, x).expect("gate");
+                let up = g.mul_mat(wu, x).expect("up");
+                let y = g.gated(act, gt, up).expect("gated");
+                g.mark_output(y).expect("out");
+                assert_eq!(crate::opt::fuse(&mut g), 1);
+                assert_eq!(g.tensors()[y.index()].op, Op::MulMatGated(act));
+                let c = Case {
+                    g,
+                    weights: vec![
+                        ("wg".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng)),
+                        ("wu".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng)),
+                    ],
+                    inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
+                    out: y,
+                };
+                check(&h, &format!("mul_mat_gated {act:?} {dt} m={m}"), &c, 4e-3);
+            }
+        }
     }
 }
