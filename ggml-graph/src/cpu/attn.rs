@@ -4,7 +4,6 @@ use rayon::prelude::*;
 
 use super::{for_rows, out_f32, unflatten, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
-use crate::quant::dot_float;
 use crate::tensor::{yarn_ramp, AttnParams, DType, RopeMode, RopeParams, Tensor};
 
 pub(crate) fn rope(
@@ -129,7 +128,6 @@ pub(crate) fn attention(
     let (n_head, n_kv_head, n_kv) = (q.t.ne[1], k.t.ne[1], k.t.ne[2]);
     let group = n_head / n_kv_head;
     let (d, dv) = (q.t.ne[0], v.t.ne[0]);
-    let (krb, vrb) = (k.t.row_bytes(), v.t.row_bytes());
     if pa.iter().any(|&x| x < 0) {
         return Err(unsupported(t, "negative query position".into()));
     }
@@ -157,69 +155,240 @@ pub(crate) fn attention(
             if n == 0 {
                 return;
             }
+            let order = if q.t.ne[2] >= 2 && d % 16 == 0 {
+                SumOrder::Lanes16
+            } else {
+                SumOrder::Lanes64
+            };
+            let job = Job {
+                q,
+                k,
+                v,
+                qa,
+                kvh,
+                tok,
+                group,
+                lo,
+                hi,
+                mrow,
+                p,
+                simd,
+                order,
+            };
             ATTN_SCRATCH.with(|cell| {
                 let mut buf = cell.borrow_mut();
-                let need = group * n + group * d + d + dv;
-                if buf.len() < need {
-                    buf.resize(need, 0.0);
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has FMA (checked just above).
+                    unsafe { attend_fma(&job, &mut buf, ochunk) };
+                    return;
                 }
-                let (scores, rest) = buf.split_at_mut(group * n);
-                let (qrows, rest) = rest.split_at_mut(group * d);
-                let (krow, rest) = rest.split_at_mut(d);
-                let vrow = &mut rest[..dv];
-                // llama.cpp's CPU path (KQ and KQV as matrix products) converts the queries to
-                // the K cache's type and the probabilities to the V cache's type before the
-                // products: half precision with the default f16 cache. Those roundings move
-                // Gemma logits by tenths, so they are part of the numerics we follow.
-                for (g, qr) in qrows.chunks_exact_mut(d).enumerate() {
-                    qr.copy_from_slice(&q.row(qa, kvh * group + g, tok, 0)[..d]);
-                    round_to(k.t.dtype, qr);
-                }
-                for j in lo..hi {
-                    let ko = k.off(kvh, j, 0);
-                    to_f32_row(simd, k.t.dtype, &k.data[ko..ko + krb], krow);
-                    let bias = mrow.map_or(0.0, |m| m[j]);
-                    for (g, qrow) in qrows.chunks_exact(d).enumerate() {
-                        let s =
-                            p.scale * dot_float(simd, DType::F32, bytemuck::cast_slice(krow), qrow);
-                        let s = match p.softcap {
-                            Some(c) => super::ops::softcap(s, c),
-                            None => s,
-                        };
-                        scores[g * n + (j - lo)] = s + bias;
-                    }
-                }
-                for g in 0..group {
-                    let sg = &mut scores[g * n..(g + 1) * n];
-                    let max = sg.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                    if max == f32::NEG_INFINITY {
-                        sg.fill(0.0);
-                        continue;
-                    }
-                    let mut sum = 0.0f64;
-                    for x in sg.iter_mut() {
-                        *x = (*x - max).exp();
-                        sum += *x as f64;
-                    }
-                    let inv = (1.0 / sum) as f32;
-                    sg.iter_mut().for_each(|x| *x *= inv);
-                    round_to(v.t.dtype, sg);
-                }
-                for j in lo..hi {
-                    let vo = v.off(kvh, j, 0);
-                    to_f32_row(simd, v.t.dtype, &v.data[vo..vo + vrb], vrow);
-                    for (g, orow) in ochunk.chunks_exact_mut(dv).enumerate() {
-                        let w = scores[g * n + (j - lo)];
-                        if w != 0.0 {
-                            for (a, &x) in orow.iter_mut().zip(vrow.iter()) {
-                                *a += w * x;
-                            }
-                        }
-                    }
-                }
+                attend(&job, &mut buf, ochunk);
             });
         });
     Ok(())
+}
+
+/// One task of [`attention`]: one query token, one KV head and its query heads.
+struct Job<'a, 'b> {
+    q: &'a SrcView<'b>,
+    k: &'a SrcView<'b>,
+    v: &'a SrcView<'b>,
+    qa: &'a [f32],
+    kvh: usize,
+    tok: usize,
+    group: usize,
+    lo: usize,
+    hi: usize,
+    mrow: Option<&'a [f32]>,
+    p: &'a AttnParams,
+    simd: crate::quant::Simd,
+    order: SumOrder,
+}
+
+/// [`attend`] compiled with FMA instructions (`f32::mul_add` is then one instruction instead of
+/// a libm call).
+///
+/// # Safety
+/// The CPU must support FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn attend_fma(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
+    attend(job, buf, out)
+}
+
+/// Scores, softmax and the weighted sum of V rows, each rounded and summed the way llama.cpp's
+/// CPU backend does on this kind of machine (attention as two matrix products): q rounded to
+/// the K cache type and the probabilities to the V cache type; the products summed in
+/// [`SumOrder`]; exponentials as ggml's AVX-512 `ggml_v_expf`, summed per 16 key positions. With
+/// that the attention output is bit-exact with llama.cpp's given the same inputs, so small
+/// differences elsewhere are not amplified here.
+#[inline(always)]
+fn attend(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
+    let (k, v, p, group, lo, hi) = (job.k, job.v, job.p, job.group, job.lo, job.hi);
+    let (d, dv) = (job.q.t.ne[0], v.t.ne[0]);
+    let (krb, vrb) = (k.t.row_bytes(), v.t.row_bytes());
+    let n = hi - lo;
+    let lanes = job.order.lanes();
+    let need = group * n + group * d + d + dv + lanes * group * dv;
+    if buf.len() < need {
+        buf.resize(need, 0.0);
+    }
+    let (scores, rest) = buf.split_at_mut(group * n);
+    let (qrows, rest) = rest.split_at_mut(group * d);
+    let (krow, rest) = rest.split_at_mut(d);
+    let (vrow, rest) = rest.split_at_mut(dv);
+    let acc = &mut rest[..lanes * group * dv];
+    for (g, qr) in qrows.chunks_exact_mut(d).enumerate() {
+        qr.copy_from_slice(&job.q.row(job.qa, job.kvh * group + g, job.tok, 0)[..d]);
+        round_to(k.t.dtype, qr);
+    }
+    for j in lo..hi {
+        let ko = k.off(job.kvh, j, 0);
+        to_f32_row(job.simd, k.t.dtype, &k.data[ko..ko + krb], krow);
+        let bias = job.mrow.map_or(0.0, |m| m[j]);
+        for (g, qrow) in qrows.chunks_exact(d).enumerate() {
+            let s = p.scale * ordered_dot(job.order, krow, qrow);
+            let s = match p.softcap {
+                Some(c) => super::ops::softcap(s, c),
+                None => s,
+            };
+            scores[g * n + (j - lo)] = s + bias;
+        }
+    }
+    for g in 0..group {
+        let sg = &mut scores[g * n..(g + 1) * n];
+        let max = sg.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        if max == f32::NEG_INFINITY {
+            sg.fill(0.0);
+            continue;
+        }
+        // ggml_vec_soft_max_f32: 16 positions per step (aligned to key position 0), each
+        // step's sum reduced in f32 and added to an f64 total.
+        let mut sum = 0.0f64;
+        for c in lo / 16..hi.div_ceil(16) {
+            let mut e = [0f32; 16];
+            for (l, e) in e.iter_mut().enumerate() {
+                let j = 16 * c + l;
+                if (lo..hi).contains(&j) {
+                    let x = &mut sg[j - lo];
+                    *x = ggml_expf(*x - max);
+                    *e = *x;
+                }
+            }
+            sum += reduce16(&e) as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        sg.iter_mut().for_each(|x| *x *= inv);
+        round_to(v.t.dtype, sg);
+    }
+    // Weighted sum of V rows: one fused chain per lane (key position modulo the lane count),
+    // lanes reduced at the end. Zero weights (masked positions) leave a chain unchanged.
+    acc.fill(0.0);
+    let gdv = group * dv;
+    for j in lo..hi {
+        let vo = v.off(job.kvh, j, 0);
+        to_f32_row(job.simd, v.t.dtype, &v.data[vo..vo + vrb], vrow);
+        let lane = &mut acc[(j % lanes) * gdv..(j % lanes + 1) * gdv];
+        for (g, a) in lane.chunks_exact_mut(dv).enumerate() {
+            let w = scores[g * n + (j - lo)];
+            if w != 0.0 {
+                for (a, &x) in a.iter_mut().zip(vrow.iter()) {
+                    *a = w.mul_add(x, *a);
+                }
+            }
+        }
+    }
+    let mut part = [0f32; 64];
+    for (i, o) in out.iter_mut().enumerate() {
+        for (l, pl) in part[..lanes].iter_mut().enumerate() {
+            *pl = acc[l * gdv + i];
+        }
+        *o = job.order.finish(&part[..lanes]);
+    }
+}
+
+/// The order in which llama.cpp's x86 CPU backend sums an f16 matrix product: tinyBLAS for
+/// batches of two or more columns (16 lanes, one fused chain each) or `ggml_vec_dot_f16` for
+/// one column (64 lanes in four 16-wide accumulators).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SumOrder {
+    Lanes16,
+    Lanes64,
+}
+
+impl SumOrder {
+    fn lanes(self) -> usize {
+        match self {
+            SumOrder::Lanes16 => 16,
+            SumOrder::Lanes64 => 64,
+        }
+    }
+
+    /// Combines the lane partials as the x86 build does.
+    #[inline(always)]
+    fn finish(self, acc: &[f32]) -> f32 {
+        match self {
+            SumOrder::Lanes16 => reduce16(acc),
+            SumOrder::Lanes64 => {
+                let mut r = [0f32; 16];
+                for (l, r) in r.iter_mut().enumerate() {
+                    *r = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+                }
+                reduce16(&r)
+            }
+        }
+    }
+}
+
+/// `_mm512_reduce_add_ps` as GCC implements it: halves, quarters, then pairs.
+#[inline(always)]
+fn reduce16(v: &[f32]) -> f32 {
+    let mut s8 = [0f32; 8];
+    for (i, s) in s8.iter_mut().enumerate() {
+        *s = v[i] + v[i + 8];
+    }
+    let s4 = [s8[0] + s8[4], s8[1] + s8[5], s8[2] + s8[6], s8[3] + s8[7]];
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+/// Dot product in `order`; lengths that are not a multiple of 64 finish as `ggml_vec_dot_f16`
+/// does (the tail added in f64).
+#[inline(always)]
+fn ordered_dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
+    let lanes = order.lanes();
+    let main = a.len() / lanes * lanes;
+    let mut acc = [0f32; 64];
+    for (i, (&x, &y)) in a[..main].iter().zip(&b[..main]).enumerate() {
+        let l = i % lanes;
+        acc[l] = x.mul_add(y, acc[l]);
+    }
+    let mut s = order.finish(&acc[..lanes]) as f64;
+    for (&x, &y) in a[main..].iter().zip(&b[main..]) {
+        s += (x * y) as f64;
+    }
+    s as f32
+}
+
+/// ggml's AVX-512 `ggml_v_expf` for one value: exp(x) from a degree-5 polynomial on the reduced
+/// argument, scaled by 2^n (flushing to 0 or infinity beyond |n| > 192).
+#[inline(always)]
+fn ggml_expf(x: f32) -> f32 {
+    let c = |bits: u32| f32::from_bits(bits);
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+        .mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // scalef: j * 2^n rounded once (the f64 product is exact).
+    (j as f64 * 2f64.powi(n as i32)) as f32
 }
 
 /// Rounds `x` to the precision of `ty` (F16 or BF16; F32 leaves it as is).

@@ -349,8 +349,15 @@ impl<'a> Builder<'a> {
         let v_all = self
             .g
             .view(vc, &[hdv, nkv, n_kv], &[hdv * elt, hdv * nkv * elt], 0)?;
+        // Gemma scales the queries before attention (llama.cpp too, before rounding them to the
+        // cache type), the others scale the scores.
+        let (q, scale) = if matches!(c.arch, Architecture::Gemma2 | Architecture::Gemma3) {
+            (self.g.scale(q, c.attn_scale)?, 1.0)
+        } else {
+            (q, c.attn_scale)
+        };
         let params = AttnParams {
-            scale: c.attn_scale,
+            scale,
             causal: true,
             window: la.window,
             softcap: c.attn_softcap,

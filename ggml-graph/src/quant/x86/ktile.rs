@@ -2,9 +2,10 @@
 //!
 //! Weight rows are decoded once per call into unsigned bytes in value order plus, per 64 values,
 //! a vector of 16-bit sub-block scales; the inner loop is then `vpmaddubsw` + `vpdpwssd` per 64
-//! values and row-column pair, exact in integers. The float steps per result follow llama.cpp's
-//! x86 kernels (see [`tile`]); each (row, column) result has its own accumulators walked in
-//! super-block order, so results do not depend on the tile shape.
+//! values and row-column pair, exact in integers. The float steps per result follow the x86
+//! kernel llama.cpp runs for the same matmul (see [`tile`] and [`Order`]), which depends on the
+//! type and on the number of activation columns of the whole matmul (`cols`); within one call
+//! the results do not depend on the tile shape.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -24,6 +25,29 @@ const OFF_D: usize = 544;
 const TR: usize = 4;
 /// Columns per register tile.
 const TC: usize = 3;
+
+/// Which of llama.cpp's x86 kernels a result's float steps follow (a const generic of [`tile`]).
+///
+/// llama.cpp picks by type and batch: Q4_K weights (rows a multiple of 8) are repacked and run
+/// `gemm_q4_K_8x8` on whole groups of four activation columns and `gemv_q4_K_8x8` on the rest;
+/// Q5_K and Q6_K run its tiled K-quant matmul (`ggml-cpu/tiled`) for 8 or more columns and
+/// `vec_dot_*_q8_K` below that.
+struct Order;
+impl Order {
+    /// Q6_K `vec_dot`: eight i32 lanes per super-block, `fma(da * dw, lanes, acc)`, eight-lane
+    /// horizontal sum at the end.
+    const LANES: u8 = 0;
+    /// Repacked Q4_K mat-vec: the whole super-block's integer dot and min term, two fma chains
+    /// `a = fma(dot, dw * da, a)`, `m = fma(mins, dmin * da, m)`, result `a - m` (also our Q5_K
+    /// order below 8 columns, where llama.cpp's `vec_dot_q5_K` keeps eight lanes).
+    const GEMV: u8 = 1;
+    /// Tiled matmul: per super-block `r = dot * dw` (Q5_K: `r = fma(-dmin, mins, r)`), then
+    /// `acc = fma(r, da, acc)`.
+    const TILED: u8 = 2;
+}
+
+/// Columns from which Q5_K/Q6_K take llama.cpp's tiled order.
+const TILED_MIN_COLS: usize = 8;
 
 fn supported(ty: DType) -> bool {
     matches!(ty, DType::Q4_K | DType::Q5_K | DType::Q6_K)
@@ -203,7 +227,7 @@ unsafe fn row_direct<const C: usize, const SIX: bool>(
                 let da = std::ptr::read_unaligned(ab as *const f32);
                 let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
                 let mm = _mm256_madd_epi16(sb.m16, bsums);
-                finish::<SIX>(
+                finish::<SIX, { Order::GEMV }>(
                     sumi,
                     mm,
                     da,
@@ -218,20 +242,16 @@ unsafe fn row_direct<const C: usize, const SIX: bool>(
     }
     let mut out = [0f32; C];
     for c in 0..C {
-        out[c] = if SIX {
-            hsum_float_8(acc8[c])
-        } else {
-            acc_d[c] - acc_m[c]
-        };
+        out[c] = result::<SIX, { Order::GEMV }>(acc8[c], acc_d[c], acc_m[c]);
     }
     out
 }
 
-/// One super-block's float step of one result (see [`tile`]).
+/// One super-block's float step of one result (see [`Order`]).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn finish<const SIX: bool>(
+fn finish<const SIX: bool, const ORD: u8>(
     sumi: __m512i,
     mm: __m256i,
     da: f32,
@@ -246,7 +266,15 @@ fn finish<const SIX: bool>(
         _mm512_castsi512_si256(sumi),
         _mm512_extracti64x4_epi64::<1>(sumi),
     );
-    if SIX {
+    if ORD == Order::TILED {
+        let r = if SIX {
+            // (q - 32) . a in integers, then one rounding per step.
+            hsum_i32(_mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5))) as f32 * dw
+        } else {
+            (-dmin).mul_add(hsum_i32(mm) as f32, hsum_i32(s8) as f32 * dw)
+        };
+        *acc_d = r.mul_add(da, *acc_d);
+    } else if SIX {
         // (q - 32) . a: subtract 32 * scale * group sum.
         let s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5));
         *acc8 = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(s8), *acc8);
@@ -259,21 +287,27 @@ fn finish<const SIX: bool>(
     }
 }
 
+/// A result from its accumulators (see [`Order`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn result<const SIX: bool, const ORD: u8>(acc8: __m256, acc_d: f32, acc_m: f32) -> f32 {
+    if ORD == Order::TILED {
+        acc_d
+    } else if SIX {
+        hsum_float_8(acc8)
+    } else {
+        acc_d - acc_m
+    }
+}
+
 /// `R` decoded weight rows (`wstride` bytes apart) times `C` Q8_K rows (`astride` bytes
-/// apart), `nb` super-blocks each; `out[r][c]`.
-///
-/// The float steps follow llama.cpp's x86 kernels for this machine's types. Q6_K (ggml's
-/// `vec_dot_q6_K_q8_K`): per super-block eight i32 lanes (each lane four consecutive values of
-/// every 32), minus `32 * scale * group sum`, `acc = fma(da * dw, lanes, acc)`, then ggml's
-/// eight-lane horizontal sum. Q4_K/Q5_K as ggml's repacked Q4_K mat-vec (`gemv_q4_K_8x8`): per
-/// super-block the whole integer dot and the whole integer min term, `a = fma(dot, dw * da, a)`,
-/// `m = fma(mins, dmin * da, m)`, result `a - m` (its prefill kernel steps by 64 values instead;
-/// one order cannot follow both, and decode's keeps the Gemma greedy goldens).
+/// apart), `nb` super-blocks each; `out[r][c]`, in the float steps of `ORD` (see [`Order`]; for
+/// Q6_K `GEMV` means `LANES`). Q4_K's four-column order is [`tile_gemm`].
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI; every row holds `nb` super-blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
+unsafe fn tile<const R: usize, const C: usize, const SIX: bool, const ORD: u8>(
     nb: usize,
     w: *const u8,
     wstride: usize,
@@ -311,7 +345,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
                     let mm = _mm256_madd_epi16(m16, bsums);
                     let dw = std::ptr::read_unaligned(wp.add(OFF_D) as *const f32);
                     let dmin = std::ptr::read_unaligned(wp.add(OFF_D + 4) as *const f32);
-                    finish::<SIX>(
+                    finish::<SIX, ORD>(
                         sumi[r][c],
                         mm,
                         da,
@@ -328,14 +362,114 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool>(
     let mut out = [[0f32; C]; R];
     for r in 0..R {
         for c in 0..C {
-            out[r][c] = if SIX {
-                hsum_float_8(acc8[r][c])
-            } else {
-                acc_d[r][c] - acc_m[r][c]
-            };
+            out[r][c] = result::<SIX, ORD>(acc8[r][c], acc_d[r][c], acc_m[r][c]);
         }
     }
     out
+}
+
+/// Rows per register tile of [`tile_gemm`].
+const GR: usize = 2;
+/// Columns per register tile of [`tile_gemm`].
+const GC: usize = 2;
+
+/// Q4_K's order for whole groups of four columns (ggml's repacked `gemm_q4_K_8x8`): per 64
+/// values (two sub-blocks) the integer dot and min term, `a = fma(dot, dw * da, a)`,
+/// `m = fma(mins, dmin * da, m)`, result `a - m`. Same operands as [`tile`]; the four 64-value
+/// sums of a result are kept apart until the end of each super-block.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; every row holds `nb` super-blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_gemm<const R: usize, const C: usize>(
+    nb: usize,
+    w: *const u8,
+    wstride: usize,
+    a: *const u8,
+    astride: usize,
+) -> [[f32; C]; R] {
+    let mut acc_d = [[0f32; C]; R];
+    let mut acc_m = [[0f32; C]; R];
+    for i in 0..nb {
+        // SAFETY: super-block `i` of every row is in bounds (caller).
+        unsafe {
+            let mut sums = [[[_mm512_setzero_si512(); 4]; C]; R];
+            for j in 0..4 {
+                for c in 0..C {
+                    let av = _mm512_loadu_si512(
+                        a.add(c * astride + i * Q8K_BYTES + 4 + 64 * j) as *const _
+                    );
+                    for r in 0..R {
+                        let wp = w.add(r * wstride + i * W_SB);
+                        let wv = _mm512_loadu_si512(wp.add(64 * j) as *const _);
+                        let sv = _mm512_loadu_si512(wp.add(OFF_SC + 64 * j) as *const _);
+                        sums[r][c][j] = _mm512_madd_epi16(_mm512_maddubs_epi16(wv, av), sv);
+                    }
+                }
+            }
+            for c in 0..C {
+                let ab = a.add(c * astride + i * Q8K_BYTES);
+                let da = std::ptr::read_unaligned(ab as *const f32);
+                let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
+                for r in 0..R {
+                    let wp = w.add(r * wstride + i * W_SB);
+                    let m16 = _mm256_loadu_si256(wp.add(OFF_MIN) as *const __m256i);
+                    let dw = std::ptr::read_unaligned(wp.add(OFF_D) as *const f32);
+                    let dmin = std::ptr::read_unaligned(wp.add(OFF_D + 4) as *const f32);
+                    let dots = hsum4(sums[r][c]);
+                    // Lane l: sub-block l's min times its 32-value sum; 64 values = lanes 2j, 2j+1.
+                    let mm = _mm256_madd_epi16(m16, bsums);
+                    let pairs = _mm256_hadd_epi32(mm, mm);
+                    let mins = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+                        pairs,
+                        _mm256_setr_epi32(0, 1, 4, 5, 0, 1, 4, 5),
+                    ));
+                    let mut fd = [0f32; 4];
+                    let mut fm = [0f32; 4];
+                    _mm_storeu_ps(fd.as_mut_ptr(), _mm_cvtepi32_ps(dots));
+                    _mm_storeu_ps(fm.as_mut_ptr(), _mm_cvtepi32_ps(mins));
+                    let (sd, sm) = (dw * da, dmin * da);
+                    for j in 0..4 {
+                        acc_d[r][c] = fd[j].mul_add(sd, acc_d[r][c]);
+                        acc_m[r][c] = fm[j].mul_add(sm, acc_m[r][c]);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            out[r][c] = acc_d[r][c] - acc_m[r][c];
+        }
+    }
+    out
+}
+
+/// The lane sums of four i32 vectors: lane j of the result is the sum of `v[j]` (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum4(v: [__m512i; 4]) -> __m128i {
+    // 128-bit quarters: [v0 q0+q2, v0 q1+q3, v1 q0+q2, v1 q1+q3], same for v2, v3.
+    let x01 = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b0100_0100>(v[0], v[1]),
+        _mm512_shuffle_i64x2::<0b1110_1110>(v[0], v[1]),
+    );
+    let x23 = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b0100_0100>(v[2], v[3]),
+        _mm512_shuffle_i64x2::<0b1110_1110>(v[2], v[3]),
+    );
+    // Quarter k: the four partial lanes of v[k].
+    let y = _mm512_add_epi32(
+        _mm512_shuffle_i64x2::<0b1000_1000>(x01, x23),
+        _mm512_shuffle_i64x2::<0b1101_1101>(x01, x23),
+    );
+    let y = _mm512_add_epi32(y, _mm512_shuffle_epi32::<0b0100_1110>(y));
+    let y = _mm512_add_epi32(y, _mm512_shuffle_epi32::<0b1011_0001>(y));
+    _mm512_castsi512_si128(_mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12),
+        y,
+    ))
 }
 
 /// Sum of eight i32 lanes (exact).
@@ -362,8 +496,9 @@ thread_local! {
 }
 
 /// Dot products of `rows` weight rows (`n` values of `ty` each, `wstride` bytes apart in `w`)
-/// with `cols` Q8_K activation rows (`astride` bytes apart in `a`): `out[c * ocs + r]`. False
-/// when the type or a length does not fit.
+/// with `cols` Q8_K activation rows (`astride` bytes apart in `a`): `out[c * ocs + r]`. `cols`
+/// is every activation column of the matmul: the float steps depend on it as llama.cpp's do
+/// (see [`Order`]). False when the type or a length does not fit.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dot_tile(
     ty: DType,
@@ -421,6 +556,14 @@ pub(crate) fn dot_tile(
         }
         return true;
     }
+    // Q4_K: whole groups of four columns in the repacked gemm order, the rest as mat-vec; Q5_K
+    // and Q6_K: the tiled order from 8 columns.
+    let gemm_cols = if ty == DType::Q4_K {
+        cols - cols % 4
+    } else {
+        0
+    };
+    let tiled = ty != DType::Q4_K && cols >= TILED_MIN_COLS;
     DECODED.with(|buf| {
         let mut buf = buf.borrow_mut();
         let drb = nb * W_SB;
@@ -442,20 +585,56 @@ pub(crate) fn dot_tile(
                     )
                 };
             }
+            let wp = buf.as_ptr();
+            // Q4_K gemm columns (an even count), rows in pairs.
             let mut c0 = 0;
+            while c0 < gemm_cols {
+                let ap = a[c0 * astride..].as_ptr();
+                let mut r = 0;
+                while r < rn {
+                    let two = rn - r >= GR;
+                    // SAFETY: AVX-512 VNNI detected (caller path); decoded rows `r..r + GR`
+                    // (or `r`) of `nb` super-blocks in the buffer, Q8_K rows `c0..c0 + GC` of
+                    // `nb` (checked above; `gemm_cols` is a multiple of 4).
+                    let res: [[f32; GC]; GR] = unsafe {
+                        let wr = wp.add(r * drb);
+                        if two {
+                            tile_gemm::<GR, GC>(nb, wr, drb, ap, astride)
+                        } else {
+                            let [one] = tile_gemm::<1, GC>(nb, wr, drb, ap, astride);
+                            [one, [0.0; GC]]
+                        }
+                    };
+                    for (dr, row) in res.iter().enumerate().take(if two { GR } else { 1 }) {
+                        for (c, &v) in row.iter().enumerate() {
+                            out[(c0 + c) * ocs + r0 + r + dr] = v;
+                        }
+                    }
+                    r += if two { GR } else { 1 };
+                }
+                c0 += GC;
+            }
             while c0 < cols {
                 let cn = (cols - c0).min(TC);
                 let ap = a[c0 * astride..].as_ptr();
-                let wp = buf.as_ptr();
                 macro_rules! go {
                     ($r:literal, $c:literal) => {{
                         // SAFETY: AVX-512 VNNI detected (caller path); `$r` decoded rows of
                         // `nb` super-blocks in the buffer, `$c` Q8_K rows of `nb` (checked).
                         let res = unsafe {
-                            if six {
-                                tile::<$r, $c, true>(nb, wp, drb, ap, astride)
-                            } else {
-                                tile::<$r, $c, false>(nb, wp, drb, ap, astride)
+                            match (six, tiled) {
+                                (true, true) => {
+                                    tile::<$r, $c, true, { Order::TILED }>(nb, wp, drb, ap, astride)
+                                }
+                                (true, false) => {
+                                    tile::<$r, $c, true, { Order::LANES }>(nb, wp, drb, ap, astride)
+                                }
+                                (false, true) => tile::<$r, $c, false, { Order::TILED }>(
+                                    nb, wp, drb, ap, astride,
+                                ),
+                                (false, false) => {
+                                    tile::<$r, $c, false, { Order::GEMV }>(nb, wp, drb, ap, astride)
+                                }
                             }
                         };
                         for (r, row) in res.iter().enumerate() {
