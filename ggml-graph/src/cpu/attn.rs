@@ -178,8 +178,8 @@ pub(crate) fn attention(
             ATTN_SCRATCH.with(|cell| {
                 let mut buf = cell.borrow_mut();
                 #[cfg(target_arch = "x86_64")]
-                if std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU has FMA (checked just above).
+                if std::is_x86_feature_detected!("avx") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has AVX and FMA (checked just above).
                     unsafe { attend_fma(&job, &mut buf, ochunk) };
                     return;
                 }
@@ -206,13 +206,13 @@ struct Job<'a, 'b> {
     order: SumOrder,
 }
 
-/// [`attend`] compiled with FMA instructions (`f32::mul_add` is then one instruction instead of
-/// a libm call).
+/// [`attend`] compiled with AVX and FMA instructions (`f32::mul_add` is then one instruction
+/// instead of a libm call, and the lane chains vector lanes).
 ///
 /// # Safety
-/// The CPU must support FMA.
+/// The CPU must support AVX and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
+#[target_feature(enable = "avx,fma")]
 unsafe fn attend_fma(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
     attend(job, buf, out)
 }
@@ -299,12 +299,32 @@ fn attend(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
             }
         }
     }
-    let mut part = [0f32; 64];
-    for (i, o) in out.iter_mut().enumerate() {
-        for (l, pl) in part[..lanes].iter_mut().enumerate() {
-            *pl = acc[l * gdv + i];
+    // The lanes of every output reduced as `SumOrder::finish` does, a whole row of outputs at
+    // a time (lane `l` of all outputs is the row `acc[l * gdv..]`).
+    if job.order == SumOrder::Lanes64 {
+        let (lo32, hi32) = acc.split_at_mut(32 * gdv);
+        for l in 0..16 {
+            let (a0, a1) = (l * gdv, (16 + l) * gdv);
+            for i in 0..gdv {
+                lo32[a0 + i] = (lo32[a0 + i] + hi32[a0 + i]) + (lo32[a1 + i] + hi32[a1 + i]);
+            }
         }
-        *o = job.order.finish(&part[..lanes]);
+    }
+    let row = |l: usize| l * gdv..(l + 1) * gdv;
+    for l in 0..8 {
+        let (x, y) = acc.split_at_mut(8 * gdv);
+        for (a, &b) in x[row(l)].iter_mut().zip(&y[row(l)]) {
+            *a += b;
+        }
+    }
+    for l in 0..4 {
+        let (x, y) = acc.split_at_mut(4 * gdv);
+        for (a, &b) in x[row(l)].iter_mut().zip(&y[row(l)]) {
+            *a += b;
+        }
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = (acc[i] + acc[2 * gdv + i]) + (acc[gdv + i] + acc[3 * gdv + i]);
     }
 }
 
@@ -356,18 +376,28 @@ fn reduce16(v: &[f32]) -> f32 {
 /// does (the tail added in f64).
 #[inline(always)]
 fn ordered_dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
-    let lanes = order.lanes();
-    let main = a.len() / lanes * lanes;
-    let mut acc = [0f32; 64];
-    for (i, (&x, &y)) in a[..main].iter().zip(&b[..main]).enumerate() {
-        let l = i % lanes;
-        acc[l] = x.mul_add(y, acc[l]);
-    }
-    let mut s = order.finish(&acc[..lanes]) as f64;
+    let mut s = match order {
+        SumOrder::Lanes16 => order.finish(&lane_dot::<16>(a, b)),
+        SumOrder::Lanes64 => order.finish(&lane_dot::<64>(a, b)),
+    } as f64;
+    let main = a.len() / order.lanes() * order.lanes();
     for (&x, &y) in a[main..].iter().zip(&b[main..]) {
         s += (x * y) as f64;
     }
     s as f32
+}
+
+/// One fused chain per lane `i % L` over the whole `L`-value chunks of `a` and `b` (written as
+/// chunk loops so that the chains become vector lanes).
+#[inline(always)]
+fn lane_dot<const L: usize>(a: &[f32], b: &[f32]) -> [f32; L] {
+    let mut acc = [0f32; L];
+    for (x, y) in a.chunks_exact(L).zip(b.chunks_exact(L)) {
+        for l in 0..L {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    acc
 }
 
 /// ggml's AVX-512 `ggml_v_expf` for one value: exp(x) from a degree-5 polynomial on the reduced
@@ -387,8 +417,9 @@ fn ggml_expf(x: f32) -> f32 {
     if n.abs() > 192.0 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
-    // scalef: j * 2^n rounded once (the f64 product is exact).
-    (j as f64 * 2f64.powi(n as i32)) as f32
+    // scalef: j * 2^n rounded once (the f64 product is exact; |n| <= 192 is a normal f64).
+    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * two_n) as f32
 }
 
 /// Rounds `x` to the precision of `ty` (F16 or BF16; F32 leaves it as is).
