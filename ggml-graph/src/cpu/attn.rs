@@ -183,7 +183,7 @@ pub(crate) fn attention(
                     unsafe { attend_fma(&job, &mut buf, ochunk) };
                     return;
                 }
-                attend(&job, &mut buf, ochunk);
+                attend::<false>(&job, &mut buf, ochunk);
             });
         });
     Ok(())
@@ -214,7 +214,7 @@ struct Job<'a, 'b> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,fma")]
 unsafe fn attend_fma(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
-    attend(job, buf, out)
+    attend::<true>(job, buf, out)
 }
 
 /// Scores, softmax and the weighted sum of V rows, each rounded and summed the way llama.cpp's
@@ -224,7 +224,7 @@ unsafe fn attend_fma(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
 /// that the attention output is bit-exact with llama.cpp's given the same inputs, so small
 /// differences elsewhere are not amplified here.
 #[inline(always)]
-fn attend(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
+fn attend<const FMA: bool>(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
     let (k, v, p, group, lo, hi) = (job.k, job.v, job.p, job.group, job.lo, job.hi);
     let (d, dv) = (job.q.t.ne[0], v.t.ne[0]);
     let (krb, vrb) = (k.t.row_bytes(), v.t.row_bytes());
@@ -247,13 +247,33 @@ fn attend(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32]) {
         let ko = k.off(job.kvh, j, 0);
         to_f32_row(job.simd, k.t.dtype, &k.data[ko..ko + krb], krow);
         let bias = job.mrow.map_or(0.0, |m| m[j]);
-        for (g, qrow) in qrows.chunks_exact(d).enumerate() {
-            let s = p.scale * ordered_dot(job.order, krow, qrow);
+        let mut put = |g: usize, dot: f32| {
+            let s = p.scale * dot;
             let s = match p.softcap {
                 Some(c) => super::ops::softcap(s, c),
                 None => s,
             };
             scores[g * n + (j - lo)] = s + bias;
+        };
+        let mut g0 = 0;
+        // Four query heads per pass over the key row on the vector path (independent chains).
+        #[cfg(target_arch = "x86_64")]
+        if FMA && job.order == SumOrder::Lanes16 && d % 16 == 0 {
+            while g0 + 4 <= group {
+                let q4 = |i: usize| &qrows[(g0 + i) * d..(g0 + i + 1) * d];
+                // SAFETY: `FMA` is only set on the `attend_fma` path (AVX and FMA present).
+                let dots = unsafe { lane_dot16x4_avx(krow, [q4(0), q4(1), q4(2), q4(3)]) };
+                for (i, acc) in dots.iter().enumerate() {
+                    put(g0 + i, reduce16(acc));
+                }
+                g0 += 4;
+            }
+        }
+        for g in g0..group {
+            put(
+                g,
+                ordered_dot::<FMA>(job.order, krow, &qrows[g * d..(g + 1) * d]),
+            );
         }
     }
     for g in 0..group {
@@ -373,12 +393,12 @@ fn reduce16(v: &[f32]) -> f32 {
 }
 
 /// Dot product in `order`; lengths that are not a multiple of 64 finish as `ggml_vec_dot_f16`
-/// does (the tail added in f64).
+/// does (the tail added in f64). `FMA`: called from [`attend_fma`] (AVX and FMA present).
 #[inline(always)]
-fn ordered_dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
+fn ordered_dot<const FMA: bool>(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
     let mut s = match order {
-        SumOrder::Lanes16 => order.finish(&lane_dot::<16>(a, b)),
-        SumOrder::Lanes64 => order.finish(&lane_dot::<64>(a, b)),
+        SumOrder::Lanes16 => order.finish(&lane_dot::<16, FMA>(a, b)),
+        SumOrder::Lanes64 => order.finish(&lane_dot::<64, FMA>(a, b)),
     } as f64;
     let main = a.len() / order.lanes() * order.lanes();
     for (&x, &y) in a[main..].iter().zip(&b[main..]) {
@@ -387,10 +407,14 @@ fn ordered_dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
     s as f32
 }
 
-/// One fused chain per lane `i % L` over the whole `L`-value chunks of `a` and `b` (written as
-/// chunk loops so that the chains become vector lanes).
+/// One fused chain per lane `i % L` over the whole `L`-value chunks of `a` and `b`.
 #[inline(always)]
-fn lane_dot<const L: usize>(a: &[f32], b: &[f32]) -> [f32; L] {
+fn lane_dot<const L: usize, const FMA: bool>(a: &[f32], b: &[f32]) -> [f32; L] {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: `FMA` is only set on the `attend_fma` path, which requires AVX and FMA.
+        return unsafe { lane_dot_avx::<L>(a, b) };
+    }
     let mut acc = [0f32; L];
     for (x, y) in a.chunks_exact(L).zip(b.chunks_exact(L)) {
         for l in 0..L {
@@ -398,6 +422,71 @@ fn lane_dot<const L: usize>(a: &[f32], b: &[f32]) -> [f32; L] {
         }
     }
     acc
+}
+
+/// [`lane_dot`] for 16 lanes of one row `a` with four rows `b` (lengths a multiple of 16, as
+/// [`ordered_dot`] then has no tail): eight independent chains.
+///
+/// # Safety
+/// The CPU must support AVX and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx,fma")]
+unsafe fn lane_dot16x4_avx(a: &[f32], b: [&[f32]; 4]) -> [[f32; 16]; 4] {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    let n = b.iter().fold(a.len(), |n, r| n.min(r.len())) / 16 * 16;
+    let mut i = 0;
+    while i < n {
+        // SAFETY: values i..i + 16 are inside `a` and every `b` row (i + 16 <= n).
+        unsafe {
+            let x0 = _mm256_loadu_ps(a.as_ptr().add(i));
+            let x1 = _mm256_loadu_ps(a.as_ptr().add(i + 8));
+            for (acc, row) in acc.iter_mut().zip(&b) {
+                acc[0] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(row.as_ptr().add(i)), acc[0]);
+                acc[1] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(row.as_ptr().add(i + 8)), acc[1]);
+            }
+        }
+        i += 16;
+    }
+    let mut out = [[0f32; 16]; 4];
+    for (o, acc) in out.iter_mut().zip(&acc) {
+        // SAFETY: each output row holds 16 floats.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), acc[1]);
+        }
+    }
+    out
+}
+
+/// [`lane_dot`] with eight lanes per AVX register (`L` a multiple of 8, at most 64).
+///
+/// # Safety
+/// The CPU must support AVX and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx,fma")]
+unsafe fn lane_dot_avx<const L: usize>(a: &[f32], b: &[f32]) -> [f32; L] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let nv = L / 8;
+    for (x, y) in a.chunks_exact(L).zip(b.chunks_exact(L)) {
+        for (v, acc) in acc.iter_mut().enumerate().take(nv) {
+            // SAFETY: lanes 8v..8v+8 are inside both `L`-long chunks (8 nv = L).
+            unsafe {
+                let xv = _mm256_loadu_ps(x.as_ptr().add(8 * v));
+                let yv = _mm256_loadu_ps(y.as_ptr().add(8 * v));
+                *acc = _mm256_fmadd_ps(xv, yv, *acc);
+            }
+        }
+    }
+    let mut out = [0f32; L];
+    for (v, acc) in acc.iter().enumerate().take(nv) {
+        // SAFETY: `out` holds `L = 8 nv` floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * v), *acc) };
+    }
+    out
 }
 
 /// ggml's AVX-512 `ggml_v_expf` for one value: exp(x) from a degree-5 polynomial on the reduced
