@@ -1,7 +1,7 @@
 //! The K-quant tile kernels (AVX-512 VNNI) against a plain statement of the float steps of the
 //! llama.cpp x86 kernel that computes each result, bit for bit: Q4_K's repacked gemm (whole
 //! groups of four columns) and gemv (the other columns), Q5_K/Q6_K's tiled matmul (8 or more
-//! columns), Q6_K's `vec_dot` (fewer). The integer sums are exact in every order; these orders
+//! columns) and `vec_dot` (fewer). The integer sums are exact in every order; these orders
 //! are what makes a Gemma forward pass bit-exact with llama.cpp's.
 
 mod common;
@@ -32,9 +32,9 @@ fn act(b: &[u8]) -> Act {
 
 #[derive(Clone, Copy, Debug)]
 enum Order {
-    /// Q6_K `vec_dot`: eight lanes (values `4m..4m+3` of every 32, unsigned codes, minus
-    /// `32 * scale * sum` of the 32 values `32m..`), `fma(da * dw, lane, acc)`, ggml's
-    /// `hsum_float_8`.
+    /// Q6_K/Q5_K `vec_dot`: eight lanes (values `4m..4m+3` of every 32, unsigned codes; Q6_K
+    /// minus `32 * scale * sum` of the 32 values `32m..`), `fma(da * dw, lane, acc)`, ggml's
+    /// `hsum_float_8`; Q5_K plus its min chain `m = fma(-da * dmin, mins, m)`.
     Lanes,
     /// Repacked Q4_K mat-vec: per super-block `a = fma(dot, dw * da, a)`,
     /// `m = fma(mins, dmin * da, m)`, result `a - m`.
@@ -51,8 +51,7 @@ fn order(ty: DType, cols: usize, c: usize) -> Order {
         DType::Q4_K if c < cols - cols % 4 => Order::Gemm,
         DType::Q4_K => Order::Gemv,
         _ if cols >= 8 => Order::Tiled,
-        DType::Q6_K => Order::Lanes,
-        _ => Order::Gemv,
+        _ => Order::Lanes,
     }
 }
 
@@ -69,15 +68,19 @@ fn reference(ty: DType, ord: Order, w: &[u8], a: &[u8], n: usize) -> f32 {
         match ord {
             Order::Lanes => {
                 let d = y.d * s.d;
+                let bias = if six { 32 } else { 0 };
                 for (m, acc) in acc8.iter_mut().enumerate() {
                     let mut lane = 0i32;
                     for v in (0..QK_K).filter(|v| (v % 32) / 4 == m) {
-                        lane += s.sc[v / 16] as i32 * (s.q[v] as i32 + 32) * y.q[v];
+                        lane += s.sc[v / 16] as i32 * (s.q[v] as i32 + bias) * y.q[v];
                     }
-                    lane -= 32
+                    lane -= bias
                         * (s.sc[2 * m] as i32 * y.bsum[2 * m]
                             + s.sc[2 * m + 1] as i32 * y.bsum[2 * m + 1]);
                     *acc = d.mul_add(lane as f32, *acc);
+                }
+                if !six {
+                    acc_m = (-y.d * s.dmin).mul_add(mins(0, 16) as f32, acc_m);
                 }
             }
             Order::Gemv => {
@@ -102,7 +105,7 @@ fn reference(ty: DType, ord: Order, w: &[u8], a: &[u8], n: usize) -> f32 {
     match ord {
         Order::Lanes => {
             let r: Vec<f32> = (0..4).map(|k| acc8[4 + k] + acc8[k]).collect();
-            (r[0] + r[2]) + (r[1] + r[3])
+            ((r[0] + r[2]) + (r[1] + r[3])) + acc_m
         }
         Order::Tiled => acc_d,
         Order::Gemv | Order::Gemm => acc_d - acc_m,

@@ -233,8 +233,9 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                             );
                             // The same float steps as the AVX2 multi-column kernels (ggml's
                             // x86 orders: `vec_dot` for the 32-value types and Q6_K, the
-                            // repacked Q4_K mat-vec for Q4_K/Q5_K).
-                            if rn == rows && (cn == cols || cn == 7) {
+                            // repacked Q4_K mat-vec for Q4_K). Not Q5_K: its AVX2 kernel keeps
+                            // the Q4_K mat-vec order, the tiles llama.cpp's `vec_dot_q5_K`.
+                            if rn == rows && (cn == cols || cn == 7) && ty != DType::Q5_K {
                                 let avx2 = vec_dot(
                                     Simd::Avx2,
                                     ty,

@@ -31,15 +31,17 @@ const TC: usize = 3;
 /// llama.cpp picks by type and batch: Q4_K weights (rows a multiple of 8) are repacked and run
 /// `gemm_q4_K_8x8` on whole groups of four activation columns and `gemv_q4_K_8x8` on the rest;
 /// Q5_K and Q6_K run its tiled K-quant matmul (`ggml-cpu/tiled`) for 8 or more columns and
-/// `vec_dot_*_q8_K` below that.
+/// `vec_dot_*_q8_K` below that. Not followed (results then differ in the last bits): Q4_K
+/// weights whose row count is not a multiple of 8 (llama.cpp does not repack them; we always
+/// take the repacked orders).
 struct Order;
 impl Order {
-    /// Q6_K `vec_dot`: eight i32 lanes per super-block, `fma(da * dw, lanes, acc)`, eight-lane
-    /// horizontal sum at the end.
+    /// Q6_K and Q5_K `vec_dot`: eight i32 lanes per super-block, `fma(da * dw, lanes, acc)`,
+    /// eight-lane horizontal sum at the end; Q5_K's min term on a scalar chain
+    /// `m = fma(-da * dmin, mins, m)` added last.
     const LANES: u8 = 0;
     /// Repacked Q4_K mat-vec: the whole super-block's integer dot and min term, two fma chains
-    /// `a = fma(dot, dw * da, a)`, `m = fma(mins, dmin * da, m)`, result `a - m` (also our Q5_K
-    /// order below 8 columns, where llama.cpp's `vec_dot_q5_K` keeps eight lanes).
+    /// `a = fma(dot, dw * da, a)`, `m = fma(mins, dmin * da, m)`, result `a - m`.
     const GEMV: u8 = 1;
     /// Tiled matmul: per super-block `r = dot * dw` (Q5_K: `r = fma(-dmin, mins, r)`), then
     /// `acc = fma(r, da, acc)`.
@@ -201,7 +203,7 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
 /// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks of `ty` readable at `w`, `C` Q8_K rows of `nb`
 /// blocks at `a + c * astride`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn row_direct<const C: usize, const SIX: bool>(
+unsafe fn row_direct<const C: usize, const SIX: bool, const ORD: u8>(
     ty: DType,
     nb: usize,
     w: *const u8,
@@ -227,7 +229,7 @@ unsafe fn row_direct<const C: usize, const SIX: bool>(
                 let da = std::ptr::read_unaligned(ab as *const f32);
                 let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
                 let mm = _mm256_madd_epi16(sb.m16, bsums);
-                finish::<SIX, { Order::GEMV }>(
+                finish::<SIX, ORD>(
                     sumi,
                     mm,
                     da,
@@ -242,7 +244,7 @@ unsafe fn row_direct<const C: usize, const SIX: bool>(
     }
     let mut out = [0f32; C];
     for c in 0..C {
-        out[c] = result::<SIX, { Order::GEMV }>(acc8[c], acc_d[c], acc_m[c]);
+        out[c] = result::<SIX, ORD>(acc8[c], acc_d[c], acc_m[c]);
     }
     out
 }
@@ -274,10 +276,18 @@ fn finish<const SIX: bool, const ORD: u8>(
             (-dmin).mul_add(hsum_i32(mm) as f32, hsum_i32(s8) as f32 * dw)
         };
         *acc_d = r.mul_add(da, *acc_d);
-    } else if SIX {
-        // (q - 32) . a: subtract 32 * scale * group sum.
-        let s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5));
+    } else if ORD == Order::LANES {
+        // Q6_K: (q - 32) . a, subtracting 32 * scale * group sum per lane.
+        let s8 = if SIX {
+            _mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5))
+        } else {
+            s8
+        };
         *acc8 = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(s8), *acc8);
+        if !SIX {
+            // Q5_K: the min term on its own chain, `fma(-da * dmin, mins, m)`.
+            *acc_m = (-da * dmin).mul_add(hsum_i32(mm) as f32, *acc_m);
+        }
     } else {
         // The whole super-block's integer dot and min term, two fma chains (the result is
         // `acc_d - acc_m`).
@@ -293,8 +303,9 @@ fn finish<const SIX: bool, const ORD: u8>(
 fn result<const SIX: bool, const ORD: u8>(acc8: __m256, acc_d: f32, acc_m: f32) -> f32 {
     if ORD == Order::TILED {
         acc_d
-    } else if SIX {
-        hsum_float_8(acc8)
+    } else if ORD == Order::LANES {
+        // Q5_K adds its min chain (zero for Q6_K).
+        hsum_float_8(acc8) + acc_m
     } else {
         acc_d - acc_m
     }
@@ -637,6 +648,7 @@ pub(crate) fn dot_tile(
         return false;
     }
     let six = ty == DType::Q6_K;
+    let five = ty == DType::Q5_K;
     if cols <= 2 {
         for r in 0..rows {
             let wr = w[r * wstride..].as_ptr();
@@ -647,9 +659,11 @@ pub(crate) fn dot_tile(
                     // the `cols` Q8_K rows `nb` blocks each (checked above).
                     let v = unsafe {
                         if six {
-                            row_direct::<$c, true>(ty, nb, wr, ap, astride)
+                            row_direct::<$c, true, { Order::LANES }>(ty, nb, wr, ap, astride)
+                        } else if five {
+                            row_direct::<$c, false, { Order::LANES }>(ty, nb, wr, ap, astride)
                         } else {
-                            row_direct::<$c, false>(ty, nb, wr, ap, astride)
+                            row_direct::<$c, false, { Order::GEMV }>(ty, nb, wr, ap, astride)
                         }
                     };
                     for (c, &x) in v.iter().enumerate() {
@@ -739,6 +753,9 @@ pub(crate) fn dot_tile(
                                     tile::<$r, $c, true, { Order::LANES }>(nb, wp, drb, ap, astride)
                                 }
                                 (false, true) => tile::<$r, $c, false, { Order::TILED }>(
+                                    nb, wp, drb, ap, astride,
+                                ),
+                                (false, false) if five => tile::<$r, $c, false, { Order::LANES }>(
                                     nb, wp, drb, ap, astride,
                                 ),
                                 (false, false) => {
