@@ -99,10 +99,11 @@ fn check_level(simd: Simd) {
     }
 }
 
-/// Decode (one column) and prefill (up to four columns per weight pass) must give bit-identical
-/// dot products for the same activation row: otherwise Q8 activation rounding in later layers
-/// flips differently in the two paths and a real model's logits part by about one unit (Gemma 3
-/// 270M: 0.9 between one batch and token-by-token prefill of 17 tokens).
+/// The multi-column entry point (up to four columns per weight pass) gives the one-column dot
+/// products bit for bit, so a column's result depends on the batch only where llama.cpp's does
+/// too (the AVX-512 Q4_K tiles sum whole groups of four columns like llama.cpp's repacked gemm,
+/// checked in tests/kquant_orders.rs): any other difference flips Q8 activation roundings in later
+/// layers and a real model's logits part by about one unit.
 #[test]
 fn one_column_and_several_columns_agree_bit_for_bit() {
     let levels: Vec<Simd> = [Simd::Scalar, Simd::Avx2, Simd::Avx512]
