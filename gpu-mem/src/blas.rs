@@ -137,6 +137,8 @@ impl<'s> Blas<'s> {
         beta: f32,
         c: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
+        // BLAS calls are not recorded: a capture holding one cannot be replayed safely.
+        self.stream.note_unknown("a BLAS call");
         let (na, nb, nc) = s.required_lens()?;
         check_len("A", a.len(), na)?;
         check_len("B", b.len(), nb)?;
@@ -176,6 +178,8 @@ impl<'s> Blas<'s> {
         beta: f32,
         c: &mut DeviceViewMut<'_, C>,
     ) -> Result<()> {
+        // BLAS calls are not recorded: a capture holding one cannot be replayed safely.
+        self.stream.note_unknown("a BLAS call");
         self.gemm_batched(s, alpha, a, b, beta, c, None)
     }
 
@@ -195,6 +199,8 @@ impl<'s> Blas<'s> {
         stride_c: usize,
         count: usize,
     ) -> Result<()> {
+        // BLAS calls are not recorded: a capture holding one cannot be replayed safely.
+        self.stream.note_unknown("a BLAS call");
         self.gemm_batched(
             s,
             alpha,

@@ -208,6 +208,7 @@ impl KernelArg<'_> {
 impl Stream {
     /// Copies host bytes into `dst` (same length) and waits for the copy.
     pub fn write_range(&self, src: &[u8], dst: MemRange<'_>) -> Result<()> {
+        self.note_unknown("a memory copy");
         self.device().expect_same(dst.device, "copy destination")?;
         if src.len() != dst.bytes {
             return Err(GpuError::LengthMismatch {
@@ -300,11 +301,16 @@ impl Stream {
                 "{name}: grid {grid:?} x block {block:?} is empty or beyond the hardware limits"
             )));
         }
+        // A capture keeps the memory its launches use, for the replay's liveness check.
+        self.note_use(args.iter().filter_map(|a| match a {
+            KernelArg::Mem(m) => Some((m.ptr.0, m.bytes as u64)),
+            _ => None,
+        }));
         // SAFETY: the arguments match the kernel's declared parameters in number, order and
         // kind (checked above); every pointer is null where the kernel accepts it, or memory of
         // this device borrowed from a live allocation for the duration of this call, and queued
         // frees in gpu-mem are ordered after work already queued on the device's streams.
-        unsafe { self.launch(function, grid, block, shared_mem_bytes, &mut packed) }
+        unsafe { self.launch_unrecorded(function, grid, block, shared_mem_bytes, &mut packed) }
     }
 }
 

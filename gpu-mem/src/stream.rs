@@ -22,6 +22,16 @@ pub struct Stream {
     handle: StreamHandle,
     /// A whole allocation that reads from sub-allocations are staged through (see [`Stream::read`]).
     staging: Mutex<Option<(DevicePtr, u64)>>,
+    /// While capturing: the memory the captured work uses (see [`Stream::end_capture`]).
+    capture_log: Mutex<Option<CaptureLog>>,
+}
+
+/// What a capture recorded: the device ranges `(address, bytes)` of its checked launches, or the
+/// first operation whose memory it cannot account for.
+#[derive(Default)]
+struct CaptureLog {
+    ranges: Vec<(u64, u64)>,
+    unknown: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -41,6 +51,7 @@ impl Stream {
             device: device.clone(),
             handle,
             staging: Mutex::new(None),
+            capture_log: Mutex::new(None),
         })
     }
 
@@ -87,7 +98,23 @@ impl Stream {
     }
 
     fn check_view(&self, d: &Device) -> Result<()> {
+        // Copies and fills are not recorded: a capture holding one cannot be replayed safely.
+        self.note_unknown("a memory copy or fill");
         self.device.expect_same(d, "view")
+    }
+
+    /// Records device memory `(address, bytes)` the work queued next uses, while capturing.
+    pub(crate) fn note_use(&self, ranges: impl IntoIterator<Item = (u64, u64)>) {
+        if let Some(log) = self.capture_log.lock().as_mut() {
+            log.ranges.extend(ranges.into_iter().filter(|r| r.1 > 0));
+        }
+    }
+
+    /// Marks the capture under way (if any) as using memory it cannot account for.
+    pub(crate) fn note_unknown(&self, what: &'static str) {
+        if let Some(log) = self.capture_log.lock().as_mut() {
+            log.unknown.get_or_insert(what);
+        }
     }
 
     /// Copies host data to the device and waits for it (pageable source: the blocking path).
@@ -310,6 +337,25 @@ impl Stream {
         shared_mem_bytes: u32,
         args: &mut KernelArgs,
     ) -> Result<()> {
+        // Raw arguments: a capture holding this launch cannot be replayed safely.
+        self.note_unknown("a raw kernel launch");
+        // SAFETY: the caller's guarantees are `launch_unrecorded`'s.
+        unsafe { self.launch_unrecorded(function, grid, block, shared_mem_bytes, args) }
+    }
+
+    /// [`Stream::launch`] without marking a capture (for checked launches, which record their
+    /// memory themselves).
+    ///
+    /// # Safety
+    /// As [`Stream::launch`].
+    pub(crate) unsafe fn launch_unrecorded(
+        &self,
+        function: &Function<'_>,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        args: &mut KernelArgs,
+    ) -> Result<()> {
         self.device.expect_same(function.device(), "kernel")?;
         self.device.bind()?;
         let mut ptrs = args.pointers()?;
@@ -327,26 +373,53 @@ impl Stream {
         }?)
     }
 
-    /// Starts capturing this stream's work into a graph (thread-local mode).
+    /// Starts capturing this stream's work into a graph (thread-local mode). Checked launches
+    /// ([`Stream::launch_checked`]) record the memory they use; anything else queued while
+    /// capturing makes [`Stream::end_capture`] refuse the graph.
     pub fn begin_capture(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: the handle is a live, non-null stream.
-        Ok(unsafe {
+        unsafe {
             self.device
                 .api()
                 .stream_begin_capture(self.handle, CaptureMode::ThreadLocal)
-        }?)
+        }?;
+        *self.capture_log.lock() = Some(CaptureLog::default());
+        Ok(())
     }
 
-    /// Ends the capture begun with [`Stream::begin_capture`].
+    /// Ends the capture begun with [`Stream::begin_capture`]. The graph knows the live
+    /// allocations its launches use, which [`GraphExec::launch`] checks before each replay;
+    /// a capture with work whose memory is unknown (raw launches, copies, BLAS calls) or
+    /// outside every live allocation is an error.
     pub fn end_capture(&self) -> Result<Graph> {
+        let log = self.capture_log.lock().take();
         self.device.bind()?;
         // SAFETY: the stream is capturing (the driver reports an error otherwise).
         let g = unsafe { self.device.api().stream_end_capture(self.handle) }?;
-        Ok(Graph {
+        let mut graph = Graph {
             device: self.device.clone(),
             handle: g,
-        })
+            blocks: Vec::new(),
+        };
+        let log = log
+            .ok_or_else(|| GpuError::InvalidArgument("end_capture without begin_capture".into()))?;
+        if let Some(what) = log.unknown {
+            return Err(GpuError::InvalidArgument(format!(
+                "the capture holds {what}, whose memory a replay cannot check"
+            )));
+        }
+        graph.blocks = self
+            .device
+            .inner
+            .raw
+            .blocks_of(&log.ranges)
+            .ok_or_else(|| {
+                GpuError::InvalidArgument(
+                    "a captured launch used memory outside every live allocation".into(),
+                )
+            })?;
+        Ok(graph)
     }
 
     /// Captures the work `record` queues on this stream and instantiates it; the capture is
@@ -446,6 +519,8 @@ impl Drop for Event {
 pub struct Graph {
     device: Device,
     handle: GraphHandle,
+    /// `(address, tracker id)` of every allocation the captured work uses.
+    blocks: Vec<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -463,6 +538,7 @@ impl Graph {
         Ok(GraphExec {
             device: self.device.clone(),
             handle: h,
+            blocks: self.blocks.clone(),
         })
     }
 }
@@ -477,10 +553,12 @@ impl Drop for Graph {
 }
 
 /// An instantiated graph. Replaying it reuses the captured kernel arguments and addresses, so
-/// the memory it touches must outlive it (its owner's responsibility, hence `launch` is unsafe).
+/// [`GraphExec::launch`] first checks that the allocations it uses are still the live ones.
 pub struct GraphExec {
     device: Device,
     handle: GraphExecHandle,
+    /// `(address, tracker id)` of every allocation the captured work uses.
+    blocks: Vec<(u64, u64)>,
 }
 
 impl std::fmt::Debug for GraphExec {
@@ -490,15 +568,20 @@ impl std::fmt::Debug for GraphExec {
 }
 
 impl GraphExec {
-    /// Queues the graph on `stream`.
-    ///
-    /// # Safety
-    /// Every buffer the captured work used is still allocated and not accessed concurrently by
-    /// other work.
-    pub unsafe fn launch(&self, stream: &Stream) -> Result<()> {
+    /// Queues the graph on `stream`, unless an allocation the captured work uses was freed
+    /// since (an error then: the owner must capture again). Ordering against other streams'
+    /// work on the same memory is the caller's, as for any launch.
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
         self.device.expect_same(stream.device(), "stream")?;
+        if !self.device.inner.raw.all_live(&self.blocks) {
+            return Err(GpuError::InvalidArgument(
+                "graph replay: an allocation the captured work uses was freed".into(),
+            ));
+        }
         self.device.bind()?;
-        // SAFETY: both handles are live; the caller guarantees the captured memory is valid.
+        // SAFETY: both handles are live, and every allocation the captured launches use is
+        // still allocated (checked just above; `end_capture` refused captures holding work
+        // whose memory it could not record).
         Ok(unsafe { self.device.api().graph_launch(self.handle, stream.handle) }?)
     }
 }

@@ -154,19 +154,44 @@ fn kernels_launch_and_graphs_replay() {
 
         let mut add_args = KernelArgs::new();
         add_args.push_view_mut(&mut buf.view_mut()).push(n);
+        // add_one(float*, unsigned): checked launches record their memory in the capture.
+        let params = [ParamKind::Ptr, ParamKind::I32];
+        let add_checked = |s: &Stream, b: &DeviceBuffer<f32>| {
+            s.launch_checked(
+                &add,
+                "add_one",
+                &params,
+                grid,
+                [256, 1, 1],
+                0,
+                &[
+                    KernelArg::Mem(MemRange::of_buffer(b)),
+                    KernelArg::I32(n as i32),
+                ],
+            )
+        };
         let graph = stream
             .capture(|s| {
-                for _ in 0..2 {
-                    // SAFETY: add_one(float*, unsigned) on the same n-float buffer.
-                    unsafe { s.launch(&add, grid, [256, 1, 1], 0, &mut add_args)? };
-                }
-                Ok(())
+                add_checked(s, &buf)?;
+                add_checked(s, &buf)
             })
             .unwrap();
         for _ in 0..3 {
-            // SAFETY: the captured buffer is alive and only this stream uses it.
-            unsafe { graph.launch(&stream).unwrap() };
+            graph.launch(&stream).unwrap();
         }
+        // A raw launch's memory is unknown: such a capture is refused.
+        let raw = stream.capture(|s| {
+            // SAFETY: add_one(float*, unsigned) on the same n-float buffer (captured, never run).
+            unsafe { s.launch(&add, grid, [256, 1, 1], 0, &mut add_args) }
+        });
+        assert!(raw.is_err(), "a capture with a raw launch was accepted");
+        // A replay after an allocation it uses was freed is refused, not run.
+        let tmp = DeviceBuffer::<f32>::new(dev, n as usize, "freed after capture").unwrap();
+        let g2 = stream.capture(|s| add_checked(s, &tmp)).unwrap();
+        g2.launch(&stream).unwrap();
+        stream.synchronize().unwrap();
+        drop(tmp);
+        assert!(g2.launch(&stream).is_err(), "replay over freed memory ran");
         let back = stream.read_to_vec(&buf.view()).unwrap();
         assert!(
             back.iter()

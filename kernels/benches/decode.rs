@@ -170,9 +170,10 @@ fn main() {
     );
     // (type, variants: symbol suffix and rows per block)
     let types: [(WeightType, &[(&str, usize)]); 7] = [
-        (WeightType::Q4_K, &[]),
-        (WeightType::Q6_K, &[]),
-        (WeightType::Q8_0, &[]),
+        // `_ks`: all warps of a block share its rows (K split), R rows per block.
+        (WeightType::Q4_K, &[("_ks", 1)]),
+        (WeightType::Q6_K, &[("_ks", 2)]),
+        (WeightType::Q8_0, &[("_ks", 2)]),
         (WeightType::Q5_0, &[]),
         (WeightType::Q4_0, &[]),
         (WeightType::Q5_K, &[]),

@@ -211,6 +211,7 @@ RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, const in
 // ---------------------------------------------------------------------------------------------
 #define ATTN_DEC_MAX_KV 4096
 #define ATTN_DEC_THREADS 256
+#define ATTN_DEC_KU 4
 
 template <typename KV>
 struct kv_vec;
@@ -240,10 +241,14 @@ struct kv_vec<float> {
     }
 };
 
+// `y8` non-null: the output (dense, o_head_stride == head_dim, head_dim a multiple of 32) also
+// goes out quantized for the decode mat-vecs, as `quantize_q8_1` would make it of each token's
+// n_heads * head_dim values.
 template <typename KV>
 static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q, const KV* __restrict__ k,
                                                      const KV* __restrict__ v, const int* __restrict__ pos,
-                                                     float* __restrict__ out, const attn_params p) {
+                                                     float* __restrict__ out, uint8_t* __restrict__ y8,
+                                                     const attn_params p) {
     constexpr int VEC = kv_vec<KV>::VEC;
     constexpr int NT = ATTN_DEC_THREADS;
     __shared__ float sc[ATTN_DEC_MAX_KV];
@@ -268,25 +273,39 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
     const int group = threadIdx.x / G, ngroups = NT / G;
     const KV* kb = k + (long long)kvh * p.k_head_stride;
     const KV* vb = v + (long long)kvh * p.v_head_stride;
+    // ATTN_DEC_KU keys per group and step, their loads issued before the first product.
     float mx = -INFINITY;
-    for (int j0 = 0; j0 < n; j0 += ngroups) {
-        const int j = j0 + group;
-        float s = 0.0f;
-        if (j < n) {
-            const KV* kr = kb + (long long)(lo + j) * p.k_pos_stride;
-            for (int c = gl; c < chunks; c += G) {
-                float kf[VEC];
-                kv_vec<KV>::load(kr + c * VEC, kf);
+    for (int j0 = 0; j0 < n; j0 += ngroups * ATTN_DEC_KU) {
+        float s[ATTN_DEC_KU];
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) s += qs[c * VEC + i] * kf[i];
+        for (int u = 0; u < ATTN_DEC_KU; ++u) s[u] = 0.0f;
+        for (int c = gl; c < chunks; c += G) {
+            float kf[ATTN_DEC_KU][VEC];
+#pragma unroll
+            for (int u = 0; u < ATTN_DEC_KU; ++u) {
+                const int j = j0 + u * ngroups + group;
+                if (j < n) {
+                    kv_vec<KV>::load(kb + (long long)(lo + j) * p.k_pos_stride + c * VEC, kf[u]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) kf[u][i] = 0.0f;
+                }
             }
+#pragma unroll
+            for (int u = 0; u < ATTN_DEC_KU; ++u)
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) s[u] += qs[c * VEC + i] * kf[u][i];
         }
-        // Group sum (the whole warp takes part; xor partners stay inside a group).
-        for (int m = G / 2; m > 0; m >>= 1) s += rf_shfl_xor(s, m);
-        if (j < n) {
-            s *= p.scale;
-            if (gl == 0) sc[j] = s;
-            mx = fmaxf(mx, s);
+#pragma unroll
+        for (int u = 0; u < ATTN_DEC_KU; ++u) {
+            // Group sum (the whole warp takes part; xor partners stay inside a group).
+            for (int m = G / 2; m > 0; m >>= 1) s[u] += rf_shfl_xor(s[u], m);
+            const int j = j0 + u * ngroups + group;
+            if (j < n) {
+                const float v = s[u] * p.scale;
+                if (gl == 0) sc[j] = v;
+                mx = fmaxf(mx, v);
+            }
         }
     }
     mx = block_max(mx, red);
@@ -307,12 +326,23 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
     if (kg < kgroups) {
-        for (int j = kg; j < n; j += kgroups) {
-            const float w = sc[j];
-            float vf[VEC];
-            kv_vec<KV>::load(vb + (long long)(lo + j) * p.v_pos_stride + c * VEC, vf);
+        for (int j = kg; j < n; j += kgroups * ATTN_DEC_KU) {
+            float w[ATTN_DEC_KU], vf[ATTN_DEC_KU][VEC];
 #pragma unroll
-            for (int i = 0; i < VEC; ++i) acc[i] += w * vf[i];
+            for (int u = 0; u < ATTN_DEC_KU; ++u) {
+                const int jj = j + u * kgroups;
+                w[u] = jj < n ? sc[jj] : 0.0f;
+                if (jj < n) {
+                    kv_vec<KV>::load(vb + (long long)(lo + jj) * p.v_pos_stride + c * VEC, vf[u]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) vf[u][i] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < ATTN_DEC_KU; ++u)
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc[i] += w[u] * vf[u][i];
         }
     }
     __syncthreads();
@@ -325,17 +355,33 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
         float a = 0.0f;
         for (int g = 0; g < kgroups; ++g) a += red[g * D + d];
         op[d] = a;
+        if (y8) {
+            // 32-lane groups hold 32 consecutive values (D <= NT, D a multiple of 32).
+            const int ncols = p.n_heads * D, i = head * D + d;
+            const float amax = warp_max<32>(fabsf(a));
+            const float dq = amax / 127.0f;
+            const float id = dq != 0.0f ? 1.0f / dq : 0.0f;
+            const int qv = (int)roundf(a * id);
+            const float sum = warp_sum<32>((float)qv);
+            uint8_t* yq = y8 + (size_t)tok * q8_vec_bytes(ncols);
+            reinterpret_cast<int8_t*>(yq)[i] = (int8_t)qv;
+            if ((d & 31) == 0) {
+                __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * (i / 32));
+                ds[0] = __float2half(dq);
+                ds[1] = __float2half(sum * dq);
+            }
+        }
     }
 }
 
 RF_KERNEL void attn_dec_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
-                            attn_params p) {
-    attn_dec_impl<__half>(q, k, v, pos, out, p);
+                            uint8_t* y8, attn_params p) {
+    attn_dec_impl<__half>(q, k, v, pos, out, y8, p);
 }
 
 RF_KERNEL void attn_dec_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
-                            attn_params p) {
-    attn_dec_impl<float>(q, k, v, pos, out, p);
+                            uint8_t* y8, attn_params p) {
+    attn_dec_impl<float>(q, k, v, pos, out, y8, p);
 }
 
 // Adds the `n_splits` shares of each row's output (phase 2's results, already normalized by the

@@ -209,39 +209,49 @@ static __device__ __forceinline__ int word(const int4& v, int k) {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-// Warp sums of the R row accumulators; lane r writes row row0 + r.
-template <int R>
-static __device__ __forceinline__ void mv_store(float* acc, float* __restrict__ out, int lane, int row0, int nrows,
-                                                int out_stride) {
+// Epilogue of the fast kernels for rows row0 .. row0 + R - 1: warp sums of the lanes' partial
+// dot products (NM = 2: gate and up rows), with KS > 1 the sums of the block's KS warps (each
+// took every KS-th part of the row; added in warp order through shared memory, so the result is
+// the same on every run), then lane r of the storing warp writes
+// out = dot (NM = 1) or act(gate) * up (NM = 2), plus bias[row] when a bias is given.
+template <int R, int NM, int KS>
+static __device__ __forceinline__ void mv_finish(float (*acc)[R], const float* __restrict__ bias, int act_kind,
+                                                 float* __restrict__ out, int lane, int wid, int row0, int nrows,
+                                                 int out_stride) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane < R && row0 + lane < nrows) {
-        float v = acc[0];
+    for (int m = 0; m < NM; ++m)
 #pragma unroll
-        for (int r = 1; r < R; ++r)
-            if (lane == r) v = acc[r];
-        out[(size_t)blockIdx.y * out_stride + row0 + lane] = v;
+        for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
+    if (KS > 1) {
+        __shared__ float red[KS][NM][R];
+        __syncthreads();  // the previous row group's reads are done
+        if (lane == 0)
+#pragma unroll
+            for (int m = 0; m < NM; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r) red[wid][m][r] = acc[m][r];
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float v = red[0][m][r];
+#pragma unroll
+                for (int k = 1; k < KS; ++k) v += red[k][m][r];
+                acc[m][r] = v;
+            }
     }
-}
-
-// Gated epilogue: warp sums of both row sets, lane r writes act(gate[r]) * up[r].
-template <int R>
-static __device__ __forceinline__ void mv_store_gated(float* gate, float* up, int act_kind, float* __restrict__ out,
-                                                      int lane, int row0, int nrows, int out_stride) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        gate[r] = warp_sum(gate[r]);
-        up[r] = warp_sum(up[r]);
-    }
-    if (lane < R && row0 + lane < nrows) {
-        float g = gate[0], u = up[0];
+    if ((KS == 1 || wid == 0) && lane < R && row0 + lane < nrows) {
+        float v = acc[0][0], u = acc[NM - 1][0];
 #pragma unroll
         for (int r = 1; r < R; ++r)
             if (lane == r) {
-                g = gate[r];
-                u = up[r];
+                v = acc[0][r];
+                u = acc[NM - 1][r];
             }
-        out[(size_t)blockIdx.y * out_stride + row0 + lane] = act_fn(act_kind, g) * u;
+        if (NM == 2) v = act_fn(act_kind, v) * u;
+        if (bias) v += bias[row0 + lane];
+        out[(size_t)blockIdx.y * out_stride + row0 + lane] = v;
     }
 }
 
@@ -369,10 +379,13 @@ struct stage_dims {
     static constexpr int WORDS = ((SPAN + 3) / 4 + 2 + 3) & ~3;  // + start offset, + slack, 16-byte rows
 };
 
-template <typename T, int R, bool A16>
+// Dot products of rows row0 .. row0 + R - 1 of `w` with the activation vector over the steps
+// kp, kp + KS, ... (each step G blocks), per lane (the caller sums across the warp).
+template <typename T, int R, int KS, bool A16>
 static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w, q8_vec yv, int ncols,
                                                    long long row_bytes, int nrows, int row0, int lane, int wid,
-                                                   uint32_t (*stage)[R][stage_dims<T>::WORDS], float* acc) {
+                                                   int kp, uint32_t (*stage)[R][stage_dims<T>::WORDS],
+                                                   float* acc) {
     constexpr int G = stage_dims<T>::G;
     constexpr int SPAN = stage_dims<T>::SPAN;
     constexpr int IT = A16 ? (SPAN / 16 + RF_WARP - 1) / RF_WARP : (SPAN / 4 + 2 + RF_WARP - 1) / RF_WARP;
@@ -381,9 +394,7 @@ static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w
     for (int r = 0; r < R; ++r) wr[r] = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
     const int nblk = ncols / T::QK;
     const int part = lane % T::LPB, bl = lane / T::LPB;
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (int b0 = 0; b0 < nblk; b0 += G) {
+    for (int b0 = kp * G; b0 < nblk; b0 += KS * G) {
         const int bytes = min(G, nblk - b0) * T::BYTES;
         int off[R];
         if (A16) {
@@ -437,41 +448,54 @@ static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w
     }
 }
 
-// `w2` non-null (gated): out = act(w . y) * (w2 . y), both matrices of the same shape and type.
-template <typename T, int R, bool A16>
+// Rows per block: MV_WARPS / KS warps side by side, R rows each (KS warps share each row).
+template <int R, int KS>
+struct mv_rows {
+    static constexpr int PER_BLOCK = MV_WARPS / KS * R;
+};
+
+// `w2` non-null (gated): out = act(w . y) * (w2 . y), both matrices of the same shape and type;
+// `bias` non-null: out += bias[row].
+template <typename T, int R, int KS, bool A16>
 static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                          const float* __restrict__ bias,
                                                           const uint8_t* __restrict__ y, float* __restrict__ out,
                                                           int ncols, long long row_bytes, int out_stride, int nrows,
                                                           int act_kind, uint32_t (*stage)[R][stage_dims<T>::WORDS]) {
     const int lane = threadIdx.x % RF_WARP;
     const int wid = threadIdx.x / RF_WARP;
-    if (wid >= MV_WARPS) return;  // whole warps leave together
+    if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
     const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
-    // A grid smaller than the row count loops (the host caps it near what stays resident).
-    for (int row0 = (blockIdx.x * MV_WARPS + wid) * R; row0 < nrows; row0 += gridDim.x * MV_WARPS * R) {
-        float acc[R];
-        staged_rows<T, R, A16>(w, yv, ncols, row_bytes, nrows, row0, lane, wid, stage, acc);
+    constexpr int PB = mv_rows<R, KS>::PER_BLOCK;
+    const int kp = wid % KS;
+    // A grid smaller than the row count loops; with KS > 1 every warp of a block runs the same
+    // iterations (the epilogue synchronizes the block).
+    for (int row0 = blockIdx.x * PB + (wid / KS) * R; row0 < nrows; row0 += gridDim.x * PB) {
+        float acc[2][R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = 0.0f;
+        staged_rows<T, R, KS, A16>(w, yv, ncols, row_bytes, nrows, row0, lane, wid, kp, stage, acc[0]);
         if (w2) {
-            float up[R];
-            staged_rows<T, R, A16>(w2, yv, ncols, row_bytes, nrows, row0, lane, wid, stage, up);
-            mv_store_gated<R>(acc, up, act_kind, out, lane, row0, nrows, out_stride);
+            staged_rows<T, R, KS, A16>(w2, yv, ncols, row_bytes, nrows, row0, lane, wid, kp, stage, acc[1]);
+            mv_finish<R, 2, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride);
         } else {
-            mv_store<R>(acc, out, lane, row0, nrows, out_stride);
+            mv_finish<R, 1, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride);
         }
     }
 }
 
-template <typename T, int R>
+template <typename T, int R, int KS>
 static __device__ __forceinline__ void matvec_staged(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
-                                                     const uint8_t* __restrict__ y, float* __restrict__ out, int ncols,
-                                                     long long row_bytes, int out_stride, int nrows, int act_kind) {
+                                                     const float* __restrict__ bias, const uint8_t* __restrict__ y,
+                                                     float* __restrict__ out, int ncols, long long row_bytes,
+                                                     int out_stride, int nrows, int act_kind) {
     // 16-byte loads when every row starts 16-byte aligned (a full step's span is a multiple of
     // 16 for every staged type; a last, shorter one reads at most to the end of its 16-byte chunk).
     __shared__ __align__(16) uint32_t stage[MV_WARPS][R][stage_dims<T>::WORDS];
     if ((((uintptr_t)w | (uintptr_t)(w2 ? w2 : w) | (uintptr_t)row_bytes) & 15) == 0)
-        matvec_staged_impl<T, R, true>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage);
+        matvec_staged_impl<T, R, KS, true>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage);
     else
-        matvec_staged_impl<T, R, false>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage);
+        matvec_staged_impl<T, R, KS, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage);
 }
 
 // --- Q4_K / Q5_K: 16-byte aligned blocks read directly; eight lanes per block, lane c takes qs
@@ -575,88 +599,115 @@ struct mv_q5_k {
     }
 };
 
-// Dot products of rows row0 .. row0 + R - 1 of `w` with the activation vector, per lane (the
-// caller sums across the warp).
-template <typename T, int R, int U, bool A16>
-static __device__ __forceinline__ void direct_rows(const uint8_t* __restrict__ w, q8_vec yv, int ncols,
-                                                   long long row_bytes, int nrows, int row0, int lane,
-                                                   float* acc) {
+// Dot products of rows row0 .. row0 + R - 1 of the NM matrices `ws` (gate and up: their loads
+// in flight together) with the activation vector over the block groups kp, kp + KS, ... (U * G
+// blocks each), per lane (the caller sums across the warp).
+template <typename T, int R, int U, int NM, int KS, bool A16>
+static __device__ __forceinline__ void direct_rows(const uint8_t* const* ws, q8_vec yv, int ncols,
+                                                   long long row_bytes, int nrows, int row0, int lane, int kp,
+                                                   float (*acc)[R]) {
     constexpr int G = RF_WARP / T::LPB;
-    const uint8_t* wr[R];
+    const uint8_t* wr[NM][R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) wr[r] = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
+    for (int m = 0; m < NM; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) wr[m][r] = ws[m] + (long long)min(row0 + r, nrows - 1) * row_bytes;
     const int nblk = ncols / T::QK;
     const int part = lane % T::LPB;
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     // U blocks per lane per step, every load issued before the first dot product.
-    for (int b0 = lane / T::LPB; b0 < nblk; b0 += U * G) {
+    for (int b0 = kp * U * G + lane / T::LPB; b0 < nblk; b0 += KS * U * G) {
         typename T::Act a[U];
-        typename T::Raw raw[U][R];
+        typename T::Raw raw[U][NM][R];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int b = min(b0 + u * G, nblk - 1);
             T::load_act(yv, b, part, a[u]);
 #pragma unroll
-            for (int r = 0; r < R; ++r) raw[u][r] = T::template load<A16>(wr[r] + (size_t)b * T::BYTES, part);
+            for (int m = 0; m < NM; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r) raw[u][m][r] = T::template load<A16>(wr[m][r] + (size_t)b * T::BYTES, part);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (b0 + u * G < nblk)
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[r] += T::compute(raw[u][r], part, a[u]);
+                for (int m = 0; m < NM; ++m)
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[m][r] += T::compute(raw[u][m][r], part, a[u]);
     }
 }
 
-// `w2` non-null (gated): out = act(w . y) * (w2 . y), both matrices of the same shape and type.
-template <typename T, int R, int U, bool A16>
+// `w2` non-null (gated): out = act(w . y) * (w2 . y), both matrices of the same shape and type;
+// `bias` non-null: out += bias[row].
+template <typename T, int R, int U, int KS, bool A16>
 static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                          const float* __restrict__ bias,
                                                           const uint8_t* __restrict__ y, float* __restrict__ out,
                                                           int ncols, long long row_bytes, int out_stride, int nrows,
                                                           int act_kind) {
     const int lane = threadIdx.x % RF_WARP;
     const int wid = threadIdx.x / RF_WARP;
-    if (wid >= MV_WARPS) return;  // whole warps leave together
+    if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
     const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
-    // A grid smaller than the row count loops (the host caps it near what stays resident).
-    for (int row0 = (blockIdx.x * MV_WARPS + wid) * R; row0 < nrows; row0 += gridDim.x * MV_WARPS * R) {
-        float acc[R];
-        direct_rows<T, R, U, A16>(w, yv, ncols, row_bytes, nrows, row0, lane, acc);
+    constexpr int PB = mv_rows<R, KS>::PER_BLOCK;
+    const int kp = wid % KS;
+    const uint8_t* ws[2] = {w, w2};
+    for (int row0 = blockIdx.x * PB + (wid / KS) * R; row0 < nrows; row0 += gridDim.x * PB) {
+        float acc[2][R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = 0.0f;
         if (w2) {
-            float up[R];
-            direct_rows<T, R, U, A16>(w2, yv, ncols, row_bytes, nrows, row0, lane, up);
-            mv_store_gated<R>(acc, up, act_kind, out, lane, row0, nrows, out_stride);
+            direct_rows<T, R, U, 2, KS, A16>(ws, yv, ncols, row_bytes, nrows, row0, lane, kp, acc);
+            mv_finish<R, 2, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride);
         } else {
-            mv_store<R>(acc, out, lane, row0, nrows, out_stride);
+            direct_rows<T, R, U, 1, KS, A16>(ws, yv, ncols, row_bytes, nrows, row0, lane, kp, acc);
+            mv_finish<R, 1, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride);
         }
     }
 }
 
-template <typename T, int R, int U = 1>
+template <typename T, int R, int KS, int U = 1>
 static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
-                                                     const uint8_t* __restrict__ y, float* __restrict__ out, int ncols,
-                                                     long long row_bytes, int out_stride, int nrows, int act_kind) {
+                                                     const float* __restrict__ bias, const uint8_t* __restrict__ y,
+                                                     float* __restrict__ out, int ncols, long long row_bytes,
+                                                     int out_stride, int nrows, int act_kind) {
     if ((((uintptr_t)w | (uintptr_t)(w2 ? w2 : w) | (uintptr_t)row_bytes) & 15) == 0)
-        matvec_direct_impl<T, R, U, true>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
+        matvec_direct_impl<T, R, U, KS, true>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
     else
-        matvec_direct_impl<T, R, U, false>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
+        matvec_direct_impl<T, R, U, KS, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
 }
 
-template <typename T, int R>
+template <typename T, int R, int KS>
 static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
-                                                      const uint8_t* __restrict__ y, float* __restrict__ out, int ncols,
-                                                      long long row_bytes, int out_stride, int nrows, int act_kind) {
-    matvec_direct<T, R, 2>(w, w2, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
+                                                      const float* __restrict__ bias, const uint8_t* __restrict__ y,
+                                                      float* __restrict__ out, int ncols, long long row_bytes,
+                                                      int out_stride, int nrows, int act_kind) {
+    matvec_direct<T, R, KS, 2>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
 }
 
+// Each fast kernel comes as `name` (plain), `name_gated` (two matrices, act(gate) * up),
+// `name_add` (plus a bias row) and the K-split `name_ks` / `name_ks_add` (all MV_WARPS warps of a
+// block share R rows, each taking every MV_WARPS-th part of them: for long rows and few of them).
 #define RF_MATVEC_FAST(name, shape, T, R)                                                        \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
                         int out_stride, int nrows) {                                             \
-        shape<T, R>(w, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);                 \
+        shape<T, R, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);     \
     }                                                                                            \
     RF_KERNEL void name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, int ncols, \
                                 long long row_bytes, int out_stride, int nrows, int act_kind) {   \
-        shape<T, R>(wg, wu, y, out, ncols, row_bytes, out_stride, nrows, act_kind);              \
+        shape<T, R, 1>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind);  \
+    }                                                                                            \
+    RF_KERNEL void name##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols, \
+                              long long row_bytes, int out_stride, int nrows) {                   \
+        shape<T, R, 1>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);        \
+    }                                                                                            \
+    RF_KERNEL void name##_ks(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
+                             int out_stride, int nrows) {                                        \
+        shape<T, R, MV_WARPS>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0); \
+    }                                                                                            \
+    RF_KERNEL void name##_ks_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols, \
+                                 long long row_bytes, int out_stride, int nrows) {                \
+        shape<T, R, MV_WARPS>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0); \
     }
 
 // Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is

@@ -160,6 +160,36 @@ impl WeightType {
         }
     }
 
+    /// A variant of [`WeightType::matvec`] for the fast kernels (`None` for the one-warp-per-row
+    /// types): `bias` adds a row (`w`, `bias`, `y`, `out`, `ncols`, `row_bytes`, `out_stride`,
+    /// `nrows`), `k_split` has every warp of a block share the same rows, each taking a part of
+    /// them (grid x = ceil(nrows / [`WeightType::matvec_rows_per_warp`]): long rows, few of them).
+    pub fn matvec_variant(self, bias: bool, k_split: bool) -> Option<KernelId> {
+        use KernelId as K;
+        let ids = match self {
+            WeightType::Q4_0 => [K::MatvecAddQ4_0, K::MatvecKsQ4_0, K::MatvecKsAddQ4_0],
+            WeightType::Q5_0 => [K::MatvecAddQ5_0, K::MatvecKsQ5_0, K::MatvecKsAddQ5_0],
+            WeightType::Q8_0 => [K::MatvecAddQ8_0, K::MatvecKsQ8_0, K::MatvecKsAddQ8_0],
+            WeightType::Q4_K => [K::MatvecAddQ4_K, K::MatvecKsQ4_K, K::MatvecKsAddQ4_K],
+            WeightType::Q5_K => [K::MatvecAddQ5_K, K::MatvecKsQ5_K, K::MatvecKsAddQ5_K],
+            WeightType::Q6_K => [K::MatvecAddQ6_K, K::MatvecKsQ6_K, K::MatvecKsAddQ6_K],
+            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K => {
+                return None
+            }
+        };
+        match (bias, k_split) {
+            (false, false) => Some(self.matvec()),
+            (true, false) => Some(ids[0]),
+            (false, true) => Some(ids[1]),
+            (true, true) => Some(ids[2]),
+        }
+    }
+
+    /// Rows each warp of the fast mat-vec kernels computes (`R` in `hip/matvec.hip`).
+    pub fn matvec_rows_per_warp(self) -> usize {
+        self.matvec_rows_per_block() / crate::MATVEC_WARPS as usize
+    }
+
     /// True when [`WeightType::matvec`] loops over row groups, so a grid smaller than
     /// [`crate::matvec_grid`] is still complete (the one-warp-per-row kernels need every block).
     pub fn matvec_loops(self) -> bool {
@@ -299,6 +329,24 @@ kernel_ids! {
     MatvecGatedQ4_K => Matvec, "matvec_q4_k_gated";
     MatvecGatedQ5_K => Matvec, "matvec_q5_k_gated";
     MatvecGatedQ6_K => Matvec, "matvec_q6_k_gated";
+    MatvecAddQ4_0 => Matvec, "matvec_q4_0_add";
+    MatvecKsQ4_0 => Matvec, "matvec_q4_0_ks";
+    MatvecKsAddQ4_0 => Matvec, "matvec_q4_0_ks_add";
+    MatvecAddQ5_0 => Matvec, "matvec_q5_0_add";
+    MatvecKsQ5_0 => Matvec, "matvec_q5_0_ks";
+    MatvecKsAddQ5_0 => Matvec, "matvec_q5_0_ks_add";
+    MatvecAddQ8_0 => Matvec, "matvec_q8_0_add";
+    MatvecKsQ8_0 => Matvec, "matvec_q8_0_ks";
+    MatvecKsAddQ8_0 => Matvec, "matvec_q8_0_ks_add";
+    MatvecAddQ4_K => Matvec, "matvec_q4_k_add";
+    MatvecKsQ4_K => Matvec, "matvec_q4_k_ks";
+    MatvecKsAddQ4_K => Matvec, "matvec_q4_k_ks_add";
+    MatvecAddQ5_K => Matvec, "matvec_q5_k_add";
+    MatvecKsQ5_K => Matvec, "matvec_q5_k_ks";
+    MatvecKsAddQ5_K => Matvec, "matvec_q5_k_ks_add";
+    MatvecAddQ6_K => Matvec, "matvec_q6_k_add";
+    MatvecKsQ6_K => Matvec, "matvec_q6_k_ks";
+    MatvecKsAddQ6_K => Matvec, "matvec_q6_k_ks_add";
     MatvecF32 => Matvec, "matvec_f32";
     MatvecF16 => Matvec, "matvec_f16";
     DequantF16Q4_0 => Dequant, "dequant_f16_q4_0";
@@ -367,6 +415,24 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecGatedQ4_K
         | K::MatvecGatedQ5_K
         | K::MatvecGatedQ6_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        K::MatvecKsQ4_0
+        | K::MatvecKsQ5_0
+        | K::MatvecKsQ8_0
+        | K::MatvecKsQ4_K
+        | K::MatvecKsQ5_K
+        | K::MatvecKsQ6_K => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        K::MatvecAddQ4_0
+        | K::MatvecKsAddQ4_0
+        | K::MatvecAddQ5_0
+        | K::MatvecKsAddQ5_0
+        | K::MatvecAddQ8_0
+        | K::MatvecKsAddQ8_0
+        | K::MatvecAddQ4_K
+        | K::MatvecKsAddQ4_K
+        | K::MatvecAddQ5_K
+        | K::MatvecKsAddQ5_K
+        | K::MatvecAddQ6_K
+        | K::MatvecKsAddQ6_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32],
         K::MatvecF32 | K::MatvecF16 => &[Ptr, Ptr, Ptr, I32, I64, I32],
         K::DequantF16Q4_0
         | K::DequantF16Q4_1
@@ -404,7 +470,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::SetRowsF16 | K::SetRowsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64],
         K::ArgmaxF32 => &[Ptr, Ptr, I32, I64],
         K::AttnF16 | K::AttnF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
-        K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
+        K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnSoftmaxF16 => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32],

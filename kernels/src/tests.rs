@@ -22,6 +22,10 @@ fn every_kernel_symbol_is_in_its_sources() {
     }
 }
 
+/// Entry points `RF_MATVEC_FAST(name, ...)` defines besides `name` (longest first, so that
+/// `_ks_add` is not taken for `_add`).
+const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_gated", "_add", "_ks"];
+
 /// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)` (also `name_gated`) or `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     if src.contains(&format!("RF_MATVEC({name},"))
@@ -29,9 +33,11 @@ fn macro_defines(src: &str, name: &str) -> bool {
     {
         return true;
     }
-    if let Some(base) = name.strip_suffix("_gated") {
-        if src.contains(&format!("RF_MATVEC_FAST({base},")) {
-            return true;
+    for suffix in MATVEC_SUFFIXES {
+        if let Some(base) = name.strip_suffix(suffix) {
+            if src.contains(&format!("RF_MATVEC_FAST({base},")) {
+                return true;
+            }
         }
     }
     for prefix in ["dequant_f16_", "get_rows_"] {
@@ -143,10 +149,13 @@ fn c_params(src: &str, name: &str) -> Option<String> {
         let def = src.find("#define RF_MATVEC_FAST(")?;
         return list_after(def + src[def..].find("RF_KERNEL void name(")?);
     }
-    if let Some(base) = name.strip_suffix("_gated") {
-        if src.contains(&format!("RF_MATVEC_FAST({base},")) {
-            let def = src.find("#define RF_MATVEC_FAST(")?;
-            return list_after(def + src[def..].find("RF_KERNEL void name##_gated(")?);
+    for suffix in MATVEC_SUFFIXES {
+        if let Some(base) = name.strip_suffix(suffix) {
+            if src.contains(&format!("RF_MATVEC_FAST({base},")) {
+                let def = src.find("#define RF_MATVEC_FAST(")?;
+                let entry = format!("RF_KERNEL void name##{suffix}(");
+                return list_after(def + src[def..].find(&entry)?);
+            }
         }
     }
     for prefix in ["dequant_f16_", "get_rows_"] {

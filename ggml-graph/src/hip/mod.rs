@@ -20,8 +20,8 @@
 //!   graph that the scheduler replays for repeated decode steps. While capturing, the scratch
 //!   refuses to grow (growth synchronizes) and the Q8 cache starts empty, so the recording
 //!   quantizes its own inputs; the recording keeps the scratch and Q8 buffers it used alive.
-//!   Replaying is the backend's one `unsafe` call: the graph's owner guarantees its buffers
-//!   outlive the recording (the scheduler drops it before reallocating its arena).
+//!   Replays are checked by `gpu-mem` (every allocation the recording uses must still be live,
+//!   else an error); the scheduler drops a recording before reallocating its arena.
 
 mod ops;
 mod profile;
@@ -529,11 +529,12 @@ struct HipCaptured {
 
 impl Captured for HipCaptured {
     fn replay(&self) -> Result<()> {
-        let stream = self.inner.sb.stream();
-        // SAFETY: the recorded launches use the backend's own buffers (kept alive in `_keep`)
-        // and buffers of the graph's owner, which by `Captured`'s contract drops this replay
-        // before freeing or reallocating any of them; all work is on this one stream.
-        unsafe { self.exec.launch(stream) }.map_err(|e| gpu_err("graph launch", e))?;
+        // `gpu-mem` refuses the replay when an allocation the recording uses was freed; the
+        // backend's own buffers are kept alive in `_keep`, the owner's outlive the replay by
+        // `Captured`'s contract.
+        self.exec
+            .launch(self.inner.sb.stream())
+            .map_err(|e| gpu_err("graph launch", e))?;
         // The replay rewrote the quantization buffer behind the cache's back.
         self.inner.q8.lock().clear();
         Ok(())

@@ -13,6 +13,10 @@ use crate::tensor::{Act, DType, Op, Tensor};
 
 /// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx.
 const MATVEC_MAX_COLS: usize = 8;
+/// Row length from which Q8_0 decode mat-vecs split each row across a block's warps. H200,
+/// `cargo bench -p kernels --bench decode`, 4096x14336 (Llama-3-8B FFN down): Q8_0 22.2 -> 20.3
+/// us; Q4_K (11.4 -> 13.1) and Q6_K (19.2 -> 22.5) are faster with a row per warp, so they keep it.
+const K_SPLIT_FROM: usize = 8192;
 /// KV length from which single-token attention splits the keys across blocks.
 const SPLIT_K_FROM: usize = 512;
 const SPLIT_LEN: usize = 256;
@@ -322,7 +326,9 @@ pub(crate) fn launch(
     match &t.op {
         Op::MulMat => mul_mat(d, &srcs[0], &srcs[1], out),
         Op::MulMatAdd => {
-            mul_mat(d, &srcs[0], &srcs[1], out)?;
+            if mul_mat_bias(d, &srcs[0], &srcs[1], out, Some(addr(&srcs[2])?))? {
+                return Ok(());
+            }
             // The bias row added in place (same index read then written by one thread).
             let n = t.ne[0];
             a.push(out).push(addr(&srcs[2])?).push(out);
@@ -607,19 +613,34 @@ fn attention(
         } else {
             KernelId::AttnDecF32
         };
+        // Decode: the output also goes out quantized for the projection that reads it.
+        let ncols = n_heads * hd;
+        let quantize =
+            n_tok <= MATVEC_MAX_COLS && hd % 32 == 0 && t.nb[1] == hd * 4 && t.nb[2] == ncols * 4;
+        let mut cache = d.inner.q8.lock();
+        let q8 = if quantize {
+            Some(cache.ensure(d, ncols, n_tok)?)
+        } else {
+            None
+        };
         let mut a = Args::new();
         a.push(addr(&srcs[0])?)
             .push(addr(&srcs[1])?)
             .push(addr(&srcs[2])?)
             .push(addr(&srcs[3])?)
             .push(out)
+            .push(q8.as_ref().map(|b| MemRange::of_buffer(b)))
             .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
-        return d.launch_kernel(
+        d.launch_kernel(
             kid,
             [n_heads as u32, n_tok as u32, 1],
             kernels::ATTN_DEC_THREADS,
             &a.0,
-        );
+        )?;
+        if quantize {
+            cache.holds(&out, ncols, n_tok);
+        }
+        return Ok(());
     }
     let split_len = if n_tok == 1 && n_kv >= SPLIT_K_FROM {
         SPLIT_LEN
@@ -841,30 +862,53 @@ const ALIGN: usize = 256;
 const MAX_GRID_Y: usize = 65535;
 
 fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_>) -> Result<()> {
+    mul_mat_bias(d, w, x, out, None).map(|_| ())
+}
+
+/// `mul_mat`, adding the row `bias` in the mat-vec kernel where one of its variants takes it;
+/// returns whether it did (the caller adds it otherwise).
+fn mul_mat_bias(
+    d: &HipDevice,
+    w: &TensorMem<'_>,
+    x: &TensorMem<'_>,
+    out: MemRange<'_>,
+    bias: Option<MemRange<'_>>,
+) -> Result<bool> {
     let (wt_, xt) = (w.tensor, x.tensor);
     let (k, n, m) = (wt_.ne[0], wt_.ne[1], xt.nrows());
     let (wp, xp) = (addr(w)?, addr(x)?);
     let warp = d.inner.warp;
     if m <= MATVEC_MAX_COLS {
         if let Some(wt) = weight_type(wt_.dtype) {
+            let k_split = k >= K_SPLIT_FROM && wt == kernels::WeightType::Q8_0;
+            let variant = wt.matvec_variant(bias.is_some(), k_split);
             let mut cache = d.inner.q8.lock();
             let q8 = cache.quantized(d, xp, k, m)?;
             let mut b = Args::new();
-            b.push(wp)
-                .push(MemRange::of_buffer(&q8))
+            b.push(wp);
+            let (kid, grid, fused) = match (variant, bias) {
+                (Some(kid), bias) => {
+                    if let Some(bias) = bias {
+                        b.push(bias);
+                    }
+                    let grid = if k_split {
+                        n.div_ceil(wt.matvec_rows_per_warp()) as u32
+                    } else {
+                        kernels::matvec_grid(wt, n)
+                    };
+                    (kid, grid, bias.is_some())
+                }
+                (None, _) => (wt.matvec(), kernels::matvec_grid(wt, n), false),
+            };
+            b.push(MemRange::of_buffer(&q8))
                 .push(out)
                 .push(k as i32)
                 .push(wt_.nb[1] as i64)
                 .push(n as i32)
                 .push(n as i32);
-            let r = d.launch_kernel(
-                wt.matvec(),
-                [kernels::matvec_grid(wt, n), m as u32, 1],
-                kernels::MATVEC_WARPS * warp,
-                &b.0,
-            );
+            let r = d.launch_kernel(kid, [grid, m as u32, 1], kernels::MATVEC_WARPS * warp, &b.0);
             drop(cache);
-            return r;
+            return r.map(|()| fused);
         }
         let kid = if wt_.dtype == DType::F32 {
             KernelId::MatvecF32
@@ -878,7 +922,9 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_
             .push(k as i32)
             .push(elems(wt_.nb[1], wt_))
             .push(n as i32);
-        return d.launch_kernel(kid, [n as u32, m as u32, 1], 4 * warp, &a.0);
+        return d
+            .launch_kernel(kid, [n as u32, m as u32, 1], 4 * warp, &a.0)
+            .map(|()| false);
     }
     // Column-major view: C (n x m) = op(W) (n x k) * X (k x m), W stored as k x n.
     let shape = GemmShape {
@@ -899,6 +945,7 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_
         let bv = xp.view::<f32>().map_err(views)?;
         return blas
             .sgemm(&shape, 1.0, &av, &bv, 0.0, &mut c)
+            .map(|()| false)
             .map_err(|e| gpu_err("mul_mat", e));
     }
     let x_bytes = (m * k * 2).div_ceil(ALIGN) * ALIGN;
@@ -950,6 +997,7 @@ fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_
     let av = wh.view::<half::f16>().map_err(views)?;
     let bv = xh.view::<half::f16>().map_err(views)?;
     blas.gemm_ex(&shape, 1.0, &av, &bv, 0.0, &mut c)
+        .map(|()| false)
         .map_err(|e| gpu_err("mul_mat", e))
 }
 

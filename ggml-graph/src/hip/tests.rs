@@ -759,3 +759,49 @@ fn fused_nodes_match_cpu() {
         }
     }
 }
+
+/// Long rows (from `K_SPLIT_FROM`) against the CPU for every fast weight type, alone and with a
+/// bias row: the K-split kernels where the backend takes them (Q8_0), one row per warp otherwise.
+#[test]
+fn k_split_mat_vec_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x7777_1234_abcd_0001);
+    let (k, n) = (9216usize, 100usize);
+    for dt in [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q5_0,
+    ] {
+        for m in [1usize, 2] {
+            for bias in [false, true] {
+                let mut g = Graph::new();
+                let w = g.weight("w", dt, &[k, n]).expect("w");
+                let x = g.input("x", DType::F32, &[k, m]).expect("x");
+                let mut inputs = vec![(x, f32_bytes(&rng.vec(k * m)))];
+                let mut y = g.mul_mat(w, x).expect("mm");
+                if bias {
+                    let b = g.input("b", DType::F32, &[n]).expect("b");
+                    inputs.push((b, f32_bytes(&rng.vec(n))));
+                    y = g.add(y, b).expect("add");
+                }
+                g.mark_output(y).expect("out");
+                crate::opt::fuse(&mut g);
+                let c = Case {
+                    g,
+                    weights: vec![("w".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng))],
+                    inputs,
+                    out: y,
+                };
+                check(
+                    &h,
+                    &format!("k-split mul_mat {dt} m={m} bias={bias}"),
+                    &c,
+                    2e-3,
+                );
+            }
+        }
+    }
+}

@@ -106,7 +106,8 @@ pub struct Accounted<A: RawAllocator + ?Sized> {
     inner: Arc<A>,
     budget: Arc<Budget>,
     tracker: Arc<Tracker>,
-    ids: Mutex<std::collections::HashMap<u64, u64>>,
+    /// Live blocks: address -> (tracker id, bytes).
+    ids: Mutex<std::collections::HashMap<u64, (u64, u64)>>,
 }
 
 impl<A: RawAllocator + ?Sized> Accounted<A> {
@@ -129,6 +130,39 @@ impl<A: RawAllocator + ?Sized> Accounted<A> {
     pub fn tracker(&self) -> &Arc<Tracker> {
         &self.tracker
     }
+
+    /// The live blocks `(address, tracker id)` that contain each of `ranges` (`(address,
+    /// bytes)`), without repeats; `None` when a range lies outside every live block.
+    pub fn blocks_of(&self, ranges: &[(u64, u64)]) -> Option<Vec<(u64, u64)>> {
+        let mut live: Vec<(u64, u64, u64)> = self
+            .ids
+            .lock()
+            .iter()
+            .map(|(&addr, &(id, bytes))| (addr, bytes, id))
+            .collect();
+        live.sort_unstable();
+        let mut out = Vec::new();
+        for &(addr, bytes) in ranges {
+            let i = live.partition_point(|b| b.0 <= addr).checked_sub(1)?;
+            let (base, size, id) = live[i];
+            if addr.checked_add(bytes)? > base + size {
+                return None;
+            }
+            out.push((base, id));
+        }
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
+    }
+
+    /// True when every `(address, tracker id)` of `blocks` is still the live block at that
+    /// address (a freed block's id is never reused).
+    pub fn all_live(&self, blocks: &[(u64, u64)]) -> bool {
+        let ids = self.ids.lock();
+        blocks
+            .iter()
+            .all(|(addr, id)| ids.get(addr).is_some_and(|&(live, _)| live == *id))
+    }
 }
 
 impl<A: RawAllocator + ?Sized> RawAllocator for Accounted<A> {
@@ -137,7 +171,7 @@ impl<A: RawAllocator + ?Sized> RawAllocator for Accounted<A> {
         match self.inner.allocate(bytes, tag) {
             Ok(addr) => {
                 let id = self.tracker.record(tag, bytes);
-                self.ids.lock().insert(addr, id);
+                self.ids.lock().insert(addr, (id, bytes));
                 Ok(addr)
             }
             Err(e) => {
@@ -148,7 +182,7 @@ impl<A: RawAllocator + ?Sized> RawAllocator for Accounted<A> {
     }
 
     fn deallocate(&self, addr: u64, bytes: u64) {
-        if let Some(id) = self.ids.lock().remove(&addr) {
+        if let Some((id, _)) = self.ids.lock().remove(&addr) {
             self.tracker.forget(id);
         }
         self.budget.release(bytes);
