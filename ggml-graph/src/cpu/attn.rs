@@ -21,16 +21,18 @@ pub(crate) fn rope(
         None => None,
     };
     let o = out_f32(t, out)?;
-    let ne0 = t.ne[0];
+    let (ne0, ne1) = (t.ne[0], t.ne[1]);
     let half = p.n_dims / 2;
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
     let corr = p.yarn_corr_dims();
     let mscale = p.mscale();
-    for_rows(o, ne0, |r, orow| {
-        let (i1, i2, i3) = unflatten(r, &t.ne);
-        let src = x.row(xa, i1, i2, i3);
+    // One task per token: the angles depend on the position only, so their sines and cosines
+    // are computed once for all heads of the token.
+    for_rows(o, ne0 * ne1, |r, orows| {
+        let (i2, i3) = (r % t.ne[2].max(1), r / t.ne[2].max(1));
         let position = pa[i2 * pos.t.nb[0] / 4] as f32;
         let mut theta = position;
+        let mut sc = Vec::with_capacity(half);
         for i in 0..half {
             // ggml's order of operations: frequency factor, then linear scale, then the YaRN
             // blend of the scaled (interpolated) and trained (extrapolated) angles.
@@ -47,17 +49,22 @@ pub(crate) fn rope(
             } else {
                 interp
             };
-            let (sin, cos) = (th.sin() * mscale, th.cos() * mscale);
-            let (a, b) = match p.mode {
-                RopeMode::Normal => (2 * i, 2 * i + 1),
-                RopeMode::Neox => (i, i + half),
-            };
-            let (x0, x1) = (src[a], src[b]);
-            orow[a] = x0.mul_add(cos, -(x1 * sin));
-            orow[b] = x0.mul_add(sin, x1 * cos);
+            sc.push((th.sin() * mscale, th.cos() * mscale));
             theta *= theta_scale;
         }
-        orow[p.n_dims..].copy_from_slice(&src[p.n_dims..]);
+        for (i1, orow) in orows.chunks_exact_mut(ne0).enumerate() {
+            let src = x.row(xa, i1, i2, i3);
+            for (i, &(sin, cos)) in sc.iter().enumerate() {
+                let (a, b) = match p.mode {
+                    RopeMode::Normal => (2 * i, 2 * i + 1),
+                    RopeMode::Neox => (i, i + half),
+                };
+                let (x0, x1) = (src[a], src[b]);
+                orow[a] = x0.mul_add(cos, -(x1 * sin));
+                orow[b] = x0.mul_add(sin, x1 * cos);
+            }
+            orow[p.n_dims..].copy_from_slice(&src[p.n_dims..]);
+        }
     });
     Ok(())
 }
@@ -514,9 +521,16 @@ fn ggml_expf(x: f32) -> f32 {
 /// Rounds `x` to the precision of `ty` (F16 or BF16; F32 leaves it as is).
 fn round_to(ty: DType, x: &mut [f32]) {
     match ty {
-        DType::F16 => x
-            .iter_mut()
-            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        DType::F16 => {
+            // Through F16C where the CPU has it (round to nearest even either way).
+            use half::slice::HalfFloatSliceExt;
+            let mut h = [half::f16::ZERO; 64];
+            for c in x.chunks_mut(64) {
+                let h = &mut h[..c.len()];
+                h.convert_from_f32_slice(c);
+                h.convert_to_f32_slice(c);
+            }
+        }
         DType::BF16 => x
             .iter_mut()
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),

@@ -320,6 +320,19 @@ pub(crate) fn set_rows(
         let s = src.row(sa, i, 0, 0);
         match t.dtype {
             DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(s)),
+            // KV cache rows: converted with F16C where the CPU has it (the same rounding, to
+            // nearest even, as the scalar conversion).
+            DType::F16 => {
+                use half::slice::HalfFloatSliceExt;
+                match bytemuck::try_cast_slice_mut::<u8, half::f16>(&mut *dst) {
+                    Ok(d) => d.convert_from_f32_slice(s),
+                    Err(_) => {
+                        for (d, &v) in dst.chunks_exact_mut(es).zip(s) {
+                            store_scalar(t.dtype, v, d);
+                        }
+                    }
+                }
+            }
             _ => {
                 for (d, &v) in dst.chunks_exact_mut(es).zip(s) {
                     store_scalar(t.dtype, v, d);
