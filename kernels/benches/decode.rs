@@ -171,7 +171,7 @@ fn main() {
     // (type, variants: symbol suffix and rows per block)
     let types: [(WeightType, &[(&str, usize)]); 7] = [
         // `_ks`: all warps of a block share its rows (K split), R rows per block.
-        (WeightType::Q4_K, &[("_ks", 1)]),
+        (WeightType::Q4_K, &[("_ks", 1), ("_u4", 4), ("_r2", 8)]),
         (WeightType::Q6_K, &[("_ks", 2)]),
         (WeightType::Q8_0, &[("_ks", 2)]),
         (WeightType::Q5_0, &[]),
@@ -249,6 +249,7 @@ fn main() {
             ));
         }
     }
+    gated(&g, &mut rng, l2, bw);
     prefill(&g, &mut rng);
     println!("summary (copy bandwidth {:.0} GB/s):", bw / 1e9);
     for l in summary {
@@ -335,4 +336,65 @@ fn prefill(g: &Gpu, rng: &mut Rng) {
     }
     // SAFETY: the stream is synchronized by the last measurement; the handle is not used again.
     unsafe { g.api.blas_destroy(handle) }.expect("blas destroy");
+}
+
+/// The gated FFN mat-vec (`act(w_gate y) * (w_up y)`, one launch over both matrices) at the 8B
+/// gate/up shape, Q4_K, with its tuning candidates (symbol, rows per block).
+fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
+    let t = WeightType::Q4_K;
+    let (rows, cols) = (14336usize, 4096usize);
+    let row_bytes = cols / t.block_values() * t.block_bytes();
+    let wbytes = rows * row_bytes;
+    let n = copies(2 * wbytes, l2);
+    let w = g.upload(&rng.bytes(2 * n * wbytes));
+    let x = g.upload(&rng.vec(cols));
+    let y = g.alloc(q8_1_vector_bytes(cols));
+    let out = g.alloc(rows * 4);
+    g.launch(
+        KernelId::QuantizeQ8_1,
+        [(cols as u32).div_ceil(256), 1, 1],
+        256,
+        &[
+            x.arg(),
+            y.arg(),
+            Arg::I32(cols as i32),
+            Arg::I64(cols as i64),
+        ],
+    );
+    println!("gated mat-vec, 8B ffn gate+up 2 x 14336x4096 q4_K:");
+    for (name, rpb) in [
+        ("matvec_q4_k_gated", 4usize),
+        ("matvec_q4_k_u4_gated", 4),
+        ("matvec_q4_k_r2_gated", 8),
+    ] {
+        let blocks = rows.div_ceil(rpb) as u32;
+        let launch = |i: u32| {
+            let wg = w.ptr.0 + ((i as usize % n) * 2 * wbytes) as u64;
+            g.launch_named(
+                Module::Matvec,
+                name,
+                [blocks, 1, 1],
+                MATVEC_WARPS * g.warp,
+                &[
+                    Arg::Ptr(DevicePtr(wg)),
+                    Arg::Ptr(DevicePtr(wg + wbytes as u64)),
+                    y.arg(),
+                    out.arg(),
+                    Arg::I32(cols as i32),
+                    Arg::I64(row_bytes as i64),
+                    Arg::I32(rows as i32),
+                    Arg::I32(rows as i32),
+                    Arg::I32(kernels::act::SILU),
+                ],
+            );
+        };
+        let gms = graph_ms(g, ITERS, launch);
+        let gbs = (2 * wbytes) as f64 / (gms * 1e-3);
+        println!(
+            "  {name:22} graph {:7.1} us {:6.0} GB/s {:5.1}%",
+            gms * 1e3,
+            gbs / 1e9,
+            100.0 * gbs / bw
+        );
+    }
 }

@@ -21,8 +21,10 @@ RF_KERNEL void rms_norm_f32(const float* __restrict__ x, const float* __restrict
 
 // rms_norm_f32 that also writes its rows quantized for the decode mat-vecs (planar Q8_1, exactly
 // what `quantize_q8_1` makes of y), so the products that read the normalized rows skip their
-// quantization launch. ncols a multiple of 32, blockDim a multiple of 8 (each 32-value block is
-// four values of eight consecutive threads).
+// quantization launch. ncols a multiple of 32 and at most 4 * RMS_Q8_STEPS * blockDim, blockDim
+// a multiple of 8 (each 32-value block is four values of eight consecutive threads). Each thread
+// loads its values (and their weights) once, before the reduction, and keeps them in registers.
+#define RMS_Q8_STEPS 4
 RF_KERNEL void rms_norm_q8_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                uint8_t* __restrict__ y8, int ncols, long long x_stride, long long y_stride,
                                float eps) {
@@ -30,20 +32,32 @@ RF_KERNEL void rms_norm_q8_f32(const float* __restrict__ x, const float* __restr
     const float* xr = x + (long long)blockIdx.x * x_stride;
     float* yr = y + (long long)blockIdx.x * y_stride;
     uint8_t* yq = y8 + (size_t)blockIdx.x * q8_vec_bytes(ncols);
+    const int stride = 4 * blockDim.x;
+    float v[RMS_Q8_STEPS][4], wv[RMS_Q8_STEPS][4];
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
+#pragma unroll
+    for (int k = 0; k < RMS_Q8_STEPS; ++k) {
+        const int i0 = 4 * threadIdx.x + k * stride;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const bool in = i0 < ncols;
+            v[k][j] = in ? xr[i0 + j] : 0.0f;
+            wv[k][j] = in && w ? w[i0 + j] : 1.0f;
+            ss += v[k][j] * v[k][j];
+        }
+    }
     ss = block_sum(ss, scratch);
     const float r = rsqrtf(ss / (float)ncols + eps);
-    // Every thread runs the same number of steps (the group reductions need all lanes).
-    for (int i0 = 4 * threadIdx.x; i0 < ((ncols + 4 * blockDim.x - 1) / (4 * blockDim.x)) * 4 * blockDim.x;
-         i0 += 4 * blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < RMS_Q8_STEPS; ++k) {
+        const int i0 = 4 * threadIdx.x + k * stride;
+        if (k * stride >= ncols) break;  // the same for the whole block
         const bool in = i0 < ncols;
-        float v[4];
         float amax = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            v[j] = in ? xr[i0 + j] * r * (w ? w[i0 + j] : 1.0f) : 0.0f;
-            amax = fmaxf(amax, fabsf(v[j]));
+            v[k][j] = in ? v[k][j] * r * wv[k][j] : 0.0f;
+            amax = fmaxf(amax, fabsf(v[k][j]));
         }
         amax = warp_max<8>(amax);
         const float d = amax / 127.0f;
@@ -52,13 +66,13 @@ RF_KERNEL void rms_norm_q8_f32(const float* __restrict__ x, const float* __restr
         float qs = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            q[j] = (int)roundf(v[j] * id);
+            q[j] = (int)roundf(v[k][j] * id);
             qs += (float)q[j];
         }
         const float sum = warp_sum<8>(qs);
         if (in) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) yr[i0 + j] = v[j];
+            for (int j = 0; j < 4; ++j) yr[i0 + j] = v[k][j];
             const uint32_t packed = (uint32_t)(q[0] & 0xFF) | ((uint32_t)(q[1] & 0xFF) << 8) |
                                     ((uint32_t)(q[2] & 0xFF) << 16) | ((uint32_t)(q[3] & 0xFF) << 24);
             *reinterpret_cast<uint32_t*>(yq + i0) = packed;

@@ -13,6 +13,8 @@ use crate::tensor::{Act, DType, Op, Tensor};
 
 /// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx.
 const MATVEC_MAX_COLS: usize = 8;
+/// Longest row `rms_norm_q8_f32` takes (4 values per thread and step, 4 steps, 1024 threads).
+const RMS_Q8_MAX_COLS: usize = 16384;
 /// Row length from which Q8_0 decode mat-vecs split each row across a block's warps. H200,
 /// `cargo bench -p kernels --bench decode`, 4096x14336 (Llama-3-8B FFN down): Q8_0 22.2 -> 20.3
 /// us; Q4_K (11.4 -> 13.1) and Q6_K (19.2 -> 22.5) are faster with a row per warp, so they keep it.
@@ -357,7 +359,7 @@ pub(crate) fn launch(
                 None => None,
             };
             let (k, m) = (x.ne[0], x.nrows());
-            if m <= MATVEC_MAX_COLS && k % 32 == 0 && t.is_contiguous() {
+            if m <= MATVEC_MAX_COLS && k % 32 == 0 && k <= RMS_Q8_MAX_COLS && t.is_contiguous() {
                 // Decode: the rows also go out quantized for the mat-vecs that read them.
                 let mut cache = d.inner.q8.lock();
                 let q8 = cache.ensure(d, k, m)?;

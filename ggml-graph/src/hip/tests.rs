@@ -705,6 +705,41 @@ fn fused_nodes_match_cpu() {
         };
         check(&h, &format!("rms_norm_mul m={m}"), &c, 1e-10);
 
+        // rms_norm * weight feeding a mat-vec (decode: the norm writes the quantized rows the
+        // product reads), rows of one and of two register steps of the fused kernel.
+        for kk in [512usize, 6144] {
+            let dt = DType::Q8_0;
+            let mut g = Graph::new();
+            let x = g.input("x", DType::F32, &[kk, m]).expect("x");
+            let nw = g.input("w", DType::F32, &[kk]).expect("w");
+            let wm = g.weight("wm", dt, &[kk, n]).expect("wm");
+            let nx = g.rms_norm(x, 1e-5).expect("norm");
+            let xn = g.mul(nx, nw).expect("mul");
+            let y = g.mul_mat(wm, xn).expect("mm");
+            g.mark_output(y).expect("out");
+            assert_eq!(crate::opt::fuse(&mut g), 1);
+            let c = Case {
+                g,
+                weights: vec![(
+                    "wm".into(),
+                    dt,
+                    vec![kk, n],
+                    quant_bytes(dt, n, kk, &mut rng),
+                )],
+                inputs: vec![
+                    (x, f32_bytes(&rng.vec(kk * m))),
+                    (nw, f32_bytes(&rng.vec(kk))),
+                ],
+                out: y,
+            };
+            check(
+                &h,
+                &format!("rms_norm_mul -> mul_mat k={kk} m={m}"),
+                &c,
+                2e-3,
+            );
+        }
+
         // mul_mat + bias
         let dt = DType::Q8_0;
         let mut g = Graph::new();
