@@ -171,7 +171,7 @@ fn main() {
     // (type, variants: symbol suffix and rows per block)
     let types: [(WeightType, &[(&str, usize)]); 7] = [
         // `_ks`: all warps of a block share its rows (K split), R rows per block.
-        (WeightType::Q4_K, &[("_ks", 1), ("_u4", 4), ("_r2", 8)]),
+        (WeightType::Q4_K, &[("_ks", 1)]),
         (WeightType::Q6_K, &[("_ks", 2)]),
         (WeightType::Q8_0, &[("_ks", 2)]),
         (WeightType::Q5_0, &[]),
@@ -339,7 +339,7 @@ fn prefill(g: &Gpu, rng: &mut Rng) {
 }
 
 /// The gated FFN mat-vec (`act(w_gate y) * (w_up y)`, one launch over both matrices) at the 8B
-/// gate/up shape, Q4_K, with its tuning candidates (symbol, rows per block).
+/// gate/up shape, Q4_K (symbol, rows per block; room for tuning candidates).
 fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
     let t = WeightType::Q4_K;
     let (rows, cols) = (14336usize, 4096usize);
@@ -362,11 +362,8 @@ fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
         ],
     );
     println!("gated mat-vec, 8B ffn gate+up 2 x 14336x4096 q4_K:");
-    for (name, rpb) in [
-        ("matvec_q4_k_gated", 4usize),
-        ("matvec_q4_k_u4_gated", 4),
-        ("matvec_q4_k_r2_gated", 8),
-    ] {
+    {
+        let (name, rpb) = ("matvec_q4_k_gated", t.matvec_rows_per_block());
         let blocks = rows.div_ceil(rpb) as u32;
         let launch = |i: u32| {
             let wg = w.ptr.0 + ((i as usize % n) * 2 * wbytes) as u64;

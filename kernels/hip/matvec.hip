@@ -722,17 +722,10 @@ RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<2>, 2)
 RF_MATVEC_FAST(matvec_q4_k, matvec_direct2, mv_q4_k, 1)
 RF_MATVEC_FAST(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
 
-// Tuning candidates measured by `cargo bench -p kernels --bench decode` (no kernel ids): four
-// blocks per lane in flight, and two rows per warp.
-template <typename T, int R, int KS>
-static __device__ __forceinline__ void matvec_direct4(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
-                                                      const float* __restrict__ bias, const uint8_t* __restrict__ y,
-                                                      float* __restrict__ out, int ncols, long long row_bytes,
-                                                      int out_stride, int nrows, int act_kind) {
-    matvec_direct<T, R, KS, 4>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
-}
-RF_MATVEC_FAST(matvec_q4_k_u4, matvec_direct4, mv_q4_k, 1)
-RF_MATVEC_FAST(matvec_q4_k_r2, matvec_direct2, mv_q4_k, 2)
+// Candidates measured against these on an H200 (`cargo bench -p kernels --bench decode`) and
+// dropped: Q4_K with four blocks per lane in flight (8B FFN up 15.2 vs 12.3 us, gated 27.1 vs
+// 22.8 us) or two rows per warp (on par); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us),
+// one stage round (18.3 us, but the output head 139 vs 128 us) or four rounds (24.1 us).
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>
