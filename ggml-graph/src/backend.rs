@@ -66,6 +66,16 @@ pub trait Stream: Send + Sync {
     fn synchronize(&self) -> Result<()>;
 }
 
+/// One node of a [`Device::launch_group`] call: what [`Device::launch`] would take for it.
+pub struct GroupNode<'a> {
+    /// The node.
+    pub tensor: &'a Tensor,
+    /// Its destination.
+    pub dst: TensorMem<'a>,
+    /// Its read operands, in source order.
+    pub srcs: Vec<TensorMem<'a>>,
+}
+
 /// An operand of a launch: its descriptor, a buffer of the device running the op and the byte
 /// offset of its first byte.
 #[derive(Clone, Copy)]
@@ -105,6 +115,12 @@ pub trait Device: Send + Sync {
         dst: TensorMem<'_>,
         srcs: &[TensorMem<'_>],
     ) -> Result<()>;
+    /// Queues the longest leading run of `group` (consecutive scheduled `mul_mat` nodes reading
+    /// the same activations, each as [`Device::launch`] takes it) that the device computes in one
+    /// launch, and returns its length; 0 (nothing queued) when it groups fewer than two of them.
+    fn launch_group(&self, _stream: &dyn Stream, _group: &[GroupNode<'_>]) -> Result<usize> {
+        Ok(0)
+    }
     /// Starts recording the launches queued from now on instead of running them; `false` when
     /// the device cannot record (then launches run as usual). Nothing may synchronize or
     /// allocate until [`Device::end_capture`].

@@ -63,7 +63,7 @@ pub mod sched;
 pub mod tensor;
 
 pub use backend::{
-    Buffer, BufferType, Captured, CpuDevice, Device, DummyDevice, Stream, TensorMem,
+    Buffer, BufferType, Captured, CpuDevice, Device, DummyDevice, GroupNode, Stream, TensorMem,
 };
 pub use cpu::CpuBackend;
 pub use error::{GraphError, Result};

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::backend::{Buffer, Captured, Device, Stream, TensorMem};
+use crate::backend::{Buffer, Captured, Device, GroupNode, Stream, TensorMem};
 use crate::error::{GraphError, Result};
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
@@ -29,6 +29,23 @@ pub struct Schedule {
     pub splits: Vec<(usize, Vec<TensorId>)>,
     /// `(storage root, device)` pairs that need a copy on a device other than the root's home.
     pub copies: Vec<(TensorId, usize)>,
+}
+
+/// Length of the run of `mul_mat` nodes at the start of `ids` that read the same activations
+/// (at most three: q, k and v); 1 when the first node starts no such run.
+fn mul_mat_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
+    let first = &nodes[ids[0].index()];
+    if first.op != Op::MulMat {
+        return 1;
+    }
+    1 + ids[1..]
+        .iter()
+        .take(2)
+        .take_while(|id| {
+            let t = &nodes[id.index()];
+            t.op == Op::MulMat && t.src.get(1) == first.src.get(1)
+        })
+        .count()
 }
 
 /// Operands a node reads (the written destination of `cpy`/`set_rows` excluded).
@@ -749,7 +766,8 @@ impl Scheduler {
     }
 
     /// Queues the scheduled nodes, copying tensors across devices on demand (a graph without
-    /// copies queues launches only, which a capture can record).
+    /// copies queues launches only, which a capture can record). Runs of `mul_mat` nodes reading
+    /// the same activations (the q, k and v projections) are offered to the device as one group.
     fn launch_nodes(&mut self, graph: &Graph, prep: &Prepared) -> Result<()> {
         let nodes = graph.tensors();
         let nd = self.devices.len();
@@ -758,32 +776,75 @@ impl Scheduler {
         let mut staging = Vec::new();
         for (d, ids) in &sched.splits {
             let d = *d;
-            for &id in ids {
-                let t = &nodes[id.index()];
-                for (_, s) in read_srcs(t) {
-                    let r = graph.storage_root(s).0;
-                    if let Some(off) = prep.slot[r.index() * nd + d] {
-                        if !std::mem::replace(&mut valid[r.index() * nd + d], true) {
-                            let home = sched.device_of[r.index()].unwrap_or(0);
-                            let (src_buf, src_off) = self.home_of(graph, &prep.offsets, r, home)?;
-                            staging.resize(nodes[r.index()].extent(), 0);
-                            self.streams[home].synchronize()?;
-                            src_buf.read(src_off, &mut staging)?;
-                            self.arena(d)?.write(off, &staging)?;
-                            self.copies_made += 1;
+            let mut j = 0;
+            while j < ids.len() {
+                let run = mul_mat_run(nodes, &ids[j..]);
+                for &id in &ids[j..j + run] {
+                    self.copy_in(graph, prep, &mut valid, &mut staging, id, d)?;
+                }
+                let mut grouped = 0;
+                if run >= 2 {
+                    let mut group = Vec::with_capacity(run);
+                    for &id in &ids[j..j + run] {
+                        let t = &nodes[id.index()];
+                        let mut srcs = Vec::with_capacity(t.src.len());
+                        for (_, s) in read_srcs(t) {
+                            srcs.push(self.mem(graph, &prep.offsets, &prep.slot, sched, s, d)?);
                         }
+                        let dst = self.mem(graph, &prep.offsets, &prep.slot, sched, id, d)?;
+                        group.push(GroupNode {
+                            tensor: t,
+                            dst,
+                            srcs,
+                        });
+                    }
+                    grouped = self.devices[d].launch_group(self.streams[d].as_ref(), &group)?;
+                }
+                for &id in &ids[j + grouped..j + run] {
+                    let t = &nodes[id.index()];
+                    let mut mems = Vec::with_capacity(t.src.len());
+                    for (_, s) in read_srcs(t) {
+                        mems.push(self.mem(graph, &prep.offsets, &prep.slot, sched, s, d)?);
+                    }
+                    let dst = self.mem(graph, &prep.offsets, &prep.slot, sched, id, d)?;
+                    self.devices[d].launch(self.streams[d].as_ref(), t, dst, &mems)?;
+                    if matches!(t.op, Op::Cpy | Op::SetRows) {
+                        // The root was rewritten: copies of it elsewhere are stale.
+                        let r = graph.storage_root(id).0.index();
+                        valid[r * nd..(r + 1) * nd].fill(false);
                     }
                 }
-                let mut mems = Vec::with_capacity(t.src.len());
-                for (_, s) in read_srcs(t) {
-                    mems.push(self.mem(graph, &prep.offsets, &prep.slot, sched, s, d)?);
-                }
-                let dst = self.mem(graph, &prep.offsets, &prep.slot, sched, id, d)?;
-                self.devices[d].launch(self.streams[d].as_ref(), t, dst, &mems)?;
-                if matches!(t.op, Op::Cpy | Op::SetRows) {
-                    // The root was rewritten: copies of it elsewhere are stale.
-                    let r = graph.storage_root(id).0.index();
-                    valid[r * nd..(r + 1) * nd].fill(false);
+                j += run;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the operands of node `id` that live on another device into device `d`'s arena,
+    /// unless a valid copy is there already.
+    fn copy_in(
+        &mut self,
+        graph: &Graph,
+        prep: &Prepared,
+        valid: &mut [bool],
+        staging: &mut Vec<u8>,
+        id: TensorId,
+        d: usize,
+    ) -> Result<()> {
+        let nodes = graph.tensors();
+        let nd = self.devices.len();
+        let sched = prep.sched.as_ref();
+        for (_, s) in read_srcs(&nodes[id.index()]) {
+            let r = graph.storage_root(s).0;
+            if let Some(off) = prep.slot[r.index() * nd + d] {
+                if !std::mem::replace(&mut valid[r.index() * nd + d], true) {
+                    let home = sched.device_of[r.index()].unwrap_or(0);
+                    let (src_buf, src_off) = self.home_of(graph, &prep.offsets, r, home)?;
+                    staging.resize(nodes[r.index()].extent(), 0);
+                    self.streams[home].synchronize()?;
+                    src_buf.read(src_off, staging)?;
+                    self.arena(d)?.write(off, staging)?;
+                    self.copies_made += 1;
                 }
             }
         }

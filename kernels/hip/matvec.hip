@@ -685,9 +685,37 @@ static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict_
     matvec_direct<T, R, KS, 2>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
 }
 
+// Up to three matrices of one type and row length times the same activations in one launch (the
+// q, k and v projections of a decode step): blocks [0, b1) take w0's rows, [b1, b2) w1's, the rest
+// w2's (n2 = 0 and w2 null for two). Each block runs the plain kernel's body with the matrix and
+// output shifted back by its first row, so that its blockIdx.x lands on that matrix's row 0 and
+// the grid-stride loop ends after one round (the grid covers every row of all three).
+struct mv_pick {
+    const uint8_t* w;  // the matrix, shifted back by `shift` rows
+    float* out;        // its output, shifted back by `shift` values
+    int n;             // its rows (the output stride between activation vectors)
+    int shift;         // rows before this matrix's first block
+};
+
+static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uint8_t* w0, const uint8_t* w1,
+                                                        const uint8_t* w2, float* o0, float* o1, float* o2,
+                                                        long long row_bytes, int n0, int n1, int n2) {
+    const int b1 = (n0 + per_block - 1) / per_block;
+    const int b2 = b1 + (n1 + per_block - 1) / per_block;
+    const int bx = blockIdx.x;
+    const uint8_t* w = bx < b1 ? w0 : bx < b2 ? w1 : w2;
+    float* o = bx < b1 ? o0 : bx < b2 ? o1 : o2;
+    const int n = bx < b1 ? n0 : bx < b2 ? n1 : n2;
+    const int shift = (bx < b1 ? 0 : bx < b2 ? b1 : b2) * per_block;
+    // Integer arithmetic: the shifted addresses are never dereferenced below row `shift`.
+    return {reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(w) - (uintptr_t)(shift * row_bytes)),
+            reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o) - (uintptr_t)shift * sizeof(float)), n, shift};
+}
+
 // Each fast kernel comes as `name` (plain), `name_gated` (two matrices, act(gate) * up),
-// `name_add` (plus a bias row) and the K-split `name_ks` / `name_ks_add` (all MV_WARPS warps of a
-// block share R rows, each taking every MV_WARPS-th part of them: for long rows and few of them).
+// `name_add` (plus a bias row), the K-split `name_ks` / `name_ks_add` (all MV_WARPS warps of a
+// block share R rows, each taking every MV_WARPS-th part of them: for long rows and few of them)
+// and `name_multi` (up to three matrices in one grid, see `mv_multi_pick`).
 #define RF_MATVEC_FAST(name, shape, T, R)                                                        \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
                         int out_stride, int nrows) {                                             \
@@ -708,6 +736,12 @@ static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict_
     RF_KERNEL void name##_ks_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols, \
                                  long long row_bytes, int out_stride, int nrows) {                \
         shape<T, R, MV_WARPS>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0); \
+    }                                                                                            \
+    RF_KERNEL void name##_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y, \
+                                float* o0, float* o1, float* o2, int ncols, long long row_bytes,  \
+                                int n0, int n1, int n2) {                                        \
+        const mv_pick p = mv_multi_pick(MV_WARPS * R, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2); \
+        shape<T, R, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0); \
     }
 
 // Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is

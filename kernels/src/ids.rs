@@ -160,6 +160,22 @@ impl WeightType {
         }
     }
 
+    /// The grouped decode mat-vec (`w0`, `w1`, `w2`, `y`, `out0`, `out1`, `out2`, `ncols`,
+    /// `row_bytes`, `n0`, `n1`, `n2`): up to three matrices of this type and row length times the
+    /// same activations in one launch, grid x = the sum of [`crate::matvec_grid`] over the three
+    /// (`w2`/`out2` null and `n2` = 0 for two); `None` for the one-warp-per-row types.
+    pub fn matvec_multi(self) -> Option<KernelId> {
+        match self {
+            WeightType::Q4_0 => Some(KernelId::MatvecMultiQ4_0),
+            WeightType::Q5_0 => Some(KernelId::MatvecMultiQ5_0),
+            WeightType::Q8_0 => Some(KernelId::MatvecMultiQ8_0),
+            WeightType::Q4_K => Some(KernelId::MatvecMultiQ4_K),
+            WeightType::Q5_K => Some(KernelId::MatvecMultiQ5_K),
+            WeightType::Q6_K => Some(KernelId::MatvecMultiQ6_K),
+            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K => None,
+        }
+    }
+
     /// A variant of [`WeightType::matvec`] for the fast kernels (`None` for the one-warp-per-row
     /// types): `bias` adds a row (`w`, `bias`, `y`, `out`, `ncols`, `row_bytes`, `out_stride`,
     /// `nrows`), `k_split` has every warp of a block share the same rows, each taking a part of
@@ -329,6 +345,12 @@ kernel_ids! {
     MatvecGatedQ4_K => Matvec, "matvec_q4_k_gated";
     MatvecGatedQ5_K => Matvec, "matvec_q5_k_gated";
     MatvecGatedQ6_K => Matvec, "matvec_q6_k_gated";
+    MatvecMultiQ4_0 => Matvec, "matvec_q4_0_multi";
+    MatvecMultiQ5_0 => Matvec, "matvec_q5_0_multi";
+    MatvecMultiQ8_0 => Matvec, "matvec_q8_0_multi";
+    MatvecMultiQ4_K => Matvec, "matvec_q4_k_multi";
+    MatvecMultiQ5_K => Matvec, "matvec_q5_k_multi";
+    MatvecMultiQ6_K => Matvec, "matvec_q6_k_multi";
     MatvecAddQ4_0 => Matvec, "matvec_q4_0_add";
     MatvecKsQ4_0 => Matvec, "matvec_q4_0_ks";
     MatvecKsAddQ4_0 => Matvec, "matvec_q4_0_ks_add";
@@ -415,6 +437,12 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecGatedQ4_K
         | K::MatvecGatedQ5_K
         | K::MatvecGatedQ6_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        K::MatvecMultiQ4_0
+        | K::MatvecMultiQ5_0
+        | K::MatvecMultiQ8_0
+        | K::MatvecMultiQ4_K
+        | K::MatvecMultiQ5_K
+        | K::MatvecMultiQ6_K => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
         K::MatvecKsQ4_0
         | K::MatvecKsQ5_0
         | K::MatvecKsQ8_0

@@ -24,7 +24,7 @@ fn every_kernel_symbol_is_in_its_sources() {
 
 /// Entry points `RF_MATVEC_FAST(name, ...)` defines besides `name` (longest first, so that
 /// `_ks_add` is not taken for `_add`).
-const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_gated", "_add", "_ks"];
+const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_gated", "_multi", "_add", "_ks"];
 
 /// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)` (also `name_gated`) or `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {

@@ -23,6 +23,7 @@
 //!   Replays are checked by `gpu-mem` (every allocation the recording uses must still be live,
 //!   else an error); the scheduler drops a recording before reallocating its arena.
 
+mod group;
 mod ops;
 mod profile;
 
@@ -35,7 +36,7 @@ use gpu_mem::pool::ArenaSlot;
 use gpu_mem::{DeviceArena, DeviceBuffer, KernelArg, MemRange, ParamKind, WeightUploader};
 use parking_lot::Mutex;
 
-use crate::backend::{Buffer, BufferType, Captured, Device, Stream, TensorMem};
+use crate::backend::{Buffer, BufferType, Captured, Device, GroupNode, Stream, TensorMem};
 use crate::error::{GraphError, Result};
 use crate::tensor::Tensor;
 
@@ -64,6 +65,10 @@ struct Inner {
     capturing: AtomicBool,
     /// Per-node timing (`ROCMFORGE_PROFILE=1`); `None` when off.
     profile: Option<Mutex<profile::Profiler>>,
+    /// Grouped mat-vec launches made (see `group`), for tests and logs.
+    grouped: std::sync::atomic::AtomicUsize,
+    /// False with `ROCMFORGE_GPU_GROUP=0`: q/k/v mat-vecs launch one by one (for comparisons).
+    group: bool,
 }
 
 impl Drop for Inner {
@@ -122,6 +127,8 @@ impl HipDevice {
             q8: Mutex::new(ops::Q8Cache::default()),
             capturing: AtomicBool::new(false),
             profile: profile::enabled_by_env().then(|| Mutex::new(profile::Profiler::default())),
+            grouped: std::sync::atomic::AtomicUsize::new(0),
+            group: std::env::var("ROCMFORGE_GPU_GROUP").map_or(true, |v| v != "0"),
         });
         Ok(Self {
             bt: HipBufferType {
@@ -129,6 +136,11 @@ impl HipDevice {
             },
             inner,
         })
+    }
+
+    /// Grouped mat-vec launches (q, k and v projections in one kernel) made so far.
+    pub fn grouped_launches(&self) -> usize {
+        self.inner.grouped.load(Ordering::Relaxed)
     }
 
     /// The `gpu-mem` device (budget, tracker, leak report).
@@ -474,6 +486,37 @@ impl Device for HipDevice {
         prof.lock()
             .push(profile::key(t, &ts), start, end)
             .map_err(|e| gpu_err("profile", e))
+    }
+    fn launch_group(&self, _stream: &dyn Stream, group: &[GroupNode<'_>]) -> Result<usize> {
+        if !self.inner.group {
+            return Ok(0);
+        }
+        let Some(prof) = &self.inner.profile else {
+            return group::launch(self, group);
+        };
+        let stream = self.inner.sb.stream();
+        let event = || {
+            let e = gpu_mem::Event::new(&self.inner.dev, true)?;
+            e.record(stream)?;
+            Ok::<_, gpu_mem::GpuError>(e)
+        };
+        let start = event().map_err(|e| gpu_err("profile", e))?;
+        let n = group::launch(self, group)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let end = event().map_err(|e| gpu_err("profile", e))?;
+        let keys: Vec<String> = group[..n]
+            .iter()
+            .map(|g| {
+                let ts: Vec<&Tensor> = g.srcs.iter().map(|m| m.tensor).collect();
+                profile::key(g.tensor, &ts)
+            })
+            .collect();
+        prof.lock()
+            .push(format!("group of {n}: {}", keys.join(" + ")), start, end)
+            .map_err(|e| gpu_err("profile", e))?;
+        Ok(n)
     }
     fn begin_capture(&self) -> Result<bool> {
         if self.inner.profile.is_some() {

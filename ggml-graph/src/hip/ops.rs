@@ -12,13 +12,13 @@ use crate::error::{GraphError, Result};
 use crate::tensor::{Act, DType, Op, Tensor};
 
 /// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx.
-const MATVEC_MAX_COLS: usize = 8;
+pub(super) const MATVEC_MAX_COLS: usize = 8;
 /// Longest row `rms_norm_q8_f32` takes (4 values per thread and step, 4 steps, 1024 threads).
 const RMS_Q8_MAX_COLS: usize = 16384;
 /// Row length from which Q8_0 decode mat-vecs split each row across a block's warps. H200,
 /// `cargo bench -p kernels --bench decode`, 4096x14336 (Llama-3-8B FFN down): Q8_0 22.2 -> 20.3
 /// us; Q4_K (11.4 -> 13.1) and Q6_K (19.2 -> 22.5) are faster with a row per warp, so they keep it.
-const K_SPLIT_FROM: usize = 8192;
+pub(super) const K_SPLIT_FROM: usize = 8192;
 /// KV length from which single-token attention splits the keys across blocks.
 const SPLIT_K_FROM: usize = 512;
 const SPLIT_LEN: usize = 256;
@@ -31,14 +31,14 @@ const ATTN_GEMM_SCRATCH: usize = 64 << 20;
 
 /// A launch's arguments in the kernel's parameter order; `launch_checked` matches them against
 /// the kernel's parameter table.
-struct Args<'a>(Vec<KernelArg<'a>>);
+pub(super) struct Args<'a>(pub(super) Vec<KernelArg<'a>>);
 
 impl<'a> Args<'a> {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self(Vec::with_capacity(16))
     }
 
-    fn push(&mut self, v: impl Into<KernelArg<'a>>) -> &mut Self {
+    pub(super) fn push(&mut self, v: impl Into<KernelArg<'a>>) -> &mut Self {
         self.0.push(v.into());
         self
     }
@@ -116,7 +116,7 @@ impl Q8Cache {
 
     /// `x` (`m` dense f32 vectors of `k` values) quantized to planar Q8_1, quantizing it now
     /// unless the cache already holds it.
-    fn quantized(
+    pub(super) fn quantized(
         &mut self,
         d: &HipDevice,
         x: MemRange<'_>,
@@ -144,7 +144,7 @@ impl Q8Cache {
     }
 }
 
-fn weight_type(t: DType) -> Option<WeightType> {
+pub(super) fn weight_type(t: DType) -> Option<WeightType> {
     WeightType::from_ggml_name(t.name())
 }
 

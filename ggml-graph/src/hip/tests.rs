@@ -840,3 +840,73 @@ fn k_split_mat_vec_matches_cpu() {
         }
     }
 }
+
+/// The q, k and v projections of a decode step (three `mul_mat`s of one input, rows not a
+/// multiple of a block's) in one grouped launch, against the CPU for every type the grouped
+/// kernels take; a run whose third weight has another type groups the first two, and the
+/// one-warp-per-row types stay ungrouped.
+#[test]
+fn grouped_qkv_mat_vecs_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x5151_2727_0a0a_3c3c);
+    let k = 512usize;
+    let rows = [100usize, 36, 20];
+    let cases: [([DType; 3], usize); 8] = [
+        ([DType::Q4_K; 3], 1),
+        ([DType::Q5_K; 3], 1),
+        ([DType::Q6_K; 3], 1),
+        ([DType::Q8_0; 3], 1),
+        ([DType::Q4_0; 3], 1),
+        ([DType::Q5_0; 3], 1),
+        ([DType::Q4_K, DType::Q4_K, DType::Q6_K], 1),
+        ([DType::Q4_1; 3], 0),
+    ];
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    for (types, groups) in cases {
+        for m in [1usize, 2] {
+            let mut g = Graph::new();
+            let x = g.input("x", DType::F32, &[k, m]).expect("x");
+            let mut weights = Vec::new();
+            let mut ys = Vec::new();
+            for (i, (&dt, &n)) in types.iter().zip(&rows).enumerate() {
+                let name = format!("w{i}");
+                let w = g.weight(&name, dt, &[k, n]).expect("w");
+                let y = g.mul_mat(w, x).expect("mm");
+                g.mark_output(y).expect("out");
+                weights.push((name, dt, vec![k, n], quant_bytes(dt, n, k, &mut rng)));
+                ys.push(y);
+            }
+            let xs = f32_bytes(&rng.vec(k * m));
+            let before = h.grouped_launches();
+            let mut outs = Vec::new();
+            for devices in [
+                vec![h.clone() as Arc<dyn Device>, cpu.clone()],
+                vec![cpu.clone()],
+            ] {
+                let mut s = Scheduler::new(devices).expect("scheduler");
+                for (name, dt, shape, bytes) in &weights {
+                    s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                        .expect("bind");
+                }
+                s.run(&g, &[(x, xs.as_slice())]).expect("run");
+                let o: Vec<Vec<f32>> = ys
+                    .iter()
+                    .map(|&y| s.output_f32(y).expect("output"))
+                    .collect();
+                outs.push(o);
+            }
+            assert_eq!(
+                h.grouped_launches() - before,
+                groups,
+                "grouped launches for {types:?} m={m}"
+            );
+            for (i, (gpu, cpu)) in outs[0].iter().zip(&outs[1]).enumerate() {
+                let e = nmse(gpu, cpu);
+                println!("grouped mul_mat {:?} #{i} m={m}: NMSE {e:.3e}", types[i]);
+                assert!(e <= 2e-3, "grouped {:?} #{i} m={m}: NMSE {e:.3e}", types[i]);
+            }
+        }
+    }
+}
