@@ -374,73 +374,67 @@ fn gemma3_270m_gpu_perplexity_matches_the_cpu() {
     let text = include_str!("data/perplexity.txt");
     let tm = model::text::TextModel::load(&path, |_, _| {}).expect("load the test model");
     let tokens = tm.tokenizer().encode(text, true, false);
+    let bos = tm.bos_for_chunks();
     for n_ctx in [8usize, 16] {
-        let ppl_opts = model::perplexity::PplOptions {
-            n_ctx,
-            max_chunks: Some(150),
-            bos: tm.bos_for_chunks(),
-        };
-        let ppl = |device| {
-            let o = SessionOptions {
-                n_ctx,
-                n_batch: n_ctx,
-                ..opts(device, None, None)
-            };
-            let mut s = Session::new(tm.model(), &o).expect("session");
-            model::perplexity::perplexity(&mut s, &tokens, &ppl_opts, |_, _, _| {})
-                .expect("perplexity")
-        };
-        let gpu = ppl(DeviceChoice::Gpu);
-        let cpu = ppl(DeviceChoice::Cpu);
-        let rel = (gpu.ppl - cpu.ppl) / cpu.ppl * 100.0;
-        println!(
-            "perplexity, {} windows of {n_ctx}: GPU {:.4}, CPU {:.4} ({rel:+.3}%)",
-            gpu.chunks, gpu.ppl, cpu.ppl
-        );
-        assert_eq!(gpu.chunks, cpu.chunks);
+        let gpu = window_ppl(tm.model(), DeviceChoice::Gpu, &tokens, n_ctx, 150, bos);
+        let cpu = window_ppl(tm.model(), DeviceChoice::Cpu, &tokens, n_ctx, 150, bos);
         // Both quantize differently (Q8_1 vs Q8_0/Q8_K, f16 operands vs 8-bit); a wrong kernel,
         // mask or cache row moves this by far more than 1%.
-        assert!(
-            rel.abs() < 1.0,
-            "n_ctx {n_ctx}: GPU {:.4} vs CPU {:.4}",
-            gpu.ppl,
-            cpu.ppl
-        );
+        check_ppl(n_ctx, "CPU", &gpu, &cpu, 1.0);
     }
 
     let n_ctx = 128;
+    let gpu = window_ppl(tm.model(), DeviceChoice::Gpu, &tokens, n_ctx, 20, bos);
+    let f16_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemma-dequant-f16.gguf");
+    write_dequantized_f16_copy(&path, &f16_path);
+    let f16_model = Model::load(&f16_path, |_, _| {}).expect("load the f16 copy");
+    let cpu = window_ppl(&f16_model, DeviceChoice::Cpu, &tokens, n_ctx, 20, bos);
+    let _ = std::fs::remove_file(&f16_path);
+    check_ppl(n_ctx, "CPU on the f16 copy", &gpu, &cpu, 0.5);
+}
+
+/// Perplexity over windows of `n_ctx` tokens (each one batch), at most `max_chunks` of them.
+fn window_ppl(
+    m: &Model,
+    device: DeviceChoice,
+    tokens: &[u32],
+    n_ctx: usize,
+    max_chunks: usize,
+    bos: Option<u32>,
+) -> model::perplexity::PplResult {
     let ppl_opts = model::perplexity::PplOptions {
         n_ctx,
-        max_chunks: Some(20),
-        bos: tm.bos_for_chunks(),
+        max_chunks: Some(max_chunks),
+        bos,
     };
-    let o = |device| SessionOptions {
+    let o = SessionOptions {
         n_ctx,
         n_batch: n_ctx,
         ..opts(device, None, None)
     };
-    let mut s = Session::new(tm.model(), &o(DeviceChoice::Gpu)).expect("GPU session");
-    let gpu = model::perplexity::perplexity(&mut s, &tokens, &ppl_opts, |_, _, _| {})
-        .expect("GPU perplexity");
-    drop(s);
-    let f16_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemma-dequant-f16.gguf");
-    write_dequantized_f16_copy(&path, &f16_path);
-    let f16_model = Model::load(&f16_path, |_, _| {}).expect("load the f16 copy");
-    let mut s = Session::new(&f16_model, &o(DeviceChoice::Cpu)).expect("CPU session");
-    let cpu = model::perplexity::perplexity(&mut s, &tokens, &ppl_opts, |_, _, _| {})
-        .expect("CPU perplexity");
-    let _ = std::fs::remove_file(&f16_path);
-    let rel = (gpu.ppl - cpu.ppl) / cpu.ppl * 100.0;
+    let mut s = Session::new(m, &o).expect("session");
+    model::perplexity::perplexity(&mut s, tokens, &ppl_opts, |_, _, _| {}).expect("perplexity")
+}
+
+/// The GPU's perplexity within `bound_pct` percent of the reference's, over the same windows.
+fn check_ppl(
+    n_ctx: usize,
+    reference: &str,
+    gpu: &model::perplexity::PplResult,
+    want: &model::perplexity::PplResult,
+    bound_pct: f64,
+) {
+    let rel = (gpu.ppl - want.ppl) / want.ppl * 100.0;
     println!(
-        "perplexity, {} windows of {n_ctx}: GPU {:.4}, CPU on the f16 copy {:.4} ({rel:+.3}%)",
-        gpu.chunks, gpu.ppl, cpu.ppl
+        "perplexity, {} windows of {n_ctx}: GPU {:.4}, {reference} {:.4} ({rel:+.3}%)",
+        gpu.chunks, gpu.ppl, want.ppl
     );
-    assert_eq!(gpu.chunks, cpu.chunks);
+    assert_eq!(gpu.chunks, want.chunks);
     assert!(
-        rel.abs() < 0.5,
-        "n_ctx {n_ctx}: GPU {:.4} vs CPU on the f16 copy {:.4}",
+        rel.abs() < bound_pct,
+        "n_ctx {n_ctx}: GPU {:.4} vs {reference} {:.4}",
         gpu.ppl,
-        cpu.ppl
+        want.ppl
     );
 }
 
