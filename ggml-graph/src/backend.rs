@@ -115,9 +115,11 @@ pub trait Device: Send + Sync {
         dst: TensorMem<'_>,
         srcs: &[TensorMem<'_>],
     ) -> Result<()>;
-    /// Queues the longest leading run of `group` (consecutive scheduled `mul_mat` nodes reading
-    /// the same activations, each as [`Device::launch`] takes it) that the device computes in one
-    /// launch, and returns its length; 0 (nothing queued) when it groups fewer than two of them.
+    /// Queues the longest leading run of `group` (consecutive scheduled nodes of one kind:
+    /// `mul_mat`s reading the same activations, ropes of the same positions and parameters, or
+    /// `set_rows` of the same indices; each as [`Device::launch`] takes it) that the device
+    /// computes in one launch, and returns its length; 0 (nothing queued) when it groups fewer
+    /// than two of them.
     fn launch_group(&self, _stream: &dyn Stream, _group: &[GroupNode<'_>]) -> Result<usize> {
         Ok(0)
     }

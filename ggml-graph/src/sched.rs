@@ -31,19 +31,27 @@ pub struct Schedule {
     pub copies: Vec<(TensorId, usize)>,
 }
 
-/// Length of the run of `mul_mat` nodes at the start of `ids` that read the same activations
-/// (at most three: q, k and v); 1 when the first node starts no such run.
-fn mul_mat_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
+/// Length of the run of nodes at the start of `ids` that a device may launch as one (see
+/// [`Device::launch_group`]): `mul_mat`s reading the same activations (at most three: q, k and
+/// v), ropes of the same parameters, positions and factors (two: q and k) or `set_rows` of the
+/// same indices (two: the K and V cache writes); 1 when the first node starts no such run.
+fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
     let first = &nodes[ids[0].index()];
-    if first.op != Op::MulMat {
-        return 1;
-    }
+    let max = match first.op {
+        Op::MulMat => 3,
+        Op::Rope(_) | Op::SetRows => 2,
+        _ => return 1,
+    };
     1 + ids[1..]
         .iter()
-        .take(2)
+        .take(max - 1)
         .take_while(|id| {
             let t = &nodes[id.index()];
-            t.op == Op::MulMat && t.src.get(1) == first.src.get(1)
+            match first.op {
+                Op::MulMat => t.op == Op::MulMat && t.src.get(1) == first.src.get(1),
+                Op::Rope(_) => t.op == first.op && t.src[1..] == first.src[1..],
+                _ => t.op == Op::SetRows && t.src.get(2) == first.src.get(2),
+            }
         })
         .count()
 }
@@ -767,7 +775,8 @@ impl Scheduler {
 
     /// Queues the scheduled nodes, copying tensors across devices on demand (a graph without
     /// copies queues launches only, which a capture can record). Runs of `mul_mat` nodes reading
-    /// the same activations (the q, k and v projections) are offered to the device as one group.
+    /// the same activations (the q, k and v projections), and pairs of ropes or KV writes, are offered
+    /// to the device as one group.
     fn launch_nodes(&mut self, graph: &Graph, prep: &Prepared) -> Result<()> {
         let nodes = graph.tensors();
         let nd = self.devices.len();
@@ -778,7 +787,7 @@ impl Scheduler {
             let d = *d;
             let mut j = 0;
             while j < ids.len() {
-                let run = mul_mat_run(nodes, &ids[j..]);
+                let run = group_run(nodes, &ids[j..]);
                 for &id in &ids[j..j + run] {
                     self.copy_in(graph, prep, &mut valid, &mut staging, id, d)?;
                 }
@@ -799,6 +808,12 @@ impl Scheduler {
                         });
                     }
                     grouped = self.devices[d].launch_group(self.streams[d].as_ref(), &group)?;
+                }
+                for &id in &ids[j..j + grouped] {
+                    if nodes[id.index()].op == Op::SetRows {
+                        let r = graph.storage_root(id).0.index();
+                        valid[r * nd..(r + 1) * nd].fill(false);
+                    }
                 }
                 for &id in &ids[j + grouped..j + run] {
                     let t = &nodes[id.index()];

@@ -91,14 +91,15 @@ RF_KERNEL void rms_norm_q8_f32(const float* __restrict__ x, const float* __restr
 // ggml's rope: extrap = pos * base^(-2i/n_dims) / (freq_factors ? freq_factors[i] : 1),
 // interp = freq_scale * extrap, and with YaRN (ext_factor != 0) a blend of the two by the ramp
 // over the correction dims [corr_lo, corr_hi]; cos/sin are multiplied by `mscale` (the host
-// folds YaRN's magnitude correction into it). One thread per pair.
-RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, int n_heads, int head_dim,
-                        int n_dims, long long x_stride, long long y_stride, float base, float freq_scale,
-                        const float* __restrict__ freq_factors, int neox, int n_rows, float ext_factor,
-                        float mscale, float corr_lo, float corr_hi) {
+// folds YaRN's magnitude correction into it). One thread per pair; `rope_pair` computes pair `t`
+// (flat index over the rows).
+static __device__ __forceinline__ void rope_pair(long long t, const float* x, float* y, const int* __restrict__ pos,
+                                                 int n_heads, int head_dim, int n_dims, long long x_stride,
+                                                 long long y_stride, float base, float freq_scale,
+                                                 const float* __restrict__ freq_factors, int neox, int n_rows,
+                                                 float ext_factor, float mscale, float corr_lo, float corr_hi) {
     const int half_dims = n_dims / 2;
     const int pairs_per_row = head_dim / 2;
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n_rows * pairs_per_row) return;
     const int r = (int)(t / pairs_per_row);
     const int i = (int)(t % pairs_per_row);
@@ -131,6 +132,32 @@ RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, i
     const float a = xr[i0], b = xr[i1];
     yr[i0] = a * c - b * s;
     yr[i1] = a * s + b * c;
+}
+
+RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, int n_heads, int head_dim,
+                        int n_dims, long long x_stride, long long y_stride, float base, float freq_scale,
+                        const float* __restrict__ freq_factors, int neox, int n_rows, float ext_factor,
+                        float mscale, float corr_lo, float corr_hi) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    rope_pair(t, x, y, pos, n_heads, head_dim, n_dims, x_stride, y_stride, base, freq_scale, freq_factors, neox,
+              n_rows, ext_factor, mscale, corr_lo, corr_hi);
+}
+
+// Two `rope_f32`s of one position vector and one set of parameters (the queries and keys of a
+// layer) in one launch: threads [0, n_rows0 * head_dim / 2) take x0, the rest x1; outputs dense.
+RF_KERNEL void rope2_f32(const float* x0, float* y0, int n_heads0, long long x_stride0, int n_rows0,
+                         const float* x1, float* y1, int n_heads1, long long x_stride1, int n_rows1,
+                         const int* __restrict__ pos, int head_dim, int n_dims, float base, float freq_scale,
+                         const float* __restrict__ freq_factors, int neox, float ext_factor, float mscale,
+                         float corr_lo, float corr_hi) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long first = (long long)n_rows0 * (head_dim / 2);
+    if (t < first)
+        rope_pair(t, x0, y0, pos, n_heads0, head_dim, n_dims, x_stride0, head_dim, base, freq_scale, freq_factors,
+                  neox, n_rows0, ext_factor, mscale, corr_lo, corr_hi);
+    else
+        rope_pair(t - first, x1, y1, pos, n_heads1, head_dim, n_dims, x_stride1, head_dim, base, freq_scale,
+                  freq_factors, neox, n_rows1, ext_factor, mscale, corr_lo, corr_hi);
 }
 
 // y[r, :] = softmax(x[r, :] * scale + (mask ? mask[(r % mask_rows), :] : 0)). One block per row.
@@ -244,6 +271,39 @@ RF_KERNEL void set_rows_f16(const float* src, const int* idx, __half* dst, int n
 RF_KERNEL void set_rows_f32(const float* src, const int* idx, float* dst, int ncols, int nrows,
                             long long src_stride, long long dst_stride) {
     set_rows<float>(src, idx, dst, ncols, nrows, src_stride, dst_stride);
+}
+
+// Two `set_rows` of one index vector (a layer's K and V rows) in one launch: threads
+// [0, ncols0 * nrows) write dst0, the rest dst1.
+template <typename O>
+static __device__ __forceinline__ void set_rows2(const float* src0, O* dst0, int ncols0, long long src_stride0,
+                                                 long long dst_stride0, const float* src1, O* dst1, int ncols1,
+                                                 long long src_stride1, long long dst_stride1, const int* idx,
+                                                 int nrows) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long first = (long long)ncols0 * nrows;
+    if (t < first) {
+        const long long r = t / ncols0, c = t % ncols0;
+        dst0[(long long)idx[r] * dst_stride0 + c] = to_cache<O>(src0[r * src_stride0 + c]);
+    } else if (t - first < (long long)ncols1 * nrows) {
+        const long long u = t - first;
+        const long long r = u / ncols1, c = u % ncols1;
+        dst1[(long long)idx[r] * dst_stride1 + c] = to_cache<O>(src1[r * src_stride1 + c]);
+    }
+}
+
+RF_KERNEL void set_rows2_f16(const float* src0, __half* dst0, int ncols0, long long src_stride0,
+                             long long dst_stride0, const float* src1, __half* dst1, int ncols1,
+                             long long src_stride1, long long dst_stride1, const int* idx, int nrows) {
+    set_rows2<__half>(src0, dst0, ncols0, src_stride0, dst_stride0, src1, dst1, ncols1, src_stride1, dst_stride1,
+                      idx, nrows);
+}
+
+RF_KERNEL void set_rows2_f32(const float* src0, float* dst0, int ncols0, long long src_stride0,
+                             long long dst_stride0, const float* src1, float* dst1, int ncols1,
+                             long long src_stride1, long long dst_stride1, const int* idx, int nrows) {
+    set_rows2<float>(src0, dst0, ncols0, src_stride0, dst_stride0, src1, dst1, ncols1, src_stride1, dst_stride1,
+                     idx, nrows);
 }
 
 // Index of the largest value of each row (the first one on ties; NaN never wins). One block per

@@ -398,6 +398,7 @@ kernel_ids! {
     RmsNormF32 => Ops, "rms_norm_f32";
     RmsNormQ8F32 => Ops, "rms_norm_q8_f32";
     RopeF32 => Ops, "rope_f32";
+    Rope2F32 => Ops, "rope2_f32";
     SoftmaxF32 => Ops, "softmax_f32";
     ActF32 => Ops, "act_f32";
     BinaryF32 => Ops, "binary_f32";
@@ -406,6 +407,8 @@ kernel_ids! {
     KvWriteF32 => Ops, "kv_write_f32";
     SetRowsF16 => Ops, "set_rows_f16";
     SetRowsF32 => Ops, "set_rows_f32";
+    SetRows2F16 => Ops, "set_rows2_f16";
+    SetRows2F32 => Ops, "set_rows2_f32";
     ArgmaxF32 => Ops, "argmax_f32";
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";
@@ -490,6 +493,13 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::RopeF32 => &[
             Ptr, Ptr, Ptr, I32, I32, I32, I64, I64, F32, F32, Ptr, I32, I32, F32, F32, F32, F32,
         ],
+        K::Rope2F32 => &[
+            Ptr, Ptr, I32, I64, I32, Ptr, Ptr, I32, I64, I32, Ptr, I32, I32, F32, F32, Ptr, I32,
+            F32, F32, F32, F32,
+        ],
+        K::SetRows2F16 | K::SetRows2F32 => {
+            &[Ptr, Ptr, I32, I64, I64, Ptr, Ptr, I32, I64, I64, Ptr, I32]
+        }
         K::SoftmaxF32 => &[Ptr, Ptr, Ptr, I32, I64, I64, I64, I32, F32],
         K::ActF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, I32],
         K::BinaryF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, I32, I32, I32],

@@ -1,5 +1,6 @@
-//! Grouped decode mat-vecs: the q, k and v projections of a decode step (`mul_mat` nodes reading
-//! the same activations) in one launch of a `*_multi` kernel instead of three.
+//! Grouped launches: the q, k and v projections of a decode step (`mul_mat` nodes reading the
+//! same activations) in one launch of a `*_multi` kernel instead of three, the q and k ropes in
+//! one `rope2_f32` and the K and V cache writes in one `set_rows2_*`.
 
 use gpu_mem::MemRange;
 
@@ -7,7 +8,9 @@ use super::ops::{supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS};
 use super::{addr, HipDevice};
 use crate::backend::GroupNode;
 use crate::error::Result;
-use crate::tensor::{Op, Tensor};
+use kernels::KernelId;
+
+use crate::tensor::{DType, Op, RopeMode, Tensor};
 
 /// Nodes one `*_multi` launch takes at most.
 const GROUP_MAX: usize = 3;
@@ -35,9 +38,130 @@ fn joins(first: &GroupNode<'_>, t: &GroupNode<'_>) -> bool {
         && x.tensor.nb == x0.tensor.nb
 }
 
-/// Queues the longest leading run of `group` the `*_multi` kernels take (two or three nodes) as
-/// one launch and returns its length; 0 when fewer than two qualify.
+/// Queues the longest leading run of `group` one grouped kernel takes (at least two nodes) as one
+/// launch and returns its length; 0 when fewer than two qualify.
 pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let n = match group.first().map(|g| &g.tensor.op) {
+        Some(Op::MulMat) => mat_vecs(d, group)?,
+        Some(Op::Rope(_)) => ropes(d, group)?,
+        Some(Op::SetRows) => set_rows(d, group)?,
+        _ => 0,
+    };
+    if n > 0 {
+        d.inner
+            .grouped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(n)
+}
+
+/// True when `g` passes the backend's own checks for its op.
+fn supported(g: &GroupNode<'_>) -> bool {
+    let ts: Vec<&Tensor> = g.srcs.iter().map(|m| m.tensor).collect();
+    supports(g.tensor, &ts)
+}
+
+fn elems(bytes: usize, t: &Tensor) -> i64 {
+    (bytes / t.dtype.type_size()) as i64
+}
+
+/// Two ropes of the same parameters, positions and factors over rows of one length (queries
+/// and keys), dense outputs.
+fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [a, b, ..] = group else { return Ok(0) };
+    let Op::Rope(p) = a.tensor.op else {
+        return Ok(0);
+    };
+    let (xa, xb) = (a.srcs[0].tensor, b.srcs[0].tensor);
+    let ok = b.tensor.op == a.tensor.op
+        && supported(a)
+        && supported(b)
+        && a.srcs.len() == b.srcs.len()
+        && xa.ne[0] == xb.ne[0]
+        && a.tensor.is_contiguous()
+        && b.tensor.is_contiguous()
+        && a.srcs[1..]
+            .iter()
+            .zip(&b.srcs[1..])
+            .all(|(u, v)| std::ptr::eq(u.buffer, v.buffer) && u.offset == v.offset);
+    if !ok {
+        return Ok(0);
+    }
+    let mut args = Args::new();
+    for (g, x) in [(a, xa), (b, xb)] {
+        let out = addr(&g.dst)?;
+        d.inner.q8.lock().written(out.addr(), out.len());
+        args.push(addr(&g.srcs[0])?)
+            .push(out)
+            .push(x.ne[1] as i32)
+            .push(elems(x.nb[1], x))
+            .push(x.nrows() as i32);
+    }
+    let ff = match a.srcs.get(2) {
+        Some(m) => Some(addr(m)?),
+        None => None,
+    };
+    let corr = p.yarn_corr_dims();
+    args.push(addr(&a.srcs[1])?)
+        .push(xa.ne[0] as i32)
+        .push(p.n_dims as i32)
+        .push(p.freq_base)
+        .push(p.freq_scale)
+        .push(ff)
+        .push(i32::from(p.mode == RopeMode::Neox))
+        .push(p.ext_factor)
+        .push(p.mscale())
+        .push(corr[0])
+        .push(corr[1]);
+    let pairs = (xa.nrows() + xb.nrows()) * xa.ne[0] / 2;
+    d.launch_kernel(
+        KernelId::Rope2F32,
+        [pairs.div_ceil(256) as u32, 1, 1],
+        256,
+        &args.0,
+    )?;
+    Ok(2)
+}
+
+/// Two `set_rows` of the same indices and row count into caches of one type (K and V).
+fn set_rows(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [a, b, ..] = group else { return Ok(0) };
+    let (sa, sb) = (a.srcs[0].tensor, b.srcs[0].tensor);
+    let ok = b.tensor.op == Op::SetRows
+        && supported(a)
+        && supported(b)
+        && a.tensor.dtype == b.tensor.dtype
+        && sa.ne[1] == sb.ne[1]
+        && std::ptr::eq(a.srcs[1].buffer, b.srcs[1].buffer)
+        && a.srcs[1].offset == b.srcs[1].offset;
+    if !ok {
+        return Ok(0);
+    }
+    let kid = if a.tensor.dtype == DType::F16 {
+        KernelId::SetRows2F16
+    } else {
+        KernelId::SetRows2F32
+    };
+    let mut args = Args::new();
+    for (g, s) in [(a, sa), (b, sb)] {
+        let out = addr(&g.dst)?;
+        d.inner.q8.lock().written(out.addr(), out.len());
+        args.push(addr(&g.srcs[0])?)
+            .push(out)
+            .push(s.ne[0] as i32)
+            .push(elems(s.nb[1], s))
+            .push(elems(g.tensor.nb[1], g.tensor));
+    }
+    let n = sa.ne[1];
+    args.push(addr(&a.srcs[1])?).push(n as i32);
+    let total = n * (sa.ne[0] + sb.ne[0]);
+    d.launch_kernel(kid, [total.div_ceil(256) as u32, 1, 1], 256, &args.0)?;
+    Ok(2)
+}
+
+/// Up to three decode mat-vecs of one weight type and row length on the same activations (the
+/// `*_multi` kernels); returns how many leading nodes it launched, 0 when fewer than two fit.
+fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let Some(first) = group.first() else {
         return Ok(0);
     };
@@ -98,9 +222,5 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         &a.0,
     );
     drop(cache);
-    r?;
-    d.inner
-        .grouped
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Ok(n)
+    r.map(|()| n)
 }
