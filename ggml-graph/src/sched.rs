@@ -42,16 +42,30 @@ fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
         Op::Rope(_) | Op::SetRows => 2,
         _ => return 1,
     };
+    // A node reading an earlier node of the run (directly or through views) must wait for it.
+    let reads = |run: &[TensorId], mut id: TensorId| loop {
+        if run.contains(&id) {
+            return true;
+        }
+        match nodes[id.index()].view_of {
+            Some((p, _)) => id = p,
+            None => return false,
+        }
+    };
+    let mut run = vec![ids[0]];
     1 + ids[1..]
         .iter()
         .take(max - 1)
-        .take_while(|id| {
+        .take_while(|&&id| {
             let t = &nodes[id.index()];
-            match first.op {
-                Op::MulMat => t.op == Op::MulMat && t.src.get(1) == first.src.get(1),
-                Op::Rope(_) => t.op == first.op && t.src[1..] == first.src[1..],
-                _ => t.op == Op::SetRows && t.src.get(2) == first.src.get(2),
-            }
+            let reads_run = t.src.iter().any(|&s| reads(&run, s));
+            run.push(id);
+            !reads_run
+                && match first.op {
+                    Op::MulMat => t.op == Op::MulMat && t.src.get(1) == first.src.get(1),
+                    Op::Rope(_) => t.op == first.op && t.src[1..] == first.src[1..],
+                    _ => t.op == Op::SetRows && t.src.get(2) == first.src.get(2),
+                }
         })
         .count()
 }

@@ -6,8 +6,13 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{BufferType, CpuDevice, Device, DummyDevice, Stream, TensorMem};
-use ggml_graph::{CpuBackend, DType, Graph, Op, Result, Scheduler, Tensor, TensorId, WeightBytes};
+use ggml_graph::backend::{
+    BufferType, CpuDevice, Device, DummyDevice, GroupNode, Stream, TensorMem,
+};
+use ggml_graph::{
+    CpuBackend, DType, Graph, Op, Result, RopeMode, RopeParams, Scheduler, Tensor, TensorId,
+    WeightBytes,
+};
 
 /// A CPU device that only accepts some ops: stands in for a GPU backend with partial coverage.
 struct Partial {
@@ -168,4 +173,110 @@ fn unsupported_everywhere_is_an_error() {
     let mut s = Scheduler::new(vec![dummy]).unwrap();
     let err = s.run(&g, &[(x, &f32_bytes(&[1.0; 4]))]).unwrap_err();
     assert!(err.to_string().contains("no device supports"), "{err}");
+}
+
+/// A CPU device that records the groups the scheduler offers it and launches none of them.
+struct Grouping {
+    inner: CpuDevice,
+    offered: parking_lot::Mutex<Vec<Vec<&'static str>>>,
+}
+
+impl Device for Grouping {
+    fn name(&self) -> &str {
+        "grouping-cpu"
+    }
+    fn buffer_type(&self) -> &dyn BufferType {
+        self.inner.buffer_type()
+    }
+    fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
+        self.inner.supports_op(t, srcs)
+    }
+    fn new_stream(&self) -> Result<Box<dyn Stream>> {
+        self.inner.new_stream()
+    }
+    fn launch(
+        &self,
+        s: &dyn Stream,
+        t: &Tensor,
+        dst: TensorMem<'_>,
+        srcs: &[TensorMem<'_>],
+    ) -> Result<()> {
+        self.inner.launch(s, t, dst, srcs)
+    }
+    fn launch_group(&self, _s: &dyn Stream, group: &[GroupNode<'_>]) -> Result<usize> {
+        self.offered
+            .lock()
+            .push(group.iter().map(|g| g.tensor.op.name()).collect());
+        Ok(0)
+    }
+}
+
+/// The scheduler offers q/k/v mat-vecs on one input, rope pairs of the same positions and
+/// set_rows pairs of the same indices as groups, never a node that reads an earlier one of the
+/// run; a device that takes none still gets every node launched one by one.
+#[test]
+fn scheduler_offers_independent_runs_as_groups() {
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[256, 1]).unwrap();
+    let pos = g.input("pos", DType::I32, &[1]).unwrap();
+    let w = |g: &mut Graph, name: &str, n: usize| g.weight(name, DType::Q8_0, &[256, n]).unwrap();
+    let (wq, wk, wv, wa) = (
+        w(&mut g, "wq", 128),
+        w(&mut g, "wk", 64),
+        w(&mut g, "wv", 64),
+        w(&mut g, "wa", 256),
+    );
+    let q = g.mul_mat(wq, x).unwrap();
+    let k = g.mul_mat(wk, x).unwrap();
+    let v = g.mul_mat(wv, x).unwrap();
+    let q3 = g.reshape(q, &[64, 2, 1]).unwrap();
+    let k3 = g.reshape(k, &[64, 1, 1]).unwrap();
+    let rp = RopeParams::new(RopeMode::Normal, 64, 10000.0, 1.0);
+    let rq = g.rope(q3, pos, rp, None).unwrap();
+    let rk = g.rope(k3, pos, rp, None).unwrap();
+    let ck = g.persistent("ck", DType::F16, &[64, 4]).unwrap();
+    let cv = g.persistent("cv", DType::F16, &[64, 4]).unwrap();
+    let rk2 = g.reshape(rk, &[64, 1]).unwrap();
+    g.set_rows(ck, rk2, pos).unwrap();
+    g.set_rows(cv, v, pos).unwrap();
+    // Chains: the second of each pair reads the first.
+    let a = g.mul_mat(wa, x).unwrap();
+    let b = g.mul_mat(a, x).unwrap();
+    let r1 = g.rope(q3, pos, rp, None).unwrap();
+    let r2 = g.rope(r1, pos, rp, None).unwrap();
+    for o in [rq, b, r2] {
+        g.mark_output(o).unwrap();
+    }
+    let dev = Arc::new(Grouping {
+        inner: cpu(),
+        offered: parking_lot::Mutex::new(Vec::new()),
+    });
+    let mut s = Scheduler::new(vec![dev.clone() as Arc<dyn Device>]).unwrap();
+    let mut rng = Rng::new(7);
+    for (name, n) in [("wq", 128), ("wk", 64), ("wv", 64), ("wa", 256)] {
+        let bytes = random_weights(&mut rng, DType::Q8_0, 256 * n);
+        s.bind_weight(name, DType::Q8_0, &[256, n], WeightBytes::from_vec(bytes))
+            .unwrap();
+    }
+    let xs = f32_bytes(
+        &(0..256)
+            .map(|i| (i as f32 * 0.01).sin())
+            .collect::<Vec<_>>(),
+    );
+    let ps = i32_bytes(&[2]);
+    s.run(&g, &[(x, &xs), (pos, &ps)]).unwrap();
+    assert_eq!(
+        *dev.offered.lock(),
+        vec![
+            vec!["mul_mat", "mul_mat", "mul_mat"],
+            vec!["rope", "rope"],
+            vec!["set_rows", "set_rows"],
+        ]
+    );
+    // Every node still ran one by one: the chained rope's second pass did rotate again.
+    let once = s.output_f32(rq).unwrap();
+    let twice = s.output_f32(r2).unwrap();
+    assert_eq!(twice.len(), 128);
+    assert!(twice.iter().all(|v| v.is_finite()));
+    assert_ne!(once, twice);
 }
