@@ -589,27 +589,29 @@ fn attention(
             .iter()
             .all(|&b| b % (vec * es) == 0)
         && (k_addr | v_addr) % 16 == 0;
+    // The kernels' shared parameter block; only the key split differs between them.
+    let attn_params = |split_len: usize| AttnParams {
+        n_tokens: n_tok as i32,
+        n_heads: n_heads as i32,
+        n_kv_heads: n_kv_heads as i32,
+        head_dim: hd as i32,
+        n_kv: n_kv as i32,
+        causal: i32::from(p.causal),
+        window: p.window.unwrap_or(0) as i32,
+        split_len: split_len as i32,
+        q_tok_stride: (q.nb[2] / 4) as i64,
+        q_head_stride: (q.nb[1] / 4) as i64,
+        k_pos_stride: (k.nb[2] / es) as i64,
+        k_head_stride: (k.nb[1] / es) as i64,
+        v_pos_stride: (v.nb[2] / es) as i64,
+        v_head_stride: (v.nb[1] / es) as i64,
+        o_tok_stride: (t.nb[2] / 4) as i64,
+        o_head_stride: (t.nb[1] / 4) as i64,
+        scale: p.scale,
+        phase: 0,
+    };
     if dec_ok {
-        let params = AttnParams {
-            n_tokens: n_tok as i32,
-            n_heads: n_heads as i32,
-            n_kv_heads: n_kv_heads as i32,
-            head_dim: hd as i32,
-            n_kv: n_kv as i32,
-            causal: i32::from(p.causal),
-            window: p.window.unwrap_or(0) as i32,
-            split_len: n_kv as i32,
-            q_tok_stride: (q.nb[2] / 4) as i64,
-            q_head_stride: (q.nb[1] / 4) as i64,
-            k_pos_stride: (k.nb[2] / es) as i64,
-            k_head_stride: (k.nb[1] / es) as i64,
-            v_pos_stride: (v.nb[2] / es) as i64,
-            v_head_stride: (v.nb[1] / es) as i64,
-            o_tok_stride: (t.nb[2] / 4) as i64,
-            o_head_stride: (t.nb[1] / 4) as i64,
-            scale: p.scale,
-            phase: 0,
-        };
+        let params = attn_params(n_kv);
         let kid = if k.dtype == DType::F16 {
             KernelId::AttnDecF16
         } else {
@@ -664,26 +666,7 @@ fn attention(
         ),
         None => None,
     };
-    let params = AttnParams {
-        n_tokens: n_tok as i32,
-        n_heads: n_heads as i32,
-        n_kv_heads: n_kv_heads as i32,
-        head_dim: hd as i32,
-        n_kv: n_kv as i32,
-        causal: i32::from(p.causal),
-        window: p.window.unwrap_or(0) as i32,
-        split_len: split_len as i32,
-        q_tok_stride: (q.nb[2] / 4) as i64,
-        q_head_stride: (q.nb[1] / 4) as i64,
-        k_pos_stride: (k.nb[2] / es) as i64,
-        k_head_stride: (k.nb[1] / es) as i64,
-        v_pos_stride: (v.nb[2] / es) as i64,
-        v_head_stride: (v.nb[1] / es) as i64,
-        o_tok_stride: (t.nb[2] / 4) as i64,
-        o_head_stride: (t.nb[1] / 4) as i64,
-        scale: p.scale,
-        phase: 0,
-    };
+    let params = attn_params(split_len);
     let nw = 4u32;
     let rows = (n_tok * (n_heads / n_kv_heads)) as u32;
     let kid = if k.dtype == DType::F16 {
