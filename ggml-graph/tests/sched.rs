@@ -6,9 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{
-    BufferType, CpuDevice, Device, DummyDevice, GroupNode, Stream, TensorMem,
-};
+use ggml_graph::backend::{CpuDevice, Device, DummyDevice, GroupNode, Stream, TensorMem};
 use ggml_graph::{
     CpuBackend, DType, Graph, Op, Result, RopeMode, RopeParams, Scheduler, Tensor, TensorId,
     WeightBytes,
@@ -24,15 +22,10 @@ impl Device for Partial {
     fn name(&self) -> &str {
         "partial-cpu"
     }
-    fn buffer_type(&self) -> &dyn BufferType {
-        self.inner.buffer_type()
-    }
     fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
         (self.accept)(&t.op) && self.inner.supports_op(t, srcs)
     }
-    fn new_stream(&self) -> Result<Box<dyn Stream>> {
-        self.inner.new_stream()
-    }
+    forward_device!(inner);
     fn launch(
         &self,
         s: &dyn Stream,
@@ -185,24 +178,7 @@ impl Device for Grouping {
     fn name(&self) -> &str {
         "grouping-cpu"
     }
-    fn buffer_type(&self) -> &dyn BufferType {
-        self.inner.buffer_type()
-    }
-    fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
-        self.inner.supports_op(t, srcs)
-    }
-    fn new_stream(&self) -> Result<Box<dyn Stream>> {
-        self.inner.new_stream()
-    }
-    fn launch(
-        &self,
-        s: &dyn Stream,
-        t: &Tensor,
-        dst: TensorMem<'_>,
-        srcs: &[TensorMem<'_>],
-    ) -> Result<()> {
-        self.inner.launch(s, t, dst, srcs)
-    }
+    forward_device!(inner, all);
     fn launch_group(&self, _s: &dyn Stream, group: &[GroupNode<'_>]) -> Result<usize> {
         self.offered
             .lock()

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{BufferType, CpuDevice, Device, Stream, TensorMem};
+use ggml_graph::backend::{CpuDevice, Device, Stream, TensorMem};
 use ggml_graph::{
     Captured, CpuBackend, DType, Graph, GraphError, Result, Scheduler, Tensor, TensorId,
 };
@@ -45,14 +45,9 @@ impl Device for Recorder {
     fn name(&self) -> &str {
         "recorder"
     }
-    fn buffer_type(&self) -> &dyn BufferType {
-        self.inner.buffer_type()
-    }
+    forward_device!(inner);
     fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
         self.inner.supports_op(t, srcs)
-    }
-    fn new_stream(&self) -> Result<Box<dyn Stream>> {
-        self.inner.new_stream()
     }
     fn launch(
         &self,

@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{BufferType, CpuDevice, Device, Stream, TensorMem};
+use ggml_graph::backend::{CpuDevice, Device};
 use ggml_graph::sched::PlacementRule;
-use ggml_graph::{CpuBackend, DType, Graph, Result, Scheduler, Tensor, TensorId, WeightBytes};
+use ggml_graph::{CpuBackend, DType, Graph, Scheduler, TensorId, WeightBytes};
 
 /// A CPU device under another name (each scheduler device needs its own buffers).
 struct Named(&'static str, CpuDevice);
@@ -19,24 +19,7 @@ impl Device for Named {
     fn name(&self) -> &str {
         self.0
     }
-    fn buffer_type(&self) -> &dyn BufferType {
-        self.1.buffer_type()
-    }
-    fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
-        self.1.supports_op(t, srcs)
-    }
-    fn new_stream(&self) -> Result<Box<dyn Stream>> {
-        self.1.new_stream()
-    }
-    fn launch(
-        &self,
-        s: &dyn Stream,
-        t: &Tensor,
-        dst: TensorMem<'_>,
-        srcs: &[TensorMem<'_>],
-    ) -> Result<()> {
-        self.1.launch(s, t, dst, srcs)
-    }
+    forward_device!(1, all);
 }
 
 fn dev(name: &'static str) -> Arc<dyn Device> {

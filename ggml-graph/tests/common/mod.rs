@@ -4,6 +4,8 @@
 
 #![allow(
     dead_code,
+    unused_macros,
+    unused_imports,
     reason = "each test binary uses a different subset of the helpers"
 )]
 
@@ -145,3 +147,32 @@ pub fn decoded(ty: DType, bytes: &[u8], k: usize) -> Vec<f64> {
     }
     out
 }
+
+/// The `Device` methods a scheduler test double hands unchanged to the device in its field
+/// `$inner`: `buffer_type` and `new_stream`, plus `supports_op` and `launch` with `all`.
+macro_rules! forward_device {
+    ($inner:tt) => {
+        fn buffer_type(&self) -> &dyn ggml_graph::backend::BufferType {
+            self.$inner.buffer_type()
+        }
+        fn new_stream(&self) -> ggml_graph::Result<Box<dyn ggml_graph::backend::Stream>> {
+            self.$inner.new_stream()
+        }
+    };
+    ($inner:tt, all) => {
+        forward_device!($inner);
+        fn supports_op(&self, t: &ggml_graph::Tensor, srcs: &[&ggml_graph::Tensor]) -> bool {
+            self.$inner.supports_op(t, srcs)
+        }
+        fn launch(
+            &self,
+            s: &dyn ggml_graph::backend::Stream,
+            t: &ggml_graph::Tensor,
+            dst: ggml_graph::backend::TensorMem<'_>,
+            srcs: &[ggml_graph::backend::TensorMem<'_>],
+        ) -> ggml_graph::Result<()> {
+            self.$inner.launch(s, t, dst, srcs)
+        }
+    };
+}
+pub(crate) use forward_device;
