@@ -202,6 +202,11 @@ mod gpu {
 
     /// True when the GPU runs every fused node the optimizer makes of `worst`.
     fn gpu_runs_fused_nodes(hip: &HipDevice, worst: &Graph) -> bool {
+        // ROCMFORGE_GPU_FUSE=0 keeps the GPU graph unfused, to tell a fused kernel's numerics or
+        // speed from the plain ops' (as ROCMFORGE_GPU_GROUP=0 does for launch groups).
+        if std::env::var("ROCMFORGE_GPU_FUSE").is_ok_and(|v| v == "0") {
+            return false;
+        }
         let mut g = worst.clone();
         ggml_graph::opt::optimize(&mut g);
         let nodes = g.tensors();
