@@ -29,10 +29,16 @@ const STEPS: usize = 64;
 /// H200; a wrong rope, norm or cache row moves them by far more).
 const SYNTH_TOL: f32 = 0.1;
 
-fn synth(arch: &str) -> Model {
+/// A folder for the files the tests write (created here: on a GPU machine the test binary runs
+/// without the build tree it was compiled in).
+fn scratch_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpu-model");
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(format!("synth-{arch}.gguf"));
+    dir
+}
+
+fn synth(arch: &str) -> Model {
+    let path = scratch_dir().join(format!("synth-{arch}.gguf"));
     model::synth::write_model(arch, &path, 7).expect("write synthetic model");
     Model::load(&path, |_, _| {}).expect("load")
 }
@@ -385,7 +391,7 @@ fn gemma3_270m_gpu_perplexity_matches_the_cpu() {
 
     let n_ctx = 128;
     let gpu = window_ppl(tm.model(), DeviceChoice::Gpu, &tokens, n_ctx, 20, bos);
-    let f16_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gemma-dequant-f16.gguf");
+    let f16_path = scratch_dir().join("gemma-dequant-f16.gguf");
     write_dequantized_f16_copy(&path, &f16_path);
     let f16_model = Model::load(&f16_path, |_, _| {}).expect("load the f16 copy");
     let cpu = window_ppl(&f16_model, DeviceChoice::Cpu, &tokens, n_ctx, 20, bos);
