@@ -23,6 +23,7 @@
 //!   Replays are checked by `gpu-mem` (every allocation the recording uses must still be live,
 //!   else an error); the scheduler drops a recording before reallocating its arena.
 
+mod attn;
 mod group;
 mod ops;
 mod profile;

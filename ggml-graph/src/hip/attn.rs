@@ -1,0 +1,299 @@
+//! Attention on the HIP device: the one-launch decode kernel, the split-key kernel for long
+//! caches and, for longer prompts with an f16 cache, tensor-core GEMMs with a masked softmax.
+
+use gpu_mem::{GemmShape, KernelArg, MemRange, Op as BlasOp};
+use kernels::{AttnParams, KernelId};
+
+use super::ops::{blocks, Args, ALIGN, MATVEC_MAX_COLS};
+use super::{addr, gpu_err, HipDevice};
+use crate::backend::TensorMem;
+use crate::error::Result;
+use crate::tensor::{DType, Tensor};
+
+/// KV length from which single-token attention splits the keys across blocks.
+const SPLIT_K_FROM: usize = 512;
+const SPLIT_LEN: usize = 256;
+/// Query tokens from which f16-cache attention runs as GEMMs (`attention_gemm`).
+const ATTN_GEMM_FROM: usize = 16;
+/// Query tokens per `attention_gemm` chunk, at most (fewer when scores would pass the scratch cap).
+const ATTN_GEMM_CHUNK: usize = 512;
+/// Scratch for one chunk's scores (f32) and probabilities (f16), at most.
+const ATTN_GEMM_SCRATCH: usize = 64 << 20;
+
+pub(super) fn attention(
+    d: &HipDevice,
+    t: &Tensor,
+    p: &crate::tensor::AttnParams,
+    srcs: &[TensorMem<'_>],
+    out: MemRange<'_>,
+    warp: u32,
+) -> Result<()> {
+    let (q, k, v) = (srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
+    let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
+    let (n_kv_heads, n_kv) = (k.ne[1], k.ne[2]);
+    let es = k.dtype.type_size();
+    if n_tok >= ATTN_GEMM_FROM && k.dtype == DType::F16 && n_kv > 0 {
+        return attention_gemm(d, t, p, srcs, out);
+    }
+    // Few query tokens (decode) over a cache the vector loads can read: one launch, one block
+    // per (head, token).
+    let vec = if k.dtype == DType::F16 { 8 } else { 4 };
+    let (k_addr, v_addr) = (addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr());
+    let dec_ok = n_kv <= kernels::ATTN_DEC_MAX_KV
+        && hd % vec == 0
+        && [k.nb[1], k.nb[2], v.nb[1], v.nb[2]]
+            .iter()
+            .all(|&b| b % (vec * es) == 0)
+        && (k_addr | v_addr) % 16 == 0;
+    // The kernels' shared parameter block; only the key split differs between them.
+    let attn_params = |split_len: usize| AttnParams {
+        n_tokens: n_tok as i32,
+        n_heads: n_heads as i32,
+        n_kv_heads: n_kv_heads as i32,
+        head_dim: hd as i32,
+        n_kv: n_kv as i32,
+        causal: i32::from(p.causal),
+        window: p.window.unwrap_or(0) as i32,
+        split_len: split_len as i32,
+        q_tok_stride: (q.nb[2] / 4) as i64,
+        q_head_stride: (q.nb[1] / 4) as i64,
+        k_pos_stride: (k.nb[2] / es) as i64,
+        k_head_stride: (k.nb[1] / es) as i64,
+        v_pos_stride: (v.nb[2] / es) as i64,
+        v_head_stride: (v.nb[1] / es) as i64,
+        o_tok_stride: (t.nb[2] / 4) as i64,
+        o_head_stride: (t.nb[1] / 4) as i64,
+        scale: p.scale,
+        phase: 0,
+    };
+    if dec_ok {
+        let params = attn_params(n_kv);
+        let kid = if k.dtype == DType::F16 {
+            KernelId::AttnDecF16
+        } else {
+            KernelId::AttnDecF32
+        };
+        // Decode: the output also goes out quantized for the projection that reads it.
+        let ncols = n_heads * hd;
+        let quantize =
+            n_tok <= MATVEC_MAX_COLS && hd % 32 == 0 && t.nb[1] == hd * 4 && t.nb[2] == ncols * 4;
+        let mut cache = d.inner.q8.lock();
+        let q8 = if quantize {
+            Some(cache.ensure(d, ncols, n_tok)?)
+        } else {
+            None
+        };
+        let mut a = Args::new();
+        a.push(addr(&srcs[0])?)
+            .push(addr(&srcs[1])?)
+            .push(addr(&srcs[2])?)
+            .push(addr(&srcs[3])?)
+            .push(out)
+            .push(q8.as_ref().map(|b| MemRange::of_buffer(b)))
+            .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
+        d.launch_kernel(
+            kid,
+            [n_heads as u32, n_tok as u32, 1],
+            kernels::ATTN_DEC_THREADS,
+            &a.0,
+        )?;
+        if quantize {
+            cache.holds(&out, ncols, n_tok);
+        }
+        return Ok(());
+    }
+    let split_len = if n_tok == 1 && n_kv >= SPLIT_K_FROM {
+        SPLIT_LEN
+    } else {
+        n_kv.max(1)
+    };
+    let splits = n_kv.max(1).div_ceil(split_len);
+    let part_bytes = splits * n_tok * n_heads * (hd + 2) * 4;
+    let part_buf = if splits > 1 {
+        Some(d.scratch(part_bytes)?)
+    } else {
+        None
+    };
+    let part = match &part_buf {
+        Some(b) => Some(
+            MemRange::of_buffer(b)
+                .sub(0, part_bytes)
+                .map_err(|e| gpu_err("attention", e))?,
+        ),
+        None => None,
+    };
+    let params = attn_params(split_len);
+    let nw = 4u32;
+    let rows = (n_tok * (n_heads / n_kv_heads)) as u32;
+    let kid = if k.dtype == DType::F16 {
+        KernelId::AttnF16
+    } else {
+        KernelId::AttnF32
+    };
+    // Split-K takes two launches (see `AttnParams::phase`): split maxima and sums, then outputs.
+    let phases: &[i32] = if splits > 1 { &[1, 2] } else { &[0] };
+    for &phase in phases {
+        let pp = AttnParams { phase, ..params };
+        let mut a = Args::new();
+        a.push(addr(&srcs[0])?)
+            .push(addr(&srcs[1])?)
+            .push(addr(&srcs[2])?)
+            .push(addr(&srcs[3])?);
+        a.push(out)
+            .push(part)
+            .push(KernelArg::Bytes(bytemuck::bytes_of(&pp)));
+        d.launch_kernel(
+            kid,
+            [rows.div_ceil(nw), n_kv_heads as u32, splits as u32],
+            nw * warp,
+            &a.0,
+        )?;
+    }
+    if splits > 1 {
+        let n_rows = n_tok * n_heads;
+        let mut c = Args::new();
+        c.push(part)
+            .push(out)
+            .push(splits as i32)
+            .push(n_heads as i32)
+            .push(n_rows as i32)
+            .push(hd as i32);
+        c.push(params.o_tok_stride).push(params.o_head_stride);
+        d.launch_kernel(KernelId::AttnCombineF32, [n_rows as u32, 1, 1], 128, &c.0)?;
+    }
+    Ok(())
+}
+
+/// Prefill attention with an f16 cache as two batched GEMMs per head-in-group and token chunk
+/// (scores = K^T q, output = V P, one batch entry per KV head) around a masked softmax that
+/// writes f16 probabilities: tensor cores do the products, rounded as the CPU op rounds.
+fn attention_gemm(
+    d: &HipDevice,
+    t: &Tensor,
+    p: &crate::tensor::AttnParams,
+    srcs: &[TensorMem<'_>],
+    out: MemRange<'_>,
+) -> Result<()> {
+    let (q, k, v) = (srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
+    let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
+    let (n_kv_heads, n_kv) = (k.ne[1], k.ne[2]);
+    let gqa = n_heads / n_kv_heads;
+    let views = |e| gpu_err("attention", e);
+    let chunk = (ATTN_GEMM_SCRATCH / (n_kv_heads * n_kv * 6)).clamp(1, ATTN_GEMM_CHUNK.min(n_tok));
+    let qh_bytes = (n_tok * n_heads * hd * 2).div_ceil(ALIGN) * ALIGN;
+    let s_bytes = (n_kv_heads * chunk * n_kv * 4).div_ceil(ALIGN) * ALIGN;
+    let p_bytes = n_kv_heads * chunk * n_kv * 2;
+    let scratch = d.scratch(qh_bytes + s_bytes + p_bytes)?;
+    let base = MemRange::of_buffer(&scratch);
+    let qh = base.sub(0, n_tok * n_heads * hd * 2).map_err(views)?;
+    let sr = base
+        .sub(qh_bytes, n_kv_heads * chunk * n_kv * 4)
+        .map_err(views)?;
+    let pr = base.sub(qh_bytes + s_bytes, p_bytes).map_err(views)?;
+    let (q_tok, q_head) = ((q.nb[2] / 4) as i64, (q.nb[1] / 4) as i64);
+    let mut a = Args::new();
+    a.push(addr(&srcs[0])?)
+        .push(qh)
+        .push(n_tok as i32)
+        .push(n_heads as i32)
+        .push(n_kv_heads as i32)
+        .push(hd as i32)
+        .push(q_tok)
+        .push(q_head);
+    d.launch_kernel(
+        KernelId::AttnQF16,
+        [blocks(n_tok * n_heads * hd, 256), 1, 1],
+        256,
+        &a.0,
+    )?;
+    let (k_pos, k_head) = (k.nb[2] / 2, k.nb[1] / 2);
+    let (v_pos, v_head) = (v.nb[2] / 2, v.nb[1] / 2);
+    let (o_tok, o_head) = (t.nb[2] / 4, t.nb[1] / 4);
+    let blas = d.inner.sb.blas();
+    let kv = addr(&srcs[1])?.view::<half::f16>().map_err(views)?;
+    let vv = addr(&srcs[2])?.view::<half::f16>().map_err(views)?;
+    let pos = addr(&srcs[3])?;
+    for g in 0..gqa {
+        for t0 in (0..n_tok).step_by(chunk) {
+            let cn = chunk.min(n_tok - t0);
+            // Scores, column-major n_kv x cn per KV head: K^T (n_kv x hd) * q (hd x cn).
+            let shape = GemmShape {
+                trans_a: BlasOp::T,
+                trans_b: BlasOp::N,
+                m: n_kv,
+                n: cn,
+                k: hd,
+                lda: k_pos,
+                ldb: hd,
+                ldc: n_kv,
+            };
+            let q0 = ((g * n_kv_heads * n_tok + t0) * hd) * 2;
+            let qv = qh
+                .sub(q0, qh.len() - q0)
+                .map_err(views)?
+                .view::<half::f16>()
+                .map_err(views)?;
+            let mut sv = sr.view_mut::<f32>().map_err(views)?;
+            blas.gemm_strided_batched_ex(
+                &shape,
+                p.scale,
+                &kv,
+                k_head,
+                &qv,
+                n_tok * hd,
+                0.0,
+                &mut sv,
+                cn * n_kv,
+                n_kv_heads,
+            )
+            .map_err(views)?;
+            let mut b = Args::new();
+            b.push(sr)
+                .push(pr)
+                .push(pos)
+                .push(n_kv as i32)
+                .push(cn as i32)
+                .push(t0 as i32)
+                .push(i32::from(p.causal))
+                .push(p.window.unwrap_or(0) as i32);
+            d.launch_kernel(
+                KernelId::AttnSoftmaxF16,
+                [cn as u32, n_kv_heads as u32, 1],
+                256,
+                &b.0,
+            )?;
+            // Output, column-major hd x cn per head (columns o_tok apart): V (hd x n_kv) * P.
+            let shape = GemmShape {
+                trans_a: BlasOp::N,
+                trans_b: BlasOp::N,
+                m: hd,
+                n: cn,
+                k: n_kv,
+                lda: v_pos,
+                ldb: n_kv,
+                ldc: o_tok,
+            };
+            let pv = pr.view::<half::f16>().map_err(views)?;
+            let o0 = (g * o_head + t0 * o_tok) * 4;
+            let mut ov = out
+                .sub(o0, out.len() - o0)
+                .map_err(views)?
+                .view_mut::<f32>()
+                .map_err(views)?;
+            blas.gemm_strided_batched_ex(
+                &shape,
+                1.0,
+                &vv,
+                v_head,
+                &pv,
+                cn * n_kv,
+                0.0,
+                &mut ov,
+                gqa * o_head,
+                n_kv_heads,
+            )
+            .map_err(views)?;
+        }
+    }
+    Ok(())
+}
