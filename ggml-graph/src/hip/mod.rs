@@ -93,6 +93,14 @@ pub struct HipDevice {
 }
 
 impl HipDevice {
+    /// An event recorded now on the device's stream, for the profiler's per-node times.
+    fn timing_event(&self) -> Result<gpu_mem::Event> {
+        let e = gpu_mem::Event::new(&self.inner.dev, true).map_err(|e| gpu_err("profile", e))?;
+        e.record(self.inner.sb.stream())
+            .map_err(|e| gpu_err("profile", e))?;
+        Ok(e)
+    }
+
     /// Opens GPU `ordinal` of the platform `hip-ffi` selects. Fails with the reason when there is
     /// no GPU or the kernels were not built (`cargo xtask kernels`).
     pub fn new(ordinal: i32) -> Result<Self> {
@@ -474,15 +482,9 @@ impl Device for HipDevice {
         let Some(prof) = &self.inner.profile else {
             return ops::launch(self, t, dst, srcs);
         };
-        let stream = self.inner.sb.stream();
-        let event = || {
-            let e = gpu_mem::Event::new(&self.inner.dev, true)?;
-            e.record(stream)?;
-            Ok::<_, gpu_mem::GpuError>(e)
-        };
-        let start = event().map_err(|e| gpu_err("profile", e))?;
+        let start = self.timing_event()?;
         ops::launch(self, t, dst, srcs)?;
-        let end = event().map_err(|e| gpu_err("profile", e))?;
+        let end = self.timing_event()?;
         let ts: Vec<&Tensor> = srcs.iter().map(|m| m.tensor).collect();
         prof.lock()
             .push(profile::key(t, &ts), start, end)
@@ -495,18 +497,12 @@ impl Device for HipDevice {
         let Some(prof) = &self.inner.profile else {
             return group::launch(self, group);
         };
-        let stream = self.inner.sb.stream();
-        let event = || {
-            let e = gpu_mem::Event::new(&self.inner.dev, true)?;
-            e.record(stream)?;
-            Ok::<_, gpu_mem::GpuError>(e)
-        };
-        let start = event().map_err(|e| gpu_err("profile", e))?;
+        let start = self.timing_event()?;
         let n = group::launch(self, group)?;
         if n == 0 {
             return Ok(0);
         }
-        let end = event().map_err(|e| gpu_err("profile", e))?;
+        let end = self.timing_event()?;
         let keys: Vec<String> = group[..n]
             .iter()
             .map(|g| {
