@@ -24,10 +24,14 @@ use serial_test::serial;
 const TIE: f32 = 0.1;
 /// Tokens decoded per run.
 const STEPS: usize = 64;
-/// |GPU - CPU| allowed on the logits of the synthetic models (order 1; the GPU quantizes
-/// activations to 8 bits per 32 values, the CPU per its own blocks: 0.01 to 0.02 seen on an
-/// H200; a wrong rope, norm or cache row moves them by far more).
-const SYNTH_TOL: f32 = 0.1;
+/// Bounds for the synthetic models, whose logits are of order 1 (the GPU quantizes activations
+/// to 8 bits per 32 values, the CPU per its own blocks: |diff| 0.01 to 0.02 seen on an H200; a
+/// wrong rope, norm or cache row moves them by far more).
+const SYNTH_TOL: Bounds = Bounds {
+    full: 0.1,
+    top: 0.1,
+    kld_mean: 1e-3,
+};
 
 /// A folder for the files the tests write (created here: on a GPU machine the test binary runs
 /// without the build tree it was compiled in).
@@ -131,46 +135,142 @@ fn forced(s: &mut Session, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
     out
 }
 
-/// The GPU decoding the CPU's tokens: same greedy choice wherever the CPU has no near-tie, and
-/// logits within `tol`. Returns the largest logit difference.
-fn check_forced(what: &str, s: &mut Session, prompt: &[u32], cpu: &Run, tol: f32) -> f32 {
-    let got = forced(s, prompt, &cpu.tokens);
-    let mut worst = 0f32;
-    let mut checked = 0;
-    for (i, l) in got.iter().enumerate() {
-        let d = max_abs_diff(&cpu.logits[i], l);
-        worst = worst.max(d);
-        assert!(d <= tol, "{what}: step {i}: logits differ by {d} (> {tol})");
-        // When every logit moved by at most d, a gap over 2d cannot close.
-        if cpu.gaps[i] >= TIE.max(2.0 * d) {
-            checked += 1;
-            assert_eq!(
-                argmax(l),
-                cpu.tokens[i],
-                "{what}: step {i}: GPU picks another token (CPU gap {})",
-                cpu.gaps[i]
-            );
-        }
+/// How far the GPU's logits may be from the CPU's at one step.
+#[derive(Clone, Copy)]
+struct Bounds {
+    /// |GPU - CPU| over the whole vocabulary.
+    full: f32,
+    /// |GPU - CPU| over the CPU's [`TOP`] logits: the ones a greedy or sampled choice can land on.
+    top: f32,
+    /// Mean over the steps of KL(CPU || GPU) of the softmaxed logits (nats), the measure
+    /// llama.cpp's `perplexity --kl-divergence` reports between two runs of a model.
+    kld_mean: f64,
+}
+
+/// The CPU's highest logits whose differences decide greedy choices and near-ties.
+const TOP: usize = 20;
+
+/// One step's distance between the CPU's logits and the GPU's.
+#[derive(Clone, Copy, Default)]
+struct Diff {
+    full: f32,
+    top: f32,
+    kld: f64,
+}
+
+fn diff(cpu: &[f32], gpu: &[f32]) -> Diff {
+    assert_eq!(cpu.len(), gpu.len());
+    let full = cpu
+        .iter()
+        .zip(gpu)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    let mut order: Vec<usize> = (0..cpu.len()).collect();
+    order.select_nth_unstable_by(TOP.min(cpu.len()) - 1, |&a, &b| cpu[b].total_cmp(&cpu[a]));
+    let top = order[..TOP.min(cpu.len())]
+        .iter()
+        .map(|&i| (cpu[i] - gpu[i]).abs())
+        .fold(0.0, f32::max);
+    let (lp, lq) = (log_softmax(cpu), log_softmax(gpu));
+    let mut kld = 0f64;
+    for (&a, &b) in lp.iter().zip(&lq) {
+        kld += a.exp() * (a - b);
     }
+    let kld = kld.max(0.0);
+    Diff { full, top, kld }
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let mx = f64::from(l.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    let mut sum = 0f64;
+    for &x in l {
+        sum += (f64::from(x) - mx).exp();
+    }
+    let lse = sum.ln() + mx;
+    l.iter().map(|&x| f64::from(x) - lse).collect()
+}
+
+/// A gap the GPU may close: under [`TIE`], or under twice how far the top logits moved.
+fn near_tie(gap: f32, d: &Diff) -> bool {
+    gap < TIE.max(2.0 * d.top)
+}
+
+/// Prints the worst and mean distances over `diffs`, then checks them against `b`.
+fn check_diffs(what: &str, diffs: &[Diff], b: Bounds) -> Diff {
+    let mut worst = Diff::default();
+    let mut sum_kld = 0f64;
+    for d in diffs {
+        worst.full = worst.full.max(d.full);
+        worst.top = worst.top.max(d.top);
+        worst.kld = worst.kld.max(d.kld);
+        sum_kld += d.kld;
+    }
+    let mean_kld = sum_kld / diffs.len().max(1) as f64;
     println!(
-        "{what}: teacher-forced {} steps, greedy choice equal at all {checked} without a near-tie; \
-         max |logit diff| {worst:.5}",
-        got.len()
+        "{what}: max |logit diff| {:.5} (top-{TOP} {:.5}); KL divergence mean {mean_kld:.6}, \
+         max {:.6}",
+        worst.full, worst.top, worst.kld
+    );
+    assert!(
+        worst.full <= b.full,
+        "{what}: logits differ by {} (> {})",
+        worst.full,
+        b.full
+    );
+    assert!(
+        worst.top <= b.top,
+        "{what}: top-{TOP} logits differ by {} (> {})",
+        worst.top,
+        b.top
+    );
+    assert!(
+        mean_kld <= b.kld_mean,
+        "{what}: mean KL divergence {mean_kld} (> {})",
+        b.kld_mean
     );
     worst
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+/// The GPU decoding the CPU's tokens: same greedy choice wherever the CPU has no near-tie, and
+/// logits within `b` of the CPU's. Returns the GPU's logits at each step.
+fn check_forced(
+    what: &str,
+    s: &mut Session,
+    prompt: &[u32],
+    cpu: &Run,
+    b: Bounds,
+) -> Vec<Vec<f32>> {
+    let got = forced(s, prompt, &cpu.tokens);
+    let diffs: Vec<Diff> = got
+        .iter()
+        .zip(&cpu.logits)
+        .map(|(g, c)| diff(c, g))
+        .collect();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for (i, (l, d)) in got.iter().zip(&diffs).enumerate() {
+        if !near_tie(cpu.gaps[i], d) {
+            checked += 1;
+            if argmax(l) != cpu.tokens[i] {
+                wrong.push((i, cpu.gaps[i]));
+            }
+        }
+    }
+    let what = format!("{what}, teacher-forced {} steps", got.len());
+    println!(
+        "{what}: greedy choice equal at {} of {checked} without a near-tie",
+        checked - wrong.len()
+    );
+    check_diffs(&what, &diffs, b);
+    assert!(
+        wrong.is_empty(),
+        "{what}: the GPU picks another token at (step, CPU gap) {wrong:?}"
+    );
+    got
 }
 
-/// Checks the free-running `gpu` against `cpu` up to the first near-tie; returns (steps
-/// compared, prompt logits diff, worst step diff).
-fn compare(what: &str, cpu: &Run, gpu: &Run, logit_tol: f32) -> (usize, f32, f32) {
+/// Checks the free-running `gpu` against `cpu` up to the first near-tie.
+fn compare(what: &str, cpu: &Run, gpu: &Run, b: Bounds) {
     let equal = cpu
         .tokens
         .iter()
@@ -179,19 +279,23 @@ fn compare(what: &str, cpu: &Run, gpu: &Run, logit_tol: f32) -> (usize, f32, f32
         .count();
     // Inputs are equal up to and including the first differing step.
     let same_inputs = (equal + 1).min(cpu.logits.len()).min(gpu.logits.len());
-    let diffs: Vec<f32> = (0..same_inputs)
-        .map(|i| max_abs_diff(&cpu.logits[i], &gpu.logits[i]))
+    let diffs: Vec<Diff> = (0..same_inputs)
+        .map(|i| diff(&cpu.logits[i], &gpu.logits[i]))
         .collect();
-    // A near-tie: a gap under TIE, or one that logits this far apart may close.
     let limit = (0..same_inputs)
-        .position(|i| cpu.gaps[i] < TIE.max(2.0 * diffs[i]))
+        .position(|i| near_tie(cpu.gaps[i], &diffs[i]))
         .unwrap_or(cpu.tokens.len());
-    let first = diffs[0];
-    let worst = diffs.iter().copied().fold(0.0, f32::max);
     println!(
-        "{what}: tokens equal for {equal}/{} steps (near-tie limit {limit}); max |logit diff| \
-         prompt {first:.5}, over {same_inputs} steps with equal inputs {worst:.5}",
-        cpu.tokens.len()
+        "{what}: tokens equal for {equal}/{} steps (near-tie limit {limit}); prompt: max |logit \
+         diff| {:.5} (top-{TOP} {:.5})",
+        cpu.tokens.len(),
+        diffs[0].full,
+        diffs[0].top
+    );
+    check_diffs(
+        &format!("{what}, {same_inputs} steps with equal inputs"),
+        &diffs,
+        b,
     );
     assert!(
         equal >= limit,
@@ -201,11 +305,6 @@ fn compare(what: &str, cpu: &Run, gpu: &Run, logit_tol: f32) -> (usize, f32, f32
         cpu.tokens,
         gpu.tokens
     );
-    assert!(
-        worst <= logit_tol,
-        "{what}: logits differ by {worst} (> {logit_tol})"
-    );
-    (limit, first, worst)
 }
 
 /// A GPU session that records the memory reported after its first forward pass.
@@ -220,7 +319,10 @@ fn gpu_session(m: &Model, o: &SessionOptions) -> (Session, Arc<Mutex<Option<Devi
     (s, seen)
 }
 
-fn check_model(name: &str, m: &Model, prompt: &[u32], logit_tol: f32) {
+/// Runs `m` on the CPU, then on the GPU fully, at half the layers and under a capped budget,
+/// checking each against the CPU. Returns the CPU's greedy run and the fully offloaded GPU's
+/// logits teacher-forced on its tokens.
+fn check_model(name: &str, m: &Model, prompt: &[u32], bounds: Bounds) -> (Run, Vec<Vec<f32>>) {
     let n_layer = m.config().n_layer;
     let mut cpu = Session::new(m, &opts(DeviceChoice::Cpu, None, None)).expect("CPU session");
     assert!(!cpu.device_plan().uses_gpu());
@@ -232,13 +334,13 @@ fn check_model(name: &str, m: &Model, prompt: &[u32], logit_tol: f32) {
     assert_eq!(plan.split.gpu_layers(), n_layer, "{name}: {plan}");
     assert!(plan.split.output_on_gpu(), "{name}: {plan}");
     let got = greedy(&mut full, prompt, STEPS);
-    compare(&format!("{name} all on GPU"), &want, &got, logit_tol);
-    check_forced(
+    compare(&format!("{name} all on GPU"), &want, &got, bounds);
+    let gpu_forced = check_forced(
         &format!("{name} all on GPU"),
         &mut full,
         prompt,
         &want,
-        logit_tol,
+        bounds,
     );
     let mem = seen
         .lock()
@@ -256,8 +358,8 @@ fn check_model(name: &str, m: &Model, prompt: &[u32], logit_tol: f32) {
     assert!(!pplan.split.output_on_gpu());
     let got = greedy(&mut part, prompt, STEPS);
     let what = format!("{name} -ngl {half} of {n_layer}");
-    compare(&what, &want, &got, logit_tol);
-    check_forced(&what, &mut part, prompt, &want, logit_tol);
+    compare(&what, &want, &got, bounds);
+    check_forced(&what, &mut part, prompt, &want, bounds);
     drop(part);
 
     // A budget between the estimates for one layer and for all of them: auto picks a split.
@@ -283,14 +385,15 @@ fn check_model(name: &str, m: &Model, prompt: &[u32], logit_tol: f32) {
     );
     assert!(cplan.estimate.total() <= limit);
     let got = greedy(&mut capped, prompt, STEPS);
-    compare(&format!("{name} capped"), &want, &got, logit_tol);
+    compare(&format!("{name} capped"), &want, &got, bounds);
     check_forced(
         &format!("{name} capped"),
         &mut capped,
         prompt,
         &want,
-        logit_tol,
+        bounds,
     );
+    (want, gpu_forced)
 }
 
 fn synth_prompt(m: &Model) -> Vec<u32> {
@@ -308,7 +411,7 @@ fn synthetic_llama_on_gpu_equals_cpu() {
         return;
     }
     let m = synth("llama");
-    check_model("llama", &m, &synth_prompt(&m), SYNTH_TOL);
+    let _ = check_model("llama", &m, &synth_prompt(&m), SYNTH_TOL);
 }
 
 #[test]
@@ -318,7 +421,7 @@ fn synthetic_qwen2_on_gpu_equals_cpu() {
         return;
     }
     let m = synth("qwen2");
-    check_model("qwen2", &m, &synth_prompt(&m), SYNTH_TOL);
+    let _ = check_model("qwen2", &m, &synth_prompt(&m), SYNTH_TOL);
 }
 
 #[test]
@@ -328,8 +431,17 @@ fn synthetic_gemma3_on_gpu_equals_cpu() {
         return;
     }
     let m = synth("gemma3");
-    check_model("gemma3", &m, &synth_prompt(&m), SYNTH_TOL);
+    let _ = check_model("gemma3", &m, &synth_prompt(&m), SYNTH_TOL);
 }
+
+/// Bounds for the real Gemma 3 270M against the CPU, loose (H200: full 3.03, top-20 2.05, mean
+/// KL divergence 0.0077 at 64 teacher-forced steps): see `gemma3_270m_on_gpu_equals_cpu` for
+/// why, and for the tight check.
+const GEMMA_TOL: Bounds = Bounds {
+    full: 5.0,
+    top: 3.0,
+    kld_mean: 0.02,
+};
 
 #[test]
 #[serial]
@@ -349,17 +461,47 @@ fn gemma3_270m_on_gpu_equals_cpu() {
         )
         .expect("encode");
     // Gemma 3 270M amplifies the rounding of 8-bit activations: the GPU quantizes them per 32
-    // values (Q8_1), the CPU per the weight type's blocks (Q8_K per 256 for K-quants), which
-    // moves its logits by 1.4 to 2.0 (H100, H200); the same effect put our CPU 1.18 away from
-    // llama.cpp's before their summation orders were matched. The perplexity test below is the
-    // tight whole-model check for this model.
-    check_model("gemma3-270m", tm.model(), &prompt, 3.0);
+    // values (Q8_1), the CPU per the weight type's blocks (Q8_K per 256 for K-quants), and its
+    // logits end up to ~3 apart over the vocabulary (~2 over the CPU's top 20) after 64 steps.
+    // So GEMMA_TOL only catches gross errors; the check that matters is the one below.
+    let (want, gpu) = check_model("gemma3-270m", tm.model(), &prompt, GEMMA_TOL);
+
+    // A finer reference: the CPU on a copy whose matrices hold the same dequantized weights in
+    // f16, so that it multiplies f16 activations instead of 8-bit ones. Over the same tokens the
+    // GPU must be no farther from it than the CPU's own 8-bit path is (it quantizes finer, so it
+    // is expected closer); a wrong kernel moves it far away.
+    let f16_path = scratch_dir().join("gemma-dequant-f16-forced.gguf");
+    write_dequantized_f16_copy(&path, &f16_path);
+    let f16_model = Model::load(&f16_path, |_, _| {}).expect("load the f16 copy");
+    let mut fine = Session::new(&f16_model, &opts(DeviceChoice::Cpu, None, None)).expect("session");
+    let reference = forced(&mut fine, &prompt, &want.tokens);
+    let _ = std::fs::remove_file(&f16_path);
+    let mean_kld = |got: &[Vec<f32>]| {
+        let d: Vec<Diff> = reference.iter().zip(got).map(|(r, g)| diff(r, g)).collect();
+        let top = d.iter().map(|x| x.top).fold(0.0, f32::max);
+        (d.iter().map(|x| x.kld).sum::<f64>() / d.len() as f64, top)
+    };
+    let (kld_cpu, top_cpu) = mean_kld(&want.logits);
+    let (kld_gpu, top_gpu) = mean_kld(&gpu);
+    println!(
+        "gemma3-270m against the CPU on the f16 copy, teacher-forced {} steps: mean KL divergence \
+         CPU {kld_cpu:.6} GPU {kld_gpu:.6}; max top-{TOP} |logit diff| CPU {top_cpu:.5} GPU \
+         {top_gpu:.5}",
+        reference.len()
+    );
+    assert!(
+        kld_gpu <= kld_cpu,
+        "the GPU (mean KL divergence {kld_gpu}) is farther from the f16 reference than the CPU \
+         ({kld_cpu})"
+    );
 }
 
 /// Perplexity of the real model on the GPU against the CPU's (which is within 1% of llama.cpp's,
 /// see gemma_model.rs) over short windows: 8 tokens (every product through the 8-bit mat-vec
 /// path, the flash attention kernel) and 16 (f16 operands through gemmEx, the tensor-core
-/// attention). H200: 278.635 vs 278.673 and 69.534 vs 69.755.
+/// attention). H200: 280.419 vs 278.760 (+0.60%; 279.316 with the split-key attention kernel,
+/// `ROCMFORGE_GPU_ATTN_DEC=0`, so the attention kernels' roundings alone move it by 0.4%) and
+/// 69.526 vs 69.801.
 ///
 /// Over 128-token windows the GPU's gemmEx path reads lower than the CPU (H200: 11.859 vs 12.178):
 /// its f16 activations are finer than the CPU's 8-bit ones, and the difference grows with the

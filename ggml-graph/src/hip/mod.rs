@@ -70,6 +70,14 @@ struct Inner {
     grouped: std::sync::atomic::AtomicUsize,
     /// False with `ROCMFORGE_GPU_GROUP=0`: q/k/v mat-vecs launch one by one (for comparisons).
     group: bool,
+    /// False with `ROCMFORGE_GPU_ATTN_DEC=0`: few-token attention takes the split-key kernel
+    /// instead of the one-launch decode kernel (to tell the two kernels' numerics apart).
+    attn_dec: bool,
+}
+
+/// A backend feature switch: on unless the variable is set to "0".
+fn env_switch(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 impl Drop for Inner {
@@ -137,7 +145,8 @@ impl HipDevice {
             capturing: AtomicBool::new(false),
             profile: profile::enabled_by_env().then(|| Mutex::new(profile::Profiler::default())),
             grouped: std::sync::atomic::AtomicUsize::new(0),
-            group: std::env::var("ROCMFORGE_GPU_GROUP").map_or(true, |v| v != "0"),
+            group: env_switch("ROCMFORGE_GPU_GROUP"),
+            attn_dec: env_switch("ROCMFORGE_GPU_ATTN_DEC"),
         });
         Ok(Self {
             bt: HipBufferType {
