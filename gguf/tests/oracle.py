@@ -36,6 +36,18 @@ def numpy_dequant(qtype, raw):
         b = raw.reshape(-1, 36)
         d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
         return (b[:, 4:].copy().view(np.int8).astype(np.float32) * d).ravel()
+    if qtype == getattr(Q, "Q1_0", None):
+        # ggml's dequantize_row_q1_0: bit j%8 of byte j/8 selects +d or -d.
+        b = raw.reshape(-1, 18)
+        d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+        bits = np.unpackbits(b[:, 2:], axis=1, bitorder="little").astype(bool)
+        return np.where(bits, d, -d).astype(np.float32).ravel()
+    if qtype == Q2_0_ID:
+        # ggml's dequantize_row_q2_0: bits 2*(j%4) of byte j/4, value (q - 1) * d.
+        b = raw.reshape(-1, 18)
+        d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+        q = np.stack([(b[:, 2:] >> (2 * k)) & 3 for k in range(4)], axis=-1).reshape(-1, 64)
+        return ((q.astype(np.float32) - 1.0) * d).ravel()
     if qtype == Q.Q8_K:
         b = raw.reshape(-1, 292)
         d = b[:, 0:4].copy().view(np.float32)
@@ -54,7 +66,15 @@ def manifest(d):
     with open(f"{d}/manifest.txt") as f:
         for line in f:
             t, i, o = line.split()
-            yield Q(int(t)), i, o
+            yield qtype_of(int(t)), i, o
+
+
+# ggml type ids newer than this gguf-py's enum (ggml.h: GGML_TYPE_Q2_0 = 42).
+Q2_0_ID = 42
+
+
+def qtype_of(t):
+    return Q(t) if t in Q._value2member_map_ else t
 
 
 def cmd_dequant(d):
@@ -62,7 +82,7 @@ def cmd_dequant(d):
         raw = np.fromfile(i, dtype=np.uint8)
         out, who = dequant(qtype, raw)
         out.astype(np.float32).tofile(o)
-        print(qtype.name, who)
+        print(getattr(qtype, "name", qtype), who)
 
 
 def cmd_quant(d):

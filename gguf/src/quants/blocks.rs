@@ -102,6 +102,13 @@ blocks! {
     BlockTQ2_0 { /** 2-bit values */ qs: [u8; 64], /** scale (f16) */ d: [u8; 2] }
     /// MXFP4: shared E8M0 exponent and 32 E2M1 values (nibble order as Q4_0).
     BlockMXFP4 { /** E8M0 exponent */ e: u8, /** nibbles */ qs: [u8; 16] }
+    /// NVFP4: four 16-value sub-blocks, each with an unsigned E4M3 scale, of E2M1 values (in
+    /// each sub-block the low nibbles hold the first 8 values, the high nibbles the next 8).
+    BlockNVFP4 { /** UE4M3 sub-block scales */ d: [u8; 4], /** nibbles */ qs: [u8; 32] }
+    /// Q1_0: one bit per value (bit j % 8 of byte j / 8), x = d when set, -d when clear.
+    BlockQ1_0 { /** scale (f16) */ d: [u8; 2], /** bits */ qs: [u8; 16] }
+    /// Q2_0: two bits per value (bits 2 * (j % 4) of byte j / 4), x = d * (q - 1).
+    BlockQ2_0 { /** scale (f16) */ d: [u8; 2], /** 2-bit values */ qs: [u8; 16] }
 }
 
 /// Reads little-endian u16 number `i` from a byte array.

@@ -280,3 +280,37 @@ pub(crate) fn mxfp4(src: &[u8], dst: &mut [f32]) {
         }
     }
 }
+
+/// ggml's unsigned E4M3 scale (bias 7, no infinities; 0x7F, its NaN, reads as 0) to f32, halved
+/// like [`e8m0_to_f32_half`] because the E2M1 values are stored doubled.
+#[inline(always)]
+pub fn ue4m3_to_f32_half(x: u8) -> f32 {
+    if x == 0 || x == 0x7F {
+        return 0.0;
+    }
+    let (exp, man) = (i32::from((x >> 3) & 0x0F), f32::from(x & 0x07));
+    // Every value here is exact in f32, so the order of the operations cannot change the bits.
+    let raw = if exp == 0 {
+        man * (1.0 / 512.0)
+    } else {
+        (1.0 + man / 8.0) * f32::from_bits(((exp - 7 + 127) as u32) << 23)
+    };
+    raw * 0.5
+}
+
+pub(crate) fn nvfp4(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockNVFP4] = bytemuck::cast_slice(src);
+    for (b, out) in blocks.iter().zip(dst.chunks_exact_mut(64)) {
+        for (s, (o, qs)) in out
+            .chunks_exact_mut(16)
+            .zip(b.qs.chunks_exact(8))
+            .enumerate()
+        {
+            let d = ue4m3_to_f32_half(b.d[s]);
+            for (j, &q) in qs.iter().enumerate() {
+                o[j] = d * f32::from(MXFP4_VALUES[usize::from(q & 0x0F)]);
+                o[j + 8] = d * f32::from(MXFP4_VALUES[usize::from(q >> 4)]);
+            }
+        }
+    }
+}

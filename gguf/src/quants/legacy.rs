@@ -1,5 +1,5 @@
-//! Dequantization of the plain scalar types and ggml's original 32-value block types
-//! (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1).
+//! Dequantization of the plain scalar types, ggml's original 32-value block types (Q4_0, Q4_1,
+//! Q5_0, Q5_1, Q8_0, Q8_1) and its 1- and 2-bit single-scale types (Q1_0, Q2_0).
 //!
 //! Every formula evaluates in the same f32 operation order as gguf-py's numpy code, which makes
 //! the results bit-identical (Rust never contracts `a * b + c` into an FMA).
@@ -129,6 +129,31 @@ pub(crate) fn q8_0(src: &[u8], dst: &mut [f32]) {
         let d = f16_le(b.d);
         for (o, &q) in out.iter_mut().zip(&b.qs) {
             *o = f32::from(q) * d;
+        }
+    }
+}
+
+pub(crate) fn q1_0(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ1_0] = bytemuck::cast_slice(src);
+    for (b, out) in blocks.iter().zip(dst.chunks_exact_mut(128)) {
+        let d = f16_le(b.d);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = if (b.qs[j / 8] >> (j % 8)) & 1 == 1 {
+                d
+            } else {
+                -d
+            };
+        }
+    }
+}
+
+pub(crate) fn q2_0(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ2_0] = bytemuck::cast_slice(src);
+    for (b, out) in blocks.iter().zip(dst.chunks_exact_mut(64)) {
+        let d = f16_le(b.d);
+        for (j, o) in out.iter_mut().enumerate() {
+            let q = (b.qs[j / 4] >> (2 * (j % 4))) & 3;
+            *o = (f32::from(q) - 1.0) * d;
         }
     }
 }

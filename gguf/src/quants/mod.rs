@@ -59,6 +59,9 @@ fn dequant_fn(ty: GgmlType) -> DequantFn {
         T::TQ1_0 => iq::tq1_0,
         T::TQ2_0 => iq::tq2_0,
         T::MXFP4 => iq::mxfp4,
+        T::NVFP4 => iq::nvfp4,
+        T::Q1_0 => legacy::q1_0,
+        T::Q2_0 => legacy::q2_0,
     }
 }
 
@@ -257,6 +260,9 @@ mod tests {
             (GgmlType::TQ1_0, size_of::<BlockTQ1_0>()),
             (GgmlType::TQ2_0, size_of::<BlockTQ2_0>()),
             (GgmlType::MXFP4, size_of::<BlockMXFP4>()),
+            (GgmlType::NVFP4, size_of::<BlockNVFP4>()),
+            (GgmlType::Q1_0, size_of::<BlockQ1_0>()),
+            (GgmlType::Q2_0, size_of::<BlockQ2_0>()),
         ];
         for (ty, size) in sizes {
             assert_eq!(size, ty.type_size(), "{ty}");

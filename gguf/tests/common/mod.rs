@@ -127,7 +127,7 @@ pub fn random_blocks(ty: GgmlType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
     let mut b = rng.bytes(n_blocks * ts);
     use GgmlType as T;
     let f16_fields: &[usize] = match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::IQ4_XS => &[0],
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::IQ4_XS | T::Q1_0 | T::Q2_0 => &[0],
         T::Q4_1 | T::Q5_1 | T::Q8_1 | T::Q4_K | T::Q5_K => &[0, 2],
         T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S | T::IQ1_S => &[0],
         T::Q2_K => &[80, 82],
