@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use crate::cpu::{self, CpuBackend, SrcView};
 use crate::error::{GraphError, Result};
-use crate::exec::{lines, with_io, Line, Loc};
+use crate::exec::{lines, with_io, Line, Loc, WeightBytes};
 use crate::tensor::{Op, Tensor};
 
 /// Allocates buffers of one kind of memory.
@@ -45,6 +45,13 @@ pub trait BufferType: Send + Sync {
                 Ok(b)
             })
             .collect()
+    }
+    /// One buffer per tensor that reads `tensors` where they are (e.g. in the mapped model
+    /// file), for a device that computes on host memory; `None` (the default) when the device
+    /// needs its own copies through [`BufferType::alloc_weights`].
+    fn bind_weights(&self, tensors: &[WeightBytes]) -> Option<Vec<Box<dyn Buffer>>> {
+        let _ = tensors;
+        None
     }
 }
 
@@ -179,6 +186,37 @@ impl Buffer for HostBuffer {
     }
 }
 
+/// Weight bytes bound where they live (a mapped file, a shared vector): read-only, no copy.
+pub struct WeightBuffer {
+    bytes: WeightBytes,
+}
+
+impl Buffer for WeightBuffer {
+    fn size(&self) -> usize {
+        self.bytes.bytes().len()
+    }
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        Err(GraphError::Unsupported {
+            backend: "host",
+            op: "write",
+            detail: format!(
+                "{} bytes at {offset} into read-only weight bytes (bound, not copied)",
+                data.len()
+            ),
+        })
+    }
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let bytes = self.bytes.bytes();
+        let end = offset.checked_add(out.len()).filter(|&e| e <= bytes.len());
+        let end = end.ok_or_else(|| out_of_range("read", offset, out.len(), bytes.len()))?;
+        out.copy_from_slice(&bytes[offset..end]);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// Host memory buffer type.
 pub struct HostBufferType;
 
@@ -197,6 +235,14 @@ impl BufferType for HostBufferType {
     }
     fn is_host(&self) -> bool {
         true
+    }
+    fn bind_weights(&self, tensors: &[WeightBytes]) -> Option<Vec<Box<dyn Buffer>>> {
+        Some(
+            tensors
+                .iter()
+                .map(|b| Box::new(WeightBuffer { bytes: b.clone() }) as Box<dyn Buffer>)
+                .collect(),
+        )
     }
 }
 
@@ -251,10 +297,20 @@ impl Device for CpuDevice {
         dst: TensorMem<'_>,
         srcs: &[TensorMem<'_>],
     ) -> Result<()> {
-        // Lock each distinct buffer once; operands in the same buffer share its guard.
+        // Lock each distinct buffer once; operands in the same buffer share its guard. Bound
+        // weights are read where they are.
         let mut distinct: Vec<&HostBuffer> = vec![host(dst.buffer)?];
+        let mut weights: Vec<&[u8]> = Vec::new();
         let mut locs = Vec::with_capacity(srcs.len());
         for m in srcs {
+            if let Some(w) = m.buffer.as_any().downcast_ref::<WeightBuffer>() {
+                locs.push(Loc::Weight {
+                    idx: weights.len(),
+                    off: m.offset,
+                });
+                weights.push(w.bytes.bytes());
+                continue;
+            }
             let h = host(m.buffer)?;
             let pool = match distinct.iter().position(|d| std::ptr::eq(*d, h)) {
                 Some(p) => p,
@@ -274,7 +330,7 @@ impl Device for CpuDevice {
         with_io(
             crate::plan::in_place_op(&t.op),
             &mut guards,
-            &[],
+            &weights,
             (0, dst.offset),
             t.extent(),
             &pairs,

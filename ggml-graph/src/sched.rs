@@ -426,18 +426,25 @@ impl Scheduler {
             if names.is_empty() {
                 continue;
             }
-            let mut datas: Vec<&[u8]> = Vec::with_capacity(names.len());
+            let mut held: Vec<WeightBytes> = Vec::with_capacity(names.len());
             for n in &names {
                 let (_, _, b) = self
                     .weights
                     .get(n)
                     .ok_or_else(|| GraphError::UnboundWeight(n.clone()))?;
-                datas.push(b.bytes());
+                held.push(b.clone());
             }
-            let bytes: u64 = datas.iter().map(|b| b.len() as u64).sum();
-            let bufs = self.devices[d]
-                .buffer_type()
-                .alloc_weights(&datas, &mut |done| progress(base + done, total))?;
+            let bytes: u64 = held.iter().map(|b| b.bytes().len() as u64).sum();
+            let bt = self.devices[d].buffer_type();
+            // A host device reads the weights where they are (the mapped file): a copy would
+            // hold them in host memory twice.
+            let bufs = match bt.bind_weights(&held) {
+                Some(b) => b,
+                None => {
+                    let datas: Vec<&[u8]> = held.iter().map(WeightBytes::bytes).collect();
+                    bt.alloc_weights(&datas, &mut |done| progress(base + done, total))?
+                }
+            };
             if bufs.len() != names.len() {
                 return Err(GraphError::Unsupported {
                     backend: "scheduler",

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{CpuDevice, Device};
+use ggml_graph::backend::{CpuDevice, Device, DummyDevice};
 use ggml_graph::sched::PlacementRule;
 use ggml_graph::{CpuBackend, DType, Graph, Scheduler, TensorId, WeightBytes};
 
@@ -187,4 +187,63 @@ fn keyed_runs_reuse_their_preparation_and_stay_exact() {
     // A missing input is still an error on a reused preparation.
     let xb = f32_bytes(&rng.vec(D * 2));
     assert!(s.run_keyed(Some(4), &g, &[(x, &xb)]).is_err());
+}
+
+/// Host devices read their placed weights where they are bound (a mapped model file in
+/// practice): no second copy in host memory. Devices of other memory get their own copies.
+#[test]
+fn host_devices_bind_placed_weights_without_copying() {
+    let mut rng = Rng::new(9);
+    let mut g = Graph::new();
+    let (x, idx, z) = model(&mut g);
+    let owners: Vec<(String, Arc<Vec<u8>>)> = ["blk.0.w", "blk.1.w", "out.w"]
+        .iter()
+        .map(|n| {
+            let b = random_weights(&mut rng, DType::Q8_0, D * D);
+            (n.to_string(), Arc::new(b))
+        })
+        .collect();
+    let bind = |s: &mut Scheduler| {
+        for (n, o) in &owners {
+            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = o.clone();
+            let wb = WeightBytes::new(owner, 0..o.len()).unwrap();
+            s.bind_weight(n, DType::Q8_0, &[D, D], wb).unwrap();
+        }
+    };
+    let refs = |i: usize| Arc::strong_count(&owners[i].1);
+
+    // Layer 0 on a host device (1), the rest on a device with its own memory (0).
+    let other = DummyDevice::new("gpu", |_| true);
+    let devices: Vec<Arc<dyn Device>> = vec![Arc::new(other), dev("cpu")];
+    let mut s = Scheduler::new(devices).unwrap();
+    bind(&mut s);
+    let bound = (refs(0), refs(1));
+    s.set_placement(Arc::new(|name: &str| match layer(name) {
+        Some(0) => Some(1),
+        _ => Some(0),
+    }));
+    s.upload_placed_weights(&mut |_, _| {}).unwrap();
+    assert_eq!(
+        refs(0),
+        bound.0 + 1,
+        "blk.0.w is read in place by the host device"
+    );
+    assert_eq!(refs(1), bound.1, "blk.1.w is copied to the other device");
+
+    // And the host device computes from those bytes like the single-device executor.
+    let mut reference = Scheduler::new(vec![dev("one")]).unwrap();
+    bind(&mut reference);
+    let mut host_only = Scheduler::new(vec![dev("cpu")]).unwrap();
+    bind(&mut host_only);
+    host_only.set_placement(Arc::new(|_: &str| Some(0)));
+    host_only.upload_placed_weights(&mut |_, _| {}).unwrap();
+    let xb = f32_bytes(&rng.vec(D * 2));
+    let ib = i32_bytes(&[0, 3]);
+    let ins: [(TensorId, &[u8]); 2] = [(x, &xb), (idx, &ib)];
+    reference.run(&g, &ins).unwrap();
+    host_only.run(&g, &ins).unwrap();
+    assert_eq!(
+        host_only.output_f32(z).unwrap(),
+        reference.output_f32(z).unwrap()
+    );
 }
