@@ -25,6 +25,8 @@ const OFF_D: usize = 544;
 const TR: usize = 4;
 /// Columns per register tile.
 const TC: usize = 3;
+/// Rows in flight in the one- and two-column kernel.
+const DIRECT_ROWS: usize = 2;
 
 /// Which of llama.cpp's x86 kernels a result's float steps follow (a const generic of [`tile`]).
 ///
@@ -196,55 +198,72 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
     }
 }
 
-/// One weight row read straight from its blocks (decoded in registers) times one or two Q8_K
-/// rows: [`tile`]'s arithmetic for decode, where a decoded copy would be read once only.
+/// `R` weight rows (`wstride` bytes apart) read straight from their blocks (decoded in
+/// registers) times `C` Q8_K rows: [`tile`]'s arithmetic for decode, where a decoded copy would
+/// be read once only. Every row keeps its own accumulators (rows in flight only overlap their
+/// latencies), and the next rows are prefetched: several rows are several memory streams, which
+/// the hardware prefetcher follows less well than one.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks of `ty` readable at `w`, `C` Q8_K rows of `nb`
-/// blocks at `a + c * astride`.
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks of `ty` readable at `w + r * wstride` for every
+/// `r < R`, `C` Q8_K rows of `nb` blocks at `a + c * astride`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn row_direct<const C: usize, const SIX: bool, const ORD: u8>(
+unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD: u8>(
     ty: DType,
     nb: usize,
     w: *const u8,
+    wstride: usize,
     a: *const u8,
     astride: usize,
-) -> [f32; C] {
+) -> [[f32; C]; R] {
     let bs = ty.type_size();
-    let mut acc8 = [_mm256_setzero_ps(); C];
-    let mut acc_d = [0f32; C];
-    let mut acc_m = [0f32; C];
+    let mut acc8 = [[_mm256_setzero_ps(); C]; R];
+    let mut acc_d = [[0f32; C]; R];
+    let mut acc_m = [[0f32; C]; R];
+    let next = w.wrapping_add(R * wstride);
+    let lines = (R * wstride).div_ceil(64 * nb.max(1));
     for i in 0..nb {
-        // SAFETY: super-block `i` of the row and of every activation row is in bounds (caller).
-        unsafe {
-            let sb = decode_sb(ty, w.add(i * bs));
-            for c in 0..C {
-                let ab = a.add(c * astride + i * Q8K_BYTES);
-                let mut sumi = _mm512_setzero_si512();
-                for j in 0..4 {
-                    let av = _mm512_loadu_si512(ab.add(4 + 64 * j) as *const _);
-                    sumi =
-                        _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(sb.vals[j], av), sb.sv[j]);
+        for l in 0..lines {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((i * lines + l) * 64) as *const i8);
+        }
+        for r in 0..R {
+            // SAFETY: super-block `i` of every row and of every activation row is in bounds
+            // (caller).
+            unsafe {
+                let sb = decode_sb(ty, w.add(r * wstride + i * bs));
+                for c in 0..C {
+                    let ab = a.add(c * astride + i * Q8K_BYTES);
+                    let mut sumi = _mm512_setzero_si512();
+                    for j in 0..4 {
+                        let av = _mm512_loadu_si512(ab.add(4 + 64 * j) as *const _);
+                        sumi = _mm512_dpwssd_epi32(
+                            sumi,
+                            _mm512_maddubs_epi16(sb.vals[j], av),
+                            sb.sv[j],
+                        );
+                    }
+                    let da = std::ptr::read_unaligned(ab as *const f32);
+                    let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
+                    let mm = _mm256_madd_epi16(sb.m16, bsums);
+                    finish::<SIX, ORD>(
+                        sumi,
+                        mm,
+                        da,
+                        sb.d,
+                        sb.dmin,
+                        &mut acc8[r][c],
+                        &mut acc_d[r][c],
+                        &mut acc_m[r][c],
+                    );
                 }
-                let da = std::ptr::read_unaligned(ab as *const f32);
-                let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
-                let mm = _mm256_madd_epi16(sb.m16, bsums);
-                finish::<SIX, ORD>(
-                    sumi,
-                    mm,
-                    da,
-                    sb.d,
-                    sb.dmin,
-                    &mut acc8[c],
-                    &mut acc_d[c],
-                    &mut acc_m[c],
-                );
             }
         }
     }
-    let mut out = [0f32; C];
-    for c in 0..C {
-        out[c] = result::<SIX, ORD>(acc8[c], acc_d[c], acc_m[c]);
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            out[r][c] = result::<SIX, ORD>(acc8[r][c], acc_d[r][c], acc_m[r][c]);
+        }
     }
     out
 }
@@ -650,32 +669,48 @@ pub(crate) fn dot_tile(
     let six = ty == DType::Q6_K;
     let five = ty == DType::Q5_K;
     if cols <= 2 {
-        for r in 0..rows {
+        let mut r = 0;
+        while r < rows {
+            let rn = if rows - r >= DIRECT_ROWS {
+                DIRECT_ROWS
+            } else {
+                1
+            };
             let wr = w[r * wstride..].as_ptr();
             let ap = a.as_ptr();
             macro_rules! go {
-                ($c:literal) => {{
-                    // SAFETY: AVX-512 VNNI detected (caller path); row `r` holds `nb` blocks and
-                    // the `cols` Q8_K rows `nb` blocks each (checked above).
+                ($r:literal, $c:literal) => {{
+                    // SAFETY: AVX-512 VNNI detected (caller path); rows `r..r + $r` hold `nb`
+                    // blocks and the `cols` Q8_K rows `nb` blocks each (checked above).
                     let v = unsafe {
                         if six {
-                            row_direct::<$c, true, { Order::LANES }>(ty, nb, wr, ap, astride)
+                            rows_direct::<$r, $c, true, { Order::LANES }>(
+                                ty, nb, wr, wstride, ap, astride,
+                            )
                         } else if five {
-                            row_direct::<$c, false, { Order::LANES }>(ty, nb, wr, ap, astride)
+                            rows_direct::<$r, $c, false, { Order::LANES }>(
+                                ty, nb, wr, wstride, ap, astride,
+                            )
                         } else {
-                            row_direct::<$c, false, { Order::GEMV }>(ty, nb, wr, ap, astride)
+                            rows_direct::<$r, $c, false, { Order::GEMV }>(
+                                ty, nb, wr, wstride, ap, astride,
+                            )
                         }
                     };
-                    for (c, &x) in v.iter().enumerate() {
-                        out[c * ocs + r] = x;
+                    for (dr, row) in v.iter().enumerate() {
+                        for (c, &x) in row.iter().enumerate() {
+                            out[c * ocs + r + dr] = x;
+                        }
                     }
                 }};
             }
-            if cols == 2 {
-                go!(2)
-            } else {
-                go!(1)
+            match (rn, cols) {
+                (DIRECT_ROWS, 2) => go!(2, 2),
+                (DIRECT_ROWS, _) => go!(2, 1),
+                (_, 2) => go!(1, 2),
+                _ => go!(1, 1),
             }
+            r += rn;
         }
         return true;
     }

@@ -28,6 +28,8 @@ pub(crate) const A_BLK: usize = 128;
 const TP: usize = 2;
 /// Columns per register tile.
 const TC: usize = 4;
+/// Rows in flight in the one- and two-column kernel.
+const DIRECT_ROWS: usize = 4;
 
 /// The value offset that makes `ty`'s weights unsigned, or `None` for other types.
 fn offset(ty: DType) -> Option<u8> {
@@ -241,45 +243,95 @@ unsafe fn tile<const P: usize, const C: usize>(
     out
 }
 
-/// One weight row read straight from its blocks (decoded in registers) times one or two
-/// prepared columns: [`tile`]'s arithmetic on 256-bit lanes (a row's half of a pair), for
-/// decode, where the rows stream from memory once and one sequential stream per thread keeps the
-/// hardware prefetcher ahead.
+/// `R` weight rows (`wstride` bytes apart) read straight from their blocks (decoded in
+/// registers) times `C` prepared columns: [`tile`]'s arithmetic on 256-bit lanes (a row's half of
+/// a pair), for decode, where the rows stream from memory once. Each row keeps its own
+/// accumulator, so several rows in flight hide the FMA chain's latency without changing a bit;
+/// the type is matched once per call, not per block.
 ///
 /// # Safety
-/// AVX-512 VL/VNNI and F16C; `nb` blocks of `ty` readable at `w`, `C` prepared activation rows of
-/// `nb` blocks at `a + c * astride`.
+/// AVX-512 VL/VNNI and F16C; `nb` blocks of `ty` (Q4_0, Q5_0 or Q8_0) readable at
+/// `w + r * wstride` for every `r < R`, `C` prepared activation rows of `nb` blocks at
+/// `a + c * astride`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn row_direct<const C: usize>(
+unsafe fn rows_direct<const R: usize, const C: usize>(
     ty: DType,
     nb: usize,
     w: *const u8,
+    wstride: usize,
     a: *const u8,
     astride: usize,
-) -> [f32; C] {
-    let mut acc = [_mm256_setzero_ps(); C];
-    for i in 0..nb {
-        // SAFETY: block `i` of the row and of every activation row is in bounds (caller).
-        unsafe {
-            let (q, d) = decode_block(ty, w, i);
-            let dw = _mm256_set1_ps(d);
-            for (c, acc) in acc.iter_mut().enumerate() {
-                let ap = a.add(c * astride + i * A_BLK);
-                let av = _mm256_loadu_si256(ap as *const __m256i);
-                let corr = _mm256_loadu_si256(ap.add(32) as *const __m256i);
-                let da = _mm256_set1_ps(std::ptr::read_unaligned(ap.add(64) as *const f32));
-                let d = _mm256_mul_ps(dw, da);
-                let p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr, q, av));
-                *acc = _mm256_fmadd_ps(d, p, *acc);
-            }
+) -> [[f32; C]; R] {
+    // SAFETY: forwarded from the caller; each arm fixes the type so the block decode is
+    // specialized.
+    unsafe {
+        match ty {
+            DType::Q8_0 => rows_direct_body::<R, C>(DType::Q8_0, nb, w, wstride, a, astride),
+            DType::Q4_0 => rows_direct_body::<R, C>(DType::Q4_0, nb, w, wstride, a, astride),
+            _ => rows_direct_body::<R, C>(DType::Q5_0, nb, w, wstride, a, astride),
         }
     }
-    let mut out = [0f32; C];
-    for (o, &v) in out.iter_mut().zip(acc.iter()) {
-        let [lo, _] = hsum8x2(_mm512_castps256_ps512(v));
-        *o = lo;
+}
+
+/// The loop of [`rows_direct`], always inlined into it (no target features of its own, which
+/// `inline(always)` requires).
+///
+/// # Safety
+/// Only called from functions compiled with AVX-512 VL/VNNI and F16C; as [`rows_direct`].
+#[inline(always)]
+unsafe fn rows_direct_body<const R: usize, const C: usize>(
+    ty: DType,
+    nb: usize,
+    w: *const u8,
+    wstride: usize,
+    a: *const u8,
+    astride: usize,
+) -> [[f32; C]; R] {
+    // SAFETY: the caller runs with the features these intrinsics need; block `i` of every row
+    // and of every activation row is in bounds (caller).
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        // The next group of rows, a few lines per block step: with several rows in flight the
+        // accesses are no longer one sequential stream, which the hardware prefetcher follows
+        // less well.
+        let next = w.wrapping_add(R * wstride);
+        let lines = (R * wstride).div_ceil(64 * nb.max(1));
+        for i in 0..nb {
+            if R > 1 {
+                for l in 0..lines {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        next.wrapping_add((i * lines + l) * 64) as *const i8
+                    );
+                }
+            }
+            let mut av = [_mm256_setzero_si256(); C];
+            let mut corr = [_mm256_setzero_si256(); C];
+            let mut da = [0f32; C];
+            for c in 0..C {
+                let ap = a.add(c * astride + i * A_BLK);
+                av[c] = _mm256_loadu_si256(ap as *const __m256i);
+                corr[c] = _mm256_loadu_si256(ap.add(32) as *const __m256i);
+                da[c] = std::ptr::read_unaligned(ap.add(64) as *const f32);
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (q, dw) = decode_block(ty, w.add(r * wstride), i);
+                for c in 0..C {
+                    // The same rounding as `_mm256_mul_ps` of the broadcast scales.
+                    let d = _mm256_set1_ps(dw * da[c]);
+                    let p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr[c], q, av[c]));
+                    acc[c] = _mm256_fmadd_ps(d, p, acc[c]);
+                }
+            }
+        }
+        let mut out = [[0f32; C]; R];
+        for (o, acc) in out.iter_mut().zip(acc.iter()) {
+            for (o, &v) in o.iter_mut().zip(acc.iter()) {
+                let [lo, _] = hsum8x2(_mm512_castps256_ps512(v));
+                *o = lo;
+            }
+        }
+        out
     }
-    out
 }
 
 /// ggml's eight-lane horizontal sum (`hsum_float_8`: 128-bit halves, then `movehl`, then
@@ -337,19 +389,33 @@ pub(crate) fn dot_tile(
         return false;
     }
     if cols <= 2 {
-        for r in 0..rows {
-            let wr = w[r * wstride..].as_ptr();
-            // SAFETY: AVX-512 VNNI detected (caller path); row `r` holds `nb` blocks and the
-            // `cols` prepared rows `nb` blocks each (checked above).
-            unsafe {
-                if cols == 2 {
-                    let v = row_direct::<2>(ty, nb, wr, a.as_ptr(), astride);
-                    out[r] = v[0];
-                    out[ocs + r] = v[1];
-                } else {
-                    out[r] = row_direct::<1>(ty, nb, wr, a.as_ptr(), astride)[0];
-                }
+        let mut r = 0;
+        while r < rows {
+            let rn = if rows - r >= DIRECT_ROWS {
+                DIRECT_ROWS
+            } else {
+                1
+            };
+            let (wr, ap) = (w[r * wstride..].as_ptr(), a.as_ptr());
+            macro_rules! go {
+                ($r:literal, $c:literal) => {{
+                    // SAFETY: AVX-512 VNNI detected (caller path); rows `r..r + $r` hold `nb`
+                    // blocks and the `$c` prepared rows `nb` blocks each (checked above).
+                    let v = unsafe { rows_direct::<$r, $c>(ty, nb, wr, wstride, ap, astride) };
+                    for (dr, row) in v.iter().enumerate() {
+                        for (c, &x) in row.iter().enumerate() {
+                            out[c * ocs + r + dr] = x;
+                        }
+                    }
+                }};
             }
+            match (rn, cols) {
+                (DIRECT_ROWS, 2) => go!(4, 2),
+                (DIRECT_ROWS, _) => go!(4, 1),
+                (_, 2) => go!(1, 2),
+                _ => go!(1, 1),
+            }
+            r += rn;
         }
         return true;
     }
