@@ -5,13 +5,14 @@
 
 use rayon::prelude::*;
 
+use super::ops::{act_fn, gate_in_place};
 use super::{out_f32, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
 use crate::quant::{
     act_type, dot_float, dot_tile, quantize_act, quantize_act_tiled, tiled, tiled_act_bytes,
     vec_dot, vec_dot_cols,
 };
-use crate::tensor::{row_bytes, DType, Tensor};
+use crate::tensor::{row_bytes, Act, DType, Tensor};
 
 /// Weight rows per parallel task.
 fn chunk_rows(n: usize, threads: usize) -> usize {
@@ -20,7 +21,7 @@ fn chunk_rows(n: usize, threads: usize) -> usize {
 }
 
 /// The second weight and activation of a fused gated product: `act(w . x) * (w2 . x)`.
-pub(crate) type Gate<'a, 'b> = Option<(&'a SrcView<'b>, fn(f32) -> f32)>;
+pub(crate) type Gate<'a, 'b> = Option<(&'a SrcView<'b>, Act)>;
 
 pub(crate) fn mul_mat(
     be: &CpuBackend,
@@ -119,7 +120,7 @@ pub(crate) fn mul_mat(
             };
             let dot = |row: usize, col: usize| -> f32 {
                 match gate {
-                    Some((w2, act)) => act(dot1(w, row, col)) * dot1(w2, row, col),
+                    Some((w2, act)) => act_fn(act)(dot1(w, row, col)) * dot1(w2, row, col),
                     None => dot1(w, row, col),
                 }
             };
@@ -177,9 +178,7 @@ pub(crate) fn mul_mat(
                                     arb,
                                     &mut tmp2[..cn],
                                 );
-                                for c in 0..cn {
-                                    tmp[c] = act(tmp[c]) * tmp2[c];
-                                }
+                                gate_in_place(act, &mut tmp[..cn], &tmp2[..cn]);
                             }
                             for (c, &v) in tmp[..cn].iter().enumerate() {
                                 cols[col + c][r] = v;
@@ -192,6 +191,12 @@ pub(crate) fn mul_mat(
         }
     }
     Ok(())
+}
+
+thread_local! {
+    /// A task's tile results and its gate's (see [`mul_mat_tiled`]).
+    static TILE_OUT: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The tile-kernel path: each task owns `chunk` weight rows and computes them for all `m`
@@ -230,9 +235,7 @@ fn mul_mat_tiled(
             if !dot_tile(simd, wty, k, wr2, wstride, rn, a, arb, m, res2, rn) {
                 return false;
             }
-            for (v, &u) in res.iter_mut().zip(res2.iter()) {
-                *v = act(*v) * u;
-            }
+            gate_in_place(act, res, res2);
         }
         true
     };
@@ -266,19 +269,26 @@ fn mul_mat_tiled(
         .enumerate()
         .map(|(ci, cols)| {
             let rn = cols.first().map_or(0, |c| c.len());
-            let mut res = vec![0f32; rn * m];
-            let mut res2 = if gate.is_some() {
-                vec![0f32; rn * m]
-            } else {
-                Vec::new()
-            };
-            if !run(ci * chunk, rn, &mut res, &mut res2) {
-                return false;
-            }
-            for (col, r) in cols.iter_mut().zip(res.chunks_exact(rn)) {
-                col.copy_from_slice(r);
-            }
-            true
+            TILE_OUT.with(|bufs| {
+                // Reused per thread: a fresh zeroed buffer per task costs page faults and a
+                // memset (tens of kB per task in prefill); the tiles write every value.
+                let (res, res2) = &mut *bufs.borrow_mut();
+                let len2 = if gate.is_some() { rn * m } else { 0 };
+                if res.len() < rn * m {
+                    res.resize(rn * m, 0.0);
+                }
+                if res2.len() < len2 {
+                    res2.resize(len2, 0.0);
+                }
+                let (res, res2) = (&mut res[..rn * m], &mut res2[..len2]);
+                if !run(ci * chunk, rn, res, res2) {
+                    return false;
+                }
+                for (col, r) in cols.iter_mut().zip(res.chunks_exact(rn)) {
+                    col.copy_from_slice(r);
+                }
+                true
+            })
         })
         .all(|ok| ok);
     if ok {

@@ -161,14 +161,9 @@ pub(crate) fn compute(
             matmul::mul_mat(be, t, out, &srcs[0], &srcs[1], None)?;
             ops::add_in_place(t, out, &srcs[2])
         }
-        Op::MulMatGated(act) => matmul::mul_mat(
-            be,
-            t,
-            out,
-            &srcs[0],
-            &srcs[2],
-            Some((&srcs[1], ops::act_fn(*act))),
-        ),
+        Op::MulMatGated(act) => {
+            matmul::mul_mat(be, t, out, &srcs[0], &srcs[2], Some((&srcs[1], *act)))
+        }
         Op::RmsNormMul { eps } => ops::rms_norm_mul(t, out, &srcs[0], &srcs[1], *eps),
         Op::Add => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a + b),
         Op::Mul => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a * b),
