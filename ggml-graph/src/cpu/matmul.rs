@@ -34,7 +34,7 @@ pub(crate) fn mul_mat(
     let wt = w.t;
     let wty = wt.dtype;
     let float_w = matches!(wty, DType::F32 | DType::F16 | DType::BF16);
-    if !float_w && !crate::quant::blocks::is_supported(wty) {
+    if !float_w && !crate::quant::is_supported(wty) {
         return Err(unsupported(t, format!("weight type {wty}")));
     }
     let k = wt.ne[0];

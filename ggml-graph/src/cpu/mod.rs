@@ -62,11 +62,12 @@ impl CpuBackend {
     pub fn supports(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
         match t.op {
             Op::MulMatGated(_) if srcs[0].dtype != srcs[1].dtype => false,
-            Op::MulMat | Op::GetRows | Op::MulMatAdd | Op::MulMatGated(_) => {
+            Op::MulMat | Op::MulMatAdd | Op::MulMatGated(_) => {
                 let w = srcs[0].dtype;
-                matches!(w, DType::F32 | DType::F16 | DType::BF16)
-                    || crate::quant::blocks::is_supported(w)
+                matches!(w, DType::F32 | DType::F16 | DType::BF16) || crate::quant::is_supported(w)
             }
+            // Rows are decoded by `gguf`, which reads every type but the 8-bit activation ones.
+            Op::GetRows => !matches!(srcs[0].dtype, DType::Q8_K),
             _ => true,
         }
     }

@@ -5,6 +5,7 @@
 //! paths chosen at run time; tests check them against each other.
 
 pub mod blocks;
+mod generic;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -21,8 +22,14 @@ pub fn act_type(w: DType) -> Option<DType> {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(DType::Q8_0),
         DType::Q4_1 | DType::Q5_1 => Some(DType::Q8_1),
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => Some(DType::Q8_K),
-        _ => None,
+        _ => generic::act_type(w),
     }
+}
+
+/// True for the quantized weight types mul_mat takes: the ones with kernels here and the
+/// ones dotted through their `gguf` decoding ([`generic`]).
+pub fn is_supported(ty: DType) -> bool {
+    blocks::is_supported(ty) || generic::act_type(ty).is_some()
 }
 
 /// Which SIMD level the dot products use (ordered: each level includes the ones before).
@@ -284,6 +291,9 @@ pub fn vec_dot_cols(
     if simd != Simd::Scalar && x86::vec_dot_cols(ty, n, w, a, astride, out) {
         return;
     }
+    if generic::dot_cols(ty, n, w, a, astride, out) {
+        return;
+    }
     for (c, o) in out.iter_mut().enumerate() {
         *o = vec_dot(simd, ty, n, w, &a[c * astride..]);
     }
@@ -291,6 +301,10 @@ pub fn vec_dot_cols(
 
 /// The portable dot product (the reference for the SIMD paths).
 pub fn vec_dot_scalar(ty: DType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0f32];
+    if generic::dot_cols(ty, n, w, a, a.len(), &mut out) {
+        return out[0];
+    }
     let wb = ty.type_size();
     match ty {
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
