@@ -60,9 +60,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .ok_or_else(|| format!("odd executable path {}", exe.display()))?;
-            let dst = bin_dir.join(format!("{what}-{name}"));
-            copy_exe(&exe, &dst)?;
-            tests.push(dst);
+            tests.push(copy_exe(&exe, &bin_dir.join(format!("{what}-{name}")))?);
         }
     }
     for (krate, extra) in GPU_TEST_TARGETS {
@@ -81,9 +79,10 @@ pub fn run(args: &[String]) -> Result<()> {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .ok_or_else(|| format!("odd executable path {}", exe.display()))?;
-            let dst = bin_dir.join(format!("test-{krate}-{name}"));
-            copy_exe(&exe, &dst)?;
-            tests.push(dst);
+            tests.push(copy_exe(
+                &exe,
+                &bin_dir.join(format!("test-{krate}-{name}")),
+            )?);
         }
     }
     let mut cmd = cargo();
@@ -97,9 +96,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "rocmforge",
     ]);
     for exe in built_executables(&mut cmd, "bin")? {
-        let dst = bin_dir.join("rocmforge");
-        copy_exe(&exe, &dst)?;
-        tests.push(dst);
+        tests.push(copy_exe(&exe, &bin_dir.join("rocmforge"))?);
     }
     if let Some(model) = model {
         let table = out.join("model-tensors.tsv");
@@ -118,7 +115,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .map(|m| m.len())
         .sum();
     println!(
-        "device-bundle: {} executables ({:.1} MiB) in {}; on the GPU machine run `bash .device/run.sh`",
+        "device-bundle: {} executables ({:.1} MiB as carried) in {}; on the GPU machine run `bash .device/run.sh`",
         tests.len(),
         total as f64 / (1 << 20) as f64,
         out.display()
@@ -127,8 +124,10 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 /// Copies an executable into the bundle without its debug sections when `strip` is there (the
-/// GPU machine takes 64 MiB per call; line tables triple the size).
-fn copy_exe(exe: &Path, dst: &Path) -> Result<()> {
+/// GPU machine takes 64 MiB per call; line tables triple the size), then compresses it with `xz`
+/// when that is there (a third of the size again, so the whole bundle travels in one call); the
+/// runner script unpacks `*.xz` on the GPU machine. Returns the file written.
+fn copy_exe(exe: &Path, dst: &Path) -> Result<PathBuf> {
     let stripped = Command::new("strip")
         .arg("--strip-debug")
         .arg("-o")
@@ -139,7 +138,19 @@ fn copy_exe(exe: &Path, dst: &Path) -> Result<()> {
     if !stripped {
         fs::copy(exe, dst).map_err(|e| format!("{} -> {}: {e}", exe.display(), dst.display()))?;
     }
-    Ok(())
+    let compressed = Command::new("xz")
+        .args(["-6", "-T0", "-f"])
+        .arg(dst)
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut xz = dst.as_os_str().to_owned();
+    xz.push(".xz");
+    let xz = PathBuf::from(xz);
+    Ok(if compressed && xz.exists() {
+        xz
+    } else {
+        dst.to_path_buf()
+    })
 }
 
 fn cargo() -> Command {
@@ -215,6 +226,16 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # Runs every GPU test and benchmark of the bundle; made by `cargo xtask device-bundle`.
 set -u
 cd "$(dirname "$0")/.."
+# The executables travel xz-compressed; unpacked next to the carried tree, which may be read-only.
+bin=${TMPDIR:-/tmp}/rocmforge-bundle
+rm -rf "$bin" && mkdir -p "$bin"
+for f in .device/bin/*; do
+  case "$f" in
+    *.xz) xz -dc "$f" > "$bin/$(basename "${f%.xz}")" ;;
+    *) cp "$f" "$bin/" ;;
+  esac
+done
+chmod +x "$bin"/*
 export ROCMFORGE_REQUIRE_GPU=1
 export RUST_BACKTRACE=1
 if [ -f .device/model-tensors.tsv ]; then
@@ -222,7 +243,7 @@ if [ -f .device/model-tensors.tsv ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv 2>/dev/null
 fail=0
-for t in .device/bin/test-*; do
+for t in "$bin"/test-*; do
   echo "=== $t"
   if ! "$t" --test-threads=1; then
     echo "FAILED: $t"
@@ -231,17 +252,17 @@ for t in .device/bin/test-*; do
 done
 # ROCMFORGE_MEMCHECK=1: every test binary again under compute-sanitizer's memcheck (NVIDIA).
 if [ "${ROCMFORGE_MEMCHECK:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  for t in .device/bin/test-*; do
+  for t in "$bin"/test-*; do
     echo "=== memcheck $t"
     compute-sanitizer --tool memcheck --error-exitcode 3 "$t" --test-threads=1 -q || { echo "FAILED: memcheck $t"; fail=1; }
   done
 fi
-for b in .device/bin/bench-*; do
+for b in "$bin"/bench-*; do
   echo "=== $b"
   "$b" --bench || fail=1
 done
 # Whole-model runs: a synthetic Gemma-3-270M-shaped model (Q4_K_M mix, byte-level vocabulary).
-rf=.device/bin/rocmforge
+rf=$bin/rocmforge
 if [ -x "$rf" ]; then
   m=${TMPDIR:-/tmp}/rocmforge-synth-gemma3-270m.gguf
   [ -f "$m" ] || "$rf" synth --arch gemma3 --preset gemma3-270m --out "$m" || fail=1
