@@ -9,7 +9,7 @@ use super::ops::{act_fn, gate_in_place};
 use super::{out_f32, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
 use crate::quant::{
-    act_type, dot_float, dot_tile, quantize_act, quantize_act_tiled, tiled, tiled_act_bytes,
+    act_type, dot_float, dot_tile_of, quantize_act, quantize_act_tiled, tiled, tiled_act_bytes,
     vec_dot, vec_dot_cols,
 };
 use crate::tensor::{row_bytes, Act, DType, Tensor};
@@ -219,20 +219,23 @@ fn mul_mat_tiled(
     let n = ob.len() / m;
     let wstride = wt.nb[1];
     let wrb = wt.row_bytes();
+    let repacked = crate::quant::repacked(wty, wt.ne);
     let span = |r0: usize, rn: usize| (w_off + r0 * wstride, (rn - 1) * wstride + wrb);
     let run = |r0: usize, rn: usize, res: &mut [f32], res2: &mut [f32]| -> bool {
         let (s, len) = span(r0, rn);
         let Some(wr) = w.data.get(s..s + len) else {
             return false;
         };
-        if !dot_tile(simd, wty, k, wr, wstride, rn, a, arb, m, res, rn) {
+        if !dot_tile_of(simd, wty, k, wr, wstride, rn, a, arb, m, res, rn, repacked) {
             return false;
         }
         if let Some((w2, act)) = gate {
             let Some(wr2) = w2.data.get(s..s + len) else {
                 return false;
             };
-            if !dot_tile(simd, wty, k, wr2, wstride, rn, a, arb, m, res2, rn) {
+            if !dot_tile_of(
+                simd, wty, k, wr2, wstride, rn, a, arb, m, res2, rn, repacked,
+            ) {
                 return false;
             }
             gate_in_place(act, res, res2);

@@ -187,10 +187,18 @@ pub fn quantize_act_tiled(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
     }
 }
 
+/// True when llama.cpp's CPU backend (AVX2 and up) repacks a weight of type `ty` and shape `ne`
+/// into its interleaved layout: Q4_K, 2-D, rows a multiple of 8. The tile kernels then follow
+/// its repacked kernels' float steps, otherwise its plain ones (see [`dot_tile_of`]).
+pub fn repacked(ty: DType, ne: [usize; 4]) -> bool {
+    ty == DType::Q4_K && ne[1].is_multiple_of(8) && ne[2] == 1 && ne[3] == 1
+}
+
 /// Dot products of `rows` weight rows of type `ty` (`n` values, `wstride` bytes apart in `w`) with
 /// `cols` activation rows from [`quantize_act_tiled`] (`astride` bytes apart in `a`), written to
-/// `out[c * ocs + r]`; each weight row is decoded once for all columns. False when [`tiled`]
-/// does not hold or a length does not fit.
+/// `out[c * ocs + r]`; each weight row is decoded once for all columns. Q4_K rows take the float
+/// steps of a weight llama.cpp repacks (see [`dot_tile_of`] for the others). False when
+/// [`tiled`] does not hold or a length does not fit.
 #[allow(clippy::too_many_arguments)]
 pub fn dot_tile(
     simd: Simd,
@@ -205,15 +213,42 @@ pub fn dot_tile(
     out: &mut [f32],
     ocs: usize,
 ) -> bool {
+    dot_tile_of(
+        simd, ty, n, w, wstride, rows, a, astride, cols, out, ocs, true,
+    )
+}
+
+/// [`dot_tile`] for rows of a weight that llama.cpp repacks or not (`repacked`, from
+/// [`repacked`]): for Q4_K the float steps differ (its repacked gemm/gemv kernels, or its tiled
+/// matmul from 8 columns and `vec_dot` below); the other types ignore it.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_tile_of(
+    simd: Simd,
+    ty: DType,
+    n: usize,
+    w: &[u8],
+    wstride: usize,
+    rows: usize,
+    a: &[u8],
+    astride: usize,
+    cols: usize,
+    out: &mut [f32],
+    ocs: usize,
+    repacked: bool,
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     if tiled(simd, ty) {
         return if prepared(ty) {
             x86::tile::dot_tile(ty, n, w, wstride, rows, a, astride, cols, out, ocs)
         } else {
-            x86::ktile::dot_tile(ty, n, w, wstride, rows, a, astride, cols, out, ocs)
+            x86::ktile::dot_tile(
+                ty, n, w, wstride, rows, a, astride, cols, out, ocs, repacked,
+            )
         };
     }
-    let _ = (simd, ty, n, w, wstride, rows, a, astride, cols, out, ocs);
+    let _ = (
+        simd, ty, n, w, wstride, rows, a, astride, cols, out, ocs, repacked,
+    );
     false
 }
 

@@ -30,12 +30,11 @@ const DIRECT_ROWS: usize = 2;
 
 /// Which of llama.cpp's x86 kernels a result's float steps follow (a const generic of [`tile`]).
 ///
-/// llama.cpp picks by type and batch: Q4_K weights (rows a multiple of 8) are repacked and run
-/// `gemm_q4_K_8x8` on whole groups of four activation columns and `gemv_q4_K_8x8` on the rest;
-/// Q5_K and Q6_K run its tiled K-quant matmul (`ggml-cpu/tiled`) for 8 or more columns and
-/// `vec_dot_*_q8_K` below that. Not followed (results then differ in the last bits): Q4_K
-/// weights whose row count is not a multiple of 8 (llama.cpp does not repack them; we always
-/// take the repacked orders).
+/// llama.cpp picks by type and batch: Q4_K weights (2-D, rows a multiple of 8) are repacked and
+/// run `gemm_q4_K_8x8` on whole groups of four activation columns and `gemv_q4_K_8x8` on the
+/// rest; other Q4_K weights, Q5_K and Q6_K run its tiled K-quant matmul (`ggml-cpu/tiled`) for 8
+/// or more columns and `vec_dot_*_q8_K` below that (the caller says which Q4_K weights are
+/// repacked).
 struct Order;
 impl Order {
     /// Q6_K and Q5_K `vec_dot`: eight i32 lanes per super-block, `fma(da * dw, lanes, acc)`,
@@ -48,6 +47,10 @@ impl Order {
     /// Tiled matmul: per super-block `r = dot * dw` (Q5_K: `r = fma(-dmin, mins, r)`), then
     /// `acc = fma(r, da, acc)`.
     const TILED: u8 = 2;
+    /// Q4_K `vec_dot` (weights llama.cpp does not repack): eight i32 lanes as [`Self::LANES`],
+    /// `fma(da * dw, lanes, acc)`; the min terms of sub-block pairs on four lanes,
+    /// `m = fma(-da * dmin, pair, m)`, summed `(m0 + m2) + (m1 + m3)` and added last.
+    const LANES4: u8 = 3;
 }
 
 /// Columns from which Q5_K/Q6_K take llama.cpp's tiled order.
@@ -220,6 +223,7 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
     let mut acc8 = [[_mm256_setzero_ps(); C]; R];
     let mut acc_d = [[0f32; C]; R];
     let mut acc_m = [[0f32; C]; R];
+    let mut acc_m4 = [[_mm_setzero_ps(); C]; R];
     let next = w.wrapping_add(R * wstride);
     let lines = (R * wstride).div_ceil(64 * nb.max(1));
     for i in 0..nb {
@@ -254,6 +258,7 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
                         &mut acc8[r][c],
                         &mut acc_d[r][c],
                         &mut acc_m[r][c],
+                        &mut acc_m4[r][c],
                     );
                 }
             }
@@ -262,7 +267,7 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
     let mut out = [[0f32; C]; R];
     for r in 0..R {
         for c in 0..C {
-            out[r][c] = result::<SIX, ORD>(acc8[r][c], acc_d[r][c], acc_m[r][c]);
+            out[r][c] = result::<SIX, ORD>(acc8[r][c], acc_d[r][c], acc_m[r][c], acc_m4[r][c]);
         }
     }
     out
@@ -281,6 +286,7 @@ fn finish<const SIX: bool, const ORD: u8>(
     acc8: &mut __m256,
     acc_d: &mut f32,
     acc_m: &mut f32,
+    acc_m4: &mut __m128,
 ) {
     // Lanes m and m + 8 hold the same four values of two 32-value chunks.
     let s8 = _mm256_add_epi32(
@@ -295,6 +301,12 @@ fn finish<const SIX: bool, const ORD: u8>(
             (-dmin).mul_add(hsum_i32(mm) as f32, hsum_i32(s8) as f32 * dw)
         };
         *acc_d = r.mul_add(da, *acc_d);
+    } else if ORD == Order::LANES4 {
+        *acc8 = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(s8), *acc8);
+        // Lane l of mm: sub-block l's min times its 32-value sum; pairs of sub-blocks added.
+        let pairs = _mm256_hadd_epi32(mm, mm);
+        let p4 = _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(pairs));
+        *acc_m4 = _mm_fmadd_ps(_mm_set1_ps(-da * dmin), _mm_cvtepi32_ps(p4), *acc_m4);
     } else if ORD == Order::LANES {
         // Q6_K: (q - 32) . a, subtracting 32 * scale * group sum per lane.
         let s8 = if SIX {
@@ -319,9 +331,17 @@ fn finish<const SIX: bool, const ORD: u8>(
 /// A result from its accumulators (see [`Order`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn result<const SIX: bool, const ORD: u8>(acc8: __m256, acc_d: f32, acc_m: f32) -> f32 {
+fn result<const SIX: bool, const ORD: u8>(
+    acc8: __m256,
+    acc_d: f32,
+    acc_m: f32,
+    acc_m4: __m128,
+) -> f32 {
     if ORD == Order::TILED {
         acc_d
+    } else if ORD == Order::LANES4 {
+        let m = _mm_add_ps(acc_m4, _mm_movehl_ps(acc_m4, acc_m4));
+        hsum_float_8(acc8) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
     } else if ORD == Order::LANES {
         // Q5_K adds its min chain (zero for Q6_K).
         hsum_float_8(acc8) + acc_m
@@ -347,6 +367,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool, const ORD: u8>(
     let mut acc8 = [[_mm256_setzero_ps(); C]; R];
     let mut acc_d = [[0f32; C]; R];
     let mut acc_m = [[0f32; C]; R];
+    let mut acc_m4 = [[_mm_setzero_ps(); C]; R];
     for i in 0..nb {
         // SAFETY: super-block `i` of every row is in bounds (caller).
         unsafe {
@@ -384,6 +405,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool, const ORD: u8>(
                         &mut acc8[r][c],
                         &mut acc_d[r][c],
                         &mut acc_m[r][c],
+                        &mut acc_m4[r][c],
                     );
                 }
             }
@@ -392,7 +414,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool, const ORD: u8>(
     let mut out = [[0f32; C]; R];
     for r in 0..R {
         for c in 0..C {
-            out[r][c] = result::<SIX, ORD>(acc8[r][c], acc_d[r][c], acc_m[r][c]);
+            out[r][c] = result::<SIX, ORD>(acc8[r][c], acc_d[r][c], acc_m[r][c], acc_m4[r][c]);
         }
     }
     out
@@ -637,7 +659,8 @@ thread_local! {
 /// Dot products of `rows` weight rows (`n` values of `ty` each, `wstride` bytes apart in `w`)
 /// with `cols` Q8_K activation rows (`astride` bytes apart in `a`): `out[c * ocs + r]`. `cols`
 /// is every activation column of the matmul: the float steps depend on it as llama.cpp's do
-/// (see [`Order`]). False when the type or a length does not fit.
+/// (see [`Order`]), and for Q4_K on whether llama.cpp repacks the weight (`repacked`). False when
+/// the type or a length does not fit.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dot_tile(
     ty: DType,
@@ -650,6 +673,7 @@ pub(crate) fn dot_tile(
     cols: usize,
     out: &mut [f32],
     ocs: usize,
+    repacked: bool,
 ) -> bool {
     let nb = n / QK_K;
     let bs = ty.type_size();
@@ -668,6 +692,8 @@ pub(crate) fn dot_tile(
     }
     let six = ty == DType::Q6_K;
     let five = ty == DType::Q5_K;
+    // Q4_K as llama.cpp runs it without repacking: `vec_dot_q4_K_q8_K`, or tiled from 8 columns.
+    let plain4 = ty == DType::Q4_K && !repacked;
     if cols <= 2 {
         let mut r = 0;
         while r < rows {
@@ -689,6 +715,10 @@ pub(crate) fn dot_tile(
                             )
                         } else if five {
                             rows_direct::<$r, $c, false, { Order::LANES }>(
+                                ty, nb, wr, wstride, ap, astride,
+                            )
+                        } else if plain4 {
+                            rows_direct::<$r, $c, false, { Order::LANES4 }>(
                                 ty, nb, wr, wstride, ap, astride,
                             )
                         } else {
@@ -716,12 +746,12 @@ pub(crate) fn dot_tile(
     }
     // Q4_K: whole groups of four columns in the repacked gemm order, the rest as mat-vec; Q5_K
     // and Q6_K: the tiled order from 8 columns.
-    let gemm_cols = if ty == DType::Q4_K {
+    let gemm_cols = if ty == DType::Q4_K && !plain4 {
         cols - cols % 4
     } else {
         0
     };
-    let tiled = ty != DType::Q4_K && cols >= TILED_MIN_COLS;
+    let tiled = (ty != DType::Q4_K || plain4) && cols >= TILED_MIN_COLS;
     DECODED.with(|buf| {
         let mut buf = buf.borrow_mut();
         let drb = nb * W_SB;
@@ -793,6 +823,11 @@ pub(crate) fn dot_tile(
                                 (false, false) if five => tile::<$r, $c, false, { Order::LANES }>(
                                     nb, wp, drb, ap, astride,
                                 ),
+                                (false, false) if plain4 => {
+                                    tile::<$r, $c, false, { Order::LANES4 }>(
+                                        nb, wp, drb, ap, astride,
+                                    )
+                                }
                                 (false, false) => {
                                     tile::<$r, $c, false, { Order::GEMV }>(nb, wp, drb, ap, astride)
                                 }
