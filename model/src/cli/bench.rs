@@ -167,8 +167,11 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
         .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (n, true)))
         .collect();
     for (n, gen) in tests {
-        // One untimed warm-up run, as llama-bench does.
-        run_once(&mut session, &mut rng, cfg.n_vocab, n.min(16), gen)?;
+        // One untimed warm-up run, as llama-bench does: the whole prompt for pp (a shorter batch
+        // would leave the first timed run to build and allocate the n-token graph, its GEMM
+        // workspaces and kernels), a few tokens for tg (every step has the same shapes).
+        let warm = if gen { n.min(16) } else { n };
+        run_once(&mut session, &mut rng, cfg.n_vocab, warm, gen)?;
         let mut speeds = Vec::with_capacity(a.reps);
         for _ in 0..a.reps.max(1) {
             speeds.push(run_once(&mut session, &mut rng, cfg.n_vocab, n, gen)?);
