@@ -135,6 +135,26 @@ pub(crate) fn for_rows(o: &mut [f32], ne0: usize, f: impl Fn(usize, &mut [f32]) 
     }
 }
 
+/// [`for_rows`] for groups of up to `G` rows: `f(first_row_index, rows)` (the last group may be
+/// shorter), so kernels can run several rows' latency-bound chains side by side.
+pub(crate) fn for_row_groups<const G: usize>(
+    o: &mut [f32],
+    ne0: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    let ne0 = ne0.max(1);
+    if o.len() <= SERIAL_MAX {
+        o.chunks_mut(ne0 * G)
+            .enumerate()
+            .for_each(|(i, rows)| f(i * G, rows));
+    } else {
+        o.par_chunks_mut(ne0 * G)
+            .with_min_len(min_rows(ne0).div_ceil(G))
+            .enumerate()
+            .for_each(|(i, rows)| f(i * G, rows));
+    }
+}
+
 pub(crate) fn unsupported(t: &Tensor, detail: String) -> GraphError {
     GraphError::Unsupported {
         backend: "cpu",

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{for_rows, min_rows, out_f32, unflatten, unsupported, SrcView};
+use super::{for_row_groups, for_rows, min_rows, out_f32, unflatten, unsupported, SrcView};
 use crate::error::{GraphError, Result};
 use crate::tensor::{Act, DType, Tensor};
 
@@ -118,6 +118,32 @@ pub(crate) fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let ss: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean = (ss / x.len() as f64) as f32;
     1.0 / (mean + eps).sqrt()
+}
+
+/// [`rms_scale`] of up to `G` rows of `ne0` values in `rows` (one scale per row): the same
+/// sequential f64 sum per row, the rows' sums interleaved so their addition chains overlap
+/// instead of each waiting on its own latency.
+fn rms_scales<const G: usize>(rows: &[f32], ne0: usize, eps: f32) -> [f32; G] {
+    let n = rows.len() / ne0;
+    let mut out = [0f32; G];
+    if n < G {
+        for (o, r) in out.iter_mut().zip(rows.chunks_exact(ne0)) {
+            *o = rms_scale(r, eps);
+        }
+        return out;
+    }
+    let mut ss = [0f64; G];
+    for i in 0..ne0 {
+        for (k, s) in ss.iter_mut().enumerate() {
+            let v = rows[k * ne0 + i];
+            *s += (v * v) as f64;
+        }
+    }
+    for (o, s) in out.iter_mut().zip(ss) {
+        let mean = (s / ne0 as f64) as f32;
+        *o = 1.0 / (mean + eps).sqrt();
+    }
+    out
 }
 
 pub(crate) fn rms_norm_in_place(o: &mut [f32], eps: f32) {
@@ -421,19 +447,27 @@ pub(crate) fn rms_norm_mul(
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
     let wne = w.t.ne;
-    for_rows(o, ne0, |r, orow| {
-        let (i1, i2, i3) = unflatten(r, &t.ne);
+    const G: usize = 4;
+    for_row_groups::<G>(o, ne0, |r0, rows| {
         if !x.aliased {
-            orow.copy_from_slice(x.row(xa, i1, i2, i3));
+            for (k, orow) in rows.chunks_exact_mut(ne0).enumerate() {
+                let (i1, i2, i3) = unflatten(r0 + k, &t.ne);
+                orow.copy_from_slice(x.row(xa, i1, i2, i3));
+            }
         }
-        rms_norm_in_place(orow, eps);
-        let wrow = w.row(wa, i1 % wne[1], i2 % wne[2], i3 % wne[3]);
-        if wrow.len() == orow.len() {
-            // The usual case (no broadcast along the row): no index division per element.
-            orow.iter_mut().zip(wrow).for_each(|(o, &wv)| *o *= wv);
-        } else {
-            for (i, o) in orow.iter_mut().enumerate() {
-                *o *= wrow[i % wne[0]];
+        let scales = rms_scales::<G>(rows, ne0, eps);
+        for (k, orow) in rows.chunks_exact_mut(ne0).enumerate() {
+            let (i1, i2, i3) = unflatten(r0 + k, &t.ne);
+            let scale = scales[k];
+            orow.iter_mut().for_each(|v| *v *= scale);
+            let wrow = w.row(wa, i1 % wne[1], i2 % wne[2], i3 % wne[3]);
+            if wrow.len() == orow.len() {
+                // The usual case (no broadcast along the row): no index division per element.
+                orow.iter_mut().zip(wrow).for_each(|(o, &wv)| *o *= wv);
+            } else {
+                for (i, o) in orow.iter_mut().enumerate() {
+                    *o *= wrow[i % wne[0]];
+                }
             }
         }
     });
