@@ -136,6 +136,38 @@ fn reference(ty: DType, ord: Order, w: &[u8], a: &[u8], n: usize) -> f32 {
     }
 }
 
+/// Random weights (`rows` rows of `n` values) and `cols` activation rows (long-tailed values),
+/// quantized for the tiles.
+struct Fixture {
+    w: Vec<u8>,
+    wrb: usize,
+    x: Vec<f32>,
+    prep: Vec<u8>,
+    pb: usize,
+}
+
+fn fixture(rng: &mut Rng, ty: DType, n: usize, rows: usize, cols: usize) -> Fixture {
+    let wrb = n / QK_K * ty.type_size();
+    let w = random_weights(rng, ty, rows * n);
+    let x: Vec<f32> = rng
+        .vec(cols * n)
+        .iter()
+        .map(|v| v * v * v * 300.0)
+        .collect();
+    let pb = tiled_act_bytes(ty, n);
+    let mut prep = vec![0u8; cols * pb];
+    for (xr, p) in x.chunks_exact(n).zip(prep.chunks_exact_mut(pb)) {
+        assert!(quantize_act_tiled(ty, xr, p));
+    }
+    Fixture {
+        w,
+        wrb,
+        x,
+        prep,
+        pb,
+    }
+}
+
 #[test]
 fn k_quant_tiles_sum_in_llama_cpp_order() {
     let simd = detected();
@@ -147,19 +179,9 @@ fn k_quant_tiles_sum_in_llama_cpp_order() {
     for ty in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
         for n in [256, 768, 2048] {
             let rows = 7;
-            let wrb = n / QK_K * ty.type_size();
-            let w = random_weights(&mut rng, ty, rows * n);
-            let max_cols = 14;
-            let x: Vec<f32> = rng
-                .vec(max_cols * n)
-                .iter()
-                .map(|v| v * v * v * 300.0)
-                .collect();
-            let pb = tiled_act_bytes(ty, n);
-            let mut prep = vec![0u8; max_cols * pb];
-            for (xr, p) in x.chunks_exact(n).zip(prep.chunks_exact_mut(pb)) {
-                assert!(quantize_act_tiled(ty, xr, p));
-            }
+            let Fixture {
+                w, wrb, prep, pb, ..
+            } = fixture(&mut rng, ty, n, rows, 14);
             for cols in [1, 2, 3, 4, 5, 7, 8, 9, 12, 14] {
                 let mut out = vec![0f32; cols * rows];
                 assert!(dot_tile(
@@ -212,19 +234,13 @@ fn unrepacked_q4_k_sums_in_llama_cpp_order() {
     let ty = DType::Q4_K;
     let mut rng = Rng::new(47);
     for (n, rows) in [(256, 7), (768, 12), (2048, 21)] {
-        let wrb = n / QK_K * ty.type_size();
-        let w = random_weights(&mut rng, ty, rows * n);
-        let max_cols = 14;
-        let x: Vec<f32> = rng
-            .vec(max_cols * n)
-            .iter()
-            .map(|v| v * v * v * 300.0)
-            .collect();
-        let pb = tiled_act_bytes(ty, n);
-        let mut prep = vec![0u8; max_cols * pb];
-        for (xr, p) in x.chunks_exact(n).zip(prep.chunks_exact_mut(pb)) {
-            assert!(quantize_act_tiled(ty, xr, p));
-        }
+        let Fixture {
+            w,
+            wrb,
+            x,
+            prep,
+            pb,
+        } = fixture(&mut rng, ty, n, rows, 14);
         assert!(!repacked(ty, [n, rows, 1, 1]));
         for cols in [1, 2, 3, 4, 5, 7, 8, 9, 12, 14] {
             let ord = order_plain_q4k(cols);

@@ -15,6 +15,34 @@ use super::blocks::{QK, QK_K};
 use super::Q8K_BYTES;
 use crate::tensor::DType;
 
+/// The shape of a tile call: `rows` weight rows of `nb` blocks of `wblock` bytes, `wstride` bytes
+/// apart in `w`; `cols` activation rows of `nb` blocks of `ablock` bytes, `astride` apart in
+/// `a`; results at `out[c * ocs + r]`. True when every one of them is in bounds, which is all the
+/// tile kernels read or write.
+#[allow(clippy::too_many_arguments)]
+fn tile_fits(
+    nb: usize,
+    wblock: usize,
+    ablock: usize,
+    w: &[u8],
+    wstride: usize,
+    rows: usize,
+    a: &[u8],
+    astride: usize,
+    cols: usize,
+    out: &[f32],
+    ocs: usize,
+) -> bool {
+    rows > 0
+        && cols > 0
+        && wstride >= nb * wblock
+        && w.len() >= (rows - 1) * wstride + nb * wblock
+        && astride >= nb * ablock
+        && a.len() >= (cols - 1) * astride + nb * ablock
+        && ocs >= rows
+        && out.len() >= (cols - 1) * ocs + rows
+}
+
 /// Dot product of `n` values, or `None` when this type has no SIMD kernel here.
 pub(super) fn vec_dot(ty: DType, n: usize, w: &[u8], a: &[u8]) -> Option<f32> {
     let (nb, abytes) = match ty {

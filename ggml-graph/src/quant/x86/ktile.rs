@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::{f16_load, k4_scales};
+use super::{f16_load, k4_scales, tile_fits};
 use crate::quant::blocks::QK_K;
 use crate::quant::Q8K_BYTES;
 use crate::tensor::DType;
@@ -679,14 +679,9 @@ pub(crate) fn dot_tile(
     let bs = ty.type_size();
     if !supported(ty)
         || !n.is_multiple_of(QK_K)
-        || rows == 0
-        || cols == 0
-        || wstride < nb * bs
-        || w.len() < (rows - 1) * wstride + nb * bs
-        || astride < nb * Q8K_BYTES
-        || a.len() < (cols - 1) * astride + nb * Q8K_BYTES
-        || ocs < rows
-        || out.len() < (cols - 1) * ocs + rows
+        || !tile_fits(
+            nb, bs, Q8K_BYTES, w, wstride, rows, a, astride, cols, out, ocs,
+        )
     {
         return false;
     }

@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::f16_load;
+use super::{f16_load, tile_fits};
 use crate::quant::blocks::QK;
 use crate::tensor::DType;
 
@@ -377,14 +377,7 @@ pub(crate) fn dot_tile(
     let bs = ty.type_size();
     if offset(ty).is_none()
         || !n.is_multiple_of(QK)
-        || rows == 0
-        || cols == 0
-        || wstride < nb * bs
-        || w.len() < (rows - 1) * wstride + nb * bs
-        || astride < nb * A_BLK
-        || a.len() < (cols - 1) * astride + nb * A_BLK
-        || ocs < rows
-        || out.len() < (cols - 1) * ocs + rows
+        || !tile_fits(nb, bs, A_BLK, w, wstride, rows, a, astride, cols, out, ocs)
     {
         return false;
     }
