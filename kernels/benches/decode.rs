@@ -363,7 +363,7 @@ fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
     );
     println!("gated mat-vec, 8B ffn gate+up 2 x 14336x4096 q4_K:");
     {
-        let (name, rpb) = ("matvec_q4_k_gated", t.matvec_rows_per_block());
+        let (name, rpb) = ("matvec_q4_k_gated", t.matvec_gated_rows_per_block());
         let blocks = rows.div_ceil(rpb) as u32;
         let launch = |i: u32| {
             let wg = w.ptr.0 + ((i as usize % n) * 2 * wbytes) as u64;

@@ -712,18 +712,29 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
             reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o) - (uintptr_t)shift * sizeof(float)), n, shift};
 }
 
-// Each fast kernel comes as `name` (plain), `name_gated` (two matrices, act(gate) * up),
-// `name_add` (plus a bias row), the K-split `name_ks` / `name_ks_add` (all MV_WARPS warps of a
+// A register budget of MINB resident blocks per multiprocessor (`__launch_bounds__`); on AMD only
+// the block size is bounded, as the second argument means something else there.
+#if defined(RF_NVIDIA)
+#define RF_LB(minb) __launch_bounds__(MV_WARPS * RF_WARP, minb)
+#else
+#define RF_LB(minb) __launch_bounds__(MV_WARPS * RF_WARP)
+#endif
+
+// `name_gated` (two matrices of the same shape, act(gate) * up) with R rows per warp; `attrs`
+// empty or a register bound (RF_LB).
+#define RF_MATVEC_GATED(name, attrs, shape, T, R)                                                \
+    RF_KERNEL void attrs name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, \
+                                      int ncols, long long row_bytes, int out_stride, int nrows, int act_kind) { \
+        shape<T, R, 1>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind);  \
+    }
+
+// Each fast kernel comes as `name` (plain), `name_add` (plus a bias row), the K-split `name_ks` / `name_ks_add` (all MV_WARPS warps of a
 // block share R rows, each taking every MV_WARPS-th part of them: for long rows and few of them)
 // and `name_multi` (up to three matrices in one grid, see `mv_multi_pick`).
 #define RF_MATVEC_FAST(name, shape, T, R)                                                        \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
                         int out_stride, int nrows) {                                             \
         shape<T, R, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);     \
-    }                                                                                            \
-    RF_KERNEL void name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, int ncols, \
-                                long long row_bytes, int out_stride, int nrows, int act_kind) {   \
-        shape<T, R, 1>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind);  \
     }                                                                                            \
     RF_KERNEL void name##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols, \
                               long long row_bytes, int out_stride, int nrows) {                   \
@@ -755,10 +766,24 @@ RF_MATVEC_FAST(matvec_q8_0, matvec_staged, mv_q8_0, 2)
 RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<2>, 2)
 RF_MATVEC_FAST(matvec_q4_k, matvec_direct2, mv_q4_k, 1)
 RF_MATVEC_FAST(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
+RF_MATVEC_GATED(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
+RF_MATVEC_GATED(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
+RF_MATVEC_GATED(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
+RF_MATVEC_GATED(matvec_q6_k, , matvec_staged, mv_q6_k<2>, 2)
+RF_MATVEC_GATED(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
+// Q4_K gated: two rows per warp and one block per lane in flight (four weight rows per activation
+// load) within 64 registers (8 blocks of 128 threads per SM);
+// `kernels::WeightType::matvec_gated_rows_per_block` is 8.
+// H200 decode bench, 8B gate+up 2 x 14336x4096: 20.0 us (77.9% of copy bandwidth) against
+// 22.8 us with one row (96 registers), 21.7 us with one row in 80 registers, 22.4 us in 64.
+RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 
 // Candidates measured against these on an H200 (`cargo bench -p kernels --bench decode`) and
 // dropped: Q4_K with four blocks per lane in flight (8B FFN up 15.2 vs 12.3 us, gated 27.1 vs
-// 22.8 us) or two rows per warp (on par); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us),
+// 22.8 us) or two rows per warp (on par; in 64 registers FFN up 11.5 vs 12.3 us but FFN down
+// 14.2 vs 11.4 and 4096x4096 5.3 vs 4.7 us); register bounds of 6, 8 or 12 blocks per SM for
+// the plain Q4_K (on par or slower: 12 spills) and 5, 6 or 8 for Q6_K (spills: FFN down 22.7 to
+// 33.7 vs 19.3 us); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us),
 // one stage round (18.3 us, but the output head 139 vs 128 us) or four rounds (24.1 us).
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.

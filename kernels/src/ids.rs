@@ -147,7 +147,8 @@ impl WeightType {
 
     /// The gated decode mat-vec (`w_gate`, `w_up`, `y`, `out`, `ncols`, `row_bytes`,
     /// `out_stride`, `nrows`, `act`: [`crate::act`]): `out = act(w_gate . y) * (w_up . y)` with
-    /// [`WeightType::matvec`]'s grid and block; `None` for the one-warp-per-row types.
+    /// [`WeightType::matvec`]'s block and [`crate::matvec_gated_grid`]; `None` for the
+    /// one-warp-per-row types.
     pub fn matvec_gated(self) -> Option<KernelId> {
         match self {
             WeightType::Q4_0 => Some(KernelId::MatvecGatedQ4_0),
@@ -228,6 +229,16 @@ impl WeightType {
             | WeightType::Q3_K => 1,
         };
         crate::MATVEC_WARPS as usize * per_warp
+    }
+
+    /// Output rows one block of [`WeightType::matvec_gated`] computes: Q4_K takes two rows per
+    /// warp there (each activation load serves four weight rows), the others as
+    /// [`WeightType::matvec_rows_per_block`].
+    pub fn matvec_gated_rows_per_block(self) -> usize {
+        match self {
+            WeightType::Q4_K => 2 * crate::MATVEC_WARPS as usize,
+            _ => self.matvec_rows_per_block(),
+        }
     }
 
     /// The dequantize-to-f16 kernel (`src`, `dst`, `ncols`, `row_bytes`, `dst_stride`).
@@ -397,6 +408,7 @@ kernel_ids! {
     ConvertF16F32 => Dequant, "convert_f16_f32";
     RmsNormF32 => Ops, "rms_norm_f32";
     RmsNormQ8F32 => Ops, "rms_norm_q8_f32";
+    RmsNormQ8SplitF32 => Ops, "rms_norm_q8_split_f32";
     RopeF32 => Ops, "rope_f32";
     Rope2F32 => Ops, "rope2_f32";
     SoftmaxF32 => Ops, "softmax_f32";
@@ -489,7 +501,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::GetRowsF16 => &[Ptr, Ptr, Ptr, I32, I64, I64],
         K::ConvertF32F16 | K::ConvertF16F32 => &[Ptr, Ptr, I64],
         K::RmsNormF32 => &[Ptr, Ptr, Ptr, I32, I64, I64, F32],
-        K::RmsNormQ8F32 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I64, F32],
+        K::RmsNormQ8F32 | K::RmsNormQ8SplitF32 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I64, F32],
         K::RopeF32 => &[
             Ptr, Ptr, Ptr, I32, I32, I32, I64, I64, F32, F32, Ptr, I32, I32, F32, F32, F32, F32,
         ],

@@ -201,6 +201,11 @@ pub fn matvec_grid(t: WeightType, nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(t.matvec_rows_per_block()).max(1)).unwrap_or(u32::MAX)
 }
 
+/// Grid x of [`WeightType::matvec_gated`] for `nrows` output rows.
+pub fn matvec_gated_grid(t: WeightType, nrows: usize) -> u32 {
+    u32::try_from(nrows.div_ceil(t.matvec_gated_rows_per_block()).max(1)).unwrap_or(u32::MAX)
+}
+
 /// Bytes between consecutive activation vectors of `ncols` values (a multiple of 32) quantized
 /// by `quantize_q8_1`: `ncols` int8 values, then `ncols / 32` half2 (d, d * sum) scales, rounded
 /// up to 16 bytes so that every vector starts 16-byte aligned (`q8_vec_bytes` in `common.h`).

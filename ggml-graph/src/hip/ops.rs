@@ -13,8 +13,8 @@ use crate::tensor::{Act, DType, Op, Tensor};
 
 /// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx.
 pub(super) const MATVEC_MAX_COLS: usize = 8;
-/// Longest row `rms_norm_q8_f32` takes (4 values per thread and step, 4 steps, 1024 threads).
-const RMS_Q8_MAX_COLS: usize = 16384;
+/// Threads per block of `rms_norm_q8_split_f32` (four values each per block slice).
+const RMS_Q8_SPLIT_THREADS: u32 = 256;
 /// Row length from which Q8_0 decode mat-vecs split each row across a block's warps. H200,
 /// `cargo bench -p kernels --bench decode`, 4096x14336 (Llama-3-8B FFN down): Q8_0 22.2 -> 20.3
 /// us; Q4_K (11.4 -> 13.1) and Q6_K (19.2 -> 22.5) are faster with a row per warp, so they keep it.
@@ -355,7 +355,7 @@ pub(crate) fn launch(
                 None => None,
             };
             let (k, m) = (x.ne[0], x.nrows());
-            if m <= MATVEC_MAX_COLS && k % 32 == 0 && k <= RMS_Q8_MAX_COLS && t.is_contiguous() {
+            if m <= MATVEC_MAX_COLS && k % 32 == 0 && t.is_contiguous() {
                 // Decode: the rows also go out quantized for the mat-vecs that read them.
                 let mut cache = d.inner.q8.lock();
                 let q8 = cache.ensure(d, k, m)?;
@@ -365,13 +365,25 @@ pub(crate) fn launch(
                     .push(MemRange::of_buffer(&q8))
                     .push(k as i32);
                 a.push(elems(x.nb[1], x)).push(k as i64).push(eps);
+                // Four values per thread. Rows longer than one block of 256 threads takes are
+                // split over several blocks (each sums the whole row's squares itself); shorter
+                // ones run one block per row (faster there, measured on an H200).
                 let block = (k / 4).div_ceil(warp as usize) as u32 * warp;
-                d.launch_kernel(
-                    KernelId::RmsNormQ8F32,
-                    [m as u32, 1, 1],
-                    block.clamp(warp, 1024),
-                    &a.0,
-                )?;
+                if block > RMS_Q8_SPLIT_THREADS {
+                    d.launch_kernel(
+                        KernelId::RmsNormQ8SplitF32,
+                        [blocks(k, 4 * RMS_Q8_SPLIT_THREADS as usize), m as u32, 1],
+                        RMS_Q8_SPLIT_THREADS,
+                        &a.0,
+                    )?;
+                } else {
+                    d.launch_kernel(
+                        KernelId::RmsNormQ8F32,
+                        [m as u32, 1, 1],
+                        block.max(warp),
+                        &a.0,
+                    )?;
+                }
                 cache.holds(&out, k, m);
                 return Ok(());
             }
@@ -738,7 +750,7 @@ fn mul_mat_gated(
             .push(act_kind(kind));
         let r = d.launch_kernel(
             kid,
-            [kernels::matvec_grid(wt, n), m as u32, 1],
+            [kernels::matvec_gated_grid(wt, n), m as u32, 1],
             kernels::MATVEC_WARPS * d.inner.warp,
             &b.0,
         );

@@ -709,7 +709,7 @@ fn fused_nodes_match_cpu() {
         check(&h, &format!("rms_norm_mul m={m}"), &c, 1e-10);
 
         // rms_norm * weight feeding a mat-vec (decode: the norm writes the quantized rows the
-        // product reads), rows of one and of two register steps of the fused kernel.
+        // product reads), rows of one block (`rms_norm_q8_f32`) and of six (`_split_f32`).
         for kk in [512usize, 6144] {
             let dt = DType::Q8_0;
             let mut g = Graph::new();
