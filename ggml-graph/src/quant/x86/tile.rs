@@ -24,8 +24,9 @@ const W_BLK: usize = 128;
 /// Bytes of one prepared activation block: 32 i8 values, 8 i32 offset corrections, f32 scale,
 /// padding.
 pub(crate) const A_BLK: usize = 128;
-/// Row pairs per register tile.
-const TP: usize = 2;
+/// Row pairs per register tile (4 x 4 columns: 16 accumulators; Gemma's 640x2048 Q5_0 with 128
+/// columns ran ~12% faster than with 2 pairs, the weight and activation loads shared wider).
+const TP: usize = 4;
 /// Columns per register tile.
 const TC: usize = 4;
 /// Rows in flight in the one- and two-column kernel.
@@ -461,6 +462,14 @@ pub(crate) fn dot_tile(
                     }};
                 }
                 match (np, cn) {
+                    (4, 4) => go!(4, 4),
+                    (4, 3) => go!(4, 3),
+                    (4, 2) => go!(4, 2),
+                    (4, 1) => go!(4, 1),
+                    (3, 4) => go!(3, 4),
+                    (3, 3) => go!(3, 3),
+                    (3, 2) => go!(3, 2),
+                    (3, 1) => go!(3, 1),
                     (2, 4) => go!(2, 4),
                     (2, 3) => go!(2, 3),
                     (2, 2) => go!(2, 2),
