@@ -187,9 +187,11 @@ pub fn quantize_act_tiled(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
     }
 }
 
-/// True when llama.cpp's CPU backend (AVX2 and up) repacks a weight of type `ty` and shape `ne`
-/// into its interleaved layout: Q4_K, 2-D, rows a multiple of 8. The tile kernels then follow
-/// its repacked kernels' float steps, otherwise its plain ones (see [`dot_tile_of`]).
+/// True when llama.cpp's CPU backend (AVX2 and up) repacks a Q4_K weight of shape `ne` into its
+/// interleaved layout (2-D, rows a multiple of 8); the tile kernels then follow its repacked
+/// kernels' float steps, otherwise its plain ones (see [`dot_tile_of`]). llama.cpp also repacks
+/// Q4_0, IQ4_NL and MXFP4 (AVX2) and Q2_K (AVX-512) under the same shape rule; those orders are
+/// not followed here, so this answers for Q4_K only.
 pub fn repacked(ty: DType, ne: [usize; 4]) -> bool {
     ty == DType::Q4_K && ne[1].is_multiple_of(8) && ne[2] == 1 && ne[3] == 1
 }

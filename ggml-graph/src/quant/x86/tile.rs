@@ -4,6 +4,8 @@
 //! column and llamafile's tinyBLAS for several): eight f32 lanes, one 32-value block per step,
 //! `acc = fma(dw * da, lanes, acc)`, then ggml's eight-lane horizontal sum. So with ggml's 8-bit
 //! activations the products match llama.cpp bit for bit, and decode (one column) equals prefill.
+//! Not followed: Q4_0 weights whose row count is a multiple of 8, which llama.cpp repacks on
+//! AVX2 and up (`gemv/gemm_q4_0_8x8_q8_0`, another float order; see `quant::repacked`).
 //!
 //! Speed comes from the layout: weight rows are decoded in pairs, once per call, into unsigned
 //! bytes (the value plus a per-type offset) with the two rows' blocks side by side in one 512-bit
