@@ -34,12 +34,15 @@ pub struct Schedule {
 /// Length of the run of nodes at the start of `ids` that a device may launch as one (see
 /// [`Device::launch_group`]): `mul_mat`s reading the same activations (at most three: q, k and
 /// v), ropes of the same parameters, positions and factors (two: q and k) or `set_rows` of the
-/// same indices (two: the K and V cache writes); 1 when the first node starts no such run.
+/// same indices (two: the K and V cache writes), a chain of `rms_norm * w`, the `add` reading
+/// it and the `rms_norm * w` of that sum (a post-norm, the residual add and the next norm), or two
+/// independent `rms_norm * w` (q and k norms); 1 when the first node starts no such run.
 fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
     let first = &nodes[ids[0].index()];
     let max = match first.op {
         Op::MulMat => 3,
         Op::Rope(_) | Op::SetRows => 2,
+        Op::RmsNormMul { .. } => return norm_chain(nodes, ids),
         _ => return 1,
     };
     // A node reading an earlier node of the run (directly or through views) must wait for it.
@@ -68,6 +71,36 @@ fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
                 }
         })
         .count()
+}
+
+/// Length of the chain at the start of `ids`: `rms_norm * w` (the first node), an `add` with it as
+/// one operand, then `rms_norm * w` of that sum; each step reads the previous node directly, so a
+/// device takes it as one launch only with a kernel that runs the steps in order. Without the
+/// `add`, two independent `rms_norm * w` of one row length and epsilon (2).
+fn norm_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
+    let reads = |i: usize, op_ok: fn(&Op) -> bool, pos: &[usize]| {
+        ids.get(i).is_some_and(|&id| {
+            let t = &nodes[id.index()];
+            op_ok(&t.op) && pos.iter().any(|&p| t.src.get(p) == Some(&ids[i - 1]))
+        })
+    };
+    if !reads(1, |op| *op == Op::Add, &[0, 1]) {
+        // Or two norms of rows of one length, the second not reading the first (q and k norms).
+        let pair = ids.get(1).is_some_and(|&id| {
+            let (a, b) = (&nodes[ids[0].index()], &nodes[id.index()]);
+            let mut root = b.src[0];
+            while let Some((p, _)) = nodes[root.index()].view_of {
+                root = p;
+            }
+            b.op == a.op && b.ne[0] == a.ne[0] && root != ids[0]
+        });
+        return if pair { 2 } else { 1 };
+    }
+    if reads(2, |op| matches!(op, Op::RmsNormMul { .. }), &[0]) {
+        3
+    } else {
+        2
+    }
 }
 
 /// Operands a node reads (the written destination of `cpy`/`set_rows` excluded).

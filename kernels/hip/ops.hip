@@ -152,6 +152,113 @@ RF_KERNEL void rms_norm_q8_split_f32(const float* __restrict__ x, const float* _
     }
 }
 
+// Two RMS norms x weight over rows of one length in one launch (Gemma 3's per-head q and k
+// norms): blocks [0, rows0) take x0/w0/y0, the rest x1/w1/y1; outputs dense. As rms_norm_f32.
+RF_KERNEL void rms_norm2_f32(const float* __restrict__ x0, const float* __restrict__ w0, float* __restrict__ y0,
+                             long long x0_stride, int rows0, const float* __restrict__ x1,
+                             const float* __restrict__ w1, float* __restrict__ y1, long long x1_stride,
+                             int ncols, float eps) {
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const bool first = (int)blockIdx.x < rows0;
+    const long long row = first ? blockIdx.x : blockIdx.x - rows0;
+    const float* xr = (first ? x0 : x1) + row * (first ? x0_stride : x1_stride);
+    const float* w = first ? w0 : w1;
+    float* yr = (first ? y0 : y1) + row * (long long)ncols;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, scratch);
+    const float r = rsqrtf(ss / (float)ncols + eps);
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+}
+
+// A post-norm, the residual add after it and (optionally) the next pre-norm in one launch
+// (Gemma's `x + rms_norm(a) * w1` then `rms_norm(.) * w2`): n = rms_norm(a) * w1 (written when
+// `n` is set), y = n + x, and with `w2` set h = rms_norm(y) * w2, also quantized into `h8` (planar
+// Q8_1 like `rms_norm_q8_f32`) when `h8` is set. One block per row, four values per thread per
+// step (ncols a multiple of 32, at most 4 * RMS_Q8_STEPS * blockDim, blockDim a multiple of 8).
+// Each thread reads and writes only its own values, so outputs may alias dying inputs.
+RF_KERNEL void rms_norm_add_f32(const float* a, const float* __restrict__ w1, const float* x,
+                                float* n, float* y, const float* __restrict__ w2, float* h, uint8_t* __restrict__ h8,
+                                int ncols, long long a_stride, long long x_stride, float eps1, float eps2) {
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const long long row = blockIdx.x;
+    const float* ar = a + row * a_stride;
+    const float* xr = x + row * x_stride;
+    const long long o = row * (long long)ncols;
+    const int stride = 4 * blockDim.x;
+    float v[RMS_Q8_STEPS][4], xv[RMS_Q8_STEPS][4];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RMS_Q8_STEPS; ++k) {
+        const int i0 = 4 * threadIdx.x + k * stride;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const bool in = i0 < ncols;
+            v[k][j] = in ? ar[i0 + j] : 0.0f;
+            xv[k][j] = in ? xr[i0 + j] : 0.0f;
+            ss += v[k][j] * v[k][j];
+        }
+    }
+    ss = block_sum(ss, scratch);
+    const float r1 = rsqrtf(ss / (float)ncols + eps1);
+    float ss2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RMS_Q8_STEPS; ++k) {
+        const int i0 = 4 * threadIdx.x + k * stride;
+        if (i0 >= ncols) break;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float nv = v[k][j] * r1 * w1[i0 + j];
+            if (n) n[o + i0 + j] = nv;
+            v[k][j] = nv + xv[k][j];
+            y[o + i0 + j] = v[k][j];
+            ss2 += v[k][j] * v[k][j];
+        }
+    }
+    if (!w2) return;  // the same for the whole block
+    ss2 = block_sum(ss2, scratch);
+    const float r2 = rsqrtf(ss2 / (float)ncols + eps2);
+    uint8_t* hq = h8 ? h8 + (size_t)row * q8_vec_bytes(ncols) : nullptr;
+#pragma unroll
+    for (int k = 0; k < RMS_Q8_STEPS; ++k) {
+        const int i0 = 4 * threadIdx.x + k * stride;
+        if (k * stride >= ncols) break;  // the same for the whole block
+        const bool in = i0 < ncols;
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[k][j] = in ? v[k][j] * r2 * w2[i0 + j] : 0.0f;
+            amax = fmaxf(amax, fabsf(v[k][j]));
+        }
+        if (in) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) h[o + i0 + j] = v[k][j];
+        }
+        if (!hq) continue;
+        amax = warp_max<8>(amax);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q[4];
+        float qs = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            q[j] = (int)roundf(v[k][j] * id);
+            qs += (float)q[j];
+        }
+        const float sum = warp_sum<8>(qs);
+        if (in) {
+            const uint32_t packed = (uint32_t)(q[0] & 0xFF) | ((uint32_t)(q[1] & 0xFF) << 8) |
+                                    ((uint32_t)(q[2] & 0xFF) << 16) | ((uint32_t)(q[3] & 0xFF) << 24);
+            *reinterpret_cast<uint32_t*>(hq + i0) = packed;
+            if ((threadIdx.x & 7) == 0) {
+                __half* ds = reinterpret_cast<__half*>(hq + ncols + 4 * (i0 / 32));
+                ds[0] = __float2half(d);
+                ds[1] = __float2half(sum * d);
+            }
+        }
+    }
+}
+
 // RoPE over x laid out [rows = tokens * heads, head_dim] (row stride `x_stride`), in place
 // allowed. Token of row r is r / n_heads, its position pos[token]. The first `n_dims` values of
 // each head rotate: pairs (2i, 2i+1) in normal mode, (i, i + n_dims/2) in NeoX mode. Angles as

@@ -409,6 +409,8 @@ kernel_ids! {
     RmsNormF32 => Ops, "rms_norm_f32";
     RmsNormQ8F32 => Ops, "rms_norm_q8_f32";
     RmsNormQ8SplitF32 => Ops, "rms_norm_q8_split_f32";
+    RmsNormAddF32 => Ops, "rms_norm_add_f32";
+    RmsNorm2F32 => Ops, "rms_norm2_f32";
     RopeF32 => Ops, "rope_f32";
     Rope2F32 => Ops, "rope2_f32";
     SoftmaxF32 => Ops, "softmax_f32";
@@ -502,6 +504,10 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::ConvertF32F16 | K::ConvertF16F32 => &[Ptr, Ptr, I64],
         K::RmsNormF32 => &[Ptr, Ptr, Ptr, I32, I64, I64, F32],
         K::RmsNormQ8F32 | K::RmsNormQ8SplitF32 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I64, F32],
+        K::RmsNormAddF32 => &[
+            Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, F32, F32,
+        ],
+        K::RmsNorm2F32 => &[Ptr, Ptr, Ptr, I64, I32, Ptr, Ptr, Ptr, I64, I32, F32],
         K::RopeF32 => &[
             Ptr, Ptr, Ptr, I32, I32, I32, I64, I64, F32, F32, Ptr, I32, I32, F32, F32, F32, F32,
         ],

@@ -1,12 +1,14 @@
 //! Grouped launches: the q, k and v projections of a decode step (`mul_mat` nodes reading the
 //! same activations) in one launch of a `*_multi` kernel instead of three, the q and k ropes in
-//! one `rope2_f32` and the K and V cache writes in one `set_rows2_*`.
+//! one `rope2_f32`, the K and V cache writes in one `set_rows2_*`, a post-norm with the
+//! residual add after it and the next pre-norm in one `rms_norm_add_f32`, and the per-head q and
+//! k norms in one `rms_norm2_f32`.
 
 use gpu_mem::MemRange;
 
-use super::ops::{supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS};
+use super::ops::{supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS, RMS_Q8_STEPS};
 use super::{addr, HipDevice};
-use crate::backend::GroupNode;
+use crate::backend::{GroupNode, TensorMem};
 use crate::error::Result;
 use kernels::KernelId;
 
@@ -45,6 +47,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         Some(Op::MulMat) => mat_vecs(d, group)?,
         Some(Op::Rope(_)) => ropes(d, group)?,
         Some(Op::SetRows) => set_rows(d, group)?,
+        Some(Op::RmsNormMul { .. }) => norm_add(d, group)?,
         _ => 0,
     };
     if n > 0 {
@@ -223,4 +226,149 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     );
     drop(cache);
     r.map(|()| n)
+}
+
+/// True when `a` and `b` are the same bytes of the same buffer.
+fn same_mem(a: &TensorMem<'_>, b: &TensorMem<'_>) -> bool {
+    std::ptr::eq(a.buffer, b.buffer) && a.offset == b.offset
+}
+
+/// `rms_norm(a) * w1`, the `add` of its result and a residual of the same shape, and (when the
+/// third node is `rms_norm(sum) * w2`) the next norm, all dense f32 rows of one length, as one
+/// `rms_norm_add_f32` launch (one block per row); a decode step's next norm also goes out
+/// quantized for the mat-vecs that read it, as the plain decode norm does.
+fn norm_add(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [nrm, add, rest @ ..] = group else {
+        return Ok(0);
+    };
+    if add.tensor.op == nrm.tensor.op {
+        return norm_pair(d, nrm, add);
+    }
+    let Op::RmsNormMul { eps } = nrm.tensor.op else {
+        return Ok(0);
+    };
+    let a = nrm.srcs[0].tensor;
+    let (k, m) = (a.ne[0], a.nrows());
+    let warp = d.inner.warp as usize;
+    let block = (k / 4).div_ceil(warp) * warp;
+    let rows_ok = |t: &Tensor| t.dtype == DType::F32 && t.ne == a.ne && t.nb[0] == 4;
+    let dense_ok = |t: &Tensor| rows_ok(t) && t.is_contiguous();
+    if !(supported(nrm)
+        && supported(add)
+        && add.tensor.op == Op::Add
+        && k % 32 == 0
+        && k <= 4 * RMS_Q8_STEPS * block
+        && block <= 1024
+        && dense_ok(nrm.tensor)
+        && dense_ok(add.tensor)
+        && rows_ok(a))
+    {
+        return Ok(0);
+    }
+    let x = match add.srcs.as_slice() {
+        [s0, s1] if same_mem(s0, &nrm.dst) => s1,
+        [s0, s1] if same_mem(s1, &nrm.dst) => s0,
+        _ => return Ok(0),
+    };
+    if !rows_ok(x.tensor) {
+        return Ok(0);
+    }
+    let next = rest.first().filter(|t| {
+        matches!(t.tensor.op, Op::RmsNormMul { .. })
+            && supported(t)
+            && same_mem(&t.srcs[0], &add.dst)
+            && t.srcs[0].tensor.ne == a.ne
+            && t.srcs[0].tensor.is_contiguous()
+            && dense_ok(t.tensor)
+    });
+    let (n_out, y_out) = (addr(&nrm.dst)?, addr(&add.dst)?);
+    let h_out = match next {
+        Some(t) => Some(addr(&t.dst)?),
+        None => None,
+    };
+    let mut cache = d.inner.q8.lock();
+    for o in [Some(n_out), Some(y_out), h_out].into_iter().flatten() {
+        cache.written(o.addr(), o.len());
+    }
+    let quantize = h_out.is_some() && m <= MATVEC_MAX_COLS;
+    let h8 = if quantize {
+        Some(cache.ensure(d, k, m)?)
+    } else {
+        None
+    };
+    let eps2 = match next.map(|t| &t.tensor.op) {
+        Some(Op::RmsNormMul { eps }) => *eps,
+        _ => 0.0,
+    };
+    let w2 = match next {
+        Some(t) => Some(addr(&t.srcs[1])?),
+        None => None,
+    };
+    let mut args = Args::new();
+    args.push(addr(&nrm.srcs[0])?)
+        .push(addr(&nrm.srcs[1])?)
+        .push(addr(x)?)
+        .push(n_out)
+        .push(y_out)
+        .push(w2)
+        .push(h_out)
+        .push(h8.as_ref().map(|b| MemRange::of_buffer(b)))
+        .push(k as i32)
+        .push(elems(a.nb[1], a))
+        .push(elems(x.tensor.nb[1], x.tensor))
+        .push(eps)
+        .push(eps2);
+    d.launch_kernel(
+        KernelId::RmsNormAddF32,
+        [m as u32, 1, 1],
+        block.max(warp) as u32,
+        &args.0,
+    )?;
+    if let (Some(h), true) = (h_out, quantize) {
+        cache.holds(&h, k, m);
+    }
+    Ok(if next.is_some() { 3 } else { 2 })
+}
+
+/// Two `rms_norm * w` of the same epsilon over rows of one length, dense outputs (Gemma 3's
+/// per-head q and k norms), as one `rms_norm2_f32` launch: one block per row of either.
+fn norm_pair(d: &HipDevice, a: &GroupNode<'_>, b: &GroupNode<'_>) -> Result<usize> {
+    let (Op::RmsNormMul { eps }, xa, xb) = (&a.tensor.op, a.srcs[0].tensor, b.srcs[0].tensor)
+    else {
+        return Ok(0);
+    };
+    let ok = b.tensor.op == a.tensor.op
+        && supported(a)
+        && supported(b)
+        && xa.ne[0] == xb.ne[0]
+        && a.tensor.is_contiguous()
+        && b.tensor.is_contiguous()
+        && !same_mem(&b.srcs[0], &a.dst);
+    if !ok {
+        return Ok(0);
+    }
+    let mut args = Args::new();
+    let mut rows = 0;
+    for (i, (g, x)) in [(a, xa), (b, xb)].into_iter().enumerate() {
+        let out = addr(&g.dst)?;
+        d.inner.q8.lock().written(out.addr(), out.len());
+        args.push(addr(&g.srcs[0])?)
+            .push(addr(&g.srcs[1])?)
+            .push(out)
+            .push(elems(x.nb[1], x));
+        if i == 0 {
+            args.push(x.nrows() as i32);
+        }
+        rows += x.nrows();
+    }
+    let warp = d.inner.warp as usize;
+    let block = (xa.ne[0] / 4).div_ceil(warp) * warp;
+    args.push(xa.ne[0] as i32).push(*eps);
+    d.launch_kernel(
+        KernelId::RmsNorm2F32,
+        [rows as u32, 1, 1],
+        block.clamp(warp, 1024) as u32,
+        &args.0,
+    )?;
+    Ok(2)
 }

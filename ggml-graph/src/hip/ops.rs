@@ -15,6 +15,8 @@ use crate::tensor::{Act, DType, Op, Tensor};
 pub(super) const MATVEC_MAX_COLS: usize = 8;
 /// Threads per block of `rms_norm_q8_split_f32` (four values each per block slice).
 const RMS_Q8_SPLIT_THREADS: u32 = 256;
+/// Value steps of four per thread the one-block RMS norm kernels take (`RMS_Q8_STEPS` in ops.hip).
+pub(super) const RMS_Q8_STEPS: usize = 4;
 /// Row length from which Q8_0 decode mat-vecs split each row across a block's warps. H200,
 /// `cargo bench -p kernels --bench decode`, 4096x14336 (Llama-3-8B FFN down): Q8_0 22.2 -> 20.3
 /// us; Q4_K (11.4 -> 13.1) and Q6_K (19.2 -> 22.5) are faster with a row per warp, so they keep it.
