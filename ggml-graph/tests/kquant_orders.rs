@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use ggml_graph::quant::blocks::{decode_super, QK_K};
 use ggml_graph::quant::{
-    detected, dot_tile, dot_tile_of, quantize_act_tiled, repacked, tiled, tiled_act_bytes,
+    detected, dot_tile, dot_tile_of, quantize_act_tiled, repacked, tiled, tiled_act_bytes, Tile,
     Q8K_BYTES,
 };
 use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
@@ -184,9 +184,17 @@ fn k_quant_tiles_sum_in_llama_cpp_order() {
             } = fixture(&mut rng, ty, n, rows, 14);
             for cols in [1, 2, 3, 4, 5, 7, 8, 9, 12, 14] {
                 let mut out = vec![0f32; cols * rows];
-                assert!(dot_tile(
-                    simd, ty, n, &w, wrb, rows, &prep, pb, cols, &mut out, rows
-                ));
+                let t = Tile {
+                    n,
+                    w: &w,
+                    wstride: wrb,
+                    rows,
+                    a: &prep,
+                    astride: pb,
+                    cols,
+                    ocs: rows,
+                };
+                assert!(dot_tile(simd, ty, &t, &mut out));
                 for c in 0..cols {
                     let ord = order(ty, cols, c);
                     for r in 0..rows {
@@ -254,9 +262,17 @@ fn unrepacked_q4_k_sums_in_llama_cpp_order() {
                 )
             };
             let mut out = vec![0f32; cols * rows];
-            assert!(dot_tile_of(
-                simd, ty, n, &w, wrb, rows, &prep, pb, cols, &mut out, rows, false
-            ));
+            let t = Tile {
+                n,
+                w: &w,
+                wstride: wrb,
+                rows,
+                a: &prep,
+                astride: pb,
+                cols,
+                ocs: rows,
+            };
+            assert!(dot_tile_of(simd, ty, &t, &mut out, false));
             // The whole matmul decides by the weight's shape.
             let mut g = Graph::new();
             let wt = g.weight("w", ty, &[n, rows]).unwrap();

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use ggml_graph::quant::{
     act_type, detected, dot_float, dot_tile, quantize_act, quantize_act_portable,
-    quantize_act_tiled, tiled, tiled_act_bytes, vec_dot, vec_dot_cols, Simd,
+    quantize_act_tiled, tiled, tiled_act_bytes, vec_dot, vec_dot_cols, Simd, Tile,
 };
 use ggml_graph::DType;
 
@@ -207,9 +207,17 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
             for rn in 1..=rows {
                 for cn in 1..=cols {
                     let mut out = vec![0f32; cn * rn];
-                    assert!(dot_tile(
-                        simd, ty, n, &w, wrb, rn, &prep, pb, cn, &mut out, rn
-                    ));
+                    let t = Tile {
+                        n,
+                        w: &w,
+                        wstride: wrb,
+                        rows: rn,
+                        a: &prep,
+                        astride: pb,
+                        cols: cn,
+                        ocs: rn,
+                    };
+                    assert!(dot_tile(simd, ty, &t, &mut out));
                     for c in 0..cn {
                         let batched = match ty {
                             DType::Q4_K => c < cn - cn % 4,

@@ -10,7 +10,7 @@ use super::{out_f32, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
 use crate::quant::{
     act_type, dot_float, dot_tile_of, quantize_act, quantize_act_tiled, tiled, tiled_act_bytes,
-    vec_dot, vec_dot_cols,
+    vec_dot, vec_dot_cols, Tile,
 };
 use crate::tensor::{row_bytes, Act, DType, Tensor};
 
@@ -226,16 +226,24 @@ fn mul_mat_tiled(
         let Some(wr) = w.data.get(s..s + len) else {
             return false;
         };
-        if !dot_tile_of(simd, wty, k, wr, wstride, rn, a, arb, m, res, rn, repacked) {
+        let tile = |w| Tile {
+            n: k,
+            w,
+            wstride,
+            rows: rn,
+            a,
+            astride: arb,
+            cols: m,
+            ocs: rn,
+        };
+        if !dot_tile_of(simd, wty, &tile(wr), res, repacked) {
             return false;
         }
         if let Some((w2, act)) = gate {
             let Some(wr2) = w2.data.get(s..s + len) else {
                 return false;
             };
-            if !dot_tile_of(
-                simd, wty, k, wr2, wstride, rn, a, arb, m, res2, rn, repacked,
-            ) {
+            if !dot_tile_of(simd, wty, &tile(wr2), res2, repacked) {
                 return false;
             }
             gate_in_place(act, res, res2);

@@ -196,61 +196,50 @@ pub fn repacked(ty: DType, ne: [usize; 4]) -> bool {
     ty == DType::Q4_K && ne[1].is_multiple_of(8) && ne[2] == 1 && ne[3] == 1
 }
 
-/// Dot products of `rows` weight rows of type `ty` (`n` values, `wstride` bytes apart in `w`) with
-/// `cols` activation rows from [`quantize_act_tiled`] (`astride` bytes apart in `a`), written to
-/// `out[c * ocs + r]`; each weight row is decoded once for all columns. Q4_K rows take the float
-/// steps of a weight llama.cpp repacks (see [`dot_tile_of`] for the others). False when
-/// [`tiled`] does not hold or a length does not fit.
-#[allow(clippy::too_many_arguments)]
-pub fn dot_tile(
-    simd: Simd,
-    ty: DType,
-    n: usize,
-    w: &[u8],
-    wstride: usize,
-    rows: usize,
-    a: &[u8],
-    astride: usize,
-    cols: usize,
-    out: &mut [f32],
-    ocs: usize,
-) -> bool {
-    dot_tile_of(
-        simd, ty, n, w, wstride, rows, a, astride, cols, out, ocs, true,
-    )
+/// The operands of a tile call: `rows` weight rows of `n` values, `wstride` bytes apart in `w`,
+/// and `cols` activation rows from [`quantize_act_tiled`], `astride` bytes apart in `a`; results
+/// go to `out[c * ocs + r]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Tile<'a> {
+    /// Values per row.
+    pub n: usize,
+    /// Weight rows.
+    pub w: &'a [u8],
+    /// Bytes from one weight row to the next.
+    pub wstride: usize,
+    /// Weight rows to compute.
+    pub rows: usize,
+    /// Activation rows.
+    pub a: &'a [u8],
+    /// Bytes from one activation row to the next.
+    pub astride: usize,
+    /// Activation rows to compute.
+    pub cols: usize,
+    /// Output values from one column to the next.
+    pub ocs: usize,
+}
+
+/// Dot products of the weight rows of type `ty` in `t` with its activation rows, into `out`;
+/// each weight row is decoded once for all columns. Q4_K rows take the float steps of a weight
+/// llama.cpp repacks (see [`dot_tile_of`] for the others). False when [`tiled`] does not hold or
+/// a length does not fit.
+pub fn dot_tile(simd: Simd, ty: DType, t: &Tile<'_>, out: &mut [f32]) -> bool {
+    dot_tile_of(simd, ty, t, out, true)
 }
 
 /// [`dot_tile`] for rows of a weight that llama.cpp repacks or not (`repacked`, from
 /// [`repacked`]): for Q4_K the float steps differ (its repacked gemm/gemv kernels, or its tiled
 /// matmul from 8 columns and `vec_dot` below); the other types ignore it.
-#[allow(clippy::too_many_arguments)]
-pub fn dot_tile_of(
-    simd: Simd,
-    ty: DType,
-    n: usize,
-    w: &[u8],
-    wstride: usize,
-    rows: usize,
-    a: &[u8],
-    astride: usize,
-    cols: usize,
-    out: &mut [f32],
-    ocs: usize,
-    repacked: bool,
-) -> bool {
+pub fn dot_tile_of(simd: Simd, ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     if tiled(simd, ty) {
         return if prepared(ty) {
-            x86::tile::dot_tile(ty, n, w, wstride, rows, a, astride, cols, out, ocs)
+            x86::tile::dot_tile(ty, t, out)
         } else {
-            x86::ktile::dot_tile(
-                ty, n, w, wstride, rows, a, astride, cols, out, ocs, repacked,
-            )
+            x86::ktile::dot_tile(ty, t, out, repacked)
         };
     }
-    let _ = (
-        simd, ty, n, w, wstride, rows, a, astride, cols, out, ocs, repacked,
-    );
+    let _ = (simd, ty, t, out, repacked);
     false
 }
 
@@ -269,7 +258,17 @@ fn dot_tile_q8(
     if tiled(simd, ty) {
         let cols = out.len();
         if !prepared(ty) {
-            return dot_tile(simd, ty, n, w, w.len(), 1, a, astride, cols, out, 1);
+            let t = Tile {
+                n,
+                w,
+                wstride: w.len(),
+                rows: 1,
+                a,
+                astride,
+                cols,
+                ocs: 1,
+            };
+            return dot_tile(simd, ty, &t, out);
         }
         let pb = tiled_act_bytes(ty, n);
         let mut prep = vec![0u8; pb * cols];
@@ -281,7 +280,17 @@ fn dot_tile_q8(
                 return false;
             }
         }
-        return dot_tile(simd, ty, n, w, w.len(), 1, &prep, pb, cols, out, 1);
+        let t = Tile {
+            n,
+            w,
+            wstride: w.len(),
+            rows: 1,
+            a: &prep,
+            astride: pb,
+            cols,
+            ocs: 1,
+        };
+        return dot_tile(simd, ty, &t, out);
     }
     let _ = (simd, ty, n, w, a, astride, out);
     false

@@ -15,24 +15,19 @@ use super::blocks::{QK, QK_K};
 use super::Q8K_BYTES;
 use crate::tensor::DType;
 
-/// The shape of a tile call: `rows` weight rows of `nb` blocks of `wblock` bytes, `wstride` bytes
-/// apart in `w`; `cols` activation rows of `nb` blocks of `ablock` bytes, `astride` apart in
-/// `a`; results at `out[c * ocs + r]`. True when every one of them is in bounds, which is all the
-/// tile kernels read or write.
-#[allow(clippy::too_many_arguments)]
-fn tile_fits(
-    nb: usize,
-    wblock: usize,
-    ablock: usize,
-    w: &[u8],
-    wstride: usize,
-    rows: usize,
-    a: &[u8],
-    astride: usize,
-    cols: usize,
-    out: &[f32],
-    ocs: usize,
-) -> bool {
+/// True when every row and column of `t`, with `wblock`- and `ablock`-byte blocks (`nb` per
+/// row), and every result in `out` are in bounds, which is all the tile kernels read or write.
+fn tile_fits(nb: usize, wblock: usize, ablock: usize, t: &super::Tile<'_>, out: &[f32]) -> bool {
+    let super::Tile {
+        w,
+        wstride,
+        rows,
+        a,
+        astride,
+        cols,
+        ocs,
+        ..
+    } = *t;
     rows > 0
         && cols > 0
         && wstride >= nb * wblock

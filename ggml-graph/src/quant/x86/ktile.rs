@@ -12,7 +12,7 @@ use std::cell::RefCell;
 
 use super::{f16_load, k4_scales, tile_fits};
 use crate::quant::blocks::QK_K;
-use crate::quant::Q8K_BYTES;
+use crate::quant::{Tile, Q8K_BYTES};
 use crate::tensor::DType;
 
 /// Bytes of one decoded super-block: 256 values, 4 x 32 i16 scales, 16 i16 mins (Q4_K/Q5_K, each
@@ -661,28 +661,20 @@ thread_local! {
 /// is every activation column of the matmul: the float steps depend on it as llama.cpp's do
 /// (see [`Order`]), and for Q4_K on whether llama.cpp repacks the weight (`repacked`). False when
 /// the type or a length does not fit.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn dot_tile(
-    ty: DType,
-    n: usize,
-    w: &[u8],
-    wstride: usize,
-    rows: usize,
-    a: &[u8],
-    astride: usize,
-    cols: usize,
-    out: &mut [f32],
-    ocs: usize,
-    repacked: bool,
-) -> bool {
+pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool) -> bool {
+    let Tile {
+        n,
+        w,
+        wstride,
+        rows,
+        a,
+        astride,
+        cols,
+        ocs,
+    } = *t;
     let nb = n / QK_K;
     let bs = ty.type_size();
-    if !supported(ty)
-        || !n.is_multiple_of(QK_K)
-        || !tile_fits(
-            nb, bs, Q8K_BYTES, w, wstride, rows, a, astride, cols, out, ocs,
-        )
-    {
+    if !supported(ty) || !n.is_multiple_of(QK_K) || !tile_fits(nb, bs, Q8K_BYTES, t, out) {
         return false;
     }
     let six = ty == DType::Q6_K;

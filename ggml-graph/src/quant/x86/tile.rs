@@ -19,6 +19,7 @@ use std::cell::RefCell;
 
 use super::{f16_load, tile_fits};
 use crate::quant::blocks::QK;
+use crate::quant::Tile;
 use crate::tensor::DType;
 
 /// Bytes of one decoded block of a row pair: 2 x 32 unsigned values, 2 x 8 f32 scales.
@@ -363,25 +364,20 @@ thread_local! {
 /// Dot products of `rows` weight rows (`n` values of `ty` each, `wstride` bytes apart in `w`)
 /// with `cols` prepared activation rows (`astride` bytes apart in `a`): `out[c * ocs + r]`.
 /// False when the type or a length does not fit.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn dot_tile(
-    ty: DType,
-    n: usize,
-    w: &[u8],
-    wstride: usize,
-    rows: usize,
-    a: &[u8],
-    astride: usize,
-    cols: usize,
-    out: &mut [f32],
-    ocs: usize,
-) -> bool {
+pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32]) -> bool {
+    let Tile {
+        n,
+        w,
+        wstride,
+        rows,
+        a,
+        astride,
+        cols,
+        ocs,
+    } = *t;
     let nb = n / QK;
     let bs = ty.type_size();
-    if offset(ty).is_none()
-        || !n.is_multiple_of(QK)
-        || !tile_fits(nb, bs, A_BLK, w, wstride, rows, a, astride, cols, out, ocs)
-    {
+    if offset(ty).is_none() || !n.is_multiple_of(QK) || !tile_fits(nb, bs, A_BLK, t, out) {
         return false;
     }
     if cols <= 2 {
