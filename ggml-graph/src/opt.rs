@@ -264,6 +264,36 @@ pub fn fuse(g: &mut Graph) -> usize {
     fused
 }
 
+/// For graphs the GPU runs: folds a `scale` of the queries that only an attention reads into the
+/// attention's score scale (one launch less per layer; `q.k * s` instead of `(s q).k`, equal up
+/// to rounding, so the CPU's own graphs never take it). Attentions with soft-capping keep theirs.
+pub fn fold_query_scale(g: &mut Graph) -> usize {
+    let readers = consumers(g);
+    let mut folded = 0;
+    for i in 0..g.len() {
+        let Op::Attention(p) = &g.nodes[i].op else {
+            continue;
+        };
+        let Some(&q) = g.nodes[i].src.first() else {
+            continue;
+        };
+        let Op::Scale(s) = g.nodes[q.index()].op else {
+            continue;
+        };
+        if p.softcap.is_some() || !can_fuse(g, q, &readers) {
+            continue;
+        }
+        let mut p = *p;
+        p.scale *= s;
+        let x = g.nodes[q.index()].src[0];
+        let n = &mut g.nodes[i];
+        n.op = Op::Attention(p);
+        n.src[0] = x;
+        folded += 1;
+    }
+    folded
+}
+
 /// A compacted copy of `g` without the nodes no output or persistent write needs, and the map
 /// from old ids to new ones.
 pub fn eliminate_dead(g: &Graph) -> (Graph, Vec<Option<TensorId>>) {

@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use ggml_graph::opt::{eliminate_common, eliminate_dead, fold_views, fuse, optimize};
+use ggml_graph::opt::{
+    eliminate_common, eliminate_dead, fold_query_scale, fold_views, fuse, optimize,
+};
 use ggml_graph::plan::needed_nodes;
 use ggml_graph::{DType, Graph, TensorId};
 
@@ -238,4 +240,45 @@ fn all_passes_together() {
     let (a, b) = (outputs(&c, &c.g, &c.outs), outputs(&c, &g, &c.outs));
     let want: Vec<f64> = a[0].iter().map(|&v| v as f64).collect();
     assert_close("optimized block", &b[0], &want, 1e-10);
+}
+
+/// The GPU-only query-scale fold: `attention(scale(q, s))` becomes one attention with its score
+/// scale multiplied by `s` (same outputs to rounding); a scaled q that is also an output stays.
+#[test]
+fn query_scale_folds_into_attention() {
+    for shared in [false, true] {
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[16, 2, 1]).unwrap();
+        let k = g.input("k", DType::F32, &[16, 1, 8]).unwrap();
+        let v = g.input("v", DType::F32, &[16, 1, 8]).unwrap();
+        let pos = g.input("pos", DType::I32, &[1]).unwrap();
+        let qs = g.scale(q, 0.25).unwrap();
+        let p = ggml_graph::AttnParams {
+            scale: 0.5,
+            causal: true,
+            window: None,
+            softcap: None,
+        };
+        let a = g.attention(qs, k, v, pos, None, p).unwrap();
+        g.mark_output(a).unwrap();
+        if shared {
+            g.mark_output(qs).unwrap();
+        }
+        let mut rng = Rng::new(7);
+        let inputs = vec![
+            (q, f32_bytes(&rng.vec(32))),
+            (k, f32_bytes(&rng.vec(128))),
+            (v, f32_bytes(&rng.vec(128))),
+            (pos, 7i32.to_le_bytes().to_vec()),
+        ];
+        let want = run(&g, &[], &inputs).output_f32(a).unwrap();
+        let mut f = g.clone();
+        let n = fold_query_scale(&mut f);
+        assert_eq!(n, usize::from(!shared));
+        let ops = live_ops(&f);
+        assert_eq!(ops.contains(&"scale"), shared, "{ops:?}");
+        let got = run(&f, &[], &inputs).output_f32(a).unwrap();
+        let want64: Vec<f64> = want.iter().map(|&x| f64::from(x)).collect();
+        assert_close("folded attention", &got, &want64, 1e-10);
+    }
 }

@@ -190,10 +190,12 @@ mod gpu {
     }
 
     /// The optimizer without fusion when the GPU lacks kernels for fused nodes: a fused node
-    /// the GPU cannot run would go to the CPU with a copy each way, in every layer.
+    /// the GPU cannot run would go to the CPU with a copy each way, in every layer. Fused GPU
+    /// graphs also fold Gemma's query scale into the attention.
     pub(super) fn optimize(g: &mut Graph, fuse: bool) {
         if fuse {
             ggml_graph::opt::optimize(g);
+            ggml_graph::opt::fold_query_scale(g);
         } else {
             ggml_graph::opt::eliminate_common(g);
             ggml_graph::opt::fold_views(g);
