@@ -24,12 +24,15 @@ fn every_kernel_symbol_is_in_its_sources() {
 
 /// Entry points `RF_MATVEC_FAST(name, ...)` defines besides `name` (longest first, so that
 /// `_ks_add` is not taken for `_add`).
-const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_gated", "_multi", "_add", "_ks"];
+const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_multi", "_add", "_ks"];
 
-/// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)` (also `name_gated`) or `RF_DEQUANT(suffix, T)` line defines `name`.
+/// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)`
+/// (for `base_gated`) or `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
+    let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
     if src.contains(&format!("RF_MATVEC({name},"))
         || src.contains(&format!("RF_MATVEC_FAST({name},"))
+        || name.strip_suffix("_gated").is_some_and(gated)
     {
         return true;
     }
@@ -148,6 +151,12 @@ fn c_params(src: &str, name: &str) -> Option<String> {
     if src.contains(&format!("RF_MATVEC_FAST({name},")) {
         let def = src.find("#define RF_MATVEC_FAST(")?;
         return list_after(def + src[def..].find("RF_KERNEL void name(")?);
+    }
+    if let Some(base) = name.strip_suffix("_gated") {
+        if src.contains(&format!("RF_MATVEC_GATED({base},")) {
+            let def = src.find("#define RF_MATVEC_GATED(")?;
+            return list_after(def + src[def..].find("name##_gated(")?);
+        }
     }
     for suffix in MATVEC_SUFFIXES {
         if let Some(base) = name.strip_suffix(suffix) {
