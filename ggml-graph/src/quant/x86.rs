@@ -38,6 +38,21 @@ fn tile_fits(nb: usize, wblock: usize, ablock: usize, t: &super::Tile<'_>, out: 
         && out.len() >= (cols - 1) * ocs + rows
 }
 
+/// Writes the tile kernels' `R` rows x `C` columns of results for rows `r0..r0 + R` into `out`,
+/// column `c` at `out[c * ocs..]`.
+fn scatter_rows<const R: usize, const C: usize>(
+    v: &[[f32; C]; R],
+    out: &mut [f32],
+    ocs: usize,
+    r0: usize,
+) {
+    for (dr, row) in v.iter().enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            out[c * ocs + r0 + dr] = x;
+        }
+    }
+}
+
 /// Dot product of `n` values, or `None` when this type has no SIMD kernel here.
 pub(super) fn vec_dot(ty: DType, n: usize, w: &[u8], a: &[u8]) -> Option<f32> {
     let (nb, abytes) = match ty {

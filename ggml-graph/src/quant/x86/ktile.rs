@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::{f16_load, k4_scales, tile_fits};
+use super::{f16_load, k4_scales, scatter_rows, tile_fits};
 use crate::quant::blocks::QK_K;
 use crate::quant::{Tile, Q8K_BYTES};
 use crate::tensor::DType;
@@ -714,11 +714,7 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
                             )
                         }
                     };
-                    for (dr, row) in v.iter().enumerate() {
-                        for (c, &x) in row.iter().enumerate() {
-                            out[c * ocs + r + dr] = x;
-                        }
-                    }
+                    scatter_rows(&v, out, ocs, r);
                 }};
             }
             match (rn, cols) {

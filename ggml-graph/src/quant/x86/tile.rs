@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::{f16_load, tile_fits};
+use super::{f16_load, scatter_rows, tile_fits};
 use crate::quant::blocks::QK;
 use crate::quant::Tile;
 use crate::tensor::DType;
@@ -394,11 +394,7 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32]) -> bool {
                     // SAFETY: AVX-512 VNNI detected (caller path); rows `r..r + $r` hold `nb`
                     // blocks and the `$c` prepared rows `nb` blocks each (checked above).
                     let v = unsafe { rows_direct::<$r, $c>(ty, nb, wr, wstride, ap, astride) };
-                    for (dr, row) in v.iter().enumerate() {
-                        for (c, &x) in row.iter().enumerate() {
-                            out[c * ocs + r + dr] = x;
-                        }
-                    }
+                    scatter_rows(&v, out, ocs, r);
                 }};
             }
             match (rn, cols) {
