@@ -20,6 +20,9 @@ use crate::graph::Graph;
 use crate::plan::{plan, ALIGN};
 use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
 
+mod group;
+use group::group_run;
+
 /// Where each node runs and which copies the run needs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Schedule {
@@ -29,78 +32,6 @@ pub struct Schedule {
     pub splits: Vec<(usize, Vec<TensorId>)>,
     /// `(storage root, device)` pairs that need a copy on a device other than the root's home.
     pub copies: Vec<(TensorId, usize)>,
-}
-
-/// Length of the run of nodes at the start of `ids` that a device may launch as one (see
-/// [`Device::launch_group`]): `mul_mat`s reading the same activations (at most three: q, k and
-/// v), ropes of the same parameters, positions and factors (two: q and k) or `set_rows` of the
-/// same indices (two: the K and V cache writes), a chain of `rms_norm * w`, the `add` reading
-/// it and the `rms_norm * w` of that sum (a post-norm, the residual add and the next norm), or two
-/// independent `rms_norm * w` (q and k norms); 1 when the first node starts no such run.
-fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
-    let first = &nodes[ids[0].index()];
-    let max = match first.op {
-        Op::MulMat => 3,
-        Op::Rope(_) | Op::SetRows => 2,
-        Op::RmsNormMul { .. } => return norm_chain(nodes, ids),
-        _ => return 1,
-    };
-    // A node reading an earlier node of the run (directly or through views) must wait for it.
-    let reads = |run: &[TensorId], mut id: TensorId| loop {
-        if run.contains(&id) {
-            return true;
-        }
-        match nodes[id.index()].view_of {
-            Some((p, _)) => id = p,
-            None => return false,
-        }
-    };
-    let mut run = vec![ids[0]];
-    1 + ids[1..]
-        .iter()
-        .take(max - 1)
-        .take_while(|&&id| {
-            let t = &nodes[id.index()];
-            let reads_run = t.src.iter().any(|&s| reads(&run, s));
-            run.push(id);
-            !reads_run
-                && match first.op {
-                    Op::MulMat => t.op == Op::MulMat && t.src.get(1) == first.src.get(1),
-                    Op::Rope(_) => t.op == first.op && t.src[1..] == first.src[1..],
-                    _ => t.op == Op::SetRows && t.src.get(2) == first.src.get(2),
-                }
-        })
-        .count()
-}
-
-/// Length of the chain at the start of `ids`: `rms_norm * w` (the first node), an `add` with it as
-/// one operand, then `rms_norm * w` of that sum; each step reads the previous node directly, so a
-/// device takes it as one launch only with a kernel that runs the steps in order. Without the
-/// `add`, two independent `rms_norm * w` of one row length and epsilon (2).
-fn norm_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
-    let reads = |i: usize, op_ok: fn(&Op) -> bool, pos: &[usize]| {
-        ids.get(i).is_some_and(|&id| {
-            let t = &nodes[id.index()];
-            op_ok(&t.op) && pos.iter().any(|&p| t.src.get(p) == Some(&ids[i - 1]))
-        })
-    };
-    if !reads(1, |op| *op == Op::Add, &[0, 1]) {
-        // Or two norms of rows of one length, the second not reading the first (q and k norms).
-        let pair = ids.get(1).is_some_and(|&id| {
-            let (a, b) = (&nodes[ids[0].index()], &nodes[id.index()]);
-            let mut root = b.src[0];
-            while let Some((p, _)) = nodes[root.index()].view_of {
-                root = p;
-            }
-            b.op == a.op && b.ne[0] == a.ne[0] && root != ids[0]
-        });
-        return if pair { 2 } else { 1 };
-    }
-    if reads(2, |op| matches!(op, Op::RmsNormMul { .. }), &[0]) {
-        3
-    } else {
-        2
-    }
 }
 
 /// Operands a node reads (the written destination of `cpy`/`set_rows` excluded).
