@@ -388,6 +388,14 @@ impl<T: Pod> PinnedHostBuffer<T> {
         self.ptr
     }
 
+    /// Waits for the queued copy (if any) and hands back its event, for recording again.
+    pub(crate) fn take_pending(&mut self) -> Result<Option<Event>> {
+        if let Some(e) = &self.pending {
+            e.synchronize()?;
+        }
+        Ok(self.pending.take())
+    }
+
     /// Marks a copy queued on the buffer; host access waits for `event`.
     pub(crate) fn set_pending(&mut self, event: Event) -> Result<()> {
         self.wait()?;

@@ -42,9 +42,9 @@ pub enum ParamKind {
 /// A byte range of device memory borrowed from a live `gpu-mem` allocation of one device.
 #[derive(Clone, Copy, Debug)]
 pub struct MemRange<'a> {
-    device: &'a Device,
-    ptr: DevicePtr,
-    bytes: usize,
+    pub(crate) device: &'a Device,
+    pub(crate) ptr: DevicePtr,
+    pub(crate) bytes: usize,
     _mem: PhantomData<&'a ()>,
 }
 

@@ -13,6 +13,8 @@
 //!   tested over host memory.
 //! - Reads from a sub-allocation stage through a whole allocation (plain D2H from sub-buffer
 //!   offsets failed on ROCm).
+//! - Each stream keeps pinned host staging for small, frequent transfers ([`host_io`]): reads
+//!   through one reusable pinned buffer, small writes queued from a ring of pinned blocks.
 
 pub mod activations;
 pub mod blas;
@@ -22,6 +24,7 @@ pub mod device;
 pub mod error;
 pub mod estimate;
 pub mod fallback;
+pub mod host_io;
 pub mod launch;
 pub mod module;
 pub mod pool;

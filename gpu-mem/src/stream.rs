@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use crate::buffer::{DeviceView, DeviceViewMut, PinnedHostBuffer};
 use crate::device::Device;
 use crate::error::{GpuError, Result};
+use crate::host_io::HostIo;
 use crate::module::{Function, KernelArgs};
 use crate::pool::{RawAllocator, RAW_ALIGN};
 
@@ -24,6 +25,8 @@ pub struct Stream {
     staging: Mutex<Option<(DevicePtr, u64)>>,
     /// While capturing: the memory the captured work uses (see [`Stream::end_capture`]).
     capture_log: Mutex<Option<CaptureLog>>,
+    /// Pinned host staging for reads and queued small writes (see [`crate::host_io`]).
+    pub(crate) host_io: Mutex<HostIo>,
 }
 
 /// What a capture recorded: the device ranges `(address, bytes)` of its checked launches, or the
@@ -52,6 +55,7 @@ impl Stream {
             handle,
             staging: Mutex::new(None),
             capture_log: Mutex::new(None),
+            host_io: Mutex::new(HostIo::default()),
         })
     }
 
@@ -108,6 +112,11 @@ impl Stream {
         if let Some(log) = self.capture_log.lock().as_mut() {
             log.ranges.extend(ranges.into_iter().filter(|r| r.1 > 0));
         }
+    }
+
+    /// True between [`Stream::begin_capture`] and [`Stream::end_capture`].
+    pub(crate) fn capturing(&self) -> bool {
+        self.capture_log.lock().is_some()
     }
 
     /// Marks the capture under way (if any) as using memory it cannot account for.
@@ -190,7 +199,11 @@ impl Stream {
 
     /// Queues a device-side copy of `bytes` from `src` into the stream's staging allocation and
     /// returns it (locked until the caller drops the guard).
-    fn stage(&self, src: DevicePtr, bytes: u64) -> Result<(DevicePtr, StagingGuard<'_>)> {
+    pub(crate) fn stage(
+        &self,
+        src: DevicePtr,
+        bytes: u64,
+    ) -> Result<(DevicePtr, StagingGuard<'_>)> {
         let mut g = self.staging.lock();
         if g.is_none_or(|(_, size)| size < bytes) {
             if let Some((p, size)) = g.take() {

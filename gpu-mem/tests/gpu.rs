@@ -483,3 +483,71 @@ fn activation_pool_hands_out_typed_reusable_buffers() {
         assert!(pool.alloc::<f32>(0).is_err());
     });
 }
+
+/// Small writes queued from the stream's pinned ring behind a long device copy (so ring blocks
+/// come round again while their copies are still pending and must be waited for), each from
+/// the same reused host slice; then staged reads (whole, sub-range, chunked past the read
+/// buffer's largest size) see every write in order.
+#[test]
+#[serial]
+fn queued_writes_and_staged_reads_keep_order() {
+    use gpu_mem::host_io::{QUEUED_WRITE_MAX, READ_CHUNK, WRITE_RING};
+    with_gpu(|dev| {
+        let stream = Stream::new(dev).unwrap();
+        let n = 1usize << 16;
+        let mut buf = DeviceBuffer::<u32>::new(dev, n, "queued writes").unwrap();
+        stream.memset(&mut buf.view_mut(), 0).unwrap();
+        // Keep the stream busy: 2 x 128 MiB device copies queued ahead of the writes.
+        let big = 32usize << 20;
+        let a = DeviceBuffer::<u32>::new(dev, big, "busy src").unwrap();
+        let mut b = DeviceBuffer::<u32>::new(dev, big, "busy dst").unwrap();
+        stream.copy(&a.view(), &mut b.view_mut()).unwrap();
+        stream.copy(&a.view(), &mut b.view_mut()).unwrap();
+        let mut want = vec![0u32; n];
+        let mut word = [0u8; 4];
+        let writes = 40 * WRITE_RING;
+        for w in 0..writes {
+            let i = (w * 131) % 1000;
+            let v = (w as u32 + 1) * 3;
+            word.copy_from_slice(&v.to_le_bytes());
+            let dst = MemRange::of_buffer(&buf).sub(i * 4, 4).unwrap();
+            stream.queue_write_range(&word, dst).unwrap();
+            want[i] = v;
+        }
+        assert_eq!(stream.queued_writes(), writes as u64);
+        // Past the largest queued size: the blocking path.
+        let large: Vec<u32> = (0..QUEUED_WRITE_MAX as u32 / 4 + 1).collect();
+        let dst = MemRange::of_buffer(&buf)
+            .sub(4000 * 4, large.len() * 4)
+            .unwrap();
+        stream
+            .queue_write_range(bytemuck::cast_slice(&large), dst)
+            .unwrap();
+        want[4000..4000 + large.len()].copy_from_slice(&large);
+        assert_eq!(stream.queued_writes(), writes as u64);
+        let mut back = vec![0u32; n];
+        stream.read_staged(&buf.view(), &mut back).unwrap();
+        assert_eq!(back, want);
+        let mut part = vec![0u32; 100];
+        stream
+            .read_staged(&buf.slice(950..1050).unwrap(), &mut part)
+            .unwrap();
+        assert_eq!(part, want[950..1050]);
+        // A read larger than the read buffer's largest size goes in chunks, staged.
+        let host: Vec<u32> = (0..(READ_CHUNK / 4) * 2 + 7)
+            .map(|i| i as u32 ^ 0x5a5a)
+            .collect();
+        let mut c = DeviceBuffer::<u32>::new(dev, host.len(), "chunked").unwrap();
+        stream.write(&host, &mut c.view_mut()).unwrap();
+        let mut all = vec![0u32; host.len()];
+        stream.read_staged(&c.view(), &mut all).unwrap();
+        assert!(all == host, "chunked read differs");
+        assert_eq!(stream.read_buffer_bytes(), READ_CHUNK);
+        assert!(matches!(
+            stream.read_staged(&buf.view(), &mut part),
+            Err(GpuError::LengthMismatch { .. })
+        ));
+        let wrong = MemRange::of_buffer(&buf).sub(0, 8).unwrap();
+        assert!(stream.queue_write_range(&word, wrong).is_err());
+    });
+}

@@ -3,7 +3,9 @@
 //!
 //! Design choices:
 //! - One stream per device, created once with the device's one BLAS handle bound to it; every
-//!   copy and launch is queued on it, so ordering needs no events. Buffers and stream handles
+//!   copy and launch is queued on it, so ordering needs no events. Small buffer writes are
+//!   queued from pinned memory without waiting and reads go through a reusable pinned buffer
+//!   (`gpu-mem`'s `host_io`), which keeps a decode step's host traffic off the critical path. Buffers and stream handles
 //!   keep the device state alive, so the stream is destroyed only after the last of them. [`Stream::synchronize`]
 //!   waits for that stream only, never for the whole device.
 //! - Buffers are `gpu-mem` allocations (budgeted and tracked); the scheduler uploads each weight
@@ -159,6 +161,17 @@ impl HipDevice {
     /// Grouped mat-vec launches (q, k and v projections in one kernel) made so far.
     pub fn grouped_launches(&self) -> usize {
         self.inner.grouped.load(Ordering::Relaxed)
+    }
+
+    /// Buffer writes queued from pinned memory without waiting so far (small writes; larger
+    /// ones block).
+    pub fn queued_writes(&self) -> u64 {
+        self.inner.sb.stream().queued_writes()
+    }
+
+    /// Bytes of the pinned buffer that reads go through (0 before the first read).
+    pub fn read_buffer_bytes(&self) -> usize {
+        self.inner.sb.stream().read_buffer_bytes()
     }
 
     /// The `gpu-mem` device (budget, tracker, leak report).
@@ -392,32 +405,31 @@ impl Buffer for HipBuffer {
         let dst = MemRange::of_buffer(b)
             .sub(r.start, r.len())
             .map_err(|e| gpu_err("write", e))?;
+        // Small writes (a step's token ids and positions) are queued from pinned memory without
+        // waiting; the stream orders them before every later launch, copy and read.
         self.inner
             .sb
             .stream()
-            .write_range(data, dst)
+            .queue_write_range(data, dst)
             .map_err(|e| gpu_err("write", e))
     }
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let r = self.range("read", offset, out.len())?;
+        // Reads land in the stream's reusable pinned buffer (a pageable D2H of a step's logits
+        // is several times slower) and wait for the copy; sub-allocation views are staged
+        // through a whole allocation inside `read_staged`.
         match &self.mem {
             Mem::Owned(b) => {
                 let view = b.slice(r).map_err(|e| gpu_err("read", e))?;
-                self.inner.sb.stream().read(&view, out)
+                self.inner.sb.stream().read_staged(&view, out)
             }
             Mem::Slot { arena, slot } => {
                 let whole = arena.view::<u8>(slot).map_err(|e| gpu_err("read", e))?;
                 let view = whole.slice(r).map_err(|e| gpu_err("read", e))?;
-                // Sub-allocation reads stage through a whole allocation inside `read`.
-                self.inner.sb.stream().read(&view, out)
+                self.inner.sb.stream().read_staged(&view, out)
             }
         }
-        .map_err(|e| gpu_err("read", e))?;
-        self.inner
-            .sb
-            .stream()
-            .synchronize()
-            .map_err(|e| gpu_err("read", e))
+        .map_err(|e| gpu_err("read", e))
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -592,3 +604,5 @@ impl Captured for HipCaptured {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_io;

@@ -1,0 +1,195 @@
+//! A stream's page-locked host staging for small, frequent transfers: one reusable pinned buffer
+//! that reads land in ([`Stream::read_staged`]) and a ring of pinned blocks that small writes are
+//! queued from ([`Stream::queue_write_range`]), so a decode step's inputs (token ids, positions)
+//! and output (logits) move without pageable copies and without a synchronize per write.
+//!
+//! Design choices:
+//! - Pageable copies make the driver stage through its own pinned memory and, for writes, force a
+//!   stream synchronize before the caller may reuse its slice; copying through our own pinned
+//!   memory costs one host memcpy and lets writes return as soon as they are queued.
+//! - The read buffer grows (to a power of two, at most [`READ_CHUNK`]) and is never shrunk; a
+//!   larger read goes through it in chunks. Every read waits for its copy before returning, so
+//!   the buffer is idle between calls.
+//! - A queued write copies the caller's bytes into the next block of the ring and records the
+//!   block's event after the copy; a block is written again only after its event completed, so
+//!   a pending transfer never sees its bytes change. Ordering against later work needs nothing
+//!   else: everything is queued on the one stream.
+
+use bytemuck::Pod;
+
+use crate::buffer::{DeviceView, PinnedHostBuffer};
+use crate::error::{GpuError, Result};
+use crate::launch::MemRange;
+use crate::stream::{Event, Stream};
+
+/// Largest piece of a read staged at once (and the largest size the read buffer grows to).
+pub const READ_CHUNK: usize = 32 << 20;
+/// Smallest read buffer allocated (reads of a few bytes do not reallocate on every growth).
+const READ_MIN: usize = 64 << 10;
+/// Largest write queued through the ring; larger writes take the blocking path.
+pub const QUEUED_WRITE_MAX: usize = 64 << 10;
+/// Smallest ring block.
+const BLOCK_MIN: usize = 4 << 10;
+/// Blocks in the write ring: a block is reused after this many later writes (and only once its
+/// copy finished).
+pub const WRITE_RING: usize = 8;
+
+const _: () = assert!(BLOCK_MIN <= QUEUED_WRITE_MAX && READ_MIN <= READ_CHUNK && WRITE_RING >= 2);
+const _: () = assert!(READ_CHUNK.is_power_of_two() && QUEUED_WRITE_MAX.is_power_of_two());
+
+/// The staging state of one stream.
+#[derive(Default)]
+pub(crate) struct HostIo {
+    /// The read buffer; idle between calls (every read waits for its copies).
+    read: Option<PinnedHostBuffer<u8>>,
+    /// The write ring; each block's pending copy is tracked by the block itself, so dropping a
+    /// block (growth, stream teardown) waits for its copy.
+    ring: Vec<PinnedHostBuffer<u8>>,
+    next: usize,
+    /// Writes queued through the ring so far.
+    queued: u64,
+}
+
+impl Stream {
+    /// Copies device data to `dst` through the stream's reusable pinned buffer and waits for it
+    /// (as [`Stream::read`], without a pageable copy). Sub-allocation views are staged through
+    /// a whole allocation first, as in [`Stream::read`].
+    pub fn read_staged<T: Pod>(&self, src: &DeviceView<'_, T>, dst: &mut [T]) -> Result<()> {
+        self.device().expect_same(src.device, "view")?;
+        self.note_unknown("a memory copy");
+        if src.len != dst.len() {
+            return Err(GpuError::LengthMismatch {
+                src: src.len,
+                dst: dst.len(),
+            });
+        }
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        let total = dst.len();
+        if total == 0 {
+            return Ok(());
+        }
+        // SAFETY: the same memory as `src` (a checked view of `total` bytes), seen as bytes.
+        let bytes = unsafe { DeviceView::<u8>::from_raw(src.device, src.ptr, total, src.whole) };
+        let mut io = self.host_io.lock();
+        let want = total.min(READ_CHUNK);
+        let mut buf = match io.read.take() {
+            Some(b) if b.len() >= want => b,
+            old => {
+                // An old buffer is idle: free it before allocating the larger one.
+                drop(old);
+                let size = want.next_power_of_two().clamp(READ_MIN, READ_CHUNK);
+                PinnedHostBuffer::new(self.device(), size)?
+            }
+        };
+        let chunk = buf.len().min(total);
+        self.device().bind()?;
+        let mut off = 0;
+        while off < total {
+            let n = (total - off).min(chunk);
+            let part = if n == total {
+                bytes
+            } else {
+                bytes.slice(off..off + n)?
+            };
+            let staged = if part.whole {
+                None
+            } else {
+                Some(self.stage(part.ptr, n as u64)?)
+            };
+            let from = staged.as_ref().map_or(part.ptr, |(p, _)| *p);
+            // SAFETY: the pinned buffer holds at least `n` bytes and no copy is pending on it;
+            // `from` is device memory of at least `n` bytes. The stream is synchronized below
+            // before the buffer is touched or freed (it is leaked if that fails).
+            let queued = unsafe {
+                self.device()
+                    .api()
+                    .memcpy_dtoh_async(buf.host_ptr().cast(), from, n, self.handle())
+            };
+            let done = queued
+                .map_err(GpuError::from)
+                .and_then(|()| self.synchronize());
+            drop(staged);
+            if let Err(e) = done {
+                // A copy may still be running into the buffer: never free it under it.
+                std::mem::forget(buf);
+                return Err(e);
+            }
+            dst[off..off + n].copy_from_slice(&buf.as_slice()?[..n]);
+            off += n;
+        }
+        io.read = Some(buf);
+        Ok(())
+    }
+
+    /// Copies host bytes into `dst` (same length). Writes of at most [`QUEUED_WRITE_MAX`] bytes
+    /// are copied into a pinned block of the stream and queued without waiting (`src` may be
+    /// reused at once; work queued later on this stream sees the data); larger ones, and writes
+    /// while a capture is under way, take the blocking [`Stream::write_range`].
+    pub fn queue_write_range(&self, src: &[u8], dst: MemRange<'_>) -> Result<()> {
+        if src.len() > QUEUED_WRITE_MAX || self.capturing() {
+            return self.write_range(src, dst);
+        }
+        self.note_unknown("a memory copy");
+        self.device().expect_same(dst.device, "copy destination")?;
+        if src.len() != dst.bytes {
+            return Err(GpuError::LengthMismatch {
+                src: src.len(),
+                dst: dst.bytes,
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.host_io.lock();
+        let io = &mut *guard;
+        let i = io.next.min(io.ring.len());
+        io.next = (i + 1) % WRITE_RING;
+        let need = src.len().next_power_of_two().max(BLOCK_MIN);
+        if i == io.ring.len() {
+            io.ring.push(PinnedHostBuffer::new(self.device(), need)?);
+        } else if io.ring[i].len() < need {
+            // Dropping the old block waits for its pending copy.
+            io.ring[i] = PinnedHostBuffer::new(self.device(), need)?;
+        }
+        let block = &mut io.ring[i];
+        // Waits for the block's previous copy; its event is recorded again below.
+        let event = match block.take_pending()? {
+            Some(e) => e,
+            None => Event::new(self.device(), false)?,
+        };
+        block.as_mut_slice()?[..src.len()].copy_from_slice(src);
+        self.device().bind()?;
+        // SAFETY: the block holds `src.len()` initialised bytes and is marked pending below (or
+        // the stream is drained), so it stays unchanged and allocated until the copy finished;
+        // `dst` is live device memory of exactly that many bytes on this stream's device.
+        unsafe {
+            self.device().api().memcpy_htod_async(
+                dst.ptr,
+                block.host_ptr().cast(),
+                src.len(),
+                self.handle(),
+            )?;
+        }
+        if let Err(e) = event.record(self) {
+            // Without its event the block cannot tell when the copy is done: wait for it here,
+            // and give the block up if even that fails.
+            if self.synchronize().is_err() {
+                std::mem::forget(io.ring.swap_remove(i));
+            }
+            return Err(e);
+        }
+        block.set_pending(event)?;
+        io.queued += 1;
+        Ok(())
+    }
+
+    /// Writes queued through the pinned ring so far (the others took the blocking path).
+    pub fn queued_writes(&self) -> u64 {
+        self.host_io.lock().queued
+    }
+
+    /// Bytes of the pinned read buffer (0 before the first staged read).
+    pub fn read_buffer_bytes(&self) -> usize {
+        self.host_io.lock().read.as_ref().map_or(0, |b| b.len())
+    }
+}
