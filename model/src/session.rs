@@ -476,8 +476,12 @@ impl Session {
                 n_ctx: self.kv.n_ctx,
             });
         }
-        let mut out = Vec::new();
         let n_chunks = tokens.len().div_ceil(self.n_batch);
+        if n_chunks == 1 {
+            // One forward pass (every decode step): its logits are the result, uncopied.
+            return self.forward(tokens, mode);
+        }
+        let mut out = Vec::new();
         for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
             let last_chunk = ci + 1 == n_chunks;
             let want = match mode {
