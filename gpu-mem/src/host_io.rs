@@ -8,14 +8,17 @@
 //!   stream synchronize before the caller may reuse its slice; copying through our own pinned
 //!   memory costs one host memcpy and lets writes return as soon as they are queued.
 //! - The read buffer grows (to a power of two, at most [`READ_CHUNK`]) and is never shrunk; a
-//!   larger read goes through it in chunks. Every read waits for its copy before returning, so
-//!   the buffer is idle between calls.
+//!   larger read goes through it in chunks. A chunk's device-to-host copy is queued in a few
+//!   pieces with an event after each, and each piece is copied out as soon as it landed, which
+//!   hides most of the host copy behind the transfer. Every read waits for its copies before
+//!   returning, so the buffer is idle between calls.
 //! - A queued write copies the caller's bytes into the next block of the ring and records the
 //!   block's event after the copy; a block is written again only after its event completed, so
 //!   a pending transfer never sees its bytes change. Ordering against later work needs nothing
 //!   else: everything is queued on the one stream.
 
 use bytemuck::Pod;
+use hip_ffi::DevicePtr;
 
 use crate::buffer::{DeviceView, PinnedHostBuffer};
 use crate::error::{GpuError, Result};
@@ -26,6 +29,11 @@ use crate::stream::{Event, Stream};
 pub const READ_CHUNK: usize = 32 << 20;
 /// Smallest read buffer allocated (reads of a few bytes do not reallocate on every growth).
 const READ_MIN: usize = 64 << 10;
+/// Pieces a read is split into at most, so the host copies finished pieces out of the pinned
+/// buffer while the later ones are still in flight.
+const READ_PIECES: usize = 4;
+/// Smallest piece: reads below twice this size go in one piece.
+const PIECE_MIN: usize = 128 << 10;
 /// Largest write queued through the ring; larger writes take the blocking path.
 pub const QUEUED_WRITE_MAX: usize = 64 << 10;
 /// Smallest ring block.
@@ -48,6 +56,8 @@ pub(crate) struct HostIo {
     next: usize,
     /// Writes queued through the ring so far.
     queued: u64,
+    /// One event per piece of a read (see [`Stream::read_pieces`]).
+    events: Vec<Event>,
 }
 
 impl Stream {
@@ -72,7 +82,7 @@ impl Stream {
         let bytes = unsafe { DeviceView::<u8>::from_raw(src.device, src.ptr, total, src.whole) };
         let mut io = self.host_io.lock();
         let want = total.min(READ_CHUNK);
-        let mut buf = match io.read.take() {
+        let buf = match io.read.take() {
             Some(b) if b.len() >= want => b,
             old => {
                 // An old buffer is idle: free it before allocating the larger one.
@@ -97,27 +107,74 @@ impl Stream {
                 Some(self.stage(part.ptr, n as u64)?)
             };
             let from = staged.as_ref().map_or(part.ptr, |(p, _)| *p);
-            // SAFETY: the pinned buffer holds at least `n` bytes and no copy is pending on it;
-            // `from` is device memory of at least `n` bytes. The stream is synchronized below
-            // before the buffer is touched or freed (it is leaked if that fails).
-            let queued = unsafe {
-                self.device()
-                    .api()
-                    .memcpy_dtoh_async(buf.host_ptr().cast(), from, n, self.handle())
-            };
-            let done = queued
-                .map_err(GpuError::from)
-                .and_then(|()| self.synchronize());
-            drop(staged);
+            let done = self.read_pieces(&mut io.events, &buf, from, &mut dst[off..off + n]);
             if let Err(e) = done {
-                // A copy may still be running into the buffer: never free it under it.
-                std::mem::forget(buf);
+                // Copies may still be running into the buffer: keep it only once they ended.
+                if self.synchronize().is_ok() {
+                    io.read = Some(buf);
+                } else {
+                    std::mem::forget(buf);
+                }
                 return Err(e);
             }
-            dst[off..off + n].copy_from_slice(&buf.as_slice()?[..n]);
+            drop(staged);
             off += n;
         }
         io.read = Some(buf);
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes at `from` (at most the pinned buffer's size) to `out` through
+    /// `buf`: queued in up to [`READ_PIECES`] pieces, each followed by an event, so the host
+    /// copies a finished piece out while the later ones are still in flight. On error, copies
+    /// may still be running into `buf`.
+    fn read_pieces(
+        &self,
+        events: &mut Vec<Event>,
+        buf: &PinnedHostBuffer<u8>,
+        from: DevicePtr,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let n = out.len();
+        if n > buf.len() {
+            return Err(GpuError::InvalidArgument(format!(
+                "{n} bytes into a {}-byte read buffer",
+                buf.len()
+            )));
+        }
+        let pieces = (n / PIECE_MIN).clamp(1, READ_PIECES);
+        let piece = n.div_ceil(pieces);
+        while events.len() < pieces {
+            events.push(Event::new(self.device(), false)?);
+        }
+        let range = |i: usize| {
+            let start = (i * piece).min(n);
+            start..(start + piece).min(n)
+        };
+        for (i, e) in events[..pieces].iter().enumerate() {
+            let r = range(i);
+            // SAFETY: `r` lies inside the pinned buffer (n <= its size, checked) and inside the
+            // `n` device bytes at `from`; no other copy uses these bytes of the buffer, and the
+            // caller keeps the buffer allocated until every piece's event completed (or the
+            // stream drained).
+            unsafe {
+                self.device().api().memcpy_dtoh_async(
+                    buf.host_ptr().add(r.start).cast(),
+                    DevicePtr(from.0 + r.start as u64),
+                    r.len(),
+                    self.handle(),
+                )?;
+            }
+            e.record(self)?;
+        }
+        for (i, e) in events[..pieces].iter().enumerate() {
+            let r = range(i);
+            e.synchronize()?;
+            // SAFETY: piece `i`'s copy finished (its event completed); the copies still in
+            // flight write other bytes of the buffer, never these.
+            let done = unsafe { std::slice::from_raw_parts(buf.host_ptr().add(r.start), r.len()) };
+            out[r].copy_from_slice(done);
+        }
         Ok(())
     }
 
