@@ -242,12 +242,54 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
         }
         prev = Some(gpu.clone());
     }
+    let sc = scheds[0].last_schedule().expect("schedule");
+    assert!(
+        sc.splits.iter().all(|(d, _)| *d == 0) && sc.copies.is_empty(),
+        "every node runs on the GPU: {sc:?}"
+    );
     assert_eq!(
         h.queued_writes() - before,
         2 * steps as u64,
         "both inputs of every step were queued"
     );
     assert!(scheds[0].has_captured_graph(), "the steps were replayed");
+
+    // A replay left unread (not waited for), then a larger graph whose arena replaces the one
+    // the replay uses, then the keyed step again (captured anew): all must come out right.
+    let mut g2 = Graph::new();
+    let emb2 = g2.weight("emb", DType::F32, &[k, vocab]).expect("emb");
+    let w2 = g2.weight("out", DType::F32, &[k, n_out]).expect("out");
+    let ids2 = g2.input("ids", DType::I32, &[64]).expect("ids");
+    let x2 = g2.get_rows(emb2, ids2).expect("get_rows");
+    let y2 = g2.mul_mat(w2, x2).expect("mul_mat");
+    g2.mark_output(y2).expect("out");
+    let toks: Vec<i32> = (0..64).map(|i| (i * 13 % vocab) as i32).collect();
+    let tok = [5i32];
+    let b = vec![0.25f32; n_out];
+    let step_inputs: [(TensorId, &[u8]); 2] = [
+        (ids, bytemuck::cast_slice(&tok)),
+        (bias, bytemuck::cast_slice(&b)),
+    ];
+    let mut outs = Vec::new();
+    for s in &mut scheds {
+        s.run_keyed(Some(1), &g, &step_inputs).expect("unread step");
+        s.run(&g2, &[(ids2, bytemuck::cast_slice(&toks))])
+            .expect("larger graph");
+        outs.push(s.output_f32(y2).expect("larger output"));
+        for _ in 0..3 {
+            s.run_keyed(Some(1), &g, &step_inputs).expect("step again");
+        }
+        outs.push(s.output_f32(z).expect("step output"));
+    }
+    for (i, (a, b)) in outs[..2].iter().zip(&outs[2..]).enumerate() {
+        assert_eq!(a.len(), b.len());
+        let (mut e, mut d) = (0f64, 0f64);
+        for (x, y) in a.iter().zip(b) {
+            e += f64::from(x - y).powi(2);
+            d += f64::from(*y).powi(2);
+        }
+        assert!(e / d.max(1e-30) < 1e-3, "output {i} after the arena grew");
+    }
 }
 
 fn f32v(v: &[f32]) -> Vec<u8> {
