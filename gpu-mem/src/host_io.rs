@@ -8,9 +8,10 @@
 //!   stream synchronize before the caller may reuse its slice; copying through our own pinned
 //!   memory costs one host memcpy and lets writes return as soon as they are queued.
 //! - The read buffer grows (to a power of two, at most [`READ_CHUNK`]) and is never shrunk; a
-//!   larger read goes through it in chunks. A chunk's device-to-host copy is queued in a few
-//!   pieces with an event after each, and each piece is copied out as soon as it landed, which
-//!   hides most of the host copy behind the transfer. Every read waits for its copies before
+//!   larger read goes through it in chunks. On NVIDIA a chunk's device-to-host copy is queued in
+//!   a few pieces with an event after each, and each piece is copied out as soon as it landed,
+//!   which hides most of the host copy behind the transfer (ROCm reads each chunk from the start
+//!   of a whole allocation, in one piece: DESIGN.md, section 6). Every read waits for its copies before
 //!   returning, so the buffer is idle between calls.
 //! - A queued write copies the caller's bytes into the next block of the ring and records the
 //!   block's event after the copy; a block is written again only after its event completed, so
@@ -18,7 +19,7 @@
 //!   else: everything is queued on the one stream.
 
 use bytemuck::Pod;
-use hip_ffi::DevicePtr;
+use hip_ffi::{DevicePtr, Platform};
 
 use crate::buffer::{DeviceView, PinnedHostBuffer};
 use crate::error::{GpuError, Result};
@@ -92,6 +93,12 @@ impl Stream {
             }
         };
         let chunk = buf.len().min(total);
+        // Pieces read from offsets inside an allocation, which plain device-to-host copies did
+        // not survive on ROCm (DESIGN.md, section 6): there each chunk goes in one piece.
+        let pieces = match self.device().info().platform {
+            Platform::Nvidia => READ_PIECES,
+            _ => 1,
+        };
         self.device().bind()?;
         let mut off = 0;
         while off < total {
@@ -107,7 +114,8 @@ impl Stream {
                 Some(self.stage(part.ptr, n as u64)?)
             };
             let from = staged.as_ref().map_or(part.ptr, |(p, _)| *p);
-            let done = self.read_pieces(&mut io.events, &buf, from, &mut dst[off..off + n]);
+            let out = &mut dst[off..off + n];
+            let done = self.read_pieces(&mut io.events, &buf, from, out, pieces);
             if let Err(e) = done {
                 // Copies may still be running into the buffer: keep it only once they ended.
                 if self.synchronize().is_ok() {
@@ -125,7 +133,7 @@ impl Stream {
     }
 
     /// Copies `out.len()` bytes at `from` (at most the pinned buffer's size) to `out` through
-    /// `buf`: queued in up to [`READ_PIECES`] pieces, each followed by an event, so the host
+    /// `buf`: queued in up to `max_pieces` pieces, each followed by an event, so the host
     /// copies a finished piece out while the later ones are still in flight. On error, copies
     /// may still be running into `buf`.
     fn read_pieces(
@@ -134,6 +142,7 @@ impl Stream {
         buf: &PinnedHostBuffer<u8>,
         from: DevicePtr,
         out: &mut [u8],
+        max_pieces: usize,
     ) -> Result<()> {
         let n = out.len();
         if n > buf.len() {
@@ -142,7 +151,7 @@ impl Stream {
                 buf.len()
             )));
         }
-        let pieces = (n / PIECE_MIN).clamp(1, READ_PIECES);
+        let pieces = (n / PIECE_MIN).clamp(1, max_pieces.max(1));
         let piece = n.div_ceil(pieces);
         while events.len() < pieces {
             events.push(Event::new(self.device(), false)?);
