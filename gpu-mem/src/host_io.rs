@@ -11,8 +11,8 @@
 //!   larger read goes through it in chunks. On NVIDIA a chunk's device-to-host copy is queued in
 //!   a few pieces with an event after each, and each piece is copied out as soon as it landed,
 //!   which hides most of the host copy behind the transfer (ROCm reads each chunk from the start
-//!   of a whole allocation, in one piece: DESIGN.md, section 6). Every read waits for its copies before
-//!   returning, so the buffer is idle between calls.
+//!   of a whole allocation, in one piece: DESIGN.md, section 6). Every read waits for its copies
+//!   before returning, so the buffer is idle between calls.
 //! - A queued write copies the caller's bytes into the next block of the ring and records the
 //!   block's event after the copy; a block is written again only after its event completed, so
 //!   a pending transfer never sees its bytes change. Ordering against later work needs nothing
@@ -26,7 +26,7 @@ use crate::error::{GpuError, Result};
 use crate::launch::MemRange;
 use crate::stream::{Event, Stream};
 
-/// Largest piece of a read staged at once (and the largest size the read buffer grows to).
+/// Largest chunk of a read staged at once (and the largest size the read buffer grows to).
 pub const READ_CHUNK: usize = 32 << 20;
 /// Smallest read buffer allocated (reads of a few bytes do not reallocate on every growth).
 const READ_MIN: usize = 64 << 10;

@@ -5,9 +5,10 @@
 //! - One stream per device, created once with the device's one BLAS handle bound to it; every
 //!   copy and launch is queued on it, so ordering needs no events. Small buffer writes are
 //!   queued from pinned memory without waiting and reads go through a reusable pinned buffer
-//!   (`gpu-mem`'s `host_io`), which keeps a decode step's host traffic off the critical path. Buffers and stream handles
-//!   keep the device state alive, so the stream is destroyed only after the last of them. [`Stream::synchronize`]
-//!   waits for that stream only, never for the whole device.
+//!   (`gpu-mem`'s `host_io`), which keeps a decode step's host traffic off the critical path.
+//!   Buffers and stream handles keep the device state alive, so the stream is destroyed only
+//!   after the last of them. [`Stream::synchronize`] waits for that stream only, never for the
+//!   whole device.
 //! - Buffers are `gpu-mem` allocations (budgeted and tracked); the scheduler uploads each weight
 //!   once per device and keeps it across runs. Weights uploaded together
 //!   ([`BufferType::alloc_weights`]) share one `gpu-mem` weight arena (a few large allocations,
