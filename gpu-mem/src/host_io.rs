@@ -89,7 +89,15 @@ impl Stream {
                 // An old buffer is idle: free it before allocating the larger one.
                 drop(old);
                 let size = want.next_power_of_two().clamp(READ_MIN, READ_CHUNK);
-                PinnedHostBuffer::new(self.device(), size)?
+                match PinnedHostBuffer::new(self.device(), size) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // Page-locked memory is a limited resource: read the slow way.
+                        tracing::debug!("pinned read buffer of {size} bytes: {e}; pageable read");
+                        drop(io);
+                        return self.read(&bytes, dst);
+                    }
+                }
             }
         };
         let chunk = buf.len().min(total);
@@ -211,11 +219,22 @@ impl Stream {
         let i = io.next.min(io.ring.len());
         io.next = (i + 1) % WRITE_RING;
         let need = src.len().next_power_of_two().max(BLOCK_MIN);
-        if i == io.ring.len() {
-            io.ring.push(PinnedHostBuffer::new(self.device(), need)?);
-        } else if io.ring[i].len() < need {
-            // Dropping the old block waits for its pending copy.
-            io.ring[i] = PinnedHostBuffer::new(self.device(), need)?;
+        if io.ring.get(i).is_none_or(|b| b.len() < need) {
+            let block = match PinnedHostBuffer::new(self.device(), need) {
+                Ok(b) => b,
+                Err(e) => {
+                    // Page-locked memory is a limited resource: write the slow way.
+                    tracing::debug!("pinned write block of {need} bytes: {e}; blocking write");
+                    drop(guard);
+                    return self.write_range(src, dst);
+                }
+            };
+            if i == io.ring.len() {
+                io.ring.push(block);
+            } else {
+                // Dropping the old block waits for its pending copy.
+                io.ring[i] = block;
+            }
         }
         let block = &mut io.ring[i];
         // Waits for the block's previous copy; its event is recorded again below.
