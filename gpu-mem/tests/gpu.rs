@@ -497,12 +497,14 @@ fn queued_writes_and_staged_reads_keep_order() {
         let n = 1usize << 16;
         let mut buf = DeviceBuffer::<u32>::new(dev, n, "queued writes").unwrap();
         stream.memset(&mut buf.view_mut(), 0).unwrap();
-        // Keep the stream busy: 2 x 128 MiB device copies queued ahead of the writes.
-        let big = 32usize << 20;
+        // Keep the stream busy for milliseconds: 12 x 256 MiB device copies queued ahead of the
+        // writes, so the ring comes round while its first blocks' copies are still queued.
+        let big = 64usize << 20;
         let a = DeviceBuffer::<u32>::new(dev, big, "busy src").unwrap();
         let mut b = DeviceBuffer::<u32>::new(dev, big, "busy dst").unwrap();
-        stream.copy(&a.view(), &mut b.view_mut()).unwrap();
-        stream.copy(&a.view(), &mut b.view_mut()).unwrap();
+        for _ in 0..12 {
+            stream.copy(&a.view(), &mut b.view_mut()).unwrap();
+        }
         let mut want = vec![0u32; n];
         let mut word = [0u8; 4];
         let writes = 40 * WRITE_RING;
