@@ -816,7 +816,9 @@ impl Scheduler {
                         valid[r * nd..(r + 1) * nd].fill(false);
                     }
                 }
-                for &id in &ids[j + grouped..j + run] {
+                // A device that took only part of the run (or none) sees the rest offered again.
+                let done = grouped.max(1);
+                for &id in &ids[j + grouped..j + done] {
                     let t = &nodes[id.index()];
                     let mut mems = Vec::with_capacity(t.src.len());
                     for (_, s) in read_srcs(t) {
@@ -830,7 +832,7 @@ impl Scheduler {
                         valid[r * nd..(r + 1) * nd].fill(false);
                     }
                 }
-                j += run;
+                j += done;
             }
         }
         Ok(())

@@ -187,9 +187,10 @@ impl Device for Grouping {
     }
 }
 
-/// The scheduler offers q/k/v mat-vecs on one input, rope pairs of the same positions and
-/// set_rows pairs of the same indices as groups, never a node that reads an earlier one of the
-/// run; a device that takes none still gets every node launched one by one.
+/// The scheduler offers q/k/v mat-vecs on one input, rope pairs of the same positions (with the
+/// K and V cache writes after them) and set_rows pairs of the same indices as groups, never a node
+/// that reads an earlier one of the run except in those chains; a device that takes none still
+/// gets every node launched one by one, each later node of a refused run offered again.
 #[test]
 fn scheduler_offers_independent_runs_as_groups() {
     let mut g = Graph::new();
@@ -245,7 +246,10 @@ fn scheduler_offers_independent_runs_as_groups() {
         *dev.offered.lock(),
         vec![
             vec!["mul_mat", "mul_mat", "mul_mat"],
-            vec!["rope", "rope"],
+            // Refused: the first runs alone and the rest is offered again.
+            vec!["mul_mat", "mul_mat"],
+            // The key rope's cache write and the value's after the rope pair.
+            vec!["rope", "rope", "set_rows", "set_rows"],
             vec!["set_rows", "set_rows"],
         ]
     );

@@ -266,15 +266,20 @@ RF_KERNEL void rms_norm_add_f32(const float* a, const float* __restrict__ w1, co
 // interp = freq_scale * extrap, and with YaRN (ext_factor != 0) a blend of the two by the ramp
 // over the correction dims [corr_lo, corr_hi]; cos/sin are multiplied by `mscale` (the host
 // folds YaRN's magnitude correction into it). One thread per pair; `rope_pair` computes pair `t`
-// (flat index over the rows).
-static __device__ __forceinline__ void rope_pair(long long t, const float* x, float* y, const int* __restrict__ pos,
+// (flat index over the rows) and returns what it wrote (row -1: past the last pair).
+struct rope_out {
+    int r, c0, c1;  // row, and the two columns written
+    float a, b;     // their values
+};
+
+static __device__ __forceinline__ rope_out rope_pair(long long t, const float* x, float* y, const int* __restrict__ pos,
                                                  int n_heads, int head_dim, int n_dims, long long x_stride,
                                                  long long y_stride, float base, float freq_scale,
                                                  const float* __restrict__ freq_factors, int neox, int n_rows,
                                                  float ext_factor, float mscale, float corr_lo, float corr_hi) {
     const int half_dims = n_dims / 2;
     const int pairs_per_row = head_dim / 2;
-    if (t >= (long long)n_rows * pairs_per_row) return;
+    if (t >= (long long)n_rows * pairs_per_row) return {-1, 0, 0, 0.0f, 0.0f};
     const int r = (int)(t / pairs_per_row);
     const int i = (int)(t % pairs_per_row);
     const float* xr = x + (long long)r * x_stride;
@@ -285,7 +290,7 @@ static __device__ __forceinline__ void rope_pair(long long t, const float* x, fl
         const float a = xr[c], b = xr[c + 1];
         yr[c] = a;
         yr[c + 1] = b;
-        return;
+        return {r, c, c + 1, a, b};
     }
     const float p = (float)pos[r / n_heads];
     float extrap = p * powf(base, -2.0f * (float)i / (float)n_dims);
@@ -304,8 +309,10 @@ static __device__ __forceinline__ void rope_pair(long long t, const float* x, fl
     const int i0 = neox ? i : 2 * i;
     const int i1 = neox ? i + half_dims : 2 * i + 1;
     const float a = xr[i0], b = xr[i1];
-    yr[i0] = a * c - b * s;
-    yr[i1] = a * s + b * c;
+    const float ya = a * c - b * s, yb = a * s + b * c;
+    yr[i0] = ya;
+    yr[i1] = yb;
+    return {r, i0, i1, ya, yb};
 }
 
 RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, int n_heads, int head_dim,
@@ -478,6 +485,64 @@ RF_KERNEL void set_rows2_f32(const float* src0, float* dst0, int ncols0, long lo
                              long long src_stride1, long long dst_stride1, const int* idx, int nrows) {
     set_rows2<float>(src0, dst0, ncols0, src_stride0, dst_stride0, src1, dst1, ncols1, src_stride1, dst_stride1,
                      idx, nrows);
+}
+
+// A layer's rope2 (queries x0 -> y0, keys x1 -> y1) and both cache writes in one launch: the
+// thread that rotates a key pair also stores it into `kc` row idx[token] (dense keys: row of
+// token = its n_heads1 heads), and threads past the ropes copy the values (v_cols per token,
+// rows v_stride apart) into `vc` row idx[token]. Outputs dense as in rope2_f32.
+template <typename O>
+static __device__ __forceinline__ void rope_kv(const float* x0, float* y0, int n_heads0, long long x_stride0,
+                                               int n_rows0, const float* x1, float* y1, int n_heads1,
+                                               long long x_stride1, int n_rows1, const int* __restrict__ pos,
+                                               int head_dim, int n_dims, float base, float freq_scale,
+                                               const float* __restrict__ freq_factors, int neox, float ext_factor,
+                                               float mscale, float corr_lo, float corr_hi, O* __restrict__ kc,
+                                               long long kc_stride, const float* __restrict__ v, int v_cols,
+                                               long long v_stride, O* __restrict__ vc, long long vc_stride,
+                                               const int* __restrict__ idx) {
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long q_pairs = (long long)n_rows0 * (head_dim / 2);
+    const long long k_pairs = (long long)n_rows1 * (head_dim / 2);
+    if (t < q_pairs) {
+        rope_pair(t, x0, y0, pos, n_heads0, head_dim, n_dims, x_stride0, head_dim, base, freq_scale, freq_factors,
+                  neox, n_rows0, ext_factor, mscale, corr_lo, corr_hi);
+    } else if (t < q_pairs + k_pairs) {
+        const rope_out o = rope_pair(t - q_pairs, x1, y1, pos, n_heads1, head_dim, n_dims, x_stride1, head_dim,
+                                     base, freq_scale, freq_factors, neox, n_rows1, ext_factor, mscale, corr_lo,
+                                     corr_hi);
+        O* row = kc + (long long)idx[o.r / n_heads1] * kc_stride + (long long)(o.r % n_heads1) * head_dim;
+        row[o.c0] = to_cache<O>(o.a);
+        row[o.c1] = to_cache<O>(o.b);
+    } else {
+        const long long u = t - q_pairs - k_pairs;
+        const int n_tok = n_rows1 / n_heads1;
+        if (u >= (long long)v_cols * n_tok) return;
+        const long long r = u / v_cols, c = u % v_cols;
+        vc[(long long)idx[r] * vc_stride + c] = to_cache<O>(v[r * v_stride + c]);
+    }
+}
+
+RF_KERNEL void rope_kv_f16(const float* x0, float* y0, int n_heads0, long long x_stride0, int n_rows0,
+                           const float* x1, float* y1, int n_heads1, long long x_stride1, int n_rows1,
+                           const int* pos, int head_dim, int n_dims, float base, float freq_scale,
+                           const float* freq_factors, int neox, float ext_factor, float mscale, float corr_lo,
+                           float corr_hi, __half* kc, long long kc_stride, const float* v, int v_cols,
+                           long long v_stride, __half* vc, long long vc_stride, const int* idx) {
+    rope_kv<__half>(x0, y0, n_heads0, x_stride0, n_rows0, x1, y1, n_heads1, x_stride1, n_rows1, pos, head_dim,
+                    n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale, corr_lo, corr_hi, kc,
+                    kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
+}
+
+RF_KERNEL void rope_kv_f32(const float* x0, float* y0, int n_heads0, long long x_stride0, int n_rows0,
+                           const float* x1, float* y1, int n_heads1, long long x_stride1, int n_rows1,
+                           const int* pos, int head_dim, int n_dims, float base, float freq_scale,
+                           const float* freq_factors, int neox, float ext_factor, float mscale, float corr_lo,
+                           float corr_hi, float* kc, long long kc_stride, const float* v, int v_cols,
+                           long long v_stride, float* vc, long long vc_stride, const int* idx) {
+    rope_kv<float>(x0, y0, n_heads0, x_stride0, n_rows0, x1, y1, n_heads1, x_stride1, n_rows1, pos, head_dim,
+                   n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale, corr_lo, corr_hi, kc,
+                   kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
 }
 
 // Index of the largest value of each row (the first one on ties; NaN never wins). One block per

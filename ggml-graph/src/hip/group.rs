@@ -2,7 +2,8 @@
 //! same activations) in one launch of a `*_multi` kernel instead of three, the q and k ropes in
 //! one `rope2_f32`, the K and V cache writes in one `set_rows2_*`, a post-norm with the
 //! residual add after it and the next pre-norm in one `rms_norm_add_f32`, and the per-head q and
-//! k norms in one `rms_norm2_f32`.
+//! k norms in one `rms_norm2_f32`; the q and k ropes with both cache writes after them go as one
+//! `rope_kv_*` when they follow each other.
 
 use gpu_mem::MemRange;
 
@@ -90,6 +91,10 @@ fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     if !ok {
         return Ok(0);
     }
+    let kv = match group {
+        [_, _, c, e, ..] => cache_writes(b, c, e),
+        _ => None,
+    };
     let mut args = Args::new();
     for (g, x) in [(a, xa), (b, xb)] {
         let out = addr(&g.dst)?;
@@ -117,6 +122,29 @@ fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         .push(corr[0])
         .push(corr[1]);
     let pairs = (xa.nrows() + xb.nrows()) * xa.ne[0] / 2;
+    if let Some((c, e)) = kv {
+        let v = e.srcs[0].tensor;
+        for g in [c, e] {
+            let out = addr(&g.dst)?;
+            d.inner.q8.lock().written(out.addr(), out.len());
+        }
+        args.push(addr(&c.dst)?)
+            .push(elems(c.tensor.nb[1], c.tensor))
+            .push(addr(&e.srcs[0])?)
+            .push(v.ne[0] as i32)
+            .push(elems(v.nb[1], v))
+            .push(addr(&e.dst)?)
+            .push(elems(e.tensor.nb[1], e.tensor))
+            .push(addr(&c.srcs[1])?);
+        let kid = if c.tensor.dtype == DType::F16 {
+            KernelId::RopeKvF16
+        } else {
+            KernelId::RopeKvF32
+        };
+        let total = pairs + v.ne[0] * v.ne[1];
+        d.launch_kernel(kid, [total.div_ceil(256) as u32, 1, 1], 256, &args.0)?;
+        return Ok(4);
+    }
     d.launch_kernel(
         KernelId::Rope2F32,
         [pairs.div_ceil(256) as u32, 1, 1],
@@ -124,6 +152,37 @@ fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         &args.0,
     )?;
     Ok(2)
+}
+
+/// The K and V cache writes `c` and `e` after the key rope `k`, when one `rope_kv_*` launch can
+/// make them: `c` stores `k`'s dense output (a token's heads side by side), `e` any f32 rows, both
+/// of one index vector and token count into caches of one type.
+fn cache_writes<'g, 'a>(
+    k: &GroupNode<'a>,
+    c: &'g GroupNode<'a>,
+    e: &'g GroupNode<'a>,
+) -> Option<(&'g GroupNode<'a>, &'g GroupNode<'a>)> {
+    let kx = k.srcs[0].tensor;
+    let n_tok = kx.nrows() / kx.ne[1].max(1);
+    let (kr, vr) = (c.srcs[0].tensor, e.srcs[0].tensor);
+    let ok = c.tensor.op == Op::SetRows
+        && e.tensor.op == Op::SetRows
+        && supported(c)
+        && supported(e)
+        && c.tensor.dtype == e.tensor.dtype
+        && matches!(c.tensor.dtype, DType::F16 | DType::F32)
+        && same_mem(&c.srcs[0], &k.dst)
+        && kr.is_contiguous()
+        && kr.ne[0] == kx.ne[0] * kx.ne[1]
+        && kr.ne[1] == n_tok
+        && kr.nrows() == n_tok
+        && vr.ne[1] == n_tok
+        && vr.nrows() == n_tok
+        && vr.nb[0] == DType::F32.type_size()
+        && std::ptr::eq(c.srcs[1].buffer, e.srcs[1].buffer)
+        && c.srcs[1].offset == e.srcs[1].offset
+        && !same_mem(&c.dst, &e.dst);
+    ok.then_some((c, e))
 }
 
 /// Two `set_rows` of the same indices and row count into caches of one type (K and V).

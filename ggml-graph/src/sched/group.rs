@@ -9,18 +9,24 @@ fn view_chain(nodes: &[Tensor], id: TensorId) -> impl Iterator<Item = TensorId> 
 
 /// Length of the run of nodes at the start of `ids` that a device may launch as one (see
 /// [`crate::backend::Device::launch_group`]): `mul_mat`s reading the same activations (at most three: q, k and
-/// v), ropes of the same parameters, positions and factors (two: q and k) or `set_rows` of the
+/// v), ropes of the same parameters, positions and factors (two: q and k; four with the K and V
+/// cache writes after them, see [`rope_chain`]) or `set_rows` of the
 /// same indices (two: the K and V cache writes), a chain of `rms_norm * w`, the `add` reading
 /// it and the `rms_norm * w` of that sum (a post-norm, the residual add and the next norm), or two
 /// independent `rms_norm * w` (q and k norms); 1 when the first node starts no such run.
 pub(super) fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
+    match nodes[ids[0].index()].op {
+        Op::MulMat => same_kind_run(nodes, ids, 3),
+        Op::Rope(_) => rope_chain(nodes, ids),
+        Op::SetRows => same_kind_run(nodes, ids, 2),
+        Op::RmsNormMul { .. } => norm_chain(nodes, ids),
+        _ => 1,
+    }
+}
+
+/// Length of the run of up to `max` independent nodes like the first (see [`group_run`]).
+fn same_kind_run(nodes: &[Tensor], ids: &[TensorId], max: usize) -> usize {
     let first = &nodes[ids[0].index()];
-    let max = match first.op {
-        Op::MulMat => 3,
-        Op::Rope(_) | Op::SetRows => 2,
-        Op::RmsNormMul { .. } => return norm_chain(nodes, ids),
-        _ => return 1,
-    };
     // A node reading an earlier node of the run (directly or through views) must wait for it.
     let reads = |run: &[TensorId], id: TensorId| view_chain(nodes, id).any(|x| run.contains(&x));
     let mut run = vec![ids[0]];
@@ -39,6 +45,33 @@ pub(super) fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
                 }
         })
         .count()
+}
+
+/// Length of the run at the start of `ids` from a pair of ropes (q, then k): 4 when the next two
+/// nodes are `set_rows` of one index vector, the first storing the second rope's output (through
+/// views: the K cache write) and the second reading neither rope (the V cache write); a device
+/// takes the four as one launch only with a kernel that stores each key after rotating it.
+fn rope_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
+    let pair = same_kind_run(nodes, ids, 2);
+    let [_, k, c, e, ..] = ids else {
+        return pair;
+    };
+    let (ct, et) = (&nodes[c.index()], &nodes[e.index()]);
+    let from = |s: TensorId, x: TensorId| view_chain(nodes, s).any(|v| v == x);
+    let chain = pair == 2
+        && ct.op == Op::SetRows
+        && et.op == Op::SetRows
+        && ct.src.get(2) == et.src.get(2)
+        && ct.src.get(1).is_some_and(|&s| from(s, *k))
+        && et
+            .src
+            .iter()
+            .all(|&s| !ids[..3].iter().any(|&x| from(s, x)));
+    if chain {
+        4
+    } else {
+        pair
+    }
 }
 
 /// Length of the chain at the start of `ids`: `rms_norm * w` (the first node), an `add` with it as
