@@ -141,8 +141,26 @@ impl FreeList {
 
 /// Plans arena placement for `graph`.
 pub fn plan(graph: &Graph) -> Plan {
+    plan_grouped(graph, &[])
+}
+
+/// Plans arena placement for `graph` where the nodes of each of `groups` may run at the same
+/// time (one launch of a device taking them as a group): every operand of a group's node stays
+/// allocated until the group's last node, and none of them works in place, so no node of a group
+/// writes where another one of it still reads.
+pub fn plan_grouped(graph: &Graph, groups: &[Vec<TensorId>]) -> Plan {
     let n = graph.len();
     let needed = needed_nodes(graph);
+    // The last node of the groups each node is in (itself when in none).
+    let mut group_end: Vec<usize> = (0..n).collect();
+    let mut grouped = vec![false; n];
+    for g in groups.iter().filter(|g| g.len() > 1) {
+        let end = g.iter().map(|id| id.index()).max().unwrap_or(0);
+        for id in g {
+            group_end[id.index()] = group_end[id.index()].max(end);
+            grouped[id.index()] = true;
+        }
+    }
     let mut last_use = vec![None::<usize>; n];
     let mut is_output = vec![false; n];
     for &o in graph.outputs() {
@@ -152,9 +170,10 @@ pub fn plan(graph: &Graph) -> Plan {
         if !needed[i] {
             continue;
         }
+        let at = group_end[i];
         let mut touch = |id: TensorId| {
             let r = graph.storage_root(id).0.index();
-            last_use[r] = Some(last_use[r].map_or(i, |u: usize| u.max(i)));
+            last_use[r] = Some(last_use[r].map_or(at, |u: usize| u.max(at)));
         };
         for &s in &t.src {
             touch(s);
@@ -192,7 +211,7 @@ pub fn plan(graph: &Graph) -> Plan {
         // In place: the first operand is a dense arena root of the same size whose last reader
         // is this node, and no other operand reads it.
         let reuse = match (&t.op, t.src.first()) {
-            (op, Some(&s0)) if in_place_op(op) && birth == i => {
+            (op, Some(&s0)) if in_place_op(op) && birth == i && !grouped[i] => {
                 let r = s0.index();
                 let st = &graph.nodes[r];
                 let only_once = t

@@ -17,11 +17,11 @@ use crate::backend::{Buffer, Captured, Device, GroupNode, Stream, TensorMem};
 use crate::error::{GraphError, Result};
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
-use crate::plan::{plan, ALIGN};
+use crate::plan::{plan_grouped, ALIGN};
 use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
 
 mod group;
-use group::group_run;
+use group::{group_run, possible_groups};
 
 /// Where each node runs and which copies the run needs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -630,8 +630,14 @@ impl Scheduler {
             .map(|(k, p)| (k.clone(), p.device))
             .collect();
         let sched = schedule_with(graph, &self.devices, &homes, self.placement.as_ref())?;
-        let p = plan(graph);
         let nodes = graph.tensors();
+        // Any run the launches may offer as one group shares its operands' lifetimes.
+        let groups = sched
+            .splits
+            .iter()
+            .flat_map(|(_, ids)| possible_groups(nodes, ids))
+            .collect::<Vec<_>>();
+        let p = plan_grouped(graph, &groups);
         // Copy slots after the planned arena, per device: `slot[root * n_dev + device]`.
         let nd = self.devices.len();
         let mut arena_size = vec![p.peak; nd];

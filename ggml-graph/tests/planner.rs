@@ -1,7 +1,7 @@
 //! Memory planner properties on random graphs: simultaneously live tensors never overlap, peak is
 //! at most the sum of sizes, and executing a planned graph equals a reference computed op by op.
 
-use ggml_graph::plan::{is_arena_root, plan};
+use ggml_graph::plan::{is_arena_root, plan, plan_grouped};
 use ggml_graph::{CpuBackend, DType, Executor, Graph, TensorId};
 use proptest::prelude::*;
 
@@ -117,4 +117,45 @@ fn elementwise_chain_runs_in_place() {
             );
         }
     }
+}
+
+/// Nodes that may run as one launch (a group) never write where another of them reads: two
+/// independent chains (`qn = silu(q)`, `rq = scale(qn)` and the same for k), grouped as one
+/// launch of all four, keep every operand and result apart, while the plain plan reuses the first
+/// chain's dead bytes for the second's results.
+#[test]
+fn grouped_nodes_never_overlap_each_others_operands() {
+    let mut g = Graph::new();
+    let q = g.input("q", DType::F32, &[256]).unwrap();
+    let k = g.input("k", DType::F32, &[256]).unwrap();
+    let qn = g.silu(q).unwrap();
+    let kn = g.silu(k).unwrap();
+    let rq = g.scale(qn, 0.5).unwrap();
+    let rk = g.scale(kn, 0.5).unwrap();
+    let s = g.add(rq, rk).unwrap();
+    g.mark_output(s).unwrap();
+    let overlaps = |p: &ggml_graph::Plan, ids: &[TensorId]| {
+        let mut pairs = Vec::new();
+        for (x, &a) in ids.iter().enumerate() {
+            for &b in &ids[x + 1..] {
+                let (oa, ob) = (p.offset[a.index()].unwrap(), p.offset[b.index()].unwrap());
+                let (sa, sb) = (
+                    g.tensors()[a.index()].dense_bytes(),
+                    g.tensors()[b.index()].dense_bytes(),
+                );
+                if oa < ob + sb && ob < oa + sa {
+                    pairs.push((a, b));
+                }
+            }
+        }
+        pairs
+    };
+    let all = [q, k, qn, kn, rq, rk];
+    assert!(
+        !overlaps(&plan(&g), &all).is_empty(),
+        "the plain plan reuses bytes within the chains"
+    );
+    let p = plan_grouped(&g, &[vec![qn, kn, rq, rk]]);
+    assert_eq!(overlaps(&p, &all), vec![]);
+    assert!(all.iter().all(|t| p.in_place[t.index()].is_none()));
 }

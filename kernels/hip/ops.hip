@@ -266,33 +266,19 @@ RF_KERNEL void rms_norm_add_f32(const float* a, const float* __restrict__ w1, co
 // interp = freq_scale * extrap, and with YaRN (ext_factor != 0) a blend of the two by the ramp
 // over the correction dims [corr_lo, corr_hi]; cos/sin are multiplied by `mscale` (the host
 // folds YaRN's magnitude correction into it). One thread per pair; `rope_pair` computes pair `t`
-// (flat index over the rows) and returns what it wrote (row -1: past the last pair).
-struct rope_out {
-    int r, c0, c1;  // row, and the two columns written
-    float a, b;     // their values
+// (flat index over the rows) and returns what it wrote (row -1: past the last pair);
+// `rope_angle` is the rotation of pair i alone.
+struct rope_rot {
+    int i0, i1;  // the two columns the pair moves
+    float c, s;  // cos and sin (times mscale)
+    bool rot;    // false past n_dims: copied unrotated
 };
 
-static __device__ __forceinline__ rope_out rope_pair(long long t, const float* x, float* y, const int* __restrict__ pos,
-                                                 int n_heads, int head_dim, int n_dims, long long x_stride,
-                                                 long long y_stride, float base, float freq_scale,
-                                                 const float* __restrict__ freq_factors, int neox, int n_rows,
-                                                 float ext_factor, float mscale, float corr_lo, float corr_hi) {
+static __device__ __forceinline__ rope_rot rope_angle(int i, float p, int n_dims, float base, float freq_scale,
+                                                      const float* __restrict__ freq_factors, int neox,
+                                                      float ext_factor, float mscale, float corr_lo, float corr_hi) {
     const int half_dims = n_dims / 2;
-    const int pairs_per_row = head_dim / 2;
-    if (t >= (long long)n_rows * pairs_per_row) return {-1, 0, 0, 0.0f, 0.0f};
-    const int r = (int)(t / pairs_per_row);
-    const int i = (int)(t % pairs_per_row);
-    const float* xr = x + (long long)r * x_stride;
-    float* yr = y + (long long)r * y_stride;
-    if (i >= half_dims) {
-        // Values past n_dims are copied unrotated.
-        const int c = 2 * i;
-        const float a = xr[c], b = xr[c + 1];
-        yr[c] = a;
-        yr[c + 1] = b;
-        return {r, c, c + 1, a, b};
-    }
-    const float p = (float)pos[r / n_heads];
+    if (i >= half_dims) return {2 * i, 2 * i + 1, 1.0f, 0.0f, false};
     float extrap = p * powf(base, -2.0f * (float)i / (float)n_dims);
     if (freq_factors) extrap /= freq_factors[i];
     const float interp = freq_scale * extrap;
@@ -304,15 +290,33 @@ static __device__ __forceinline__ rope_out rope_pair(long long t, const float* x
     }
     float s, c;
     sincosf(theta, &s, &c);
-    s *= mscale;
-    c *= mscale;
-    const int i0 = neox ? i : 2 * i;
-    const int i1 = neox ? i + half_dims : 2 * i + 1;
-    const float a = xr[i0], b = xr[i1];
-    const float ya = a * c - b * s, yb = a * s + b * c;
-    yr[i0] = ya;
-    yr[i1] = yb;
-    return {r, i0, i1, ya, yb};
+    return {neox ? i : 2 * i, neox ? i + half_dims : 2 * i + 1, c * mscale, s * mscale, true};
+}
+
+struct rope_out {
+    int r, c0, c1;  // row, and the two columns written
+    float a, b;     // their values
+};
+
+static __device__ __forceinline__ rope_out rope_pair(long long t, const float* x, float* y, const int* __restrict__ pos,
+                                                     int n_heads, int head_dim, int n_dims, long long x_stride,
+                                                     long long y_stride, float base, float freq_scale,
+                                                     const float* __restrict__ freq_factors, int neox, int n_rows,
+                                                     float ext_factor, float mscale, float corr_lo, float corr_hi) {
+    const int pairs_per_row = head_dim / 2;
+    if (t >= (long long)n_rows * pairs_per_row) return {-1, 0, 0, 0.0f, 0.0f};
+    const int r = (int)(t / pairs_per_row);
+    const int i = (int)(t % pairs_per_row);
+    const float* xr = x + (long long)r * x_stride;
+    float* yr = y + (long long)r * y_stride;
+    const rope_rot o = rope_angle(i, (float)pos[r / n_heads], n_dims, base, freq_scale, freq_factors, neox,
+                                  ext_factor, mscale, corr_lo, corr_hi);
+    const float a = xr[o.i0], b = xr[o.i1];
+    const float ya = o.rot ? a * o.c - b * o.s : a;
+    const float yb = o.rot ? a * o.s + b * o.c : b;
+    yr[o.i0] = ya;
+    yr[o.i1] = yb;
+    return {r, o.i0, o.i1, ya, yb};
 }
 
 RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, int n_heads, int head_dim,
@@ -543,6 +547,92 @@ RF_KERNEL void rope_kv_f32(const float* x0, float* y0, int n_heads0, long long x
     rope_kv<float>(x0, y0, n_heads0, x_stride0, n_rows0, x1, y1, n_heads1, x_stride1, n_rows1, pos, head_dim,
                    n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale, corr_lo, corr_hi, kc,
                    kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
+}
+
+// A layer's per-head q and k norms (`rms_norm2_f32`), their ropes and both cache writes
+// (`rope_kv`) in one launch (Gemma 3, Qwen 3): one block per head row, one thread per rope pair,
+// which loads its two values, takes part in the row's sum of squares, normalizes them (written to
+// n0/n1), rotates them (y0/y1, dense) and for key rows stores them into `kc` row idx[token];
+// the blocks past the head rows copy the values into `vc`. blockDim: head_dim / 2 rounded up to
+// the warp size.
+template <typename O>
+static __device__ __forceinline__ void norm_rope_kv(
+    const float* x0, const float* __restrict__ w0, float* n0, float* y0, long long x0_stride, int n_rows0,
+    int n_heads0, const float* x1, const float* __restrict__ w1, float* n1, float* y1, long long x1_stride,
+    int n_rows1, int n_heads1, float eps, const int* __restrict__ pos, int head_dim, int n_dims, float base,
+    float freq_scale, const float* __restrict__ freq_factors, int neox, float ext_factor, float mscale,
+    float corr_lo, float corr_hi, O* __restrict__ kc, long long kc_stride, const float* __restrict__ v, int v_cols,
+    long long v_stride, O* __restrict__ vc, long long vc_stride, const int* __restrict__ idx) {
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const int heads = n_rows0 + n_rows1;
+    if ((int)blockIdx.x >= heads) {
+        const int n_tok = n_rows1 / n_heads1;
+        const long long total = (long long)v_cols * n_tok;
+        const long long step = (long long)(gridDim.x - heads) * blockDim.x;
+        for (long long u = (long long)(blockIdx.x - heads) * blockDim.x + threadIdx.x; u < total; u += step) {
+            const long long r = u / v_cols, c = u % v_cols;
+            vc[(long long)idx[r] * vc_stride + c] = to_cache<O>(v[r * v_stride + c]);
+        }
+        return;
+    }
+    const bool first = (int)blockIdx.x < n_rows0;
+    const int r = first ? blockIdx.x : blockIdx.x - n_rows0;
+    const int n_heads = first ? n_heads0 : n_heads1;
+    const float* xr = (first ? x0 : x1) + (long long)r * (first ? x0_stride : x1_stride);
+    const float* w = first ? w0 : w1;
+    const long long o_row = (long long)r * head_dim;
+    const int i = threadIdx.x;
+    const bool in = i < head_dim / 2;
+    rope_rot o = {0, 1, 1.0f, 0.0f, false};
+    float a = 0.0f, b = 0.0f;
+    if (in) {
+        o = rope_angle(i, (float)pos[r / n_heads], n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale,
+                       corr_lo, corr_hi);
+        a = xr[o.i0];
+        b = xr[o.i1];
+    }
+    const float ss = block_sum(a * a + b * b, scratch);
+    if (!in) return;
+    const float rs = rsqrtf(ss / (float)head_dim + eps);
+    a = a * rs * w[o.i0];
+    b = b * rs * w[o.i1];
+    float* nr = (first ? n0 : n1) + o_row;
+    nr[o.i0] = a;
+    nr[o.i1] = b;
+    const float ya = o.rot ? a * o.c - b * o.s : a;
+    const float yb = o.rot ? a * o.s + b * o.c : b;
+    float* yr = (first ? y0 : y1) + o_row;
+    yr[o.i0] = ya;
+    yr[o.i1] = yb;
+    if (!first) {
+        O* row = kc + (long long)idx[r / n_heads1] * kc_stride + (long long)(r % n_heads1) * head_dim;
+        row[o.i0] = to_cache<O>(ya);
+        row[o.i1] = to_cache<O>(yb);
+    }
+}
+
+RF_KERNEL void norm_rope_kv_f16(const float* x0, const float* w0, float* n0, float* y0, long long x0_stride,
+                                int n_rows0, int n_heads0, const float* x1, const float* w1, float* n1, float* y1,
+                                long long x1_stride, int n_rows1, int n_heads1, float eps, const int* pos,
+                                int head_dim, int n_dims, float base, float freq_scale, const float* freq_factors,
+                                int neox, float ext_factor, float mscale, float corr_lo, float corr_hi, __half* kc,
+                                long long kc_stride, const float* v, int v_cols, long long v_stride, __half* vc,
+                                long long vc_stride, const int* idx) {
+    norm_rope_kv<__half>(x0, w0, n0, y0, x0_stride, n_rows0, n_heads0, x1, w1, n1, y1, x1_stride, n_rows1, n_heads1,
+                         eps, pos, head_dim, n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale,
+                         corr_lo, corr_hi, kc, kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
+}
+
+RF_KERNEL void norm_rope_kv_f32(const float* x0, const float* w0, float* n0, float* y0, long long x0_stride,
+                                int n_rows0, int n_heads0, const float* x1, const float* w1, float* n1, float* y1,
+                                long long x1_stride, int n_rows1, int n_heads1, float eps, const int* pos,
+                                int head_dim, int n_dims, float base, float freq_scale, const float* freq_factors,
+                                int neox, float ext_factor, float mscale, float corr_lo, float corr_hi, float* kc,
+                                long long kc_stride, const float* v, int v_cols, long long v_stride, float* vc,
+                                long long vc_stride, const int* idx) {
+    norm_rope_kv<float>(x0, w0, n0, y0, x0_stride, n_rows0, n_heads0, x1, w1, n1, y1, x1_stride, n_rows1, n_heads1,
+                        eps, pos, head_dim, n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale, corr_lo,
+                        corr_hi, kc, kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
 }
 
 // Index of the largest value of each row (the first one on ties; NaN never wins). One block per

@@ -425,6 +425,8 @@ kernel_ids! {
     SetRows2F32 => Ops, "set_rows2_f32";
     RopeKvF16 => Ops, "rope_kv_f16";
     RopeKvF32 => Ops, "rope_kv_f32";
+    NormRopeKvF16 => Ops, "norm_rope_kv_f16";
+    NormRopeKvF32 => Ops, "norm_rope_kv_f32";
     ArgmaxF32 => Ops, "argmax_f32";
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";
@@ -520,6 +522,10 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::RopeKvF16 | K::RopeKvF32 => &[
             Ptr, Ptr, I32, I64, I32, Ptr, Ptr, I32, I64, I32, Ptr, I32, I32, F32, F32, Ptr, I32,
             F32, F32, F32, F32, Ptr, I64, Ptr, I32, I64, Ptr, I64, Ptr,
+        ],
+        K::NormRopeKvF16 | K::NormRopeKvF32 => &[
+            Ptr, Ptr, Ptr, Ptr, I64, I32, I32, Ptr, Ptr, Ptr, Ptr, I64, I32, I32, F32, Ptr, I32, I32,
+            F32, F32, Ptr, I32, F32, F32, F32, F32, Ptr, I64, Ptr, I32, I64, Ptr, I64, Ptr,
         ],
         K::SetRows2F16 | K::SetRows2F32 => {
             &[Ptr, Ptr, I32, I64, I64, Ptr, Ptr, I32, I64, I64, Ptr, I32]

@@ -3,7 +3,7 @@
 //! one `rope2_f32`, the K and V cache writes in one `set_rows2_*`, a post-norm with the
 //! residual add after it and the next pre-norm in one `rms_norm_add_f32`, and the per-head q and
 //! k norms in one `rms_norm2_f32`; the q and k ropes with both cache writes after them go as one
-//! `rope_kv_*` when they follow each other.
+//! `rope_kv_*`, and with the q and k norms before them too as one `norm_rope_kv_*`.
 
 use gpu_mem::MemRange;
 
@@ -13,7 +13,7 @@ use crate::backend::{GroupNode, TensorMem};
 use crate::error::Result;
 use kernels::KernelId;
 
-use crate::tensor::{DType, Op, RopeMode, Tensor};
+use crate::tensor::{DType, Op, RopeMode, RopeParams, Tensor};
 
 /// Nodes one `*_multi` launch takes at most.
 const GROUP_MAX: usize = 3;
@@ -69,12 +69,11 @@ fn elems(bytes: usize, t: &Tensor) -> i64 {
     (bytes / t.dtype.type_size()) as i64
 }
 
-/// Two ropes of the same parameters, positions and factors over rows of one length (queries
-/// and keys), dense outputs.
-fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
-    let [a, b, ..] = group else { return Ok(0) };
+/// The parameters of `a` and `b` when they are ropes one launch can take: the same parameters,
+/// positions and factors over rows of one length, dense outputs.
+fn rope_pair_params(a: &GroupNode<'_>, b: &GroupNode<'_>) -> Option<RopeParams> {
     let Op::Rope(p) = a.tensor.op else {
-        return Ok(0);
+        return None;
     };
     let (xa, xb) = (a.srcs[0].tensor, b.srcs[0].tensor);
     let ok = b.tensor.op == a.tensor.op
@@ -88,9 +87,68 @@ fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
             .iter()
             .zip(&b.srcs[1..])
             .all(|(u, v)| std::ptr::eq(u.buffer, v.buffer) && u.offset == v.offset);
-    if !ok {
-        return Ok(0);
+    ok.then_some(p)
+}
+
+/// Pushes the rope kernels' shared tail of arguments: positions, head size, rotated dims, base,
+/// scale, frequency factors, mode and the YaRN terms of rope `a` (parameters `p`).
+fn push_rope_params<'a>(args: &mut Args<'a>, a: &GroupNode<'a>, p: &RopeParams) -> Result<()> {
+    let ff = match a.srcs.get(2) {
+        Some(m) => Some(addr(m)?),
+        None => None,
+    };
+    let corr = p.yarn_corr_dims();
+    args.push(addr(&a.srcs[1])?)
+        .push(a.srcs[0].tensor.ne[0] as i32)
+        .push(p.n_dims as i32)
+        .push(p.freq_base)
+        .push(p.freq_scale)
+        .push(ff)
+        .push(i32::from(p.mode == RopeMode::Neox))
+        .push(p.ext_factor)
+        .push(p.mscale())
+        .push(corr[0])
+        .push(corr[1]);
+    Ok(())
+}
+
+/// Pushes the cache-write arguments of `rope_kv_*` / `norm_rope_kv_*` for the K and V writes
+/// `c` and `e` and returns the kernel of their cache type.
+fn push_cache_writes<'a>(
+    d: &HipDevice,
+    args: &mut Args<'a>,
+    c: &GroupNode<'a>,
+    e: &GroupNode<'a>,
+    kernels: [KernelId; 2],
+) -> Result<KernelId> {
+    let v = e.srcs[0].tensor;
+    for g in [c, e] {
+        let out = addr(&g.dst)?;
+        d.inner.q8.lock().written(out.addr(), out.len());
     }
+    args.push(addr(&c.dst)?)
+        .push(elems(c.tensor.nb[1], c.tensor))
+        .push(addr(&e.srcs[0])?)
+        .push(v.ne[0] as i32)
+        .push(elems(v.nb[1], v))
+        .push(addr(&e.dst)?)
+        .push(elems(e.tensor.nb[1], e.tensor))
+        .push(addr(&c.srcs[1])?);
+    Ok(if c.tensor.dtype == DType::F16 {
+        kernels[0]
+    } else {
+        kernels[1]
+    })
+}
+
+/// Two ropes of the same parameters, positions and factors over rows of one length (queries
+/// and keys), dense outputs; with the K and V cache writes after them, those too.
+fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [a, b, ..] = group else { return Ok(0) };
+    let Some(p) = rope_pair_params(a, b) else {
+        return Ok(0);
+    };
+    let (xa, xb) = (a.srcs[0].tensor, b.srcs[0].tensor);
     let kv = match group {
         [_, _, c, e, ..] => cache_writes(b, c, e),
         _ => None,
@@ -105,42 +163,17 @@ fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
             .push(elems(x.nb[1], x))
             .push(x.nrows() as i32);
     }
-    let ff = match a.srcs.get(2) {
-        Some(m) => Some(addr(m)?),
-        None => None,
-    };
-    let corr = p.yarn_corr_dims();
-    args.push(addr(&a.srcs[1])?)
-        .push(xa.ne[0] as i32)
-        .push(p.n_dims as i32)
-        .push(p.freq_base)
-        .push(p.freq_scale)
-        .push(ff)
-        .push(i32::from(p.mode == RopeMode::Neox))
-        .push(p.ext_factor)
-        .push(p.mscale())
-        .push(corr[0])
-        .push(corr[1]);
+    push_rope_params(&mut args, a, &p)?;
     let pairs = (xa.nrows() + xb.nrows()) * xa.ne[0] / 2;
     if let Some((c, e)) = kv {
+        let kid = push_cache_writes(
+            d,
+            &mut args,
+            c,
+            e,
+            [KernelId::RopeKvF16, KernelId::RopeKvF32],
+        )?;
         let v = e.srcs[0].tensor;
-        for g in [c, e] {
-            let out = addr(&g.dst)?;
-            d.inner.q8.lock().written(out.addr(), out.len());
-        }
-        args.push(addr(&c.dst)?)
-            .push(elems(c.tensor.nb[1], c.tensor))
-            .push(addr(&e.srcs[0])?)
-            .push(v.ne[0] as i32)
-            .push(elems(v.nb[1], v))
-            .push(addr(&e.dst)?)
-            .push(elems(e.tensor.nb[1], e.tensor))
-            .push(addr(&c.srcs[1])?);
-        let kid = if c.tensor.dtype == DType::F16 {
-            KernelId::RopeKvF16
-        } else {
-            KernelId::RopeKvF32
-        };
         let total = pairs + v.ne[0] * v.ne[1];
         d.launch_kernel(kid, [total.div_ceil(256) as u32, 1, 1], 256, &args.0)?;
         return Ok(4);
@@ -287,6 +320,72 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     r.map(|()| n)
 }
 
+/// The q and k norms `na`, `nb` (per head), the ropes `ra`, `rb` of their outputs and the K and V
+/// cache writes `c`, `e` as one `norm_rope_kv_*` launch (one block per head row, a thread per
+/// rope pair); 0 when they do not fit it.
+fn norm_rope_kv(d: &HipDevice, [na, nb, ra, rb, c, e]: [&GroupNode<'_>; 6]) -> Result<usize> {
+    let Op::RmsNormMul { eps } = na.tensor.op else {
+        return Ok(0);
+    };
+    let Some(p) = rope_pair_params(ra, rb) else {
+        return Ok(0);
+    };
+    let (xa, xb) = (na.srcs[0].tensor, nb.srcs[0].tensor);
+    let hd = xa.ne[0];
+    let weight_ok = |g: &GroupNode<'_>| {
+        let w = g.srcs[1].tensor;
+        w.dtype == DType::F32 && w.is_contiguous() && w.nelements() == hd
+    };
+    let ok = nb.tensor.op == na.tensor.op
+        && supported(na)
+        && supported(nb)
+        && xb.ne[0] == hd
+        && hd % 2 == 0
+        && hd / 2 <= 1024
+        && p.n_dims <= hd
+        && na.tensor.is_contiguous()
+        && nb.tensor.is_contiguous()
+        && weight_ok(na)
+        && weight_ok(nb)
+        && !same_mem(&nb.srcs[0], &na.dst)
+        && same_mem(&ra.srcs[0], &na.dst)
+        && same_mem(&rb.srcs[0], &nb.dst)
+        && ra.srcs[0].tensor.ne[0] == hd;
+    let Some((c, e)) = ok.then(|| cache_writes(rb, c, e)).flatten() else {
+        return Ok(0);
+    };
+    let mut args = Args::new();
+    for (n, r, x) in [(na, ra, xa), (nb, rb, xb)] {
+        let (nout, rout) = (addr(&n.dst)?, addr(&r.dst)?);
+        for m in [nout, rout] {
+            d.inner.q8.lock().written(m.addr(), m.len());
+        }
+        args.push(addr(&n.srcs[0])?)
+            .push(addr(&n.srcs[1])?)
+            .push(nout)
+            .push(rout)
+            .push(elems(x.nb[1], x))
+            .push(x.nrows() as i32)
+            .push(r.srcs[0].tensor.ne[1] as i32);
+    }
+    args.push(eps);
+    push_rope_params(&mut args, ra, &p)?;
+    let kid = push_cache_writes(
+        d,
+        &mut args,
+        c,
+        e,
+        [KernelId::NormRopeKvF16, KernelId::NormRopeKvF32],
+    )?;
+    let warp = d.inner.warp as usize;
+    let block = (hd / 2).div_ceil(warp) * warp;
+    let v = e.srcs[0].tensor;
+    let v_blocks = (v.ne[0] * v.ne[1]).div_ceil(block).clamp(1, 8);
+    let grid = xa.nrows() + xb.nrows() + v_blocks;
+    d.launch_kernel(kid, [grid as u32, 1, 1], block as u32, &args.0)?;
+    Ok(6)
+}
+
 /// True when `a` and `b` are the same bytes of the same buffer.
 fn same_mem(a: &TensorMem<'_>, b: &TensorMem<'_>) -> bool {
     std::ptr::eq(a.buffer, b.buffer) && a.offset == b.offset
@@ -301,6 +400,12 @@ fn norm_add(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         return Ok(0);
     };
     if add.tensor.op == nrm.tensor.op {
+        if let [_, _, ra, rb, c, e, ..] = group {
+            let n = norm_rope_kv(d, [nrm, add, ra, rb, c, e])?;
+            if n > 0 {
+                return Ok(n);
+            }
+        }
         return norm_pair(d, nrm, add);
     }
     let Op::RmsNormMul { eps } = nrm.tensor.op else {

@@ -1,5 +1,6 @@
 //! GPU-against-CPU checks of the grouped norm launches: a post-norm with the residual add and
-//! the next norm (`rms_norm_add_f32`), and two independent norms (`rms_norm2_f32`).
+//! the next norm (`rms_norm_add_f32`), two independent norms (`rms_norm2_f32`), and the q and k
+//! norms with their ropes and cache writes (`norm_rope_kv_*`).
 
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use crate::cpu::CpuBackend;
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
 use crate::sched::Scheduler;
-use crate::tensor::{DType, TensorId};
+use crate::tensor::{DType, RopeMode, RopeParams, TensorId};
 
 type Weights = Vec<(String, DType, Vec<usize>, Vec<u8>)>;
 
@@ -132,6 +133,79 @@ fn grouped_norm_pair_matches_cpu() {
             let e = nmse(gpu, cpu);
             println!("q/k norm pair m={m} #{i}: NMSE {e:.3e}");
             assert!(e <= 1e-9, "m={m} #{i}: NMSE {e:.3e}");
+        }
+    }
+}
+
+/// Per-head q and k norms, their ropes and the K and V cache writes of a step (Gemma 3's and
+/// Qwen 3's attention input) as one grouped launch, against the CPU: the roped q and k and both
+/// caches after the write, NeoX and normal modes, partial rotation, f16 and f32 caches, one and
+/// several tokens at positions past 0.
+#[test]
+fn grouped_norm_rope_kv_matches_cpu() {
+    let mut rng = Rng(0x0bad_cafe_f00d_d00d);
+    for (hd, nh, nkv, nt, mode, n_dims, cache) in [
+        (
+            256usize,
+            4usize,
+            1usize,
+            1usize,
+            RopeMode::Neox,
+            256usize,
+            DType::F16,
+        ),
+        (64, 4, 2, 3, RopeMode::Normal, 64, DType::F16),
+        (128, 2, 2, 1, RopeMode::Neox, 64, DType::F32),
+    ] {
+        // Every cache row is written (slots 0..nt), so whole caches compare; positions start past 0.
+        let n_ctx = nt;
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[hd, nh, nt]).expect("q");
+        let k = g.input("k", DType::F32, &[hd, nkv, nt]).expect("k");
+        let v = g.input("v", DType::F32, &[hd * nkv, nt]).expect("v");
+        let pos = g.input("pos", DType::I32, &[nt]).expect("pos");
+        let slot = g.input("slot", DType::I32, &[nt]).expect("slot");
+        let wq = g.weight("wq", DType::F32, &[hd]).expect("wq");
+        let wk = g.weight("wk", DType::F32, &[hd]).expect("wk");
+        let qn = g.rms_norm(q, 1e-6).expect("qn");
+        let qn = g.mul(qn, wq).expect("qm");
+        let kn = g.rms_norm(k, 1e-6).expect("kn");
+        let kn = g.mul(kn, wk).expect("km");
+        let rp = RopeParams::new(mode, n_dims, 10000.0, 1.0);
+        let rq = g.rope(qn, pos, rp, None).expect("rope q");
+        let rk = g.rope(kn, pos, rp, None).expect("rope k");
+        let ck = g.persistent("ck", cache, &[hd * nkv, n_ctx]).expect("ck");
+        let cv = g.persistent("cv", cache, &[hd * nkv, n_ctx]).expect("cv");
+        let kr = g.reshape(rk, &[hd * nkv, nt]).expect("kr");
+        let kc = g.set_rows(ck, kr, slot).expect("set k");
+        let vc = g.set_rows(cv, v, slot).expect("set v");
+        let outs = [rq, rk, kc, vc];
+        for o in outs {
+            g.mark_output(o).expect("out");
+        }
+        let w = |rng: &mut Rng| -> Vec<f32> { rng.vec(hd).iter().map(|x| 1.0 + 0.3 * x).collect() };
+        let weights: Weights = vec![
+            ("wq".into(), DType::F32, vec![hd], f32_bytes(&w(&mut rng))),
+            ("wk".into(), DType::F32, vec![hd], f32_bytes(&w(&mut rng))),
+        ];
+        let positions: Vec<i32> = (0..nt as i32).map(|p| 3 + 2 * p).collect();
+        let slots: Vec<i32> = (0..nt as i32).rev().collect();
+        let inputs = [
+            (q, f32_bytes(&rng.vec(hd * nh * nt))),
+            (k, f32_bytes(&rng.vec(hd * nkv * nt))),
+            (v, f32_bytes(&rng.vec(hd * nkv * nt))),
+            (pos, bytemuck::cast_slice(&positions).to_vec()),
+            (slot, bytemuck::cast_slice(&slots).to_vec()),
+        ];
+        let Some((grouped, res)) = run_both(&mut g, &weights, &inputs, &outs) else {
+            return;
+        };
+        assert_eq!(grouped, 1, "hd={hd} nt={nt} {mode:?}");
+        for (i, (gpu, cpu)) in res[0].iter().zip(&res[1]).enumerate() {
+            let e = nmse(gpu, cpu);
+            println!("norm+rope+kv hd={hd} nh={nh} nkv={nkv} nt={nt} {mode:?} n_dims={n_dims} {cache:?} #{i}: NMSE {e:.3e}");
+            // The f16 caches round the same values on both sides; sincos differs in the last bits.
+            assert!(e <= 1e-9, "hd={hd} nt={nt} {mode:?} #{i}: NMSE {e:.3e}");
         }
     }
 }

@@ -24,6 +24,18 @@ pub(super) fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
     }
 }
 
+/// Every run of `ids` a device may be offered as one group: the one [`group_run`] finds at each
+/// position (a device that takes part of a run is offered the rest again, so any suffix may start
+/// one).
+pub(super) fn possible_groups(nodes: &[Tensor], ids: &[TensorId]) -> Vec<Vec<TensorId>> {
+    (0..ids.len())
+        .filter_map(|j| {
+            let run = group_run(nodes, &ids[j..]);
+            (run > 1).then(|| ids[j..j + run].to_vec())
+        })
+        .collect()
+}
+
 /// Length of the run of up to `max` independent nodes like the first (see [`group_run`]).
 fn same_kind_run(nodes: &[Tensor], ids: &[TensorId], max: usize) -> usize {
     let first = &nodes[ids[0].index()];
@@ -77,7 +89,8 @@ fn rope_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
 /// Length of the chain at the start of `ids`: `rms_norm * w` (the first node), an `add` with it as
 /// one operand, then `rms_norm * w` of that sum; each step reads the previous node directly, so a
 /// device takes it as one launch only with a kernel that runs the steps in order. Without the
-/// `add`, two independent `rms_norm * w` of one row length and epsilon (2).
+/// `add`, two independent `rms_norm * w` of one row length and epsilon (2; 6 with their ropes and
+/// the K and V cache writes after them, see [`rope_chain`]: the q and k norms of Gemma 3 and Qwen 3).
 fn norm_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
     let reads = |i: usize, op_ok: fn(&Op) -> bool, pos: &[usize]| {
         ids.get(i).is_some_and(|&id| {
@@ -92,7 +105,24 @@ fn norm_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
             let root = view_chain(nodes, b.src[0]).last();
             b.op == a.op && b.ne[0] == a.ne[0] && root != Some(ids[0])
         });
-        return if pair { 2 } else { 1 };
+        if !pair {
+            return 1;
+        }
+        // Their ropes, each reading its norm directly, and the cache writes after them.
+        let roped = |i: usize| {
+            ids.get(i + 2)
+                .is_some_and(|&r| nodes[r.index()].src.first() == Some(&ids[i]))
+        };
+        let rest = &ids[2..];
+        let ropes = !rest.is_empty()
+            && matches!(nodes[rest[0].index()].op, Op::Rope(_))
+            && roped(0)
+            && roped(1);
+        return if ropes && rope_chain(nodes, rest) == 4 {
+            6
+        } else {
+            2
+        };
     }
     if reads(2, |op| matches!(op, Op::RmsNormMul { .. }), &[0]) {
         3
