@@ -59,6 +59,14 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     Ok(n)
 }
 
+/// `g`'s destination, which the launch being queued rewrites: the quantization cache forgets
+/// what it held of those bytes.
+fn rewritten<'a>(d: &HipDevice, g: &GroupNode<'a>) -> Result<MemRange<'a>> {
+    let out = addr(&g.dst)?;
+    d.inner.q8.lock().written(out.addr(), out.len());
+    Ok(out)
+}
+
 /// True when `g` passes the backend's own checks for its op.
 fn supported(g: &GroupNode<'_>) -> bool {
     let ts: Vec<&Tensor> = g.srcs.iter().map(|m| m.tensor).collect();
@@ -122,16 +130,12 @@ fn push_cache_writes<'a>(
     kernels: [KernelId; 2],
 ) -> Result<KernelId> {
     let v = e.srcs[0].tensor;
-    for g in [c, e] {
-        let out = addr(&g.dst)?;
-        d.inner.q8.lock().written(out.addr(), out.len());
-    }
-    args.push(addr(&c.dst)?)
+    args.push(rewritten(d, c)?)
         .push(elems(c.tensor.nb[1], c.tensor))
         .push(addr(&e.srcs[0])?)
         .push(v.ne[0] as i32)
         .push(elems(v.nb[1], v))
-        .push(addr(&e.dst)?)
+        .push(rewritten(d, e)?)
         .push(elems(e.tensor.nb[1], e.tensor))
         .push(addr(&c.srcs[1])?);
     Ok(if c.tensor.dtype == DType::F16 {
@@ -155,8 +159,7 @@ fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     };
     let mut args = Args::new();
     for (g, x) in [(a, xa), (b, xb)] {
-        let out = addr(&g.dst)?;
-        d.inner.q8.lock().written(out.addr(), out.len());
+        let out = rewritten(d, g)?;
         args.push(addr(&g.srcs[0])?)
             .push(out)
             .push(x.ne[1] as i32)
@@ -239,8 +242,7 @@ fn set_rows(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     };
     let mut args = Args::new();
     for (g, s) in [(a, sa), (b, sb)] {
-        let out = addr(&g.dst)?;
-        d.inner.q8.lock().written(out.addr(), out.len());
+        let out = rewritten(d, g)?;
         args.push(addr(&g.srcs[0])?)
             .push(out)
             .push(s.ne[0] as i32)
@@ -288,8 +290,7 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let mut rows = [0i32; GROUP_MAX];
     let mut grid = 0u32;
     for (i, t) in group.iter().enumerate() {
-        let out = addr(&t.dst)?;
-        d.inner.q8.lock().written(out.addr(), out.len());
+        let out = rewritten(d, t)?;
         outs.push(out);
         ws.push(addr(&t.srcs[0])?);
         let nr = t.srcs[0].tensor.ne[1];
@@ -356,10 +357,7 @@ fn norm_rope_kv(d: &HipDevice, [na, nb, ra, rb, c, e]: [&GroupNode<'_>; 6]) -> R
     };
     let mut args = Args::new();
     for (n, r, x) in [(na, ra, xa), (nb, rb, xb)] {
-        let (nout, rout) = (addr(&n.dst)?, addr(&r.dst)?);
-        for m in [nout, rout] {
-            d.inner.q8.lock().written(m.addr(), m.len());
-        }
+        let (nout, rout) = (rewritten(d, n)?, rewritten(d, r)?);
         args.push(addr(&n.srcs[0])?)
             .push(addr(&n.srcs[1])?)
             .push(nout)
@@ -514,8 +512,7 @@ fn norm_pair(d: &HipDevice, a: &GroupNode<'_>, b: &GroupNode<'_>) -> Result<usiz
     let mut args = Args::new();
     let mut rows = 0;
     for (i, (g, x)) in [(a, xa), (b, xb)].into_iter().enumerate() {
-        let out = addr(&g.dst)?;
-        d.inner.q8.lock().written(out.addr(), out.len());
+        let out = rewritten(d, g)?;
         args.push(addr(&g.srcs[0])?)
             .push(addr(&g.srcs[1])?)
             .push(out)

@@ -605,5 +605,3 @@ impl Captured for HipCaptured {
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_io;

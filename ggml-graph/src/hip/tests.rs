@@ -916,3 +916,6 @@ fn grouped_qkv_mat_vecs_match_cpu() {
 
 #[path = "tests_norm.rs"]
 mod norm;
+
+#[path = "tests_io.rs"]
+mod io;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use gpu_mem::host_io::{QUEUED_WRITE_MAX, READ_CHUNK};
 
-use super::HipDevice;
+use super::{f32_bytes, hip};
 use crate::backend::{CpuDevice, Device};
 use crate::cpu::CpuBackend;
 use crate::exec::WeightBytes;
@@ -17,20 +17,6 @@ use crate::graph::Graph;
 use crate::sched::Scheduler;
 use crate::tensor::{DType, TensorId};
 
-fn hip() -> Option<Arc<HipDevice>> {
-    match HipDevice::new(0) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(e) => {
-            if std::env::var("ROCMFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("ROCMFORGE_REQUIRE_GPU=1 but no HIP device: {e}");
-            }
-            println!("skipped: {e}");
-            None
-        }
-    }
-}
-
-/// A deterministic pattern: element `i` of write `pass`.
 fn pattern(pass: u32, i: usize) -> u32 {
     (pass.wrapping_mul(0x9e37_79b9) ^ (i as u32).wrapping_mul(0x85eb_ca6b)).rotate_left(pass % 31)
 }
@@ -198,14 +184,14 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
             "emb",
             DType::F32,
             &[k, vocab],
-            WeightBytes::from_vec(f32v(&emb_v)),
+            WeightBytes::from_vec(f32_bytes(&emb_v)),
         )
         .expect("bind emb");
         s.bind_weight(
             "out",
             DType::F32,
             &[k, n_out],
-            WeightBytes::from_vec(f32v(&w_v)),
+            WeightBytes::from_vec(f32_bytes(&w_v)),
         )
         .expect("bind out");
     }
@@ -290,8 +276,4 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
         }
         assert!(e / d.max(1e-30) < 1e-3, "output {i} after the arena grew");
     }
-}
-
-fn f32v(v: &[f32]) -> Vec<u8> {
-    bytemuck::cast_slice(v).to_vec()
 }
