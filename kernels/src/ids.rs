@@ -524,8 +524,8 @@ fn params_of(k: KernelId) -> &'static [Param] {
             F32, F32, F32, F32, Ptr, I64, Ptr, I32, I64, Ptr, I64, Ptr,
         ],
         K::NormRopeKvF16 | K::NormRopeKvF32 => &[
-            Ptr, Ptr, Ptr, Ptr, I64, I32, I32, Ptr, Ptr, Ptr, Ptr, I64, I32, I32, F32, Ptr, I32, I32,
-            F32, F32, Ptr, I32, F32, F32, F32, F32, Ptr, I64, Ptr, I32, I64, Ptr, I64, Ptr,
+            Ptr, Ptr, Ptr, Ptr, I64, I32, I32, Ptr, Ptr, Ptr, Ptr, I64, I32, I32, F32, Ptr, I32,
+            I32, F32, F32, Ptr, I32, F32, F32, F32, F32, Ptr, I64, Ptr, I32, I64, Ptr, I64, Ptr,
         ],
         K::SetRows2F16 | K::SetRows2F32 => {
             &[Ptr, Ptr, I32, I64, I64, Ptr, Ptr, I32, I64, I64, Ptr, I32]
