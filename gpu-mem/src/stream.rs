@@ -2,6 +2,7 @@
 //! waited for, never the whole device; cross-stream order goes through events.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytemuck::Pod;
 use hip_ffi::{CaptureMode, DevicePtr, EventHandle, GraphExecHandle, GraphHandle, StreamHandle};
@@ -27,6 +28,9 @@ pub struct Stream {
     capture_log: Mutex<Option<CaptureLog>>,
     /// Pinned host staging for reads and queued small writes (see [`crate::host_io`]).
     pub(crate) host_io: Mutex<HostIo>,
+    /// Whether kernel launches may begin before their predecessor ends (see
+    /// [`Stream::set_early_launch`]).
+    early_launch: AtomicBool,
 }
 
 /// What a capture recorded: the device ranges `(address, bytes)` of its checked launches, or the
@@ -56,7 +60,31 @@ impl Stream {
             staging: Mutex::new(None),
             capture_log: Mutex::new(None),
             host_io: Mutex::new(HostIo::default()),
+            early_launch: AtomicBool::new(false),
         })
+    }
+
+    /// Lets the kernels launched on this stream from now on begin while the kernel before them
+    /// is still finishing (NVIDIA's programmatic dependent launch, compute capability 9.0 and
+    /// later), which hides most of the gap between small dependent kernels. Returns whether it
+    /// is on: asking for it where the device cannot do it leaves plain launches.
+    ///
+    /// Only for streams whose kernels all begin by waiting for the grids before them
+    /// (`griddepcontrol.wait`, as every kernel of the `kernels` crate does) before they touch
+    /// memory: a kernel that does not would race with its predecessor.
+    pub fn set_early_launch(&self, on: bool) -> bool {
+        let on = on
+            && self
+                .device
+                .api()
+                .early_launch_supported(self.device.ordinal());
+        self.early_launch.store(on, Ordering::Relaxed);
+        on
+    }
+
+    /// Whether launches on this stream may begin early (see [`Stream::set_early_launch`]).
+    pub fn early_launch(&self) -> bool {
+        self.early_launch.load(Ordering::Relaxed)
     }
 
     /// The device.
@@ -372,17 +400,30 @@ impl Stream {
         self.device.expect_same(function.device(), "kernel")?;
         self.device.bind()?;
         let mut ptrs = args.pointers()?;
+        let api = self.device.api();
         // SAFETY: the caller guarantees the arguments match the kernel; `ptrs` points into
-        // `args`, which outlives the call (the driver copies the values at launch).
+        // `args`, which outlives the call (the driver copies the values at launch). Early
+        // launches are on only for streams whose kernels wait for their predecessors.
         Ok(unsafe {
-            self.device.api().launch_kernel(
-                function.handle(),
-                grid,
-                block,
-                shared_mem_bytes,
-                self.handle,
-                ptrs.as_mut_ptr(),
-            )
+            if self.early_launch() {
+                api.launch_kernel_early(
+                    function.handle(),
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    self.handle,
+                    ptrs.as_mut_ptr(),
+                )
+            } else {
+                api.launch_kernel(
+                    function.handle(),
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    self.handle,
+                    ptrs.as_mut_ptr(),
+                )
+            }
         }?)
     }
 

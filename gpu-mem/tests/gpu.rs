@@ -553,3 +553,53 @@ fn queued_writes_and_staged_reads_keep_order() {
         assert!(stream.queue_write_range(&word, wrong).is_err());
     });
 }
+
+const PTX_SM90: &[u8] = include_bytes!("data/test_kernels_sm90.ptx");
+
+#[test]
+#[serial]
+fn early_launches_still_run_in_stream_order() {
+    with_gpu(|dev| {
+        let stream = Stream::new(dev).unwrap();
+        assert!(!stream.early_launch(), "early launches are opt-in");
+        if !stream.set_early_launch(true) {
+            println!("skipped: this device cannot launch kernels early (needs NVIDIA 9.0+)");
+            return;
+        }
+        let module = Module::load(dev, PTX_SM90).unwrap();
+        let add = module.function("add_one_waiting").unwrap();
+        // Many blocks, so that a launch that did not wait would overlap its predecessor's
+        // read-modify-writes and lose increments.
+        let n = 1u32 << 22;
+        let mut buf = DeviceBuffer::<f32>::new(dev, n as usize, "early launches").unwrap();
+        stream.memset(&mut buf.view_mut(), 0).unwrap();
+        let params = [ParamKind::Ptr, ParamKind::I32];
+        let add_once = |s: &Stream| {
+            s.launch_checked(
+                &add,
+                "add_one_waiting",
+                &params,
+                [n.div_ceil(256), 1, 1],
+                [256, 1, 1],
+                0,
+                &[
+                    KernelArg::Mem(MemRange::of_buffer(&buf)),
+                    KernelArg::I32(n as i32),
+                ],
+            )
+        };
+        for _ in 0..100 {
+            add_once(&stream).unwrap();
+        }
+        // Captured early launches keep their order too.
+        let graph = stream
+            .capture(|s| (0..50).try_for_each(|_| add_once(s)))
+            .unwrap();
+        graph.launch(&stream).unwrap();
+        graph.launch(&stream).unwrap();
+        let back = stream.read_to_vec(&buf.view()).unwrap();
+        let wrong = back.iter().filter(|&&x| x != 200.0).count();
+        assert_eq!(wrong, 0, "{wrong} of {n} values lost increments");
+        assert!(!stream.set_early_launch(false) && !stream.early_launch());
+    });
+}

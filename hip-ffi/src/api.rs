@@ -367,6 +367,33 @@ pub trait HipApi: Send + Sync {
         stream: StreamHandle,
         params: *mut *mut c_void,
     ) -> Result<()>;
+    /// Whether [`HipApi::launch_kernel_early`] can start a kernel before its predecessor on the
+    /// stream has finished on `device` (NVIDIA's programmatic dependent launch, compute
+    /// capability 9.0 and later).
+    fn early_launch_supported(&self, _device: i32) -> bool {
+        false
+    }
+    /// Queues a kernel launch that may begin (be scheduled, run its first instructions) while
+    /// the kernel queued before it on `stream` is still running, which hides the gap between
+    /// dependent kernels. Where [`HipApi::early_launch_supported`] is false this is
+    /// [`HipApi::launch_kernel`].
+    ///
+    /// # Safety
+    /// As [`HipApi::launch_kernel`]; in addition the kernel waits for the grids it depends on
+    /// (`griddepcontrol.wait`) before it reads or writes any memory that earlier work on the
+    /// stream writes or reads.
+    unsafe fn launch_kernel_early(
+        &self,
+        function: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamHandle,
+        params: *mut *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees include `launch_kernel`'s.
+        unsafe { self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params) }
+    }
 
     /// Starts capturing the work queued on `stream` into a graph.
     ///

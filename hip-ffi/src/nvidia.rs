@@ -656,6 +656,48 @@ impl HipApi for NvidiaProvider {
         })
     }
 
+    fn early_launch_supported(&self, device: i32) -> bool {
+        self.device_attribute(DeviceAttribute::ComputeCapabilityMajor, device)
+            .is_ok_and(|major| major >= 9)
+    }
+
+    unsafe fn launch_kernel_early(
+        &self,
+        function: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamHandle,
+        params: *mut *mut c_void,
+    ) -> Result<()> {
+        self.ctx()?;
+        let mut attr = cu::CUlaunchAttribute {
+            id: cu::CUlaunchAttributeID_enum::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: cu::CUlaunchAttributeValue { pad: [0; 64] },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = cu::CUlaunchConfig {
+            gridDimX: grid[0],
+            gridDimY: grid[1],
+            gridDimZ: grid[2],
+            blockDimX: block[0],
+            blockDimY: block[1],
+            blockDimZ: block[2],
+            sharedMemBytes: shared_mem_bytes,
+            hStream: stream.0.cast(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `config` and the attribute it points to live across the call (the driver
+        // copies them); the caller guarantees `params` matches the kernel and that the kernel
+        // waits for its predecessors before touching their memory.
+        self.check("hipLaunchKernelExC", unsafe {
+            self.cuda
+                .cuLaunchKernelEx(&config, function.0.cast(), params, std::ptr::null_mut())
+        })
+    }
+
     unsafe fn stream_begin_capture(&self, stream: StreamHandle, mode: CaptureMode) -> Result<()> {
         use cu::CUstreamCaptureMode_enum as m;
         self.ctx()?;

@@ -191,11 +191,13 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
 
 RF_KERNEL void attn_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
                         float* part, attn_params p) {
+    rf_entry();
     attn_impl<__half>(q, k, v, pos, out, part, p);
 }
 
 RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
                         float* part, attn_params p) {
+    rf_entry();
     attn_impl<float>(q, k, v, pos, out, part, p);
 }
 
@@ -378,11 +380,13 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
 
 RF_KERNEL void attn_dec_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
                             uint8_t* y8, attn_params p) {
+    rf_entry();
     attn_dec_impl<__half>(q, k, v, pos, out, y8, p);
 }
 
 RF_KERNEL void attn_dec_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
                             uint8_t* y8, attn_params p) {
+    rf_entry();
     attn_dec_impl<float>(q, k, v, pos, out, y8, p);
 }
 
@@ -391,6 +395,7 @@ RF_KERNEL void attn_dec_f32(const float* q, const float* k, const float* v, cons
 RF_KERNEL void attn_combine_f32(const float* __restrict__ part, float* __restrict__ out, int n_splits,
                                 int n_heads, int n_rows, int head_dim, long long o_tok_stride,
                                 long long o_head_stride) {
+    rf_entry();
     const long long grow = blockIdx.x;
     const int tok = (int)(grow / n_heads), head = (int)(grow % n_heads);
     const long long ps = (long long)head_dim + 2;
@@ -413,6 +418,7 @@ RF_KERNEL void attn_combine_f32(const float* __restrict__ part, float* __restric
 // that for one head-in-group the rows of every KV head form one batched GEMM operand.
 RF_KERNEL void attn_q_f16(const float* __restrict__ q, __half* __restrict__ qh, int n_tokens, int n_heads,
                           int n_kv_heads, int head_dim, long long q_tok_stride, long long q_head_stride) {
+    rf_entry();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long n = (long long)n_tokens * n_heads * head_dim;
     if (i >= n) return;
@@ -431,6 +437,7 @@ RF_KERNEL void attn_q_f16(const float* __restrict__ q, __half* __restrict__ qh, 
 // Query token `tok` of the chunk is token `tok0 + tok` of the batch (its position is pos[...]).
 RF_KERNEL void attn_softmax_f16(const float* __restrict__ s, __half* __restrict__ p, const int* __restrict__ pos,
                                 int n_kv, int n_rows, int tok0, int causal, int window) {
+    rf_entry();
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     const long long base = ((long long)blockIdx.y * n_rows + blockIdx.x) * n_kv;
     const float* sr = s + base;

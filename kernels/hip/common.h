@@ -31,6 +31,19 @@
 #define RF_MAX_WARPS_PER_BLOCK 32
 #define RF_KERNEL extern "C" __global__
 
+// Programmatic dependent launch (NVIDIA, compute capability 9.0 and later): the host may launch a
+// kernel while the kernel before it on the stream is still running, so that the launch and the
+// scheduling of its blocks overlap that kernel's tail. Every kernel therefore opens with
+// rf_entry(): wait until the grids before it have completed and their writes are visible (before
+// any load or store), then let the next kernel start launching. Both are no-ops elsewhere and
+// when a kernel is launched the plain way.
+static __device__ __forceinline__ void rf_entry() {
+#if defined(RF_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ float rf_shfl_xor(float v, int mask, int width = RF_WARP) {
 #if defined(RF_NVIDIA)
     return __shfl_xor_sync(0xffffffffu, v, mask, width);

@@ -58,10 +58,12 @@ static __device__ __forceinline__ void dequant_rows(const uint8_t* __restrict__ 
 #define RF_DEQUANT(suffix, T)                                                                    \
     RF_KERNEL void dequant_f16_##suffix(const uint8_t* src, __half* dst, int ncols, long long row_bytes, \
                                         long long dst_stride) {                                 \
+        rf_entry();                                                                             \
         dequant_rows<T, __half>(src, dst, nullptr, ncols, row_bytes, dst_stride);                \
     }                                                                                            \
     RF_KERNEL void get_rows_##suffix(const uint8_t* src, const int* ids, float* dst, int ncols,   \
                                      long long row_bytes, long long dst_stride) {                \
+        rf_entry();                                                                              \
         dequant_rows<T, float>(src, dst, ids, ncols, row_bytes, dst_stride);                     \
     }
 
@@ -96,21 +98,25 @@ static __device__ __forceinline__ void get_rows_plain(const S* __restrict__ src,
 
 RF_KERNEL void get_rows_f32(const float* src, const int* ids, float* dst, int ncols, long long src_stride,
                             long long dst_stride) {
+    rf_entry();
     get_rows_plain<float>(src, ids, dst, ncols, src_stride, dst_stride);
 }
 
 RF_KERNEL void get_rows_f16(const __half* src, const int* ids, float* dst, int ncols, long long src_stride,
                             long long dst_stride) {
+    rf_entry();
     get_rows_plain<__half>(src, ids, dst, ncols, src_stride, dst_stride);
 }
 
 // Element-wise conversions for the gemmEx operands and results (n values, contiguous).
 RF_KERNEL void convert_f32_f16(const float* x, __half* y, long long n) {
+    rf_entry();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __float2half(x[i]);
 }
 
 RF_KERNEL void convert_f16_f32(const __half* x, float* y, long long n) {
+    rf_entry();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __half2float(x[i]);
 }

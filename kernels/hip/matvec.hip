@@ -28,6 +28,7 @@
 // size that is a multiple of 32, since the reductions use width 32.
 RF_KERNEL void quantize_q8_1(const float* __restrict__ x, uint8_t* __restrict__ y, int ncols,
                              long long x_stride) {
+    rf_entry();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int blk = i / QK8_1;
     if (blk * QK8_1 >= ncols) return;  // whole 32-lane groups leave together
@@ -170,6 +171,7 @@ static __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, c
 #define RF_MATVEC(name, T)                                                                       \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
                         int out_stride, int nrows) {                                             \
+        rf_entry();                                                                              \
         matvec_q<T>(w, y, out, ncols, row_bytes, out_stride, nrows);                             \
     }
 
@@ -725,6 +727,7 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 #define RF_MATVEC_GATED(name, attrs, shape, T, R)                                                \
     RF_KERNEL void attrs name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, \
                                       int ncols, long long row_bytes, int out_stride, int nrows, int act_kind) { \
+        rf_entry();                                                                                              \
         shape<T, R, 1>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind);  \
     }
 
@@ -734,23 +737,28 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 #define RF_MATVEC_FAST(name, shape, T, R)                                                        \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
                         int out_stride, int nrows) {                                             \
+        rf_entry();                                                                              \
         shape<T, R, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);     \
     }                                                                                            \
     RF_KERNEL void name##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols, \
                               long long row_bytes, int out_stride, int nrows) {                   \
+        rf_entry();                                                                               \
         shape<T, R, 1>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);        \
     }                                                                                            \
     RF_KERNEL void name##_ks(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
                              int out_stride, int nrows) {                                        \
+        rf_entry();                                                                              \
         shape<T, R, MV_WARPS>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0); \
     }                                                                                            \
     RF_KERNEL void name##_ks_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols, \
                                  long long row_bytes, int out_stride, int nrows) {                \
+        rf_entry();                                                                               \
         shape<T, R, MV_WARPS>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0); \
     }                                                                                            \
     RF_KERNEL void name##_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y, \
                                 float* o0, float* o1, float* o2, int ncols, long long row_bytes,  \
                                 int n0, int n1, int n2) {                                        \
+        rf_entry();                                                                              \
         const mv_pick p = mv_multi_pick(MV_WARPS * R, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2); \
         shape<T, R, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0); \
     }
@@ -810,10 +818,12 @@ static __device__ __forceinline__ void matvec_f(const W* __restrict__ w, const f
 
 RF_KERNEL void matvec_f32(const float* w, const float* x, float* out, int ncols, long long row_stride,
                           int out_stride) {
+    rf_entry();
     matvec_f<float>(w, x, out, ncols, row_stride, out_stride);
 }
 
 RF_KERNEL void matvec_f16(const __half* w, const float* x, float* out, int ncols, long long row_stride,
                           int out_stride) {
+    rf_entry();
     matvec_f<__half>(w, x, out, ncols, row_stride, out_stride);
 }

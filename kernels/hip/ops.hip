@@ -9,6 +9,7 @@
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * (w ? w[:] : 1). One block per row.
 RF_KERNEL void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                             int ncols, long long x_stride, long long y_stride, float eps) {
+    rf_entry();
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     const float* xr = x + (long long)blockIdx.x * x_stride;
     float* yr = y + (long long)blockIdx.x * y_stride;
@@ -28,6 +29,7 @@ RF_KERNEL void rms_norm_f32(const float* __restrict__ x, const float* __restrict
 RF_KERNEL void rms_norm_q8_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                uint8_t* __restrict__ y8, int ncols, long long x_stride, long long y_stride,
                                float eps) {
+    rf_entry();
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     const float* xr = x + (long long)blockIdx.x * x_stride;
     float* yr = y + (long long)blockIdx.x * y_stride;
@@ -94,6 +96,7 @@ RF_KERNEL void rms_norm_q8_f32(const float* __restrict__ x, const float* __restr
 RF_KERNEL void rms_norm_q8_split_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                      uint8_t* __restrict__ y8, int ncols, long long x_stride, long long y_stride,
                                      float eps) {
+    rf_entry();
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     const float* xr = x + (long long)blockIdx.y * x_stride;
     float* yr = y + (long long)blockIdx.y * y_stride;
@@ -158,6 +161,7 @@ RF_KERNEL void rms_norm2_f32(const float* __restrict__ x0, const float* __restri
                              long long x0_stride, int rows0, const float* __restrict__ x1,
                              const float* __restrict__ w1, float* __restrict__ y1, long long x1_stride,
                              int ncols, float eps) {
+    rf_entry();
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     const bool first = (int)blockIdx.x < rows0;
     const long long row = first ? blockIdx.x : blockIdx.x - rows0;
@@ -180,6 +184,7 @@ RF_KERNEL void rms_norm2_f32(const float* __restrict__ x0, const float* __restri
 RF_KERNEL void rms_norm_add_f32(const float* a, const float* __restrict__ w1, const float* x,
                                 float* n, float* y, const float* __restrict__ w2, float* h, uint8_t* __restrict__ h8,
                                 int ncols, long long a_stride, long long x_stride, float eps1, float eps2) {
+    rf_entry();
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     const long long row = blockIdx.x;
     const float* ar = a + row * a_stride;
@@ -323,6 +328,7 @@ RF_KERNEL void rope_f32(const float* x, float* y, const int* __restrict__ pos, i
                         int n_dims, long long x_stride, long long y_stride, float base, float freq_scale,
                         const float* __restrict__ freq_factors, int neox, int n_rows, float ext_factor,
                         float mscale, float corr_lo, float corr_hi) {
+    rf_entry();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     rope_pair(t, x, y, pos, n_heads, head_dim, n_dims, x_stride, y_stride, base, freq_scale, freq_factors, neox,
               n_rows, ext_factor, mscale, corr_lo, corr_hi);
@@ -335,6 +341,7 @@ RF_KERNEL void rope2_f32(const float* x0, float* y0, int n_heads0, long long x_s
                          const int* __restrict__ pos, int head_dim, int n_dims, float base, float freq_scale,
                          const float* __restrict__ freq_factors, int neox, float ext_factor, float mscale,
                          float corr_lo, float corr_hi) {
+    rf_entry();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long first = (long long)n_rows0 * (head_dim / 2);
     if (t < first)
@@ -349,6 +356,7 @@ RF_KERNEL void rope2_f32(const float* x0, float* y0, int n_heads0, long long x_s
 RF_KERNEL void softmax_f32(const float* __restrict__ x, const float* __restrict__ mask, float* __restrict__ y,
                            int ncols, long long x_stride, long long y_stride, long long mask_stride,
                            int mask_rows, float scale) {
+    rf_entry();
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     const float* xr = x + (long long)blockIdx.x * x_stride;
     const float* mr = mask ? mask + (long long)(blockIdx.x % mask_rows) * mask_stride : nullptr;
@@ -376,6 +384,7 @@ RF_KERNEL void softmax_f32(const float* __restrict__ x, const float* __restrict_
 // [rows, ncols] grid with per-operand row strides.
 RF_KERNEL void act_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                        int ncols, int nrows, long long a_stride, long long b_stride, long long y_stride, int kind) {
+    rf_entry();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)ncols * nrows) return;
     const long long r = t / ncols, c = t % ncols;
@@ -390,6 +399,7 @@ enum { BIN_ADD = 0, BIN_MUL = 1 };
 RF_KERNEL void binary_f32(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                           int ncols, int nrows, long long a_stride, long long b_stride, long long y_stride,
                           int b_rows, int b_cols, int op) {
+    rf_entry();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)ncols * nrows) return;
     const long long r = t / ncols, c = t % ncols;
@@ -400,6 +410,7 @@ RF_KERNEL void binary_f32(const float* __restrict__ a, const float* __restrict__
 
 // y = x * s + bias (n contiguous values; in place allowed).
 RF_KERNEL void scale_f32(const float* x, float* y, long long n, float s, float bias) {
+    rf_entry();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = x[i] * s + bias;
 }
@@ -428,11 +439,13 @@ static __device__ __forceinline__ void kv_write(const float* __restrict__ src, O
 
 RF_KERNEL void kv_write_f16(const float* src, __half* dst, int n_tokens, int n_kv_heads, int head_dim,
                             long long src_stride, int pos0, long long pos_stride, long long head_stride) {
+    rf_entry();
     kv_write<__half>(src, dst, n_tokens, n_kv_heads, head_dim, src_stride, pos0, pos_stride, head_stride);
 }
 
 RF_KERNEL void kv_write_f32(const float* src, float* dst, int n_tokens, int n_kv_heads, int head_dim,
                             long long src_stride, int pos0, long long pos_stride, long long head_stride) {
+    rf_entry();
     kv_write<float>(src, dst, n_tokens, n_kv_heads, head_dim, src_stride, pos0, pos_stride, head_stride);
 }
 
@@ -450,11 +463,13 @@ static __device__ __forceinline__ void set_rows(const float* __restrict__ src, c
 
 RF_KERNEL void set_rows_f16(const float* src, const int* idx, __half* dst, int ncols, int nrows,
                             long long src_stride, long long dst_stride) {
+    rf_entry();
     set_rows<__half>(src, idx, dst, ncols, nrows, src_stride, dst_stride);
 }
 
 RF_KERNEL void set_rows_f32(const float* src, const int* idx, float* dst, int ncols, int nrows,
                             long long src_stride, long long dst_stride) {
+    rf_entry();
     set_rows<float>(src, idx, dst, ncols, nrows, src_stride, dst_stride);
 }
 
@@ -480,6 +495,7 @@ static __device__ __forceinline__ void set_rows2(const float* src0, O* dst0, int
 RF_KERNEL void set_rows2_f16(const float* src0, __half* dst0, int ncols0, long long src_stride0,
                              long long dst_stride0, const float* src1, __half* dst1, int ncols1,
                              long long src_stride1, long long dst_stride1, const int* idx, int nrows) {
+    rf_entry();
     set_rows2<__half>(src0, dst0, ncols0, src_stride0, dst_stride0, src1, dst1, ncols1, src_stride1, dst_stride1,
                       idx, nrows);
 }
@@ -487,6 +503,7 @@ RF_KERNEL void set_rows2_f16(const float* src0, __half* dst0, int ncols0, long l
 RF_KERNEL void set_rows2_f32(const float* src0, float* dst0, int ncols0, long long src_stride0,
                              long long dst_stride0, const float* src1, float* dst1, int ncols1,
                              long long src_stride1, long long dst_stride1, const int* idx, int nrows) {
+    rf_entry();
     set_rows2<float>(src0, dst0, ncols0, src_stride0, dst_stride0, src1, dst1, ncols1, src_stride1, dst_stride1,
                      idx, nrows);
 }
@@ -533,6 +550,7 @@ RF_KERNEL void rope_kv_f16(const float* x0, float* y0, int n_heads0, long long x
                            const float* freq_factors, int neox, float ext_factor, float mscale, float corr_lo,
                            float corr_hi, __half* kc, long long kc_stride, const float* v, int v_cols,
                            long long v_stride, __half* vc, long long vc_stride, const int* idx) {
+    rf_entry();
     rope_kv<__half>(x0, y0, n_heads0, x_stride0, n_rows0, x1, y1, n_heads1, x_stride1, n_rows1, pos, head_dim,
                     n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale, corr_lo, corr_hi, kc,
                     kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
@@ -544,6 +562,7 @@ RF_KERNEL void rope_kv_f32(const float* x0, float* y0, int n_heads0, long long x
                            const float* freq_factors, int neox, float ext_factor, float mscale, float corr_lo,
                            float corr_hi, float* kc, long long kc_stride, const float* v, int v_cols,
                            long long v_stride, float* vc, long long vc_stride, const int* idx) {
+    rf_entry();
     rope_kv<float>(x0, y0, n_heads0, x_stride0, n_rows0, x1, y1, n_heads1, x_stride1, n_rows1, pos, head_dim,
                    n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale, corr_lo, corr_hi, kc,
                    kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
@@ -618,6 +637,7 @@ RF_KERNEL void norm_rope_kv_f16(const float* x0, const float* w0, float* n0, flo
                                 int neox, float ext_factor, float mscale, float corr_lo, float corr_hi, __half* kc,
                                 long long kc_stride, const float* v, int v_cols, long long v_stride, __half* vc,
                                 long long vc_stride, const int* idx) {
+    rf_entry();
     norm_rope_kv<__half>(x0, w0, n0, y0, x0_stride, n_rows0, n_heads0, x1, w1, n1, y1, x1_stride, n_rows1, n_heads1,
                          eps, pos, head_dim, n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale,
                          corr_lo, corr_hi, kc, kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
@@ -630,6 +650,7 @@ RF_KERNEL void norm_rope_kv_f32(const float* x0, const float* w0, float* n0, flo
                                 int neox, float ext_factor, float mscale, float corr_lo, float corr_hi, float* kc,
                                 long long kc_stride, const float* v, int v_cols, long long v_stride, float* vc,
                                 long long vc_stride, const int* idx) {
+    rf_entry();
     norm_rope_kv<float>(x0, w0, n0, y0, x0_stride, n_rows0, n_heads0, x1, w1, n1, y1, x1_stride, n_rows1, n_heads1,
                         eps, pos, head_dim, n_dims, base, freq_scale, freq_factors, neox, ext_factor, mscale, corr_lo,
                         corr_hi, kc, kc_stride, v, v_cols, v_stride, vc, vc_stride, idx);
@@ -638,6 +659,7 @@ RF_KERNEL void norm_rope_kv_f32(const float* x0, const float* w0, float* n0, flo
 // Index of the largest value of each row (the first one on ties; NaN never wins). One block per
 // row, out[r] = index.
 RF_KERNEL void argmax_f32(const float* __restrict__ x, int* __restrict__ out, int ncols, long long x_stride) {
+    rf_entry();
     __shared__ float sv[RF_MAX_WARPS_PER_BLOCK];
     __shared__ int si[RF_MAX_WARPS_PER_BLOCK];
     const float* xr = x + (long long)blockIdx.x * x_stride;

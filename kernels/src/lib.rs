@@ -90,6 +90,17 @@ pub struct Image {
     pub kind: ImageKind,
     /// Its bytes, ready for `hipModuleLoadData`.
     pub bytes: &'static [u8],
+    /// NVIDIA: the compute capability it was compiled for, times ten (SASS or PTX); AMD: 0.
+    pub compute: u32,
+}
+
+impl Image {
+    /// Whether its kernels wait for the grids before them as they start (`rf_entry`: compiled
+    /// for compute capability 9.0 or later), so that a stream may launch them before their
+    /// predecessor ends (`gpu_mem::Stream::set_early_launch`).
+    pub fn waits_for_predecessors(&self) -> bool {
+        self.kind != ImageKind::AmdCodeObject && self.compute >= 90
+    }
 }
 
 /// True when this build embeds code objects.
@@ -142,6 +153,7 @@ pub fn image(module: Module, device: &Device) -> Result<Image, Error> {
                     module,
                     kind: ImageKind::AmdCodeObject,
                     bytes: i.bytes,
+                    compute: 0,
                 })
                 .ok_or_else(|| unavailable(base.to_owned()))
         }
@@ -153,19 +165,22 @@ pub fn image(module: Module, device: &Device) -> Result<Image, Error> {
                 .filter_map(|i| sm(i.target).map(|v| (v, i)))
                 .filter(|(v, _)| v / 10 == *major && *v <= dev)
                 .max_by_key(|(v, _)| *v);
-            if let Some((_, i)) = cubin {
+            if let Some((v, i)) = cubin {
                 return Ok(Image {
                     module,
                     kind: ImageKind::Cubin,
                     bytes: i.bytes,
+                    compute: v,
                 });
             }
             of_module()
-                .find(|i| i.target == "ptx" && sm(i.archs).is_some_and(|v| v <= dev))
-                .map(|i| Image {
+                .filter_map(|i| sm(i.archs).filter(|_| i.target == "ptx").map(|v| (v, i)))
+                .find(|(v, _)| *v <= dev)
+                .map(|(v, i)| Image {
                     module,
                     kind: ImageKind::Ptx,
                     bytes: i.bytes,
+                    compute: v,
                 })
                 .ok_or_else(|| unavailable(format!("sm_{dev}")))
         }

@@ -123,6 +123,13 @@ fn lookup_reports_missing_kernels_or_finds_every_symbol() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(b.kind, ImageKind::Ptx);
+    // Only code compiled for 9.0 and later waits for its predecessors: Hopper's SASS does,
+    // the PTX (built for 8.0) that Blackwell gets does not, nor does Ampere's SASS.
+    assert!(h.waits_for_predecessors());
+    assert!(!b.waits_for_predecessors());
+    let a = image(Module::Ops, &Device::Nvidia { major: 8, minor: 6 })
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!a.waits_for_predecessors());
     let e = image(Module::Ops, &Device::Nvidia { major: 7, minor: 5 }).unwrap_err();
     assert!(e.to_string().contains("sm_75"), "{e}");
     let e = image(Module::Ops, &Device::Amd("gfx9999".into())).unwrap_err();
@@ -220,4 +227,36 @@ fn struct_parameters_have_their_rust_size() {
         Some(std::mem::size_of::<AttnParams>())
     );
     assert_eq!(Param::I64.struct_bytes(), None);
+}
+
+/// Host streams may launch any of these kernels before its predecessor ends (programmatic
+/// dependent launch), which is only safe because each one waits for the grids before it first
+/// thing: every entry point, written directly or through a macro, opens with `rf_entry();`.
+#[test]
+fn every_kernel_opens_by_waiting_for_its_predecessors() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
+    let mut entries = 0;
+    for m in Module::ALL {
+        let path = dir.join(format!("{}.hip", m.stem()));
+        let src =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut rest = src.as_str();
+        while let Some(at) = rest.find("RF_KERNEL ") {
+            let def = &rest[at..];
+            let head = &def[..def.find('\n').unwrap_or(def.len())];
+            rest = &def[head.len()..];
+            if head.starts_with("RF_KERNEL extern") {
+                continue; // the macro's own definition
+            }
+            let open = def.find('{').expect("a kernel body");
+            let body = def[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+            assert!(
+                body.starts_with("rf_entry();"),
+                "{}: `{head}` does not open with rf_entry();",
+                path.display()
+            );
+            entries += 1;
+        }
+    }
+    assert!(entries >= 40, "only {entries} kernel definitions found");
 }

@@ -123,6 +123,7 @@ const CUDA_FUNCTIONS: &[&str] = &[
     "cuModuleUnload",
     "cuModuleGetFunction",
     "cuLaunchKernel",
+    "cuLaunchKernelEx",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
     "cuGraphInstantiateWithFlags",
@@ -139,6 +140,7 @@ const CUDA_TYPES: &[&str] = &[
     "CUstreamCaptureMode_enum",
     "CUstream_flags_enum",
     "CUevent_flags_enum",
+    "CUlaunchAttributeID_enum",
 ];
 
 const CUBLAS_FUNCTIONS: &[&str] = &[

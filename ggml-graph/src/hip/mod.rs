@@ -136,6 +136,14 @@ impl HipDevice {
             .map_err(|e| gpu_err("open", e))? as u32;
         let name = format!("hip:{ordinal} {} ({arch})", dev.info().name);
         let sb = gpu_mem::StreamBlas::new(&dev).map_err(|e| gpu_err("open", e))?;
+        // Kernels may start while the one before them finishes where every module's code waits
+        // for its predecessors first (ROCMFORGE_GPU_EARLY=0 turns it off, for comparisons).
+        let early = env_switch("ROCMFORGE_GPU_EARLY")
+            && kernels::Module::ALL
+                .iter()
+                .all(|&m| kernels::image(m, &target).is_ok_and(|i| i.waits_for_predecessors()));
+        let early = sb.stream().set_early_launch(early);
+        tracing::debug!("hip backend: early kernel launches {early}");
         let inner = Arc::new(Inner {
             dev,
             sb,

@@ -197,6 +197,103 @@ pub mod CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAX: Type = 125;
 }
 pub use self::CUdevice_attribute_enum::Type as CUdevice_attribute;
+pub mod CUaccessProperty_enum {
+    pub type Type = ::std::os::raw::c_uint;
+    pub const CU_ACCESS_PROPERTY_NORMAL: Type = 0;
+    pub const CU_ACCESS_PROPERTY_STREAMING: Type = 1;
+    pub const CU_ACCESS_PROPERTY_PERSISTING: Type = 2;
+}
+pub use self::CUaccessProperty_enum::Type as CUaccessProperty;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUaccessPolicyWindow_st {
+    pub base_ptr: *mut ::std::os::raw::c_void,
+    pub num_bytes: usize,
+    pub hitRatio: f32,
+    pub hitProp: CUaccessProperty,
+    pub missProp: CUaccessProperty,
+}
+pub type CUaccessPolicyWindow_v1 = CUaccessPolicyWindow_st;
+pub type CUaccessPolicyWindow = CUaccessPolicyWindow_v1;
+pub mod CUsynchronizationPolicy_enum {
+    pub type Type = ::std::os::raw::c_uint;
+    pub const CU_SYNC_POLICY_AUTO: Type = 1;
+    pub const CU_SYNC_POLICY_SPIN: Type = 2;
+    pub const CU_SYNC_POLICY_YIELD: Type = 3;
+    pub const CU_SYNC_POLICY_BLOCKING_SYNC: Type = 4;
+}
+pub use self::CUsynchronizationPolicy_enum::Type as CUsynchronizationPolicy;
+pub mod CUclusterSchedulingPolicy_enum {
+    pub type Type = ::std::os::raw::c_uint;
+    pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: Type = 0;
+    pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: Type = 1;
+    pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: Type = 2;
+}
+pub use self::CUclusterSchedulingPolicy_enum::Type as CUclusterSchedulingPolicy;
+pub mod CUlaunchAttributeID_enum {
+    pub type Type = ::std::os::raw::c_uint;
+    pub const CU_LAUNCH_ATTRIBUTE_IGNORE: Type = 0;
+    pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: Type = 1;
+    pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: Type = 2;
+    pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: Type = 3;
+    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: Type = 4;
+    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: Type = 5;
+    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: Type = 6;
+    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: Type = 7;
+    pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: Type = 8;
+}
+pub use self::CUlaunchAttributeID_enum::Type as CUlaunchAttributeID;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union CUlaunchAttributeValue_union {
+    pub pad: [::std::os::raw::c_char; 64usize],
+    pub accessPolicyWindow: CUaccessPolicyWindow,
+    pub cooperative: ::std::os::raw::c_int,
+    pub syncPolicy: CUsynchronizationPolicy,
+    pub clusterDim: CUlaunchAttributeValue_union__bindgen_ty_1,
+    pub clusterSchedulingPolicyPreference: CUclusterSchedulingPolicy,
+    pub programmaticStreamSerializationAllowed: ::std::os::raw::c_int,
+    pub programmaticEvent: CUlaunchAttributeValue_union__bindgen_ty_2,
+    pub priority: ::std::os::raw::c_int,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUlaunchAttributeValue_union__bindgen_ty_1 {
+    pub x: ::std::os::raw::c_uint,
+    pub y: ::std::os::raw::c_uint,
+    pub z: ::std::os::raw::c_uint,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUlaunchAttributeValue_union__bindgen_ty_2 {
+    pub event: CUevent,
+    pub flags: ::std::os::raw::c_int,
+    pub triggerAtBlockStart: ::std::os::raw::c_int,
+}
+pub type CUlaunchAttributeValue = CUlaunchAttributeValue_union;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct CUlaunchAttribute_st {
+    pub id: CUlaunchAttributeID,
+    pub pad: [::std::os::raw::c_char; 4usize],
+    pub value: CUlaunchAttributeValue,
+}
+pub type CUlaunchAttribute = CUlaunchAttribute_st;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUlaunchConfig_st {
+    pub gridDimX: ::std::os::raw::c_uint,
+    pub gridDimY: ::std::os::raw::c_uint,
+    pub gridDimZ: ::std::os::raw::c_uint,
+    pub blockDimX: ::std::os::raw::c_uint,
+    pub blockDimY: ::std::os::raw::c_uint,
+    pub blockDimZ: ::std::os::raw::c_uint,
+    pub sharedMemBytes: ::std::os::raw::c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut CUlaunchAttribute,
+    pub numAttrs: ::std::os::raw::c_uint,
+}
+pub type CUlaunchConfig = CUlaunchConfig_st;
 pub mod CUstreamCaptureMode_enum {
     pub type Type = ::std::os::raw::c_uint;
     pub const CU_STREAM_CAPTURE_MODE_GLOBAL: Type = 0;
@@ -406,6 +503,12 @@ pub struct CudaLib {
         kernelParams: *mut *mut ::std::os::raw::c_void,
         extra: *mut *mut ::std::os::raw::c_void,
     ) -> CUresult,
+    pub cuLaunchKernelEx: unsafe extern "C" fn(
+        config: *const CUlaunchConfig,
+        f: CUfunction,
+        kernelParams: *mut *mut ::std::os::raw::c_void,
+        extra: *mut *mut ::std::os::raw::c_void,
+    ) -> CUresult,
     pub cuGraphInstantiateWithFlags: unsafe extern "C" fn(
         phGraphExec: *mut CUgraphExec,
         hGraph: CUgraph,
@@ -484,6 +587,7 @@ impl CudaLib {
         let cuEventElapsedTime =
             unsafe { __library.get(b"cuEventElapsedTime\0") }.map(|sym| *sym)?;
         let cuLaunchKernel = unsafe { __library.get(b"cuLaunchKernel\0") }.map(|sym| *sym)?;
+        let cuLaunchKernelEx = unsafe { __library.get(b"cuLaunchKernelEx\0") }.map(|sym| *sym)?;
         let cuGraphInstantiateWithFlags =
             unsafe { __library.get(b"cuGraphInstantiateWithFlags\0") }.map(|sym| *sym)?;
         let cuGraphLaunch = unsafe { __library.get(b"cuGraphLaunch\0") }.map(|sym| *sym)?;
@@ -532,6 +636,7 @@ impl CudaLib {
             cuEventDestroy_v2,
             cuEventElapsedTime,
             cuLaunchKernel,
+            cuLaunchKernelEx,
             cuGraphInstantiateWithFlags,
             cuGraphLaunch,
             cuGraphExecDestroy,
@@ -770,6 +875,15 @@ impl CudaLib {
                 extra,
             )
         }
+    }
+    pub unsafe fn cuLaunchKernelEx(
+        &self,
+        config: *const CUlaunchConfig,
+        f: CUfunction,
+        kernelParams: *mut *mut ::std::os::raw::c_void,
+        extra: *mut *mut ::std::os::raw::c_void,
+    ) -> CUresult {
+        unsafe { (self.cuLaunchKernelEx)(config, f, kernelParams, extra) }
     }
     pub unsafe fn cuGraphInstantiateWithFlags(
         &self,
