@@ -226,6 +226,12 @@ impl Device {
         &self.inner.info
     }
 
+    /// One integer attribute, queried now (for what discovery does not keep, such as the L2
+    /// cache size benchmarks size their working sets by).
+    pub fn attribute(&self, attr: DeviceAttribute) -> Result<i32> {
+        Ok(self.inner.api.device_attribute(attr, self.inner.ordinal)?)
+    }
+
     /// Makes this device current for the calling thread (cached, cheap).
     pub fn bind(&self) -> Result<()> {
         Ok(self.inner.api.set_device(self.inner.ordinal)?)
@@ -334,5 +340,23 @@ mod tests {
                 println!("skipped: no GPU ({why})");
             }
         }
+    }
+
+    /// Attributes queried later agree with what discovery recorded; the L2 size is plausible.
+    #[test]
+    fn attributes_agree_with_discovery() {
+        let Some(dev) = crate::testing::gpu_or_skip() else {
+            return;
+        };
+        let attr = |a| dev.attribute(a).expect("device attribute");
+        let info = dev.info();
+        assert_eq!(
+            attr(DeviceAttribute::MultiprocessorCount),
+            info.compute_units
+        );
+        assert_eq!(attr(DeviceAttribute::WarpSize), info.warp_size);
+        // From a few MiB (RDNA) to a few hundred MiB (data-centre parts).
+        let l2 = attr(DeviceAttribute::L2CacheBytes);
+        assert!((64 << 10..1 << 30).contains(&l2), "L2 {l2} bytes");
     }
 }

@@ -42,7 +42,7 @@ pub use device::{
 };
 pub use error::{GpuError, Result};
 pub use fallback::FallbackBuffer;
-pub use hip_ffi::{Op, Platform};
+pub use hip_ffi::{DeviceAttribute, Op, Platform};
 pub use launch::{KernelArg, MemRange, ParamKind};
 pub use module::{Function, KernelArgs, Module};
 pub use pool::{CachingAllocator, Lease, Pool, PoolStats, RawAllocator, WeightArena};
