@@ -5,64 +5,47 @@
 //! the L2 cache several times, so every launch reads its weights from device memory.
 //! Without a GPU or built kernels it prints why and exits.
 
+#![forbid(unsafe_code)]
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use common::{gpu, Arg, DevBuf, Gpu, Rng};
-use hip_ffi::{CaptureMode, DeviceAttribute, DevicePtr, GemmEx, GemmType, Op, PointerMode};
-use kernels::{q8_1_vector_bytes, KernelId, Module, WeightType, MATVEC_WARPS};
+use gpu_mem::{Blas, DeviceAttribute, Event, GemmShape, MemRange, Op};
+use half::f16;
+use kernels::{q8_1_vector_bytes, KernelId, WeightType, MATVEC_WARPS};
 
 const ITERS: u32 = 200;
 
 fn time_ms(g: &Gpu, iters: u32, mut f: impl FnMut(u32)) -> f64 {
-    let api = g.api;
     let (a, b) = (
-        api.event_create(true).expect("event"),
-        api.event_create(true).expect("event"),
+        Event::new(&g.device, true).expect("event"),
+        Event::new(&g.device, true).expect("event"),
     );
     f(0); // warm-up (module load, clocks)
-          // SAFETY: both events and the stream are live for the whole measurement.
-    unsafe {
-        api.stream_synchronize(g.stream).expect("sync");
-        api.event_record(a, g.stream).expect("record");
-    }
+    g.stream.synchronize().expect("sync");
+    a.record(&g.stream).expect("record");
     for i in 0..iters {
         f(i);
     }
-    // SAFETY: as above; the events are destroyed once, after their last use.
-    unsafe {
-        api.event_record(b, g.stream).expect("record");
-        api.event_synchronize(b).expect("event sync");
-        let ms = api.event_elapsed_ms(a, b).expect("elapsed");
-        api.event_destroy(a).expect("destroy");
-        api.event_destroy(b).expect("destroy");
-        f64::from(ms) / f64::from(iters)
-    }
+    b.record(&g.stream).expect("record");
+    b.synchronize().expect("event sync");
+    let ms = a.elapsed_ms(&b).expect("elapsed");
+    f64::from(ms) / f64::from(iters)
 }
 
 /// Per-launch time of `count` launches captured into one graph and replayed, which leaves out the
 /// host's launch cost (what a captured decode step pays).
 fn graph_ms(g: &Gpu, count: u32, mut launches: impl FnMut(u32)) -> f64 {
-    let api = g.api;
-    // SAFETY: the stream is live and idle (every earlier measurement synchronized it); nothing
-    // else uses it while it captures.
-    unsafe { api.stream_begin_capture(g.stream, CaptureMode::ThreadLocal) }.expect("capture");
+    // The stream is idle (every earlier measurement synchronized it); only checked launches are
+    // queued while it captures, so the graph knows the memory it replays on.
+    g.stream.begin_capture().expect("capture");
     for i in 0..count {
         launches(i);
     }
-    // SAFETY: capture was begun on this stream above.
-    let graph = unsafe { api.stream_end_capture(g.stream) }.expect("end capture");
-    // SAFETY: `graph` is the graph just captured.
-    let exec = unsafe { api.graph_instantiate(graph) }.expect("instantiate");
-    let ms = time_ms(g, 10, |_| {
-        // SAFETY: the instantiated graph's buffers outlive the measurement.
-        unsafe { api.graph_launch(exec, g.stream) }.expect("graph launch");
-    });
-    // SAFETY: the last replay finished (time_ms synchronizes on its end event).
-    unsafe {
-        api.graph_exec_destroy(exec).expect("exec destroy");
-        api.graph_destroy(graph).expect("graph destroy");
-    }
+    let graph = g.stream.end_capture().expect("end capture");
+    let exec = graph.instantiate().expect("instantiate");
+    let ms = time_ms(g, 10, |_| exec.launch(&g.stream).expect("graph launch"));
     ms / f64::from(count)
 }
 
@@ -70,10 +53,9 @@ fn graph_ms(g: &Gpu, count: u32, mut launches: impl FnMut(u32)) -> f64 {
 fn copy_bandwidth(g: &Gpu) -> f64 {
     let bytes = 1usize << 30;
     let (src, dst) = (g.alloc(bytes), g.alloc(bytes));
-    let ms = time_ms(g, 20, |_| {
-        // SAFETY: both ranges are live allocations of `bytes` on this device.
-        unsafe { g.api.memcpy_dtod_async(dst.ptr, src.ptr, bytes, g.stream) }.expect("copy");
-    });
+    let from = src.range().view::<u8>().expect("view");
+    let mut to = dst.range().view_mut::<u8>().expect("view");
+    let ms = time_ms(g, 20, |_| g.stream.copy(&from, &mut to).expect("copy"));
     2.0 * bytes as f64 / (ms * 1e-3)
 }
 
@@ -130,16 +112,16 @@ fn copies(wbytes: usize, l2: usize) -> usize {
     clippy::too_many_arguments,
     reason = "one launch's worth of parameters"
 )]
-fn matvec_args(
-    w: u64,
-    y: &DevBuf<'_>,
-    out: &DevBuf<'_>,
+fn matvec_args<'a>(
+    w: MemRange<'a>,
+    y: &'a DevBuf<'_>,
+    out: &'a DevBuf<'_>,
     rows: usize,
     cols: usize,
     row_bytes: usize,
-) -> [Arg; 7] {
+) -> [Arg<'a>; 7] {
     [
-        Arg::Ptr(DevicePtr(w)),
+        Arg::Mem(w),
         y.arg(),
         out.arg(),
         Arg::I32(cols as i32),
@@ -153,12 +135,12 @@ fn main() {
     let Some(g) = gpu() else { return };
     let g = g.no_sync();
     let sms = g
-        .api
-        .device_attribute(DeviceAttribute::MultiprocessorCount, 0)
+        .device
+        .attribute(DeviceAttribute::MultiprocessorCount)
         .unwrap_or(0);
     let l2 = g
-        .api
-        .device_attribute(DeviceAttribute::L2CacheBytes, 0)
+        .device
+        .attribute(DeviceAttribute::L2CacheBytes)
         .unwrap_or(0) as usize;
     println!("device: {} ({sms} SMs, L2 {} MiB)", g.name, l2 >> 20);
     let bw = copy_bandwidth(&g);
@@ -168,12 +150,12 @@ fn main() {
         "matvec: us per call (back-to-back launches; replayed graph), weight GB/s and % of copy \
          bandwidth from the graph time (weights rotate over >= 4x L2)"
     );
-    // (type, variants: symbol suffix and rows per block)
-    let types: [(WeightType, &[(&str, usize)]); 7] = [
+    // (type, variants: kernel and rows per block)
+    let types: [(WeightType, &[(KernelId, usize)]); 7] = [
         // `_ks`: all warps of a block share its rows (K split), R rows per block.
-        (WeightType::Q4_K, &[("_ks", 1)]),
-        (WeightType::Q6_K, &[("_ks", 2)]),
-        (WeightType::Q8_0, &[("_ks", 2)]),
+        (WeightType::Q4_K, &[(KernelId::MatvecKsQ4_K, 1)]),
+        (WeightType::Q6_K, &[(KernelId::MatvecKsQ6_K, 2)]),
+        (WeightType::Q8_0, &[(KernelId::MatvecKsQ8_0, 2)]),
         (WeightType::Q5_0, &[]),
         (WeightType::Q4_0, &[]),
         (WeightType::Q5_K, &[]),
@@ -207,13 +189,13 @@ fn main() {
                 );
             };
             quantize(0);
-            let run = |name: &str, rpb: usize| {
+            let run = |k: KernelId, rpb: usize| {
+                let name = k.name();
                 let blocks = rows.div_ceil(rpb) as u32;
                 let launch = |i: u32| {
-                    let wp = w.ptr.0 + ((i as usize % n) * wbytes) as u64;
-                    g.launch_named(
-                        Module::Matvec,
-                        name,
+                    let wp = w.sub((i as usize % n) * wbytes, wbytes);
+                    g.launch(
+                        k,
                         [blocks, 1, 1],
                         MATVEC_WARPS * g.warp,
                         &matvec_args(wp, &y, &out, rows, cols, row_bytes),
@@ -233,9 +215,9 @@ fn main() {
                 (gms, gbs)
             };
             let k = t.matvec();
-            let (ms, gbs) = run(k.name(), t.matvec_rows_per_block());
-            for &(suffix, rpb) in variants {
-                run(&format!("{}{suffix}", k.name()), rpb);
+            let (ms, gbs) = run(k, t.matvec_rows_per_block());
+            for &(variant, rpb) in variants {
+                run(variant, rpb);
             }
             let qms = graph_ms(&g, ITERS, quantize);
             summary.push(format!(
@@ -259,16 +241,7 @@ fn main() {
 
 fn prefill(g: &Gpu, rng: &mut Rng) {
     println!("prefill (dequant to f16 + gemmEx f32 accumulation, 512 tokens): ms, TFLOP/s");
-    let handle = g.api.blas_create().expect("blas");
-    // SAFETY: the handle and stream are live.
-    unsafe {
-        g.api
-            .blas_set_stream(handle, g.stream)
-            .expect("blas stream");
-        g.api
-            .blas_set_pointer_mode(handle, PointerMode::Host)
-            .expect("pointer mode");
-    }
+    let blas = Blas::new(&g.stream).expect("blas");
     for (what, n, k) in [
         ("8B 4096x4096", 4096usize, 4096usize),
         ("8B 1024x4096", 1024, 4096),
@@ -283,25 +256,21 @@ fn prefill(g: &Gpu, rng: &mut Rng) {
             let xs: Vec<u16> = (0..m * k).map(|_| common::f16_bits(rng.f32())).collect();
             let xh = g.upload(&xs);
             let c = g.alloc(n * m * 4);
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            let args = GemmEx {
+            let shape = GemmShape {
                 trans_a: Op::T,
                 trans_b: Op::N,
-                m: n as i32,
-                n: m as i32,
-                k: k as i32,
-                alpha: &alpha,
-                a: wh.ptr,
-                a_type: GemmType::F16,
-                lda: k as i32,
-                b: xh.ptr,
-                b_type: GemmType::F16,
-                ldb: k as i32,
-                beta: &beta,
-                c: c.ptr,
-                c_type: GemmType::F32,
-                ldc: n as i32,
+                m: n,
+                n: m,
+                k,
+                lda: k,
+                ldb: k,
+                ldc: n,
             };
+            let (a, b) = (
+                wh.range().view::<f16>().expect("f16 weights"),
+                xh.range().view::<f16>().expect("f16 activations"),
+            );
+            let mut cv = c.range().view_mut::<f32>().expect("f32 result");
             let dequant = |_: u32| {
                 g.launch(
                     t.dequant_f16(),
@@ -317,8 +286,8 @@ fn prefill(g: &Gpu, rng: &mut Rng) {
                 );
             };
             let gemm = |_: u32| {
-                // SAFETY: operands sized for the shapes above; alpha/beta live across the call.
-                unsafe { g.api.gemm_ex(handle, &args) }.expect("gemm_ex");
+                blas.gemm_ex(&shape, 1.0, &a, &b, 0.0, &mut cv)
+                    .expect("gemm_ex");
             };
             let dq = time_ms(g, 20, dequant);
             let gm = time_ms(g, 20, gemm);
@@ -334,8 +303,6 @@ fn prefill(g: &Gpu, rng: &mut Rng) {
             );
         }
     }
-    // SAFETY: the stream is synchronized by the last measurement; the handle is not used again.
-    unsafe { g.api.blas_destroy(handle) }.expect("blas destroy");
 }
 
 /// The gated FFN mat-vec (`act(w_gate y) * (w_up y)`, one launch over both matrices) at the 8B
@@ -363,18 +330,18 @@ fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
     );
     println!("gated mat-vec, 8B ffn gate+up 2 x 14336x4096 q4_K:");
     {
-        let (name, rpb) = ("matvec_q4_k_gated", t.matvec_gated_rows_per_block());
+        let (k, rpb) = (KernelId::MatvecGatedQ4_K, t.matvec_gated_rows_per_block());
+        let name = k.name();
         let blocks = rows.div_ceil(rpb) as u32;
         let launch = |i: u32| {
-            let wg = w.ptr.0 + ((i as usize % n) * 2 * wbytes) as u64;
-            g.launch_named(
-                Module::Matvec,
-                name,
+            let wg = (i as usize % n) * 2 * wbytes;
+            g.launch(
+                k,
                 [blocks, 1, 1],
                 MATVEC_WARPS * g.warp,
                 &[
-                    Arg::Ptr(DevicePtr(wg)),
-                    Arg::Ptr(DevicePtr(wg + wbytes as u64)),
+                    Arg::Mem(w.sub(wg, wbytes)),
+                    Arg::Mem(w.sub(wg + wbytes, wbytes)),
                     y.arg(),
                     out.arg(),
                     Arg::I32(cols as i32),

@@ -1,12 +1,13 @@
 //! Row-wise, element-wise and attention kernels on the GPU against f64 CPU references.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::{assert_nmse, gpu, Arg, Rng};
-use hip_ffi::DevicePtr;
 use kernels::{act, binary, AttnParams, KernelId};
 
-const NULL: Arg = Arg::Ptr(DevicePtr::NULL);
+const NULL: Arg<'static> = Arg::Null;
 
 #[test]
 fn rms_norm_with_and_without_weight() {
@@ -206,7 +207,7 @@ fn activations_plain_and_gated_on_a_fused_gate_up_tensor() {
     // [rows, 2n]: gate in the first half of each row, up in the second.
     let gu: Vec<f32> = rng.vec(rows * 2 * n).iter().map(|v| v * 4.0).collect();
     let (dgu, dy) = (g.upload(&gu), g.alloc(rows * n * 4));
-    let up = Arg::Ptr(dgu.ptr.checked_add((n * 4) as u64).expect("offset"));
+    let up = dgu.arg_at(n * 4);
     for (kind, f) in [(act::GELU, gelu_f16 as fn(f64) -> f64), (act::SILU, silu)] {
         for gated in [false, true] {
             g.launch(
@@ -563,7 +564,7 @@ fn attention_case(g: &common::Gpu, c: &AttnCase, seed: u64) {
                 dpos.arg(),
                 dout.arg(),
                 dpart.arg(),
-                Arg::Attn(AttnParams { phase, ..p }),
+                Arg::Bytes(bytemuck::bytes_of(&AttnParams { phase, ..p })),
             ],
         );
     }

@@ -2,11 +2,14 @@
 //! quantization, mat-vec for every weight type, dequantize-to-f16 (+ gemmEx, the prefill path)
 //! and get_rows.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use common::{assert_nmse, gpu, Arg, Rng};
 use gguf::GgmlType;
-use hip_ffi::{GemmEx, GemmType, Op, PointerMode};
+use gpu_mem::{Blas, GemmShape, Op};
+use half::f16;
 use kernels::{q8_1_vector_bytes, KernelId, WeightType, MATVEC_WARPS, QK8_1};
 
 fn ggml(t: WeightType) -> GgmlType {
@@ -167,7 +170,7 @@ fn check_matvec(
             ],
             MATVEC_WARPS * g.warp,
             &[
-                Arg::Ptr(hip_ffi::DevicePtr(dw.ptr.0 + offset as u64)),
+                dw.arg_at(offset),
                 dy.arg(),
                 dout.arg(),
                 Arg::I32(ncols as i32),
@@ -231,9 +234,9 @@ fn matvec_float_weights() {
     }
     let dx = g.upload(&x);
     let dout = g.alloc(nrows * 4);
-    let args = |dw: &common::DevBuf<'_>| {
+    let args = |dw| {
         [
-            dw.arg(),
+            dw,
             dx.arg(),
             dout.arg(),
             Arg::I32(ncols as i32),
@@ -246,7 +249,7 @@ fn matvec_float_weights() {
         KernelId::MatvecF32,
         [nrows as u32, 1, 1],
         2 * g.warp,
-        &args(&dw),
+        &args(dw.arg()),
     );
     assert_nmse("matvec f32", &g.download::<f32>(&dout, nrows), &want, 1e-10);
     let wh: Vec<u16> = w.iter().map(|&v| common::f16_bits(v)).collect();
@@ -261,7 +264,7 @@ fn matvec_float_weights() {
         KernelId::MatvecF16,
         [nrows as u32, 1, 1],
         2 * g.warp,
-        &args(&dwh),
+        &args(dwh.arg()),
     );
     assert_nmse(
         "matvec f16",
@@ -410,42 +413,30 @@ fn dequantized_weights_through_gemm_ex() {
         &[dx.arg(), dxh.arg(), Arg::I64((n * k) as i64)],
     );
     let dc = g.alloc(n * m * 4);
-    let handle = g.api.blas_create().expect("blas handle");
-    let (alpha, beta) = (1.0f32, 0.0f32);
+    let blas = Blas::new(&g.stream).expect("blas handle");
     // Row-major out[n][m] = X[n][k] . W[m][k]^T is column-major C(m x n) = W^T(k x m)^T X^T(k x n).
-    let args = GemmEx {
+    let shape = GemmShape {
         trans_a: Op::T,
         trans_b: Op::N,
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
-        alpha: &alpha,
-        a: dwh.ptr,
-        a_type: GemmType::F16,
-        lda: k as i32,
-        b: dxh.ptr,
-        b_type: GemmType::F16,
-        ldb: k as i32,
-        beta: &beta,
-        c: dc.ptr,
-        c_type: GemmType::F32,
-        ldc: m as i32,
+        m,
+        n,
+        k,
+        lda: k,
+        ldb: k,
+        ldc: m,
     };
-    // SAFETY: the handle is live; alpha/beta are host f32 in host pointer mode and outlive the
-    // synchronize; the matrices are allocations of the sizes m, n, k and the strides imply.
-    unsafe {
-        g.api
-            .blas_set_stream(handle, g.stream)
-            .expect("blas stream");
-        g.api
-            .blas_set_pointer_mode(handle, PointerMode::Host)
-            .expect("pointer mode");
-        g.api.gemm_ex(handle, &args).expect("gemm_ex");
-        g.api.stream_synchronize(g.stream).expect("sync");
-    }
+    blas.gemm_ex(
+        &shape,
+        1.0,
+        &dwh.range().view::<f16>().expect("f16 weights"),
+        &dxh.range().view::<f16>().expect("f16 activations"),
+        0.0,
+        &mut dc.range().view_mut::<f32>().expect("f32 result"),
+    )
+    .expect("gemm_ex");
+    // Waits for the GEMM.
     let got: Vec<f32> = g.download(&dc, n * m);
-    // SAFETY: the stream is idle; the handle is not used afterwards.
-    unsafe { g.api.blas_destroy(handle) }.expect("blas destroy");
+    drop(blas);
     let r16 = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
     let mut want = vec![0.0f32; n * m];
     for j in 0..n {

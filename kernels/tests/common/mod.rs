@@ -1,77 +1,78 @@
-//! Test harness for the kernels on a real GPU: a stream, lazily loaded modules, RAII device
-//! buffers and typed kernel arguments over `hip-ffi`, plus CPU-side helpers (random data, error
-//! measures). Without a GPU or without built kernels every test prints why it skipped; with
+//! Test harness for the kernels on a real GPU, over `gpu-mem`'s safe API: a stream, lazily
+//! loaded modules, device buffers that hand out kernel arguments, and launches checked against
+//! each kernel's parameter table; plus CPU-side helpers (random data, error measures). Without a
+//! GPU or without built kernels every test prints why it skipped; with
 //! `ROCMFORGE_REQUIRE_GPU=1` (the GPU machine's runner) that is a failure instead.
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
 
-use hip_ffi::{DevicePtr, HipApi, ModuleHandle, StreamHandle};
-use kernels::{AttnParams, Device, KernelId, Module};
+use gpu_mem::testing::REQUIRE_GPU_VAR;
+use gpu_mem::{DeviceBuffer, MemRange, ParamKind, Stream};
+use kernels::{KernelId, Module};
 
-/// One kernel argument, stored by value; launches pass a pointer to each.
-#[derive(Clone, Copy, Debug)]
-pub enum Arg {
-    Ptr(DevicePtr),
-    I32(i32),
-    I64(i64),
-    F32(f32),
-    Attn(AttnParams),
-}
+/// One kernel argument: device memory borrowed from a [`DevBuf`], `Arg::Null`, a scalar, or a
+/// by-value struct's bytes.
+pub use gpu_mem::KernelArg as Arg;
 
-/// An allocation freed on drop.
+/// A device allocation (through the device's budget and tracker), freed on drop once the work
+/// queued on the harness's stream is done.
 pub struct DevBuf<'g> {
     gpu: &'g Gpu,
-    pub ptr: DevicePtr,
+    buf: DeviceBuffer<u8>,
+    /// The size asked for (the allocation may be larger).
     pub bytes: usize,
 }
 
 impl Drop for DevBuf<'_> {
     fn drop(&mut self) {
-        // Work using the buffer may still be queued: finish it before freeing.
-        // SAFETY: the stream is live for the Gpu's lifetime, which outlives the buffer.
-        let _ = unsafe { self.gpu.api.stream_synchronize(self.gpu.stream) };
-        // SAFETY: `ptr` came from this provider's malloc and nothing queued uses it any more.
-        let _ = unsafe { self.gpu.api.free(self.ptr) };
+        // Work using the buffer may still be queued: finish it before the buffer is freed. A
+        // failure here is the failing launch's, which reports it itself.
+        let _ = self.gpu.stream.synchronize();
     }
 }
 
 impl DevBuf<'_> {
-    pub fn arg(&self) -> Arg {
-        Arg::Ptr(self.ptr)
+    /// The whole allocation.
+    pub fn range(&self) -> MemRange<'_> {
+        MemRange::of_buffer(&self.buf)
+    }
+
+    /// Bytes `offset..offset + bytes`.
+    pub fn sub(&self, offset: usize, bytes: usize) -> MemRange<'_> {
+        self.range()
+            .sub(offset, bytes)
+            .unwrap_or_else(|e| panic!("sub-range {offset}+{bytes}: {e}"))
+    }
+
+    /// The buffer as a kernel's pointer argument.
+    pub fn arg(&self) -> Arg<'_> {
+        Arg::Mem(self.range())
+    }
+
+    /// The buffer from byte `offset` on, as a kernel's pointer argument.
+    pub fn arg_at(&self, offset: usize) -> Arg<'_> {
+        Arg::Mem(self.sub(offset, self.buf.len().saturating_sub(offset)))
     }
 }
 
 pub struct Gpu {
-    pub api: &'static dyn HipApi,
-    pub stream: StreamHandle,
-    pub device: Device,
+    pub device: gpu_mem::Device,
+    pub stream: Stream,
+    /// The code-object target of the device.
+    pub target: kernels::Device,
     pub warp: u32,
     pub name: String,
     /// Wait for each launch (tests: a fault is reported by the launch that caused it); off for
     /// benchmarks, which time queued work with events.
     sync_launches: bool,
-    modules: parking_lot::Mutex<HashMap<Module, ModuleHandle>>,
-}
-
-impl Drop for Gpu {
-    fn drop(&mut self) {
-        // SAFETY: the stream is live; every buffer borrowing this Gpu was dropped before it.
-        let _ = unsafe { self.api.stream_synchronize(self.stream) };
-        for (_, m) in self.modules.lock().drain() {
-            // SAFETY: the stream is idle, so no launch of the module is pending.
-            let _ = unsafe { self.api.module_unload(m) };
-        }
-        // SAFETY: the stream is idle and not used afterwards.
-        let _ = unsafe { self.api.stream_destroy(self.stream) };
-    }
+    modules: parking_lot::Mutex<HashMap<Module, gpu_mem::Module>>,
 }
 
 fn skip(reason: &str) -> Option<Gpu> {
-    if std::env::var("ROCMFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        panic!("ROCMFORGE_REQUIRE_GPU=1 but {reason}");
+    if std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1") {
+        panic!("{REQUIRE_GPU_VAR}=1 but {reason}");
     }
     println!("skipped: {reason}");
     None
@@ -82,40 +83,50 @@ pub fn gpu() -> Option<Gpu> {
     if !kernels::built() {
         return skip("kernels not built: run `cargo xtask kernels`");
     }
-    let api = match hip_ffi::runtime() {
-        Ok(a) => a,
-        Err(e) => return skip(&format!("no GPU ({e})")),
-    };
-    let setup = || -> hip_ffi::Result<Gpu> {
-        api.set_device(0)?;
-        let arch = api.device_arch(0)?;
-        let device = match arch.strip_prefix("sm_") {
-            Some(n) => {
-                let v: u32 = n.parse().unwrap_or(0);
-                Device::Nvidia {
-                    major: v / 10,
-                    minor: v % 10,
-                }
+    // Prints "skipped: no GPU (...)", or panics under ROCMFORGE_REQUIRE_GPU=1.
+    let device = gpu_mem::testing::gpu_or_skip()?;
+    let info = device.info();
+    let arch = info.arch.clone();
+    let target = match arch.strip_prefix("sm_") {
+        Some(n) => {
+            let v: u32 = n.parse().unwrap_or(0);
+            kernels::Device::Nvidia {
+                major: v / 10,
+                minor: v % 10,
             }
-            None => Device::Amd(arch.clone()),
-        };
-        let warp = api.device_attribute(hip_ffi::DeviceAttribute::WarpSize, 0)? as u32;
-        let name = format!("{} ({arch}, warp {warp})", api.device_name(0)?);
-        let stream = api.stream_create()?;
-        Ok(Gpu {
-            api,
-            stream,
-            device,
-            warp,
-            name,
-            sync_launches: true,
-            modules: parking_lot::Mutex::new(HashMap::new()),
-        })
+        }
+        None => kernels::Device::Amd(arch.clone()),
     };
-    match setup() {
-        Ok(g) => Some(g),
-        Err(e) => skip(&format!("GPU setup failed: {e}")),
-    }
+    let warp = info.warp_size as u32;
+    let name = format!("{} ({arch}, warp {warp})", info.name);
+    let stream = match Stream::new(&device) {
+        Ok(s) => s,
+        Err(e) => return skip(&format!("GPU setup failed: {e}")),
+    };
+    Some(Gpu {
+        device,
+        stream,
+        target,
+        warp,
+        name,
+        sync_launches: true,
+        modules: parking_lot::Mutex::new(HashMap::new()),
+    })
+}
+
+/// `k`'s parameter list (`kernels`' table, tested against the HIP sources) in `gpu-mem`'s
+/// terms, for the checked launch.
+fn param_kinds(k: KernelId) -> Vec<ParamKind> {
+    k.params()
+        .iter()
+        .map(|&p| match p {
+            kernels::Param::Ptr => ParamKind::Ptr,
+            kernels::Param::I32 => ParamKind::I32,
+            kernels::Param::I64 => ParamKind::I64,
+            kernels::Param::F32 => ParamKind::F32,
+            kernels::Param::Attn => ParamKind::Bytes(std::mem::size_of::<kernels::AttnParams>()),
+        })
+        .collect()
 }
 
 impl Gpu {
@@ -126,108 +137,61 @@ impl Gpu {
     }
 
     pub fn alloc(&self, bytes: usize) -> DevBuf<'_> {
-        // 16 readable bytes past the end, as gpu-mem gives every allocation
-        // (`gpu_mem::device::ALLOC_TAIL_SLACK`): mat-vec kernels load a row's last bytes with
-        // the aligned word that holds them.
-        let ptr = self.api.malloc(bytes.max(4) + 16).expect("device malloc");
-        let b = DevBuf {
-            gpu: self,
-            ptr,
-            bytes,
-        };
+        // At least 4 bytes; gpu-mem adds 16 readable bytes past the end of every allocation
+        // (`gpu_mem::device::ALLOC_TAIL_SLACK`) for the mat-vec kernels' aligned tail loads.
+        let mut buf = DeviceBuffer::<u8>::new(&self.device, bytes.max(4), "kernels test")
+            .expect("device malloc");
         // Fill with NaN-ish garbage so kernels that skip writes are caught.
-        // SAFETY: the range was just allocated on this device.
-        unsafe { self.api.memset_async(ptr, 0xFF, bytes.max(4), self.stream) }.expect("memset");
-        b
+        self.stream
+            .memset(&mut buf.view_mut(), 0xFF)
+            .expect("memset");
+        DevBuf {
+            gpu: self,
+            buf,
+            bytes,
+        }
     }
 
     pub fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> DevBuf<'_> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let b = self.alloc(bytes.len());
-        // SAFETY: `bytes` stays alive until the synchronize below; the destination was just
-        // allocated with at least this size.
-        unsafe {
-            self.api
-                .memcpy_htod_async(b.ptr, bytes.as_ptr().cast(), bytes.len(), self.stream)
-                .expect("upload");
-            self.api
-                .stream_synchronize(self.stream)
-                .expect("sync after upload");
-        }
+        let mut b = self.alloc(bytes.len());
+        let mut dst = b.buf.slice_mut(0..bytes.len()).expect("upload range");
+        // Waits for the copy.
+        self.stream.write(bytes, &mut dst).expect("upload");
         b
     }
 
-    pub fn download<T: bytemuck::Pod + Default>(&self, buf: &DevBuf<'_>, n: usize) -> Vec<T> {
-        let mut out = vec![T::default(); n];
+    pub fn download<T: bytemuck::Pod>(&self, buf: &DevBuf<'_>, n: usize) -> Vec<T> {
+        let mut out = vec![T::zeroed(); n];
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
         assert!(bytes.len() <= buf.bytes, "download past the buffer");
-        // SAFETY: `out` is writable for its length and untouched until the synchronize returns;
-        // the source range lies within the allocation.
-        unsafe {
-            self.api
-                .memcpy_dtoh_async(bytes.as_mut_ptr().cast(), buf.ptr, bytes.len(), self.stream)
-                .expect("download");
-            self.api
-                .stream_synchronize(self.stream)
-                .expect("sync after download");
-        }
+        let src = buf.buf.slice(0..bytes.len()).expect("download range");
+        // Waits for the copy (and so for every launch queued before it).
+        self.stream.read(&src, bytes).expect("download");
         out
     }
 
-    fn function(&self, module: Module, name: &str) -> hip_ffi::FunctionHandle {
+    /// Launches `k` after checking `args` against its parameter table and (unless `no_sync`)
+    /// waits for it, so a fault is reported by the launch that caused it.
+    pub fn launch(&self, k: KernelId, grid: [u32; 3], block: u32, args: &[Arg<'_>]) {
+        let name = k.name();
         let mut mods = self.modules.lock();
-        let m = *mods.entry(module).or_insert_with(|| {
-            let img = kernels::image(module, &self.device).unwrap_or_else(|e| panic!("{e}"));
-            // SAFETY: the image was built for this platform and architecture family.
-            unsafe { self.api.module_load_data(img.bytes) }
-                .unwrap_or_else(|e| panic!("loading {module:?}: {e}"))
+        let module = mods.entry(k.module()).or_insert_with(|| {
+            let img = kernels::image(k.module(), &self.target).unwrap_or_else(|e| panic!("{e}"));
+            gpu_mem::Module::load(&self.device, img.bytes)
+                .unwrap_or_else(|e| panic!("loading {:?}: {e}", k.module()))
         });
-        let cname = CString::new(name).expect("kernel names have no NUL");
-        // SAFETY: the module is live (held in the cache until drop).
-        unsafe { self.api.module_get_function(m, &cname) }.unwrap_or_else(|e| panic!("{name}: {e}"))
-    }
-
-    /// Launches `k` and (unless `no_sync`) waits for it, so a fault is reported by the launch
-    /// that caused it.
-    pub fn launch(&self, k: KernelId, grid: [u32; 3], block: u32, args: &[Arg]) {
-        self.launch_named(k.module(), k.name(), grid, block, args);
-    }
-
-    /// [`Gpu::launch`] by symbol, for kernel variants that have no [`KernelId`] (benchmarks).
-    pub fn launch_named(
-        &self,
-        module: Module,
-        name: &str,
-        grid: [u32; 3],
-        block: u32,
-        args: &[Arg],
-    ) {
-        let f = self.function(module, name);
-        let mut vals: Vec<Arg> = args.to_vec();
-        let mut ptrs: Vec<*mut c_void> = vals
-            .iter_mut()
-            .map(|a| match a {
-                Arg::Ptr(p) => (&mut p.0 as *mut u64).cast(),
-                Arg::I32(v) => (v as *mut i32).cast(),
-                Arg::I64(v) => (v as *mut i64).cast(),
-                Arg::F32(v) => (v as *mut f32).cast(),
-                Arg::Attn(v) => (v as *mut AttnParams).cast(),
-            })
-            .collect();
-        // SAFETY: one pointer per parameter, each to a value of the type the kernel's signature
-        // declares (the tests mirror the .hip signatures); `vals` outlives the synchronize.
-        unsafe {
-            self.api
-                .launch_kernel(f, grid, [block, 1, 1], 0, self.stream, ptrs.as_mut_ptr())
-                .unwrap_or_else(|e| panic!("launch {name}: {e}"));
-            if self.sync_launches {
-                self.api
-                    .stream_synchronize(self.stream)
-                    .unwrap_or_else(|e| panic!("{name} failed: {e}"));
-            }
+        let f = module
+            .function(name)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        self.stream
+            .launch_checked(&f, name, &param_kinds(k), grid, [block, 1, 1], 0, args)
+            .unwrap_or_else(|e| panic!("launch {name}: {e}"));
+        if self.sync_launches {
+            self.stream
+                .synchronize()
+                .unwrap_or_else(|e| panic!("{name} failed: {e}"));
         }
-        // The driver copied the argument values at launch; they may go now.
-        drop(vals);
     }
 }
 
