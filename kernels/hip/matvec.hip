@@ -714,6 +714,17 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
             reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o) - (uintptr_t)shift * sizeof(float)), n, shift};
 }
 
+// Kernel entry of the fast mat-vecs: prefetch this block's first rows of `w` (and `w2`) toward L2,
+// then rf_entry(). Weights are read-only, so they may be fetched before the previous kernel ends.
+template <int PB>
+static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t* w2, long long row_bytes, int nrows) {
+    const int row0 = blockIdx.x * PB;
+    const long long bytes = (long long)max(0, min(PB, nrows - row0)) * row_bytes;
+    rf_prefetch_l2(w + (long long)row0 * row_bytes, bytes);
+    if (w2) rf_prefetch_l2(w2 + (long long)row0 * row_bytes, bytes);
+    rf_entry();
+}
+
 // A register budget of MINB resident blocks per multiprocessor (`__launch_bounds__`); on AMD only
 // the block size is bounded, as the second argument means something else there.
 #if defined(RF_NVIDIA)
@@ -724,43 +735,44 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 
 // `name_gated` (two matrices of the same shape, act(gate) * up) with R rows per warp; `attrs`
 // empty or a register bound (RF_LB).
-#define RF_MATVEC_GATED(name, attrs, shape, T, R)                                                \
-    RF_KERNEL void attrs name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, \
+#define RF_MATVEC_GATED(name, attrs, shape, T, R)                                                                \
+    RF_KERNEL void attrs name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out,        \
                                       int ncols, long long row_bytes, int out_stride, int nrows, int act_kind) { \
-        rf_entry();                                                                                              \
-        shape<T, R, 1>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind);  \
+        mv_entry<mv_rows<R, 1>::PER_BLOCK>(wg, wu, row_bytes, nrows);                                            \
+        shape<T, R, 1>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind);                  \
     }
 
-// Each fast kernel comes as `name` (plain), `name_add` (plus a bias row), the K-split `name_ks` / `name_ks_add` (all MV_WARPS warps of a
-// block share R rows, each taking every MV_WARPS-th part of them: for long rows and few of them)
-// and `name_multi` (up to three matrices in one grid, see `mv_multi_pick`).
-#define RF_MATVEC_FAST(name, shape, T, R)                                                        \
-    RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
-                        int out_stride, int nrows) {                                             \
-        rf_entry();                                                                              \
-        shape<T, R, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);     \
-    }                                                                                            \
-    RF_KERNEL void name##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols, \
-                              long long row_bytes, int out_stride, int nrows) {                   \
-        rf_entry();                                                                               \
-        shape<T, R, 1>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);        \
-    }                                                                                            \
-    RF_KERNEL void name##_ks(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
-                             int out_stride, int nrows) {                                        \
-        rf_entry();                                                                              \
-        shape<T, R, MV_WARPS>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0); \
-    }                                                                                            \
-    RF_KERNEL void name##_ks_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols, \
-                                 long long row_bytes, int out_stride, int nrows) {                \
-        rf_entry();                                                                               \
-        shape<T, R, MV_WARPS>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0); \
-    }                                                                                            \
-    RF_KERNEL void name##_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y, \
-                                float* o0, float* o1, float* o2, int ncols, long long row_bytes,  \
-                                int n0, int n1, int n2) {                                        \
-        rf_entry();                                                                              \
-        const mv_pick p = mv_multi_pick(MV_WARPS * R, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2); \
-        shape<T, R, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0); \
+// Each fast kernel comes as `name` (plain), `name_add` (plus a bias row), the K-split `name_ks` /
+// `name_ks_add` (all MV_WARPS warps of a block share R rows, each taking every MV_WARPS-th part of
+// them: for long rows and few of them) and `name_multi` (up to three matrices in one grid, see
+// `mv_multi_pick`).
+#define RF_MATVEC_FAST(name, shape, T, R)                                                                        \
+    RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,          \
+                        int out_stride, int nrows) {                                                             \
+        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows);                                                    \
+        shape<T, R, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);                     \
+    }                                                                                                            \
+    RF_KERNEL void name##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols,      \
+                              long long row_bytes, int out_stride, int nrows) {                                  \
+        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows);                                                    \
+        shape<T, R, 1>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);                        \
+    }                                                                                                            \
+    RF_KERNEL void name##_ks(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,     \
+                             int out_stride, int nrows) {                                                        \
+        mv_entry<R>(w, nullptr, row_bytes, nrows);                                                               \
+        shape<T, R, MV_WARPS>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);              \
+    }                                                                                                            \
+    RF_KERNEL void name##_ks_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols,   \
+                                 long long row_bytes, int out_stride, int nrows) {                               \
+        mv_entry<R>(w, nullptr, row_bytes, nrows);                                                               \
+        shape<T, R, MV_WARPS>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);                 \
+    }                                                                                                            \
+    RF_KERNEL void name##_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y,       \
+                                float* o0, float* o1, float* o2, int ncols, long long row_bytes,                 \
+                                int n0, int n1, int n2) {                                                        \
+        const mv_pick p = mv_multi_pick(MV_WARPS * R, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2);            \
+        mv_entry<MV_WARPS * R>(p.w, nullptr, row_bytes, p.shift + p.n);                                          \
+        shape<T, R, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0);                \
     }
 
 // Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is
