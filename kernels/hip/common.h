@@ -44,15 +44,12 @@ static __device__ __forceinline__ void rf_entry() {
 #endif
 }
 
-// Asks for `bytes` from `p` (read-only data no kernel writes, i.e. weights) to be brought into the
-// L2 cache, one request per 128-byte line spread over the block's threads. Issued before
-// rf_entry(), it lets a kernel that launched early fetch its first weights while the kernel
-// before it is still finishing.
-static __device__ __forceinline__ void rf_prefetch_l2(const void* p, long long bytes) {
+// Asks for the 128-byte line holding `p` (read-only data no kernel writes, i.e. weights) to be
+// brought into the L2 cache. Issued before rf_entry(), it lets a kernel that launched early fetch
+// its first weights while the kernel before it is still finishing.
+static __device__ __forceinline__ void rf_prefetch_l2(const void* p) {
 #if defined(RF_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const char* c = static_cast<const char*>(p);
-    for (long long o = (long long)threadIdx.x * 128; o < bytes; o += (long long)blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
 }
 

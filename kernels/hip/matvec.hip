@@ -714,14 +714,26 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
             reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o) - (uintptr_t)shift * sizeof(float)), n, shift};
 }
 
-// Kernel entry of the fast mat-vecs: prefetch this block's first rows of `w` (and `w2`) toward L2,
-// then rf_entry(). Weights are read-only, so they may be fetched before the previous kernel ends.
+// Bytes at the start of each weight row that a mat-vec prefetches before it waits: about one
+// step of its loop. Whole blocks of rows measured slower on the 8B shapes (the prefetches of
+// later steps queue ahead of the loads the warps wait for).
+#ifndef MV_PREFETCH_BYTES
+#define MV_PREFETCH_BYTES 1024
+#endif
+
+// Kernel entry of the fast mat-vecs: prefetch the first bytes of this block's rows of `w` (and
+// `w2`) toward L2, then rf_entry(). Weights are read-only, so they may be fetched before the
+// previous kernel ends.
 template <int PB>
 static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t* w2, long long row_bytes, int nrows) {
     const int row0 = blockIdx.x * PB;
-    const long long bytes = (long long)max(0, min(PB, nrows - row0)) * row_bytes;
-    rf_prefetch_l2(w + (long long)row0 * row_bytes, bytes);
-    if (w2) rf_prefetch_l2(w2 + (long long)row0 * row_bytes, bytes);
+    const int rows = max(0, min(PB, nrows - row0));
+    const int lines = (int)((min(row_bytes, (long long)MV_PREFETCH_BYTES) + 127) / 128);
+    for (int i = threadIdx.x; i < rows * lines; i += blockDim.x) {
+        const long long o = (long long)(row0 + i / lines) * row_bytes + 128 * (i % lines);
+        rf_prefetch_l2(w + o);
+        if (w2) rf_prefetch_l2(w2 + o);
+    }
     rf_entry();
 }
 

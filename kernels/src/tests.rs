@@ -271,8 +271,10 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
     let body: Vec<&str> = src[at..end].lines().skip(1).map(str::trim).collect();
     assert!(
         body.iter().all(|l| l.starts_with("const ")
+            || l.starts_with("for (")
             || l.starts_with("rf_prefetch_l2(")
             || l.starts_with("if (w2) rf_prefetch_l2(")
+            || *l == "}"
             || *l == "rf_entry();"),
         "mv_entry does more than prefetch before waiting: {body:?}"
     );
