@@ -202,6 +202,98 @@ fn check_matvec(
     }
 }
 
+/// The gated mat-vecs that also write their output quantized: the same values as the plain gated
+/// kernel (the same per-warp sums), and the same Q8_1 bytes as `quantize_q8_1` makes of them,
+/// for two activation vectors, both activations and rows at aligned and odd addresses.
+#[test]
+fn gated_q8_equals_gated_then_quantize() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(11);
+    let (nrows, ncols, ny) = (96usize, 512usize, 2usize);
+    let dx = g.upload(&rng.vec(ny * ncols));
+    let dy = g.alloc(ny * q8_1_vector_bytes(ncols));
+    let quantize = |x: &common::DevBuf<'_>, y: &common::DevBuf<'_>, n: usize| {
+        g.launch(
+            KernelId::QuantizeQ8_1,
+            [(n as u32).div_ceil(256), ny as u32, 1],
+            256,
+            &[x.arg(), y.arg(), Arg::I32(n as i32), Arg::I64(n as i64)],
+        );
+    };
+    quantize(&dx, &dy, ncols);
+    let vb8 = q8_1_vector_bytes(nrows);
+    let mut tested = 0;
+    for &t in WeightType::ALL {
+        let (Some(kq), Some(kg)) = (t.matvec_gated_q8(), t.matvec_gated()) else {
+            continue;
+        };
+        let row_bytes = ncols / t.block_values() * t.block_bytes();
+        for offset in [0, misalignment(t)] {
+            for act in [kernels::act::SILU, kernels::act::GELU] {
+                let upload = |rng: &mut Rng| {
+                    let mut b = vec![0u8; offset];
+                    b.extend_from_slice(&random_rows(t, nrows, ncols, rng));
+                    g.upload(&b)
+                };
+                let (wg, wu) = (upload(&mut rng), upload(&mut rng));
+                let (plain, fused) = (g.alloc(ny * nrows * 4), g.alloc(ny * nrows * 4));
+                let (want8, got8) = (g.alloc(ny * vb8), g.alloc(ny * vb8));
+                g.launch(
+                    kg,
+                    [kernels::matvec_gated_grid(t, nrows), ny as u32, 1],
+                    MATVEC_WARPS * g.warp,
+                    &[
+                        wg.arg_at(offset),
+                        wu.arg_at(offset),
+                        dy.arg(),
+                        plain.arg(),
+                        Arg::I32(ncols as i32),
+                        Arg::I64(row_bytes as i64),
+                        Arg::I32(nrows as i32),
+                        Arg::I32(nrows as i32),
+                        Arg::I32(act),
+                    ],
+                );
+                quantize(&plain, &want8, nrows);
+                let (grid, threads) = kernels::matvec_gated_q8_launch(nrows, g.warp);
+                g.launch(
+                    kq,
+                    [grid, ny as u32, 1],
+                    threads,
+                    &[
+                        wg.arg_at(offset),
+                        wu.arg_at(offset),
+                        dy.arg(),
+                        fused.arg(),
+                        got8.arg(),
+                        Arg::I32(ncols as i32),
+                        Arg::I64(row_bytes as i64),
+                        Arg::I32(nrows as i32),
+                        Arg::I32(act),
+                    ],
+                );
+                let what = format!("{} offset {offset} act {act}", kq.name());
+                let (p, f): (Vec<f32>, Vec<f32>) = (
+                    g.download(&plain, ny * nrows),
+                    g.download(&fused, ny * nrows),
+                );
+                assert!(p.iter().any(|v| *v != 0.0), "{what}: all zero");
+                for (i, (a, b)) in p.iter().zip(&f).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{what}: value {i}: {a} vs {b}");
+                }
+                let (w8, g8): (Vec<u8>, Vec<u8>) =
+                    (g.download(&want8, ny * vb8), g.download(&got8, ny * vb8));
+                for v in 0..ny {
+                    let used = v * vb8..v * vb8 + nrows / QK8_1 * kernels::Q8_1_BYTES;
+                    assert_eq!(w8[used.clone()], g8[used], "{what}: vector {v} Q8_1 bytes");
+                }
+                tested += 1;
+            }
+        }
+    }
+    assert!(tested >= 16, "only {tested} gated_q8 cases");
+}
+
 #[test]
 fn matvec_every_weight_type_against_dequantized_reference() {
     let Some(g) = gpu() else { return };
