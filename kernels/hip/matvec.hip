@@ -737,24 +737,39 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 // Gated mat-vec whose output also goes out as planar Q8_1 (as `quantize_q8_1` makes it) for the
 // mat-vec that reads it next, so that no quantize launch sits between them: 32 / R warps of R
 // rows, so that a block's 32 rows are one Q8_1 block of the output (nrows a multiple of 32,
-// grid x = nrows / 32, no row loop). Rows read directly: a stage for 32 rows would not fit in
-// 64 KiB of shared memory on 64-lane warps.
-template <typename T, int R, int U, bool A16>
+// grid x = nrows / 32, no row loop). Rows through the stage (STAGED) or read directly.
+template <typename T, bool STAGED>
+struct gated_q8_words {
+    static constexpr int V = stage_dims<T>::WORDS;
+};
+template <typename T>
+struct gated_q8_words<T, false> {
+    static constexpr int V = 4;  // unused
+};
+
+template <typename T, int R, int U, bool STAGED, bool A16>
 static __device__ __forceinline__ void gated_q8_impl(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu,
                                                      const uint8_t* __restrict__ y, float* __restrict__ out,
                                                      uint8_t* __restrict__ y8, int ncols, long long row_bytes,
-                                                     int nrows, int act_kind) {
+                                                     int nrows, int act_kind,
+                                                     uint32_t (*stage)[R][gated_q8_words<T, STAGED>::V]) {
+    constexpr int W = QK8_1 / R;
     __shared__ float vals[QK8_1];
     const int lane = threadIdx.x % RF_WARP;
     const int wid = threadIdx.x / RF_WARP;
     const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
     const int row0 = blockIdx.x * QK8_1 + wid * R;
-    if (wid < QK8_1 / R) {
+    if (wid < W) {
         float acc[2][R];
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = 0.0f;
-        const uint8_t* ws[2] = {wg, wu};
-        direct_rows<T, R, U, 2, 1, A16>(ws, yv, ncols, row_bytes, nrows, row0, lane, 0, acc);
+        if constexpr (STAGED) {
+            staged_rows<T, R, 1, A16>(wg, yv, ncols, row_bytes, nrows, row0, lane, wid, 0, stage, acc[0]);
+            staged_rows<T, R, 1, A16>(wu, yv, ncols, row_bytes, nrows, row0, lane, wid, 0, stage, acc[1]);
+        } else {
+            const uint8_t* ws[2] = {wg, wu};
+            direct_rows<T, R, U, 2, 1, A16>(ws, yv, ncols, row_bytes, nrows, row0, lane, 0, acc);
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float v = act_fn(act_kind, warp_sum(acc[0][r])) * warp_sum(acc[1][r]);
@@ -770,17 +785,18 @@ static __device__ __forceinline__ void gated_q8_impl(const uint8_t* __restrict__
                  blockIdx.x * QK8_1 + lane % QK8_1, lane < QK8_1);
 }
 
-// `name_gated_q8`: the kernel of `gated_q8_impl` (32 / R warps per block, MINB of them resident
-// per multiprocessor on NVIDIA).
-#define RF_MATVEC_GATED_Q8(name, minb, T, R, U)                                                                  \
+// `name_gated_q8`: the kernel of `gated_q8_impl` (32 / R warps per block; one stage for both
+// alignments).
+#define RF_MATVEC_GATED_Q8(name, minb, T, R, U, STAGED)                                                          \
     RF_KERNEL void RF_LB_THREADS(QK8_1 / R * RF_WARP, minb)                                                      \
         name##_gated_q8(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, uint8_t* y8,         \
                         int ncols, long long row_bytes, int nrows, int act_kind) {                               \
+        __shared__ __align__(16) uint32_t stage[QK8_1 / R][R][gated_q8_words<T, STAGED>::V];                     \
         mv_entry<QK8_1>(wg, wu, row_bytes, nrows);                                                               \
         if ((((uintptr_t)wg | (uintptr_t)wu | (uintptr_t)row_bytes) & 15) == 0)                                  \
-            gated_q8_impl<T, R, U, true>(wg, wu, y, out, y8, ncols, row_bytes, nrows, act_kind);                 \
+            gated_q8_impl<T, R, U, STAGED, true>(wg, wu, y, out, y8, ncols, row_bytes, nrows, act_kind, stage);  \
         else                                                                                                     \
-            gated_q8_impl<T, R, U, false>(wg, wu, y, out, y8, ncols, row_bytes, nrows, act_kind);                \
+            gated_q8_impl<T, R, U, STAGED, false>(wg, wu, y, out, y8, ncols, row_bytes, nrows, act_kind, stage); \
     }
 
 // `name_gated` (two matrices of the same shape, act(gate) * up) with R rows per warp; `attrs`
@@ -848,9 +864,13 @@ RF_MATVEC_GATED(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 // 22.8 us with one row (96 registers), 21.7 us with one row in 80 registers, 22.4 us in 64.
 RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 
-// Q4_K's gated kernel that also quantizes its output: two rows per warp in 64 registers, as the
-// plain one (Q5_K spills there).
-RF_MATVEC_GATED_Q8(matvec_q4_k, 2, mv_q4_k, 2, 1)
+// The gated kernels that also quantize their output: two rows per warp (a block stays within
+// 1024 threads on 64-lane warps), in 64 registers. Not Q6_K (its stage for 16 warps is over
+// 48 KiB of shared memory) nor Q5_K (spills in 64 registers).
+RF_MATVEC_GATED_Q8(matvec_q4_k, 2, mv_q4_k, 2, 1, false)
+RF_MATVEC_GATED_Q8(matvec_q8_0, 2, mv_q8_0, 2, 1, true)
+RF_MATVEC_GATED_Q8(matvec_q4_0, 2, mv_q4_0, 2, 1, true)
+RF_MATVEC_GATED_Q8(matvec_q5_0, 2, mv_q5_0, 2, 1, true)
 
 // Candidates measured against these on an H200 (`cargo bench -p kernels --bench decode`) and
 // dropped: Q4_K with four blocks per lane in flight (8B FFN up 15.2 vs 12.3 us, gated 27.1 vs

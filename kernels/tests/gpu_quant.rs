@@ -291,7 +291,7 @@ fn gated_q8_equals_gated_then_quantize() {
             }
         }
     }
-    assert!(tested >= 4, "only {tested} gated_q8 cases");
+    assert!(tested >= 16, "only {tested} gated_q8 cases");
 }
 
 #[test]

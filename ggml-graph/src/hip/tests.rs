@@ -796,8 +796,8 @@ fn fused_nodes_match_cpu() {
             }
         }
 
-        // The gated product feeding the down projection: on decode, Q4_K's 256 rows (a multiple
-        // of 32) take the gated kernel that writes its output quantized for the mat-vec after it.
+        // The gated product feeding the down projection: on decode, 256 rows (a multiple of 32)
+        // take the gated kernels that write their output quantized for the mat-vec after them.
         let nf = 256usize;
         for (dt, down) in [
             (DType::Q4_K, DType::Q6_K),
