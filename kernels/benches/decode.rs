@@ -328,88 +328,37 @@ fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
             Arg::I64(cols as i64),
         ],
     );
-    println!(
-        "gated mat-vec, 8B ffn gate+up 2 x 14336x4096 q4_K (+ its output quantized for ffn_down):"
-    );
-    let y_out = g.alloc(q8_1_vector_bytes(rows));
-    let report = |name: &str, gms: f64| {
+    println!("gated mat-vec, 8B ffn gate+up 2 x 14336x4096 q4_K:");
+    {
+        let (k, rpb) = (KernelId::MatvecGatedQ4_K, t.matvec_gated_rows_per_block());
+        let name = k.name();
+        let blocks = rows.div_ceil(rpb) as u32;
+        let launch = |i: u32| {
+            let wg = (i as usize % n) * 2 * wbytes;
+            g.launch(
+                k,
+                [blocks, 1, 1],
+                MATVEC_WARPS * g.warp,
+                &[
+                    Arg::Mem(w.sub(wg, wbytes)),
+                    Arg::Mem(w.sub(wg + wbytes, wbytes)),
+                    y.arg(),
+                    out.arg(),
+                    Arg::I32(cols as i32),
+                    Arg::I64(row_bytes as i64),
+                    Arg::I32(rows as i32),
+                    Arg::I32(rows as i32),
+                    Arg::I32(kernels::act::SILU),
+                ],
+            );
+        };
+        let gms = graph_ms(g, ITERS, launch);
         let gbs = (2 * wbytes) as f64 / (gms * 1e-3);
         println!(
-            "  {name:34} graph {:7.1} us {:6.0} GB/s {:5.1}%",
+            "  {name:22} graph {:7.1} us {:6.0} GB/s {:5.1}%",
             gms * 1e3,
             gbs / 1e9,
             100.0 * gbs / bw
         );
-    };
-    let weights = |i: u32| {
-        let wg = (i as usize % n) * 2 * wbytes;
-        [
-            Arg::Mem(w.sub(wg, wbytes)),
-            Arg::Mem(w.sub(wg + wbytes, wbytes)),
-        ]
-    };
-    let (k, rpb) = (KernelId::MatvecGatedQ4_K, t.matvec_gated_rows_per_block());
-    let plain = |i: u32| {
-        let [wg, wu] = weights(i);
-        g.launch(
-            k,
-            [rows.div_ceil(rpb) as u32, 1, 1],
-            MATVEC_WARPS * g.warp,
-            &[
-                wg,
-                wu,
-                y.arg(),
-                out.arg(),
-                Arg::I32(cols as i32),
-                Arg::I64(row_bytes as i64),
-                Arg::I32(rows as i32),
-                Arg::I32(rows as i32),
-                Arg::I32(kernels::act::SILU),
-            ],
-        );
-    };
-    report(k.name(), graph_ms(g, ITERS, plain));
-    let quantize_out = || {
-        g.launch(
-            KernelId::QuantizeQ8_1,
-            [(rows as u32).div_ceil(256), 1, 1],
-            256,
-            &[
-                out.arg(),
-                y_out.arg(),
-                Arg::I32(rows as i32),
-                Arg::I64(rows as i64),
-            ],
-        );
-    };
-    let name = format!("{} + quantize_q8_1", k.name());
-    report(
-        &name,
-        graph_ms(g, ITERS, |i| {
-            plain(i);
-            quantize_out();
-        }),
-    );
-    let kq = KernelId::MatvecGatedQ8Q4_K;
-    let (grid, threads) = kernels::matvec_gated_q8_launch(rows, g.warp);
-    let fused = |i: u32| {
-        let [wg, wu] = weights(i);
-        g.launch(
-            kq,
-            [grid, 1, 1],
-            threads,
-            &[
-                wg,
-                wu,
-                y.arg(),
-                out.arg(),
-                y_out.arg(),
-                Arg::I32(cols as i32),
-                Arg::I64(row_bytes as i64),
-                Arg::I32(rows as i32),
-                Arg::I32(kernels::act::SILU),
-            ],
-        );
-    };
-    report(kq.name(), graph_ms(g, ITERS, fused));
+    }
 }

@@ -32,8 +32,20 @@ RF_KERNEL void quantize_q8_1(const float* __restrict__ x, uint8_t* __restrict__ 
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int blk = i / QK8_1;
     if (blk * QK8_1 >= ncols) return;  // whole 32-lane groups leave together
+    const int l = i % QK8_1;
     const float v = x[(long long)blockIdx.y * x_stride + i];
-    q8_1_put(v, y + (size_t)blockIdx.y * q8_vec_bytes(ncols), ncols, i, true);
+    const float amax = warp_max<32>(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = (int)roundf(v * id);
+    const float sum = warp_sum<32>((float)q);
+    uint8_t* yq = y + (size_t)blockIdx.y * q8_vec_bytes(ncols);
+    reinterpret_cast<int8_t*>(yq)[i] = (int8_t)q;
+    if (l == 0) {
+        __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * blk);
+        ds[0] = __float2half(d);
+        ds[1] = __float2half(sum * d);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -728,76 +740,10 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 // A register budget of MINB resident blocks per multiprocessor (`__launch_bounds__`); on AMD only
 // the block size is bounded, as the second argument means something else there.
 #if defined(RF_NVIDIA)
-#define RF_LB_THREADS(threads, minb) __launch_bounds__(threads, minb)
+#define RF_LB(minb) __launch_bounds__(MV_WARPS * RF_WARP, minb)
 #else
-#define RF_LB_THREADS(threads, minb) __launch_bounds__(threads)
+#define RF_LB(minb) __launch_bounds__(MV_WARPS * RF_WARP)
 #endif
-#define RF_LB(minb) RF_LB_THREADS(MV_WARPS * RF_WARP, minb)
-
-// Gated mat-vec whose output also goes out as planar Q8_1 (as `quantize_q8_1` makes it) for the
-// mat-vec that reads it next, so that no quantize launch sits between them: 32 / R warps of R
-// rows, so that a block's 32 rows are one Q8_1 block of the output (nrows a multiple of 32,
-// grid x = nrows / 32, no row loop). Rows through the stage (STAGED) or read directly.
-template <typename T, bool STAGED>
-struct gated_q8_words {
-    static constexpr int V = stage_dims<T>::WORDS;
-};
-template <typename T>
-struct gated_q8_words<T, false> {
-    static constexpr int V = 4;  // unused
-};
-
-template <typename T, int R, int U, bool STAGED, bool A16>
-static __device__ __forceinline__ void gated_q8_impl(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu,
-                                                     const uint8_t* __restrict__ y, float* __restrict__ out,
-                                                     uint8_t* __restrict__ y8, int ncols, long long row_bytes,
-                                                     int nrows, int act_kind,
-                                                     uint32_t (*stage)[R][gated_q8_words<T, STAGED>::V]) {
-    constexpr int W = QK8_1 / R;
-    __shared__ float vals[QK8_1];
-    const int lane = threadIdx.x % RF_WARP;
-    const int wid = threadIdx.x / RF_WARP;
-    const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
-    const int row0 = blockIdx.x * QK8_1 + wid * R;
-    if (wid < W) {
-        float acc[2][R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = 0.0f;
-        if constexpr (STAGED) {
-            staged_rows<T, R, 1, A16>(wg, yv, ncols, row_bytes, nrows, row0, lane, wid, 0, stage, acc[0]);
-            staged_rows<T, R, 1, A16>(wu, yv, ncols, row_bytes, nrows, row0, lane, wid, 0, stage, acc[1]);
-        } else {
-            const uint8_t* ws[2] = {wg, wu};
-            direct_rows<T, R, U, 2, 1, A16>(ws, yv, ncols, row_bytes, nrows, row0, lane, 0, acc);
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float v = act_fn(act_kind, warp_sum(acc[0][r])) * warp_sum(acc[1][r]);
-            if (lane == r) {
-                vals[wid * R + r] = v;
-                out[(size_t)blockIdx.y * nrows + row0 + r] = v;
-            }
-        }
-    }
-    __syncthreads();
-    if (wid == 0)
-        q8_1_put(vals[lane % QK8_1], y8 + (size_t)blockIdx.y * q8_vec_bytes(nrows), nrows,
-                 blockIdx.x * QK8_1 + lane % QK8_1, lane < QK8_1);
-}
-
-// `name_gated_q8`: the kernel of `gated_q8_impl` (32 / R warps per block; one stage for both
-// alignments).
-#define RF_MATVEC_GATED_Q8(name, minb, T, R, U, STAGED)                                                          \
-    RF_KERNEL void RF_LB_THREADS(QK8_1 / R * RF_WARP, minb)                                                      \
-        name##_gated_q8(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, uint8_t* y8,         \
-                        int ncols, long long row_bytes, int nrows, int act_kind) {                               \
-        __shared__ __align__(16) uint32_t stage[QK8_1 / R][R][gated_q8_words<T, STAGED>::V];                     \
-        mv_entry<QK8_1>(wg, wu, row_bytes, nrows);                                                               \
-        if ((((uintptr_t)wg | (uintptr_t)wu | (uintptr_t)row_bytes) & 15) == 0)                                  \
-            gated_q8_impl<T, R, U, STAGED, true>(wg, wu, y, out, y8, ncols, row_bytes, nrows, act_kind, stage);  \
-        else                                                                                                     \
-            gated_q8_impl<T, R, U, STAGED, false>(wg, wu, y, out, y8, ncols, row_bytes, nrows, act_kind, stage); \
-    }
 
 // `name_gated` (two matrices of the same shape, act(gate) * up) with R rows per warp; `attrs`
 // empty or a register bound (RF_LB).
@@ -863,14 +809,6 @@ RF_MATVEC_GATED(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 // H200 decode bench, 8B gate+up 2 x 14336x4096: 20.0 us (77.9% of copy bandwidth) against
 // 22.8 us with one row (96 registers), 21.7 us with one row in 80 registers, 22.4 us in 64.
 RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
-
-// The gated kernels that also quantize their output: two rows per warp (a block stays within
-// 1024 threads on 64-lane warps), in 64 registers. Not Q6_K (its stage for 16 warps is over
-// 48 KiB of shared memory) nor Q5_K (spills in 64 registers).
-RF_MATVEC_GATED_Q8(matvec_q4_k, 2, mv_q4_k, 2, 1, false)
-RF_MATVEC_GATED_Q8(matvec_q8_0, 2, mv_q8_0, 2, 1, true)
-RF_MATVEC_GATED_Q8(matvec_q4_0, 2, mv_q4_0, 2, 1, true)
-RF_MATVEC_GATED_Q8(matvec_q5_0, 2, mv_q5_0, 2, 1, true)
 
 // Candidates measured against these on an H200 (`cargo bench -p kernels --bench decode`) and
 // dropped: Q4_K with four blocks per lane in flight (8B FFN up 15.2 vs 12.3 us, gated 27.1 vs

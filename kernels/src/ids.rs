@@ -161,20 +161,6 @@ impl WeightType {
         }
     }
 
-    /// [`WeightType::matvec_gated`] that also writes its output as planar Q8_1 (`w_gate`, `w_up`,
-    /// `y`, `out`, `out_q8`, `ncols`, `row_bytes`, `nrows`, `act`), so that the mat-vec reading it
-    /// needs no quantize launch (`nrows` a multiple of 32; grid and block from
-    /// [`crate::matvec_gated_q8_launch`]); `None` for the types without one.
-    pub fn matvec_gated_q8(self) -> Option<KernelId> {
-        match self {
-            WeightType::Q4_0 => Some(KernelId::MatvecGatedQ8Q4_0),
-            WeightType::Q5_0 => Some(KernelId::MatvecGatedQ8Q5_0),
-            WeightType::Q8_0 => Some(KernelId::MatvecGatedQ8Q8_0),
-            WeightType::Q4_K => Some(KernelId::MatvecGatedQ8Q4_K),
-            _ => None,
-        }
-    }
-
     /// The grouped decode mat-vec (`w0`, `w1`, `w2`, `y`, `out0`, `out1`, `out2`, `ncols`,
     /// `row_bytes`, `n0`, `n1`, `n2`): up to three matrices of this type and row length times the
     /// same activations in one launch, grid x = the sum of [`crate::matvec_grid`] over the three
@@ -370,10 +356,6 @@ kernel_ids! {
     MatvecGatedQ4_K => Matvec, "matvec_q4_k_gated";
     MatvecGatedQ5_K => Matvec, "matvec_q5_k_gated";
     MatvecGatedQ6_K => Matvec, "matvec_q6_k_gated";
-    MatvecGatedQ8Q4_0 => Matvec, "matvec_q4_0_gated_q8";
-    MatvecGatedQ8Q5_0 => Matvec, "matvec_q5_0_gated_q8";
-    MatvecGatedQ8Q8_0 => Matvec, "matvec_q8_0_gated_q8";
-    MatvecGatedQ8Q4_K => Matvec, "matvec_q4_k_gated_q8";
     MatvecMultiQ4_0 => Matvec, "matvec_q4_0_multi";
     MatvecMultiQ5_0 => Matvec, "matvec_q5_0_multi";
     MatvecMultiQ8_0 => Matvec, "matvec_q8_0_multi";
@@ -476,10 +458,6 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecGatedQ4_K
         | K::MatvecGatedQ5_K
         | K::MatvecGatedQ6_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
-        K::MatvecGatedQ8Q4_0
-        | K::MatvecGatedQ8Q5_0
-        | K::MatvecGatedQ8Q8_0
-        | K::MatvecGatedQ8Q4_K => &[Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32],
         K::MatvecMultiQ4_0
         | K::MatvecMultiQ5_0
         | K::MatvecMultiQ8_0

@@ -221,14 +221,6 @@ pub fn matvec_gated_grid(t: WeightType, nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(t.matvec_gated_rows_per_block()).max(1)).unwrap_or(u32::MAX)
 }
 
-/// Grid x and threads per block of [`WeightType::matvec_gated_q8`] for `nrows` output rows (a
-/// multiple of [`QK8_1`]) on warps of `warp` lanes: one block per 32 rows, two rows per warp
-/// (`RF_MATVEC_GATED_Q8` in `hip/matvec.hip`).
-pub fn matvec_gated_q8_launch(nrows: usize, warp: u32) -> (u32, u32) {
-    let grid = u32::try_from(nrows.div_ceil(QK8_1).max(1)).unwrap_or(u32::MAX);
-    (grid, QK8_1 as u32 / 2 * warp)
-}
-
 /// Bytes between consecutive activation vectors of `ncols` values (a multiple of 32) quantized
 /// by `quantize_q8_1`: `ncols` int8 values, then `ncols / 32` half2 (d, d * sum) scales, rounded
 /// up to 16 bytes so that every vector starts 16-byte aligned (`q8_vec_bytes` in `common.h`).

@@ -27,14 +27,12 @@ fn every_kernel_symbol_is_in_its_sources() {
 const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_multi", "_add", "_ks"];
 
 /// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)`
-/// (for `base_gated`), `RF_MATVEC_GATED_Q8(base, ...)` (for `base_gated_q8`) or `RF_DEQUANT(suffix, T)` line defines `name`.
+/// (for `base_gated`) or `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
-    let gated_q8 = |b: &str| src.contains(&format!("RF_MATVEC_GATED_Q8({b},"));
     if src.contains(&format!("RF_MATVEC({name},"))
         || src.contains(&format!("RF_MATVEC_FAST({name},"))
         || name.strip_suffix("_gated").is_some_and(gated)
-        || name.strip_suffix("_gated_q8").is_some_and(gated_q8)
     {
         return true;
     }
@@ -161,12 +159,6 @@ fn c_params(src: &str, name: &str) -> Option<String> {
         let def = src.find("#define RF_MATVEC_FAST(")?;
         return list_after(def + src[def..].find("RF_KERNEL void name(")?);
     }
-    if let Some(base) = name.strip_suffix("_gated_q8") {
-        if src.contains(&format!("RF_MATVEC_GATED_Q8({base},")) {
-            let def = src.find("#define RF_MATVEC_GATED_Q8(")?;
-            return list_after(def + src[def..].find("name##_gated_q8(")?);
-        }
-    }
     if let Some(base) = name.strip_suffix("_gated") {
         if src.contains(&format!("RF_MATVEC_GATED({base},")) {
             let def = src.find("#define RF_MATVEC_GATED(")?;
@@ -257,11 +249,7 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
                 continue; // the macro's own definition
             }
             let open = def.find('{').expect("a kernel body");
-            let mut body = skip_blank(&def[open + 1..]);
-            // Shared-memory declarations run no code.
-            while body.starts_with("__shared__ ") {
-                body = skip_blank(&body[body.find(';').map_or(body.len(), |i| i + 1)..]);
-            }
+            let body = skip_blank(&def[open + 1..]);
             // The multi mat-vec first picks its matrix (arithmetic on its parameters only).
             let body = match body.strip_prefix("const mv_pick p = mv_multi_pick(") {
                 Some(rest) => skip_blank(&rest[rest.find(';').map_or(0, |i| i + 1)..]),

@@ -574,14 +574,13 @@ impl Device for HipDevice {
             .map_err(|e| gpu_err("instantiate graph", e))?;
         // The scratch and quantization buffers may be replaced by later (larger) runs: the
         // graph keeps the ones it recorded.
-        let keep = self
-            .inner
-            .scratch
-            .lock()
-            .clone()
-            .into_iter()
-            .chain(self.inner.q8.lock().buffers())
-            .collect();
+        let keep = [
+            self.inner.scratch.lock().clone(),
+            self.inner.q8.lock().buffer(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         Ok(Box::new(HipCaptured {
             exec,
             inner: self.inner.clone(),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use gpu_mem::{DeviceBuffer, GemmShape, KernelArg, MemRange, Op as BlasOp};
-use kernels::{act, binary, KernelId, WeightType, QK8_1};
+use kernels::{act, binary, KernelId, WeightType};
 
 use super::{addr, gpu_err, HipDevice};
 use crate::backend::TensorMem;
@@ -41,14 +41,10 @@ impl<'a> Args<'a> {
 /// q/k/v (and gate/up) multiply the same normalized input, so one quantization serves them all.
 /// Every launch reports its destination ([`Q8Cache::written`]) and every host write or new
 /// buffer clears the cache, so a hit always means the source bytes are the ones quantized.
-/// Two buffers: a launch that reads one quantization may write the next into the other
-/// ([`Q8Cache::ensure_next`]).
 #[derive(Default)]
 pub(crate) struct Q8Cache {
-    bufs: [Option<Arc<DeviceBuffer<u8>>>; 2],
-    /// The buffer `key` describes (and [`Q8Cache::ensure`] returns).
-    cur: usize,
-    /// (source address, source bytes, values per vector, vectors) of what `bufs[cur]` holds.
+    buf: Option<Arc<DeviceBuffer<u8>>>,
+    /// (source address, source bytes, values per vector, vectors) of what `buf` holds.
     key: Option<(u64, usize, usize, usize)>,
 }
 
@@ -58,9 +54,9 @@ impl Q8Cache {
         self.key = None;
     }
 
-    /// The device buffers quantizations go to (kept alive by captured graphs that write them).
-    pub(crate) fn buffers(&self) -> impl Iterator<Item = Arc<DeviceBuffer<u8>>> + '_ {
-        self.bufs.iter().flatten().cloned()
+    /// The device buffer quantizations go to (kept alive by captured graphs that write it).
+    pub(crate) fn buffer(&self) -> Option<Arc<DeviceBuffer<u8>>> {
+        self.buf.clone()
     }
 
     /// Forgets the cached quantization when `addr..addr + bytes` overlaps its source.
@@ -72,37 +68,16 @@ impl Q8Cache {
         }
     }
 
-    /// The current quantization buffer, grown to hold `m` vectors of `k` values (forgetting
-    /// what it held when it grows).
+    /// The quantization buffer, grown to hold `m` vectors of `k` values (forgetting what it
+    /// held when it grows).
     pub(super) fn ensure(
         &mut self,
         d: &HipDevice,
         k: usize,
         m: usize,
     ) -> Result<Arc<DeviceBuffer<u8>>> {
-        self.ensure_slot(d, self.cur, k, m)
-    }
-
-    /// The other buffer, grown to hold `m` vectors of `k` values, for a launch that reads the
-    /// current one; [`Q8Cache::holds_next`] then makes it current.
-    pub(super) fn ensure_next(
-        &mut self,
-        d: &HipDevice,
-        k: usize,
-        m: usize,
-    ) -> Result<Arc<DeviceBuffer<u8>>> {
-        self.ensure_slot(d, 1 - self.cur, k, m)
-    }
-
-    fn ensure_slot(
-        &mut self,
-        d: &HipDevice,
-        slot: usize,
-        k: usize,
-        m: usize,
-    ) -> Result<Arc<DeviceBuffer<u8>>> {
         let bytes = m * kernels::q8_1_vector_bytes(k);
-        if self.bufs[slot].as_ref().is_none_or(|b| b.len() < bytes) {
+        if self.buf.as_ref().is_none_or(|b| b.len() < bytes) {
             if d.inner.capturing.load(std::sync::atomic::Ordering::Relaxed) {
                 // Growing synchronizes, which a capture forbids (the caller falls back).
                 return Err(gpu_err(
@@ -116,11 +91,9 @@ impl Q8Cache {
                 .stream()
                 .synchronize()
                 .map_err(|e| gpu_err("quantize", e))?;
-            if slot == self.cur {
-                self.key = None;
-            }
-            self.bufs[slot] = None;
-            self.bufs[slot] = Some(Arc::new(
+            self.key = None;
+            self.buf = None;
+            self.buf = Some(Arc::new(
                 DeviceBuffer::new(
                     &d.inner.dev,
                     bytes.max(1 << 16),
@@ -129,21 +102,14 @@ impl Q8Cache {
                 .map_err(|e| gpu_err("quantize", e))?,
             ));
         }
-        self.bufs[slot]
+        self.buf
             .clone()
             .ok_or_else(|| gpu_err("quantize", "q8 buffer missing"))
     }
 
-    /// Records that the current buffer now holds `x` (`m` vectors of `k` values) quantized.
+    /// Records that the buffer now holds `x` (`m` vectors of `k` values) quantized.
     pub(super) fn holds(&mut self, x: &MemRange<'_>, k: usize, m: usize) {
         self.key = Some((x.addr(), x.len(), k, m));
-    }
-
-    /// Records that the other buffer ([`Q8Cache::ensure_next`]) now holds `x` quantized, and
-    /// makes it current.
-    pub(super) fn holds_next(&mut self, x: &MemRange<'_>, k: usize, m: usize) {
-        self.cur = 1 - self.cur;
-        self.holds(x, k, m);
     }
 
     /// `x` (`m` dense f32 vectors of `k` values) quantized to planar Q8_1, quantizing it now
@@ -156,23 +122,22 @@ impl Q8Cache {
         m: usize,
     ) -> Result<Arc<DeviceBuffer<u8>>> {
         let key = (x.addr(), x.len(), k, m);
-        if self.key == Some(key) {
-            return self.ensure(d, k, m);
-        }
-        self.key = None;
         let q8 = self.ensure(d, k, m)?;
-        let mut a = Args::new();
-        a.push(x)
-            .push(MemRange::of_buffer(&q8))
-            .push(k as i32)
-            .push(k as i64);
-        d.launch_kernel(
-            KernelId::QuantizeQ8_1,
-            [blocks(k, 256), m as u32, 1],
-            256,
-            &a.0,
-        )?;
-        self.key = Some(key);
+        if self.key != Some(key) {
+            self.key = None;
+            let mut a = Args::new();
+            a.push(x)
+                .push(MemRange::of_buffer(&q8))
+                .push(k as i32)
+                .push(k as i64);
+            d.launch_kernel(
+                KernelId::QuantizeQ8_1,
+                [blocks(k, 256), m as u32, 1],
+                256,
+                &a.0,
+            )?;
+            self.key = Some(key);
+        }
         Ok(q8)
     }
 }
@@ -775,25 +740,6 @@ fn mul_mat_gated(
     if let (true, Some((wt, kid))) = (m <= MATVEC_MAX_COLS, gated) {
         let mut cache = d.inner.q8.lock();
         let q8 = cache.quantized(d, addr(x)?, k, m)?;
-        let dense_out = out.len() == n * m * 4;
-        if let (true, Some(kid)) = (dense_out && n % QK8_1 == 0, wt.matvec_gated_q8()) {
-            // The output also goes out quantized, for the projection that reads it next.
-            let y8 = cache.ensure_next(d, n, m)?;
-            let mut b = Args::new();
-            b.push(addr(wg)?)
-                .push(addr(wu)?)
-                .push(MemRange::of_buffer(&q8))
-                .push(out)
-                .push(MemRange::of_buffer(&y8))
-                .push(k as i32)
-                .push(wg.tensor.nb[1] as i64)
-                .push(n as i32)
-                .push(act_kind(kind));
-            let (grid, threads) = kernels::matvec_gated_q8_launch(n, d.inner.warp);
-            d.launch_kernel(kid, [grid, m as u32, 1], threads, &b.0)?;
-            cache.holds_next(&out, n, m);
-            return Ok(());
-        }
         let mut b = Args::new();
         b.push(addr(wg)?)
             .push(addr(wu)?)
