@@ -361,19 +361,8 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
         op[d] = a;
         if (y8) {
             // 32-lane groups hold 32 consecutive values (D <= NT, D a multiple of 32).
-            const int ncols = p.n_heads * D, i = head * D + d;
-            const float amax = warp_max<32>(fabsf(a));
-            const float dq = amax / 127.0f;
-            const float id = dq != 0.0f ? 1.0f / dq : 0.0f;
-            const int qv = (int)roundf(a * id);
-            const float sum = warp_sum<32>((float)qv);
-            uint8_t* yq = y8 + (size_t)tok * q8_vec_bytes(ncols);
-            reinterpret_cast<int8_t*>(yq)[i] = (int8_t)qv;
-            if ((d & 31) == 0) {
-                __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * (i / 32));
-                ds[0] = __float2half(dq);
-                ds[1] = __float2half(sum * dq);
-            }
+            const int ncols = p.n_heads * D;
+            q8_1_put(a, y8 + (size_t)tok * q8_vec_bytes(ncols), ncols, head * D + d, true);
         }
     }
 }

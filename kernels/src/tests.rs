@@ -268,7 +268,8 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
     let src = std::fs::read_to_string(dir.join("matvec.hip")).expect("matvec.hip");
     let at = src.find("void mv_entry(").expect("mv_entry defined");
     let end = at + src[at..].find("\n}").expect("mv_entry body");
-    let body: Vec<&str> = src[at..end].lines().skip(1).map(str::trim).collect();
+    let open = at + src[at..].find('{').expect("mv_entry opens");
+    let body: Vec<&str> = src[open..end].lines().skip(1).map(str::trim).collect();
     assert!(
         body.iter().all(|l| l.starts_with("const ")
             || l.starts_with("for (")

@@ -795,6 +795,55 @@ fn fused_nodes_match_cpu() {
                 check(&h, &format!("mul_mat_gated {act:?} {dt} m={m}"), &c, 4e-3);
             }
         }
+
+        // The gated product feeding the down projection (decode: its output quantized once more
+        // for the mat-vec after it).
+        let nf = 256usize;
+        for (dt, down) in [
+            (DType::Q4_K, DType::Q6_K),
+            (DType::Q4_K, DType::Q4_K),
+            (DType::Q8_0, DType::Q8_0),
+            (DType::Q4_0, DType::Q4_K),
+        ] {
+            let mut g = Graph::new();
+            let wg = g.weight("wg", dt, &[k, nf]).expect("wg");
+            let wu = g.weight("wu", dt, &[k, nf]).expect("wu");
+            let wd = g.weight("wd", down, &[nf, k]).expect("wd");
+            let x = g.input("x", DType::F32, &[k, m]).expect("x");
+            let gt = g.mul_mat(wg, x).expect("gate");
+            let up = g.mul_mat(wu, x).expect("up");
+            let hid = g.gated(Act::Silu, gt, up).expect("gated");
+            let y = g.mul_mat(wd, hid).expect("down");
+            g.mark_output(y).expect("out");
+            let fused = crate::opt::fuse(&mut g);
+            assert!(fused >= 1, "gated -> down: {fused} fusions");
+            let c = Case {
+                g,
+                weights: vec![
+                    (
+                        "wg".into(),
+                        dt,
+                        vec![k, nf],
+                        quant_bytes(dt, nf, k, &mut rng),
+                    ),
+                    (
+                        "wu".into(),
+                        dt,
+                        vec![k, nf],
+                        quant_bytes(dt, nf, k, &mut rng),
+                    ),
+                    (
+                        "wd".into(),
+                        down,
+                        vec![nf, k],
+                        quant_bytes(down, k, nf, &mut rng),
+                    ),
+                ],
+                inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
+                out: y,
+            };
+            check(&h, &format!("gated {dt} -> mul_mat {down} m={m}"), &c, 4e-3);
+        }
     }
 }
 
