@@ -708,25 +708,15 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 #ifndef MV_PREFETCH_BYTES
 #define MV_PREFETCH_BYTES 1024
 #endif
-// Matrices (both of a gated pair together) of at most this many bytes are prefetched whole
-// rows: their blocks that launch early, while a small kernel before them runs on a few
-// multiprocessors, fetch all their weights into L2 (which holds them) in the meantime.
-#ifndef MV_PREFETCH_WHOLE_BELOW
-#define MV_PREFETCH_WHOLE_BELOW (12ll << 20)
-#endif
 
-// Kernel entry of the fast mat-vecs: prefetch the first bytes (or all) of this block's rows of
-// `w` (and `w2`) toward L2, then rf_entry(). Weights are read-only, so they may be fetched before
-// the previous kernel ends. `mrows` is the rows of the matrix (the multi kernel's row indices
-// run past it).
+// Kernel entry of the fast mat-vecs: prefetch the first bytes of this block's rows of `w` (and
+// `w2`) toward L2, then rf_entry(). Weights are read-only, so they may be fetched before the
+// previous kernel ends.
 template <int PB>
-static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t* w2, long long row_bytes, int nrows,
-                                                int mrows) {
+static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t* w2, long long row_bytes, int nrows) {
     const int row0 = blockIdx.x * PB;
     const int rows = max(0, min(PB, nrows - row0));
-    const long long whole = (long long)mrows * row_bytes * (w2 ? 2 : 1);
-    const long long bytes = whole <= MV_PREFETCH_WHOLE_BELOW ? row_bytes : min(row_bytes, (long long)MV_PREFETCH_BYTES);
-    const int lines = (int)((bytes + 127) / 128);
+    const int lines = (int)((min(row_bytes, (long long)MV_PREFETCH_BYTES) + 127) / 128);
     for (int i = threadIdx.x; i < rows * lines; i += blockDim.x) {
         const long long o = (long long)(row0 + i / lines) * row_bytes + 128 * (i % lines);
         rf_prefetch_l2(w + o);
@@ -748,7 +738,7 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 #define RF_MATVEC_GATED(name, attrs, shape, T, R)                                                                \
     RF_KERNEL void attrs name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out,        \
                                       int ncols, long long row_bytes, int out_stride, int nrows, int act_kind) { \
-        mv_entry<mv_rows<R, 1>::PER_BLOCK>(wg, wu, row_bytes, nrows, nrows);                                     \
+        mv_entry<mv_rows<R, 1>::PER_BLOCK>(wg, wu, row_bytes, nrows);                                            \
         shape<T, R, 1>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind);                  \
     }
 
@@ -759,29 +749,29 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 #define RF_MATVEC_FAST(name, shape, T, R)                                                                        \
     RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,          \
                         int out_stride, int nrows) {                                                             \
-        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows, nrows);                                             \
+        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows);                                                    \
         shape<T, R, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);                     \
     }                                                                                                            \
     RF_KERNEL void name##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols,      \
                               long long row_bytes, int out_stride, int nrows) {                                  \
-        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows, nrows);                                             \
+        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows);                                                    \
         shape<T, R, 1>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);                        \
     }                                                                                                            \
     RF_KERNEL void name##_ks(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,     \
                              int out_stride, int nrows) {                                                        \
-        mv_entry<R>(w, nullptr, row_bytes, nrows, nrows);                                                        \
+        mv_entry<R>(w, nullptr, row_bytes, nrows);                                                               \
         shape<T, R, MV_WARPS>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);              \
     }                                                                                                            \
     RF_KERNEL void name##_ks_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols,   \
                                  long long row_bytes, int out_stride, int nrows) {                               \
-        mv_entry<R>(w, nullptr, row_bytes, nrows, nrows);                                                        \
+        mv_entry<R>(w, nullptr, row_bytes, nrows);                                                               \
         shape<T, R, MV_WARPS>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);                 \
     }                                                                                                            \
     RF_KERNEL void name##_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y,       \
                                 float* o0, float* o1, float* o2, int ncols, long long row_bytes,                 \
                                 int n0, int n1, int n2) {                                                        \
         const mv_pick p = mv_multi_pick(MV_WARPS * R, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2);            \
-        mv_entry<MV_WARPS * R>(p.w, nullptr, row_bytes, p.shift + p.n, p.n);                                     \
+        mv_entry<MV_WARPS * R>(p.w, nullptr, row_bytes, p.shift + p.n);                                          \
         shape<T, R, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0);                \
     }
 
