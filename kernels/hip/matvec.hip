@@ -783,7 +783,11 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 RF_MATVEC_FAST(matvec_q4_0, matvec_staged, mv_q4_0, 2)
 RF_MATVEC_FAST(matvec_q5_0, matvec_staged, mv_q5_0, 2)
 RF_MATVEC_FAST(matvec_q8_0, matvec_staged, mv_q8_0, 2)
-RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<2>, 2)
+// Q6_K stage rounds per step (blocks of each row staged at once: 16 per warp with 2).
+#ifndef MV_Q6K_ROUNDS
+#define MV_Q6K_ROUNDS 2
+#endif
+RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
 RF_MATVEC_FAST(matvec_q4_k, matvec_direct2, mv_q4_k, 1)
 RF_MATVEC_FAST(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_GATED(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
