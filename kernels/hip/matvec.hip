@@ -667,12 +667,17 @@ static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__
         matvec_direct_impl<T, R, U, KS, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
 }
 
+// Blocks per lane in flight of the plain Q4_K/Q5_K mat-vecs.
+#ifndef MV_DIRECT_U
+#define MV_DIRECT_U 2
+#endif
+
 template <typename T, int R, int KS>
 static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                                                       const float* __restrict__ bias, const uint8_t* __restrict__ y,
                                                       float* __restrict__ out, int ncols, long long row_bytes,
                                                       int out_stride, int nrows, int act_kind) {
-    matvec_direct<T, R, KS, 2>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
+    matvec_direct<T, R, KS, MV_DIRECT_U>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
 }
 
 // Up to three matrices of one type and row length times the same activations in one launch (the
@@ -783,9 +788,11 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 RF_MATVEC_FAST(matvec_q4_0, matvec_staged, mv_q4_0, 2)
 RF_MATVEC_FAST(matvec_q5_0, matvec_staged, mv_q5_0, 2)
 RF_MATVEC_FAST(matvec_q8_0, matvec_staged, mv_q8_0, 2)
-// Q6_K stage rounds per step (blocks of each row staged at once: 16 per warp with 2).
+// Q6_K stage rounds per step (8 blocks of each row staged per round). One round: the 8B FFN down
+// (56 blocks per row: 7 full steps, against 3.5 with two) took 19.7 us against 27.0 (ncu, in the
+// model), 8B tg128 396-404 -> 416-423 t/s, the output head on par (147 us).
 #ifndef MV_Q6K_ROUNDS
-#define MV_Q6K_ROUNDS 2
+#define MV_Q6K_ROUNDS 1
 #endif
 RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
 RF_MATVEC_FAST(matvec_q4_k, matvec_direct2, mv_q4_k, 1)
@@ -807,8 +814,8 @@ RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 // 22.8 us) or two rows per warp (on par; in 64 registers FFN up 11.5 vs 12.3 us but FFN down
 // 14.2 vs 11.4 and 4096x4096 5.3 vs 4.7 us); register bounds of 6, 8 or 12 blocks per SM for
 // the plain Q4_K (on par or slower: 12 spills) and 5, 6 or 8 for Q6_K (spills: FFN down 22.7 to
-// 33.7 vs 19.3 us); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us),
-// one stage round (18.3 us, but the output head 139 vs 128 us) or four rounds (24.1 us).
+// 33.7 vs 19.3 us); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us) or four rounds
+// (24.1 us).
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>
