@@ -809,6 +809,27 @@ RF_MATVEC_GATED(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 // 22.8 us with one row (96 registers), 21.7 us with one row in 80 registers, 22.4 us in 64.
 RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 
+// Q4_K_M keeps some layers' v projection in Q6_K: q and k (Q4_K, `rb` bytes per row) and v
+// (Q6_K, `rb2`) in one launch. Blocks [0, b2) run the Q4_K multi kernel's body over w0 and w1,
+// the rest the plain Q6_K body over w2, shifted back as `mv_multi_pick` does.
+RF_KERNEL void matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y,
+                                      float* o0, float* o1, float* o2, int ncols, long long rb, long long rb2,
+                                      int n0, int n1, int n2) {
+    rf_entry();  // (no prefetch: it measured neutral on the 8B shapes)
+    constexpr int PB4 = MV_WARPS * 1, PB6 = MV_WARPS * 2;  // rows per block of each type
+    const int b2 = (n0 + PB4 - 1) / PB4 + (n1 + PB4 - 1) / PB4;
+    if ((int)blockIdx.x < b2) {
+        const mv_pick p = mv_multi_pick(PB4, w0, w1, nullptr, o0, o1, nullptr, rb, n0, n1, 0);
+        matvec_direct2<mv_q4_k, 1, 1>(p.w, nullptr, nullptr, y, p.out, ncols, rb, p.n, p.shift + p.n, 0);
+    } else {
+        const int shift = b2 * PB6;
+        // Integer arithmetic: the shifted addresses are never dereferenced below row `shift`.
+        const uint8_t* w = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(w2) - (uintptr_t)(shift * rb2));
+        float* o = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o2) - (uintptr_t)shift * sizeof(float));
+        matvec_staged<mv_q6_k<MV_Q6K_ROUNDS>, 2, 1>(w, nullptr, nullptr, y, o, ncols, rb2, n2, shift + n2, 0);
+    }
+}
+
 // Candidates measured against these on an H200 (`cargo bench -p kernels --bench decode`) and
 // dropped: Q4_K with four blocks per lane in flight (8B FFN up 15.2 vs 12.3 us, gated 27.1 vs
 // 22.8 us) or two rows per warp (on par; in 64 registers FFN up 11.5 vs 12.3 us but FFN down

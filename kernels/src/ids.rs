@@ -356,6 +356,7 @@ kernel_ids! {
     MatvecGatedQ4_K => Matvec, "matvec_q4_k_gated";
     MatvecGatedQ5_K => Matvec, "matvec_q5_k_gated";
     MatvecGatedQ6_K => Matvec, "matvec_q6_k_gated";
+    MatvecMultiQ4_KQ6_K => Matvec, "matvec_q4_k_q6_k_multi";
     MatvecMultiQ4_0 => Matvec, "matvec_q4_0_multi";
     MatvecMultiQ5_0 => Matvec, "matvec_q5_0_multi";
     MatvecMultiQ8_0 => Matvec, "matvec_q8_0_multi";
@@ -464,6 +465,9 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecMultiQ4_K
         | K::MatvecMultiQ5_K
         | K::MatvecMultiQ6_K => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        K::MatvecMultiQ4_KQ6_K => &[
+            Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32,
+        ],
         K::MatvecKsQ4_0
         | K::MatvecKsQ5_0
         | K::MatvecKsQ8_0

@@ -11,7 +11,7 @@ use super::ops::{supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS, RMS
 use super::{addr, HipDevice};
 use crate::backend::{GroupNode, TensorMem};
 use crate::error::Result;
-use kernels::KernelId;
+use kernels::{KernelId, WeightType};
 
 use crate::tensor::{DType, Op, RopeMode, RopeParams, Tensor};
 
@@ -21,6 +21,14 @@ const GROUP_MAX: usize = 3;
 /// True when `t` (with operands `w`, `x`) fits the grouped kernel next to `first`: a decode
 /// `mul_mat` of the same weight type, row length and row size, on the same activations.
 fn joins(first: &GroupNode<'_>, t: &GroupNode<'_>) -> bool {
+    joins_rows(first, t)
+        && t.srcs[0].tensor.dtype == first.srcs[0].tensor.dtype
+        && t.srcs[0].tensor.nb[1] == first.srcs[0].tensor.nb[1]
+}
+
+/// `t` multiplies the same activations as `first` by a 2-D matrix of the same row length (of any
+/// weight type).
+fn joins_rows(first: &GroupNode<'_>, t: &GroupNode<'_>) -> bool {
     let [w, x] = t.srcs.as_slice() else {
         return false;
     };
@@ -31,9 +39,7 @@ fn joins(first: &GroupNode<'_>, t: &GroupNode<'_>) -> bool {
     t.tensor.op == Op::MulMat
         && supports(t.tensor, &ts)
         && t.tensor.is_contiguous()
-        && w.tensor.dtype == w0.tensor.dtype
         && w.tensor.ne[0] == w0.tensor.ne[0]
-        && w.tensor.nb[1] == w0.tensor.nb[1]
         && w.tensor.ne[2] * w.tensor.ne[3] == 1
         && std::ptr::eq(x.buffer, x0.buffer)
         && x.offset == x0.offset
@@ -55,6 +61,9 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         d.inner
             .grouped
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        d.inner
+            .grouped_nodes
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(n)
 }
@@ -284,6 +293,17 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     if n < 2 {
         return Ok(0);
     }
+    // Q4_K_M keeps some layers' v projection in Q6_K: q, k and that v still go as one launch.
+    let q6_third = n == 2
+        && wt == WeightType::Q4_K
+        && group
+            .get(2)
+            .is_some_and(|t| joins_rows(first, t) && t.srcs[0].tensor.dtype == DType::Q6_K);
+    let (n, kid) = if q6_third {
+        (3, KernelId::MatvecMultiQ4_KQ6_K)
+    } else {
+        (n, kid)
+    };
     let group = &group[..n];
     let mut outs = Vec::with_capacity(GROUP_MAX);
     let mut ws = Vec::with_capacity(GROUP_MAX);
@@ -295,7 +315,8 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         ws.push(addr(&t.srcs[0])?);
         let nr = t.srcs[0].tensor.ne[1];
         rows[i] = nr as i32;
-        grid += nr.div_ceil(wt.matvec_rows_per_block()) as u32;
+        let t_wt = weight_type(t.srcs[0].tensor.dtype).unwrap_or(wt);
+        grid += nr.div_ceil(t_wt.matvec_rows_per_block()) as u32;
     }
     let mut cache = d.inner.q8.lock();
     let q8 = cache.quantized(d, addr(x0)?, k, m)?;
@@ -308,6 +329,9 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         a.push(outs.get(i).copied());
     }
     a.push(k as i32).push(w0.tensor.nb[1] as i64);
+    if q6_third {
+        a.push(group[2].srcs[0].tensor.nb[1] as i64);
+    }
     for r in rows {
         a.push(r);
     }

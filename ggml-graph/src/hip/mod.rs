@@ -71,6 +71,7 @@ struct Inner {
     profile: Option<Mutex<profile::Profiler>>,
     /// Grouped mat-vec launches made (see `group`), for tests and logs.
     grouped: std::sync::atomic::AtomicUsize,
+    grouped_nodes: std::sync::atomic::AtomicUsize,
     /// False with `ROCMFORGE_GPU_GROUP=0`: q/k/v mat-vecs launch one by one (for comparisons).
     group: bool,
     /// False with `ROCMFORGE_GPU_ATTN_DEC=0`: few-token attention takes the split-key kernel
@@ -156,6 +157,7 @@ impl HipDevice {
             capturing: AtomicBool::new(false),
             profile: profile::enabled_by_env().then(|| Mutex::new(profile::Profiler::default())),
             grouped: std::sync::atomic::AtomicUsize::new(0),
+            grouped_nodes: std::sync::atomic::AtomicUsize::new(0),
             group: env_switch("ROCMFORGE_GPU_GROUP"),
             attn_dec: env_switch("ROCMFORGE_GPU_ATTN_DEC"),
         });
@@ -167,9 +169,15 @@ impl HipDevice {
         })
     }
 
-    /// Grouped mat-vec launches (q, k and v projections in one kernel) made so far.
+    /// Grouped launches (q, k and v projections in one kernel, rope/cache-write and norm chains)
+    /// made so far.
     pub fn grouped_launches(&self) -> usize {
         self.inner.grouped.load(Ordering::Relaxed)
+    }
+
+    /// Graph nodes those grouped launches ran.
+    pub fn grouped_nodes(&self) -> usize {
+        self.inner.grouped_nodes.load(Ordering::Relaxed)
     }
 
     /// Buffer writes queued from pinned memory without waiting so far (small writes; larger

@@ -895,28 +895,30 @@ fn k_split_mat_vec_matches_cpu() {
 
 /// The q, k and v projections of a decode step (three `mul_mat`s of one input, rows not a
 /// multiple of a block's) in one grouped launch, against the CPU for every type the grouped
-/// kernels take; a run whose third weight has another type groups the first two, and the
-/// one-warp-per-row types stay ungrouped.
+/// kernels take; Q4_K q and k with a Q6_K v go together too, a run whose third weight has
+/// another type groups the first two, and the one-warp-per-row types stay ungrouped.
 #[test]
 fn grouped_qkv_mat_vecs_match_cpu() {
     let Some(h) = hip() else { return };
     let mut rng = Rng(0x5151_2727_0a0a_3c3c);
     let k = 512usize;
     let rows = [100usize, 36, 20];
-    let cases: [([DType; 3], usize); 8] = [
-        ([DType::Q4_K; 3], 1),
-        ([DType::Q5_K; 3], 1),
-        ([DType::Q6_K; 3], 1),
-        ([DType::Q8_0; 3], 1),
-        ([DType::Q4_0; 3], 1),
-        ([DType::Q5_0; 3], 1),
-        ([DType::Q4_K, DType::Q4_K, DType::Q6_K], 1),
-        ([DType::Q4_1; 3], 0),
+    // (types, grouped launches, grouped nodes)
+    let cases: [([DType; 3], usize, usize); 9] = [
+        ([DType::Q4_K; 3], 1, 3),
+        ([DType::Q5_K; 3], 1, 3),
+        ([DType::Q6_K; 3], 1, 3),
+        ([DType::Q8_0; 3], 1, 3),
+        ([DType::Q4_0; 3], 1, 3),
+        ([DType::Q5_0; 3], 1, 3),
+        ([DType::Q4_K, DType::Q4_K, DType::Q6_K], 1, 3),
+        ([DType::Q8_0, DType::Q8_0, DType::Q6_K], 1, 2),
+        ([DType::Q4_1; 3], 0, 0),
     ];
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
         CpuBackend::new(2).expect("cpu backend"),
     )));
-    for (types, groups) in cases {
+    for (types, groups, nodes) in cases {
         for m in [1usize, 2] {
             let mut g = Graph::new();
             let x = g.input("x", DType::F32, &[k, m]).expect("x");
@@ -931,7 +933,7 @@ fn grouped_qkv_mat_vecs_match_cpu() {
                 ys.push(y);
             }
             let xs = f32_bytes(&rng.vec(k * m));
-            let before = h.grouped_launches();
+            let (before, nodes_before) = (h.grouped_launches(), h.grouped_nodes());
             let mut outs = Vec::new();
             for devices in [
                 vec![h.clone() as Arc<dyn Device>, cpu.clone()],
@@ -953,6 +955,11 @@ fn grouped_qkv_mat_vecs_match_cpu() {
                 h.grouped_launches() - before,
                 groups,
                 "grouped launches for {types:?} m={m}"
+            );
+            assert_eq!(
+                h.grouped_nodes() - nodes_before,
+                nodes,
+                "grouped nodes for {types:?} m={m}"
             );
             for (i, (gpu, cpu)) in outs[0].iter().zip(&outs[1]).enumerate() {
                 let e = nmse(gpu, cpu);
