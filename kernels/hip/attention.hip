@@ -277,6 +277,11 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
     const int group = threadIdx.x / G, ngroups = NT / G;
     const KV* kb = k + (long long)kvh * p.k_head_stride;
     const KV* vb = v + (long long)kvh * p.v_head_stride;
+    // The values are read only after the softmax: start fetching them into L2 now, so that their
+    // memory latency overlaps the scores.
+    const int vlines = (D * (int)sizeof(KV) + 127) / 128;
+    for (int i = threadIdx.x; i < n * vlines; i += NT)
+        rf_prefetch_l2(vb + (long long)(lo + i / vlines) * p.v_pos_stride + (i % vlines) * (128 / (int)sizeof(KV)));
     // ATTN_DEC_KU keys per group and step, their loads issued before the first product.
     float mx = -INFINITY;
     for (int j0 = 0; j0 < n; j0 += ngroups * ATTN_DEC_KU) {
