@@ -21,11 +21,12 @@ use crate::{workspace_root, Result};
 /// Crates whose tests and benchmarks need the GPU.
 const CRATES: &[&str] = &["hip-ffi", "gpu-mem"];
 /// GPU test executables of crates whose other tests do not need a GPU: `(crate, cargo target
-/// arguments)`. The whole-model GPU tests, the kernels' tests and the HIP backend's op-by-op
-/// checks against the CPU (unit tests behind ggml-graph's `hip`).
+/// arguments)`. The whole-model GPU tests, the kernels' GPU tests (not their unit tests, which
+/// check the sources in the checkout and run in CI) and the HIP backend's op-by-op checks against
+/// the CPU (unit tests behind ggml-graph's `hip`).
 const GPU_TEST_TARGETS: &[(&str, &[&str])] = &[
     ("model", &["--test", "gpu_model"]),
-    ("kernels", &["--tests"]),
+    ("kernels", &["--test", "gpu_ops", "--test", "gpu_quant"]),
     ("ggml-graph", &["--lib", "--features", "hip"]),
 ];
 
