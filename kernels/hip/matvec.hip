@@ -750,34 +750,34 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 // Each fast kernel comes as `name` (plain), `name_add` (plus a bias row), the K-split `name_ks` /
 // `name_ks_add` (all MV_WARPS warps of a block share R rows, each taking every MV_WARPS-th part of
 // them: for long rows and few of them) and `name_multi` (up to three matrices in one grid, see
-// `mv_multi_pick`).
-#define RF_MATVEC_FAST(name, shape, T, R)                                                                        \
-    RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,          \
-                        int out_stride, int nrows) {                                                             \
-        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows);                                                    \
-        shape<T, R, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);                     \
-    }                                                                                                            \
-    RF_KERNEL void name##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols,      \
-                              long long row_bytes, int out_stride, int nrows) {                                  \
-        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows);                                                    \
-        shape<T, R, 1>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);                        \
-    }                                                                                                            \
-    RF_KERNEL void name##_ks(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,     \
-                             int out_stride, int nrows) {                                                        \
-        mv_entry<R>(w, nullptr, row_bytes, nrows);                                                               \
-        shape<T, R, MV_WARPS>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);              \
-    }                                                                                                            \
-    RF_KERNEL void name##_ks_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols,   \
-                                 long long row_bytes, int out_stride, int nrows) {                               \
-        mv_entry<R>(w, nullptr, row_bytes, nrows);                                                               \
-        shape<T, R, MV_WARPS>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);                 \
-    }                                                                                                            \
-    RF_KERNEL void name##_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y,       \
-                                float* o0, float* o1, float* o2, int ncols, long long row_bytes,                 \
-                                int n0, int n1, int n2) {                                                        \
-        const mv_pick p = mv_multi_pick(MV_WARPS * R, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2);            \
-        mv_entry<MV_WARPS * R>(p.w, nullptr, row_bytes, p.shift + p.n);                                          \
-        shape<T, R, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0);                \
+// `mv_multi_pick`); `attrs` empty or a register bound (RF_LB).
+#define RF_MATVEC_FAST(name, attrs, shape, T, R)                                                                      \
+    RF_KERNEL void attrs name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,         \
+                              int out_stride, int nrows) {                                                            \
+        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows);                                                         \
+        shape<T, R, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);                          \
+    }                                                                                                                 \
+    RF_KERNEL void attrs name##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols,     \
+                                    long long row_bytes, int out_stride, int nrows) {                                 \
+        mv_entry<MV_WARPS * R>(w, nullptr, row_bytes, nrows);                                                         \
+        shape<T, R, 1>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);                             \
+    }                                                                                                                 \
+    RF_KERNEL void attrs name##_ks(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,    \
+                                   int out_stride, int nrows) {                                                       \
+        mv_entry<R>(w, nullptr, row_bytes, nrows);                                                                    \
+        shape<T, R, MV_WARPS>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);                   \
+    }                                                                                                                 \
+    RF_KERNEL void attrs name##_ks_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out, int ncols,  \
+                                       long long row_bytes, int out_stride, int nrows) {                              \
+        mv_entry<R>(w, nullptr, row_bytes, nrows);                                                                    \
+        shape<T, R, MV_WARPS>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0);                      \
+    }                                                                                                                 \
+    RF_KERNEL void attrs name##_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y,      \
+                                      float* o0, float* o1, float* o2, int ncols, long long row_bytes,                \
+                                      int n0, int n1, int n2) {                                                       \
+        const mv_pick p = mv_multi_pick(MV_WARPS * R, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2);                 \
+        mv_entry<MV_WARPS * R>(p.w, nullptr, row_bytes, p.shift + p.n);                                               \
+        shape<T, R, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0);                     \
     }
 
 // Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is
@@ -785,18 +785,22 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 // directly, one row per warp and two blocks per lane in flight (Q4_K 8B FFN shapes: 63-68% of the
 // copy bandwidth, against 53% through the stage with two rows and 59-61% with one block in
 // flight); the 2-byte aligned types go through the stage with two rows.
-RF_MATVEC_FAST(matvec_q4_0, matvec_staged, mv_q4_0, 2)
-RF_MATVEC_FAST(matvec_q5_0, matvec_staged, mv_q5_0, 2)
-RF_MATVEC_FAST(matvec_q8_0, matvec_staged, mv_q8_0, 2)
+RF_MATVEC_FAST(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
+RF_MATVEC_FAST(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
+RF_MATVEC_FAST(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
 // Q6_K stage rounds per step (8 blocks of each row staged per round). One round: the 8B FFN down
 // (56 blocks per row: 7 full steps, against 3.5 with two) took 19.7 us against 27.0 (ncu, in the
 // model), 8B tg128 396-404 -> 416-423 t/s, the output head on par (147 us).
 #ifndef MV_Q6K_ROUNDS
 #define MV_Q6K_ROUNDS 1
 #endif
-RF_MATVEC_FAST(matvec_q6_k, matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
-RF_MATVEC_FAST(matvec_q4_k, matvec_direct2, mv_q4_k, 1)
-RF_MATVEC_FAST(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
+RF_MATVEC_FAST(matvec_q6_k, , matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
+// Register bound of the Q4_K family (a build knob for tuning runs).
+#ifndef MV_Q4K_ATTRS
+#define MV_Q4K_ATTRS
+#endif
+RF_MATVEC_FAST(matvec_q4_k, MV_Q4K_ATTRS, matvec_direct2, mv_q4_k, 1)
+RF_MATVEC_FAST(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_GATED(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
 RF_MATVEC_GATED(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
 RF_MATVEC_GATED(matvec_q8_0, , matvec_staged, mv_q8_0, 2)

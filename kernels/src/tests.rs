@@ -157,7 +157,7 @@ fn c_params(src: &str, name: &str) -> Option<String> {
     }
     if src.contains(&format!("RF_MATVEC_FAST({name},")) {
         let def = src.find("#define RF_MATVEC_FAST(")?;
-        return list_after(def + src[def..].find("RF_KERNEL void name(")?);
+        return list_after(def + src[def..].find(" name(")?);
     }
     if let Some(base) = name.strip_suffix("_gated") {
         if src.contains(&format!("RF_MATVEC_GATED({base},")) {
@@ -169,7 +169,7 @@ fn c_params(src: &str, name: &str) -> Option<String> {
         if let Some(base) = name.strip_suffix(suffix) {
             if src.contains(&format!("RF_MATVEC_FAST({base},")) {
                 let def = src.find("#define RF_MATVEC_FAST(")?;
-                let entry = format!("RF_KERNEL void name##{suffix}(");
+                let entry = format!(" name##{suffix}(");
                 return list_after(def + src[def..].find(&entry)?);
             }
         }
