@@ -795,11 +795,11 @@ RF_MATVEC_FAST(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
 #define MV_Q6K_ROUNDS 1
 #endif
 RF_MATVEC_FAST(matvec_q6_k, , matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
-// Register bound of the Q4_K family (a build knob for tuning runs).
-#ifndef MV_Q4K_ATTRS
-#define MV_Q4K_ATTRS
-#endif
-RF_MATVEC_FAST(matvec_q4_k, MV_Q4K_ATTRS, matvec_direct2, mv_q4_k, 1)
+// Q4_K within 64 registers (8 blocks of 128 threads per SM): the 8B's 4096-row products (1024
+// blocks) then run in one wave instead of 1.1 (72 registers, 7 blocks per SM). In the model (ncu,
+// H200): FFN down 16.3 -> 14.1 us, o_proj 7.2 -> 6.3, q/k/v 9.05 -> 8.47; 8B tg128 430-432 ->
+// 445-447 t/s same run.
+RF_MATVEC_FAST(matvec_q4_k, RF_LB(8), matvec_direct2, mv_q4_k, 1)
 RF_MATVEC_FAST(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_GATED(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
 RF_MATVEC_GATED(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
@@ -816,9 +816,12 @@ RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 // Q4_K_M keeps some layers' v projection in Q6_K: q and k (Q4_K, `rb` bytes per row) and v
 // (Q6_K, `rb2`) in one launch. Blocks [0, b2) run the Q4_K multi kernel's body over w0 and w1,
 // the rest the plain Q6_K body over w2, shifted back as `mv_multi_pick` does.
-RF_KERNEL void matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2, const uint8_t* y,
-                                      float* o0, float* o1, float* o2, int ncols, long long rb, long long rb2,
-                                      int n0, int n1, int n2) {
+#ifndef MV_MIX_ATTRS
+#define MV_MIX_ATTRS
+#endif
+RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
+                                                   const uint8_t* y, float* o0, float* o1, float* o2, int ncols,
+                                                   long long rb, long long rb2, int n0, int n1, int n2) {
     rf_entry();  // (no prefetch: it measured neutral on the 8B shapes)
     constexpr int PB4 = MV_WARPS * 1, PB6 = MV_WARPS * 2;  // rows per block of each type
     const int b2 = (n0 + PB4 - 1) / PB4 + (n1 + PB4 - 1) / PB4;
@@ -836,10 +839,10 @@ RF_KERNEL void matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint8_t* w1, cons
 
 // Candidates measured against these on an H200 (`cargo bench -p kernels --bench decode`) and
 // dropped: Q4_K with four blocks per lane in flight (8B FFN up 15.2 vs 12.3 us, gated 27.1 vs
-// 22.8 us) or two rows per warp (on par; in 64 registers FFN up 11.5 vs 12.3 us but FFN down
-// 14.2 vs 11.4 and 4096x4096 5.3 vs 4.7 us); register bounds of 6, 8 or 12 blocks per SM for
-// the plain Q4_K (on par or slower: 12 spills) and 5, 6 or 8 for Q6_K (spills: FFN down 22.7 to
-// 33.7 vs 19.3 us); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us) or four rounds
+// 22.8 us; in the model, 2026-11-22: o_proj 7.3 vs 7.2, FFN down 15.5 vs 16.2, q/k/v 9.6 vs 9.0)
+// or two rows per warp (on par; in 64 registers FFN up 11.5 vs 12.3 us but FFN down
+// 14.2 vs 11.4 and 4096x4096 5.3 vs 4.7 us); a register bound of 12 blocks per SM for the plain
+// Q4_K (spills) and 5, 6 or 8 for Q6_K (spills: FFN down 22.7 to 33.7 vs 19.3 us); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us) or four rounds
 // (24.1 us).
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.

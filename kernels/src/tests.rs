@@ -11,9 +11,8 @@ fn every_kernel_symbol_is_in_its_sources() {
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for k in KernelId::ALL.iter().filter(|k| k.module() == *m) {
             // Entry points are written either directly or through a macro taking the suffix.
-            let direct = format!("RF_KERNEL void {}(", k.name());
             assert!(
-                src.contains(&direct) || macro_defines(&src, k.name()),
+                own_definition(&src, k.name()).is_some() || macro_defines(&src, k.name()),
                 "{} not defined in {}",
                 k.name(),
                 path.display()
@@ -140,6 +139,14 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Where `src` defines kernel `name` itself (`RF_KERNEL void [attributes] name(`).
+fn own_definition(src: &str, name: &str) -> Option<usize> {
+    src.match_indices("RF_KERNEL void ").find_map(|(at, _)| {
+        let head = &src[at..at + src[at..].find('(')?];
+        head.split_whitespace().last().filter(|n| *n == name).map(|_| at)
+    })
+}
+
 /// The C parameter list of kernel `name` in `src`: its own definition, or the one of the macro
 /// that defines it (`RF_MATVEC`, `RF_MATVEC_FAST`, `RF_DEQUANT`).
 fn c_params(src: &str, name: &str) -> Option<String> {
@@ -148,7 +155,7 @@ fn c_params(src: &str, name: &str) -> Option<String> {
         let close = open + src[open..].find(')')?;
         Some(src[open + 1..close].replace('\\', " "))
     };
-    if let Some(at) = src.find(&format!("RF_KERNEL void {name}(")) {
+    if let Some(at) = own_definition(src, name) {
         return list_after(at);
     }
     if src.contains(&format!("RF_MATVEC({name},")) {
