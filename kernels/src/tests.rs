@@ -143,7 +143,10 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn own_definition(src: &str, name: &str) -> Option<usize> {
     src.match_indices("RF_KERNEL void ").find_map(|(at, _)| {
         let head = &src[at..at + src[at..].find('(')?];
-        head.split_whitespace().last().filter(|n| *n == name).map(|_| at)
+        head.split_whitespace()
+            .last()
+            .filter(|n| *n == name)
+            .map(|_| at)
     })
 }
 
