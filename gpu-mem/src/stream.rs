@@ -5,7 +5,9 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytemuck::Pod;
-use hip_ffi::{CaptureMode, DevicePtr, EventHandle, GraphExecHandle, GraphHandle, StreamHandle};
+use hip_ffi::{
+    CaptureMode, DevicePtr, EventHandle, GraphExecHandle, GraphHandle, HipApi, StreamHandle,
+};
 use parking_lot::Mutex;
 
 use crate::buffer::{DeviceView, DeviceViewMut, PinnedHostBuffer};
@@ -401,29 +403,24 @@ impl Stream {
         self.device.bind()?;
         let mut ptrs = args.pointers()?;
         let api = self.device.api();
+        // Early launches are on only for streams whose kernels wait for their predecessors.
+        let launch = if self.early_launch() {
+            <dyn HipApi>::launch_kernel_early
+        } else {
+            <dyn HipApi>::launch_kernel
+        };
         // SAFETY: the caller guarantees the arguments match the kernel; `ptrs` points into
-        // `args`, which outlives the call (the driver copies the values at launch). Early
-        // launches are on only for streams whose kernels wait for their predecessors.
+        // `args`, which outlives the call (the driver copies the values at launch).
         Ok(unsafe {
-            if self.early_launch() {
-                api.launch_kernel_early(
-                    function.handle(),
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    self.handle,
-                    ptrs.as_mut_ptr(),
-                )
-            } else {
-                api.launch_kernel(
-                    function.handle(),
-                    grid,
-                    block,
-                    shared_mem_bytes,
-                    self.handle,
-                    ptrs.as_mut_ptr(),
-                )
-            }
+            launch(
+                api,
+                function.handle(),
+                grid,
+                block,
+                shared_mem_bytes,
+                self.handle,
+                ptrs.as_mut_ptr(),
+            )
         }?)
     }
 
