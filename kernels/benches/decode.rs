@@ -151,7 +151,7 @@ fn main() {
          bandwidth from the graph time (weights rotate over >= 4x L2)"
     );
     // (type, variants: kernel and rows per block)
-    let types: [(WeightType, &[(KernelId, usize)]); 7] = [
+    let types: [(WeightType, &[(KernelId, usize)]); 8] = [
         // `_ks`: all warps of a block share its rows (K split), R rows per block.
         (WeightType::Q4_K, &[(KernelId::MatvecKsQ4_K, 1)]),
         (WeightType::Q6_K, &[(KernelId::MatvecKsQ6_K, 2)]),
@@ -160,6 +160,7 @@ fn main() {
         (WeightType::Q4_0, &[]),
         (WeightType::Q5_K, &[]),
         (WeightType::Q3_K, &[]),
+        (WeightType::Q2_K, &[]),
     ];
     let mut summary = Vec::new();
     for (t, variants) in types {

@@ -75,60 +75,6 @@ struct vd_q5_1 {
     }
 };
 
-// Q2_K unit u (0..7) = values 32u..32u+31: 2-bit fields at shift 2*(u%4) of qs[32*(u/4) + l],
-// scales (low nibble) and mins (high nibble) per 16 values.
-struct vd_q2_k {
-    static constexpr int QK = QK_K, BYTES = Q2_K_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int u, q8_vec y, int yb) {
-        const q8_1_view a = q8_1_at(y, yb);
-        const int n = u / 4, j = u % 4;
-        const uint8_t* qs = b + 16 + 32 * n;
-        float acc_d = 0.0f, acc_m = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int sq = 0, su = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int w = (ld_i32_a4(qs + 16 * h + 4 * k) >> (2 * j)) & 0x03030303;
-                const int v = ld_i32_a4(a.qs + 16 * h + 4 * k);
-                sq = dot4_i8(w, v, sq);
-                su = dot4_i8(ones(), v, su);
-            }
-            const int s = b[8 * n + 2 * j + h];
-            acc_d += (float)((s & 0xF) * sq);
-            acc_m += (float)((s >> 4) * su);
-        }
-        return a.d * (ld_f16(b + 80) * acc_d - ld_f16(b + 82) * acc_m);
-    }
-};
-
-// Q3_K unit u (0..7): 2 low bits at shift 2*(u%4) of qs[32*(u/4) + l], the high bit (set means
-// "no -4") at bit 4*(u/4) + u%4 of hmask[l]; signed 6-bit scales per 16 values.
-struct vd_q3_k {
-    static constexpr int QK = QK_K, BYTES = Q3_K_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int u, q8_vec y, int yb) {
-        const q8_1_view a = q8_1_at(y, yb);
-        const int n = u / 4, j = u % 4;
-        const uint8_t* qs = b + 32 + 32 * n;
-        float acc = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int sq = 0, su = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int lo = (ld_i32_a2(qs + 16 * h + 4 * k) >> (2 * j)) & 0x03030303;
-                const int hb = (ld_i32_a2(b + 16 * h + 4 * k) >> (4 * n + j)) & 0x01010101;
-                const int v = ld_i32_a4(a.qs + 16 * h + 4 * k);
-                // (q2 + 4*hb) - 4 == q2 - (hb ? 0 : 4); the bytes stay in 0..7, so no borrows.
-                sq = dot4_i8(lo | (hb << 2), v, sq);
-                su = dot4_i8(ones(), v, su);
-            }
-            acc += (float)(scale_q3_k(b + 96, 8 * n + 2 * j + h) * (sq - 4 * su));
-        }
-        return a.d * ld_f16(b + 108) * acc;
-    }
-};
-
 // ---------------------------------------------------------------------------------------------
 // out[c * out_stride + row] = dot(W[row], y[c]): each warp computes one row (rows
 // blockIdx.x * warps_per_block + warp), activation vectors in grid.y. W rows are `row_bytes`
@@ -165,8 +111,6 @@ static __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, c
 
 RF_MATVEC(matvec_q4_1, vd_q4_1)
 RF_MATVEC(matvec_q5_1, vd_q5_1)
-RF_MATVEC(matvec_q2_k, vd_q2_k)
-RF_MATVEC(matvec_q3_k, vd_q3_k)
 
 // =============================================================================================
 // Fast kernels: R rows per warp, coalesced weight loads.
@@ -313,26 +257,99 @@ struct mv_q4_0 {
     }
 };
 
-// --- Q6_K: four lanes per block; lane c = 2n + h takes bytes l in [16h, 16h + 16) of half n ---
+// --- Q2_K / Q3_K / Q6_K: four lanes per block; lane c = 2n + h takes values 128n + 32j + 16h +
+// [0, 16) (j = 0..3) of its 256, which share their low-bit bytes (l in [16h, 16h + 16) of half n).
+
+struct act_h16 {
+    int4 q[4];   // values 128n + 32j + 16h + [0, 16), j = 0..3
+    float d[4];  // their Q8_1 scales
+};
+
+static __device__ __forceinline__ void load_act_h16(q8_vec y, int b, int c, act_h16& a) {
+    const int n = c >> 1, h = c & 1;
+    const uint8_t* base = y.q + 256 * b + 128 * n + 16 * h;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a.q[j] = ld_b128(base + 32 * j);
+    const int4 ds = ld_b128(y.ds + 4 * (8 * b + 4 * n));
+    a.d[0] = lo_f16((uint32_t)ds.x);
+    a.d[1] = lo_f16((uint32_t)ds.y);
+    a.d[2] = lo_f16((uint32_t)ds.z);
+    a.d[3] = lo_f16((uint32_t)ds.w);
+}
+
+// Signed bytes q - 4 for bytes q in 0..7, with no borrow between bytes.
+static __device__ __forceinline__ int sub4_bytes(int q) {
+    return (int)((((uint32_t)q | 0x80808080u) - 0x04040404u) ^ 0x80808080u);
+}
+
+// Q2_K: 2-bit values at shift 2j of qs[32n + l]; scale (low nibble) and min (high nibble) byte
+// 8n + 2j + h per 16 values; d and dmin at 80 and 82.
+struct mv_q2_k {
+    static constexpr int QK = QK_K, BYTES = Q2_K_BYTES, LPB = 4, ROUNDS = 1;
+    using Act = act_h16;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_h16(y, b, c, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int c, const Act& a) {
+        const int n = c >> 1, h = c & 1;
+        uint32_t q[4], sc[2];
+        st_words<4>(st, o + 16 + 32 * n + 16 * h, q);
+        st_words<2>(st, o + 8 * n, sc);
+        float acc_d = 0.0f, acc_m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int s = 0, su = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                s = dot4_i8((int)(q[k] >> (2 * j)) & 0x03030303, word(a.q[j], k), s);
+                su = dot4_i8(ones(), word(a.q[j], k), su);
+            }
+            const int sm = (int)(sc[j >> 1] >> (8 * (2 * (j & 1) + h))) & 0xFF;
+            acc_d += (float)((sm & 0xF) * s) * a.d[j];
+            acc_m += (float)((sm >> 4) * su) * a.d[j];
+        }
+        uint32_t dm[1];
+        st_words<1>(st, o + 80, dm);
+        return lo_f16(dm[0]) * acc_d - hi_f16(dm[0]) * acc_m;
+    }
+};
+
+// Q3_K: 2 low bits at shift 2j of qs[32n + l] (from byte 32), the high bit (set means "no -4") at
+// bit 4n + j of hmask[l]; signed 6-bit scales per 16 values (index 8n + 2j + h: low 4 bits in
+// nibble n of byte 2j + h, high 2 bits at bit 2(2n + j / 2) of byte 8 + 2(j % 2) + h, from 96);
+// d at 108.
+struct mv_q3_k {
+    static constexpr int QK = QK_K, BYTES = Q3_K_BYTES, LPB = 4, ROUNDS = 1;
+    using Act = act_h16;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_h16(y, b, c, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int c, const Act& a) {
+        const int n = c >> 1, h = c & 1;
+        uint32_t q[4], hm[4], sc[3];
+        st_words<4>(st, o + 32 + 32 * n + 16 * h, q);
+        st_words<4>(st, o + 16 * h, hm);
+        st_words<3>(st, o + 96, sc);
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int s = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int lo = (int)(q[k] >> (2 * j)) & 0x03030303;
+                const int hb = (int)(hm[k] >> (4 * n + j)) & 0x01010101;
+                s = dot4_i8(sub4_bytes(lo | (hb << 2)), word(a.q[j], k), s);
+            }
+            const int bi = 2 * (j & 1) + h;  // byte 2j + h is byte bi of word j / 2
+            const int lo4 = (int)(sc[j >> 1] >> (8 * bi + 4 * n)) & 0xF;
+            const int hi2 = (int)(sc[2] >> (8 * bi + 2 * (2 * n + (j >> 1)))) & 3;
+            acc += (float)(((lo4 | (hi2 << 4)) - 32) * s) * a.d[j];
+        }
+        return st_f16(st, o + 108) * acc;
+    }
+};
 
 template <int ROUNDS_>
 struct mv_q6_k {
     static constexpr int QK = QK_K, BYTES = Q6_K_BYTES, LPB = 4, ROUNDS = ROUNDS_;
-    struct Act {
-        int4 q[4];   // values 128n + 32j + 16h + [0, 16), j = 0..3
-        float d[4];  // their Q8_1 scales
-    };
-    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) {
-        const int n = c >> 1, h = c & 1;
-        const uint8_t* base = y.q + 256 * b + 128 * n + 16 * h;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a.q[j] = ld_b128(base + 32 * j);
-        const int4 ds = ld_b128(y.ds + 4 * (8 * b + 4 * n));
-        a.d[0] = lo_f16((uint32_t)ds.x);
-        a.d[1] = lo_f16((uint32_t)ds.y);
-        a.d[2] = lo_f16((uint32_t)ds.z);
-        a.d[3] = lo_f16((uint32_t)ds.w);
-    }
+    using Act = act_h16;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_h16(y, b, c, a); }
     static __device__ __forceinline__ float dot(const uint32_t* st, int o, int c, const Act& a) {
         const int n = c >> 1, h = c & 1;
         uint32_t ql0[4], ql1[4], qh[4], sc[2];
@@ -788,6 +805,8 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 RF_MATVEC_FAST(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
 RF_MATVEC_FAST(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
 RF_MATVEC_FAST(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
+RF_MATVEC_FAST(matvec_q2_k, , matvec_staged, mv_q2_k, 2)
+RF_MATVEC_FAST(matvec_q3_k, , matvec_staged, mv_q3_k, 2)
 // Q6_K stage rounds per step (8 blocks of each row staged per round). One round: the 8B FFN down
 // (56 blocks per row: 7 full steps, against 3.5 with two) took 19.7 us against 27.0 (ncu, in the
 // model), 8B tg128 396-404 -> 416-423 t/s, the output head on par (147 us).
@@ -804,6 +823,8 @@ RF_MATVEC_FAST(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_GATED(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
 RF_MATVEC_GATED(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
 RF_MATVEC_GATED(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
+RF_MATVEC_GATED(matvec_q2_k, , matvec_staged, mv_q2_k, 2)
+RF_MATVEC_GATED(matvec_q3_k, , matvec_staged, mv_q3_k, 2)
 RF_MATVEC_GATED(matvec_q6_k, , matvec_staged, mv_q6_k<2>, 2)
 RF_MATVEC_GATED(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 // Q4_K gated: two rows per warp and one block per lane in flight (four weight rows per activation

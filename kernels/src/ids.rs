@@ -157,7 +157,9 @@ impl WeightType {
             WeightType::Q4_K => Some(KernelId::MatvecGatedQ4_K),
             WeightType::Q5_K => Some(KernelId::MatvecGatedQ5_K),
             WeightType::Q6_K => Some(KernelId::MatvecGatedQ6_K),
-            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K => None,
+            WeightType::Q2_K => Some(KernelId::MatvecGatedQ2_K),
+            WeightType::Q3_K => Some(KernelId::MatvecGatedQ3_K),
+            WeightType::Q4_1 | WeightType::Q5_1 => None,
         }
     }
 
@@ -173,7 +175,9 @@ impl WeightType {
             WeightType::Q4_K => Some(KernelId::MatvecMultiQ4_K),
             WeightType::Q5_K => Some(KernelId::MatvecMultiQ5_K),
             WeightType::Q6_K => Some(KernelId::MatvecMultiQ6_K),
-            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K => None,
+            WeightType::Q2_K => Some(KernelId::MatvecMultiQ2_K),
+            WeightType::Q3_K => Some(KernelId::MatvecMultiQ3_K),
+            WeightType::Q4_1 | WeightType::Q5_1 => None,
         }
     }
 
@@ -190,9 +194,9 @@ impl WeightType {
             WeightType::Q4_K => [K::MatvecAddQ4_K, K::MatvecKsQ4_K, K::MatvecKsAddQ4_K],
             WeightType::Q5_K => [K::MatvecAddQ5_K, K::MatvecKsQ5_K, K::MatvecKsAddQ5_K],
             WeightType::Q6_K => [K::MatvecAddQ6_K, K::MatvecKsQ6_K, K::MatvecKsAddQ6_K],
-            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K => {
-                return None
-            }
+            WeightType::Q2_K => [K::MatvecAddQ2_K, K::MatvecKsQ2_K, K::MatvecKsAddQ2_K],
+            WeightType::Q3_K => [K::MatvecAddQ3_K, K::MatvecKsQ3_K, K::MatvecKsAddQ3_K],
+            WeightType::Q4_1 | WeightType::Q5_1 => return None,
         };
         match (bias, k_split) {
             (false, false) => Some(self.matvec()),
@@ -210,23 +214,20 @@ impl WeightType {
     /// True when [`WeightType::matvec`] loops over row groups, so a grid smaller than
     /// [`crate::matvec_grid`] is still complete (the one-warp-per-row kernels need every block).
     pub fn matvec_loops(self) -> bool {
-        !matches!(
-            self,
-            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q2_K | WeightType::Q3_K
-        )
+        !matches!(self, WeightType::Q4_1 | WeightType::Q5_1)
     }
 
     /// Output rows one block of [`WeightType::matvec`] computes: [`crate::MATVEC_WARPS`] warps
     /// times the rows per warp (`R` in `hip/matvec.hip`).
     pub fn matvec_rows_per_block(self) -> usize {
         let per_warp = match self {
-            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::Q6_K => 2,
-            WeightType::Q4_K
-            | WeightType::Q5_K
-            | WeightType::Q4_1
-            | WeightType::Q5_1
+            WeightType::Q4_0
+            | WeightType::Q5_0
+            | WeightType::Q8_0
             | WeightType::Q2_K
-            | WeightType::Q3_K => 1,
+            | WeightType::Q3_K
+            | WeightType::Q6_K => 2,
+            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q4_1 | WeightType::Q5_1 => 1,
         };
         crate::MATVEC_WARPS as usize * per_warp
     }
@@ -356,6 +357,8 @@ kernel_ids! {
     MatvecGatedQ4_K => Matvec, "matvec_q4_k_gated";
     MatvecGatedQ5_K => Matvec, "matvec_q5_k_gated";
     MatvecGatedQ6_K => Matvec, "matvec_q6_k_gated";
+    MatvecGatedQ2_K => Matvec, "matvec_q2_k_gated";
+    MatvecGatedQ3_K => Matvec, "matvec_q3_k_gated";
     MatvecMultiQ4_KQ6_K => Matvec, "matvec_q4_k_q6_k_multi";
     MatvecMultiQ4_0 => Matvec, "matvec_q4_0_multi";
     MatvecMultiQ5_0 => Matvec, "matvec_q5_0_multi";
@@ -363,6 +366,8 @@ kernel_ids! {
     MatvecMultiQ4_K => Matvec, "matvec_q4_k_multi";
     MatvecMultiQ5_K => Matvec, "matvec_q5_k_multi";
     MatvecMultiQ6_K => Matvec, "matvec_q6_k_multi";
+    MatvecMultiQ2_K => Matvec, "matvec_q2_k_multi";
+    MatvecMultiQ3_K => Matvec, "matvec_q3_k_multi";
     MatvecAddQ4_0 => Matvec, "matvec_q4_0_add";
     MatvecKsQ4_0 => Matvec, "matvec_q4_0_ks";
     MatvecKsAddQ4_0 => Matvec, "matvec_q4_0_ks_add";
@@ -381,6 +386,12 @@ kernel_ids! {
     MatvecAddQ6_K => Matvec, "matvec_q6_k_add";
     MatvecKsQ6_K => Matvec, "matvec_q6_k_ks";
     MatvecKsAddQ6_K => Matvec, "matvec_q6_k_ks_add";
+    MatvecAddQ2_K => Matvec, "matvec_q2_k_add";
+    MatvecKsQ2_K => Matvec, "matvec_q2_k_ks";
+    MatvecKsAddQ2_K => Matvec, "matvec_q2_k_ks_add";
+    MatvecAddQ3_K => Matvec, "matvec_q3_k_add";
+    MatvecKsQ3_K => Matvec, "matvec_q3_k_ks";
+    MatvecKsAddQ3_K => Matvec, "matvec_q3_k_ks_add";
     MatvecF32 => Matvec, "matvec_f32";
     MatvecF16 => Matvec, "matvec_f16";
     DequantF16Q4_0 => Dequant, "dequant_f16_q4_0";
@@ -458,13 +469,17 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecGatedQ8_0
         | K::MatvecGatedQ4_K
         | K::MatvecGatedQ5_K
-        | K::MatvecGatedQ6_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        | K::MatvecGatedQ6_K
+        | K::MatvecGatedQ2_K
+        | K::MatvecGatedQ3_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
         K::MatvecMultiQ4_0
         | K::MatvecMultiQ5_0
         | K::MatvecMultiQ8_0
         | K::MatvecMultiQ4_K
         | K::MatvecMultiQ5_K
-        | K::MatvecMultiQ6_K => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        | K::MatvecMultiQ6_K
+        | K::MatvecMultiQ2_K
+        | K::MatvecMultiQ3_K => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
         K::MatvecMultiQ4_KQ6_K => &[
             Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32,
         ],
@@ -473,7 +488,9 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecKsQ8_0
         | K::MatvecKsQ4_K
         | K::MatvecKsQ5_K
-        | K::MatvecKsQ6_K => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        | K::MatvecKsQ6_K
+        | K::MatvecKsQ2_K
+        | K::MatvecKsQ3_K => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
         K::MatvecAddQ4_0
         | K::MatvecKsAddQ4_0
         | K::MatvecAddQ5_0
@@ -485,7 +502,11 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecAddQ5_K
         | K::MatvecKsAddQ5_K
         | K::MatvecAddQ6_K
-        | K::MatvecKsAddQ6_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        | K::MatvecKsAddQ6_K
+        | K::MatvecAddQ2_K
+        | K::MatvecKsAddQ2_K
+        | K::MatvecAddQ3_K
+        | K::MatvecKsAddQ3_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32],
         K::MatvecF32 | K::MatvecF16 => &[Ptr, Ptr, Ptr, I32, I64, I32],
         K::DequantF16Q4_0
         | K::DequantF16Q4_1

@@ -770,6 +770,8 @@ fn fused_nodes_match_cpu() {
             DType::Q8_0,
             DType::Q4_0,
             DType::Q5_0,
+            DType::Q3_K,
+            DType::Q2_K,
             DType::Q4_1,
         ] {
             for act in [Act::Silu, Act::Gelu] {
@@ -861,6 +863,8 @@ fn k_split_mat_vec_matches_cpu() {
         DType::Q8_0,
         DType::Q4_0,
         DType::Q5_0,
+        DType::Q3_K,
+        DType::Q2_K,
     ] {
         for m in [1usize, 2] {
             for bias in [false, true] {
@@ -904,13 +908,15 @@ fn grouped_qkv_mat_vecs_match_cpu() {
     let k = 512usize;
     let rows = [100usize, 36, 20];
     // (types, grouped launches, grouped nodes)
-    let cases: [([DType; 3], usize, usize); 9] = [
+    let cases: [([DType; 3], usize, usize); 11] = [
         ([DType::Q4_K; 3], 1, 3),
         ([DType::Q5_K; 3], 1, 3),
         ([DType::Q6_K; 3], 1, 3),
         ([DType::Q8_0; 3], 1, 3),
         ([DType::Q4_0; 3], 1, 3),
         ([DType::Q5_0; 3], 1, 3),
+        ([DType::Q3_K; 3], 1, 3),
+        ([DType::Q2_K; 3], 1, 3),
         ([DType::Q4_K, DType::Q4_K, DType::Q6_K], 1, 3),
         ([DType::Q8_0, DType::Q8_0, DType::Q6_K], 1, 2),
         ([DType::Q4_1; 3], 0, 0),
