@@ -151,7 +151,7 @@ fn main() {
          bandwidth from the graph time (weights rotate over >= 4x L2)"
     );
     // (type, variants: kernel and rows per block)
-    let types: [(WeightType, &[(KernelId, usize)]); 8] = [
+    let types: [(WeightType, &[(KernelId, usize)]); 10] = [
         // `_ks`: all warps of a block share its rows (K split), R rows per block.
         (WeightType::Q4_K, &[(KernelId::MatvecKsQ4_K, 1)]),
         (WeightType::Q6_K, &[(KernelId::MatvecKsQ6_K, 2)]),
@@ -161,6 +161,8 @@ fn main() {
         (WeightType::Q5_K, &[]),
         (WeightType::Q3_K, &[]),
         (WeightType::Q2_K, &[]),
+        (WeightType::Q4_1, &[]),
+        (WeightType::Q5_1, &[]),
     ];
     let mut summary = Vec::new();
     for (t, variants) in types {

@@ -212,20 +212,6 @@ static __device__ __forceinline__ void q8_1_put(float v, uint8_t* yq, int ncols,
     }
 }
 
-struct q8_1_view {
-    float d;
-    float s;
-    const uint8_t* qs;
-};
-
-static __device__ __forceinline__ q8_1_view q8_1_at(q8_vec y, int block) {
-    q8_1_view v;
-    v.d = ld_f16(y.ds + 4 * block);
-    v.s = ld_f16(y.ds + 4 * block + 2);
-    v.qs = y.q + 32 * block;
-    return v;
-}
-
 // The low (d) and high (s) halves of a packed half2 word.
 static __device__ __forceinline__ float lo_f16(uint32_t w) {
     return __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));

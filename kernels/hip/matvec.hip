@@ -36,84 +36,10 @@ RF_KERNEL void quantize_q8_1(const float* __restrict__ x, uint8_t* __restrict__ 
     q8_1_put(v, y + (size_t)blockIdx.y * q8_vec_bytes(ncols), ncols, i, true);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Per-type unit dot products of the one-warp-per-row kernels. `b` is the weight block, `u` the unit
-// index inside it, `y` the quantized activation vector (block index = value index / 32).
-// ---------------------------------------------------------------------------------------------
 static __device__ __forceinline__ int ones() { return 0x01010101; }
 
-struct vd_q4_1 {
-    static constexpr int QK = 32, BYTES = Q4_1_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int, q8_vec y, int yb) {
-        const q8_1_view a = q8_1_at(y, yb);
-        int sumi = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int w = ld_i32_a4(b + 4 + 4 * j);
-            sumi = dot4_i8(w & 0x0F0F0F0F, ld_i32_a4(a.qs + 4 * j), sumi);
-            sumi = dot4_i8((w >> 4) & 0x0F0F0F0F, ld_i32_a4(a.qs + 16 + 4 * j), sumi);
-        }
-        return ld_f16(b) * a.d * (float)sumi + ld_f16(b + 2) * a.s;
-    }
-};
-
-struct vd_q5_1 {
-    static constexpr int QK = 32, BYTES = Q5_1_BYTES, UNIT = 32;
-    static __device__ __forceinline__ float dot(const uint8_t* b, int, q8_vec y, int yb) {
-        const q8_1_view a = q8_1_at(y, yb);
-        const uint32_t qh = (uint32_t)ld_i32_a4(b + 4);
-        int sumi = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int w = ld_i32_a4(b + 8 + 4 * j);
-            const int lo = (w & 0x0F0F0F0F) | spread_bit4((qh >> (4 * j)) & 0xF);
-            const int hi = ((w >> 4) & 0x0F0F0F0F) | spread_bit4((qh >> (16 + 4 * j)) & 0xF);
-            sumi = dot4_i8(lo, ld_i32_a4(a.qs + 4 * j), sumi);
-            sumi = dot4_i8(hi, ld_i32_a4(a.qs + 16 + 4 * j), sumi);
-        }
-        return ld_f16(b) * a.d * (float)sumi + ld_f16(b + 2) * a.s;
-    }
-};
-
-// ---------------------------------------------------------------------------------------------
-// out[c * out_stride + row] = dot(W[row], y[c]): each warp computes one row (rows
-// blockIdx.x * warps_per_block + warp), activation vectors in grid.y. W rows are `row_bytes`
-// apart; y vectors are `ncols / 32` Q8_1 blocks apart. A warp per row keeps every lane busy on
-// short rows (640 values) and needs no block-wide reduction on long ones.
-// ---------------------------------------------------------------------------------------------
-template <typename T>
-static __device__ __forceinline__ void matvec_q(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y_all,
-                                                float* __restrict__ out, int ncols, long long row_bytes,
-                                                int out_stride, int nrows) {
-    const int lane = threadIdx.x % RF_WARP;
-    const int row = blockIdx.x * (blockDim.x / RF_WARP) + threadIdx.x / RF_WARP;
-    if (row >= nrows) return;  // whole warps leave together
-    const int col = blockIdx.y;
-    const uint8_t* wr = w + (long long)row * row_bytes;
-    const q8_vec yc = q8_vec_at(y_all, ncols, col);
-    constexpr int UPB = T::QK / T::UNIT;  // units per block
-    const int units = ncols / T::UNIT;
-    float acc = 0.0f;
-    for (int u = lane; u < units; u += RF_WARP) {
-        const int blk = u / UPB, sub = u % UPB;
-        acc += T::dot(wr + (size_t)blk * T::BYTES, sub, yc, u * (T::UNIT / QK8_1));
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) out[(size_t)col * out_stride + row] = acc;
-}
-
-#define RF_MATVEC(name, T)                                                                       \
-    RF_KERNEL void name(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes, \
-                        int out_stride, int nrows) {                                             \
-        rf_entry();                                                                              \
-        matvec_q<T>(w, y, out, ncols, row_bytes, out_stride, nrows);                             \
-    }
-
-RF_MATVEC(matvec_q4_1, vd_q4_1)
-RF_MATVEC(matvec_q5_1, vd_q5_1)
-
 // =============================================================================================
-// Fast kernels: R rows per warp, coalesced weight loads.
+// Mat-vec kernels: R rows per warp, coalesced weight loads.
 // =============================================================================================
 
 // Signed bytes q - 32 for bytes q in 0..63, with no borrow between bytes.
@@ -204,6 +130,32 @@ static __device__ __forceinline__ void load_act32(q8_vec y, int b, act32& a) {
     a.s = hi_f16(ds);
 }
 
+// Dot product of 32 unsigned 4-bit values (16 bytes: low nibbles are values 0..15, high nibbles
+// 16..31) with a Q8_1 block's quantized values.
+static __device__ __forceinline__ int dot_nib32(const uint32_t* q, const act32& a) {
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        s = dot4_i8((int)q[k] & 0x0F0F0F0F, word(a.q0, k), s);
+        s = dot4_i8(((int)q[k] >> 4) & 0x0F0F0F0F, word(a.q1, k), s);
+    }
+    return s;
+}
+
+// As dot_nib32 for 5-bit values: v[0] holds the fifth bits (bit i of value i), v[1..4] the nibbles.
+static __device__ __forceinline__ int dot_nib5_32(const uint32_t* v, const act32& a) {
+    const uint32_t qh = v[0];
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int lo = ((int)v[k + 1] & 0x0F0F0F0F) | spread_bit4((qh >> (4 * k)) & 0xF);
+        const int hi = (((int)v[k + 1] >> 4) & 0x0F0F0F0F) | spread_bit4((qh >> (16 + 4 * k)) & 0xF);
+        s = dot4_i8(lo, word(a.q0, k), s);
+        s = dot4_i8(hi, word(a.q1, k), s);
+    }
+    return s;
+}
+
 struct mv_q8_0 {
     static constexpr int QK = 32, BYTES = Q8_0_BYTES, LPB = 1, ROUNDS = 1;
     using Act = act32;
@@ -227,15 +179,7 @@ struct mv_q5_0 {
     static __device__ __forceinline__ float dot(const uint32_t* st, int o, int, const Act& a) {
         uint32_t v[5];  // qh, then 4 words of qs
         st_words<5>(st, o + 2, v);
-        const uint32_t qh = v[0];
-        int s = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int lo = ((int)v[k + 1] & 0x0F0F0F0F) | spread_bit4((qh >> (4 * k)) & 0xF);
-            const int hi = (((int)v[k + 1] >> 4) & 0x0F0F0F0F) | spread_bit4((qh >> (16 + 4 * k)) & 0xF);
-            s = dot4_i8(lo, word(a.q0, k), s);
-            s = dot4_i8(hi, word(a.q1, k), s);
-        }
+        const int s = dot_nib5_32(v, a);
         return st_f16(st, o) * (a.d * (float)s - 16.0f * a.s);
     }
 };
@@ -247,13 +191,34 @@ struct mv_q4_0 {
     static __device__ __forceinline__ float dot(const uint32_t* st, int o, int, const Act& a) {
         uint32_t q[4];
         st_words<4>(st, o + 2, q);
-        int s = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            s = dot4_i8((int)q[k] & 0x0F0F0F0F, word(a.q0, k), s);
-            s = dot4_i8(((int)q[k] >> 4) & 0x0F0F0F0F, word(a.q1, k), s);
-        }
+        const int s = dot_nib32(q, a);
         return st_f16(st, o) * (a.d * (float)s - 8.0f * a.s);
+    }
+};
+
+// Q4_1: d, m, 16 bytes of nibbles; value = d q + m.
+struct mv_q4_1 {
+    static constexpr int QK = 32, BYTES = Q4_1_BYTES, LPB = 1, ROUNDS = 1;
+    using Act = act32;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int, Act& a) { load_act32(y, b, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int, const Act& a) {
+        uint32_t q[4];
+        st_words<4>(st, o + 4, q);
+        const int s = dot_nib32(q, a);
+        return st_f16(st, o) * a.d * (float)s + st_f16(st, o + 2) * a.s;
+    }
+};
+
+// Q5_1: d, m, the fifth bits (4 bytes), 16 bytes of nibbles; value = d q + m.
+struct mv_q5_1 {
+    static constexpr int QK = 32, BYTES = Q5_1_BYTES, LPB = 1, ROUNDS = 1;
+    using Act = act32;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int, Act& a) { load_act32(y, b, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int, const Act& a) {
+        uint32_t v[5];  // qh, then 4 words of qs
+        st_words<5>(st, o + 4, v);
+        const int s = dot_nib5_32(v, a);
+        return st_f16(st, o) * a.d * (float)s + st_f16(st, o + 2) * a.s;
     }
 };
 
@@ -805,6 +770,8 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 RF_MATVEC_FAST(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
 RF_MATVEC_FAST(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
 RF_MATVEC_FAST(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
+RF_MATVEC_FAST(matvec_q4_1, , matvec_staged, mv_q4_1, 2)
+RF_MATVEC_FAST(matvec_q5_1, , matvec_staged, mv_q5_1, 2)
 // Q2_K / Q3_K went through one warp per row with scattered loads before (H200, decode bench: Q3_K
 // 8B ffn_down 34.5 us, 17% of copy bandwidth; staged 16.0 us, 37%; an all-Q3_K 8B tg128 188.8 ->
 // 383.5 t/s same run, llama.cpp 196.4).
@@ -826,6 +793,8 @@ RF_MATVEC_FAST(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_GATED(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
 RF_MATVEC_GATED(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
 RF_MATVEC_GATED(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
+RF_MATVEC_GATED(matvec_q4_1, , matvec_staged, mv_q4_1, 2)
+RF_MATVEC_GATED(matvec_q5_1, , matvec_staged, mv_q5_1, 2)
 RF_MATVEC_GATED(matvec_q2_k, , matvec_staged, mv_q2_k, 2)
 RF_MATVEC_GATED(matvec_q3_k, , matvec_staged, mv_q3_k, 2)
 RF_MATVEC_GATED(matvec_q6_k, , matvec_staged, mv_q6_k<2>, 2)

@@ -147,45 +147,45 @@ impl WeightType {
 
     /// The gated decode mat-vec (`w_gate`, `w_up`, `y`, `out`, `ncols`, `row_bytes`,
     /// `out_stride`, `nrows`, `act`: [`crate::act`]): `out = act(w_gate . y) * (w_up . y)` with
-    /// [`WeightType::matvec`]'s block and [`crate::matvec_gated_grid`]; `None` for the
-    /// one-warp-per-row types.
-    pub fn matvec_gated(self) -> Option<KernelId> {
+    /// [`WeightType::matvec`]'s block and [`crate::matvec_gated_grid`].
+    pub fn matvec_gated(self) -> KernelId {
         match self {
-            WeightType::Q4_0 => Some(KernelId::MatvecGatedQ4_0),
-            WeightType::Q5_0 => Some(KernelId::MatvecGatedQ5_0),
-            WeightType::Q8_0 => Some(KernelId::MatvecGatedQ8_0),
-            WeightType::Q4_K => Some(KernelId::MatvecGatedQ4_K),
-            WeightType::Q5_K => Some(KernelId::MatvecGatedQ5_K),
-            WeightType::Q6_K => Some(KernelId::MatvecGatedQ6_K),
-            WeightType::Q2_K => Some(KernelId::MatvecGatedQ2_K),
-            WeightType::Q3_K => Some(KernelId::MatvecGatedQ3_K),
-            WeightType::Q4_1 | WeightType::Q5_1 => None,
+            WeightType::Q4_0 => KernelId::MatvecGatedQ4_0,
+            WeightType::Q5_0 => KernelId::MatvecGatedQ5_0,
+            WeightType::Q8_0 => KernelId::MatvecGatedQ8_0,
+            WeightType::Q4_K => KernelId::MatvecGatedQ4_K,
+            WeightType::Q5_K => KernelId::MatvecGatedQ5_K,
+            WeightType::Q6_K => KernelId::MatvecGatedQ6_K,
+            WeightType::Q2_K => KernelId::MatvecGatedQ2_K,
+            WeightType::Q3_K => KernelId::MatvecGatedQ3_K,
+            WeightType::Q4_1 => KernelId::MatvecGatedQ4_1,
+            WeightType::Q5_1 => KernelId::MatvecGatedQ5_1,
         }
     }
 
     /// The grouped decode mat-vec (`w0`, `w1`, `w2`, `y`, `out0`, `out1`, `out2`, `ncols`,
     /// `row_bytes`, `n0`, `n1`, `n2`): up to three matrices of this type and row length times the
     /// same activations in one launch, grid x = the sum of [`crate::matvec_grid`] over the three
-    /// (`w2`/`out2` null and `n2` = 0 for two); `None` for the one-warp-per-row types.
-    pub fn matvec_multi(self) -> Option<KernelId> {
+    /// (`w2`/`out2` null and `n2` = 0 for two).
+    pub fn matvec_multi(self) -> KernelId {
         match self {
-            WeightType::Q4_0 => Some(KernelId::MatvecMultiQ4_0),
-            WeightType::Q5_0 => Some(KernelId::MatvecMultiQ5_0),
-            WeightType::Q8_0 => Some(KernelId::MatvecMultiQ8_0),
-            WeightType::Q4_K => Some(KernelId::MatvecMultiQ4_K),
-            WeightType::Q5_K => Some(KernelId::MatvecMultiQ5_K),
-            WeightType::Q6_K => Some(KernelId::MatvecMultiQ6_K),
-            WeightType::Q2_K => Some(KernelId::MatvecMultiQ2_K),
-            WeightType::Q3_K => Some(KernelId::MatvecMultiQ3_K),
-            WeightType::Q4_1 | WeightType::Q5_1 => None,
+            WeightType::Q4_0 => KernelId::MatvecMultiQ4_0,
+            WeightType::Q5_0 => KernelId::MatvecMultiQ5_0,
+            WeightType::Q8_0 => KernelId::MatvecMultiQ8_0,
+            WeightType::Q4_K => KernelId::MatvecMultiQ4_K,
+            WeightType::Q5_K => KernelId::MatvecMultiQ5_K,
+            WeightType::Q6_K => KernelId::MatvecMultiQ6_K,
+            WeightType::Q2_K => KernelId::MatvecMultiQ2_K,
+            WeightType::Q3_K => KernelId::MatvecMultiQ3_K,
+            WeightType::Q4_1 => KernelId::MatvecMultiQ4_1,
+            WeightType::Q5_1 => KernelId::MatvecMultiQ5_1,
         }
     }
 
-    /// A variant of [`WeightType::matvec`] for the fast kernels (`None` for the one-warp-per-row
-    /// types): `bias` adds a row (`w`, `bias`, `y`, `out`, `ncols`, `row_bytes`, `out_stride`,
+    /// A variant of [`WeightType::matvec`]: `bias` adds a row (`w`, `bias`, `y`, `out`, `ncols`, `row_bytes`, `out_stride`,
     /// `nrows`), `k_split` has every warp of a block share the same rows, each taking a part of
     /// them (grid x = ceil(nrows / [`WeightType::matvec_rows_per_warp`]): long rows, few of them).
-    pub fn matvec_variant(self, bias: bool, k_split: bool) -> Option<KernelId> {
+    pub fn matvec_variant(self, bias: bool, k_split: bool) -> KernelId {
         use KernelId as K;
         let ids = match self {
             WeightType::Q4_0 => [K::MatvecAddQ4_0, K::MatvecKsQ4_0, K::MatvecKsAddQ4_0],
@@ -196,38 +196,28 @@ impl WeightType {
             WeightType::Q6_K => [K::MatvecAddQ6_K, K::MatvecKsQ6_K, K::MatvecKsAddQ6_K],
             WeightType::Q2_K => [K::MatvecAddQ2_K, K::MatvecKsQ2_K, K::MatvecKsAddQ2_K],
             WeightType::Q3_K => [K::MatvecAddQ3_K, K::MatvecKsQ3_K, K::MatvecKsAddQ3_K],
-            WeightType::Q4_1 | WeightType::Q5_1 => return None,
+            WeightType::Q4_1 => [K::MatvecAddQ4_1, K::MatvecKsQ4_1, K::MatvecKsAddQ4_1],
+            WeightType::Q5_1 => [K::MatvecAddQ5_1, K::MatvecKsQ5_1, K::MatvecKsAddQ5_1],
         };
         match (bias, k_split) {
-            (false, false) => Some(self.matvec()),
-            (true, false) => Some(ids[0]),
-            (false, true) => Some(ids[1]),
-            (true, true) => Some(ids[2]),
+            (false, false) => self.matvec(),
+            (true, false) => ids[0],
+            (false, true) => ids[1],
+            (true, true) => ids[2],
         }
     }
 
-    /// Rows each warp of the fast mat-vec kernels computes (`R` in `hip/matvec.hip`).
+    /// Rows each warp of the mat-vec kernels computes (`R` in `hip/matvec.hip`).
     pub fn matvec_rows_per_warp(self) -> usize {
         self.matvec_rows_per_block() / crate::MATVEC_WARPS as usize
-    }
-
-    /// True when [`WeightType::matvec`] loops over row groups, so a grid smaller than
-    /// [`crate::matvec_grid`] is still complete (the one-warp-per-row kernels need every block).
-    pub fn matvec_loops(self) -> bool {
-        !matches!(self, WeightType::Q4_1 | WeightType::Q5_1)
     }
 
     /// Output rows one block of [`WeightType::matvec`] computes: [`crate::MATVEC_WARPS`] warps
     /// times the rows per warp (`R` in `hip/matvec.hip`).
     pub fn matvec_rows_per_block(self) -> usize {
         let per_warp = match self {
-            WeightType::Q4_0
-            | WeightType::Q5_0
-            | WeightType::Q8_0
-            | WeightType::Q2_K
-            | WeightType::Q3_K
-            | WeightType::Q6_K => 2,
-            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q4_1 | WeightType::Q5_1 => 1,
+            WeightType::Q4_K | WeightType::Q5_K => 1,
+            _ => 2,
         };
         crate::MATVEC_WARPS as usize * per_warp
     }
@@ -359,6 +349,8 @@ kernel_ids! {
     MatvecGatedQ6_K => Matvec, "matvec_q6_k_gated";
     MatvecGatedQ2_K => Matvec, "matvec_q2_k_gated";
     MatvecGatedQ3_K => Matvec, "matvec_q3_k_gated";
+    MatvecGatedQ4_1 => Matvec, "matvec_q4_1_gated";
+    MatvecGatedQ5_1 => Matvec, "matvec_q5_1_gated";
     MatvecMultiQ4_KQ6_K => Matvec, "matvec_q4_k_q6_k_multi";
     MatvecMultiQ4_0 => Matvec, "matvec_q4_0_multi";
     MatvecMultiQ5_0 => Matvec, "matvec_q5_0_multi";
@@ -368,6 +360,8 @@ kernel_ids! {
     MatvecMultiQ6_K => Matvec, "matvec_q6_k_multi";
     MatvecMultiQ2_K => Matvec, "matvec_q2_k_multi";
     MatvecMultiQ3_K => Matvec, "matvec_q3_k_multi";
+    MatvecMultiQ4_1 => Matvec, "matvec_q4_1_multi";
+    MatvecMultiQ5_1 => Matvec, "matvec_q5_1_multi";
     MatvecAddQ4_0 => Matvec, "matvec_q4_0_add";
     MatvecKsQ4_0 => Matvec, "matvec_q4_0_ks";
     MatvecKsAddQ4_0 => Matvec, "matvec_q4_0_ks_add";
@@ -392,6 +386,12 @@ kernel_ids! {
     MatvecAddQ3_K => Matvec, "matvec_q3_k_add";
     MatvecKsQ3_K => Matvec, "matvec_q3_k_ks";
     MatvecKsAddQ3_K => Matvec, "matvec_q3_k_ks_add";
+    MatvecAddQ4_1 => Matvec, "matvec_q4_1_add";
+    MatvecKsQ4_1 => Matvec, "matvec_q4_1_ks";
+    MatvecKsAddQ4_1 => Matvec, "matvec_q4_1_ks_add";
+    MatvecAddQ5_1 => Matvec, "matvec_q5_1_add";
+    MatvecKsQ5_1 => Matvec, "matvec_q5_1_ks";
+    MatvecKsAddQ5_1 => Matvec, "matvec_q5_1_ks_add";
     MatvecF32 => Matvec, "matvec_f32";
     MatvecF16 => Matvec, "matvec_f16";
     DequantF16Q4_0 => Dequant, "dequant_f16_q4_0";
@@ -471,7 +471,9 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecGatedQ5_K
         | K::MatvecGatedQ6_K
         | K::MatvecGatedQ2_K
-        | K::MatvecGatedQ3_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        | K::MatvecGatedQ3_K
+        | K::MatvecGatedQ4_1
+        | K::MatvecGatedQ5_1 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
         K::MatvecMultiQ4_0
         | K::MatvecMultiQ5_0
         | K::MatvecMultiQ8_0
@@ -479,7 +481,9 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecMultiQ5_K
         | K::MatvecMultiQ6_K
         | K::MatvecMultiQ2_K
-        | K::MatvecMultiQ3_K => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        | K::MatvecMultiQ3_K
+        | K::MatvecMultiQ4_1
+        | K::MatvecMultiQ5_1 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
         K::MatvecMultiQ4_KQ6_K => &[
             Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32,
         ],
@@ -490,7 +494,9 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecKsQ5_K
         | K::MatvecKsQ6_K
         | K::MatvecKsQ2_K
-        | K::MatvecKsQ3_K => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        | K::MatvecKsQ3_K
+        | K::MatvecKsQ4_1
+        | K::MatvecKsQ5_1 => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
         K::MatvecAddQ4_0
         | K::MatvecKsAddQ4_0
         | K::MatvecAddQ5_0
@@ -506,7 +512,11 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecAddQ2_K
         | K::MatvecKsAddQ2_K
         | K::MatvecAddQ3_K
-        | K::MatvecKsAddQ3_K => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        | K::MatvecKsAddQ3_K
+        | K::MatvecAddQ4_1
+        | K::MatvecKsAddQ4_1
+        | K::MatvecAddQ5_1
+        | K::MatvecKsAddQ5_1 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32],
         K::MatvecF32 | K::MatvecF16 => &[Ptr, Ptr, Ptr, I32, I64, I32],
         K::DequantF16Q4_0
         | K::DequantF16Q4_1

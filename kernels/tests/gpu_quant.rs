@@ -160,11 +160,7 @@ fn check_matvec(
         g.launch(
             t.matvec(),
             [
-                if t.matvec_loops() {
-                    (nrows.div_ceil(t.matvec_rows_per_block()) as u32).min(max_grid)
-                } else {
-                    nrows.div_ceil(t.matvec_rows_per_block()) as u32
-                },
+                (nrows.div_ceil(t.matvec_rows_per_block()) as u32).min(max_grid),
                 ny as u32,
                 1,
             ],

@@ -278,9 +278,7 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let Some(wt) = weight_type(w0.tensor.dtype) else {
         return Ok(0);
     };
-    let Some(kid) = wt.matvec_multi() else {
-        return Ok(0);
-    };
+    let kid = wt.matvec_multi();
     // Rows the plain path would split across a block's warps stay on it.
     if m > MATVEC_MAX_COLS || (k >= K_SPLIT_FROM && wt == kernels::WeightType::Q8_0) {
         return Ok(0);

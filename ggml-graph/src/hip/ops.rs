@@ -603,19 +603,13 @@ fn mul_mat_bias(
             let q8 = cache.quantized(d, xp, k, m)?;
             let mut b = Args::new();
             b.push(wp);
-            let (kid, grid, fused) = match (variant, bias) {
-                (Some(kid), bias) => {
-                    if let Some(bias) = bias {
-                        b.push(bias);
-                    }
-                    let grid = if k_split {
-                        n.div_ceil(wt.matvec_rows_per_warp()) as u32
-                    } else {
-                        kernels::matvec_grid(wt, n)
-                    };
-                    (kid, grid, bias.is_some())
-                }
-                (None, _) => (wt.matvec(), kernels::matvec_grid(wt, n), false),
+            if let Some(bias) = bias {
+                b.push(bias);
+            }
+            let grid = if k_split {
+                n.div_ceil(wt.matvec_rows_per_warp()) as u32
+            } else {
+                kernels::matvec_grid(wt, n)
             };
             b.push(MemRange::of_buffer(&q8))
                 .push(out)
@@ -623,9 +617,14 @@ fn mul_mat_bias(
                 .push(wt_.nb[1] as i64)
                 .push(n as i32)
                 .push(n as i32);
-            let r = d.launch_kernel(kid, [grid, m as u32, 1], kernels::MATVEC_WARPS * warp, &b.0);
+            let r = d.launch_kernel(
+                variant,
+                [grid, m as u32, 1],
+                kernels::MATVEC_WARPS * warp,
+                &b.0,
+            );
             drop(cache);
-            return r.map(|()| fused);
+            return r.map(|()| bias.is_some());
         }
         let kid = if wt_.dtype == DType::F32 {
             KernelId::MatvecF32
@@ -736,7 +735,7 @@ fn mul_mat_gated(
 ) -> Result<()> {
     let (wg, wu, x) = (&srcs[0], &srcs[1], &srcs[2]);
     let (k, n, m) = (wg.tensor.ne[0], wg.tensor.ne[1], x.tensor.nrows());
-    let gated = weight_type(wg.tensor.dtype).and_then(|wt| wt.matvec_gated().map(|g| (wt, g)));
+    let gated = weight_type(wg.tensor.dtype).map(|wt| (wt, wt.matvec_gated()));
     if let (true, Some((wt, kid))) = (m <= MATVEC_MAX_COLS, gated) {
         let mut cache = d.inner.q8.lock();
         let q8 = cache.quantized(d, addr(x)?, k, m)?;

@@ -47,8 +47,19 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     bytemuck::cast_slice(v).to_vec()
 }
 
-/// Random blocks of `dt` with every f16 scale field set to a small finite value.
-fn quant_bytes(dt: DType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+/// Random weights of `dt`: floats, or blocks with every f16 scale field set to a small finite value.
+fn weight_bytes(dt: DType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    match dt {
+        DType::F32 => return f32_bytes(&rng.vec(rows * cols)),
+        DType::F16 => {
+            return rng
+                .vec(rows * cols)
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect()
+        }
+        _ => {}
+    }
     let nb = rows * cols / dt.block_size();
     let mut b = rng.bytes(nb * dt.type_size());
     let fields: &[usize] = match dt {
@@ -156,15 +167,7 @@ fn mul_mat_matches_cpu_for_every_weight_type_decode_and_prefill() {
             let x = g.input("x", DType::F32, &[k, m]).expect("x");
             let y = g.mul_mat(w, x).expect("mul_mat");
             g.mark_output(y).expect("out");
-            let wb = match dt {
-                DType::F32 => f32_bytes(&rng.vec(k * n)),
-                DType::F16 => rng
-                    .vec(k * n)
-                    .iter()
-                    .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-                    .collect(),
-                _ => quant_bytes(dt, n, k, &mut rng),
-            };
+            let wb = weight_bytes(dt, n, k, &mut rng);
             let c = Case {
                 g,
                 weights: vec![("w".into(), dt, vec![k, n], wb)],
@@ -192,7 +195,7 @@ fn mul_mat_prefill_with_more_rows_than_grid_y_matches_cpu() {
     g.mark_output(y).expect("out");
     let c = Case {
         g,
-        weights: vec![("w".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng))],
+        weights: vec![("w".into(), dt, vec![k, n], weight_bytes(dt, n, k, &mut rng))],
         inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
         out: y,
     };
@@ -220,13 +223,13 @@ fn shared_mat_vec_input_is_quantized_once_and_refreshed() {
             "w1".to_owned(),
             DType::Q4_K,
             vec![k, n],
-            quant_bytes(DType::Q4_K, n, k, &mut rng),
+            weight_bytes(DType::Q4_K, n, k, &mut rng),
         ),
         (
             "w2".to_owned(),
             DType::Q6_K,
             vec![k, n],
-            quant_bytes(DType::Q6_K, n, k, &mut rng),
+            weight_bytes(DType::Q6_K, n, k, &mut rng),
         ),
     ];
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
@@ -401,7 +404,7 @@ fn rope_get_rows_and_argmax_match_cpu() {
         let tb = if dt == DType::F32 {
             f32_bytes(&rng.vec(cols * rows))
         } else {
-            quant_bytes(dt, rows, cols, &mut rng)
+            weight_bytes(dt, rows, cols, &mut rng)
         };
         let c = Case {
             g,
@@ -542,7 +545,7 @@ fn attention_block_prefill_then_decode_with_persistent_cache() {
     let (dm, hd, nh, nkv, ff, n_ctx) = (256usize, 64usize, 4usize, 1usize, 512usize, 16usize);
     let mut weights: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut wq = |name: &str, dt: DType, k: usize, n: usize, rng: &mut Rng| {
-        weights.push((name.into(), dt, vec![k, n], quant_bytes(dt, n, k, rng)));
+        weights.push((name.into(), dt, vec![k, n], weight_bytes(dt, n, k, rng)));
     };
     wq("q", DType::Q4_K, dm, nh * hd, &mut rng);
     wq("k", DType::Q8_0, dm, nkv * hd, &mut rng);
@@ -683,8 +686,8 @@ fn attention_block_prefill_then_decode_with_persistent_cache() {
 }
 
 /// The optimizer's fused nodes (`rms_norm * w`, `mul_mat + bias`, gated FFN products) on the GPU
-/// against the CPU's fused ops: decode (one or two columns, the gated mat-vec kernels; Q4_1 has
-/// none and takes two products and the activation) and prefill (GEMMs).
+/// against the CPU's fused ops: decode (one or two columns, the gated mat-vec kernels; f16
+/// weights have none and take two products and the activation) and prefill (GEMMs).
 #[test]
 fn fused_nodes_match_cpu() {
     let Some(h) = hip() else { return };
@@ -727,7 +730,7 @@ fn fused_nodes_match_cpu() {
                     "wm".into(),
                     dt,
                     vec![kk, n],
-                    quant_bytes(dt, n, kk, &mut rng),
+                    weight_bytes(dt, n, kk, &mut rng),
                 )],
                 inputs: vec![
                     (x, f32_bytes(&rng.vec(kk * m))),
@@ -756,7 +759,7 @@ fn fused_nodes_match_cpu() {
         assert_eq!(g.tensors()[y.index()].op, Op::MulMatAdd);
         let c = Case {
             g,
-            weights: vec![("w".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng))],
+            weights: vec![("w".into(), dt, vec![k, n], weight_bytes(dt, n, k, &mut rng))],
             inputs: vec![(b, f32_bytes(&rng.vec(n))), (x, f32_bytes(&rng.vec(k * m)))],
             out: y,
         };
@@ -773,6 +776,8 @@ fn fused_nodes_match_cpu() {
             DType::Q3_K,
             DType::Q2_K,
             DType::Q4_1,
+            DType::Q5_1,
+            DType::F16,
         ] {
             for act in [Act::Silu, Act::Gelu] {
                 let mut g = Graph::new();
@@ -788,8 +793,18 @@ fn fused_nodes_match_cpu() {
                 let c = Case {
                     g,
                     weights: vec![
-                        ("wg".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng)),
-                        ("wu".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng)),
+                        (
+                            "wg".into(),
+                            dt,
+                            vec![k, n],
+                            weight_bytes(dt, n, k, &mut rng),
+                        ),
+                        (
+                            "wu".into(),
+                            dt,
+                            vec![k, n],
+                            weight_bytes(dt, n, k, &mut rng),
+                        ),
                     ],
                     inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
                     out: y,
@@ -826,19 +841,19 @@ fn fused_nodes_match_cpu() {
                         "wg".into(),
                         dt,
                         vec![k, nf],
-                        quant_bytes(dt, nf, k, &mut rng),
+                        weight_bytes(dt, nf, k, &mut rng),
                     ),
                     (
                         "wu".into(),
                         dt,
                         vec![k, nf],
-                        quant_bytes(dt, nf, k, &mut rng),
+                        weight_bytes(dt, nf, k, &mut rng),
                     ),
                     (
                         "wd".into(),
                         down,
                         vec![nf, k],
-                        quant_bytes(down, k, nf, &mut rng),
+                        weight_bytes(down, k, nf, &mut rng),
                     ),
                 ],
                 inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
@@ -865,6 +880,8 @@ fn k_split_mat_vec_matches_cpu() {
         DType::Q5_0,
         DType::Q3_K,
         DType::Q2_K,
+        DType::Q4_1,
+        DType::Q5_1,
     ] {
         for m in [1usize, 2] {
             for bias in [false, true] {
@@ -882,7 +899,7 @@ fn k_split_mat_vec_matches_cpu() {
                 crate::opt::fuse(&mut g);
                 let c = Case {
                     g,
-                    weights: vec![("w".into(), dt, vec![k, n], quant_bytes(dt, n, k, &mut rng))],
+                    weights: vec![("w".into(), dt, vec![k, n], weight_bytes(dt, n, k, &mut rng))],
                     inputs,
                     out: y,
                 };
@@ -900,7 +917,7 @@ fn k_split_mat_vec_matches_cpu() {
 /// The q, k and v projections of a decode step (three `mul_mat`s of one input, rows not a
 /// multiple of a block's) in one grouped launch, against the CPU for every type the grouped
 /// kernels take; Q4_K q and k with a Q6_K v go together too, a run whose third weight has
-/// another type groups the first two, and the one-warp-per-row types stay ungrouped.
+/// another type groups the first two, and float weights stay ungrouped.
 #[test]
 fn grouped_qkv_mat_vecs_match_cpu() {
     let Some(h) = hip() else { return };
@@ -908,7 +925,7 @@ fn grouped_qkv_mat_vecs_match_cpu() {
     let k = 512usize;
     let rows = [100usize, 36, 20];
     // (types, grouped launches, grouped nodes)
-    let cases: [([DType; 3], usize, usize); 11] = [
+    let cases: [([DType; 3], usize, usize); 13] = [
         ([DType::Q4_K; 3], 1, 3),
         ([DType::Q5_K; 3], 1, 3),
         ([DType::Q6_K; 3], 1, 3),
@@ -919,7 +936,9 @@ fn grouped_qkv_mat_vecs_match_cpu() {
         ([DType::Q2_K; 3], 1, 3),
         ([DType::Q4_K, DType::Q4_K, DType::Q6_K], 1, 3),
         ([DType::Q8_0, DType::Q8_0, DType::Q6_K], 1, 2),
-        ([DType::Q4_1; 3], 0, 0),
+        ([DType::Q4_1; 3], 1, 3),
+        ([DType::Q5_1; 3], 1, 3),
+        ([DType::F16; 3], 0, 0),
     ];
     let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
         CpuBackend::new(2).expect("cpu backend"),
@@ -935,7 +954,7 @@ fn grouped_qkv_mat_vecs_match_cpu() {
                 let w = g.weight(&name, dt, &[k, n]).expect("w");
                 let y = g.mul_mat(w, x).expect("mm");
                 g.mark_output(y).expect("out");
-                weights.push((name, dt, vec![k, n], quant_bytes(dt, n, k, &mut rng)));
+                weights.push((name, dt, vec![k, n], weight_bytes(dt, n, k, &mut rng)));
                 ys.push(y);
             }
             let xs = f32_bytes(&rng.vec(k * m));

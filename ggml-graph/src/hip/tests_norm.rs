@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{f32_bytes, hip, nmse, quant_bytes, Rng};
+use super::{f32_bytes, hip, nmse, weight_bytes, Rng};
 use crate::backend::{CpuDevice, Device};
 use crate::cpu::CpuBackend;
 use crate::exec::WeightBytes;
@@ -80,7 +80,7 @@ fn grouped_norm_add_norm_matches_cpu() {
             g.mark_output(p).expect("out");
             outs.extend([hh, p]);
             weights.push(("w2".into(), DType::F32, vec![k], f32_bytes(&rng.vec(k))));
-            let wb = quant_bytes(DType::Q8_0, 48, k, &mut rng);
+            let wb = weight_bytes(DType::Q8_0, 48, k, &mut rng);
             weights.push(("wq".into(), DType::Q8_0, vec![k, 48], wb));
         }
         let inputs = [
