@@ -367,7 +367,7 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
         if (y8) {
             // 32-lane groups hold 32 consecutive values (D <= NT, D a multiple of 32).
             const int ncols = p.n_heads * D;
-            q8_1_put(a, y8 + (size_t)tok * q8_vec_bytes(ncols), ncols, head * D + d, true);
+            q8_1_put(a, y8 + (size_t)tok * q8_vec_bytes(ncols), ncols, head * D + d);
         }
     }
 }

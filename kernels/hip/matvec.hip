@@ -2,22 +2,19 @@
 // layout, see common.h), then integer dot products against ggml-quantized weight rows read in
 // place.
 //
-// Two kernel shapes:
-// - Fast kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K): each warp computes `R` rows at once, so each
-//   activation load serves R rows, and lanes are laid out so that a warp's loads cover
-//   contiguous bytes. Q4_K blocks (144 bytes) are 16-byte aligned, so lanes read them directly
-//   with 16-byte loads. Blocks of 18/22/34/210 bytes are only 2-byte aligned: a warp first
-//   copies its span of each row into shared memory with coalesced 16-byte (or 4-byte) loads, then
-//   lanes pick their fields out of shared memory.
-// - One-warp-per-row kernels (the other types): each lane handles a "unit" (one 32-value Q8_1
-//   block, or two for Q5_K whose nibbles pair sub-blocks) and the warp reduces.
+// Each warp computes `R` rows at once, so each activation load serves R rows, and lanes are laid
+// out so that a warp's loads cover contiguous bytes. Q4_K/Q5_K blocks (144/176 bytes) are 16-byte
+// aligned, so lanes read them directly with 16-byte loads. The other types' blocks (18 to 210
+// bytes) are only 2- or 4-byte aligned: a warp first copies its span of each row into shared
+// memory with coalesced 16-byte (or 4-byte) loads, then lanes pick their fields out of shared
+// memory.
 // Offsets that depend on a whole 32-value block (Q4_0's -8, the K-quant minimums) use the Q8_1
 // block's precomputed sum `s`.
 //
 // Every mat-vec kernel takes (w, y, out, ncols, row_bytes, out_stride, nrows), runs MV_WARPS warps
 // per block (the host passes MV_WARPS * warp size threads) and covers MV_WARPS * R rows per block
-// (`kernels::WeightType::matvec_rows_per_block`); grid.y is the activation vector. The fast
-// kernels also loop when grid.x is smaller than the row groups (capping the grid to what stays
+// (`kernels::WeightType::matvec_rows_per_block`); grid.y is the activation vector. The kernels
+// also loop when grid.x is smaller than the row groups (capping the grid to what stays
 // resident measured no faster on an H200, so the host launches one block per row group).
 #include "common.h"
 
@@ -33,7 +30,7 @@ RF_KERNEL void quantize_q8_1(const float* __restrict__ x, uint8_t* __restrict__ 
     const int blk = i / QK8_1;
     if (blk * QK8_1 >= ncols) return;  // whole 32-lane groups leave together
     const float v = x[(long long)blockIdx.y * x_stride + i];
-    q8_1_put(v, y + (size_t)blockIdx.y * q8_vec_bytes(ncols), ncols, i, true);
+    q8_1_put(v, y + (size_t)blockIdx.y * q8_vec_bytes(ncols), ncols, i);
 }
 
 static __device__ __forceinline__ int ones() { return 0x01010101; }
@@ -69,7 +66,7 @@ static __device__ __forceinline__ int word(const int4& v, int k) {
     return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-// Epilogue of the fast kernels for rows row0 .. row0 + R - 1: warp sums of the lanes' partial
+// Epilogue of the mat-vecs for rows row0 .. row0 + R - 1: warp sums of the lanes' partial
 // dot products (NM = 2: gate and up rows), with KS > 1 the sums of the block's KS warps (each
 // took every KS-th part of the row; added in warp order through shared memory, so the result is
 // the same on every run), then lane r of the storing warp writes
@@ -696,7 +693,7 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 #define MV_PREFETCH_BYTES 1024
 #endif
 
-// Kernel entry of the fast mat-vecs: prefetch the first bytes of this block's rows of `w` (and
+// Kernel entry of the mat-vecs: prefetch the first bytes of this block's rows of `w` (and
 // `w2`) toward L2, then rf_entry(). Weights are read-only, so they may be fetched before the
 // previous kernel ends.
 template <int PB>
@@ -729,7 +726,7 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
         shape<T, R, 1>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind);                  \
     }
 
-// Each fast kernel comes as `name` (plain), `name_add` (plus a bias row), the K-split `name_ks` /
+// Each mat-vec comes as `name` (plain), `name_add` (plus a bias row), the K-split `name_ks` /
 // `name_ks_add` (all MV_WARPS warps of a block share R rows, each taking every MV_WARPS-th part of
 // them: for long rows and few of them) and `name_multi` (up to three matrices in one grid, see
 // `mv_multi_pick`); `attrs` empty or a register bound (RF_LB).
@@ -762,7 +759,7 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
         shape<T, R, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0);                     \
     }
 
-// Rows per warp (R) of each fast kernel; `kernels::WeightType::matvec_rows_per_block` is
+// Rows per warp (R) of each mat-vec; `kernels::WeightType::matvec_rows_per_block` is
 // MV_WARPS * R. Chosen with `cargo bench -p kernels --bench decode` on an H200: Q4_K/Q5_K read
 // directly, one row per warp and two blocks per lane in flight (Q4_K 8B FFN shapes: 63-68% of the
 // copy bandwidth, against 53% through the stage with two rows and 59-61% with one block in

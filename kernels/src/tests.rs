@@ -25,12 +25,11 @@ fn every_kernel_symbol_is_in_its_sources() {
 /// `_ks_add` is not taken for `_add`).
 const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_multi", "_add", "_ks"];
 
-/// True when a `RF_MATVEC(name, T)`, `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)`
-/// (for `base_gated`) or `RF_DEQUANT(suffix, T)` line defines `name`.
+/// True when a `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)` (for `base_gated`) or
+/// `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
-    if src.contains(&format!("RF_MATVEC({name},"))
-        || src.contains(&format!("RF_MATVEC_FAST({name},"))
+    if src.contains(&format!("RF_MATVEC_FAST({name},"))
         || name.strip_suffix("_gated").is_some_and(gated)
     {
         return true;
@@ -151,7 +150,7 @@ fn own_definition(src: &str, name: &str) -> Option<usize> {
 }
 
 /// The C parameter list of kernel `name` in `src`: its own definition, or the one of the macro
-/// that defines it (`RF_MATVEC`, `RF_MATVEC_FAST`, `RF_DEQUANT`).
+/// that defines it (`RF_MATVEC_FAST`, `RF_MATVEC_GATED`, `RF_DEQUANT`).
 fn c_params(src: &str, name: &str) -> Option<String> {
     let list_after = |at: usize| -> Option<String> {
         let open = at + src[at..].find('(')?;
@@ -160,10 +159,6 @@ fn c_params(src: &str, name: &str) -> Option<String> {
     };
     if let Some(at) = own_definition(src, name) {
         return list_after(at);
-    }
-    if src.contains(&format!("RF_MATVEC({name},")) {
-        let def = src.find("#define RF_MATVEC(")?;
-        return list_after(def + src[def..].find("RF_KERNEL void name(")?);
     }
     if src.contains(&format!("RF_MATVEC_FAST({name},")) {
         let def = src.find("#define RF_MATVEC_FAST(")?;
