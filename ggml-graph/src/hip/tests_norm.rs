@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{f32_bytes, hip, nmse, weight_bytes, Rng};
+use super::{f32_bytes, hip, nmse, weight_bytes, Rng, Weight};
 use crate::backend::{CpuDevice, Device};
 use crate::cpu::CpuBackend;
 use crate::exec::WeightBytes;
@@ -12,7 +12,7 @@ use crate::graph::Graph;
 use crate::sched::Scheduler;
 use crate::tensor::{DType, RopeMode, RopeParams, TensorId};
 
-type Weights = Vec<(String, DType, Vec<usize>, Vec<u8>)>;
+type Weights = Vec<Weight>;
 
 /// Runs `g` (optimized) on a GPU-first and a CPU-only scheduler; returns the grouped launches the
 /// GPU run made and both runs' `outs`.

@@ -1,0 +1,144 @@
+//! GPU-against-CPU checks of the decode mat-vec launches: long rows with and without a bias row
+//! (the K-split kernels where the backend takes them), and the q, k and v projections grouped
+//! into one launch.
+
+use std::sync::Arc;
+
+use super::{check, f32_bytes, hip, nmse, weight, Case, Rng};
+use crate::backend::{CpuDevice, Device};
+use crate::cpu::CpuBackend;
+use crate::exec::WeightBytes;
+use crate::graph::Graph;
+use crate::sched::Scheduler;
+use crate::tensor::DType;
+
+/// Long rows (from `K_SPLIT_FROM`) against the CPU for every fast weight type, alone and with a
+/// bias row: the K-split kernels where the backend takes them (Q8_0), one row per warp otherwise.
+#[test]
+fn k_split_mat_vec_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x7777_1234_abcd_0001);
+    let (k, n) = (9216usize, 100usize);
+    for dt in [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q5_0,
+        DType::Q3_K,
+        DType::Q2_K,
+        DType::Q4_1,
+        DType::Q5_1,
+    ] {
+        for m in [1usize, 2] {
+            for bias in [false, true] {
+                let mut g = Graph::new();
+                let w = g.weight("w", dt, &[k, n]).expect("w");
+                let x = g.input("x", DType::F32, &[k, m]).expect("x");
+                let mut inputs = vec![(x, f32_bytes(&rng.vec(k * m)))];
+                let mut y = g.mul_mat(w, x).expect("mm");
+                if bias {
+                    let b = g.input("b", DType::F32, &[n]).expect("b");
+                    inputs.push((b, f32_bytes(&rng.vec(n))));
+                    y = g.add(y, b).expect("add");
+                }
+                g.mark_output(y).expect("out");
+                crate::opt::fuse(&mut g);
+                let c = Case {
+                    g,
+                    weights: vec![weight("w", dt, k, n, &mut rng)],
+                    inputs,
+                    out: y,
+                };
+                check(
+                    &h,
+                    &format!("k-split mul_mat {dt} m={m} bias={bias}"),
+                    &c,
+                    2e-3,
+                );
+            }
+        }
+    }
+}
+
+/// The q, k and v projections of a decode step (three `mul_mat`s of one input, rows not a
+/// multiple of a block's) in one grouped launch, against the CPU for every type the grouped
+/// kernels take; Q4_K q and k with a Q6_K v go together too, a run whose third weight has
+/// another type groups the first two, and float weights stay ungrouped.
+#[test]
+fn grouped_qkv_mat_vecs_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x5151_2727_0a0a_3c3c);
+    let k = 512usize;
+    let rows = [100usize, 36, 20];
+    // (types, grouped launches, grouped nodes)
+    let cases: [([DType; 3], usize, usize); 13] = [
+        ([DType::Q4_K; 3], 1, 3),
+        ([DType::Q5_K; 3], 1, 3),
+        ([DType::Q6_K; 3], 1, 3),
+        ([DType::Q8_0; 3], 1, 3),
+        ([DType::Q4_0; 3], 1, 3),
+        ([DType::Q5_0; 3], 1, 3),
+        ([DType::Q3_K; 3], 1, 3),
+        ([DType::Q2_K; 3], 1, 3),
+        ([DType::Q4_K, DType::Q4_K, DType::Q6_K], 1, 3),
+        ([DType::Q8_0, DType::Q8_0, DType::Q6_K], 1, 2),
+        ([DType::Q4_1; 3], 1, 3),
+        ([DType::Q5_1; 3], 1, 3),
+        ([DType::F16; 3], 0, 0),
+    ];
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    for (types, groups, nodes) in cases {
+        for m in [1usize, 2] {
+            let mut g = Graph::new();
+            let x = g.input("x", DType::F32, &[k, m]).expect("x");
+            let mut weights = Vec::new();
+            let mut ys = Vec::new();
+            for (i, (&dt, &n)) in types.iter().zip(&rows).enumerate() {
+                let name = format!("w{i}");
+                let w = g.weight(&name, dt, &[k, n]).expect("w");
+                let y = g.mul_mat(w, x).expect("mm");
+                g.mark_output(y).expect("out");
+                weights.push(weight(&name, dt, k, n, &mut rng));
+                ys.push(y);
+            }
+            let xs = f32_bytes(&rng.vec(k * m));
+            let (before, nodes_before) = (h.grouped_launches(), h.grouped_nodes());
+            let mut outs = Vec::new();
+            for devices in [
+                vec![h.clone() as Arc<dyn Device>, cpu.clone()],
+                vec![cpu.clone()],
+            ] {
+                let mut s = Scheduler::new(devices).expect("scheduler");
+                for (name, dt, shape, bytes) in &weights {
+                    s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                        .expect("bind");
+                }
+                s.run(&g, &[(x, xs.as_slice())]).expect("run");
+                let o: Vec<Vec<f32>> = ys
+                    .iter()
+                    .map(|&y| s.output_f32(y).expect("output"))
+                    .collect();
+                outs.push(o);
+            }
+            assert_eq!(
+                h.grouped_launches() - before,
+                groups,
+                "grouped launches for {types:?} m={m}"
+            );
+            assert_eq!(
+                h.grouped_nodes() - nodes_before,
+                nodes,
+                "grouped nodes for {types:?} m={m}"
+            );
+            for (i, (gpu, cpu)) in outs[0].iter().zip(&outs[1]).enumerate() {
+                let e = nmse(gpu, cpu);
+                println!("grouped mul_mat {:?} #{i} m={m}: NMSE {e:.3e}", types[i]);
+                assert!(e <= 2e-3, "grouped {:?} #{i} m={m}: NMSE {e:.3e}", types[i]);
+            }
+        }
+    }
+}
