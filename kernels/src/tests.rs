@@ -277,6 +277,8 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
     let body: Vec<&str> = src[open..end].lines().skip(1).map(str::trim).collect();
     assert!(
         body.iter().all(|l| l.starts_with("const ")
+            || l.starts_with("constexpr ")
+            || l.starts_with("if (mv_piped<")
             || l.starts_with("for (")
             || l.starts_with("rf_prefetch_l2(")
             || l.starts_with("if (w2) rf_prefetch_l2(")
@@ -285,6 +287,21 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         "mv_entry does more than prefetch before waiting: {body:?}"
     );
     assert_eq!(body.last(), Some(&"rf_entry();"));
+    // The pipeline (which mv_entry leaves alone) only requests weight steps before it waits.
+    let at = src.find("void pipe_rows(").expect("pipe_rows defined");
+    let open = at + src[at..].find('{').expect("pipe_rows opens");
+    let wait = open + src[open..].find("rf_entry();").expect("pipe_rows waits");
+    let before: Vec<&str> = src[open..wait].lines().skip(1).map(str::trim).collect();
+    assert!(
+        before.iter().all(|l| l.starts_with("using ")
+            || l.starts_with("const int nblk")
+            || l.starts_with("#pragma unroll")
+            || l.starts_with("for (int k = 0; k < D::S - 1; ++k) pipe_issue<")
+            || l.starts_with("if (!entered)")
+            || l.is_empty()),
+        "pipe_rows does more than request weights before waiting: {before:?}"
+    );
+    assert!(before.len() >= 3, "pipe_rows' opening not found: {before:?}");
 }
 
 fn skip_blank(s: &str) -> &str {
