@@ -301,7 +301,10 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
             || l.is_empty()),
         "pipe_rows does more than request weights before waiting: {before:?}"
     );
-    assert!(before.len() >= 3, "pipe_rows' opening not found: {before:?}");
+    assert!(
+        before.len() >= 3,
+        "pipe_rows' opening not found: {before:?}"
+    );
 }
 
 fn skip_blank(s: &str) -> &str {
