@@ -256,7 +256,6 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
     constexpr int VEC = kv_vec<KV>::VEC;
     constexpr int NT = ATTN_DEC_THREADS;
     __shared__ float sc[ATTN_DEC_MAX_KV];
-    __shared__ __align__(16) float qs[ATTN_DMAX];
     __shared__ float red[NT * 8];  // PV partial sums (at most NT * VEC floats), reductions
     const int head = blockIdx.x, tok = blockIdx.y;
     const int D = p.head_dim, chunks = D / VEC;
@@ -266,10 +265,10 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
     const int lo = p.window > 0 ? max(0, qpos - p.window + 1) : 0;
     const int n = max(hi - lo, 0);
     const float* qp = q + (long long)tok * p.q_tok_stride + (long long)head * p.q_head_stride;
-    for (int d = threadIdx.x; d < D; d += NT) qs[d] = round_kv<KV>(qp[d]);
-    __syncthreads();
 
-    // Scores: groups of G lanes (a power of two, at most a warp), one key per group.
+    // Scores: groups of G lanes (a power of two, at most a warp), one key per group. G is more
+    // than half of min(chunks, warp), so a lane owns at most two chunks of the query and holds
+    // them in registers: their loads go out with the first keys' (no shared-memory round trip).
     int G = 1;
     while (G * 2 <= chunks && G < RF_WARP) G *= 2;
     const int lane = threadIdx.x % RF_WARP;
@@ -277,18 +276,23 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
     const int group = threadIdx.x / G, ngroups = NT / G;
     const KV* kb = k + (long long)kvh * p.k_head_stride;
     const KV* vb = v + (long long)kvh * p.v_head_stride;
-    // The values are read only after the softmax: start fetching them into L2 now, so that their
-    // memory latency overlaps the scores.
-    const int vlines = (D * (int)sizeof(KV) + 127) / 128;
-    for (int i = threadIdx.x; i < n * vlines; i += NT)
-        rf_prefetch_l2(vb + (long long)(lo + i / vlines) * p.v_pos_stride + (i % vlines) * (128 / (int)sizeof(KV)));
+    float qv[2][VEC];
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+        const int c = gl + cc * G;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) qv[cc][i] = c < chunks ? round_kv<KV>(qp[c * VEC + i]) : 0.0f;
+    }
     // ATTN_DEC_KU keys per group and step, their loads issued before the first product.
     float mx = -INFINITY;
     for (int j0 = 0; j0 < n; j0 += ngroups * ATTN_DEC_KU) {
         float s[ATTN_DEC_KU];
 #pragma unroll
         for (int u = 0; u < ATTN_DEC_KU; ++u) s[u] = 0.0f;
-        for (int c = gl; c < chunks; c += G) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int c = gl + cc * G;
+            if (c >= chunks) break;
             float kf[ATTN_DEC_KU][VEC];
 #pragma unroll
             for (int u = 0; u < ATTN_DEC_KU; ++u) {
@@ -303,7 +307,7 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
 #pragma unroll
             for (int u = 0; u < ATTN_DEC_KU; ++u)
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) s[u] += qs[c * VEC + i] * kf[u][i];
+                for (int i = 0; i < VEC; ++i) s[u] += qv[cc][i] * kf[u][i];
         }
 #pragma unroll
         for (int u = 0; u < ATTN_DEC_KU; ++u) {
@@ -372,15 +376,37 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
     }
 }
 
+// Kernel entry of the decode attention: ask for the cache rows this block reads (its KV head's
+// keys and values over the visible range) to be brought into L2, then rf_entry(). A prefetch
+// only moves data toward the cache that every write also goes through, so it is safe while the
+// kernel before is still writing this step's rows; `pos` may not be final yet either (it only
+// steers prefetches, clamped to the cache), the real reads come after the wait.
+template <typename KV>
+static __device__ __forceinline__ void attn_dec_entry(const KV* k, const KV* v, const int* pos,
+                                                      const attn_params p) {
+    const int qpos = min(max(pos[blockIdx.y], 0), max(p.n_kv - 1, 0));
+    const int hi = p.causal ? min(qpos + 1, p.n_kv) : p.n_kv;
+    const int lo = p.window > 0 ? max(0, qpos - p.window + 1) : 0;
+    const int kvh = blockIdx.x / (p.n_heads / p.n_kv_heads);
+    const int lines = (p.head_dim * (int)sizeof(KV) + 127) / 128;
+    for (int i = threadIdx.x; i < (hi - lo) * lines; i += ATTN_DEC_THREADS) {
+        const long long o = (long long)(i % lines) * (128 / (int)sizeof(KV));
+        const long long j = lo + i / lines;
+        rf_prefetch_l2(k + (long long)kvh * p.k_head_stride + j * p.k_pos_stride + o);
+        rf_prefetch_l2(v + (long long)kvh * p.v_head_stride + j * p.v_pos_stride + o);
+    }
+    rf_entry();
+}
+
 RF_KERNEL void attn_dec_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
                             uint8_t* y8, attn_params p) {
-    rf_entry();
+    attn_dec_entry<__half>(k, v, pos, p);
     attn_dec_impl<__half>(q, k, v, pos, out, y8, p);
 }
 
 RF_KERNEL void attn_dec_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
                             uint8_t* y8, attn_params p) {
-    rf_entry();
+    attn_dec_entry<float>(k, v, pos, p);
     attn_dec_impl<float>(q, k, v, pos, out, y8, p);
 }
 

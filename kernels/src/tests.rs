@@ -261,8 +261,10 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
                 None => body,
             };
             assert!(
-                body.starts_with("rf_entry();") || body.starts_with("mv_entry<"),
-                "{}: `{head}` does not open with rf_entry(); or mv_entry<..>(..);",
+                body.starts_with("rf_entry();")
+                    || body.starts_with("mv_entry<")
+                    || body.starts_with("attn_dec_entry<"),
+                "{}: `{head}` does not open with rf_entry(); or an entry that ends with it",
                 path.display()
             );
             entries += 1;
@@ -285,6 +287,23 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
             || *l == "}"
             || *l == "rf_entry();"),
         "mv_entry does more than prefetch before waiting: {body:?}"
+    );
+    assert_eq!(body.last(), Some(&"rf_entry();"));
+    // The decode attention's entry only computes its visible range and prefetches cache rows.
+    let src_attn = std::fs::read_to_string(dir.join("attention.hip")).expect("attention.hip");
+    let at = src_attn
+        .find("void attn_dec_entry(")
+        .expect("attn_dec_entry defined");
+    let end = at + src_attn[at..].find("\n}").expect("attn_dec_entry body");
+    let open = at + src_attn[at..].find('{').expect("attn_dec_entry opens");
+    let body: Vec<&str> = src_attn[open..end].lines().skip(1).map(str::trim).collect();
+    assert!(
+        body.iter().all(|l| l.starts_with("const ")
+            || l.starts_with("for (")
+            || l.starts_with("rf_prefetch_l2(")
+            || *l == "}"
+            || *l == "rf_entry();"),
+        "attn_dec_entry does more than prefetch before waiting: {body:?}"
     );
     assert_eq!(body.last(), Some(&"rf_entry();"));
     // The pipeline (which mv_entry leaves alone) only requests weight steps before it waits.
