@@ -222,8 +222,7 @@ struct kv_vec;
 template <>
 struct kv_vec<__half> {
     static constexpr int VEC = 8;
-    static __device__ __forceinline__ void load(const __half* p, float* o) {
-        const int4 v = *reinterpret_cast<const int4*>(p);
+    static __device__ __forceinline__ void unpack(const int4& v, float* o) {
         const __half2* h = reinterpret_cast<const __half2*>(&v);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -232,18 +231,123 @@ struct kv_vec<__half> {
             o[2 * i + 1] = f.y;
         }
     }
+    static __device__ __forceinline__ void load(const __half* p, float* o) {
+        unpack(*reinterpret_cast<const int4*>(p), o);
+    }
 };
 template <>
 struct kv_vec<float> {
     static constexpr int VEC = 4;
+    static __device__ __forceinline__ void unpack(const int4& v, float* o) {
+        o[0] = __int_as_float(v.x);
+        o[1] = __int_as_float(v.y);
+        o[2] = __int_as_float(v.z);
+        o[3] = __int_as_float(v.w);
+    }
     static __device__ __forceinline__ void load(const float* p, float* o) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        o[0] = v.x;
-        o[1] = v.y;
-        o[2] = v.z;
-        o[3] = v.w;
+        unpack(*reinterpret_cast<const int4*>(p), o);
     }
 };
+
+// Keys per score group that `attn_dec_one_pass` holds in registers.
+#define ATTN_DEC_FK 8
+
+// attn_dec when the visible keys fit one pass: each lane owns exactly one chunk of VEC dims
+// (chunks == G) and each group at most ATTN_DEC_FK keys, so the query, key and value loads all go
+// out together right after the wait (one memory latency instead of three in a row), and the
+// block exchanges data twice: the warps' (max, sum) pairs for the softmax, then their partial
+// outputs. The roundings are attn_dec_impl's (f16 queries; normalized probabilities rounded
+// before they weight V); only the order in which the softmax sum is added up differs. `ml` holds
+// 2 * NT / RF_WARP floats and `red` NT / RF_WARP * head_dim.
+template <typename KV>
+static __device__ __forceinline__ void attn_dec_one_pass(const float* __restrict__ qp, const KV* __restrict__ kb,
+                                                         const KV* __restrict__ vb, int lo, int n, int G,
+                                                         const attn_params& p, float* __restrict__ op,
+                                                         uint8_t* __restrict__ y8, int head, int tok,
+                                                         float* ml, float* red) {
+    constexpr int VEC = kv_vec<KV>::VEC;
+    constexpr int NT = ATTN_DEC_THREADS;
+    constexpr int NW = NT / RF_WARP;
+    const int D = p.head_dim;
+    const int lane = threadIdx.x % RF_WARP, wid = threadIdx.x / RF_WARP;
+    const int c = lane % G;
+    const int group = threadIdx.x / G, ngroups = NT / G;
+    float qv[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) qv[i] = round_kv<KV>(qp[c * VEC + i]);
+    int4 kr[ATTN_DEC_FK], vr[ATTN_DEC_FK];
+#pragma unroll
+    for (int u = 0; u < ATTN_DEC_FK; ++u) {
+        const int j = group + u * ngroups;
+        kr[u] = vr[u] = make_int4(0, 0, 0, 0);
+        if (j < n) {
+            kr[u] = *reinterpret_cast<const int4*>(kb + (long long)(lo + j) * p.k_pos_stride + c * VEC);
+            vr[u] = *reinterpret_cast<const int4*>(vb + (long long)(lo + j) * p.v_pos_stride + c * VEC);
+        }
+    }
+    // Scores (the group's lanes all end with the sum), the warp's max and its sum of exponentials.
+    float s[ATTN_DEC_FK];
+    float m = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < ATTN_DEC_FK; ++u) {
+        float kf[VEC];
+        kv_vec<KV>::unpack(kr[u], kf);
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) a += qv[i] * kf[i];
+        for (int o = G / 2; o > 0; o >>= 1) a += rf_shfl_xor(a, o);
+        s[u] = group + u * ngroups < n ? a * p.scale : -INFINITY;
+        m = fmaxf(m, s[u]);
+    }
+    for (int o = RF_WARP / 2; o >= G; o >>= 1) m = fmaxf(m, rf_shfl_xor(m, o));
+    float l = 0.0f;
+#pragma unroll
+    for (int u = 0; u < ATTN_DEC_FK; ++u)
+        if (s[u] != -INFINITY) l += expf(s[u] - m);
+    for (int o = RF_WARP / 2; o >= G; o >>= 1) l += rf_shfl_xor(l, o);
+    if (lane == 0) {
+        ml[2 * wid] = m;
+        ml[2 * wid + 1] = l;
+    }
+    __syncthreads();
+    float M = -INFINITY, L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, ml[2 * w]);
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+        if (ml[2 * w] != -INFINITY) L += ml[2 * w + 1] * expf(ml[2 * w] - M);
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    // Probability-weighted values: the lane's dims over its keys, then over the warp's groups.
+    float acc[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < ATTN_DEC_FK; ++u) {
+        if (s[u] == -INFINITY) continue;
+        const float w = round_kv<KV>(expf(s[u] - M) * inv);
+        float vf[VEC];
+        kv_vec<KV>::unpack(vr[u], vf);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] += w * vf[i];
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+        for (int o = RF_WARP / 2; o >= G; o >>= 1) acc[i] += rf_shfl_xor(acc[i], o);
+    if (lane < G)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) red[wid * D + c * VEC + i] = acc[i];
+    __syncthreads();
+    for (int d = threadIdx.x; d < D; d += NT) {
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) a += red[w * D + d];
+        op[d] = a;
+        if (y8) {
+            const int ncols = p.n_heads * D;
+            q8_1_put(a, y8 + (size_t)tok * q8_vec_bytes(ncols), ncols, head * D + d);
+        }
+    }
+}
 
 // `y8` non-null: the output (dense, o_head_stride == head_dim, head_dim a multiple of 32) also
 // goes out quantized for the decode mat-vecs, as `quantize_q8_1` would make it of each token's
@@ -276,6 +380,11 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
     const int group = threadIdx.x / G, ngroups = NT / G;
     const KV* kb = k + (long long)kvh * p.k_head_stride;
     const KV* vb = v + (long long)kvh * p.v_head_stride;
+    if (chunks == G && n <= ngroups * ATTN_DEC_FK) {
+        float* op = out + (long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride;
+        attn_dec_one_pass<KV>(qp, kb, vb, lo, n, G, p, op, y8, head, tok, sc, red);
+        return;
+    }
     float qv[2][VEC];
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {
