@@ -271,41 +271,13 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         }
     }
     assert!(entries >= 40, "only {entries} kernel definitions found");
-    // The mat-vec entry only prefetches weights before it waits.
+    // The mat-vec entry only prefetches weights before it waits, and the decode attention's
+    // only computes its visible range and prefetches cache rows.
     let src = std::fs::read_to_string(dir.join("matvec.hip")).expect("matvec.hip");
-    let at = src.find("void mv_entry(").expect("mv_entry defined");
-    let end = at + src[at..].find("\n}").expect("mv_entry body");
-    let open = at + src[at..].find('{').expect("mv_entry opens");
-    let body: Vec<&str> = src[open..end].lines().skip(1).map(str::trim).collect();
-    assert!(
-        body.iter().all(|l| l.starts_with("const ")
-            || l.starts_with("constexpr ")
-            || l.starts_with("if (mv_piped<")
-            || l.starts_with("for (")
-            || l.starts_with("rf_prefetch_l2(")
-            || l.starts_with("if (w2) rf_prefetch_l2(")
-            || *l == "}"
-            || *l == "rf_entry();"),
-        "mv_entry does more than prefetch before waiting: {body:?}"
-    );
-    assert_eq!(body.last(), Some(&"rf_entry();"));
-    // The decode attention's entry only computes its visible range and prefetches cache rows.
-    let src_attn = std::fs::read_to_string(dir.join("attention.hip")).expect("attention.hip");
-    let at = src_attn
-        .find("void attn_dec_entry(")
-        .expect("attn_dec_entry defined");
-    let end = at + src_attn[at..].find("\n}").expect("attn_dec_entry body");
-    let open = at + src_attn[at..].find('{').expect("attn_dec_entry opens");
-    let body: Vec<&str> = src_attn[open..end].lines().skip(1).map(str::trim).collect();
-    assert!(
-        body.iter().all(|l| l.starts_with("const ")
-            || l.starts_with("for (")
-            || l.starts_with("rf_prefetch_l2(")
-            || *l == "}"
-            || *l == "rf_entry();"),
-        "attn_dec_entry does more than prefetch before waiting: {body:?}"
-    );
-    assert_eq!(body.last(), Some(&"rf_entry();"));
+    let mv_allowed = ["constexpr ", "if (mv_piped<", "if (w2) rf_prefetch_l2("];
+    assert_entry_only_prefetches(&src, "mv_entry", &mv_allowed);
+    let attn = std::fs::read_to_string(dir.join("attention.hip")).expect("attention.hip");
+    assert_entry_only_prefetches(&attn, "attn_dec_entry", &[]);
     // The pipeline (which mv_entry leaves alone) only requests weight steps before it waits.
     let at = src.find("void pipe_rows(").expect("pipe_rows defined");
     let open = at + src[at..].find('{').expect("pipe_rows opens");
@@ -324,6 +296,27 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         before.len() >= 3,
         "pipe_rows' opening not found: {before:?}"
     );
+}
+
+/// The body of the device function `name` in `src` holds only declarations, loops, L2 prefetches
+/// and lines starting with one of `extra`, and ends with `rf_entry();`.
+fn assert_entry_only_prefetches(src: &str, name: &str, extra: &[&str]) {
+    let at = src
+        .find(&format!("void {name}("))
+        .unwrap_or_else(|| panic!("{name} not defined"));
+    let end = at + src[at..].find("\n}").expect("a function body");
+    let open = at + src[at..].find('{').expect("a function body");
+    let body: Vec<&str> = src[open..end].lines().skip(1).map(str::trim).collect();
+    assert!(
+        body.iter().all(|l| l.starts_with("const ")
+            || l.starts_with("for (")
+            || l.starts_with("rf_prefetch_l2(")
+            || extra.iter().any(|e| l.starts_with(e))
+            || *l == "}"
+            || *l == "rf_entry();"),
+        "{name} does more than prefetch before waiting: {body:?}"
+    );
+    assert_eq!(body.last(), Some(&"rf_entry();"), "{name} ends by waiting");
 }
 
 fn skip_blank(s: &str) -> &str {
