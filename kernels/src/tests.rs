@@ -322,3 +322,29 @@ fn assert_entry_only_prefetches(src: &str, name: &str, extra: &[&str]) {
 fn skip_blank(s: &str) -> &str {
     s.trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
 }
+
+/// The value of `#define NAME value` in the kernel source `file`.
+fn source_define(file: &str, name: &str) -> usize {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("hip")
+        .join(file);
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let line = src
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+        .unwrap_or_else(|| panic!("{file} defines no {name}"));
+    line.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{file}: {name} {line}: {e}"))
+}
+
+#[test]
+fn decode_attention_constants_mirror_the_source() {
+    let f = "attention.hip";
+    assert_eq!(
+        source_define(f, "ATTN_DEC_THREADS"),
+        ATTN_DEC_THREADS as usize
+    );
+    assert_eq!(source_define(f, "ATTN_DEC_MAX_KV"), ATTN_DEC_MAX_KV);
+    assert_eq!(source_define(f, "ATTN_DMAX"), ATTN_MAX_HEAD_DIM);
+}

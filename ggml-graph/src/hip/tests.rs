@@ -448,9 +448,10 @@ fn attention_matches_cpu_prefill_and_decode() {
         (64, 4, 2, 600, 600, Some(100), DType::F16),
         (128, 32, 8, 512, 512, None, DType::F16),
         (128, 32, 8, 512, 512, None, DType::F32),
-        // Decode (the one-launch kernel): Llama-3-8B and Gemma shapes (within one register pass
-        // and, at 300 keys, beyond it), a window, an f32 cache, and a cache longer than that
-        // kernel takes (split-K).
+        // Decode (the one-launch kernel): Llama-3-8B and Gemma shapes (within one register pass,
+        // at 40 and 200 keys, and at 300 keys beyond it), a window, an f32 cache, and a cache
+        // longer than that kernel takes (split-K).
+        (128, 32, 8, 1, 40, None, DType::F16),
         (128, 32, 8, 1, 200, None, DType::F16),
         (128, 32, 8, 1, 300, None, DType::F16),
         (256, 4, 1, 1, 300, Some(128), DType::F16),
