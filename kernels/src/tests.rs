@@ -4,18 +4,15 @@ use super::*;
 
 #[test]
 fn every_kernel_symbol_is_in_its_sources() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
     for m in Module::ALL {
-        let path = dir.join(format!("{}.hip", m.stem()));
-        let src =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let file = format!("{}.hip", m.stem());
+        let src = hip_source(&file);
         for k in KernelId::ALL.iter().filter(|k| k.module() == *m) {
             // Entry points are written either directly or through a macro taking the suffix.
             assert!(
                 own_definition(&src, k.name()).is_some() || macro_defines(&src, k.name()),
-                "{} not defined in {}",
-                k.name(),
-                path.display()
+                "{} not defined in {file}",
+                k.name()
             );
         }
     }
@@ -209,11 +206,8 @@ fn param_of_c(decl: &str) -> Option<Param> {
 
 #[test]
 fn parameter_table_matches_the_sources() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
     for &k in KernelId::ALL {
-        let path = dir.join(format!("{}.hip", k.module().stem()));
-        let src =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let src = hip_source(&format!("{}.hip", k.module().stem()));
         let list = c_params(&src, k.name()).unwrap_or_else(|| panic!("{}: no signature", k.name()));
         let parsed: Vec<Param> = list
             .split(',')
@@ -239,12 +233,10 @@ fn struct_parameters_have_their_rust_size() {
 /// thing: every entry point, written directly or through a macro, opens with `rf_entry();`.
 #[test]
 fn every_kernel_opens_by_waiting_for_its_predecessors() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hip");
     let mut entries = 0;
     for m in Module::ALL {
-        let path = dir.join(format!("{}.hip", m.stem()));
-        let src =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let file = format!("{}.hip", m.stem());
+        let src = hip_source(&file);
         let mut rest = src.as_str();
         while let Some(at) = rest.find("RF_KERNEL ") {
             let def = &rest[at..];
@@ -264,8 +256,7 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
                 body.starts_with("rf_entry();")
                     || body.starts_with("mv_entry<")
                     || body.starts_with("attn_dec_entry<"),
-                "{}: `{head}` does not open with rf_entry(); or an entry that ends with it",
-                path.display()
+                "{file}: `{head}` does not open with rf_entry(); or an entry that ends with it"
             );
             entries += 1;
         }
@@ -273,10 +264,10 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
     assert!(entries >= 40, "only {entries} kernel definitions found");
     // The mat-vec entry only prefetches weights before it waits, and the decode attention's
     // only computes its visible range and prefetches cache rows.
-    let src = std::fs::read_to_string(dir.join("matvec.hip")).expect("matvec.hip");
+    let src = hip_source("matvec.hip");
     let mv_allowed = ["constexpr ", "if (mv_piped<", "if (w2) rf_prefetch_l2("];
     assert_entry_only_prefetches(&src, "mv_entry", &mv_allowed);
-    let attn = std::fs::read_to_string(dir.join("attention.hip")).expect("attention.hip");
+    let attn = hip_source("attention.hip");
     assert_entry_only_prefetches(&attn, "attn_dec_entry", &[]);
     // The pipeline (which mv_entry leaves alone) only requests weight steps before it waits.
     let at = src.find("void pipe_rows(").expect("pipe_rows defined");
@@ -323,12 +314,17 @@ fn skip_blank(s: &str) -> &str {
     s.trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
 }
 
-/// The value of `#define NAME value` in the kernel source `file`.
-fn source_define(file: &str, name: &str) -> usize {
+/// The text of the kernel source `file` (in `hip/`).
+fn hip_source(file: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("hip")
         .join(file);
-    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The value of `#define NAME value` in the kernel source `file`.
+fn source_define(file: &str, name: &str) -> usize {
+    let src = hip_source(file);
     let line = src
         .lines()
         .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
