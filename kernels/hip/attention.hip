@@ -489,7 +489,10 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
 // keys and values over the visible range) to be brought into L2, then rf_entry(). A prefetch
 // only moves data toward the cache that every write also goes through, so it is safe while the
 // kernel before is still writing this step's rows; `pos` may not be final yet either (it only
-// steers prefetches, clamped to the cache), the real reads come after the wait.
+// steers prefetches, clamped to the cache), the real reads come after the wait. Letting the next
+// kernel launch only once the scores are done (instead of at the entry), so that its weight
+// prefetches do not compete with this kernel's loads, measured on par (H100, 8B tg128; the same
+// for the decode RMS norm).
 template <typename KV>
 static __device__ __forceinline__ void attn_dec_entry(const KV* k, const KV* v, const int* pos,
                                                       const attn_params p) {

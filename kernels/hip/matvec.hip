@@ -1037,6 +1037,12 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint
 // 14.2 vs 11.4 and 4096x4096 5.3 vs 4.7 us); a register bound of 12 blocks per SM for the plain
 // Q4_K (spills) and 5, 6 or 8 for Q6_K (spills: FFN down 22.7 to 33.7 vs 19.3 us); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us) or four rounds
 // (24.1 us).
+// On an H100 (2026-11-24, 8B Q4_K_M tg128, interleaved runs of 5; run-to-run spread about 1%),
+// measured on par and dropped: a Q4_K gated kernel of 16-warp blocks (32 rows) that also writes
+// its output quantized, so the down projection needs no quantization launch (decode bench 27.1
+// us against 25.9 plain and 27.3 plain + quantize; tg128 403-407 against 405-409 t/s), and
+// matvec_q4_k_q6_k_multi with the Q6_K (v) blocks first in the grid (411.6 against 409.1 t/s,
+// mean of three).
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>
