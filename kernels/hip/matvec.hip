@@ -1047,7 +1047,7 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint
 // between two mat-vecs (norms, rope + cache writes, decode attention, quantization) launched
 // with extra blocks that only prefetch the first bytes of the next mat-vec's weights into L2
 // (prefetch.global.L2, 128- or 32-byte steps, evict_normal or evict_last, 32 to 264 blocks):
-// 8B tg128 409-415 t/s without, 376-382 with 8 MiB per launch, 388 with 4, 362-365 with 16,
+// 8B tg128 409-415 t/s without, 374-382 with 8 MiB per launch, 388 with 4, 362-365 with 16,
 // 405-408 with 2. The mat-vecs' own early prefetch (mv_entry) already keeps the bus busy while
 // those kernels run; more requests only queue ahead of their critical loads.
 
