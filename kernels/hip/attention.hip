@@ -497,10 +497,11 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
 // kernel doing the work of the `rope_kv_*` launch before it (each block rotating its query row and
 // its KV head's key and value rows into the caches, __syncthreads(), then this body; it matched the
 // CPU over several steps): 385-396 t/s against 402-408 with the two launches, also with the q/k/v
-// mat-vec letting its successor launch only as its blocks exit (the fused blocks, 512 threads at
-// 94 registers, no longer taking room from its second wave): 385-390. The same build with the
-// `rope_kv_*` launch skipped entirely ran at 421, so that launch costs ~1.7 us per layer in the
-// chain, but folding its work into the 32 attention blocks costs more than that.
+// mat-vec letting its successor launch only as its blocks exit (meant to keep the fused blocks,
+// 512 threads at 94 registers, from taking room from its second wave): 385-390. A build that
+// skipped the `rope_kv_*` launch entirely (wrong results, timing only) ran at 421, so that launch
+// costs ~1.7 us per layer in the chain, but folding its work into the 32 attention blocks costs
+// more than that.
 template <typename KV>
 static __device__ __forceinline__ void attn_dec_entry(const KV* k, const KV* v, const int* pos,
                                                       const attn_params p) {
