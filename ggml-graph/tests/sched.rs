@@ -187,8 +187,9 @@ impl Device for Grouping {
     }
 }
 
-/// The scheduler offers q/k/v mat-vecs on one input, rope pairs of the same positions (with the
-/// K and V cache writes after them) and set_rows pairs of the same indices as groups, never a node
+/// The scheduler offers q/k/v mat-vecs on one input (with the ropes and cache writes of their
+/// outputs after them), rope pairs of the same positions (with the K and V cache writes after
+/// them) and set_rows pairs of the same indices as groups, never a node
 /// that reads an earlier one of the run except in those chains; a device that takes none still
 /// gets every node launched one by one, each later node of a refused run offered again.
 #[test]
@@ -245,7 +246,8 @@ fn scheduler_offers_independent_runs_as_groups() {
     assert_eq!(
         *dev.offered.lock(),
         vec![
-            vec!["mul_mat", "mul_mat", "mul_mat"],
+            // The projections with the ropes and cache writes of their outputs.
+            vec!["mul_mat", "mul_mat", "mul_mat", "rope", "rope", "set_rows", "set_rows"],
             // Refused: the first runs alone and the rest is offered again.
             vec!["mul_mat", "mul_mat"],
             // The key rope's cache write and the value's after the rope pair.

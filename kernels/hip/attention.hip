@@ -502,6 +502,15 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
 // skipped the `rope_kv_*` launch entirely (wrong results, timing only) ran at 421, so that launch
 // costs ~1.7 us per layer in the chain, but folding its work into the 32 attention blocks costs
 // more than that.
+// Measured on par there and dropped (2026-11-25, H100, 8B Q4_K_M tg128, three interleaved rounds
+// of -r 3; the spread between rounds was about 1%): the same one-pass body spread over a thread
+// block cluster of 4 blocks per head (256 threads, each block a quarter of the keys, the (max,
+// sum) pairs and the partial outputs traded through distributed shared memory, so 128 of the 132
+// multiprocessors work instead of 32; it matched the CPU): 411.2-412.0 t/s against 409.0-413.4.
+// ncu had this kernel issue ~4400 instructions per active scheduler, but in the decode chain that
+// was not what it waited on. Also on par: the `rope_kv_*` launch before it asking L2 for up to 512
+// cache rows below the new token's slot before its own wait (so that they load during the q/k/v
+// mat-vec's tail): 407.6-411.8 against 407.0-411.1.
 template <typename KV>
 static __device__ __forceinline__ void attn_dec_entry(const KV* k, const KV* v, const int* pos,
                                                       const attn_params p) {

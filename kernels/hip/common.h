@@ -448,3 +448,32 @@ struct deq_f16 {
         for (int l = 0; l < 32; ++l) out[l] = ld_f16(b + 2 * l);
     }
 };
+
+// ---------------------------------------------------------------------------------------------
+// RoPE angles (ops' rope kernels and the q/k/v mat-vec that rotates its outputs): pair i of a
+// head at position p; see `rope_pair` in ops.hip for the formula.
+// ---------------------------------------------------------------------------------------------
+struct rope_rot {
+    int i0, i1;  // the two columns the pair moves
+    float c, s;  // cos and sin (times mscale)
+    bool rot;    // false past n_dims: copied unrotated
+};
+
+static __device__ __forceinline__ rope_rot rope_angle(int i, float p, int n_dims, float base, float freq_scale,
+                                                      const float* __restrict__ freq_factors, int neox,
+                                                      float ext_factor, float mscale, float corr_lo, float corr_hi) {
+    const int half_dims = n_dims / 2;
+    if (i >= half_dims) return {2 * i, 2 * i + 1, 1.0f, 0.0f, false};
+    float extrap = p * powf(base, -2.0f * (float)i / (float)n_dims);
+    if (freq_factors) extrap /= freq_factors[i];
+    const float interp = freq_scale * extrap;
+    float theta = interp;
+    if (ext_factor != 0.0f) {
+        const float ramp = ((float)i - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo);
+        const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, ramp))) * ext_factor;
+        theta = interp * (1.0f - mix) + extrap * mix;
+    }
+    float s, c;
+    sincosf(theta, &s, &c);
+    return {neox ? i : 2 * i, neox ? i + half_dims : 2 * i + 1, c * mscale, s * mscale, true};
+}

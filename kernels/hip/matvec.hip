@@ -73,10 +73,10 @@ static __device__ __forceinline__ int word(const int4& v, int k) {
 // took every KS-th part of the row; added in warp order through shared memory, so the result is
 // the same on every run), then lane r of the storing warp writes
 // out = dot (NM = 1) or act(gate) * up (NM = 2), plus bias[row] when a bias is given.
-template <int R, int NM, int KS>
+template <int R, int NM, int KS, class EP>
 static __device__ __forceinline__ void mv_finish(float (*acc)[R], const float* __restrict__ bias, int act_kind,
                                                  float* __restrict__ out, int lane, int wid, int row0, int nrows,
-                                                 int out_stride) {
+                                                 int out_stride, const EP& ep) {
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
@@ -100,8 +100,11 @@ static __device__ __forceinline__ void mv_finish(float (*acc)[R], const float* _
                 acc[m][r] = v;
             }
     }
-    if ((KS == 1 || wid == 0) && lane < R && row0 + lane < nrows) {
-        float v = acc[0][0], u = acc[NM - 1][0];
+    const bool st = (KS == 1 || wid == 0) && lane < R && row0 + lane < nrows;
+    float v = 0.0f;
+    if (st) {
+        float u = acc[NM - 1][0];
+        v = acc[0][0];
 #pragma unroll
         for (int r = 1; r < R; ++r)
             if (lane == r) {
@@ -110,9 +113,18 @@ static __device__ __forceinline__ void mv_finish(float (*acc)[R], const float* _
             }
         if (NM == 2) v = act_fn(act_kind, v) * u;
         if (bias) v += bias[row0 + lane];
-        out[(size_t)blockIdx.y * out_stride + row0 + lane] = v;
+        if (EP::PLAIN) out[(size_t)blockIdx.y * out_stride + row0 + lane] = v;
     }
+    if (!EP::PLAIN) ep(v, st, out + (size_t)blockIdx.y * out_stride, row0 + lane, wid);
 }
+
+// What a mat-vec does with its finished row values: `mv_store` writes them to `out`; an epilogue
+// with PLAIN false is called by every thread of the storing warps with `st` true where the lane
+// holds the value `v` of row `row` (`out` already offset to the activation vector's output).
+struct mv_store {
+    static constexpr bool PLAIN = true;
+    __device__ __forceinline__ void operator()(float, bool, float*, int, int) const {}
+};
 
 // --- 32-value blocks, one block per lane ----------------------------------------------------
 
@@ -568,11 +580,12 @@ static __device__ __forceinline__ bool mv_piped(const uint8_t* w, const uint8_t*
 
 // The mat-vec body on the pipeline: R rows per warp of `w` (and of `w2` when NM = 2: gated),
 // one grid-stride row group at a time; `smem` holds pipe_smem's words.
-template <typename T, int R, int NM>
+template <typename T, int R, int NM, class EP>
 static __device__ __forceinline__ void matvec_pipe(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                                                    const float* __restrict__ bias, const uint8_t* __restrict__ y,
                                                    float* __restrict__ out, int ncols, long long row_bytes,
-                                                   int out_stride, int nrows, int act_kind, uint32_t* smem) {
+                                                   int out_stride, int nrows, int act_kind, uint32_t* smem,
+                                                   const EP& ep) {
     constexpr int NR = NM * R;
     using Ring = uint32_t[pipe_dims<T, NM * R>::S][NM * R][pipe_dims<T, NM * R>::WORDS];
     Ring* ring = reinterpret_cast<Ring*>(smem);
@@ -592,7 +605,7 @@ static __device__ __forceinline__ void matvec_pipe(const uint8_t* __restrict__ w
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = 0.0f;
             pipe_rows<T, NR>(wr, y, ncols, lane, ring[wid], &acc[0][0], entered);
-            mv_finish<R, NM, 1>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride);
+            mv_finish<R, NM, 1>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride, ep);
         }
     }
     if (!entered) rf_entry();
@@ -600,12 +613,13 @@ static __device__ __forceinline__ void matvec_pipe(const uint8_t* __restrict__ w
 
 // `w2` non-null (gated): out = act(w . y) * (w2 . y), both matrices of the same shape and type;
 // `bias` non-null: out += bias[row].
-template <typename T, int R, int KS, bool A16>
+template <typename T, int R, int KS, bool A16, class EP>
 static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                                                           const float* __restrict__ bias,
                                                           const uint8_t* __restrict__ y, float* __restrict__ out,
                                                           int ncols, long long row_bytes, int out_stride, int nrows,
-                                                          int act_kind, uint32_t (*stage)[R][stage_dims<T>::WORDS]) {
+                                                          int act_kind, uint32_t (*stage)[R][stage_dims<T>::WORDS],
+                                                          const EP& ep) {
     const int lane = threadIdx.x % RF_WARP;
     const int wid = threadIdx.x / RF_WARP;
     if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
@@ -622,9 +636,9 @@ static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restr
         // (a runtime branch: choosing it at compile time measured 1% slower on an all-Q5_0 8B)
         if (w2) {
             staged_rows<T, R, KS, A16>(w2, yv, ncols, row_bytes, nrows, row0, lane, wid, kp, stage, acc[1]);
-            mv_finish<R, 2, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride);
+            mv_finish<R, 2, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride, ep);
         } else {
-            mv_finish<R, 1, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride);
+            mv_finish<R, 1, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride, ep);
         }
     }
 }
@@ -638,23 +652,25 @@ struct staged_smem {
 };
 
 // NM: 2 when `w2` is given (gated), else 1.
-template <typename T, int R, int KS, int NM = 1>
+template <typename T, int R, int KS, int NM = 1, class EP = mv_store>
 static __device__ __forceinline__ void matvec_staged(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                                                      const float* __restrict__ bias, const uint8_t* __restrict__ y,
                                                      float* __restrict__ out, int ncols, long long row_bytes,
-                                                     int out_stride, int nrows, int act_kind) {
+                                                     int out_stride, int nrows, int act_kind, const EP& ep = EP()) {
     __shared__ __align__(16) uint32_t smem[staged_smem<T, R, KS, NM>::WORDS];
     if (mv_piped<T, R, KS, NM>(w, w2, row_bytes)) {
-        matvec_pipe<T, R, NM>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind, smem);
+        matvec_pipe<T, R, NM>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind, smem, ep);
         return;
     }
     // 16-byte loads when every row starts 16-byte aligned (a full step's span is a multiple of
     // 16 for every staged type; a last, shorter one reads at most to the end of its 16-byte chunk).
     auto stage = reinterpret_cast<uint32_t(*)[R][stage_dims<T>::WORDS]>(smem);
     if ((((uintptr_t)w | (uintptr_t)(w2 ? w2 : w) | (uintptr_t)row_bytes) & 15) == 0)
-        matvec_staged_impl<T, R, KS, true>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage);
+        matvec_staged_impl<T, R, KS, true>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage,
+                                           ep);
     else
-        matvec_staged_impl<T, R, KS, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage);
+        matvec_staged_impl<T, R, KS, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind, stage,
+                                            ep);
 }
 
 // --- Q4_K / Q5_K: 16-byte aligned blocks read directly; eight lanes per block, lane c takes qs
@@ -800,12 +816,12 @@ static __device__ __forceinline__ void direct_rows(const uint8_t* const* ws, q8_
 
 // `w2` non-null (gated): out = act(w . y) * (w2 . y), both matrices of the same shape and type;
 // `bias` non-null: out += bias[row].
-template <typename T, int R, int U, int KS, int NM, bool A16>
+template <typename T, int R, int U, int KS, int NM, bool A16, class EP>
 static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                                                           const float* __restrict__ bias,
                                                           const uint8_t* __restrict__ y, float* __restrict__ out,
                                                           int ncols, long long row_bytes, int out_stride, int nrows,
-                                                          int act_kind) {
+                                                          int act_kind, const EP& ep) {
     const int lane = threadIdx.x % RF_WARP;
     const int wid = threadIdx.x / RF_WARP;
     if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
@@ -818,19 +834,21 @@ static __device__ __forceinline__ void matvec_direct_impl(const uint8_t* __restr
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = 0.0f;
         direct_rows<T, R, U, NM, KS, A16>(ws, yv, ncols, row_bytes, nrows, row0, lane, kp, acc);
-        mv_finish<R, NM, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride);
+        mv_finish<R, NM, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride, ep);
     }
 }
 
-template <typename T, int R, int KS, int NM = 1, int U = 1>
+template <typename T, int R, int KS, int NM = 1, int U = 1, class EP = mv_store>
 static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                                                      const float* __restrict__ bias, const uint8_t* __restrict__ y,
                                                      float* __restrict__ out, int ncols, long long row_bytes,
-                                                     int out_stride, int nrows, int act_kind) {
+                                                     int out_stride, int nrows, int act_kind, const EP& ep = EP()) {
     if ((((uintptr_t)w | (uintptr_t)(w2 ? w2 : w) | (uintptr_t)row_bytes) & 15) == 0)
-        matvec_direct_impl<T, R, U, KS, NM, true>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
+        matvec_direct_impl<T, R, U, KS, NM, true>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind,
+                                                  ep);
     else
-        matvec_direct_impl<T, R, U, KS, NM, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
+        matvec_direct_impl<T, R, U, KS, NM, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind,
+                                                   ep);
 }
 
 // Blocks per lane in flight of the plain Q4_K/Q5_K mat-vecs.
@@ -838,12 +856,13 @@ static __device__ __forceinline__ void matvec_direct(const uint8_t* __restrict__
 #define MV_DIRECT_U 2
 #endif
 
-template <typename T, int R, int KS, int NM = 1>
+template <typename T, int R, int KS, int NM = 1, class EP = mv_store>
 static __device__ __forceinline__ void matvec_direct2(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                                                       const float* __restrict__ bias, const uint8_t* __restrict__ y,
                                                       float* __restrict__ out, int ncols, long long row_bytes,
-                                                      int out_stride, int nrows, int act_kind) {
-    matvec_direct<T, R, KS, NM, MV_DIRECT_U>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind);
+                                                      int out_stride, int nrows, int act_kind, const EP& ep = EP()) {
+    matvec_direct<T, R, KS, NM, MV_DIRECT_U, EP>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind,
+                                                 ep);
 }
 
 // Up to three matrices of one type and row length times the same activations in one launch (the
@@ -1018,6 +1037,104 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint
         const uint8_t* w = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(w2) - (uintptr_t)(shift * rb2));
         float* o = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o2) - (uintptr_t)shift * sizeof(float));
         matvec_staged<mv_q6_k<MV_Q6K_ROUNDS>, 2, 1>(w, nullptr, nullptr, y, o, ncols, rb2, n2, shift + n2, 0);
+    }
+}
+
+// The q, k and v projections of a decode step with the work of the `rope_kv_*` launch after them
+// done in their epilogue (normal-mode rope, f16 caches): q rows are rotated into `yq`, k rows into
+// `yk` and the K cache row idx[token], v rows go into the V cache row; the plain projections are
+// written too. A rope pair (2i, 2i + 1) is two rows of one block, in warps w and w ^ 1, which trade
+// their values through shared memory (R = 1; the host makes every warp of every block own a row:
+// q and k row counts are multiples of the block's rows).
+struct mv_rope_kv {
+    static constexpr bool PLAIN = false;
+    int kind;  // 0: q rows, 1: k rows, 2: v rows
+    int shift;  // the matrix's first row in the grid's row numbering
+    float* y;  // rotated q or k, dense rows per token
+    __half* cache;  // K (kind 1) or V (kind 2) cache
+    long long cache_stride;  // elements between cache rows
+    const int* pos;
+    const int* idx;
+    int head_dim, n_dims;
+    float base, freq_scale;
+    const float* freq_factors;
+    float ext_factor, mscale, corr_lo, corr_hi;
+
+    __device__ __forceinline__ void operator()(float v, bool st, float* out, int row, int wid) const {
+        const int tok = blockIdx.y, r = row - shift;
+        if (st) out[row] = v;
+        if (kind == 2) {
+            if (st) cache[(long long)idx[tok] * cache_stride + r] = __float2half(v);
+            return;
+        }
+        __shared__ float pv[MV_WARPS];
+        if (st) pv[wid] = v;
+        __syncthreads();
+        if (!st) return;
+        const int d = r % head_dim;
+        const rope_rot o = rope_angle(d / 2, (float)pos[tok], n_dims, base, freq_scale, freq_factors, 0, ext_factor,
+                                      mscale, corr_lo, corr_hi);
+        const float other = pv[wid ^ 1];
+        const float yv = !o.rot ? v : (d & 1) ? other * o.s + v * o.c : v * o.c - other * o.s;
+        y[r] = yv;
+        if (kind == 1) cache[(long long)idx[tok] * cache_stride + r] = __float2half(yv);
+    }
+};
+
+// The epilogue of a block of matrix `kind` (its first row `shift`) for token blockIdx.y, from the
+// rope and cache arguments of the kernels below.
+#define MV_ROPE_KV_EP(kind, shift, n0, n1)                                                                   \
+    mv_rope_kv {                                                                                            \
+        kind, shift, (kind) == 0 ? yq + (long long)blockIdx.y * (n0) : yk + (long long)blockIdx.y * (n1),   \
+            (kind) == 1 ? kc : vc, (kind) == 1 ? kc_stride : vc_stride, pos, idx, head_dim, n_dims, base,   \
+            freq_scale, freq_factors, ext_factor, mscale, corr_lo, corr_hi                                  \
+    }
+
+static __device__ __forceinline__ int mv_kind(int bx, int b1, int b2) { return bx < b1 ? 0 : bx < b2 ? 1 : 2; }
+
+// The plain Q4_K mat-vec's register bound.
+#define MV_ROPE_ATTRS RF_LB(8)
+
+RF_KERNEL void MV_ROPE_ATTRS matvec_q4_k_rope_kv(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
+                                                 const uint8_t* y, float* o0, float* o1, float* o2, int ncols,
+                                                 long long row_bytes, int n0, int n1, int n2, float* yq, float* yk,
+                                                 const int* pos, int head_dim, int n_dims, float base, float freq_scale,
+                                                 const float* freq_factors, float ext_factor, float mscale,
+                                                 float corr_lo, float corr_hi, __half* kc, long long kc_stride,
+                                                 __half* vc, long long vc_stride, const int* idx) {
+    const mv_pick p = mv_multi_pick(MV_WARPS * 1, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2);
+    mv_entry<mv_q4_k, 1, 1, 1>(p.w, nullptr, row_bytes, p.shift + p.n);
+    constexpr int PB = MV_WARPS * 1;
+    const int b1 = (n0 + PB - 1) / PB, b2 = b1 + (n1 + PB - 1) / PB;
+    const int kind = mv_kind(blockIdx.x, b1, b2);
+    matvec_direct2<mv_q4_k, 1, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0,
+                                  MV_ROPE_KV_EP(kind, p.shift, n0, n1));
+}
+
+// matvec_q4_k_q6_k_multi's grid (q and k in Q4_K, v in Q6_K) with the epilogue above.
+RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_rope_kv(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
+                                                     const uint8_t* y, float* o0, float* o1, float* o2, int ncols,
+                                                     long long rb, long long rb2, int n0, int n1, int n2,
+                                                     float* yq, float* yk, const int* pos, int head_dim, int n_dims,
+                                                     float base, float freq_scale, const float* freq_factors,
+                                                     float ext_factor, float mscale, float corr_lo, float corr_hi,
+                                                     __half* kc, long long kc_stride, __half* vc, long long vc_stride,
+                                                     const int* idx) {
+    rf_entry();
+    constexpr int PB4 = MV_WARPS * 1, PB6 = MV_WARPS * 2;
+    const int b1 = (n0 + PB4 - 1) / PB4, b2 = b1 + (n1 + PB4 - 1) / PB4;
+    if ((int)blockIdx.x < b2) {
+        const mv_pick p = mv_multi_pick(PB4, w0, w1, nullptr, o0, o1, nullptr, rb, n0, n1, 0);
+        const int kind = mv_kind(blockIdx.x, b1, b2);
+        matvec_direct2<mv_q4_k, 1, 1>(p.w, nullptr, nullptr, y, p.out, ncols, rb, p.n, p.shift + p.n, 0,
+                                      MV_ROPE_KV_EP(kind, p.shift, n0, n1));
+    } else {
+        const int shift = b2 * PB6;
+        // Integer arithmetic: the shifted addresses are never dereferenced below row `shift`.
+        const uint8_t* w = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(w2) - (uintptr_t)(shift * rb2));
+        float* o = reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o2) - (uintptr_t)shift * sizeof(float));
+        matvec_staged<mv_q6_k<MV_Q6K_ROUNDS>, 2, 1>(w, nullptr, nullptr, y, o, ncols, rb2, n2, shift + n2, 0,
+                                                    MV_ROPE_KV_EP(2, shift, n0, n1));
     }
 }
 

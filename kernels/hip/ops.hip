@@ -272,32 +272,7 @@ RF_KERNEL void rms_norm_add_f32(const float* a, const float* __restrict__ w1, co
 // over the correction dims [corr_lo, corr_hi]; cos/sin are multiplied by `mscale` (the host
 // folds YaRN's magnitude correction into it). One thread per pair; `rope_pair` computes pair `t`
 // (flat index over the rows) and returns what it wrote (row -1: past the last pair);
-// `rope_angle` is the rotation of pair i alone.
-struct rope_rot {
-    int i0, i1;  // the two columns the pair moves
-    float c, s;  // cos and sin (times mscale)
-    bool rot;    // false past n_dims: copied unrotated
-};
-
-static __device__ __forceinline__ rope_rot rope_angle(int i, float p, int n_dims, float base, float freq_scale,
-                                                      const float* __restrict__ freq_factors, int neox,
-                                                      float ext_factor, float mscale, float corr_lo, float corr_hi) {
-    const int half_dims = n_dims / 2;
-    if (i >= half_dims) return {2 * i, 2 * i + 1, 1.0f, 0.0f, false};
-    float extrap = p * powf(base, -2.0f * (float)i / (float)n_dims);
-    if (freq_factors) extrap /= freq_factors[i];
-    const float interp = freq_scale * extrap;
-    float theta = interp;
-    if (ext_factor != 0.0f) {
-        const float ramp = ((float)i - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo);
-        const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, ramp))) * ext_factor;
-        theta = interp * (1.0f - mix) + extrap * mix;
-    }
-    float s, c;
-    sincosf(theta, &s, &c);
-    return {neox ? i : 2 * i, neox ? i + half_dims : 2 * i + 1, c * mscale, s * mscale, true};
-}
-
+// `rope_angle` (common.h) is the rotation of pair i alone.
 struct rope_out {
     int r, c0, c1;  // row, and the two columns written
     float a, b;     // their values

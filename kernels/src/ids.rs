@@ -352,6 +352,8 @@ kernel_ids! {
     MatvecGatedQ4_1 => Matvec, "matvec_q4_1_gated";
     MatvecGatedQ5_1 => Matvec, "matvec_q5_1_gated";
     MatvecMultiQ4_KQ6_K => Matvec, "matvec_q4_k_q6_k_multi";
+    MatvecRopeKvQ4_K => Matvec, "matvec_q4_k_rope_kv";
+    MatvecRopeKvQ4_KQ6_K => Matvec, "matvec_q4_k_q6_k_rope_kv";
     MatvecMultiQ4_0 => Matvec, "matvec_q4_0_multi";
     MatvecMultiQ5_0 => Matvec, "matvec_q5_0_multi";
     MatvecMultiQ8_0 => Matvec, "matvec_q8_0_multi";
@@ -486,6 +488,16 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecMultiQ5_1 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
         K::MatvecMultiQ4_KQ6_K => &[
             Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32,
+        ],
+        // The multi kernels' arguments, then yq, yk, pos, head_dim, n_dims, base, freq_scale,
+        // freq_factors, ext_factor, mscale, corr_lo, corr_hi, kc, kc_stride, vc, vc_stride, idx.
+        K::MatvecRopeKvQ4_K => &[
+            Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, Ptr, Ptr, Ptr, I32, I32,
+            F32, F32, Ptr, F32, F32, F32, F32, Ptr, I64, Ptr, I64, Ptr,
+        ],
+        K::MatvecRopeKvQ4_KQ6_K => &[
+            Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, Ptr, Ptr, Ptr, I32,
+            I32, F32, F32, Ptr, F32, F32, F32, F32, Ptr, I64, Ptr, I64, Ptr,
         ],
         K::MatvecKsQ4_0
         | K::MatvecKsQ5_0

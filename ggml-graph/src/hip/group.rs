@@ -3,7 +3,9 @@
 //! one `rope2_f32`, the K and V cache writes in one `set_rows2_*`, a post-norm with the
 //! residual add after it and the next pre-norm in one `rms_norm_add_f32`, and the per-head q and
 //! k norms in one `rms_norm2_f32`; the q and k ropes with both cache writes after them go as one
-//! `rope_kv_*`, and with the q and k norms before them too as one `norm_rope_kv_*`.
+//! `rope_kv_*`, and with the q and k norms before them too as one `norm_rope_kv_*`; with the
+//! q, k and v projections before them (Q4_K, an f16 cache) the seven go as one mat-vec launch that
+//! rotates and stores its own rows (`matvec_q4_k_rope_kv`, `matvec_q4_k_q6_k_rope_kv`).
 
 use gpu_mem::MemRange;
 
@@ -51,7 +53,10 @@ fn joins_rows(first: &GroupNode<'_>, t: &GroupNode<'_>) -> bool {
 /// launch and returns its length; 0 when fewer than two qualify.
 pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let n = match group.first().map(|g| &g.tensor.op) {
-        Some(Op::MulMat) => mat_vecs(d, group)?,
+        Some(Op::MulMat) => match projections_rope_kv(d, group)? {
+            0 => mat_vecs(d, group)?,
+            n => n,
+        },
         Some(Op::Rope(_)) => ropes(d, group)?,
         Some(Op::SetRows) => set_rows(d, group)?,
         Some(Op::RmsNormMul { .. }) => norm_add(d, group)?,
@@ -341,6 +346,135 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     );
     drop(cache);
     r.map(|()| n)
+}
+
+/// The q, k and v projections of a decode step, the normal-mode ropes of q and k and the K and V
+/// cache writes (an f16 cache) as one `matvec_q4_k_rope_kv` / `matvec_q4_k_q6_k_rope_kv` launch:
+/// q and k in Q4_K, v in Q4_K or Q6_K (Q4_K_M), each mat-vec block rotating and storing its own
+/// rows; 0 when the seven nodes do not fit it.
+fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [mq, mk, mv, ra, rb, c, e, ..] = group else {
+        return Ok(0);
+    };
+    if !d.inner.qkv_rope.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(0);
+    }
+    let [w0, x0] = mq.srcs.as_slice() else {
+        return Ok(0);
+    };
+    let (k, m) = (w0.tensor.ne[0], x0.tensor.nrows());
+    let v_q6 = mv.srcs[0].tensor.dtype == DType::Q6_K;
+    let mats_ok = w0.tensor.dtype == DType::Q4_K
+        && m <= MATVEC_MAX_COLS
+        && joins(mq, mk)
+        && if v_q6 {
+            joins_rows(mq, mv)
+        } else {
+            joins(mq, mv)
+        };
+    if !mats_ok {
+        return Ok(0);
+    }
+    let Some(p) = rope_pair_params(ra, rb) else {
+        return Ok(0);
+    };
+    let Some((c, e)) = cache_writes(rb, c, e) else {
+        return Ok(0);
+    };
+    let (xq, xk, vr) = (ra.srcs[0].tensor, rb.srcs[0].tensor, e.srcs[0].tensor);
+    let hd = xq.ne[0];
+    let rows = |g: &GroupNode<'_>| g.srcs[0].tensor.ne[1];
+    let (n0, n1, n2) = (rows(mq), rows(mk), rows(mv));
+    // Every warp of a q or k block owns one row (the epilogue synchronizes the block), and a
+    // pair's two rows are neighbours.
+    let per = WeightType::Q4_K.matvec_rows_per_block();
+    let ok = p.mode == RopeMode::Normal
+        && c.tensor.dtype == DType::F16
+        && hd % 2 == 0
+        && p.n_dims <= hd
+        && n0 % per == 0
+        && n1 % per == 0
+        && same_mem(&ra.srcs[0], &mq.dst)
+        && same_mem(&rb.srcs[0], &mk.dst)
+        && same_mem(&e.srcs[0], &mv.dst)
+        && xq.is_contiguous()
+        && xk.is_contiguous()
+        && xq.ne[0] * xq.ne[1] == n0
+        && xk.ne[0] * xk.ne[1] == n1
+        && xq.ne[2] == m
+        && xk.ne[2] == m
+        && vr.ne[0] == n2
+        && vr.nb[1] == n2 * DType::F32.type_size()
+        && ra.tensor.is_contiguous()
+        && rb.tensor.is_contiguous();
+    if !ok {
+        return Ok(0);
+    }
+    let nodes = [mq, mk, mv];
+    let mut outs = Vec::with_capacity(3);
+    for t in nodes {
+        outs.push(rewritten(d, t)?);
+    }
+    let (yq, yk) = (rewritten(d, ra)?, rewritten(d, rb)?);
+    let (kc, vc) = (rewritten(d, c)?, rewritten(d, e)?);
+    let ff = match ra.srcs.get(2) {
+        Some(f) => Some(addr(f)?),
+        None => None,
+    };
+    let mut cache = d.inner.q8.lock();
+    let q8 = cache.quantized(d, addr(x0)?, k, m)?;
+    let mut a = Args::new();
+    for t in nodes {
+        a.push(addr(&t.srcs[0])?);
+    }
+    a.push(MemRange::of_buffer(&q8));
+    for o in outs {
+        a.push(o);
+    }
+    a.push(k as i32).push(w0.tensor.nb[1] as i64);
+    if v_q6 {
+        a.push(mv.srcs[0].tensor.nb[1] as i64);
+    }
+    let corr = p.yarn_corr_dims();
+    a.push(n0 as i32)
+        .push(n1 as i32)
+        .push(n2 as i32)
+        .push(yq)
+        .push(yk)
+        .push(addr(&ra.srcs[1])?)
+        .push(hd as i32)
+        .push(p.n_dims as i32)
+        .push(p.freq_base)
+        .push(p.freq_scale)
+        .push(ff)
+        .push(p.ext_factor)
+        .push(p.mscale())
+        .push(corr[0])
+        .push(corr[1])
+        .push(kc)
+        .push(elems(c.tensor.nb[1], c.tensor))
+        .push(vc)
+        .push(elems(e.tensor.nb[1], e.tensor))
+        .push(addr(&c.srcs[1])?);
+    let v_wt = if v_q6 {
+        WeightType::Q6_K
+    } else {
+        WeightType::Q4_K
+    };
+    let grid = n0 / per + n1 / per + n2.div_ceil(v_wt.matvec_rows_per_block());
+    let kid = if v_q6 {
+        KernelId::MatvecRopeKvQ4_KQ6_K
+    } else {
+        KernelId::MatvecRopeKvQ4_K
+    };
+    let r = d.launch_kernel(
+        kid,
+        [grid as u32, m as u32, 1],
+        kernels::MATVEC_WARPS * d.inner.warp,
+        &a.0,
+    );
+    drop(cache);
+    r.map(|()| 7)
 }
 
 /// The q and k norms `na`, `nb` (per head), the ropes `ra`, `rb` of their outputs and the K and V

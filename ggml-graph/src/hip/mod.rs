@@ -77,6 +77,9 @@ struct Inner {
     /// False with `ROCMFORGE_GPU_ATTN_DEC=0`: few-token attention takes the split-key kernel
     /// instead of the one-launch decode kernel (to tell the two kernels' numerics apart).
     attn_dec: bool,
+    /// False with `ROCMFORGE_GPU_QKV_ROPE=0`: the q/k/v mat-vec leaves the ropes and cache writes
+    /// to their own launch (for comparisons).
+    qkv_rope: AtomicBool,
 }
 
 /// A backend feature switch: on unless the variable is set to "0".
@@ -160,6 +163,7 @@ impl HipDevice {
             grouped_nodes: std::sync::atomic::AtomicUsize::new(0),
             group: env_switch("ROCMFORGE_GPU_GROUP"),
             attn_dec: env_switch("ROCMFORGE_GPU_ATTN_DEC"),
+            qkv_rope: AtomicBool::new(env_switch("ROCMFORGE_GPU_QKV_ROPE")),
         });
         Ok(Self {
             bt: HipBufferType {
@@ -167,6 +171,15 @@ impl HipDevice {
             },
             inner,
         })
+    }
+
+    /// Lets the q/k/v mat-vec rotate and store its rows itself (the default) or leaves that to
+    /// the rope launch after it; returns whether it now does (never with
+    /// `ROCMFORGE_GPU_QKV_ROPE=0`).
+    pub fn set_qkv_rope(&self, on: bool) -> bool {
+        let on = on && env_switch("ROCMFORGE_GPU_QKV_ROPE");
+        self.inner.qkv_rope.store(on, Ordering::Relaxed);
+        on
     }
 
     /// Grouped launches (q, k and v projections in one kernel, rope/cache-write and norm chains)

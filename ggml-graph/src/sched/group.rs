@@ -9,14 +9,14 @@ fn view_chain(nodes: &[Tensor], id: TensorId) -> impl Iterator<Item = TensorId> 
 
 /// Length of the run of nodes at the start of `ids` that a device may launch as one (see
 /// [`crate::backend::Device::launch_group`]): `mul_mat`s reading the same activations (at most three: q, k and
-/// v), ropes of the same parameters, positions and factors (two: q and k; four with the K and V
-/// cache writes after them, see [`rope_chain`]) or `set_rows` of the
-/// same indices (two: the K and V cache writes), a chain of `rms_norm * w`, the `add` reading
+/// v; seven with their ropes and cache writes, see [`projection_chain`]), ropes of the same
+/// parameters, positions and factors (two: q and k; four with the K and V cache writes after them,
+/// see [`rope_chain`]) or `set_rows` of the same indices (two: the K and V cache writes), a chain of `rms_norm * w`, the `add` reading
 /// it and the `rms_norm * w` of that sum (a post-norm, the residual add and the next norm), or two
 /// independent `rms_norm * w` (q and k norms); 1 when the first node starts no such run.
 pub(super) fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
     match nodes[ids[0].index()].op {
-        Op::MulMat => same_kind_run(nodes, ids, 3),
+        Op::MulMat => projection_chain(nodes, ids),
         Op::Rope(_) => rope_chain(nodes, ids),
         Op::SetRows => same_kind_run(nodes, ids, 2),
         Op::RmsNormMul { .. } => norm_chain(nodes, ids),
@@ -57,6 +57,36 @@ fn same_kind_run(nodes: &[Tensor], ids: &[TensorId], max: usize) -> usize {
                 }
         })
         .count()
+}
+
+/// Length of the run at the start of `ids` from `mul_mat`s on the same activations (at most three):
+/// 7 when they are the q, k and v projections followed by the rope pair and cache writes of
+/// [`rope_chain`], the ropes reading the first two products and the V write the third (through
+/// views); a device takes the seven as one launch only with a mat-vec that rotates and stores its
+/// rows itself.
+fn projection_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
+    let run = same_kind_run(nodes, ids, 3);
+    let [q, k, v, rest @ ..] = ids else {
+        return run;
+    };
+    let from = |s: TensorId, x: TensorId| view_chain(nodes, s).any(|y| y == x);
+    // Operand `at` of node `id` is `x` or a view of it (a rope's input is operand 0, the rows a
+    // `set_rows` stores operand 1).
+    let reads = |id: &TensorId, at: usize, x: &TensorId| {
+        nodes[id.index()].src.get(at).is_some_and(|&s| from(s, *x))
+    };
+    let chain = run == 3
+        && rest.len() >= 4
+        && matches!(nodes[rest[0].index()].op, Op::Rope(_))
+        && rope_chain(nodes, rest) == 4
+        && reads(&rest[0], 0, q)
+        && reads(&rest[1], 0, k)
+        && reads(&rest[3], 1, v);
+    if chain {
+        7
+    } else {
+        run
+    }
 }
 
 /// Length of the run at the start of `ids` from a pair of ropes (q, then k): 4 when the next two
