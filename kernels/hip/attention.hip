@@ -510,7 +510,10 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
 // ncu had this kernel issue ~4400 instructions per active scheduler, but in the decode chain that
 // was not what it waited on. Also on par: the `rope_kv_*` launch before it asking L2 for up to 512
 // cache rows below the new token's slot before its own wait (so that they load during the q/k/v
-// mat-vec's tail): 407.6-411.8 against 407.0-411.1.
+// mat-vec's tail): 407.6-411.8 against 407.0-411.1. And with the q/k/v mat-vec doing the rope and
+// cache writes (five rounds): 256 threads per block instead of 512 (so that a block needs fewer
+// of the mat-vec's registers freed before it can start) 408.1-419.5 against 411.8-415.6, on par;
+// 512 threads bound to 64 registers (spills) 380-391, slower.
 template <typename KV>
 static __device__ __forceinline__ void attn_dec_entry(const KV* k, const KV* v, const int* pos,
                                                       const attn_params p) {
