@@ -892,11 +892,14 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
             reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o) - (uintptr_t)shift * sizeof(float)), n, shift};
 }
 
-// Bytes at the start of each weight row that a mat-vec prefetches before it waits: about one
-// step of its loop. Whole blocks of rows measured slower on the 8B shapes (the prefetches of
-// later steps queue ahead of the loads the warps wait for).
+// Bytes at the start of each weight row that a mat-vec prefetches before it waits. Whole rows
+// measured slower on the 8B shapes (the prefetches of later steps queue ahead of the loads the
+// warps wait for). H100, 8B Q4_K_M tg128, interleaved rounds of -r 3 (2026-11-25, with the q/k/v
+// mat-vec doing the rope and cache writes): 512 bytes 413.1-415.9 t/s over six rounds against
+// 406.8-413.7 with 1024 (higher in each pair); 256 409.8-418.8 (three), 2304 (a whole 4096-value
+// Q4_K row) 391-397, none 408.0-408.7.
 #ifndef MV_PREFETCH_BYTES
-#define MV_PREFETCH_BYTES 1024
+#define MV_PREFETCH_BYTES 512
 #endif
 
 // Kernel entry of the mat-vecs: prefetch the first bytes of this block's rows of `w` (and
