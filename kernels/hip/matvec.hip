@@ -1025,10 +1025,13 @@ RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 #ifndef MV_MIX_ATTRS
 #define MV_MIX_ATTRS RF_LB(6)
 #endif
+// No weight prefetch before the wait: it measured neutral on the 8B shapes, and again with 512
+// bytes per row on an H100 (2026-11-25, five interleaved rounds: 408.8-412.5 t/s against
+// 411.1-413.9; the prefetch raised the kernel's stack under its register bound).
 RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
                                                    const uint8_t* y, float* o0, float* o1, float* o2, int ncols,
                                                    long long rb, long long rb2, int n0, int n1, int n2) {
-    rf_entry();  // (no prefetch: it measured neutral on the 8B shapes)
+    rf_entry();  // (no prefetch: see above)
     constexpr int PB4 = MV_WARPS * 1, PB6 = MV_WARPS * 2;  // rows per block of each type
     const int b2 = (n0 + PB4 - 1) / PB4 + (n1 + PB4 - 1) / PB4;
     if ((int)blockIdx.x < b2) {
