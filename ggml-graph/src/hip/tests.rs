@@ -92,6 +92,30 @@ fn weight(name: &str, dt: DType, cols: usize, rows: usize, rng: &mut Rng) -> Wei
     )
 }
 
+/// A step's K and V writes into f16 caches `cache_k` and `cache_v` of `n_ctx` rows of `row` values:
+/// keys and values (any shape of `row * nt` values, reshaped to rows) at the rows `idx` holds.
+/// Returns the two `set_rows` nodes.
+fn f16_cache_writes(
+    g: &mut Graph,
+    [k, v]: [TensorId; 2],
+    idx: TensorId,
+    row: usize,
+    nt: usize,
+    n_ctx: usize,
+) -> (TensorId, TensorId) {
+    let ck = g
+        .persistent("cache_k", DType::F16, &[row, n_ctx])
+        .expect("ck");
+    let cv = g
+        .persistent("cache_v", DType::F16, &[row, n_ctx])
+        .expect("cv");
+    let kr = g.reshape(k, &[row, nt]).expect("kr");
+    let vr = g.reshape(v, &[row, nt]).expect("vr");
+    let kc = g.set_rows(ck, kr, idx).expect("set k");
+    let vc = g.set_rows(cv, vr, idx).expect("set v");
+    (kc, vc)
+}
+
 struct Case {
     g: Graph,
     weights: Vec<Weight>,
@@ -599,16 +623,7 @@ fn attention_block_prefill_then_decode_with_persistent_cache() {
         let rp = RopeParams::new(RopeMode::Neox, hd, 10000.0, 1.0);
         let q = g.rope(q, pos, rp, None).expect("rope q");
         let k = g.rope(k, pos, rp, None).expect("rope k");
-        let ck = g
-            .persistent("cache_k", DType::F16, &[hd * nkv, n_ctx])
-            .expect("ck");
-        let cv = g
-            .persistent("cache_v", DType::F16, &[hd * nkv, n_ctx])
-            .expect("cv");
-        let kr = g.reshape(k, &[hd * nkv, nt]).expect("kr");
-        let vr = g.reshape(v, &[hd * nkv, nt]).expect("vr");
-        let kc = g.set_rows(ck, kr, pos).expect("set k");
-        let vc = g.set_rows(cv, vr, pos).expect("set v");
+        let (kc, vc) = f16_cache_writes(&mut g, [k, v], pos, hd * nkv, nt, n_ctx);
         let n_kv = n_past + nt;
         let k_all = g
             .view(kc, &[hd, nkv, n_kv], &[hd * 2, hd * nkv * 2], 0)

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{f32_bytes, hip, nmse, weight, weight_bytes, Rng, Weight};
+use super::{f16_cache_writes, f32_bytes, hip, nmse, weight, weight_bytes, Rng, Weight};
 use crate::backend::{CpuDevice, Device};
 use crate::cpu::CpuBackend;
 use crate::exec::WeightBytes;
@@ -255,16 +255,7 @@ fn grouped_projections_rope_kv_match_cpu() {
         });
         let rq = g.rope(q3, pos, rp, factors).expect("rope q");
         let rk = g.rope(k3, pos, rp, factors).expect("rope k");
-        let ck = g
-            .persistent("ck", DType::F16, &[hd * nkv, n_ctx])
-            .expect("ck");
-        let cv = g
-            .persistent("cv", DType::F16, &[hd * nkv, n_ctx])
-            .expect("cv");
-        let kr = g.reshape(rk, &[hd * nkv, nt]).expect("kr");
-        let vr = g.reshape(v, &[hd * nkv, nt]).expect("vr");
-        let kc = g.set_rows(ck, kr, slot).expect("set k");
-        let vc = g.set_rows(cv, vr, slot).expect("set v");
+        let (kc, vc) = f16_cache_writes(&mut g, [rk, v], slot, hd * nkv, nt, n_ctx);
         let outs = [q, k, v, rq, rk, kc, vc];
         for o in outs {
             g.mark_output(o).expect("out");
