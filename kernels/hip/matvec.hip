@@ -875,6 +875,7 @@ struct mv_pick {
     float* out;        // its output, shifted back by `shift` values
     int n;             // its rows (the output stride between activation vectors)
     int shift;         // rows before this matrix's first block
+    int m;             // which matrix: 0, 1 or 2
 };
 
 static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uint8_t* w0, const uint8_t* w1,
@@ -889,7 +890,8 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
     const int shift = (bx < b1 ? 0 : bx < b2 ? b1 : b2) * per_block;
     // Integer arithmetic: the shifted addresses are never dereferenced below row `shift`.
     return {reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(w) - (uintptr_t)(shift * row_bytes)),
-            reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o) - (uintptr_t)shift * sizeof(float)), n, shift};
+            reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(o) - (uintptr_t)shift * sizeof(float)), n, shift,
+            bx < b1 ? 0 : bx < b2 ? 1 : 2};
 }
 
 // Bytes at the start of each weight row that a mat-vec prefetches before it waits. Whole rows
@@ -1096,8 +1098,6 @@ struct mv_rope_kv {
             freq_scale, freq_factors, ext_factor, mscale, corr_lo, corr_hi                                  \
     }
 
-static __device__ __forceinline__ int mv_kind(int bx, int b1, int b2) { return bx < b1 ? 0 : bx < b2 ? 1 : 2; }
-
 // The plain Q4_K mat-vec's register bound.
 #define MV_ROPE_ATTRS RF_LB(8)
 
@@ -1110,11 +1110,8 @@ RF_KERNEL void MV_ROPE_ATTRS matvec_q4_k_rope_kv(const uint8_t* w0, const uint8_
                                                  __half* vc, long long vc_stride, const int* idx) {
     const mv_pick p = mv_multi_pick(MV_WARPS * 1, w0, w1, w2, o0, o1, o2, row_bytes, n0, n1, n2);
     mv_entry<mv_q4_k, 1, 1, 1>(p.w, nullptr, row_bytes, p.shift + p.n);
-    constexpr int PB = MV_WARPS * 1;
-    const int b1 = (n0 + PB - 1) / PB, b2 = b1 + (n1 + PB - 1) / PB;
-    const int kind = mv_kind(blockIdx.x, b1, b2);
     matvec_direct2<mv_q4_k, 1, 1>(p.w, nullptr, nullptr, y, p.out, ncols, row_bytes, p.n, p.shift + p.n, 0,
-                                  MV_ROPE_KV_EP(kind, p.shift, n0, n1));
+                                  MV_ROPE_KV_EP(p.m, p.shift, n0, n1));
 }
 
 // matvec_q4_k_q6_k_multi's grid (q and k in Q4_K, v in Q6_K) with the epilogue above.
@@ -1128,12 +1125,11 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_rope_kv(const uint8_t* w0, const ui
                                                      const int* idx) {
     rf_entry();
     constexpr int PB4 = MV_WARPS * 1, PB6 = MV_WARPS * 2;
-    const int b1 = (n0 + PB4 - 1) / PB4, b2 = b1 + (n1 + PB4 - 1) / PB4;
+    const int b2 = (n0 + PB4 - 1) / PB4 + (n1 + PB4 - 1) / PB4;
     if ((int)blockIdx.x < b2) {
         const mv_pick p = mv_multi_pick(PB4, w0, w1, nullptr, o0, o1, nullptr, rb, n0, n1, 0);
-        const int kind = mv_kind(blockIdx.x, b1, b2);
         matvec_direct2<mv_q4_k, 1, 1>(p.w, nullptr, nullptr, y, p.out, ncols, rb, p.n, p.shift + p.n, 0,
-                                      MV_ROPE_KV_EP(kind, p.shift, n0, n1));
+                                      MV_ROPE_KV_EP(p.m, p.shift, n0, n1));
     } else {
         const int shift = b2 * PB6;
         // Integer arithmetic: the shifted addresses are never dereferenced below row `shift`.

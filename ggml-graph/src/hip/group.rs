@@ -308,36 +308,14 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         (n, kid)
     };
     let group = &group[..n];
-    let mut outs = Vec::with_capacity(GROUP_MAX);
-    let mut ws = Vec::with_capacity(GROUP_MAX);
-    let mut rows = [0i32; GROUP_MAX];
-    let mut grid = 0u32;
-    for (i, t) in group.iter().enumerate() {
-        let out = rewritten(d, t)?;
-        outs.push(out);
-        ws.push(addr(&t.srcs[0])?);
-        let nr = t.srcs[0].tensor.ne[1];
-        rows[i] = nr as i32;
-        let t_wt = weight_type(t.srcs[0].tensor.dtype).unwrap_or(wt);
-        grid += nr.div_ceil(t_wt.matvec_rows_per_block()) as u32;
-    }
+    let outs = group
+        .iter()
+        .map(|t| rewritten(d, t))
+        .collect::<Result<Vec<_>>>()?;
     let mut cache = d.inner.q8.lock();
     let q8 = cache.quantized(d, addr(x0)?, k, m)?;
-    let mut a = Args::new();
-    for i in 0..GROUP_MAX {
-        a.push(ws.get(i).copied());
-    }
-    a.push(MemRange::of_buffer(&q8));
-    for i in 0..GROUP_MAX {
-        a.push(outs.get(i).copied());
-    }
-    a.push(k as i32).push(w0.tensor.nb[1] as i64);
-    if q6_third {
-        a.push(group[2].srcs[0].tensor.nb[1] as i64);
-    }
-    for r in rows {
-        a.push(r);
-    }
+    let rb2 = q6_third.then(|| group[2].srcs[0].tensor.nb[1] as i64);
+    let (a, grid) = multi_args(group, &outs, MemRange::of_buffer(&q8), k, rb2, wt)?;
     let r = d.launch_kernel(
         kid,
         [grid, m as u32, 1],
@@ -346,6 +324,48 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     );
     drop(cache);
     r.map(|()| n)
+}
+
+/// The leading arguments of the `*_multi` kernels (and of the `*_rope_kv` ones built on them) for
+/// the mat-vecs `group` (at most GROUP_MAX) writing `outs`: the weights, the quantized activations
+/// `q8`, the outputs, the row length `k`, the row bytes (`rb2`: the third matrix's, where it is of
+/// another type) and the row counts; with the grid's block count (types without a kernel of their
+/// own count as `wt`).
+fn multi_args<'a>(
+    group: &[GroupNode<'a>],
+    outs: &[MemRange<'a>],
+    q8: MemRange<'a>,
+    k: usize,
+    rb2: Option<i64>,
+    wt: WeightType,
+) -> Result<(Args<'a>, u32)> {
+    let mut a = Args::new();
+    let mut rows = [0i32; GROUP_MAX];
+    let mut grid = 0u32;
+    for i in 0..GROUP_MAX {
+        a.push(match group.get(i) {
+            Some(t) => Some(addr(&t.srcs[0])?),
+            None => None,
+        });
+    }
+    a.push(q8);
+    for i in 0..GROUP_MAX {
+        a.push(outs.get(i).copied());
+    }
+    a.push(k as i32).push(group[0].srcs[0].tensor.nb[1] as i64);
+    if let Some(rb2) = rb2 {
+        a.push(rb2);
+    }
+    for (i, t) in group.iter().enumerate() {
+        let w = t.srcs[0].tensor;
+        rows[i] = w.ne[1] as i32;
+        let t_wt = weight_type(w.dtype).unwrap_or(wt);
+        grid += w.ne[1].div_ceil(t_wt.matvec_rows_per_block()) as u32;
+    }
+    for r in rows {
+        a.push(r);
+    }
+    Ok((a, grid))
 }
 
 /// The q, k and v projections of a decode step, the normal-mode ropes of q and k and the K and V
@@ -410,11 +430,11 @@ fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> 
     if !ok {
         return Ok(0);
     }
-    let nodes = [mq, mk, mv];
-    let mut outs = Vec::with_capacity(3);
-    for t in nodes {
-        outs.push(rewritten(d, t)?);
-    }
+    let mats = &group[..3];
+    let outs = mats
+        .iter()
+        .map(|t| rewritten(d, t))
+        .collect::<Result<Vec<_>>>()?;
     let (yq, yk) = (rewritten(d, ra)?, rewritten(d, rb)?);
     let (kc, vc) = (rewritten(d, c)?, rewritten(d, e)?);
     let ff = match ra.srcs.get(2) {
@@ -423,23 +443,17 @@ fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> 
     };
     let mut cache = d.inner.q8.lock();
     let q8 = cache.quantized(d, addr(x0)?, k, m)?;
-    let mut a = Args::new();
-    for t in nodes {
-        a.push(addr(&t.srcs[0])?);
-    }
-    a.push(MemRange::of_buffer(&q8));
-    for o in outs {
-        a.push(o);
-    }
-    a.push(k as i32).push(w0.tensor.nb[1] as i64);
-    if v_q6 {
-        a.push(mv.srcs[0].tensor.nb[1] as i64);
-    }
+    let rb2 = v_q6.then(|| mv.srcs[0].tensor.nb[1] as i64);
+    let (mut a, grid) = multi_args(
+        mats,
+        &outs,
+        MemRange::of_buffer(&q8),
+        k,
+        rb2,
+        WeightType::Q4_K,
+    )?;
     let corr = p.yarn_corr_dims();
-    a.push(n0 as i32)
-        .push(n1 as i32)
-        .push(n2 as i32)
-        .push(yq)
+    a.push(yq)
         .push(yk)
         .push(addr(&ra.srcs[1])?)
         .push(hd as i32)
@@ -456,12 +470,6 @@ fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> 
         .push(vc)
         .push(elems(e.tensor.nb[1], e.tensor))
         .push(addr(&c.srcs[1])?);
-    let v_wt = if v_q6 {
-        WeightType::Q6_K
-    } else {
-        WeightType::Q4_K
-    };
-    let grid = n0 / per + n1 / per + n2.div_ceil(v_wt.matvec_rows_per_block());
     let kid = if v_q6 {
         KernelId::MatvecRopeKvQ4_KQ6_K
     } else {
@@ -469,7 +477,7 @@ fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> 
     };
     let r = d.launch_kernel(
         kid,
-        [grid as u32, m as u32, 1],
+        [grid, m as u32, 1],
         kernels::MATVEC_WARPS * d.inner.warp,
         &a.0,
     );

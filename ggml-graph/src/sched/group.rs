@@ -8,12 +8,13 @@ fn view_chain(nodes: &[Tensor], id: TensorId) -> impl Iterator<Item = TensorId> 
 }
 
 /// Length of the run of nodes at the start of `ids` that a device may launch as one (see
-/// [`crate::backend::Device::launch_group`]): `mul_mat`s reading the same activations (at most three: q, k and
-/// v; seven with their ropes and cache writes, see [`projection_chain`]), ropes of the same
-/// parameters, positions and factors (two: q and k; four with the K and V cache writes after them,
-/// see [`rope_chain`]) or `set_rows` of the same indices (two: the K and V cache writes), a chain of `rms_norm * w`, the `add` reading
-/// it and the `rms_norm * w` of that sum (a post-norm, the residual add and the next norm), or two
-/// independent `rms_norm * w` (q and k norms); 1 when the first node starts no such run.
+/// [`crate::backend::Device::launch_group`]): `mul_mat`s reading the same activations (at most
+/// three: q, k and v; seven with their ropes and cache writes, see [`projection_chain`]), ropes of
+/// the same parameters, positions and factors (two: q and k; four with the K and V cache writes
+/// after them, see [`rope_chain`]) or `set_rows` of the same indices (two: the K and V cache
+/// writes), a chain of `rms_norm * w`, the `add` reading it and the `rms_norm * w` of that sum (a
+/// post-norm, the residual add and the next norm), or two independent `rms_norm * w` (q and k
+/// norms); 1 when the first node starts no such run.
 pub(super) fn group_run(nodes: &[Tensor], ids: &[TensorId]) -> usize {
     match nodes[ids[0].index()].op {
         Op::MulMat => projection_chain(nodes, ids),
