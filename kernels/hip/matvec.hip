@@ -1099,6 +1099,11 @@ struct mv_rope_kv {
     }
 
 // The plain Q4_K mat-vec's register bound.
+// Measured slower and dropped: each Q4_K row of these kernels split over two warps of its block
+// (one 8-block step each, two rows per block, sums through shared memory), so that the 8B's
+// 6144 q/k/v rows fill the 1056 resident blocks in 2.9 one-step waves instead of 1.45 two-step
+// ones: H100, 8B Q4_K_M tg128, five interleaved rounds of -r 3 (2026-11-25): 403.6-407.6 t/s
+// against 411.5-418.2.
 #define MV_ROPE_ATTRS RF_LB(8)
 
 RF_KERNEL void MV_ROPE_ATTRS matvec_q4_k_rope_kv(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
