@@ -9,7 +9,9 @@
 
 use gpu_mem::MemRange;
 
-use super::ops::{supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS, RMS_Q8_STEPS};
+use super::ops::{
+    launch_matvec, supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS, RMS_Q8_STEPS,
+};
 use super::{addr, HipDevice};
 use crate::backend::{GroupNode, TensorMem};
 use crate::error::Result;
@@ -316,14 +318,7 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let q8 = cache.quantized(d, addr(x0)?, k, m)?;
     let rb2 = q6_third.then(|| group[2].srcs[0].tensor.nb[1] as i64);
     let (a, grid) = multi_args(group, &outs, MemRange::of_buffer(&q8), k, rb2, wt)?;
-    let r = d.launch_kernel(
-        kid,
-        [grid, m as u32, 1],
-        kernels::MATVEC_WARPS * d.inner.warp,
-        &a.0,
-    );
-    drop(cache);
-    r.map(|()| n)
+    launch_matvec(d, kid, grid, m, &a, cache).map(|()| n)
 }
 
 /// The leading arguments of the `*_multi` kernels (and of the `*_rope_kv` ones built on them) for
@@ -475,14 +470,7 @@ fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> 
     } else {
         KernelId::MatvecRopeKvQ4_K
     };
-    let r = d.launch_kernel(
-        kid,
-        [grid, m as u32, 1],
-        kernels::MATVEC_WARPS * d.inner.warp,
-        &a.0,
-    );
-    drop(cache);
-    r.map(|()| 7)
+    launch_matvec(d, kid, grid, m, &a, cache).map(|()| 7)
 }
 
 /// The q and k norms `na`, `nb` (per head), the ropes `ra`, `rb` of their outputs and the K and V

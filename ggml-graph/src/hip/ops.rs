@@ -578,6 +578,28 @@ pub(super) const ALIGN: usize = 256;
 /// The largest grid.y (and grid.z) a launch may use on every HIP platform.
 const MAX_GRID_Y: usize = 65535;
 
+/// Queues decode mat-vec kernel `kid`: grid x `grid`, one grid row per activation vector (`m`),
+/// [`kernels::MATVEC_WARPS`] warps per block. Takes the quantization cache's guard and releases it
+/// once the launch is queued, so that no other launch requantizes into the buffer `args` read
+/// before this one is on the stream.
+pub(super) fn launch_matvec(
+    d: &HipDevice,
+    kid: KernelId,
+    grid: u32,
+    m: usize,
+    args: &Args<'_>,
+    cache: parking_lot::MutexGuard<'_, Q8Cache>,
+) -> Result<()> {
+    let r = d.launch_kernel(
+        kid,
+        [grid, m as u32, 1],
+        kernels::MATVEC_WARPS * d.inner.warp,
+        &args.0,
+    );
+    drop(cache);
+    r
+}
+
 fn mul_mat(d: &HipDevice, w: &TensorMem<'_>, x: &TensorMem<'_>, out: MemRange<'_>) -> Result<()> {
     mul_mat_bias(d, w, x, out, None).map(|_| ())
 }
@@ -617,14 +639,7 @@ fn mul_mat_bias(
                 .push(wt_.nb[1] as i64)
                 .push(n as i32)
                 .push(n as i32);
-            let r = d.launch_kernel(
-                variant,
-                [grid, m as u32, 1],
-                kernels::MATVEC_WARPS * warp,
-                &b.0,
-            );
-            drop(cache);
-            return r.map(|()| bias.is_some());
+            return launch_matvec(d, variant, grid, m, &b, cache).map(|()| bias.is_some());
         }
         let kid = if wt_.dtype == DType::F32 {
             KernelId::MatvecF32
@@ -749,14 +764,8 @@ fn mul_mat_gated(
             .push(n as i32)
             .push(n as i32)
             .push(act_kind(kind));
-        let r = d.launch_kernel(
-            kid,
-            [kernels::matvec_gated_grid(wt, n), m as u32, 1],
-            kernels::MATVEC_WARPS * d.inner.warp,
-            &b.0,
-        );
-        drop(cache);
-        return r;
+        let grid = kernels::matvec_gated_grid(wt, n);
+        return launch_matvec(d, kid, grid, m, &b, cache);
     }
     // The up product goes past everything `mul_mat` puts in the scratch (its f16 copies of the
     // activations and of one weight), grown first so that `mul_mat` reuses the same buffer.
