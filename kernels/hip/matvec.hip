@@ -1175,6 +1175,27 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_rope_kv(const uint8_t* w0, const ui
 // 405-408 with 2. The mat-vecs' own early prefetch (mv_entry) already keeps the bus busy while
 // those kernels run; more requests only queue ahead of their critical loads.
 
+// A persistent decode chain, studied outside the tree (2026-11-25, H100, 32 layers of Llama-3-8B
+// shapes, all Q4_K: q/k/v, o, gate+up and down with the quantizations between them; products
+// matching these kernels' to 2e-6; copy bandwidth 3013 GB/s in the same runs):
+// - these kernels as 8 PDL launches per layer in one graph: 1832-1839 us per token, 71% of the
+//   copy bandwidth;
+// - one launch per token, one 512-thread block per SM and a grid barrier (an atomic counter)
+//   after each product; each warp streams its two rows of a 32-row group through a 5-stage
+//   cp.async ring that runs ahead across the barriers; the producers write the next product's
+//   Q8_1 input and the residual's sum of squares (so that an RMS norm needs no pass of its own):
+//   1704-1716 us, 76%. Without the barriers (timing only) 79%, without the dot products 81%,
+//   without either 90%;
+// - the same with one block-wide ring (a __syncthreads per step): 70%; each block quantizing its
+//   input itself after the barrier: 45%; 1024 threads of one row each 67%, 256 of four rows 74%;
+// - only the FFN front that way (norm, gate+up, act and its Q8_1 in one 132-block launch without
+//   a barrier, then the usual down kernel): 2137-2190 us, slower, since with no next phase to
+//   stream the last round of 32-row groups (448 over 132 blocks) and the norm are not hidden.
+// So the launch boundaries cost about 5 points of bandwidth in the mat-vecs alone, and a whole
+// decode layer as one persistent launch (attention one more phase) is the design that projects
+// past 70% of the bandwidth limit on the 8B shape; it needs co-resident blocks (a cooperative
+// launch) for its barriers.
+
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>
 static __device__ __forceinline__ float ld_w(const W* p, int i);
