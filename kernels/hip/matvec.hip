@@ -1191,10 +1191,17 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_rope_kv(const uint8_t* w0, const ui
 // - only the FFN front that way (norm, gate+up, act and its Q8_1 in one 132-block launch without
 //   a barrier, then the usual down kernel): 2137-2190 us, slower, since with no next phase to
 //   stream the last round of 32-row groups (448 over 132 blocks) and the norm are not hidden.
-// So the launch boundaries cost about 5 points of bandwidth in the mat-vecs alone, and a whole
-// decode layer as one persistent launch (attention one more phase) is the design that projects
-// past 70% of the bandwidth limit on the 8B shape; it needs co-resident blocks (a cooperative
-// launch) for its barriers.
+// - the persistent chain with attention as one more phase (one block per head over an f16
+//   cache, the q/k/v phase roping and storing its rows): 2003-2008 us at position 128, 1954 at
+//   16, 2471 at 512; each of its steps waits on L2 (the query, the keys, the values, the barrier,
+//   the o product's input), about 7 us per layer, as much as the attention launch costs in the
+//   chain now. Loading eight keys per warp before the first dot product was slower (2114).
+// So the launch boundaries cost about 5 points of bandwidth in the mat-vecs alone, but with the
+// attention phase the persistent layer projects to about 68% of the bandwidth limit on the 8B
+// shape (Q4_K_M's bytes, the output head at its measured 157 us), short of 70% unless the
+// attention phase itself gets shorter (keys and values of the earlier positions staged into
+// shared memory before the barrier, several blocks per head). Its barriers also need co-resident
+// blocks (a cooperative launch).
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>
