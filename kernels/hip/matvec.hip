@@ -1192,16 +1192,16 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_rope_kv(const uint8_t* w0, const ui
 //   a barrier, then the usual down kernel): 2137-2190 us, slower, since with no next phase to
 //   stream the last round of 32-row groups (448 over 132 blocks) and the norm are not hidden.
 // - the persistent chain with attention as one more phase (one block per head over an f16
-//   cache, the q/k/v phase roping and storing its rows): 2003-2008 us at position 128, 1954 at
-//   16, 2471 at 512; each of its steps waits on L2 (the query, the keys, the values, the barrier,
-//   the o product's input), about 7 us per layer, as much as the attention launch costs in the
-//   chain now. Loading eight keys per warp before the first dot product was slower (2114).
-// So the launch boundaries cost about 5 points of bandwidth in the mat-vecs alone, but with the
-// attention phase the persistent layer projects to about 68% of the bandwidth limit on the 8B
-// shape (Q4_K_M's bytes, the output head at its measured 157 us), short of 70% unless the
-// attention phase itself gets shorter (keys and values of the earlier positions staged into
-// shared memory before the barrier, several blocks per head). Its barriers also need co-resident
-// blocks (a cooperative launch).
+//   cache, the q/k/v phase roping and storing its rows): a two-pass body (scores, softmax, then
+//   the values) 2003-2008 us at position 128; one pass per warp (online softmax, the query, keys
+//   and values loaded together, the 16 warps' shares combined in shared memory) 1933; with the
+//   head's earlier keys and values asked into L2 before the barrier 1845 us at position 16, 1904
+//   at 128, 2104 at 512. About 4 us per layer stays at any length: the rope epilogue, two
+//   barriers and the L2 round trips of the attention and of the o product's input.
+// So the launch boundaries cost about 5 points of bandwidth in the mat-vecs alone; with the
+// attention phase the persistent layer projects to about 70% of the bandwidth limit on the 8B
+// shape at tg128's positions (Q4_K_M's 1.067x bytes, the output head at its measured 157 us):
+// at the target, not past it. Its barriers also need co-resident blocks (a cooperative launch).
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>
