@@ -1201,7 +1201,10 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_rope_kv(const uint8_t* w0, const ui
 // So the launch boundaries cost about 5 points of bandwidth in the mat-vecs alone; with the
 // attention phase the persistent layer projects to about 70% of the bandwidth limit on the 8B
 // shape at tg128's positions (Q4_K_M's 1.067x bytes, the output head at its measured 157 us):
-// at the target, not past it. Its barriers also need co-resident blocks (a cooperative launch).
+// at the target, not past it. It has to be one launch per token: one per layer (PDL, the ring's
+// first steps requested before the wait) took 2045 against 1925 us, about 4 us per launch
+// boundary, as much as any kernel boundary costs in the chain. Its barriers also need
+// co-resident blocks (a cooperative launch).
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>
