@@ -43,6 +43,27 @@ pub enum GpuError {
     /// A GGUF file could not be read for an estimate.
     #[error("GGUF: {0}")]
     Gguf(String),
+    /// A cooperative launch whose blocks cannot all be resident at once; nothing was queued.
+    #[error(
+        "{kernel}: a cooperative grid of {blocks} blocks cannot be resident at once: at most \
+         {per_sm} per multiprocessor on {multiprocessors} multiprocessors{}",
+        if *.per_sm == 0 {
+            " (not even one block fits: too many threads, or more dynamic shared memory than \
+             the kernel was allowed with Function::set_max_dynamic_shared)"
+        } else {
+            ""
+        }
+    )]
+    CooperativeGridTooLarge {
+        /// The kernel's name.
+        kernel: String,
+        /// Blocks in the grid.
+        blocks: u64,
+        /// Blocks of this shape that fit on one multiprocessor.
+        per_sm: u32,
+        /// Multiprocessors (compute units) of the device.
+        multiprocessors: u32,
+    },
 }
 
 impl GpuError {

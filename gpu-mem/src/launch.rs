@@ -1,6 +1,8 @@
 //! Checked kernel launches: device-memory arguments that can only be made from live `gpu-mem`
 //! memory ([`MemRange`]), a kernel's declared parameter list ([`ParamKind`]), and
-//! [`Stream::launch_checked`], which matches the arguments against that list before launching.
+//! [`Stream::launch_checked`], which matches the arguments against that list before launching
+//! (and [`Stream::launch_checked_cooperative`], which also checks that the grid fits the device
+//! at once).
 //!
 //! Design choices:
 //! - The parameter list comes from the kernel's owner (rocmforge's `kernels` crate keeps one per
@@ -22,7 +24,7 @@ use crate::buffer::{DeviceBuffer, DeviceView, DeviceViewMut};
 use crate::device::Device;
 use crate::error::{GpuError, Result};
 use crate::module::{Function, KernelArgs};
-use crate::stream::Stream;
+use crate::stream::{LaunchMode, Stream};
 
 /// One kernel parameter, as the kernel's source declares it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,6 +241,96 @@ const MAX_BLOCK_THREADS: u64 = 1024;
 /// Largest grid y/z dimension.
 const MAX_GRID_YZ: u32 = 65_535;
 
+/// Checks a launch of kernel `name` against its parameter list `params` (the same count, each
+/// argument of its parameter's kind, memory vetted by `same_device`) and the launch shape (a
+/// non-empty grid and block within the hardware's limits), and packs the arguments.
+fn check_and_pack(
+    name: &str,
+    params: &[ParamKind],
+    grid: [u32; 3],
+    block: [u32; 3],
+    args: &[KernelArg<'_>],
+    same_device: impl Fn(&Device) -> Result<()>,
+) -> Result<KernelArgs> {
+    if args.len() != params.len() {
+        return Err(GpuError::InvalidArgument(format!(
+            "{name}: {} arguments for {} parameters",
+            args.len(),
+            params.len()
+        )));
+    }
+    let mut packed = KernelArgs::new();
+    for (i, (a, &p)) in args.iter().zip(params).enumerate() {
+        if !a.matches(p) {
+            return Err(GpuError::InvalidArgument(format!(
+                "{name}: argument {i} is {a:?}, the kernel declares {p:?}"
+            )));
+        }
+        match *a {
+            KernelArg::Mem(m) => {
+                same_device(m.device)?;
+                packed.push(m.ptr.0);
+            }
+            KernelArg::Null => {
+                packed.push(0u64);
+            }
+            KernelArg::I32(v) => {
+                packed.push(v);
+            }
+            KernelArg::I64(v) => {
+                packed.push(v);
+            }
+            KernelArg::F32(v) => {
+                packed.push(v);
+            }
+            KernelArg::Bytes(b) => {
+                packed.push_bytes(b);
+            }
+        }
+    }
+    let threads = volume(block);
+    if grid.contains(&0)
+        || threads == 0
+        || threads > MAX_BLOCK_THREADS
+        || grid[1] > MAX_GRID_YZ
+        || grid[2] > MAX_GRID_YZ
+    {
+        return Err(GpuError::InvalidArgument(format!(
+            "{name}: grid {grid:?} x block {block:?} is empty or beyond the hardware limits"
+        )));
+    }
+    Ok(packed)
+}
+
+/// Blocks in a grid or threads in a block (saturating: three `u32` can overflow a `u64`).
+fn volume(dims: [u32; 3]) -> u64 {
+    dims.iter()
+        .fold(1u64, |acc, &d| acc.saturating_mul(u64::from(d)))
+}
+
+/// A cooperative grid must be resident at once: at most `per_sm` blocks on each of
+/// `multiprocessors`.
+fn check_co_resident(name: &str, grid: [u32; 3], per_sm: u32, multiprocessors: u32) -> Result<()> {
+    let blocks = volume(grid);
+    if blocks <= u64::from(per_sm) * u64::from(multiprocessors) {
+        return Ok(());
+    }
+    Err(GpuError::CooperativeGridTooLarge {
+        kernel: name.to_owned(),
+        blocks,
+        per_sm,
+        multiprocessors,
+    })
+}
+
+/// The device memory `(address, bytes)` a launch's arguments use.
+fn mem_ranges<'a>(args: &'a [KernelArg<'_>]) -> impl Iterator<Item = (u64, u64)> + 'a {
+    args.iter().filter_map(|a| match a {
+        KernelArg::Mem(m) => Some((m.ptr.0, m.bytes as u64)),
+        _ => None,
+    })
+}
+
 impl Stream {
     /// Queues `function` with `args` after checking them against its parameter list `params`:
     /// the same count, each argument of its parameter's kind, all memory on this stream's
@@ -254,63 +346,77 @@ impl Stream {
         shared_mem_bytes: u32,
         args: &[KernelArg<'_>],
     ) -> Result<()> {
-        if args.len() != params.len() {
-            return Err(GpuError::InvalidArgument(format!(
-                "{name}: {} arguments for {} parameters",
-                args.len(),
-                params.len()
-            )));
-        }
-        let mut packed = KernelArgs::new();
-        for (i, (a, &p)) in args.iter().zip(params).enumerate() {
-            if !a.matches(p) {
-                return Err(GpuError::InvalidArgument(format!(
-                    "{name}: argument {i} is {a:?}, the kernel declares {p:?}"
-                )));
-            }
-            match *a {
-                KernelArg::Mem(m) => {
-                    self.device().expect_same(m.device, "kernel argument")?;
-                    packed.push(m.ptr.0);
-                }
-                KernelArg::Null => {
-                    packed.push(0u64);
-                }
-                KernelArg::I32(v) => {
-                    packed.push(v);
-                }
-                KernelArg::I64(v) => {
-                    packed.push(v);
-                }
-                KernelArg::F32(v) => {
-                    packed.push(v);
-                }
-                KernelArg::Bytes(b) => {
-                    packed.push_bytes(b);
-                }
-            }
-        }
-        let threads = block.iter().map(|&d| u64::from(d)).product::<u64>();
-        if grid.contains(&0)
-            || threads == 0
-            || threads > MAX_BLOCK_THREADS
-            || grid[1] > MAX_GRID_YZ
-            || grid[2] > MAX_GRID_YZ
-        {
-            return Err(GpuError::InvalidArgument(format!(
-                "{name}: grid {grid:?} x block {block:?} is empty or beyond the hardware limits"
-            )));
-        }
+        let mut packed = check_and_pack(name, params, grid, block, args, |d| {
+            self.device().expect_same(d, "kernel argument")
+        })?;
         // A capture keeps the memory its launches use, for the replay's liveness check.
-        self.note_use(args.iter().filter_map(|a| match a {
-            KernelArg::Mem(m) => Some((m.ptr.0, m.bytes as u64)),
-            _ => None,
-        }));
+        self.note_use(mem_ranges(args));
         // SAFETY: the arguments match the kernel's declared parameters in number, order and
         // kind (checked above); every pointer is null where the kernel accepts it, or memory of
         // this device borrowed from a live allocation for the duration of this call, and queued
         // frees in gpu-mem are ordered after work already queued on the device's streams.
-        unsafe { self.launch_unrecorded(function, grid, block, shared_mem_bytes, &mut packed) }
+        unsafe {
+            self.launch_unrecorded(
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                &mut packed,
+                LaunchMode::Plain,
+            )
+        }
+    }
+
+    /// [`Stream::launch_checked`] as a cooperative launch: all blocks of the grid are resident
+    /// at once, so they may wait for each other (a grid barrier). Besides the argument checks,
+    /// the grid must fit the device at once (blocks <= [`Function::max_active_blocks_per_sm`]
+    /// for this block and shared memory x multiprocessors), else
+    /// [`GpuError::CooperativeGridTooLarge`] names the kernel and nothing is queued. Kernels
+    /// above 48 KiB of dynamic shared memory need [`Function::set_max_dynamic_shared`] first.
+    /// Follows [`Stream::set_early_launch`] like any launch, and records its memory in a
+    /// capture like [`Stream::launch_checked`]. `uses` is memory the kernel reaches through
+    /// pointers inside by-value struct arguments ([`KernelArg::Bytes`]): checked to be on this
+    /// device and recorded in a capture as the pointer arguments are. Not supported by the AMD
+    /// provider (HIP 5.2 has no cooperative launch of module kernels): an error there.
+    #[allow(clippy::too_many_arguments, reason = "a launch's own parameters")]
+    pub fn launch_checked_cooperative(
+        &self,
+        function: &Function<'_>,
+        name: &str,
+        params: &[ParamKind],
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        args: &[KernelArg<'_>],
+        uses: &[MemRange<'_>],
+    ) -> Result<()> {
+        let mut packed = check_and_pack(name, params, grid, block, args, |d| {
+            self.device().expect_same(d, "kernel argument")
+        })?;
+        self.device().expect_same(function.device(), "kernel")?;
+        for m in uses {
+            self.device()
+                .expect_same(m.device, "memory a kernel argument points to")?;
+        }
+        // At most 1024 threads (checked above).
+        let threads = volume(block) as u32;
+        let per_sm = function.max_active_blocks_per_sm(threads, shared_mem_bytes)?;
+        let multiprocessors = u32::try_from(self.device().info().compute_units).unwrap_or(0);
+        check_co_resident(name, grid, per_sm, multiprocessors)?;
+        self.note_use(mem_ranges(args));
+        self.note_use(uses.iter().map(|m| (m.ptr.0, m.bytes as u64)));
+        // SAFETY: as in `launch_checked`; the driver refuses a grid that cannot be resident at
+        // once rather than running part of it.
+        unsafe {
+            self.launch_unrecorded(
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                &mut packed,
+                LaunchMode::Cooperative,
+            )
+        }
     }
 }
 
@@ -326,5 +432,129 @@ mod tests {
         assert!(!KernelArg::F32(0.0).matches(ParamKind::Ptr));
         assert!(KernelArg::Bytes(&[0; 8]).matches(ParamKind::Bytes(8)));
         assert!(!KernelArg::Bytes(&[0; 4]).matches(ParamKind::Bytes(8)));
+    }
+
+    /// Memory arguments need a device, so the host-side checks use the other kinds; a device
+    /// check that is never reached panics.
+    fn no_memory(_: &Device) -> Result<()> {
+        panic!("no memory argument here")
+    }
+
+    fn invalid(r: Result<KernelArgs>) -> String {
+        match r {
+            Err(GpuError::InvalidArgument(why)) => why,
+            other => panic!("expected an invalid-argument error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn checked_arguments_are_packed_in_order() {
+        let params = [
+            ParamKind::Ptr,
+            ParamKind::I32,
+            ParamKind::I64,
+            ParamKind::F32,
+            ParamKind::Bytes(12),
+        ];
+        let blob = [7u8; 12];
+        let args = [
+            KernelArg::Null,
+            KernelArg::I32(-3),
+            KernelArg::I64(1 << 40),
+            KernelArg::F32(2.5),
+            KernelArg::Bytes(&blob),
+        ];
+        let mut packed =
+            check_and_pack("k", &params, [4, 2, 1], [128, 2, 1], &args, no_memory).unwrap();
+        let p = packed.pointers().unwrap();
+        assert_eq!(p.len(), 5);
+        // SAFETY: each pointer addresses the packed words of its argument, of its type.
+        unsafe {
+            assert_eq!(*(p[0] as *const u64), 0);
+            assert_eq!(*(p[1] as *const i32), -3);
+            assert_eq!(*(p[2] as *const i64), 1 << 40);
+            assert_eq!(*(p[3] as *const f32), 2.5);
+            assert_eq!(std::slice::from_raw_parts(p[4] as *const u8, 12), &blob);
+        }
+        assert_eq!(mem_ranges(&args).count(), 0);
+    }
+
+    #[test]
+    fn checked_arguments_refuse_wrong_counts_kinds_and_shapes() {
+        let params = [ParamKind::Ptr, ParamKind::I32];
+        let ok = [KernelArg::Null, KernelArg::I32(1)];
+        let launch = |args: &[KernelArg<'_>], grid, block| {
+            check_and_pack("my_kernel", &params, grid, block, args, no_memory)
+        };
+        let why = invalid(launch(&ok[..1], [1, 1, 1], [32, 1, 1]));
+        assert!(
+            why.contains("my_kernel: 1 arguments for 2 parameters"),
+            "{why}"
+        );
+        let why = invalid(launch(
+            &[KernelArg::I32(0), KernelArg::I32(1)],
+            [1, 1, 1],
+            [32, 1, 1],
+        ));
+        assert!(why.contains("my_kernel: argument 0"), "{why}");
+        let why = invalid(launch(
+            &[KernelArg::Null, KernelArg::I64(1)],
+            [1, 1, 1],
+            [32, 1, 1],
+        ));
+        assert!(why.contains("argument 1") && why.contains("I32"), "{why}");
+        for (grid, block) in [
+            ([0, 1, 1], [32, 1, 1]),
+            ([1, 1, 1], [0, 1, 1]),
+            ([1, 1, 1], [1025, 1, 1]),
+            ([1, 1, 1], [32, 32, 2]),
+            ([1, 65_536, 1], [32, 1, 1]),
+            ([1, 1, 65_536], [32, 1, 1]),
+        ] {
+            let why = invalid(launch(&ok, grid, block));
+            assert!(
+                why.contains("beyond the hardware limits"),
+                "{grid:?} {block:?}: {why}"
+            );
+        }
+        assert!(launch(&ok, [u32::MAX, 65_535, 65_535], [1024, 1, 1]).is_ok());
+        assert!(launch(&ok, [1, 1, 1], [32, 32, 1]).is_ok());
+        // A block whose thread count overflows 64 bits is refused, not a panic.
+        let why = invalid(launch(&ok, [1, 1, 1], [u32::MAX, u32::MAX, u32::MAX]));
+        assert!(why.contains("beyond the hardware limits"), "{why}");
+    }
+
+    #[test]
+    fn cooperative_grids_must_fit_the_device_at_once() {
+        // One block per multiprocessor on 132 multiprocessors (a persistent kernel on an H100).
+        assert!(check_co_resident("persist", [132, 1, 1], 1, 132).is_ok());
+        assert!(check_co_resident("persist", [66, 2, 1], 1, 132).is_ok());
+        assert!(check_co_resident("persist", [1, 1, 1], 4, 1).is_ok());
+        match check_co_resident("persist", [133, 1, 1], 1, 132) {
+            Err(GpuError::CooperativeGridTooLarge {
+                kernel,
+                blocks,
+                per_sm,
+                multiprocessors,
+            }) => {
+                assert_eq!(kernel, "persist");
+                assert_eq!((blocks, per_sm, multiprocessors), (133, 1, 132));
+            }
+            other => panic!("expected CooperativeGridTooLarge, got {other:?}"),
+        }
+        // Blocks multiply across dimensions, without overflow.
+        let e = check_co_resident("big", [u32::MAX, u32::MAX, 2], u32::MAX, u32::MAX - 1)
+            .expect_err("2 (2^32 - 1)^2 blocks exceed (2^32 - 1)(2^32 - 2)");
+        let text = e.to_string();
+        assert!(text.starts_with("big: a cooperative grid of"), "{text}");
+        assert!(!text.contains("not even one block"), "{text}");
+        // No block fits at all (shared memory above the kernel's limit): the message says why.
+        let e = check_co_resident("persist", [1, 1, 1], 0, 132).expect_err("nothing fits");
+        let text = e.to_string();
+        assert!(
+            text.contains("at most 0 per multiprocessor on 132 multiprocessors")
+                && text.contains("set_max_dynamic_shared"),
+            "{text}"
+        );
     }
 }

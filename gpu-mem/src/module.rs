@@ -114,6 +114,42 @@ impl Function<'_> {
     pub fn device(&self) -> &Device {
         self.device
     }
+
+    /// Lets launches of this kernel use up to `bytes` of dynamic shared memory per block.
+    /// NVIDIA requires this above 48 KiB, up to
+    /// [`DeviceAttribute::MaxSharedMemoryPerBlockOptin`](hip_ffi::DeviceAttribute) less the
+    /// kernel's static shared memory; AMD has no opt-in and only checks `bytes` against the
+    /// device's shared memory per block. The setting belongs to the kernel and lasts as long
+    /// as its module.
+    pub fn set_max_dynamic_shared(&self, bytes: u32) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: the function belongs to a module of this device that `self` borrows, so it is
+        // live; the device was made current above.
+        Ok(unsafe {
+            self.device
+                .api()
+                .function_set_max_dynamic_shared(self.handle, bytes)
+        }?)
+    }
+
+    /// How many blocks of `block_threads` threads with `shared_mem_bytes` of dynamic shared
+    /// memory each fit on one multiprocessor (compute unit) at once; 0 when not even one does
+    /// (above the kernel's dynamic shared memory limit, say).
+    pub fn max_active_blocks_per_sm(
+        &self,
+        block_threads: u32,
+        shared_mem_bytes: u32,
+    ) -> Result<u32> {
+        self.device.bind()?;
+        // SAFETY: as in `set_max_dynamic_shared`.
+        Ok(unsafe {
+            self.device.api().occupancy_max_blocks_per_sm(
+                self.handle,
+                block_threads,
+                shared_mem_bytes,
+            )
+        }?)
+    }
 }
 
 /// Kernel arguments, packed by value in order (device pointers as 64-bit addresses), all in one

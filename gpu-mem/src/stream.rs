@@ -5,9 +5,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytemuck::Pod;
-use hip_ffi::{
-    CaptureMode, DevicePtr, EventHandle, GraphExecHandle, GraphHandle, HipApi, StreamHandle,
-};
+use hip_ffi::{CaptureMode, DevicePtr, EventHandle, GraphExecHandle, GraphHandle, StreamHandle};
 use parking_lot::Mutex;
 
 use crate::buffer::{DeviceView, DeviceViewMut, PinnedHostBuffer};
@@ -33,6 +31,15 @@ pub struct Stream {
     /// Whether kernel launches may begin before their predecessor ends (see
     /// [`Stream::set_early_launch`]).
     early_launch: AtomicBool,
+}
+
+/// How a kernel is launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LaunchMode {
+    /// An ordinary launch.
+    Plain,
+    /// A cooperative launch: all blocks resident at once, or the launch fails.
+    Cooperative,
 }
 
 /// What a capture recorded: the device ranges `(address, bytes)` of its checked launches, or the
@@ -383,11 +390,20 @@ impl Stream {
         // Raw arguments: a capture holding this launch cannot be replayed safely.
         self.note_unknown("a raw kernel launch");
         // SAFETY: the caller's guarantees are `launch_unrecorded`'s.
-        unsafe { self.launch_unrecorded(function, grid, block, shared_mem_bytes, args) }
+        unsafe {
+            self.launch_unrecorded(
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                args,
+                LaunchMode::Plain,
+            )
+        }
     }
 
     /// [`Stream::launch`] without marking a capture (for checked launches, which record their
-    /// memory themselves).
+    /// memory themselves), plain or cooperative.
     ///
     /// # Safety
     /// As [`Stream::launch`].
@@ -398,30 +414,37 @@ impl Stream {
         block: [u32; 3],
         shared_mem_bytes: u32,
         args: &mut KernelArgs,
+        mode: LaunchMode,
     ) -> Result<()> {
         self.device.expect_same(function.device(), "kernel")?;
         self.device.bind()?;
         let mut ptrs = args.pointers()?;
         let api = self.device.api();
         // Early launches are on only for streams whose kernels wait for their predecessors.
-        let launch = if self.early_launch() {
-            <dyn HipApi>::launch_kernel_early
-        } else {
-            <dyn HipApi>::launch_kernel
-        };
+        let early = self.early_launch();
+        let (f, stream, params) = (function.handle(), self.handle, ptrs.as_mut_ptr());
         // SAFETY: the caller guarantees the arguments match the kernel; `ptrs` points into
         // `args`, which outlives the call (the driver copies the values at launch).
-        Ok(unsafe {
-            launch(
-                api,
-                function.handle(),
-                grid,
-                block,
-                shared_mem_bytes,
-                self.handle,
-                ptrs.as_mut_ptr(),
-            )
-        }?)
+        unsafe {
+            match mode {
+                LaunchMode::Plain if early => {
+                    api.launch_kernel_early(f, grid, block, shared_mem_bytes, stream, params)
+                }
+                LaunchMode::Plain => {
+                    api.launch_kernel(f, grid, block, shared_mem_bytes, stream, params)
+                }
+                LaunchMode::Cooperative => api.launch_kernel_cooperative(
+                    f,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                    early,
+                ),
+            }
+        }?;
+        Ok(())
     }
 
     /// Starts capturing this stream's work into a graph (thread-local mode). Checked launches

@@ -603,3 +603,213 @@ fn early_launches_still_run_in_stream_order() {
         assert!(!stream.set_early_launch(false) && !stream.early_launch());
     });
 }
+
+const PTX_COOP: &[u8] = include_bytes!("data/test_kernels_coop.ptx");
+
+/// What `coop_rounds` (tests/data/test_kernels_coop.cu) adds to `out[b]` in one launch of
+/// `blocks` blocks with `shared_words` words of shared memory per block and `rounds` rounds.
+fn coop_rounds_expected(blocks: u32, shared_words: u32, rounds: u32) -> Vec<u32> {
+    let slot = |b: u32, r: u32| {
+        (1..shared_words).fold(0u32, |acc, i| {
+            acc.wrapping_add(
+                b.wrapping_mul(0x9E37_79B1)
+                    .wrapping_add(r.wrapping_mul(0x85EB_CA77))
+                    .wrapping_add(i),
+            )
+        })
+    };
+    (0..blocks)
+        .map(|b| (0..rounds).fold(0u32, |acc, r| acc.wrapping_add(slot((b + 1) % blocks, r))))
+        .collect()
+}
+
+/// A persistent-kernel shape: one block per multiprocessor, nearly all of its shared memory
+/// opted in, blocks meeting at grid barriers. Checks the opt-in and occupancy calls, the
+/// co-residency check, plain, captured and early cooperative launches.
+#[test]
+#[serial]
+fn cooperative_launches_meet_at_grid_barriers() {
+    with_gpu(|dev| {
+        if dev.info().platform != Platform::Nvidia {
+            println!(
+                "skipped: the checked-in test kernels are PTX (NVIDIA); platform is {}",
+                dev.info().platform
+            );
+            return;
+        }
+        let attr = |a| dev.attribute(a).expect("device attribute") as u32;
+        assert_eq!(attr(DeviceAttribute::CooperativeLaunch), 1);
+        let sms = dev.info().compute_units as u32;
+        let plain = attr(DeviceAttribute::MaxSharedMemoryPerBlock);
+        let optin = attr(DeviceAttribute::MaxSharedMemoryPerBlockOptin);
+        println!("{sms} multiprocessors; shared memory per block {plain} bytes, {optin} opted in");
+        assert!(optin > plain, "opt-in {optin} <= default {plain}");
+
+        let module = Module::load(dev, PTX_COOP).unwrap();
+        let f = module.function("coop_rounds").unwrap();
+        let threads = 256u32;
+        // The kernel has no static shared memory: all of the opt-in limit is dynamic.
+        let shared = optin;
+        let before = f.max_active_blocks_per_sm(threads, shared).unwrap();
+        assert_eq!(before, 0, "{shared} bytes fit a block before opting in");
+        assert!(f.max_active_blocks_per_sm(threads, 1024).unwrap() >= 2);
+        f.set_max_dynamic_shared(shared).unwrap();
+        assert_eq!(f.max_active_blocks_per_sm(threads, shared).unwrap(), 1);
+        assert!(f.set_max_dynamic_shared(optin + 1).is_err());
+        // The refused request left the earlier one in place.
+        assert_eq!(f.max_active_blocks_per_sm(threads, shared).unwrap(), 1);
+
+        let stream = Stream::new(dev).unwrap();
+        let n = sms as usize;
+        let mut slots = DeviceBuffer::<u32>::new(dev, n, "coop slots").unwrap();
+        let mut out = DeviceBuffer::<u32>::new(dev, n, "coop out").unwrap();
+        let mut counter = DeviceBuffer::<u32>::new(dev, 1, "coop barrier").unwrap();
+        stream.memset(&mut slots.view_mut(), 0).unwrap();
+        stream.memset(&mut out.view_mut(), 0).unwrap();
+        stream.memset(&mut counter.view_mut(), 0).unwrap();
+        let (words, rounds) = (shared / 4, 5u32);
+        let params = [
+            ParamKind::Ptr,
+            ParamKind::Ptr,
+            ParamKind::Ptr,
+            ParamKind::I32,
+            ParamKind::I32,
+        ];
+        let launch = |s: &Stream, f: &Function<'_>, name: &str, grid: u32| {
+            s.launch_checked_cooperative(
+                f,
+                name,
+                &params,
+                [grid, 1, 1],
+                [threads, 1, 1],
+                shared,
+                &[
+                    KernelArg::Mem(MemRange::of_buffer(&slots)),
+                    KernelArg::Mem(MemRange::of_buffer(&out)),
+                    KernelArg::Mem(MemRange::of_buffer(&counter)),
+                    KernelArg::I32(words as i32),
+                    KernelArg::I32(rounds as i32),
+                ],
+                &[],
+            )
+        };
+        launch(&stream, &f, "coop_rounds", sms).unwrap();
+        // One block more than fits is refused before anything is queued.
+        match launch(&stream, &f, "coop_rounds", sms + 1) {
+            Err(GpuError::CooperativeGridTooLarge {
+                kernel,
+                blocks,
+                per_sm,
+                multiprocessors,
+            }) => {
+                assert_eq!(kernel, "coop_rounds");
+                assert_eq!(
+                    (blocks, per_sm, multiprocessors),
+                    (u64::from(sms) + 1, 1, sms)
+                );
+            }
+            other => panic!("expected CooperativeGridTooLarge, got {other:?}"),
+        }
+        // The launch reaches the driver as a cooperative one: bypassing the check above, the
+        // driver itself refuses the grid (zero rounds: no barrier waits, should it run anyway).
+        let mut values = [
+            slots.ptr().0,
+            out.ptr().0,
+            counter.ptr().0,
+            u64::from(words),
+            0,
+        ];
+        let mut ptrs: Vec<*mut std::ffi::c_void> = values
+            .iter_mut()
+            .map(|v| std::ptr::from_mut(v).cast())
+            .collect();
+        // SAFETY: coop_rounds(unsigned*, unsigned*, unsigned*, unsigned, unsigned): three live
+        // buffers of this device and two 32-bit values (the low words of little-endian u64s);
+        // `values` outlives the call, which copies them.
+        let refused = unsafe {
+            dev.api().launch_kernel_cooperative(
+                f.handle(),
+                [sms + 1, 1, 1],
+                [threads, 1, 1],
+                shared,
+                stream.handle(),
+                ptrs.as_mut_ptr(),
+                false,
+            )
+        };
+        let code = refused
+            .as_ref()
+            .err()
+            .and_then(|e| e.as_hip())
+            .map(|e| e.code);
+        assert_eq!(
+            code,
+            Some(hip_ffi::error::code::COOPERATIVE_LAUNCH_TOO_LARGE),
+            "{refused:?}"
+        );
+        // Argument checks come first, as for plain checked launches.
+        assert!(matches!(
+            stream.launch_checked_cooperative(
+                &f,
+                "coop_rounds",
+                &params,
+                [sms, 1, 1],
+                [threads, 1, 1],
+                shared,
+                &[],
+                &[]
+            ),
+            Err(GpuError::InvalidArgument(_))
+        ));
+        // Captured cooperative launches replay.
+        let graph = stream
+            .capture(|s| launch(s, &f, "coop_rounds", sms))
+            .unwrap();
+        graph.launch(&stream).unwrap();
+        graph.launch(&stream).unwrap();
+        let mut launches = 3;
+
+        // Early cooperative launches, where the device has them.
+        if stream.set_early_launch(true) {
+            let m90 = Module::load(dev, PTX_SM90).unwrap();
+            let w = m90.function("coop_rounds_waiting").unwrap();
+            w.set_max_dynamic_shared(shared).unwrap();
+            for _ in 0..3 {
+                launch(&stream, &w, "coop_rounds_waiting", sms).unwrap();
+            }
+            let graph = stream
+                .capture(|s| {
+                    launch(s, &w, "coop_rounds_waiting", sms)?;
+                    launch(s, &w, "coop_rounds_waiting", sms)
+                })
+                .unwrap();
+            graph.launch(&stream).unwrap();
+            launches += 5;
+            stream.set_early_launch(false);
+        } else {
+            println!("early cooperative launches not checked: this device has no early launch");
+        }
+
+        let once = coop_rounds_expected(sms, words, rounds);
+        let want: Vec<u32> = once.iter().map(|x| x.wrapping_mul(launches)).collect();
+        let got = stream.read_to_vec(&out.view()).unwrap();
+        let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        assert_eq!(
+            wrong, 0,
+            "{wrong} of {sms} blocks summed wrongly: {got:?} != {want:?}"
+        );
+        let arrivals = stream.read_to_vec(&counter.view()).unwrap()[0];
+        assert_eq!(arrivals, launches * rounds * 2 * sms);
+
+        // What the co-residency check costs a launch (one occupancy query).
+        let t = std::time::Instant::now();
+        for _ in 0..1000 {
+            f.max_active_blocks_per_sm(threads, shared).unwrap();
+        }
+        println!(
+            "{launches} cooperative launches of {sms} blocks x {shared} bytes of shared memory \
+             correct; one occupancy query takes {:.2} us",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    });
+}

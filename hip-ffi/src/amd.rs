@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
 use crate::api::*;
-use crate::error::{BlasError, Error, HipError, Result};
+use crate::error::{c_int, BlasError, Error, HipError, Result};
 use crate::loader;
 use crate::sys::hip::{self, hipDeviceAttribute_t as attr, hipError_t, HipLib};
 use crate::sys::hipblas::{self as hb, GemmAbi, HipblasLib};
@@ -141,7 +141,29 @@ fn hip_attr(a: DeviceAttribute) -> attr::Type {
         DeviceAttribute::MemoryBusWidthBits => attr::hipDeviceAttributeMemoryBusWidth,
         DeviceAttribute::L2CacheBytes => attr::hipDeviceAttributeL2CacheSize,
         DeviceAttribute::PciBusId => attr::hipDeviceAttributePciBusId,
+        DeviceAttribute::CooperativeLaunch => attr::hipDeviceAttributeCooperativeLaunch,
+        // HIP documents `hipDeviceAttributeSharedMemPerBlockOptin` as CUDA-only: AMD has no
+        // opt-in, the per-block maximum is the ceiling.
+        DeviceAttribute::MaxSharedMemoryPerBlockOptin => {
+            attr::hipDeviceAttributeMaxSharedMemoryPerBlock
+        }
     }
+}
+
+/// AMD has no dynamic shared memory opt-in (`hipFuncSetAttribute` takes host function
+/// pointers, not module kernels): a request within the per-block maximum needs no call, and a
+/// larger one cannot be met.
+fn dynamic_shared_within_limit(bytes: u32, max_per_block: i32) -> Result<()> {
+    if i64::from(bytes) <= i64::from(max_per_block) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        call: "hipFuncSetAttribute",
+        what: format!(
+            "{bytes} bytes of dynamic shared memory exceed the device's {max_per_block} bytes \
+             per block (AMD has no opt-in beyond it)"
+        ),
+    })
 }
 
 /// `gcnArch` integers name the target in decimal except for the hex-digit steppings.
@@ -488,6 +510,44 @@ impl HipApi for AmdProvider {
         })
     }
 
+    // `launch_kernel_cooperative`: the trait's default (unsupported). HIP 5.2's headers, which
+    // the bindings come from, declare no cooperative launch of module kernels
+    // (`hipModuleLaunchCooperativeKernel` came with ROCm 5.5), and `hipLaunchCooperativeKernel`
+    // takes host function pointers only.
+
+    unsafe fn function_set_max_dynamic_shared(
+        &self,
+        _function: FunctionHandle,
+        bytes: u32,
+    ) -> Result<()> {
+        let device = self.current_device()?;
+        let max = self.device_attribute(DeviceAttribute::MaxSharedMemoryPerBlock, device)?;
+        dynamic_shared_within_limit(bytes, max)
+    }
+
+    unsafe fn occupancy_max_blocks_per_sm(
+        &self,
+        function: FunctionHandle,
+        block_threads: u32,
+        shared_mem_bytes: u32,
+    ) -> Result<u32> {
+        const CALL: &str = "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor";
+        let threads = c_int(CALL, "block threads", block_threads.into())?;
+        let mut n = 0;
+        // SAFETY: the caller guarantees the function belongs to a live module of the current
+        // device; writes one int.
+        self.check(CALL, unsafe {
+            self.hip.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                function.0.cast(),
+                threads,
+                shared_mem_bytes as usize,
+            )
+        })?;
+        // A count, never negative.
+        Ok(u32::try_from(n).unwrap_or(0))
+    }
+
     unsafe fn stream_begin_capture(&self, stream: StreamHandle, mode: CaptureMode) -> Result<()> {
         use hip::hipStreamCaptureMode as m;
         let mode = match mode {
@@ -704,6 +764,38 @@ mod tests {
         assert_eq!(gcn_arch_name(1030), "gfx1030");
         assert_eq!(gcn_arch_name(910), "gfx90a");
         assert_eq!(gcn_arch_name(0), "gfx(unknown)");
+    }
+
+    #[test]
+    fn dynamic_shared_memory_is_checked_against_the_per_block_maximum() {
+        assert!(dynamic_shared_within_limit(0, 65_536).is_ok());
+        assert!(dynamic_shared_within_limit(65_536, 65_536).is_ok());
+        let e = dynamic_shared_within_limit(65_537, 65_536).expect_err("over the maximum");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    call: "hipFuncSetAttribute",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("65537 bytes"), "{e}");
+        // A negative maximum (a runtime fault) admits nothing.
+        assert!(dynamic_shared_within_limit(1, -1).is_err());
+    }
+
+    #[test]
+    fn new_device_attributes_map_to_hip_attributes() {
+        assert_eq!(
+            hip_attr(DeviceAttribute::CooperativeLaunch),
+            attr::hipDeviceAttributeCooperativeLaunch
+        );
+        assert_eq!(
+            hip_attr(DeviceAttribute::MaxSharedMemoryPerBlockOptin),
+            hip_attr(DeviceAttribute::MaxSharedMemoryPerBlock)
+        );
     }
 
     #[test]

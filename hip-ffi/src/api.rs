@@ -126,6 +126,14 @@ pub enum DeviceAttribute {
     MemoryBusWidthBits,
     L2CacheBytes,
     PciBusId,
+    /// 1 when the device can run cooperative launches
+    /// ([`HipApi::launch_kernel_cooperative`]), else 0.
+    CooperativeLaunch,
+    /// The most dynamic plus static shared memory one block may use after opting in with
+    /// [`HipApi::function_set_max_dynamic_shared`]. NVIDIA: `MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`;
+    /// AMD has no opt-in (HIP documents its opt-in attribute as CUDA-only), so this is the plain
+    /// per-block maximum there.
+    MaxSharedMemoryPerBlockOptin,
 }
 
 /// Stream-capture modes (`hipStreamCaptureMode`).
@@ -394,6 +402,58 @@ pub trait HipApi: Send + Sync {
         // SAFETY: the caller's guarantees include `launch_kernel`'s.
         unsafe { self.launch_kernel(function, grid, block, shared_mem_bytes, stream, params) }
     }
+    /// Queues a cooperative kernel launch: every block of the grid is resident on the device at
+    /// once, so blocks may wait for each other (a grid barrier), or the launch fails with
+    /// `hipErrorCooperativeLaunchTooLarge` and nothing runs. With `early` it may also begin
+    /// before its predecessor on `stream` has finished, as [`HipApi::launch_kernel_early`],
+    /// where [`HipApi::early_launch_supported`] holds for the current device (ignored
+    /// elsewhere). Works while `stream` is capturing. The default reports
+    /// [`Error::Unsupported`](crate::Error::Unsupported): HIP 5.2's runtime, whose headers the
+    /// AMD bindings come from, has no cooperative launch of module kernels
+    /// (`hipModuleLaunchCooperativeKernel` came with ROCm 5.5).
+    ///
+    /// # Safety
+    /// As [`HipApi::launch_kernel`]; with `early`, also as [`HipApi::launch_kernel_early`].
+    #[allow(clippy::too_many_arguments, reason = "a launch's own parameters")]
+    unsafe fn launch_kernel_cooperative(
+        &self,
+        _function: FunctionHandle,
+        _grid: [u32; 3],
+        _block: [u32; 3],
+        _shared_mem_bytes: u32,
+        _stream: StreamHandle,
+        _params: *mut *mut c_void,
+        _early: bool,
+    ) -> Result<()> {
+        Err(crate::Error::Unsupported {
+            what: "cooperative kernel launch",
+            platform: self.platform().name(),
+        })
+    }
+    /// Lets launches of `function` use up to `bytes` of dynamic shared memory per block (NVIDIA
+    /// needs this opt-in above 48 KiB, up to [`DeviceAttribute::MaxSharedMemoryPerBlockOptin`]
+    /// less the kernel's static shared memory). AMD has no opt-in: there it only checks `bytes`
+    /// against the current device's shared memory per block.
+    ///
+    /// # Safety
+    /// `function` belongs to a live module of the current device.
+    unsafe fn function_set_max_dynamic_shared(
+        &self,
+        function: FunctionHandle,
+        bytes: u32,
+    ) -> Result<()>;
+    /// How many blocks of `function` with `block_threads` threads and `shared_mem_bytes` of
+    /// dynamic shared memory fit on one multiprocessor (compute unit) of the current device at
+    /// once; 0 when not even one does.
+    ///
+    /// # Safety
+    /// `function` belongs to a live module of the current device.
+    unsafe fn occupancy_max_blocks_per_sm(
+        &self,
+        function: FunctionHandle,
+        block_threads: u32,
+        shared_mem_bytes: u32,
+    ) -> Result<u32>;
 
     /// Starts capturing the work queued on `stream` into a graph.
     ///

@@ -18,6 +18,7 @@ pub mod code {
     pub const INVALID_DEVICE: i32 = h::hipErrorInvalidDevice as i32;
     pub const NOT_READY: i32 = h::hipErrorNotReady as i32;
     pub const NOT_SUPPORTED: i32 = h::hipErrorNotSupported as i32;
+    pub const COOPERATIVE_LAUNCH_TOO_LARGE: i32 = h::hipErrorCooperativeLaunchTooLarge as i32;
     pub const UNKNOWN: i32 = h::hipErrorUnknown as i32;
 }
 
@@ -149,4 +150,12 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// `v` as the C `int` a call takes, or [`Error::InvalidArgument`] naming the call and value.
+pub(crate) fn c_int(call: &'static str, what: &str, v: i64) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::InvalidArgument {
+        call,
+        what: format!("{what} = {v} does not fit a C int"),
+    })
 }

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::amd::{blas_status_name, c_buf_to_string};
 use crate::api::*;
-use crate::error::{code, BlasError, Error, HipError, LoadError, Result};
+use crate::error::{c_int, code, BlasError, Error, HipError, LoadError, Result};
 use crate::loader;
 use crate::sys::cublas::{
     self as cb, cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cublasPointerMode_t,
@@ -146,6 +146,47 @@ fn cu_attr(a: DeviceAttribute) -> ca::Type {
         DeviceAttribute::MemoryBusWidthBits => ca::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
         DeviceAttribute::L2CacheBytes => ca::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
         DeviceAttribute::PciBusId => ca::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+        DeviceAttribute::CooperativeLaunch => ca::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+        DeviceAttribute::MaxSharedMemoryPerBlockOptin => {
+            ca::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        }
+    }
+}
+
+/// The attributes of one `cuLaunchKernelEx` launch (at most the two rocmforge uses).
+struct LaunchAttrs {
+    attrs: [cu::CUlaunchAttribute; 2],
+    len: u32,
+}
+
+impl LaunchAttrs {
+    /// `cooperative`: all blocks co-resident (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`); `early`: the
+    /// launch may begin before its predecessor on the stream ends
+    /// (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`).
+    fn new(cooperative: bool, early: bool) -> Self {
+        use cu::CUlaunchAttributeID_enum as id;
+        let blank = cu::CUlaunchAttribute {
+            id: id::CU_LAUNCH_ATTRIBUTE_IGNORE,
+            pad: [0; 4],
+            value: cu::CUlaunchAttributeValue { pad: [0; 64] },
+        };
+        let mut a = LaunchAttrs {
+            attrs: [blank; 2],
+            len: 0,
+        };
+        if cooperative {
+            let slot = &mut a.attrs[a.len as usize];
+            slot.id = id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            slot.value.cooperative = 1;
+            a.len += 1;
+        }
+        if early {
+            let slot = &mut a.attrs[a.len as usize];
+            slot.id = id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            slot.value.programmaticStreamSerializationAllowed = 1;
+            a.len += 1;
+        }
+        a
     }
 }
 
@@ -266,10 +307,41 @@ impl NvidiaProvider {
         }))
     }
 
-    fn int_arg(call: &'static str, what: &str, v: i64) -> Result<i32> {
-        i32::try_from(v).map_err(|_| Error::InvalidArgument {
-            call,
-            what: format!("{what} = {v} does not fit a C int"),
+    /// Queues `function` through `cuLaunchKernelEx` with `attrs`, reporting failures as `call`.
+    ///
+    /// # Safety
+    /// As [`HipApi::launch_kernel`], plus whatever the attributes demand of the kernel.
+    #[allow(clippy::too_many_arguments, reason = "a launch's own parameters")]
+    unsafe fn launch_ex(
+        &self,
+        call: &'static str,
+        function: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamHandle,
+        params: *mut *mut c_void,
+        attrs: &mut LaunchAttrs,
+    ) -> Result<()> {
+        self.ctx()?;
+        let config = cu::CUlaunchConfig {
+            gridDimX: grid[0],
+            gridDimY: grid[1],
+            gridDimZ: grid[2],
+            blockDimX: block[0],
+            blockDimY: block[1],
+            blockDimZ: block[2],
+            sharedMemBytes: shared_mem_bytes,
+            hStream: stream.0.cast(),
+            attrs: attrs.attrs.as_mut_ptr(),
+            numAttrs: attrs.len,
+        };
+        // SAFETY: `config` and the attributes it points to live across the call (the driver
+        // copies them); the caller guarantees `params` matches the kernel and that the kernel
+        // keeps what the attributes ask of it.
+        self.check(call, unsafe {
+            self.cuda
+                .cuLaunchKernelEx(&config, function.0.cast(), params, std::ptr::null_mut())
         })
     }
 }
@@ -670,32 +742,93 @@ impl HipApi for NvidiaProvider {
         stream: StreamHandle,
         params: *mut *mut c_void,
     ) -> Result<()> {
+        let mut attrs = LaunchAttrs::new(false, true);
+        // SAFETY: the caller guarantees `params` matches the kernel and that the kernel waits
+        // for its predecessors before touching their memory.
+        unsafe {
+            self.launch_ex(
+                "hipLaunchKernelExC",
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                stream,
+                params,
+                &mut attrs,
+            )
+        }
+    }
+
+    unsafe fn launch_kernel_cooperative(
+        &self,
+        function: FunctionHandle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        stream: StreamHandle,
+        params: *mut *mut c_void,
+        early: bool,
+    ) -> Result<()> {
+        let early = early && self.early_launch_supported(self.current_device()?);
+        let mut attrs = LaunchAttrs::new(true, early);
+        // SAFETY: the caller guarantees `params` matches the kernel and, with `early`, that the
+        // kernel waits for its predecessors before touching their memory; the driver refuses a
+        // grid whose blocks cannot all be resident.
+        unsafe {
+            self.launch_ex(
+                "hipModuleLaunchCooperativeKernel",
+                function,
+                grid,
+                block,
+                shared_mem_bytes,
+                stream,
+                params,
+                &mut attrs,
+            )
+        }
+    }
+
+    unsafe fn function_set_max_dynamic_shared(
+        &self,
+        function: FunctionHandle,
+        bytes: u32,
+    ) -> Result<()> {
+        const CALL: &str = "hipFuncSetAttribute";
         self.ctx()?;
-        let mut attr = cu::CUlaunchAttribute {
-            id: cu::CUlaunchAttributeID_enum::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: cu::CUlaunchAttributeValue { pad: [0; 64] },
-        };
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = cu::CUlaunchConfig {
-            gridDimX: grid[0],
-            gridDimY: grid[1],
-            gridDimZ: grid[2],
-            blockDimX: block[0],
-            blockDimY: block[1],
-            blockDimZ: block[2],
-            sharedMemBytes: shared_mem_bytes,
-            hStream: stream.0.cast(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: `config` and the attribute it points to live across the call (the driver
-        // copies them); the caller guarantees `params` matches the kernel and that the kernel
-        // waits for its predecessors before touching their memory.
-        self.check("hipLaunchKernelExC", unsafe {
-            self.cuda
-                .cuLaunchKernelEx(&config, function.0.cast(), params, std::ptr::null_mut())
+        let bytes = c_int(CALL, "dynamic shared memory bytes", bytes.into())?;
+        // SAFETY: the caller guarantees the function belongs to a live module of the current
+        // context; the attribute takes a byte count (the driver checks it against the limit).
+        self.check(CALL, unsafe {
+            self.cuda.cuFuncSetAttribute(
+                function.0.cast(),
+                cu::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
         })
+    }
+
+    unsafe fn occupancy_max_blocks_per_sm(
+        &self,
+        function: FunctionHandle,
+        block_threads: u32,
+        shared_mem_bytes: u32,
+    ) -> Result<u32> {
+        const CALL: &str = "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor";
+        self.ctx()?;
+        let threads = c_int(CALL, "block threads", block_threads.into())?;
+        let mut n = 0;
+        // SAFETY: the caller guarantees the function belongs to a live module of the current
+        // context; writes one int.
+        self.check(CALL, unsafe {
+            self.cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                function.0.cast(),
+                threads,
+                shared_mem_bytes as usize,
+            )
+        })?;
+        // A count, never negative.
+        Ok(u32::try_from(n).unwrap_or(0))
     }
 
     unsafe fn stream_begin_capture(&self, stream: StreamHandle, mode: CaptureMode) -> Result<()> {
@@ -872,7 +1005,7 @@ impl HipApi for NvidiaProvider {
     ) -> Result<()> {
         self.ctx()?;
         let (lib, _) = self.blas()?;
-        let count = Self::int_arg(
+        let count = c_int(
             "hipblasGemmStridedBatchedEx",
             "batch count",
             batch.count.into(),
@@ -926,6 +1059,10 @@ mod tests {
             cu_to_hip(ce::CUDA_ERROR_MISALIGNED_ADDRESS),
             he::hipErrorLaunchFailure as i32
         );
+        assert_eq!(
+            cu_to_hip(ce::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE),
+            code::COOPERATIVE_LAUNCH_TOO_LARGE
+        );
         assert_eq!(cu_to_hip(123_456), code::UNKNOWN);
     }
 
@@ -945,6 +1082,46 @@ mod tests {
             hb::HIPBLAS_STATUS_ALLOC_FAILED
         );
         assert_eq!(cublas_to_hipblas(9999), hb::HIPBLAS_STATUS_UNKNOWN);
+    }
+
+    #[test]
+    fn launch_attributes_ask_for_what_the_launch_needs() {
+        use cu::CUlaunchAttributeID_enum as id;
+        let ids = |a: &LaunchAttrs| -> Vec<u32> {
+            a.attrs[..a.len as usize].iter().map(|x| x.id).collect()
+        };
+        let early = LaunchAttrs::new(false, true);
+        assert_eq!(
+            ids(&early),
+            [id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+        );
+        let coop = LaunchAttrs::new(true, false);
+        assert_eq!(ids(&coop), [id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE]);
+        let both = LaunchAttrs::new(true, true);
+        assert_eq!(
+            ids(&both),
+            [
+                id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+                id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            ]
+        );
+        for a in &both.attrs {
+            // SAFETY: both attributes set the union's leading `int` (and zeroed the rest).
+            let (on, rest) = unsafe { (a.value.cooperative, &a.value.pad[4..]) };
+            assert_eq!(on, 1);
+            assert!(rest.iter().all(|&b| b == 0));
+        }
+        assert_eq!(LaunchAttrs::new(false, false).len, 0);
+        // The values the driver reads (CUDA 11.8's cuda.h).
+        assert_eq!(id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 2);
+        assert_eq!(id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 6);
+    }
+
+    #[test]
+    fn new_device_attributes_map_to_the_driver_attributes() {
+        assert_eq!(cu_attr(DeviceAttribute::CooperativeLaunch), 95);
+        assert_eq!(cu_attr(DeviceAttribute::MaxSharedMemoryPerBlockOptin), 97);
+        assert_eq!(cu_attr(DeviceAttribute::MultiprocessorCount), 16);
     }
 
     #[test]

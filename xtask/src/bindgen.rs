@@ -69,6 +69,7 @@ const HIP_FUNCTIONS: &[&str] = &[
     "hipModuleUnload",
     "hipModuleGetFunction",
     "hipModuleLaunchKernel",
+    "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor",
     "hipStreamBeginCapture",
     "hipStreamEndCapture",
     "hipGraphInstantiate",
@@ -122,6 +123,8 @@ const CUDA_FUNCTIONS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
+    "cuFuncSetAttribute",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuLaunchKernel",
     "cuLaunchKernelEx",
     "cuStreamBeginCapture_v2",
@@ -141,6 +144,7 @@ const CUDA_TYPES: &[&str] = &[
     "CUstream_flags_enum",
     "CUevent_flags_enum",
     "CUlaunchAttributeID_enum",
+    "CUfunction_attribute_enum",
 ];
 
 const CUBLAS_FUNCTIONS: &[&str] = &[

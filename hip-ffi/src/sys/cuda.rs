@@ -197,6 +197,27 @@ pub mod CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAX: Type = 125;
 }
 pub use self::CUdevice_attribute_enum::Type as CUdevice_attribute;
+pub mod CUfunction_attribute_enum {
+    pub type Type = ::std::os::raw::c_uint;
+    pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: Type = 0;
+    pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: Type = 1;
+    pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: Type = 2;
+    pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: Type = 3;
+    pub const CU_FUNC_ATTRIBUTE_NUM_REGS: Type = 4;
+    pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: Type = 5;
+    pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: Type = 6;
+    pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: Type = 7;
+    pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: Type = 8;
+    pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: Type = 9;
+    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: Type = 10;
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: Type = 11;
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: Type = 12;
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: Type = 13;
+    pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: Type = 14;
+    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: Type = 15;
+    pub const CU_FUNC_ATTRIBUTE_MAX: Type = 16;
+}
+pub use self::CUfunction_attribute_enum::Type as CUfunction_attribute;
 pub mod CUaccessProperty_enum {
     pub type Type = ::std::os::raw::c_uint;
     pub const CU_ACCESS_PROPERTY_NORMAL: Type = 0;
@@ -490,6 +511,11 @@ pub struct CudaLib {
     pub cuEventDestroy_v2: unsafe extern "C" fn(hEvent: CUevent) -> CUresult,
     pub cuEventElapsedTime:
         unsafe extern "C" fn(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) -> CUresult,
+    pub cuFuncSetAttribute: unsafe extern "C" fn(
+        hfunc: CUfunction,
+        attrib: CUfunction_attribute,
+        value: ::std::os::raw::c_int,
+    ) -> CUresult,
     pub cuLaunchKernel: unsafe extern "C" fn(
         f: CUfunction,
         gridDimX: ::std::os::raw::c_uint,
@@ -517,6 +543,12 @@ pub struct CudaLib {
     pub cuGraphLaunch: unsafe extern "C" fn(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult,
     pub cuGraphExecDestroy: unsafe extern "C" fn(hGraphExec: CUgraphExec) -> CUresult,
     pub cuGraphDestroy: unsafe extern "C" fn(hGraph: CUgraph) -> CUresult,
+    pub cuOccupancyMaxActiveBlocksPerMultiprocessor: unsafe extern "C" fn(
+        numBlocks: *mut ::std::os::raw::c_int,
+        func: CUfunction,
+        blockSize: ::std::os::raw::c_int,
+        dynamicSMemSize: usize,
+    ) -> CUresult,
 }
 impl CudaLib {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -586,6 +618,8 @@ impl CudaLib {
         let cuEventDestroy_v2 = unsafe { __library.get(b"cuEventDestroy_v2\0") }.map(|sym| *sym)?;
         let cuEventElapsedTime =
             unsafe { __library.get(b"cuEventElapsedTime\0") }.map(|sym| *sym)?;
+        let cuFuncSetAttribute =
+            unsafe { __library.get(b"cuFuncSetAttribute\0") }.map(|sym| *sym)?;
         let cuLaunchKernel = unsafe { __library.get(b"cuLaunchKernel\0") }.map(|sym| *sym)?;
         let cuLaunchKernelEx = unsafe { __library.get(b"cuLaunchKernelEx\0") }.map(|sym| *sym)?;
         let cuGraphInstantiateWithFlags =
@@ -594,6 +628,9 @@ impl CudaLib {
         let cuGraphExecDestroy =
             unsafe { __library.get(b"cuGraphExecDestroy\0") }.map(|sym| *sym)?;
         let cuGraphDestroy = unsafe { __library.get(b"cuGraphDestroy\0") }.map(|sym| *sym)?;
+        let cuOccupancyMaxActiveBlocksPerMultiprocessor =
+            unsafe { __library.get(b"cuOccupancyMaxActiveBlocksPerMultiprocessor\0") }
+                .map(|sym| *sym)?;
         Ok(CudaLib {
             __library,
             cuGetErrorString,
@@ -635,12 +672,14 @@ impl CudaLib {
             cuEventSynchronize,
             cuEventDestroy_v2,
             cuEventElapsedTime,
+            cuFuncSetAttribute,
             cuLaunchKernel,
             cuLaunchKernelEx,
             cuGraphInstantiateWithFlags,
             cuGraphLaunch,
             cuGraphExecDestroy,
             cuGraphDestroy,
+            cuOccupancyMaxActiveBlocksPerMultiprocessor,
         })
     }
     pub unsafe fn cuGetErrorString(
@@ -846,6 +885,14 @@ impl CudaLib {
     ) -> CUresult {
         unsafe { (self.cuEventElapsedTime)(pMilliseconds, hStart, hEnd) }
     }
+    pub unsafe fn cuFuncSetAttribute(
+        &self,
+        hfunc: CUfunction,
+        attrib: CUfunction_attribute,
+        value: ::std::os::raw::c_int,
+    ) -> CUresult {
+        unsafe { (self.cuFuncSetAttribute)(hfunc, attrib, value) }
+    }
     pub unsafe fn cuLaunchKernel(
         &self,
         f: CUfunction,
@@ -901,5 +948,21 @@ impl CudaLib {
     }
     pub unsafe fn cuGraphDestroy(&self, hGraph: CUgraph) -> CUresult {
         unsafe { (self.cuGraphDestroy)(hGraph) }
+    }
+    pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &self,
+        numBlocks: *mut ::std::os::raw::c_int,
+        func: CUfunction,
+        blockSize: ::std::os::raw::c_int,
+        dynamicSMemSize: usize,
+    ) -> CUresult {
+        unsafe {
+            (self.cuOccupancyMaxActiveBlocksPerMultiprocessor)(
+                numBlocks,
+                func,
+                blockSize,
+                dynamicSMemSize,
+            )
+        }
     }
 }

@@ -386,6 +386,13 @@ pub struct HipLib {
         kernelParams: *mut *mut ::std::os::raw::c_void,
         extra: *mut *mut ::std::os::raw::c_void,
     ) -> hipError_t::Type,
+    pub hipModuleOccupancyMaxActiveBlocksPerMultiprocessor:
+        unsafe extern "C" fn(
+            numBlocks: *mut ::std::os::raw::c_int,
+            f: hipFunction_t,
+            blockSize: ::std::os::raw::c_int,
+            dynSharedMemPerBlk: usize,
+        ) -> hipError_t::Type,
     pub hipStreamBeginCapture: unsafe extern "C" fn(
         stream: hipStream_t,
         mode: hipStreamCaptureMode::Type,
@@ -470,6 +477,9 @@ impl HipLib {
         let hipModuleLoadData = unsafe { __library.get(b"hipModuleLoadData\0") }.map(|sym| *sym)?;
         let hipModuleLaunchKernel =
             unsafe { __library.get(b"hipModuleLaunchKernel\0") }.map(|sym| *sym)?;
+        let hipModuleOccupancyMaxActiveBlocksPerMultiprocessor =
+            unsafe { __library.get(b"hipModuleOccupancyMaxActiveBlocksPerMultiprocessor\0") }
+                .map(|sym| *sym)?;
         let hipStreamBeginCapture =
             unsafe { __library.get(b"hipStreamBeginCapture\0") }.map(|sym| *sym)?;
         let hipStreamEndCapture =
@@ -520,6 +530,7 @@ impl HipLib {
             hipModuleGetFunction,
             hipModuleLoadData,
             hipModuleLaunchKernel,
+            hipModuleOccupancyMaxActiveBlocksPerMultiprocessor,
             hipStreamBeginCapture,
             hipStreamEndCapture,
             hipGraphDestroy,
@@ -774,6 +785,22 @@ impl HipLib {
                 stream,
                 kernelParams,
                 extra,
+            )
+        }
+    }
+    pub unsafe fn hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
+        &self,
+        numBlocks: *mut ::std::os::raw::c_int,
+        f: hipFunction_t,
+        blockSize: ::std::os::raw::c_int,
+        dynSharedMemPerBlk: usize,
+    ) -> hipError_t::Type {
+        unsafe {
+            (self.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor)(
+                numBlocks,
+                f,
+                blockSize,
+                dynSharedMemPerBlk,
             )
         }
     }
