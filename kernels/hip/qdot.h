@@ -1,0 +1,190 @@
+// Block-level quantized dot products shared by the decode kernels (matvec.hip, stack.hip): the
+// Q8_1 activation fragments each lane loads, the Q4_K and Q6_K block dot products against them,
+// the shared-memory stage readers they use, and the cp.async helpers of the weight streams.
+#pragma once
+#include "common.h"
+
+static __device__ __forceinline__ int ones() { return 0x01010101; }
+
+// Signed bytes q - 32 for bytes q in 0..63, with no borrow between bytes.
+static __device__ __forceinline__ int sub32_bytes(int q) {
+    return (int)((((uint32_t)q | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+}
+
+// N 32-bit words starting at the 2-byte aligned byte offset `o` of a shared-memory stage (which
+// has a slack word past its data, so the window's last read stays inside it).
+template <int N>
+static __device__ __forceinline__ void st_words(const uint32_t* st, int o, uint32_t* out) {
+    const uint32_t* p = st + (o >> 2);
+    const int sh = (o & 2) * 8;
+    uint32_t w[N + 1];
+#pragma unroll
+    for (int k = 0; k <= N; ++k) w[k] = p[k];
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = (uint32_t)(((((uint64_t)w[k + 1]) << 32) | w[k]) >> sh);
+}
+
+static __device__ __forceinline__ float st_f16(const uint32_t* st, int o) {
+    const uint32_t w = st[o >> 2];
+    return (o & 2) ? hi_f16(w) : lo_f16(w);
+}
+
+static __device__ __forceinline__ int word(const int4& v, int k) {
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// --- Q2_K / Q3_K / Q6_K: four lanes per block; lane c = 2n + h takes values 128n + 32j + 16h +
+// [0, 16) (j = 0..3) of its 256, which share their low-bit bytes (l in [16h, 16h + 16) of half n).
+
+struct act_h16 {
+    int4 q[4];   // values 128n + 32j + 16h + [0, 16), j = 0..3
+    float d[4];  // their Q8_1 scales
+};
+
+static __device__ __forceinline__ void load_act_h16(q8_vec y, int b, int c, act_h16& a) {
+    const int n = c >> 1, h = c & 1;
+    const uint8_t* base = y.q + 256 * b + 128 * n + 16 * h;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a.q[j] = ld_b128(base + 32 * j);
+    const int4 ds = ld_b128(y.ds + 4 * (8 * b + 4 * n));
+    a.d[0] = lo_f16((uint32_t)ds.x);
+    a.d[1] = lo_f16((uint32_t)ds.y);
+    a.d[2] = lo_f16((uint32_t)ds.z);
+    a.d[3] = lo_f16((uint32_t)ds.w);
+}
+
+
+template <int ROUNDS_>
+struct mv_q6_k {
+    static constexpr int QK = QK_K, BYTES = Q6_K_BYTES, LPB = 4, ROUNDS = ROUNDS_;
+    static constexpr bool PIPE = false;
+    using Act = act_h16;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_h16(y, b, c, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int c, const Act& a) {
+        const int n = c >> 1, h = c & 1;
+        uint32_t ql0[4], ql1[4], qh[4], sc[2];
+        st_words<4>(st, o + 64 * n + 16 * h, ql0);
+        st_words<4>(st, o + 64 * n + 32 + 16 * h, ql1);
+        st_words<4>(st, o + 128 + 32 * n + 16 * h, qh);
+        st_words<2>(st, o + 192 + 8 * n, sc);
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t* ql = (j & 1) ? ql1 : ql0;
+            int s = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int lo = (int)(ql[k] >> (4 * (j >> 1))) & 0x0F0F0F0F;
+                const int hi = (int)(qh[k] >> (2 * j)) & 0x03030303;
+                s = dot4_i8(sub32_bytes(lo | (hi << 4)), word(a.q[j], k), s);
+            }
+            const int scale = (int)(int8_t)(sc[j >> 1] >> (8 * (2 * (j & 1) + h)));
+            acc += (float)(scale * s) * a.d[j];
+        }
+        return st_f16(st, o + 208) * acc;
+    }
+};
+
+// Asynchronous global-to-shared copies (cp.async) exist on NVIDIA compute capability 8.0 and
+// later; elsewhere these helpers compile to nothing and callers take another path.
+#if defined(RF_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define RF_CP_ASYNC 1
+#endif
+
+static __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(RF_CP_ASYNC)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void cp_async_commit() {
+#if defined(RF_CP_ASYNC)
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's copy groups are pending.
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+#if defined(RF_CP_ASYNC)
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// --- Q4_K / Q5_K: 16-byte aligned blocks read directly; eight lanes per block, lane c takes qs
+// bytes [16c, 16c + 16): low nibbles are values 64u + 16h + [0, 16) of sub-block 2u, high
+// nibbles the same offsets of sub-block 2u + 1 (u = c / 2, h = c % 2).
+
+struct act_k4 {
+    int4 lo, hi;
+    float d0, s0, d1, s1;  // s0 = s1 = 0 on odd lanes, so the minimums count once per sub-block
+};
+
+static __device__ __forceinline__ void load_act_k4(q8_vec y, int b, int c, act_k4& a) {
+    const int u = c >> 1, h = c & 1;
+    const uint8_t* base = y.q + 256 * b + 64 * u + 16 * h;
+    a.lo = ld_b128(base);
+    a.hi = ld_b128(base + 32);
+    const uint2 ds = *reinterpret_cast<const uint2*>(y.ds + 4 * (8 * b + 2 * u));
+    a.d0 = lo_f16(ds.x);
+    a.d1 = lo_f16(ds.y);
+    a.s0 = h ? 0.0f : hi_f16(ds.x);
+    a.s1 = h ? 0.0f : hi_f16(ds.y);
+}
+
+template <bool A16>
+static __device__ __forceinline__ int4 ld_w128(const uint8_t* p) {
+    if (A16) return ld_b128(p);
+    return make_int4(ld_i32_a2(p), ld_i32_a2(p + 4), ld_i32_a2(p + 8), ld_i32_a2(p + 12));
+}
+
+// The 6-bit scales and mins of sub-blocks 2u and 2u + 1 from the 12 scale bytes (s0, s1, s2).
+static __device__ __forceinline__ void k4_scales(int u, uint32_t s0, uint32_t s1, uint32_t s2, int& sc0, int& m0,
+                                                 int& sc1, int& m1) {
+    const int k = 16 * (u & 1);  // bit offset of byte 2u mod 4
+    const uint32_t a0 = s0 >> k, a1 = s1 >> k, a2 = s2 >> k;
+    if (u < 2) {
+        sc0 = a0 & 63;
+        m0 = a1 & 63;
+        sc1 = (a0 >> 8) & 63;
+        m1 = (a1 >> 8) & 63;
+    } else {
+        sc0 = (a2 & 0xF) | (((a0 >> 6) & 3) << 4);
+        m0 = ((a2 >> 4) & 0xF) | (((a1 >> 6) & 3) << 4);
+        sc1 = ((a2 >> 8) & 0xF) | (((a0 >> 14) & 3) << 4);
+        m1 = ((a2 >> 12) & 0xF) | (((a1 >> 14) & 3) << 4);
+    }
+}
+
+static __device__ __forceinline__ float k4_finish(const int4& hdr, int u, int slo, int shi, const act_k4& a) {
+    int sc0, m0, sc1, m1;
+    k4_scales(u, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, sc0, m0, sc1, m1);
+    return lo_f16((uint32_t)hdr.x) * ((float)(sc0 * slo) * a.d0 + (float)(sc1 * shi) * a.d1) -
+           hi_f16((uint32_t)hdr.x) * ((float)m0 * a.s0 + (float)m1 * a.s1);
+}
+
+struct mv_q4_k {
+    static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, LPB = 8;
+    static constexpr bool PIPE = false;  // see the end of matvec.hip
+    using Act = act_k4;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4(y, b, c, a); }
+    struct Raw {
+        int4 hdr, q;
+    };
+    template <bool A16>
+    static __device__ __forceinline__ Raw load(const uint8_t* blk, int c) {
+        return Raw{ld_w128<A16>(blk), ld_w128<A16>(blk + 16 + 16 * c)};
+    }
+    static __device__ __forceinline__ float compute(const Raw& w, int c, const Act& a) {
+        const int4 hdr = w.hdr, q = w.q;
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            slo = dot4_i8(word(q, k) & 0x0F0F0F0F, word(a.lo, k), slo);
+            shi = dot4_i8((word(q, k) >> 4) & 0x0F0F0F0F, word(a.hi, k), shi);
+        }
+        return k4_finish(hdr, c >> 1, slo, shi, a);
+    }
+};
