@@ -11,6 +11,8 @@ pub enum Module {
     Ops,
     /// `attention.hip`: flash-style attention and its split combine.
     Attention,
+    /// `stack.hip`: the persistent decode stack (every layer of a decode step in one launch).
+    Stack,
 }
 
 impl Module {
@@ -20,6 +22,7 @@ impl Module {
         Module::Dequant,
         Module::Ops,
         Module::Attention,
+        Module::Stack,
     ];
 
     /// The source file stem (`kernels/hip/<stem>.hip`).
@@ -29,6 +32,7 @@ impl Module {
             Module::Dequant => "dequant",
             Module::Ops => "ops",
             Module::Attention => "attention",
+            Module::Stack => "stack",
         }
     }
 }
@@ -278,6 +282,8 @@ pub enum Param {
     F32,
     /// `attn_params` by value ([`crate::AttnParams`]).
     Attn,
+    /// `ds_params` by value ([`crate::StackParams`]).
+    Stack,
 }
 
 impl Param {
@@ -285,6 +291,7 @@ impl Param {
     pub fn struct_bytes(self) -> Option<usize> {
         match self {
             Param::Attn => Some(std::mem::size_of::<crate::AttnParams>()),
+            Param::Stack => Some(std::mem::size_of::<crate::StackParams>()),
             _ => None,
         }
     }
@@ -394,6 +401,7 @@ kernel_ids! {
     MatvecAddQ5_1 => Matvec, "matvec_q5_1_add";
     MatvecKsQ5_1 => Matvec, "matvec_q5_1_ks";
     MatvecKsAddQ5_1 => Matvec, "matvec_q5_1_ks_add";
+    DecodeStack => Stack, "decode_stack";
     MatvecF32 => Matvec, "matvec_f32";
     MatvecF16 => Matvec, "matvec_f16";
     DequantF16Q4_0 => Dequant, "dequant_f16_q4_0";
@@ -453,8 +461,9 @@ kernel_ids! {
 
 fn params_of(k: KernelId) -> &'static [Param] {
     use KernelId as K;
-    use Param::{Attn, Ptr, F32, I32, I64};
+    use Param::{Attn, Ptr, Stack, F32, I32, I64};
     match k {
+        K::DecodeStack => &[Stack],
         K::QuantizeQ8_1 => &[Ptr, Ptr, I32, I64],
         K::MatvecQ4_0
         | K::MatvecQ4_1

@@ -280,5 +280,127 @@ pub struct AttnParams {
     pub phase: i32,
 }
 
+/// Threads per block of `decode_stack` (`DS_THREADS` in `hip/stack.hip`); one block per
+/// multiprocessor.
+pub const STACK_THREADS: u32 = 512;
+/// Most layers one `decode_stack` launch runs (`DS_MAX_LAYERS`): its parameter block carries
+/// every layer's pointers and must stay under the 4 KB kernel parameter limit.
+pub const STACK_MAX_LAYERS: usize = 32;
+/// The only head size `decode_stack` takes (`DS_HEAD`).
+pub const STACK_HEAD_DIM: usize = 128;
+/// Ring slots per warp (`DS_STAGES`) and bytes per slot (`DS_SLOT`) of `decode_stack`.
+const STACK_STAGES: usize = 5;
+const STACK_SLOT: usize = 2304;
+
+/// Dynamic shared memory of a `decode_stack` launch: the weight ring, then the larger of the
+/// Q8_1 input of the widest product (`max_cols` values) and the attention's per-warp shares.
+pub fn stack_shared_bytes(max_cols: usize) -> usize {
+    let warps = STACK_THREADS as usize / 32;
+    let ring = STACK_STAGES * warps * STACK_SLOT;
+    ring + q8_1_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
+}
+
+/// One layer of [`StackParams`] (`ds_layer` in `hip/stack.hip`): weight rows as in the GGUF
+/// file, the f32 norm weights, the f16 caches. Addresses are device pointers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct StackLayer {
+    /// `attn_q` (Q4_K).
+    pub wq: u64,
+    /// `attn_k` (Q4_K).
+    pub wk: u64,
+    /// `attn_v` (Q4_K or Q6_K, see [`StackParams::v_q6`]).
+    pub wv: u64,
+    /// `attn_output` (Q4_K).
+    pub wo: u64,
+    /// `ffn_gate` (Q4_K).
+    pub wg: u64,
+    /// `ffn_up` (Q4_K).
+    pub wu: u64,
+    /// `ffn_down` (Q4_K or Q6_K, see [`StackParams::d_q6`]).
+    pub wd: u64,
+    /// `attn_norm` weight.
+    pub attn_norm: u64,
+    /// `ffn_norm` weight.
+    pub ffn_norm: u64,
+    /// K cache (f16 rows of `kv_stride` elements per position).
+    pub kc: u64,
+    /// V cache.
+    pub vc: u64,
+}
+
+/// `decode_stack`'s parameter block, passed by value (layout mirrors `ds_params` in
+/// `hip/stack.hip`; no implicit padding).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct StackParams {
+    /// The layers, `n_layer` of them used.
+    pub layer: [StackLayer; STACK_MAX_LAYERS],
+    /// Rope frequency factors (f32, `n_dims / 2`), or 0.
+    pub freq_factors: u64,
+    /// The step's position (one i32).
+    pub pos: u64,
+    /// The residual before the first layer (f32, `n_embd`).
+    pub x_in: u64,
+    /// The residual after the last layer, also the running residual (f32, `n_embd`).
+    pub x_out: u64,
+    /// Scratch: roped queries (f32, `n_head * 128`).
+    pub q: u64,
+    /// Scratch: Q8_1 of the normed residual (`n_embd` values).
+    pub xq: u64,
+    /// Scratch: Q8_1 of the attention output (`n_head * 128` values).
+    pub aq: u64,
+    /// Scratch: Q8_1 of the FFN activation (`n_ff` values).
+    pub hq: u64,
+    /// Scratch: `2 * n_layer` f32 sums of squares.
+    pub ss: u64,
+    /// The grid barrier's u32 counter, 0 before the first launch (each launch leaves it so).
+    pub bar: u64,
+    /// Cache elements between positions.
+    pub kv_stride: i64,
+    /// Bit `l`: layer `l`'s `attn_v` is Q6_K (else Q4_K).
+    pub v_q6: u32,
+    /// Bit `l`: layer `l`'s `ffn_down` is Q6_K (else Q4_K).
+    pub d_q6: u32,
+    /// Layers in this launch (1 ..= [`STACK_MAX_LAYERS`]).
+    pub n_layer: i32,
+    /// Residual width.
+    pub n_embd: i32,
+    /// FFN width.
+    pub n_ff: i32,
+    /// Query heads.
+    pub n_head: i32,
+    /// KV heads (`n_head` is a multiple).
+    pub n_head_kv: i32,
+    /// Rows of the cache views; keys past the position are masked anyway.
+    pub n_kv: i32,
+    /// Rotated dims per head.
+    pub n_dims: i32,
+    /// RMS norm epsilon.
+    pub eps: f32,
+    /// Attention score scale.
+    pub attn_scale: f32,
+    /// Rope base.
+    pub base: f32,
+    /// Rope frequency scale.
+    pub freq_scale: f32,
+    /// YaRN extrapolation mix.
+    pub ext_factor: f32,
+    /// YaRN magnitude scale.
+    pub mscale: f32,
+    /// YaRN correction range, low end.
+    pub corr_lo: f32,
+    /// YaRN correction range, high end.
+    pub corr_hi: f32,
+    /// Keeps the size a multiple of 8.
+    pub pad: i32,
+}
+
+impl Default for StackParams {
+    fn default() -> Self {
+        bytemuck::Zeroable::zeroed()
+    }
+}
+
 #[cfg(test)]
 mod tests;

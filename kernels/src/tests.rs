@@ -199,6 +199,8 @@ fn param_of_c(decl: &str) -> Option<Param> {
         Some(Param::F32)
     } else if d.starts_with("attn_params ") {
         Some(Param::Attn)
+    } else if d.starts_with("ds_params ") {
+        Some(Param::Stack)
     } else {
         None
     }
@@ -252,6 +254,11 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
                 Some(rest) => skip_blank(&rest[rest.find(';').map_or(0, |i| i + 1)..]),
                 None => body,
             };
+            // The decode stack requests its first weights before it waits (checked below).
+            if head.contains(" decode_stack(") {
+                entries += 1;
+                continue;
+            }
             assert!(
                 body.starts_with("rf_entry();")
                     || body.starts_with("mv_entry<")
@@ -286,6 +293,30 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
     assert!(
         before.len() >= 3,
         "pipe_rows' opening not found: {before:?}"
+    );
+    // The decode stack only declares its shared memory and cursors and requests weights.
+    let src = hip_source("stack.hip");
+    let at = src.find(" decode_stack(").expect("decode_stack defined");
+    let open = at + src[at..].find('{').expect("decode_stack opens");
+    let wait = open + src[open..].find("rf_entry();").expect("decode_stack waits");
+    let before: Vec<&str> = src[open..wait].lines().skip(1).map(str::trim).collect();
+    assert!(
+        before
+            .iter()
+            .all(|l| l.starts_with("#if defined(RF_CP_ASYNC)")
+                || l.starts_with("extern __shared__")
+                || l.starts_with("uint8_t* ")
+                || l.starts_with("__shared__ float ")
+                || l.starts_with("const int ")
+                || l.starts_with("ds_cursor ")
+                || l.starts_with("is.first(")
+                || l.starts_with("cu = is;")
+                || l.starts_with("for (int s = 0; s < DS_STAGES - 1; ++s) {")
+                || l.starts_with("ds_issue(")
+                || l.starts_with("if (is.q < nq) is.next(")
+                || *l == "}"
+                || l.is_empty()),
+        "decode_stack does more than request weights before waiting: {before:?}"
     );
 }
 
@@ -332,6 +363,24 @@ fn source_define(file: &str, name: &str) -> usize {
     line.trim()
         .parse()
         .unwrap_or_else(|e| panic!("{file}: {name} {line}: {e}"))
+}
+
+#[test]
+fn decode_stack_mirrors_the_source() {
+    let f = "stack.hip";
+    assert_eq!(source_define(f, "DS_THREADS"), STACK_THREADS as usize);
+    assert_eq!(source_define(f, "DS_MAX_LAYERS"), STACK_MAX_LAYERS);
+    assert_eq!(source_define(f, "DS_HEAD"), STACK_HEAD_DIM);
+    assert_eq!(source_define(f, "DS_STAGES"), STACK_STAGES);
+    assert_eq!(source_define(f, "DS_SLOT"), STACK_SLOT);
+    // 11 pointers per layer, 10 more pointers, a 64-bit stride, 18 32-bit fields: no padding,
+    // and under the 4 KB parameter limit.
+    let size = std::mem::size_of::<StackParams>();
+    assert_eq!(size, STACK_MAX_LAYERS * 88 + 10 * 8 + 8 + 18 * 4);
+    assert!(size <= 4096);
+    // The 8B shapes: a 14336-wide Q8_1 input beside the ring, within an H100's 227 KB.
+    assert_eq!(stack_shared_bytes(14336), 5 * 16 * 2304 + 16128);
+    assert!(stack_shared_bytes(14336) <= 227 * 1024);
 }
 
 #[test]

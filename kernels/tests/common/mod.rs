@@ -125,6 +125,7 @@ fn param_kinds(k: KernelId) -> Vec<ParamKind> {
             kernels::Param::I64 => ParamKind::I64,
             kernels::Param::F32 => ParamKind::F32,
             kernels::Param::Attn => ParamKind::Bytes(std::mem::size_of::<kernels::AttnParams>()),
+            kernels::Param::Stack => ParamKind::Bytes(std::mem::size_of::<kernels::StackParams>()),
         })
         .collect()
 }

@@ -1,0 +1,508 @@
+// The persistent decode stack: all the llama-family layers of one decode step (one token) in one
+// cooperative launch, so that the weight stream never stops at a kernel boundary.
+//
+// One block of DS_THREADS threads per multiprocessor runs five phases per layer, with a grid
+// barrier between consecutive phases:
+//   0  q, k and v projections of rms_norm(x) * attn_norm; q and k roped (adjacent pairs), k and v
+//      stored in the f16 caches at the step's position, q kept in `q`;
+//   1  attention, one head per block and pass (online softmax per warp over every 16th key, the
+//      warps' shares combined in shared memory), its output quantized for phase 2;
+//   2  o projection plus the residual: x, and x * ffn_norm quantized for phase 3;
+//   3  gate and up projections of rms_norm(x) * ffn_norm, act(gate) * up quantized for phase 4;
+//   4  down projection plus the residual: x, and x * the next layer's attn_norm quantized.
+// Products run over 32-row groups, block b taking groups b, b + grid, ...; each warp owns two
+// rows of a group (four for gate and up) and streams them through its own ring of DS_STAGES
+// shared-memory slots filled by cp.async. The ring runs ahead of the phase being computed,
+// across the barriers (weights are read-only), which is what one launch per token buys: on an
+// H100 the 8B's products ran at 76% of the copy bandwidth this way against 71% as separate
+// launches (see the study at the end of matvec.hip).
+// RMS norms cost no pass: a producer writes its rows times the norm weight in Q8_1 and adds
+// their squares to a per-norm sum, and the consumer scales its dot products by
+// rsqrt(sum / n + eps) (a Q8_1 vector scaled by r quantizes to the same values with its scales
+// times r).
+// Data crossing a barrier is read with L2 loads (__ldcg): a multiprocessor's L1 may hold lines
+// another one has since rewritten.
+//
+// Measured (H100, synthetic Llama-3-8B, tg128, `rocmforge bench --gpu-stack` against the per-op
+// kernels in the same runs, 2026-11-25): Q4_K_M 395.4 against 417.7 t/s, all-Q4_K 436.8 against
+// 455.6: not yet faster, so the host runs it only when asked. ncu on the all-Q4_K model: 2.67 ms
+// and 1.11 G warp instructions per step against 2.28 ms and 0.95 G for the study's prototype of
+// the same work (both at about 50% issue activity, 27% of warps waiting at block barriers): the
+// products are issue-bound, so every instruction per chunk counts (dropping partial chunks,
+// per-group row pointers and constant-divisor copy loops took Q4_K_M from 326 to 395 t/s). The
+// Q6_K products (v and down in half the layers) cost more than their 7% of the bytes.
+//
+// Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
+// every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
+// NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
+// host never launches it.
+#include "qdot.h"
+
+#define DS_THREADS 512
+#define DS_WARPS (DS_THREADS / 32)
+#define DS_MAX_LAYERS 32
+#define DS_STAGES 5
+// Bytes per warp per ring slot: two Q4_K rows of 8 blocks, four of 4 (gate and up), or two Q6_K
+// rows of 4 blocks copied from their 16-byte aligned start (DS_Q6_ROW bytes each).
+#define DS_SLOT 2304
+#define DS_TILE (DS_WARPS * DS_SLOT)
+#define DS_Q6_ROW 864
+#define DS_HEAD 128
+#define DS_PHASES 5
+
+// One layer's weights (GGUF rows in place) and caches.
+struct ds_layer {
+    const uint8_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    const float *attn_norm, *ffn_norm;
+    __half *kc, *vc;
+};
+
+// Passed by value (under the 4 KB parameter limit); `kernels::StackParams` mirrors it.
+struct ds_params {
+    ds_layer layer[DS_MAX_LAYERS];
+    const float* freq_factors;  // rope frequency factors, or null
+    const int* pos;             // the step's position (one token)
+    const float* x_in;          // the residual before the first layer
+    float* x_out;               // ... after the last one (also the running residual)
+    float* q;                   // roped queries, n_head * 128
+    uint8_t *xq, *aq, *hq;      // Q8_1: x * norm weight, attention output, FFN activation
+    float* ss;                  // 2 * n_layer sums of squares of x (before attention, before FFN)
+    unsigned* bar;              // grid barrier counter, 0 between launches
+    long long kv_stride;        // cache elements between positions
+    unsigned v_q6, d_q6;        // bit l: layer l's v (down) projection is Q6_K, else Q4_K
+    int n_layer, n_embd, n_ff, n_head, n_head_kv, n_kv, n_dims;
+    float eps, attn_scale, base, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
+    int pad;
+};
+
+#if defined(RF_CP_ASYNC)
+
+enum { DS_Q4 = 0, DS_Q6 = 1, DS_GATED = 2 };
+
+// The rows one 32-row group of phase `k` of layer `l` reads: matrix, first row, layout.
+struct ds_mat {
+    const uint8_t* w;
+    const uint8_t* w2;  // up rows (gated)
+    long long rb;       // bytes per row
+    int row, kind, nblk;
+};
+
+static __device__ __forceinline__ int ds_groups(const ds_params& p, int k) {
+    switch (k) {
+        case 0: return (p.n_head + 2 * p.n_head_kv) * DS_HEAD / 32;
+        case 2: return p.n_embd / 32;
+        case 3: return p.n_ff / 32;
+        case 4: return p.n_embd / 32;
+        default: return 0;
+    }
+}
+
+static __device__ __forceinline__ long long ds_row_bytes(int kind, int nblk) {
+    return (long long)nblk * (kind == DS_Q6 ? Q6_K_BYTES : Q4_K_BYTES);
+}
+
+static __device__ __forceinline__ ds_mat ds_matrix(const ds_params& p, int l, int k, int g) {
+    const ds_layer& L = p.layer[l];
+    ds_mat m{nullptr, nullptr, 0, g * 32, DS_Q4, p.n_embd / QK_K};
+    if (k == 0) {
+        const int nq = p.n_head * DS_HEAD, nk = p.n_head_kv * DS_HEAD;
+        if (m.row < nq) {
+            m.w = L.wq;
+        } else if (m.row < nq + nk) {
+            m.w = L.wk;
+            m.row -= nq;
+        } else {
+            m.w = L.wv;
+            m.row -= nq + nk;
+            m.kind = (p.v_q6 >> l) & 1 ? DS_Q6 : DS_Q4;
+        }
+    } else if (k == 2) {
+        m.w = L.wo;
+        m.nblk = p.n_head * DS_HEAD / QK_K;
+    } else if (k == 3) {
+        m.w = L.wg;
+        m.w2 = L.wu;
+        m.kind = DS_GATED;
+    } else {
+        m.w = L.wd;
+        m.nblk = p.n_ff / QK_K;
+        m.kind = (p.d_q6 >> l) & 1 ? DS_Q6 : DS_Q4;
+    }
+    m.rb = ds_row_bytes(m.kind, m.nblk);
+    return m;
+}
+
+// Blocks per chunk (one ring slot) of each layout.
+static __device__ __forceinline__ int ds_chunk_blocks(int kind) { return kind == DS_Q4 ? 8 : 4; }
+
+// Position in this block's sequence of work items (phase q = layer * 5 + kind, group g, chunk c),
+// with the current group's rows, so that the per-chunk work does no lookups.
+struct ds_cursor {
+    int q, g, c, n;  // n: chunks of the current group
+    ds_mat m;
+    __device__ void settle(const ds_params& p, int nq) {
+        while (q < nq && g >= ds_groups(p, q % DS_PHASES)) {
+            ++q;
+            g = blockIdx.x;
+        }
+        if (q < nq) {
+            m = ds_matrix(p, q / DS_PHASES, q % DS_PHASES, g);
+            n = m.nblk / ds_chunk_blocks(m.kind);
+            // From here on the pointers are this warp's first row (of each matrix).
+            const long long r0 = (long long)(m.row + 2 * (int)(threadIdx.x / 32)) * m.rb;
+            m.w += r0;
+            if (m.w2) m.w2 += r0;
+        }
+    }
+    __device__ void first(const ds_params& p, int nq) {
+        q = 0;
+        g = blockIdx.x;
+        c = 0;
+        settle(p, nq);
+    }
+    __device__ void next(const ds_params& p, int nq) {
+        if (++c < n) return;
+        c = 0;
+        g += gridDim.x;
+        settle(p, nq);
+    }
+};
+
+// Warp `wid` requests its rows of the cursor's chunk into its part of `slot`, as one copy group
+// (an empty one past the last item, so that the groups keep counting items). Lanes walk
+// (row, 16-byte piece) pairs of a fixed grid per layout, so the divisions are by constants;
+// rows hold whole chunks (the host checks the widths).
+static __device__ __forceinline__ void ds_issue(const ds_cursor& cu, int nq, uint8_t* slot, int wid, int lane) {
+    if (cu.q < nq) {
+        const ds_mat& m = cu.m;
+        uint8_t* dst = slot + wid * DS_SLOT;
+        if (m.kind == DS_Q6) {
+            constexpr int P = DS_Q6_ROW / 16;
+            const int start = (cu.c * 4 * Q6_K_BYTES) & ~15, end = ((cu.c + 1) * 4 * Q6_K_BYTES + 15) & ~15;
+            const int pieces = (end - start) / 16;
+            for (int i = lane; i < 2 * P; i += 32) {
+                const int r = i / P, pc = i % P;
+                if (pc < pieces) cp_async16(dst + r * DS_Q6_ROW + pc * 16, m.w + (r ? m.rb : 0) + start + pc * 16);
+            }
+        } else if (m.kind == DS_GATED) {
+            constexpr int P = 4 * Q4_K_BYTES / 16;
+            for (int i = lane; i < 4 * P; i += 32) {
+                // Rows gate 2w, 2w + 1, up 2w, 2w + 1.
+                const int r = i / P, pc = i % P;
+                const uint8_t* w = (r < 2 ? m.w : m.w2) + ((r & 1) ? m.rb : 0);
+                cp_async16(dst + r * 4 * Q4_K_BYTES + pc * 16, w + cu.c * 4 * Q4_K_BYTES + pc * 16);
+            }
+        } else {
+            constexpr int P = 8 * Q4_K_BYTES / 16;
+            for (int i = lane; i < 2 * P; i += 32) {
+                const int r = i / P, pc = i % P;
+                cp_async16(dst + r * 8 * Q4_K_BYTES + pc * 16, m.w + (r ? m.rb : 0) + cu.c * 8 * Q4_K_BYTES + pc * 16);
+            }
+        }
+    }
+    cp_async_commit();
+}
+
+// mv_q6_k::dot with the -32 offset of the 6-bit values taken out of the byte loop: the unsigned
+// values' dot product minus 32 times the activations' sum (a second dp4a against ones), two
+// instructions fewer per word; the Q6_K products are issue-bound in this kernel.
+static __device__ __forceinline__ float ds_q6_dot(const uint32_t* st, int o, int c, const act_h16& a) {
+    const int n = c >> 1, h = c & 1;
+    uint32_t ql0[4], ql1[4], qh[4], sc[2];
+    st_words<4>(st, o + 64 * n + 16 * h, ql0);
+    st_words<4>(st, o + 64 * n + 32 + 16 * h, ql1);
+    st_words<4>(st, o + 128 + 32 * n + 16 * h, qh);
+    st_words<2>(st, o + 192 + 8 * n, sc);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t* ql = (j & 1) ? ql1 : ql0;
+        int s = 0, sa = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int lo = (int)(ql[k] >> (4 * (j >> 1))) & 0x0F0F0F0F;
+            const int hi = (int)(qh[k] >> (2 * j)) & 0x03030303;
+            s = dot4_i8(lo | (hi << 4), word(a.q[j], k), s);
+            sa = dot4_i8(ones(), word(a.q[j], k), sa);
+        }
+        const int scale = (int)(int8_t)(sc[j >> 1] >> (8 * (2 * (j & 1) + h)));
+        acc += (float)(scale * (s - 32 * sa)) * a.d[j];
+    }
+    return st_f16(st, o + 208) * acc;
+}
+
+static __device__ __forceinline__ unsigned ds_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Copies `bytes` (a multiple of 16) of a Q8_1 vector from L2 into shared memory, four 16-byte
+// loads per thread in flight.
+static __device__ __forceinline__ void ds_fetch(const uint8_t* src, uint8_t* dst, int bytes) {
+    const int n = bytes / 16;
+    for (int base = 0; base < n; base += 4 * DS_THREADS) {
+        int4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = base + j * DS_THREADS + threadIdx.x;
+            if (i < n) v[j] = __ldcg(reinterpret_cast<const int4*>(src) + i);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = base + j * DS_THREADS + threadIdx.x;
+            if (i < n) reinterpret_cast<int4*>(dst)[i] = v[j];
+        }
+    }
+}
+
+// Phase 1 for head h: one pass per warp over keys wid, wid + 16, ... (online softmax; lane i
+// holds dims 4i .. 4i + 3), then the warps' shares combined; the output goes out in Q8_1.
+static __device__ __forceinline__ void ds_attention(const ds_params& p, int l, int h, int nkv, float* wo, int wid,
+                                                    int lane) {
+    __shared__ float wm[DS_WARPS], wl[DS_WARPS];
+    const int kvh = h / (p.n_head / p.n_head_kv);
+    const __half* kc = p.layer[l].kc;
+    const __half* vc = p.layer[l].vc;
+    const float4 qv = __ldcg(reinterpret_cast<const float4*>(p.q + h * DS_HEAD) + lane);
+    float m = -INFINITY, ls = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+    constexpr int U = 8;
+    for (int j0 = wid; j0 < nkv; j0 += U * DS_WARPS) {
+        uint2 kr[U], vr[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = j0 + u * DS_WARPS;
+            const long long off = (long long)j * p.kv_stride + kvh * DS_HEAD + lane * 4;
+            kr[u] = j < nkv ? __ldcg(reinterpret_cast<const uint2*>(kc + off)) : make_uint2(0, 0);
+            vr[u] = j < nkv ? __ldcg(reinterpret_cast<const uint2*>(vc + off)) : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (j0 + u * DS_WARPS >= nkv) break;
+            const __half2 k0 = *reinterpret_cast<const __half2*>(&kr[u].x);
+            const __half2 k1 = *reinterpret_cast<const __half2*>(&kr[u].y);
+            const float sc = warp_sum(__low2float(k0) * qv.x + __high2float(k0) * qv.y + __low2float(k1) * qv.z +
+                                      __high2float(k1) * qv.w) *
+                             p.attn_scale;
+            const float mn = fmaxf(m, sc), cr = expf(m - mn), pr = expf(sc - mn);
+            const __half2 v0 = *reinterpret_cast<const __half2*>(&vr[u].x);
+            const __half2 v1 = *reinterpret_cast<const __half2*>(&vr[u].y);
+            ls = ls * cr + pr;
+            o0 = o0 * cr + pr * __low2float(v0);
+            o1 = o1 * cr + pr * __high2float(v0);
+            o2 = o2 * cr + pr * __low2float(v1);
+            o3 = o3 * cr + pr * __high2float(v1);
+            m = mn;
+        }
+    }
+    if (lane == 0) {
+        wm[wid] = m;
+        wl[wid] = ls;
+    }
+    reinterpret_cast<float4*>(wo + wid * DS_HEAD)[lane] = make_float4(o0, o1, o2, o3);
+    __syncthreads();
+    if (threadIdx.x < DS_HEAD) {
+        float mx = -INFINITY;
+        for (int w = 0; w < DS_WARPS; ++w) mx = fmaxf(mx, wm[w]);
+        float sl = 0.0f, so = 0.0f;
+        for (int w = 0; w < DS_WARPS; ++w) {
+            const float e = wm[w] == -INFINITY ? 0.0f : expf(wm[w] - mx);
+            sl += wl[w] * e;
+            so += wo[w * DS_HEAD + threadIdx.x] * e;
+        }
+        q8_1_put(so / sl, p.aq, p.n_head * DS_HEAD, h * DS_HEAD + threadIdx.x);
+    }
+    __syncthreads();
+}
+
+// Asks for the earlier keys and values of this block's heads in layer l into L2 while the other
+// blocks finish phase 0 (the cache rows before the position are not written this step).
+static __device__ __forceinline__ void ds_prefetch_kv(const ds_params& p, int l, int pos) {
+    const int grp = p.n_head / p.n_head_kv;
+    for (int h = blockIdx.x; h < p.n_head; h += gridDim.x) {
+        const int kvh = h / grp, part = h % grp;
+        for (int i = threadIdx.x; i < pos * 2; i += DS_THREADS) {  // two 128-byte lines per row
+            const int j = i / 2;
+            if (j % grp != part) continue;
+            const long long off = (long long)j * p.kv_stride + kvh * DS_HEAD + (i & 1) * 64;
+            rf_prefetch_l2(p.layer[l].kc + off);
+            rf_prefetch_l2(p.layer[l].vc + off);
+        }
+    }
+}
+
+#endif  // RF_CP_ASYNC
+
+// One block per multiprocessor: the whole register file is this block's.
+#define DS_ATTRS __launch_bounds__(DS_THREADS, 1)
+
+RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
+#if defined(RF_CP_ASYNC)
+    extern __shared__ __align__(16) uint8_t sm[];
+    uint8_t* ring = sm;
+    uint8_t* act = sm + DS_STAGES * DS_TILE;
+    __shared__ float rowv2[2][32];
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const int nq = DS_PHASES * p.n_layer;
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    ds_cursor is, cu;
+    is.first(p, nq);
+    cu = is;
+    for (int s = 0; s < DS_STAGES - 1; ++s) {
+        ds_issue(is, nq, ring + s * DS_TILE, wid, lane);
+        if (is.q < nq) is.next(p, nq);
+    }
+    rf_entry();
+    // The sums of squares are added to from phase 2 on, two barriers after block 0 clears them.
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < 2 * p.n_layer; i += DS_THREADS) p.ss[i] = 0.0f;
+    const int pos = p.pos[0];
+    const int nkv = min(pos + 1, p.n_kv);
+    // Layer 0's input: every block quantizes x * attn_norm itself and sums its squares.
+    float scale0;
+    {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < p.n_embd; i += DS_THREADS) {
+            const float v = __ldcg(p.x_in + i);
+            s += v * v;
+            q8_1_put(v * p.layer[0].attn_norm[i], act, p.n_embd, i);
+        }
+        s = block_sum(s, scratch);
+        scale0 = rsqrtf(s / p.n_embd + p.eps);
+    }
+    __syncthreads();
+    unsigned bar_old = 0;
+    int t = 0, ngrp = 0;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float res = 0.0f;
+    for (int q = 0; q < nq; ++q) {
+        const int l = q / DS_PHASES, k = q % DS_PHASES;
+        if (k == 1) ds_prefetch_kv(p, l, min(pos, nkv));
+        if (q > 0) {
+            if (threadIdx.x == 0) {
+                while (((bar_old ^ ds_ld_acquire(p.bar)) & 0x80000000u) == 0) {
+                }
+                __threadfence();
+            }
+            __syncthreads();
+        }
+        if (k == 1) {
+            for (int h = blockIdx.x; h < p.n_head; h += gridDim.x)
+                ds_attention(p, l, h, nkv, reinterpret_cast<float*>(act), wid, lane);
+        } else if (cu.q == q) {
+            float scale = 1.0f;
+            int ncols = p.n_embd;
+            if (k == 0) {
+                if (l > 0) ds_fetch(p.xq, act, (int)q8_vec_bytes(p.n_embd));
+                scale = l > 0 ? rsqrtf(__ldcg(p.ss + 2 * l) / p.n_embd + p.eps) : scale0;
+            } else if (k == 2) {
+                ncols = p.n_head * DS_HEAD;
+                ds_fetch(p.aq, act, (int)q8_vec_bytes(ncols));
+            } else if (k == 3) {
+                ds_fetch(p.xq, act, (int)q8_vec_bytes(p.n_embd));
+                scale = rsqrtf(__ldcg(p.ss + 2 * l + 1) / p.n_embd + p.eps);
+            } else {
+                ncols = p.n_ff;
+                ds_fetch(p.hq, act, (int)q8_vec_bytes(ncols));
+            }
+            __syncthreads();
+            const q8_vec yv{act, act + ncols};
+            const float* xr = (k == 2 && l == 0) ? p.x_in : p.x_out;
+            while (cu.q == q) {
+                ds_issue(is, nq, ring + ((t + DS_STAGES - 1) % DS_STAGES) * DS_TILE, wid, lane);
+                if (is.q < nq) is.next(p, nq);
+                const ds_mat& m = cu.m;
+                if (wid == 0 && cu.c == 0 && (k == 2 || k == 4)) res = __ldcg(xr + cu.g * 32 + lane);
+                cp_async_wait<DS_STAGES - 1>();
+                __syncwarp();
+                const uint8_t* tile = ring + (t % DS_STAGES) * DS_TILE + wid * DS_SLOT;
+                if (m.kind == DS_GATED) {
+                    const int bl = lane / 8, c = lane % 8, b = cu.c * 4 + bl;
+                    act_k4 a;
+                    load_act_k4(yv, b, c, a);
+#pragma unroll
+                    for (int r = 0; r < 4; ++r)
+                        acc[r] += mv_q4_k::compute(mv_q4_k::load<true>(tile + r * 4 * Q4_K_BYTES + bl * Q4_K_BYTES, c),
+                                                   c, a);
+                } else if (m.kind == DS_Q4) {
+#pragma unroll
+                    for (int pass = 0; pass < 2; ++pass) {
+                        const int bl = lane / 8 + 4 * pass, c = lane % 8, b = cu.c * 8 + bl;
+                        act_k4 a;
+                        load_act_k4(yv, b, c, a);
+#pragma unroll
+                        for (int r = 0; r < 2; ++r)
+                            acc[r] += mv_q4_k::compute(
+                                mv_q4_k::load<true>(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
+                    }
+                } else {
+                    const int pair = lane / 4, c = lane % 4, r = pair / 4, bl = pair % 4, b = cu.c * 4 + bl;
+                    act_h16 a;
+                    load_act_h16(yv, b, c, a);
+                    const int o = b * Q6_K_BYTES - ((cu.c * 4 * Q6_K_BYTES) & ~15);
+                    const float v = ds_q6_dot(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
+                    if (r == 0) acc[0] += v;
+                    else acc[1] += v;
+                }
+                if (cu.c == cu.n - 1) {
+                    const int g = cu.g;
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[r] = warp_sum(acc[r]) * scale;
+                    float* rowv = rowv2[ngrp++ & 1];
+                    if (lane == 0) {
+                        if (m.kind == DS_GATED) {
+                            rowv[2 * wid] = silu(acc[0]) * acc[2];
+                            rowv[2 * wid + 1] = silu(acc[1]) * acc[3];
+                        } else {
+                            rowv[2 * wid] = acc[0];
+                            rowv[2 * wid + 1] = acc[1];
+                        }
+                    }
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[r] = 0.0f;
+                    __syncthreads();
+                    if (wid == 0) {
+                        float v = rowv[lane];
+                        const int row = g * 32 + lane;
+                        if (k == 0) {
+                            const int nq_rows = p.n_head * DS_HEAD, nk_rows = p.n_head_kv * DS_HEAD;
+                            if (row < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
+                                const int d = row % DS_HEAD;
+                                const float other = rf_shfl_xor(v, 1);
+                                const rope_rot o = rope_angle(d / 2, (float)pos, p.n_dims, p.base, p.freq_scale,
+                                                              p.freq_factors, 0, p.ext_factor, p.mscale, p.corr_lo,
+                                                              p.corr_hi);
+                                if (o.rot) v = (d & 1) ? other * o.s + v * o.c : v * o.c - other * o.s;
+                                if (row < nq_rows) p.q[row] = v;
+                                else p.layer[l].kc[pos * p.kv_stride + row - nq_rows] = __float2half(v);
+                            } else {
+                                p.layer[l].vc[pos * p.kv_stride + row - nq_rows - nk_rows] = __float2half(v);
+                            }
+                        } else if (k == 3) {
+                            q8_1_put(v, p.hq, p.n_ff, row);
+                        } else {
+                            v += res;
+                            p.x_out[row] = v;
+                            const bool last = k == 4 && l + 1 == p.n_layer;
+                            if (!last) {
+                                const float* nw = k == 2 ? p.layer[l].ffn_norm : p.layer[l + 1].attn_norm;
+                                q8_1_put(v * nw[row], p.xq, p.n_embd, row);
+                                const float s2 = warp_sum(v * v);
+                                if (lane == 0) atomicAdd(p.ss + (k == 2 ? 2 * l + 1 : 2 * l + 2), s2);
+                            }
+                        }
+                    }
+                }
+                __syncwarp();
+                cu.next(p, nq);
+                ++t;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0 && q + 1 < nq) {
+            __threadfence();
+            bar_old = atomicAdd(p.bar, blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u);
+        }
+    }
+#endif
+}
