@@ -21,7 +21,8 @@ use crate::plan::{plan_grouped, ALIGN};
 use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
 
 mod group;
-use group::{group_run, possible_groups};
+use group::possible_groups;
+pub(crate) use group::STACK_LAYER_NODES;
 
 /// Where each node runs and which copies the run needs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -305,6 +306,9 @@ struct Prepared {
     captured: Option<Box<dyn Captured>>,
     /// Failed capture attempts.
     capture_failures: u8,
+    /// Per node: the length of the launch group starting there ([`group_run`]; 1 for none),
+    /// found once per graph.
+    runs: Vec<usize>,
 }
 
 /// Bytes a scheduler holds on one device.
@@ -632,11 +636,14 @@ impl Scheduler {
         let sched = schedule_with(graph, &self.devices, &homes, self.placement.as_ref())?;
         let nodes = graph.tensors();
         // Any run the launches may offer as one group shares its operands' lifetimes.
-        let groups = sched
-            .splits
-            .iter()
-            .flat_map(|(_, ids)| possible_groups(nodes, ids))
-            .collect::<Vec<_>>();
+        let mut runs = vec![1; nodes.len()];
+        let mut groups = Vec::new();
+        for (_, ids) in &sched.splits {
+            for (j, ids_j) in possible_groups(graph, ids) {
+                runs[ids[j].index()] = ids_j.len();
+                groups.push(ids_j);
+            }
+        }
         let p = plan_grouped(graph, &groups);
         // Copy slots after the planned arena, per device: `slot[root * n_dev + device]`.
         let nd = self.devices.len();
@@ -664,6 +671,7 @@ impl Scheduler {
             single_device,
             captured: None,
             capture_failures: 0,
+            runs,
         })
     }
 
@@ -794,7 +802,7 @@ impl Scheduler {
             let d = *d;
             let mut j = 0;
             while j < ids.len() {
-                let run = group_run(nodes, &ids[j..]);
+                let run = prep.runs[ids[j].index()].clamp(1, ids.len() - j);
                 for &id in &ids[j..j + run] {
                     self.copy_in(graph, prep, &mut valid, &mut staging, id, d)?;
                 }

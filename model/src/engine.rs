@@ -307,6 +307,8 @@ mod gpu {
             Err(e) => return Err(e),
         };
         let fuse = gpu_runs_fused_nodes(&hip, &worst);
+        let stack = hip.set_stack(opts.gpu_stack);
+        tracing::debug!("gpu decode stack {stack}");
         let mut g = worst;
         optimize(&mut g, fuse);
         let available = hip.gpu().budget().available();

@@ -122,6 +122,10 @@ pub struct SessionOptions {
     pub n_gpu_layers: Option<usize>,
     /// Caps the GPU memory the session may use (bytes), below the budget from free memory.
     pub gpu_mem_limit: Option<u64>,
+    /// Runs whole llama-family decode layers as one persistent GPU kernel per step (NVIDIA,
+    /// compute capability 8.0 and later; `ROCMFORGE_GPU_STACK=0` vetoes it). Off by default: on
+    /// an H100 it still decodes slower than the per-op kernels.
+    pub gpu_stack: bool,
 }
 
 impl Default for SessionOptions {
@@ -134,6 +138,7 @@ impl Default for SessionOptions {
             device: DeviceChoice::Auto,
             n_gpu_layers: None,
             gpu_mem_limit: None,
+            gpu_stack: false,
         }
     }
 }

@@ -323,6 +323,21 @@ fn gpu_session(m: &Model, o: &SessionOptions) -> (Session, Arc<Mutex<Option<Devi
 /// checking each against the CPU. Returns the CPU's greedy run and the fully offloaded GPU's
 /// logits teacher-forced on its tokens.
 fn check_model(name: &str, m: &Model, prompt: &[u32], bounds: Bounds) -> (Run, Vec<Vec<f32>>) {
+    check_model_with(name, m, prompt, bounds, false)
+}
+
+/// [`check_model`] with the GPU sessions' decode stack (`SessionOptions::gpu_stack`) on or off.
+fn check_model_with(
+    name: &str,
+    m: &Model,
+    prompt: &[u32],
+    bounds: Bounds,
+    gpu_stack: bool,
+) -> (Run, Vec<Vec<f32>>) {
+    let opts = |device, ngl, limit| SessionOptions {
+        gpu_stack,
+        ..opts(device, ngl, limit)
+    };
     let n_layer = m.config().n_layer;
     let mut cpu = Session::new(m, &opts(DeviceChoice::Cpu, None, None)).expect("CPU session");
     assert!(!cpu.device_plan().uses_gpu());
@@ -412,6 +427,53 @@ fn synthetic_llama_on_gpu_equals_cpu() {
     }
     let m = synth("llama");
     let _ = check_model("llama", &m, &synth_prompt(&m), SYNTH_TOL);
+}
+
+/// A llama-family model the persistent decode stack takes (head size 128, Q4_K_M with Q6_K `attn_v`
+/// and `ffn_down` in some layers, Llama 3.1 rope factors): its decode steps must run as
+/// `decode_stack` launches and give the CPU's tokens and logits.
+#[test]
+#[serial]
+fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let path = scratch_dir().join("synth-llama-stack.gguf");
+    let mut o = model::synth::SynthOptions::parse("llama", "tiny", "q4_k_m", 11).expect("options");
+    o.shape.n_embd = 2048;
+    o.shape.n_head = 16;
+    o.shape.n_head_kv = 4;
+    o.shape.head_dim = 128;
+    o.shape.n_ff = 6144;
+    o.shape.n_layer = 4;
+    o.extras.rope_freqs = true;
+    model::synth::write(&o, None, &path).expect("write synthetic model");
+    let m = Model::load(&path, |_, _| {}).expect("load");
+    let before = stack_launches();
+    // Wider than the tiny models, its logits move more between the two engines' quantized
+    // activations: the prompt pass alone (no decode stack) differed by 0.13 on an H100.
+    let bounds = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 1e-3,
+    };
+    let _ = check_model_with("llama stack", &m, &synth_prompt(&m), bounds, true);
+    let launched = stack_launches() - before;
+    println!("decode_stack launches: {launched}");
+    assert!(
+        launched >= STEPS,
+        "only {launched} decode_stack launches: the decode layers did not take the stack"
+    );
+}
+
+#[cfg(feature = "hip")]
+fn stack_launches() -> usize {
+    ggml_graph::hip::stack_launches()
+}
+
+#[cfg(not(feature = "hip"))]
+fn stack_launches() -> usize {
+    0
 }
 
 #[test]

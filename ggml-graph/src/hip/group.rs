@@ -61,7 +61,10 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         },
         Some(Op::Rope(_)) => ropes(d, group)?,
         Some(Op::SetRows) => set_rows(d, group)?,
-        Some(Op::RmsNormMul { .. }) => norm_add(d, group)?,
+        Some(Op::RmsNormMul { .. }) => match super::stack::launch(d, group)? {
+            0 => norm_add(d, group)?,
+            n => n,
+        },
         _ => 0,
     };
     if n > 0 {

@@ -30,6 +30,9 @@ mod attn;
 mod group;
 mod ops;
 mod profile;
+mod stack;
+
+pub use stack::stack_launches;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -80,6 +83,9 @@ struct Inner {
     /// False with `ROCMFORGE_GPU_QKV_ROPE=0`: the q/k/v mat-vec leaves the ropes and cache writes
     /// to their own launch (for comparisons).
     qkv_rope: AtomicBool,
+    /// The persistent decode stack (`stack`); off with `ROCMFORGE_GPU_STACK=0` and where the
+    /// device cannot run it.
+    stack: Mutex<stack::State>,
 }
 
 /// A backend feature switch: on unless the variable is set to "0".
@@ -148,6 +154,7 @@ impl HipDevice {
                 .all(|&m| kernels::image(m, &target).is_ok_and(|i| i.waits_for_predecessors()));
         let early = sb.stream().set_early_launch(early);
         tracing::debug!("hip backend: early kernel launches {early}");
+        let stack = Self::stack_state(&dev, &sb, &target, ordinal)?;
         let inner = Arc::new(Inner {
             dev,
             sb,
@@ -164,6 +171,7 @@ impl HipDevice {
             group: env_switch("ROCMFORGE_GPU_GROUP"),
             attn_dec: env_switch("ROCMFORGE_GPU_ATTN_DEC"),
             qkv_rope: AtomicBool::new(env_switch("ROCMFORGE_GPU_QKV_ROPE")),
+            stack: Mutex::new(stack),
         });
         Ok(Self {
             bt: HipBufferType {
@@ -171,6 +179,53 @@ impl HipDevice {
             },
             inner,
         })
+    }
+
+    /// The decode stack's state: off (see [`HipDevice::set_stack`]), with its barrier counter
+    /// zeroed here, outside any capture, where the device runs `decode_stack` (NVIDIA, compute
+    /// capability 8.0 and later, cooperative launches) unless `ROCMFORGE_GPU_STACK=0`.
+    fn stack_state(
+        dev: &gpu_mem::Device,
+        sb: &gpu_mem::StreamBlas,
+        target: &kernels::Device,
+        ordinal: i32,
+    ) -> Result<stack::State> {
+        let api = dev.api();
+        let attr = |a| api.device_attribute(a, ordinal).unwrap_or(0);
+        let sms = u32::try_from(attr(hip_ffi::DeviceAttribute::MultiprocessorCount)).unwrap_or(0);
+        let can = env_switch("ROCMFORGE_GPU_STACK")
+            && matches!(target, kernels::Device::Nvidia { major, .. } if *major >= 8)
+            && attr(hip_ffi::DeviceAttribute::CooperativeLaunch) != 0
+            && sms > 0
+            && kernels::image(kernels::Module::Stack, target).is_ok();
+        let bar = if can {
+            let mut b = DeviceBuffer::<u32>::new(dev, 64, "decode stack barrier")
+                .map_err(|e| gpu_err("open", e))?;
+            sb.stream()
+                .memset(&mut b.view_mut(), 0)
+                .and_then(|()| sb.stream().synchronize())
+                .map_err(|e| gpu_err("open", e))?;
+            Some(b)
+        } else {
+            None
+        };
+        tracing::debug!("hip backend: persistent decode stack available: {can}");
+        Ok(stack::State {
+            on: false,
+            bar,
+            smem_allowed: 0,
+            sms,
+        })
+    }
+
+    /// Lets whole decode layers run as one persistent `decode_stack` launch or leaves them to
+    /// the per-op kernels (the default: on an H100 the stack still decodes slower); returns
+    /// whether they now do (never where the device cannot run it or with
+    /// `ROCMFORGE_GPU_STACK=0`).
+    pub fn set_stack(&self, on: bool) -> bool {
+        let mut st = self.inner.stack.lock();
+        st.on = on && env_switch("ROCMFORGE_GPU_STACK") && st.bar.is_some();
+        st.on
     }
 
     /// Lets the q/k/v mat-vec rotate and store its rows itself (the default) or leaves that to
@@ -237,6 +292,56 @@ impl HipDevice {
             .map_err(|e| gpu_err(k.name(), e))
     }
 
+    /// Queues cooperative launch of `k` (every block resident at once: the kernel's blocks wait
+    /// for each other) over `grid` blocks of `block` threads with `smem` bytes of dynamic shared
+    /// memory; `uses` is the memory the kernel reaches through pointers inside its by-value
+    /// arguments (recorded for graph capture like pointer arguments).
+    fn launch_cooperative(
+        &self,
+        k: kernels::KernelId,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &[KernelArg<'_>],
+        uses: &[gpu_mem::MemRange<'_>],
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let mut mods = inner.modules.lock();
+        let m = match mods.entry(k.module()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let img =
+                    kernels::image(k.module(), &inner.target).map_err(|e| gpu_err("load", e))?;
+                e.insert(
+                    gpu_mem::Module::load(&inner.dev, img.bytes).map_err(|e| gpu_err("load", e))?,
+                )
+            }
+        };
+        let f = m.function(k.name()).map_err(|e| gpu_err("load", e))?;
+        {
+            let mut st = inner.stack.lock();
+            if smem > st.smem_allowed {
+                f.set_max_dynamic_shared(smem)
+                    .map_err(|e| gpu_err(k.name(), e))?;
+                st.smem_allowed = smem;
+            }
+        }
+        inner
+            .sb
+            .stream()
+            .launch_checked_cooperative(
+                &f,
+                k.name(),
+                param_kinds(k),
+                [grid, 1, 1],
+                [block, 1, 1],
+                smem,
+                args,
+                uses,
+            )
+            .map_err(|e| gpu_err(k.name(), e))
+    }
+
     /// A scratch area of at least `bytes`, kept alive by the returned handle; the next call may
     /// replace it (growing first waits for queued work that may still use the old one).
     fn scratch(&self, bytes: usize) -> Result<Arc<DeviceBuffer<u8>>> {
@@ -285,6 +390,9 @@ fn param_kinds(k: kernels::KernelId) -> &'static [ParamKind] {
                         kernels::Param::F32 => ParamKind::F32,
                         kernels::Param::Attn => {
                             ParamKind::Bytes(std::mem::size_of::<kernels::AttnParams>())
+                        }
+                        kernels::Param::Stack => {
+                            ParamKind::Bytes(std::mem::size_of::<kernels::StackParams>())
                         }
                     })
                     .collect();

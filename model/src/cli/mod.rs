@@ -110,6 +110,10 @@ struct ModelArgs {
     /// ROCMFORGE_GPU_MEM_LIMIT.
     #[arg(long)]
     gpu_mem_limit: Option<String>,
+    /// Runs whole llama-family decode layers as one persistent GPU kernel per step
+    /// (experimental; NVIDIA, compute capability 8.0 and later).
+    #[arg(long)]
+    gpu_stack: bool,
 }
 
 impl ModelArgs {
@@ -135,6 +139,7 @@ impl ModelArgs {
             device: self.device,
             n_gpu_layers: self.n_gpu_layers,
             gpu_mem_limit: limit.as_deref().map(parse_bytes).transpose()?,
+            gpu_stack: self.gpu_stack,
         })
     }
 
