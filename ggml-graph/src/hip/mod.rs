@@ -264,13 +264,12 @@ impl HipDevice {
         &self.inner.dev
     }
 
-    fn launch_kernel(
+    /// Runs `f` with kernel `k`, loading its module on first use.
+    fn with_kernel<R>(
         &self,
         k: kernels::KernelId,
-        grid: [u32; 3],
-        block: u32,
-        args: &[KernelArg<'_>],
-    ) -> Result<()> {
+        f: impl FnOnce(&gpu_mem::Function<'_>) -> Result<R>,
+    ) -> Result<R> {
         let inner = &self.inner;
         let mut mods = inner.modules.lock();
         let m = match mods.entry(k.module()) {
@@ -283,13 +282,23 @@ impl HipDevice {
                 )
             }
         };
-        let f = m.function(k.name()).map_err(|e| gpu_err("load", e))?;
-        let params = param_kinds(k);
-        inner
-            .sb
-            .stream()
-            .launch_checked(&f, k.name(), params, grid, [block, 1, 1], 0, args)
-            .map_err(|e| gpu_err(k.name(), e))
+        f(&m.function(k.name()).map_err(|e| gpu_err("load", e))?)
+    }
+
+    fn launch_kernel(
+        &self,
+        k: kernels::KernelId,
+        grid: [u32; 3],
+        block: u32,
+        args: &[KernelArg<'_>],
+    ) -> Result<()> {
+        self.with_kernel(k, |f| {
+            self.inner
+                .sb
+                .stream()
+                .launch_checked(f, k.name(), param_kinds(k), grid, [block, 1, 1], 0, args)
+                .map_err(|e| gpu_err(k.name(), e))
+        })
     }
 
     /// Queues cooperative launch of `k` (every block resident at once: the kernel's blocks wait
@@ -305,41 +314,30 @@ impl HipDevice {
         args: &[KernelArg<'_>],
         uses: &[gpu_mem::MemRange<'_>],
     ) -> Result<()> {
-        let inner = &self.inner;
-        let mut mods = inner.modules.lock();
-        let m = match mods.entry(k.module()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let img =
-                    kernels::image(k.module(), &inner.target).map_err(|e| gpu_err("load", e))?;
-                e.insert(
-                    gpu_mem::Module::load(&inner.dev, img.bytes).map_err(|e| gpu_err("load", e))?,
+        self.with_kernel(k, |f| {
+            {
+                let mut st = self.inner.stack.lock();
+                if smem > st.smem_allowed {
+                    f.set_max_dynamic_shared(smem)
+                        .map_err(|e| gpu_err(k.name(), e))?;
+                    st.smem_allowed = smem;
+                }
+            }
+            self.inner
+                .sb
+                .stream()
+                .launch_checked_cooperative(
+                    f,
+                    k.name(),
+                    param_kinds(k),
+                    [grid, 1, 1],
+                    [block, 1, 1],
+                    smem,
+                    args,
+                    uses,
                 )
-            }
-        };
-        let f = m.function(k.name()).map_err(|e| gpu_err("load", e))?;
-        {
-            let mut st = inner.stack.lock();
-            if smem > st.smem_allowed {
-                f.set_max_dynamic_shared(smem)
-                    .map_err(|e| gpu_err(k.name(), e))?;
-                st.smem_allowed = smem;
-            }
-        }
-        inner
-            .sb
-            .stream()
-            .launch_checked_cooperative(
-                &f,
-                k.name(),
-                param_kinds(k),
-                [grid, 1, 1],
-                [block, 1, 1],
-                smem,
-                args,
-                uses,
-            )
-            .map_err(|e| gpu_err(k.name(), e))
+                .map_err(|e| gpu_err(k.name(), e))
+        })
     }
 
     /// A scratch area of at least `bytes`, kept alive by the returned handle; the next call may
