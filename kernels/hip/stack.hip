@@ -207,34 +207,6 @@ static __device__ __forceinline__ void ds_issue(const ds_cursor& cu, int nq, uin
     cp_async_commit();
 }
 
-// mv_q6_k::dot with the -32 offset of the 6-bit values taken out of the byte loop: the unsigned
-// values' dot product minus 32 times the activations' sum (a second dp4a against ones), two
-// instructions fewer per word; the Q6_K products are issue-bound in this kernel.
-static __device__ __forceinline__ float ds_q6_dot(const uint32_t* st, int o, int c, const act_h16& a) {
-    const int n = c >> 1, h = c & 1;
-    uint32_t ql0[4], ql1[4], qh[4], sc[2];
-    st_words<4>(st, o + 64 * n + 16 * h, ql0);
-    st_words<4>(st, o + 64 * n + 32 + 16 * h, ql1);
-    st_words<4>(st, o + 128 + 32 * n + 16 * h, qh);
-    st_words<2>(st, o + 192 + 8 * n, sc);
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const uint32_t* ql = (j & 1) ? ql1 : ql0;
-        int s = 0, sa = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int lo = (int)(ql[k] >> (4 * (j >> 1))) & 0x0F0F0F0F;
-            const int hi = (int)(qh[k] >> (2 * j)) & 0x03030303;
-            s = dot4_i8(lo | (hi << 4), word(a.q[j], k), s);
-            sa = dot4_i8(ones(), word(a.q[j], k), sa);
-        }
-        const int scale = (int)(int8_t)(sc[j >> 1] >> (8 * (2 * (j & 1) + h)));
-        acc += (float)(scale * (s - 32 * sa)) * a.d[j];
-    }
-    return st_f16(st, o + 208) * acc;
-}
-
 static __device__ __forceinline__ unsigned ds_ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -451,7 +423,8 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     act_h16 a;
                     load_act_h16(yv, b, c, a);
                     const int o = b * Q6_K_BYTES - ((cu.c * 4 * Q6_K_BYTES) & ~15);
-                    const float v = ds_q6_dot(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
+                    const float v =
+                        mv_q6_k<1>::dot<true>(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
                     if (r == 0) acc[0] += v;
                     else acc[1] += v;
                 }
