@@ -12,6 +12,19 @@ fn view_chain(nodes: &[Tensor], id: TensorId) -> impl Iterator<Item = TensorId> 
     std::iter::successors(Some(id), |&i| nodes[i.index()].view_of.map(|(p, _)| p))
 }
 
+/// True when `s` is `x` or a view of it.
+fn is_view_of(nodes: &[Tensor], s: TensorId, x: TensorId) -> bool {
+    view_chain(nodes, s).any(|v| v == x)
+}
+
+/// True when operand `at` of node `id` is `x` or a view of it.
+fn operand_is(nodes: &[Tensor], id: TensorId, at: usize, x: TensorId) -> bool {
+    nodes[id.index()]
+        .src
+        .get(at)
+        .is_some_and(|&s| is_view_of(nodes, s, x))
+}
+
 /// Length of the run of nodes at the start of `ids` that a device may launch as one (see
 /// [`crate::backend::Device::launch_group`]): `mul_mat`s reading the same activations (at most
 /// three: q, k and v; seven with their ropes and cache writes, see [`projection_chain`]), ropes of
@@ -80,19 +93,14 @@ fn projection_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
     let [q, k, v, rest @ ..] = ids else {
         return run;
     };
-    let from = |s: TensorId, x: TensorId| view_chain(nodes, s).any(|y| y == x);
-    // Operand `at` of node `id` is `x` or a view of it (a rope's input is operand 0, the rows a
-    // `set_rows` stores operand 1).
-    let reads = |id: &TensorId, at: usize, x: &TensorId| {
-        nodes[id.index()].src.get(at).is_some_and(|&s| from(s, *x))
-    };
+    // A rope's input is operand 0, the rows a `set_rows` stores operand 1.
     let chain = run == 3
         && rest.len() >= 4
         && matches!(nodes[rest[0].index()].op, Op::Rope(_))
         && rope_chain(nodes, rest) == 4
-        && reads(&rest[0], 0, q)
-        && reads(&rest[1], 0, k)
-        && reads(&rest[3], 1, v);
+        && operand_is(nodes, rest[0], 0, *q)
+        && operand_is(nodes, rest[1], 0, *k)
+        && operand_is(nodes, rest[3], 1, *v);
     if chain {
         7
     } else {
@@ -110,16 +118,15 @@ fn rope_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
         return pair;
     };
     let (ct, et) = (&nodes[c.index()], &nodes[e.index()]);
-    let from = |s: TensorId, x: TensorId| view_chain(nodes, s).any(|v| v == x);
     let chain = pair == 2
         && ct.op == Op::SetRows
         && et.op == Op::SetRows
         && ct.src.get(2) == et.src.get(2)
-        && ct.src.get(1).is_some_and(|&s| from(s, *k))
+        && operand_is(nodes, *c, 1, *k)
         && et
             .src
             .iter()
-            .all(|&s| !ids[..3].iter().any(|&x| from(s, x)));
+            .all(|&s| !ids[..3].iter().any(|&x| is_view_of(nodes, s, x)));
     if chain {
         4
     } else {
@@ -179,9 +186,8 @@ fn norm_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
 /// the gated FFN front (`mul_mat_swiglu`); the down projection plus the sum.
 fn decode_layer(nodes: &[Tensor], l: &[TensorId], x: Option<TensorId>) -> bool {
     let t = |i: usize| &nodes[l[i].index()];
-    let from = |s: Option<&TensorId>, i: usize| {
-        s.is_some_and(|&s| view_chain(nodes, s).any(|v| v == l[i]))
-    };
+    // Operand `k` of node `i` is node `j` or a view of it.
+    let from = |i: usize, k: usize, j: usize| operand_is(nodes, l[i], k, l[j]);
     let src = |i: usize, k: usize| t(i).src.get(k).copied();
     let (n0, r4, r5) = (t(0), t(4), t(5));
     let Some(pos) = src(4, 1) else {
@@ -193,24 +199,24 @@ fn decode_layer(nodes: &[Tensor], l: &[TensorId], x: Option<TensorId>) -> bool {
         && n0.ne[1] * n0.ne[2] * n0.ne[3] == 1
         && (1..4).all(|i| t(i).op == Op::MulMat && src(i, 1) == Some(l[0]))
         && matches!(r4.op, Op::Rope(_))
-        && from(r4.src.first(), 1)
+        && from(4, 0, 1)
         && r5.op == r4.op
-        && from(r5.src.first(), 2)
+        && from(5, 0, 2)
         && r5.src[1..] == r4.src[1..]
         && t(6).op == Op::SetRows
-        && from(t(6).src.get(1), 5)
+        && from(6, 1, 5)
         && src(6, 2) == Some(pos)
         && t(7).op == Op::SetRows
-        && from(t(7).src.get(1), 3)
+        && from(7, 1, 3)
         && src(7, 2) == Some(pos)
         && matches!(t(8).op, Op::Attention(_))
         && t(8).src.len() == 4
-        && from(t(8).src.first(), 4)
-        && from(t(8).src.get(1), 6)
-        && from(t(8).src.get(2), 7)
+        && from(8, 0, 4)
+        && from(8, 1, 6)
+        && from(8, 2, 7)
         && src(8, 3) == Some(pos)
         && t(9).op == Op::MulMatAdd
-        && from(t(9).src.get(1), 8)
+        && from(9, 1, 8)
         && src(9, 2) == x
         && matches!(t(10).op, Op::RmsNormMul { .. })
         && src(10, 0) == Some(l[9])
@@ -361,6 +367,10 @@ mod tests {
         );
         // Half a layer is no run: the norm starts none of its own kinds either.
         assert_eq!(group_run(&g, &ids[..STACK_LAYER_NODES - 1]), 1);
+        // Inside a layer: the q/k/v projections with their ropes and cache writes, the ropes
+        // with the cache writes.
+        assert_eq!(group_run(&g, &ids[1..]), 7);
+        assert_eq!(group_run(&g, &ids[4..]), 4);
     }
 
     #[test]
