@@ -80,7 +80,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
 
 /// `g`'s destination, which the launch being queued rewrites: the quantization cache forgets
 /// what it held of those bytes.
-fn rewritten<'a>(d: &HipDevice, g: &GroupNode<'a>) -> Result<MemRange<'a>> {
+pub(super) fn rewritten<'a>(d: &HipDevice, g: &GroupNode<'a>) -> Result<MemRange<'a>> {
     let out = addr(&g.dst)?;
     d.inner.q8.lock().written(out.addr(), out.len());
     Ok(out)
@@ -540,7 +540,7 @@ fn norm_rope_kv(d: &HipDevice, [na, nb, ra, rb, c, e]: [&GroupNode<'_>; 6]) -> R
 }
 
 /// True when `a` and `b` are the same bytes of the same buffer.
-fn same_mem(a: &TensorMem<'_>, b: &TensorMem<'_>) -> bool {
+pub(super) fn same_mem(a: &TensorMem<'_>, b: &TensorMem<'_>) -> bool {
     std::ptr::eq(a.buffer, b.buffer) && a.offset == b.offset
 }
 

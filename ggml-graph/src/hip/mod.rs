@@ -190,12 +190,15 @@ impl HipDevice {
         target: &kernels::Device,
         ordinal: i32,
     ) -> Result<stack::State> {
-        let api = dev.api();
-        let attr = |a| api.device_attribute(a, ordinal).unwrap_or(0);
-        let sms = u32::try_from(attr(hip_ffi::DeviceAttribute::MultiprocessorCount)).unwrap_or(0);
+        // The multiprocessor count gpu-mem checks cooperative grids against.
+        let sms = u32::try_from(dev.info().compute_units).unwrap_or(0);
+        let cooperative = dev
+            .api()
+            .device_attribute(hip_ffi::DeviceAttribute::CooperativeLaunch, ordinal)
+            .is_ok_and(|v| v != 0);
         let can = env_switch("ROCMFORGE_GPU_STACK")
             && matches!(target, kernels::Device::Nvidia { major, .. } if *major >= 8)
-            && attr(hip_ffi::DeviceAttribute::CooperativeLaunch) != 0
+            && cooperative
             && sms > 0
             && kernels::image(kernels::Module::Stack, target).is_ok();
         let bar = if can {

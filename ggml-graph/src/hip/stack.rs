@@ -10,6 +10,7 @@
 use gpu_mem::{DeviceBuffer, KernelArg, MemRange};
 use kernels::{StackLayer, StackParams, STACK_HEAD_DIM, STACK_MAX_LAYERS, STACK_THREADS};
 
+use super::group::{rewritten, same_mem};
 use super::{addr, gpu_err, HipDevice};
 use crate::backend::GroupNode;
 use crate::error::Result;
@@ -86,7 +87,6 @@ fn layer_dims(l: &[GroupNode<'_>]) -> Option<Dims> {
     let n_ff = l[11].srcs[0].tensor.ne[1];
     let kview = l[8].srcs[1].tensor;
     let vview = l[8].srcs[2].tensor;
-    let cache = l[6].tensor;
     let f16 = DType::F16.type_size();
     let kv_stride = n_head_kv * STACK_HEAD_DIM;
     let q = l[8].srcs[0].tensor;
@@ -115,12 +115,9 @@ fn layer_dims(l: &[GroupNode<'_>]) -> Option<Dims> {
         && rope.n_dims <= STACK_HEAD_DIM
         && l[4].srcs[1].tensor.dtype == DType::I32
         && q.ne == [STACK_HEAD_DIM, n_head, 1, 1]
-        && cache.dtype == DType::F16
-        && cache.ne[0] == kv_stride
-        && cache.nb[1] == kv_stride * f16
-        && l[7].tensor.ne[0] == kv_stride
-        && l[7].tensor.nb[1] == kv_stride * f16
-        && l[7].tensor.dtype == DType::F16
+        && [l[6].tensor, l[7].tensor]
+            .iter()
+            .all(|c| c.dtype == DType::F16 && c.ne[0] == kv_stride && c.nb[1] == kv_stride * f16)
         && attn.causal
         && attn.window.is_none()
         && attn.softcap.is_none()
@@ -167,34 +164,31 @@ fn layer_ptrs<'a>(l: &[GroupNode<'a>], uses: &mut Vec<MemRange<'a>>) -> Result<S
     })
 }
 
-/// Byte offsets of the kernel's scratch areas (each 256-byte aligned) and the total.
+/// The kernel's scratch areas, `(offset, bytes)` in one buffer, each 256-byte aligned: the roped
+/// queries, the three Q8_1 vectors (normed residual, attention output, FFN activation) and the
+/// sums of squares.
 struct Scratch {
-    q: usize,
-    xq: usize,
-    aq: usize,
-    hq: usize,
-    ss: usize,
+    areas: [(usize, usize); 5],
     bytes: usize,
 }
 
 impl Scratch {
     fn new(d: &Dims) -> Self {
-        let a = |n: usize| n.div_ceil(256) * 256;
         let n_q = d.n_head * STACK_HEAD_DIM;
-        let q = 0;
-        let xq = q + a(n_q * 4);
-        let aq = xq + a(kernels::q8_1_vector_bytes(d.n_embd));
-        let hq = aq + a(kernels::q8_1_vector_bytes(n_q));
-        let ss = hq + a(kernels::q8_1_vector_bytes(d.n_ff));
-        let bytes = ss + a(2 * STACK_MAX_LAYERS * 4);
-        Self {
-            q,
-            xq,
-            aq,
-            hq,
-            ss,
-            bytes,
+        let lens = [
+            n_q * 4,
+            kernels::q8_1_vector_bytes(d.n_embd),
+            kernels::q8_1_vector_bytes(n_q),
+            kernels::q8_1_vector_bytes(d.n_ff),
+            2 * STACK_MAX_LAYERS * 4,
+        ];
+        let mut areas = [(0, 0); 5];
+        let mut bytes = 0;
+        for (area, len) in areas.iter_mut().zip(lens) {
+            *area = (bytes, len);
+            bytes += len.div_ceil(256) * 256;
         }
+        Self { areas, bytes }
     }
 }
 
@@ -213,16 +207,14 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         return Ok(0);
     };
     // Every layer of one launch shares the first one's shapes, norms, rope and positions.
+    let rope0 = &layers[0][4].srcs;
     let same = |l: &&[GroupNode<'_>]| {
         layer_dims(l) == Some(dims)
-            && std::ptr::eq(l[4].srcs[1].buffer, layers[0][4].srcs[1].buffer)
-            && l[4].srcs[1].offset == layers[0][4].srcs[1].offset
-            && l[4].srcs.len() == layers[0][4].srcs.len()
-            && l[4]
-                .srcs
-                .get(2)
-                .zip(layers[0][4].srcs.get(2))
-                .is_none_or(|(a, b)| std::ptr::eq(a.buffer, b.buffer) && a.offset == b.offset)
+            && l[4].srcs.len() == rope0.len()
+            && l[4].srcs[1..]
+                .iter()
+                .zip(&rope0[1..])
+                .all(|(a, b)| same_mem(a, b))
     };
     let n_layer = layers.iter().take_while(|l| same(l)).count();
     let layers = &layers[..n_layer];
@@ -231,7 +223,10 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let scratch = Scratch::new(&dims);
     let buf = d.scratch(scratch.bytes)?;
     let sbuf = MemRange::of_buffer(&*buf);
-    let sub = |off: usize, len: usize| sbuf.sub(off, len).map_err(|e| gpu_err("decode_stack", e));
+    let [q, xq, aq, hq, ss] = scratch
+        .areas
+        .map(|(off, len)| sbuf.sub(off, len).map_err(|e| gpu_err("decode_stack", e)));
+    let (q, xq, aq, hq, ss) = (q?, xq?, aq?, hq?, ss?);
     let mut uses = Vec::with_capacity(n_layer * 11 + 8);
     let mut p = StackParams::default();
     let mut v_q6 = 0u32;
@@ -252,18 +247,10 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     // Every node's destination counts as rewritten for the quantization cache (the kernel
     // writes the last residual and the caches; the rest of those bytes are stale now).
     let mut x_out = None;
-    for g in group[..n_layer * STACK_LAYER_NODES].iter() {
-        let out = addr(&g.dst)?;
-        d.inner.q8.lock().written(out.addr(), out.len());
-        x_out = Some(out);
+    for g in &group[..n_layer * STACK_LAYER_NODES] {
+        x_out = Some(rewritten(d, g)?);
     }
     let x_out = x_out.ok_or_else(|| gpu_err("decode_stack", "empty run"))?;
-    let n_q = dims.n_head * STACK_HEAD_DIM;
-    let q = sub(scratch.q, n_q * 4)?;
-    let xq = sub(scratch.xq, kernels::q8_1_vector_bytes(dims.n_embd))?;
-    let aq = sub(scratch.aq, kernels::q8_1_vector_bytes(n_q))?;
-    let hq = sub(scratch.hq, kernels::q8_1_vector_bytes(dims.n_ff))?;
-    let ss = sub(scratch.ss, 2 * STACK_MAX_LAYERS * 4)?;
     let (bar, sms) = {
         let st = d.inner.stack.lock();
         let bar = st
