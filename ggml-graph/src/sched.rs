@@ -306,7 +306,7 @@ struct Prepared {
     captured: Option<Box<dyn Captured>>,
     /// Failed capture attempts.
     capture_failures: u8,
-    /// Per node: the length of the launch group starting there ([`group_run`]; 1 for none),
+    /// Per node: the length of the launch group starting there ([`group::group_run`]; 1 for none),
     /// found once per graph.
     runs: Vec<usize>,
 }
