@@ -249,15 +249,18 @@ fn stack_run(graph: &Graph, ids: &[TensorId]) -> usize {
     }
     let run = &ids[..layers * STACK_LAYER_NODES];
     let last = run[run.len() - 1];
+    let mut in_run = vec![false; nodes.len()];
+    for id in run {
+        in_run[id.index()] = true;
+    }
     // The cache writes alias persistent leaves, which the kernel does write.
     let internal =
-        |id: TensorId| id != last && run.contains(&id) && nodes[id.index()].op != Op::SetRows;
+        |id: TensorId| id != last && in_run[id.index()] && nodes[id.index()].op != Op::SetRows;
     let needed = crate::plan::needed_nodes(graph);
     let first = run[0].index();
     let escapes = nodes.iter().enumerate().skip(first).any(|(i, t)| {
-        let id = TensorId::from_index(i);
         needed[i]
-            && !run.contains(&id)
+            && !in_run[i]
             && t.op != Op::View
             && t.src.iter().any(|&s| internal(graph.storage_root(s).0))
     }) || graph
