@@ -153,6 +153,16 @@ static __device__ __forceinline__ int dot4_i8(int a, int b, int c) {
 #endif
 }
 
+#if defined(RF_NVIDIA)
+// 4 x (unsigned byte times signed byte) with 32-bit accumulation; NVIDIA only (dp4a takes the
+// two operands' signedness separately).
+static __device__ __forceinline__ int dot4_u8i8(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Loads from byte pointers with the alignment the block layout guarantees.
 // ---------------------------------------------------------------------------------------------

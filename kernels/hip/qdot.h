@@ -109,6 +109,14 @@ static __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 #endif
 }
 
+// The same with the destination as a shared-memory address (callers that add offsets to one
+// converted base).
+static __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
+#if defined(RF_CP_ASYNC)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
 static __device__ __forceinline__ void cp_async_commit() {
 #if defined(RF_CP_ASYNC)
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -132,6 +140,16 @@ struct act_k4 {
     float d0, s0, d1, s1;  // s0 = s1 = 0 on odd lanes, so the minimums count once per sub-block
 };
 
+// On NVIDIA the Q4_K high nibbles are multiplied in place (byte & 0xF0, unsigned times signed
+// dp4a), one shift fewer per word; their sums come out 16 times too large, which HI16 takes
+// out of d1 here, once per activation fragment instead of once per row.
+#if defined(RF_NVIDIA)
+#define RF_K4_HI16 1
+#else
+#define RF_K4_HI16 0
+#endif
+
+template <bool HI16 = false>
 static __device__ __forceinline__ void load_act_k4(q8_vec y, int b, int c, act_k4& a) {
     const int u = c >> 1, h = c & 1;
     const uint8_t* base = y.q + 256 * b + 64 * u + 16 * h;
@@ -139,7 +157,7 @@ static __device__ __forceinline__ void load_act_k4(q8_vec y, int b, int c, act_k
     a.hi = ld_b128(base + 32);
     const uint2 ds = *reinterpret_cast<const uint2*>(y.ds + 4 * (8 * b + 2 * u));
     a.d0 = lo_f16(ds.x);
-    a.d1 = lo_f16(ds.y);
+    a.d1 = HI16 ? lo_f16(ds.y) * 0.0625f : lo_f16(ds.y);
     a.s0 = h ? 0.0f : hi_f16(ds.x);
     a.s1 = h ? 0.0f : hi_f16(ds.y);
 }
@@ -151,21 +169,21 @@ static __device__ __forceinline__ int4 ld_w128(const uint8_t* p) {
 }
 
 // The 6-bit scales and mins of sub-blocks 2u and 2u + 1 from the 12 scale bytes (s0, s1, s2).
+// Sub-blocks 0..3 keep theirs in bytes 0..3 (scales) and 4..7 (mins); 4..7 keep their low four
+// bits in the nibbles of bytes 8..11 and their top two bits in the top bits of bytes 0..7. Both
+// cases are one expression with per-lane masks, so that a warp, whose lanes hold both, takes no
+// divergent branch.
 static __device__ __forceinline__ void k4_scales(int u, uint32_t s0, uint32_t s1, uint32_t s2, int& sc0, int& m0,
                                                  int& sc1, int& m1) {
     const int k = 16 * (u & 1);  // bit offset of byte 2u mod 4
-    const uint32_t a0 = s0 >> k, a1 = s1 >> k, a2 = s2 >> k;
-    if (u < 2) {
-        sc0 = a0 & 63;
-        m0 = a1 & 63;
-        sc1 = (a0 >> 8) & 63;
-        m1 = (a1 >> 8) & 63;
-    } else {
-        sc0 = (a2 & 0xF) | (((a0 >> 6) & 3) << 4);
-        m0 = ((a2 >> 4) & 0xF) | (((a1 >> 6) & 3) << 4);
-        sc1 = ((a2 >> 8) & 0xF) | (((a0 >> 14) & 3) << 4);
-        m1 = ((a2 >> 12) & 0xF) | (((a1 >> 14) & 3) << 4);
-    }
+    const bool late = u >= 2;
+    const uint32_t low = late ? 0x0F0Fu : 0x3F3Fu, top = late ? 0x3030u : 0u;
+    const uint32_t sc = (((late ? s2 : s0) >> k) & low) | ((s0 >> (k + 2)) & top);
+    const uint32_t mn = (((late ? s2 >> 4 : s1) >> k) & low) | ((s1 >> (k + 2)) & top);
+    sc0 = (int)(sc & 0xFF);
+    sc1 = (int)(sc >> 8);
+    m0 = (int)(mn & 0xFF);
+    m1 = (int)(mn >> 8);
 }
 
 static __device__ __forceinline__ float k4_finish(const int4& hdr, int u, int slo, int shi, const act_k4& a) {
@@ -179,7 +197,9 @@ struct mv_q4_k {
     static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, LPB = 8;
     static constexpr bool PIPE = false;  // see the end of matvec.hip
     using Act = act_k4;
-    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4(y, b, c, a); }
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) {
+        load_act_k4<RF_K4_HI16>(y, b, c, a);
+    }
     struct Raw {
         int4 hdr, q;
     };
@@ -193,7 +213,11 @@ struct mv_q4_k {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             slo = dot4_i8(word(q, k) & 0x0F0F0F0F, word(a.lo, k), slo);
+#if RF_K4_HI16
+            shi = dot4_u8i8((uint32_t)word(q, k) & 0xF0F0F0F0u, word(a.hi, k), shi);
+#else
             shi = dot4_i8((word(q, k) >> 4) & 0x0F0F0F0F, word(a.hi, k), shi);
+#endif
         }
         return k4_finish(hdr, c >> 1, slo, shi, a);
     }

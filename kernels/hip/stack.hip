@@ -23,19 +23,20 @@
 // Data crossing a barrier is read with L2 loads (__ldcg): a multiprocessor's L1 may hold lines
 // another one has since rewritten.
 //
-// Measured (H100, synthetic Llama-3-8B, tg128, `rocmforge bench --gpu-stack` against the per-op
-// kernels in the same runs, 2026-11-25): Q4_K_M 407.2/407.9 against 414.4/417.7 t/s: not yet
-// faster, so the host runs it only when asked. Steps there: 326 t/s at first; 381 with the
-// copy loops dividing by constants and each group's matrix looked up once; 395 with whole
-// chunks only (no bounds checks), per-group row pointers and the Q6_K offset taken out of the
-// byte loop (all-Q4_K then 436.8 against 455.6); 407 with the residual and the norm weight of
-// the epilogue asked for a group ahead and no fence after the barrier's acquire load.
-// ncu on the all-Q4_K model at 395: 2.67 ms and 1.11 G warp instructions per step against
-// 2.28 ms and 0.95 G for the study's prototype of the same work (both at about 50% issue
-// activity, 27% of warps waiting at block barriers): the products are issue-bound, so every
-// instruction per chunk counts. The Q6_K products (v and down in half the layers) cost more
-// than their 7% of the bytes.
-//
+// Measured (H100, synthetic Llama-3-8B Q4_K_M, tg128, `rocmforge bench --gpu-stack` against the
+// per-op kernels in the same runs, 2026-11-25):
+//   326 t/s at first (per-op 415);
+//   381 with the copy loops dividing by constants and each group's matrix looked up once;
+//   395 with whole chunks only (no bounds checks), per-group row pointers and the Q6_K offset
+//       taken out of the byte loop;
+//   407 with the residual and the norm weight of the epilogue asked for a group ahead and no
+//       fence after the barrier's acquire load (per-op 414-418);
+//   439.7 / 438.6 against 418.8 / 418.7 with copies of whole rows at constant offsets from
+//       per-lane row pointers (was a (row, piece) division per piece), the Q4_K scales decoded
+//       without a divergent branch and the high nibbles multiplied in place.
+// The products are issue-bound, so every instruction per chunk counts: the last step took the
+// warp instructions per step from about 1.1 G to 0.76 G (ncu). There, 42% issue activity and
+// 32% of warps waiting at block barriers.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
@@ -136,9 +137,6 @@ static __device__ __forceinline__ ds_mat ds_matrix(const ds_params& p, int l, in
     return m;
 }
 
-// Blocks per chunk (one ring slot) of each layout.
-static __device__ __forceinline__ int ds_chunk_blocks(int kind) { return kind == DS_Q4 ? 8 : 4; }
-
 // Position in this block's sequence of work items (phase q = layer * 5 + kind, group g, chunk c),
 // with the current group's rows, so that the per-chunk work does no lookups.
 struct ds_cursor {
@@ -151,9 +149,10 @@ struct ds_cursor {
         }
         if (q < nq) {
             m = ds_matrix(p, q / DS_PHASES, q % DS_PHASES, g);
-            n = m.nblk / ds_chunk_blocks(m.kind);
-            // From here on the pointers are this warp's first row (of each matrix).
-            const long long r0 = (long long)(m.row + 2 * (int)(threadIdx.x / 32)) * m.rb;
+            n = m.kind == DS_Q4 ? m.nblk / 8 : m.nblk / 4;  // blocks per chunk (one ring slot)
+            // From here on the pointers are this warp's first row (of each matrix) plus 16 * lane,
+            // this lane's first piece of it (see ds_issue).
+            const long long r0 = (long long)(m.row + 2 * (int)(threadIdx.x / 32)) * m.rb + 16 * (threadIdx.x % 32);
             m.w += r0;
             if (m.w2) m.w2 += r0;
         }
@@ -172,37 +171,58 @@ struct ds_cursor {
     }
 };
 
-// Warp `wid` requests its rows of the cursor's chunk into its part of `slot`, as one copy group
-// (an empty one past the last item, so that the groups keep counting items). Lanes walk
-// (row, 16-byte piece) pairs of a fixed grid per layout, so the divisions are by constants;
-// rows hold whole chunks (the host checks the widths).
-static __device__ __forceinline__ void ds_issue(const ds_cursor& cu, int nq, uint8_t* slot, int wid, int lane) {
-    if (cu.q < nq) {
-        const ds_mat& m = cu.m;
-        uint8_t* dst = slot + wid * DS_SLOT;
+// Warp `wid` requests its rows of the cursor's chunk into its part of a ring stage (dst: the
+// stage's shared-memory address for this warp plus 16 * lane), as one copy group (an empty one
+// past the last item, so that the groups keep counting items), and the cursor steps on. Each
+// row's piece of the chunk is copied whole in 16-byte pieces, lane i taking pieces i, i + 32,
+// ...: the row pointers already include 16 * lane, so a piece costs one copy with constant
+// offsets. Rows hold whole chunks (the host checks the widths); a Q6_K chunk's 840 bytes are
+// copied from their 16-byte aligned start, 53 pieces (rows hold whole chunk pairs, 1680 bytes,
+// so the last chunk ends at the row's end).
+static __device__ __forceinline__ void ds_issue(ds_cursor& is, const ds_params& p, int nq, uint32_t dst, int lane) {
+    if (is.q < nq) {
+        const ds_mat& m = is.m;
+        const int c = is.c;
         if (m.kind == DS_Q6) {
-            constexpr int P = DS_Q6_ROW / 16;
-            const int start = (cu.c * 4 * Q6_K_BYTES) & ~15, end = ((cu.c + 1) * 4 * Q6_K_BYTES + 15) & ~15;
-            const int pieces = (end - start) / 16;
-            for (int i = lane; i < 2 * P; i += 32) {
-                const int r = i / P, pc = i % P;
-                if (pc < pieces) cp_async16(dst + r * DS_Q6_ROW + pc * 16, m.w + (r ? m.rb : 0) + start + pc * 16);
+            constexpr int P = 53 - 32;  // pieces past the first 32
+            const uint8_t* a = m.w + (c * 4 * Q6_K_BYTES - 8 * (c & 1));
+            const uint8_t* b = a + m.rb;
+            cp_async16_s(dst, a);
+            cp_async16_s(dst + DS_Q6_ROW, b);
+            if (lane < P) {
+                cp_async16_s(dst + 512, a + 512);
+                cp_async16_s(dst + DS_Q6_ROW + 512, b + 512);
             }
         } else if (m.kind == DS_GATED) {
-            constexpr int P = 4 * Q4_K_BYTES / 16;
-            for (int i = lane; i < 4 * P; i += 32) {
-                // Rows gate 2w, 2w + 1, up 2w, 2w + 1.
-                const int r = i / P, pc = i % P;
-                const uint8_t* w = (r < 2 ? m.w : m.w2) + ((r & 1) ? m.rb : 0);
-                cp_async16(dst + r * 4 * Q4_K_BYTES + pc * 16, w + cu.c * 4 * Q4_K_BYTES + pc * 16);
+            constexpr int R = 4 * Q4_K_BYTES, P = R / 16 - 32;
+            const uint8_t* g0 = m.w + c * R;
+            const uint8_t* g1 = g0 + m.rb;
+            const uint8_t* u0 = m.w2 + c * R;
+            const uint8_t* u1 = u0 + m.rb;
+            cp_async16_s(dst, g0);
+            cp_async16_s(dst + R, g1);
+            cp_async16_s(dst + 2 * R, u0);
+            cp_async16_s(dst + 3 * R, u1);
+            if (lane < P) {
+                cp_async16_s(dst + 512, g0 + 512);
+                cp_async16_s(dst + R + 512, g1 + 512);
+                cp_async16_s(dst + 2 * R + 512, u0 + 512);
+                cp_async16_s(dst + 3 * R + 512, u1 + 512);
             }
         } else {
-            constexpr int P = 8 * Q4_K_BYTES / 16;
-            for (int i = lane; i < 2 * P; i += 32) {
-                const int r = i / P, pc = i % P;
-                cp_async16(dst + r * 8 * Q4_K_BYTES + pc * 16, m.w + (r ? m.rb : 0) + cu.c * 8 * Q4_K_BYTES + pc * 16);
+            constexpr int R = 8 * Q4_K_BYTES, P = R / 16 - 64;
+            const uint8_t* a = m.w + c * R;
+            const uint8_t* b = a + m.rb;
+            cp_async16_s(dst, a);
+            cp_async16_s(dst + 512, a + 512);
+            cp_async16_s(dst + R, b);
+            cp_async16_s(dst + R + 512, b + 512);
+            if (lane < P) {
+                cp_async16_s(dst + 1024, a + 1024);
+                cp_async16_s(dst + R + 1024, b + 1024);
             }
         }
+        is.next(p, nq);
     }
     cp_async_commit();
 }
@@ -324,11 +344,12 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
     ds_cursor is, cu;
     is.first(p, nq);
     cu = is;
-    for (int s = 0; s < DS_STAGES - 1; ++s) {
-        ds_issue(is, nq, ring + s * DS_TILE, wid, lane);
-        if (is.q < nq) is.next(p, nq);
-    }
+    // This lane's place in stage 0 of its warp's ring; the stages are DS_TILE apart.
+    const uint32_t ring_lane = (uint32_t)__cvta_generic_to_shared(ring) + wid * DS_SLOT + lane * 16;
+    for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(is, p, nq, ring_lane + s * DS_TILE, lane);
     rf_entry();
+    // Byte offsets of the stage being consumed and of the one issued next.
+    uint32_t st_use = 0, st_put = (DS_STAGES - 1) * DS_TILE;
     // The sums of squares are added to from phase 2 on, two barriers after block 0 clears them.
     if (blockIdx.x == 0)
         for (int i = threadIdx.x; i < 2 * p.n_layer; i += DS_THREADS) p.ss[i] = 0.0f;
@@ -348,7 +369,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
     }
     __syncthreads();
     unsigned bar_old = 0;
-    int t = 0, ngrp = 0;
+    int ngrp = 0;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float res = 0.0f, nwv = 0.0f;
     for (int q = 0; q < nq; ++q) {
@@ -385,8 +406,8 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
             const q8_vec yv{act, act + ncols};
             const float* xr = (k == 2 && l == 0) ? p.x_in : p.x_out;
             while (cu.q == q) {
-                ds_issue(is, nq, ring + ((t + DS_STAGES - 1) % DS_STAGES) * DS_TILE, wid, lane);
-                if (is.q < nq) is.next(p, nq);
+                ds_issue(is, p, nq, ring_lane + st_put, lane);
+                st_put = st_put == (DS_STAGES - 1) * DS_TILE ? 0 : st_put + DS_TILE;
                 const ds_mat& m = cu.m;
                 if (wid == 0 && cu.c == 0 && (k == 2 || k == 4)) {
                     // The residual and the next norm's weight, asked for a group ahead of the
@@ -398,11 +419,12 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 }
                 cp_async_wait<DS_STAGES - 1>();
                 __syncwarp();
-                const uint8_t* tile = ring + (t % DS_STAGES) * DS_TILE + wid * DS_SLOT;
+                const uint8_t* tile = ring + st_use + wid * DS_SLOT;
+                st_use = st_use == (DS_STAGES - 1) * DS_TILE ? 0 : st_use + DS_TILE;
                 if (m.kind == DS_GATED) {
                     const int bl = lane / 8, c = lane % 8, b = cu.c * 4 + bl;
                     act_k4 a;
-                    load_act_k4(yv, b, c, a);
+                    mv_q4_k::load_act(yv, b, c, a);
 #pragma unroll
                     for (int r = 0; r < 4; ++r)
                         acc[r] += mv_q4_k::compute(mv_q4_k::load<true>(tile + r * 4 * Q4_K_BYTES + bl * Q4_K_BYTES, c),
@@ -412,7 +434,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     for (int pass = 0; pass < 2; ++pass) {
                         const int bl = lane / 8 + 4 * pass, c = lane % 8, b = cu.c * 8 + bl;
                         act_k4 a;
-                        load_act_k4(yv, b, c, a);
+                        mv_q4_k::load_act(yv, b, c, a);
 #pragma unroll
                         for (int r = 0; r < 2; ++r)
                             acc[r] += mv_q4_k::compute(
@@ -430,8 +452,13 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 }
                 if (cu.c == cu.n - 1) {
                     const int g = cu.g;
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[r] = warp_sum(acc[r]) * scale;
+                    // Two rows per warp, four (gate and up) in the gated phase.
+                    acc[0] = warp_sum(acc[0]) * scale;
+                    acc[1] = warp_sum(acc[1]) * scale;
+                    if (m.kind == DS_GATED) {
+                        acc[2] = warp_sum(acc[2]) * scale;
+                        acc[3] = warp_sum(acc[3]) * scale;
+                    }
                     float* rowv = rowv2[ngrp++ & 1];
                     if (lane == 0) {
                         if (m.kind == DS_GATED) {
@@ -478,7 +505,6 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 }
                 __syncwarp();
                 cu.next(p, nq);
-                ++t;
             }
         }
         __syncthreads();
