@@ -186,7 +186,8 @@ static __device__ __forceinline__ void k4_scales(int u, uint32_t s0, uint32_t s1
     m1 = (int)(mn >> 8);
 }
 
-static __device__ __forceinline__ float k4_finish(const int4& hdr, int u, int slo, int shi, const act_k4& a) {
+template <typename Act>
+static __device__ __forceinline__ float k4_finish(const int4& hdr, int u, int slo, int shi, const Act& a) {
     int sc0, m0, sc1, m1;
     k4_scales(u, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, sc0, m0, sc1, m1);
     return lo_f16((uint32_t)hdr.x) * ((float)(sc0 * slo) * a.d0 + (float)(sc1 * shi) * a.d1) -
@@ -220,5 +221,58 @@ struct mv_q4_k {
 #endif
         }
         return k4_finish(hdr, c >> 1, slo, shi, a);
+    }
+};
+
+// --- Q4_K with four lanes per block (the decode stack): lane c takes qs bytes [32c, 32c + 32),
+// all of sub-block 2c (low nibbles) and 2c + 1 (high nibbles), against whole Q8_1 blocks 2c and
+// 2c + 1. Half the lanes of mv_q4_k per block, so each scale pair is decoded once per 32 bytes
+// instead of per 16, and the minimums need no masking by lane.
+
+struct act_k4w {
+    int4 lo[2], hi[2];
+    float d0, s0, d1, s1;
+};
+
+static __device__ __forceinline__ void load_act_k4w(q8_vec y, int b, int c, act_k4w& a) {
+    const uint8_t* base = y.q + 256 * b + 64 * c;
+    a.lo[0] = ld_b128(base);
+    a.lo[1] = ld_b128(base + 16);
+    a.hi[0] = ld_b128(base + 32);
+    a.hi[1] = ld_b128(base + 48);
+    const uint2 ds = *reinterpret_cast<const uint2*>(y.ds + 4 * (8 * b + 2 * c));
+    a.d0 = lo_f16(ds.x);
+    a.d1 = RF_K4_HI16 ? lo_f16(ds.y) * 0.0625f : lo_f16(ds.y);
+    a.s0 = hi_f16(ds.x);
+    a.s1 = hi_f16(ds.y);
+}
+
+struct mv_q4_kw {
+    static constexpr int LPB = 4;
+    using Act = act_k4w;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_k4w(y, b, c, a); }
+    struct Raw {
+        int4 hdr, q[2];
+    };
+    // `blk` 16-byte aligned.
+    static __device__ __forceinline__ Raw load(const uint8_t* blk, int c) {
+        return Raw{ld_b128(blk), {ld_b128(blk + 16 + 32 * c), ld_b128(blk + 32 + 32 * c)}};
+    }
+    static __device__ __forceinline__ float compute(const Raw& w, int c, const Act& a) {
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int q = word(w.q[i], k);
+                slo = dot4_i8(q & 0x0F0F0F0F, word(a.lo[i], k), slo);
+#if RF_K4_HI16
+                shi = dot4_u8i8((uint32_t)q & 0xF0F0F0F0u, word(a.hi[i], k), shi);
+#else
+                shi = dot4_i8((q >> 4) & 0x0F0F0F0F, word(a.hi[i], k), shi);
+#endif
+            }
+        }
+        return k4_finish(w.hdr, c, slo, shi, a);
     }
 };

@@ -370,7 +370,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
     __syncthreads();
     unsigned bar_old = 0;
     int ngrp = 0;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[2] = {0.0f, 0.0f};
     float res = 0.0f, nwv = 0.0f;
     for (int q = 0; q < nq; ++q) {
         const int l = q / DS_PHASES, k = q % DS_PHASES;
@@ -422,24 +422,22 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 const uint8_t* tile = ring + st_use + wid * DS_SLOT;
                 st_use = st_use == (DS_STAGES - 1) * DS_TILE ? 0 : st_use + DS_TILE;
                 if (m.kind == DS_GATED) {
-                    const int bl = lane / 8, c = lane % 8, b = cu.c * 4 + bl;
-                    act_k4 a;
-                    mv_q4_k::load_act(yv, b, c, a);
+                    // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
+                    const int bl = (lane / 4) % 4, c = lane % 4, b = cu.c * 4 + bl, up = lane / 16;
+                    mv_q4_kw::Act a;
+                    mv_q4_kw::load_act(yv, b, c, a);
 #pragma unroll
-                    for (int r = 0; r < 4; ++r)
-                        acc[r] += mv_q4_k::compute(mv_q4_k::load<true>(tile + r * 4 * Q4_K_BYTES + bl * Q4_K_BYTES, c),
-                                                   c, a);
+                    for (int r = 0; r < 2; ++r)
+                        acc[r] += mv_q4_kw::compute(
+                            mv_q4_kw::load(tile + (2 * up + r) * 4 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
                 } else if (m.kind == DS_Q4) {
+                    const int bl = lane / 4, c = lane % 4, b = cu.c * 8 + bl;
+                    mv_q4_kw::Act a;
+                    mv_q4_kw::load_act(yv, b, c, a);
 #pragma unroll
-                    for (int pass = 0; pass < 2; ++pass) {
-                        const int bl = lane / 8 + 4 * pass, c = lane % 8, b = cu.c * 8 + bl;
-                        act_k4 a;
-                        mv_q4_k::load_act(yv, b, c, a);
-#pragma unroll
-                        for (int r = 0; r < 2; ++r)
-                            acc[r] += mv_q4_k::compute(
-                                mv_q4_k::load<true>(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
-                    }
+                    for (int r = 0; r < 2; ++r)
+                        acc[r] += mv_q4_kw::compute(mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c),
+                                                    c, a);
                 } else {
                     const int pair = lane / 4, c = lane % 4, r = pair / 4, bl = pair % 4, b = cu.c * 4 + bl;
                     act_h16 a;
@@ -447,30 +445,37 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     const int o = b * Q6_K_BYTES - ((cu.c * 4 * Q6_K_BYTES) & ~15);
                     const float v =
                         mv_q6_k<1>::dot<true>(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
-                    if (r == 0) acc[0] += v;
-                    else acc[1] += v;
+                    acc[0] += v;  // row r = lane / 16
                 }
                 if (cu.c == cu.n - 1) {
                     const int g = cu.g;
-                    // Two rows per warp, four (gate and up) in the gated phase.
-                    acc[0] = warp_sum(acc[0]) * scale;
-                    acc[1] = warp_sum(acc[1]) * scale;
+                    // Two rows per warp: Q4_K rows in acc[0] and acc[1]; Q6_K row r in acc[0] of
+                    // lanes 16r..16r + 15; gated: gate row r in acc[r] of lanes 0..15, up row r
+                    // in acc[r] of lanes 16..31.
+                    float up0 = 0.0f, up1 = 0.0f;
                     if (m.kind == DS_GATED) {
-                        acc[2] = warp_sum(acc[2]) * scale;
-                        acc[3] = warp_sum(acc[3]) * scale;
+                        acc[0] = warp_sum<16>(acc[0]) * scale;
+                        acc[1] = warp_sum<16>(acc[1]) * scale;
+                        up0 = rf_shfl_xor(acc[0], 16);
+                        up1 = rf_shfl_xor(acc[1], 16);
+                    } else if (m.kind == DS_Q6) {
+                        acc[0] = warp_sum<16>(acc[0]) * scale;
+                        acc[1] = rf_shfl_xor(acc[0], 16);
+                    } else {
+                        acc[0] = warp_sum(acc[0]) * scale;
+                        acc[1] = warp_sum(acc[1]) * scale;
                     }
                     float* rowv = rowv2[ngrp++ & 1];
                     if (lane == 0) {
                         if (m.kind == DS_GATED) {
-                            rowv[2 * wid] = silu(acc[0]) * acc[2];
-                            rowv[2 * wid + 1] = silu(acc[1]) * acc[3];
+                            rowv[2 * wid] = silu(acc[0]) * up0;
+                            rowv[2 * wid + 1] = silu(acc[1]) * up1;
                         } else {
                             rowv[2 * wid] = acc[0];
                             rowv[2 * wid + 1] = acc[1];
                         }
                     }
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[r] = 0.0f;
+                    acc[0] = acc[1] = 0.0f;
                     __syncthreads();
                     if (wid == 0) {
                         float v = rowv[lane];
