@@ -222,9 +222,9 @@ impl HipDevice {
     }
 
     /// Lets whole decode layers run as one persistent `decode_stack` launch or leaves them to
-    /// the per-op kernels (the default: on an H100 the stack still decodes about 2% slower); returns
-    /// whether they now do (never where the device cannot run it or with
-    /// `ROCMFORGE_GPU_STACK=0`).
+    /// the per-op kernels (the default of a new device; sessions turn it on, see
+    /// `SessionOptions::gpu_stack` in the model crate); returns whether they now do (never where
+    /// the device cannot run it or with `ROCMFORGE_GPU_STACK=0`).
     pub fn set_stack(&self, on: bool) -> bool {
         let mut st = self.inner.stack.lock();
         st.on = on && env_switch("ROCMFORGE_GPU_STACK") && st.bar.is_some();

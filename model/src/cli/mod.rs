@@ -110,10 +110,11 @@ struct ModelArgs {
     /// ROCMFORGE_GPU_MEM_LIMIT.
     #[arg(long)]
     gpu_mem_limit: Option<String>,
-    /// Runs whole llama-family decode layers as one persistent GPU kernel per step
-    /// (experimental; NVIDIA, compute capability 8.0 and later).
+    /// Runs llama-family decode layers with the per-op GPU kernels instead of the persistent
+    /// decode stack (one cooperative kernel per step; NVIDIA, compute capability 8.0 and
+    /// later), which they use by default where the layers fit it.
     #[arg(long)]
-    gpu_stack: bool,
+    no_gpu_stack: bool,
 }
 
 impl ModelArgs {
@@ -139,7 +140,7 @@ impl ModelArgs {
             device: self.device,
             n_gpu_layers: self.n_gpu_layers,
             gpu_mem_limit: limit.as_deref().map(parse_bytes).transpose()?,
-            gpu_stack: self.gpu_stack,
+            gpu_stack: !self.no_gpu_stack,
         })
     }
 
