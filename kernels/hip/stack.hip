@@ -23,8 +23,8 @@
 // Data crossing a barrier is read with L2 loads (__ldcg): a multiprocessor's L1 may hold lines
 // another one has since rewritten.
 //
-// Measured (H100, synthetic Llama-3-8B Q4_K_M, tg128, `rocmforge bench --gpu-stack` against the
-// per-op kernels in the same runs, 2026-11-25):
+// Measured (H100, synthetic Llama-3-8B Q4_K_M, tg128, `rocmforge bench` with the stack against
+// the per-op kernels in the same runs, 2026-11-25):
 //   326 t/s at first (per-op 415);
 //   381 with the copy loops dividing by constants and each group's matrix looked up once;
 //   395 with whole chunks only (no bounds checks), per-group row pointers and the Q6_K offset
@@ -33,10 +33,19 @@
 //       fence after the barrier's acquire load (per-op 414-418);
 //   439.7 / 438.6 against 418.8 / 418.7 with copies of whole rows at constant offsets from
 //       per-lane row pointers (was a (row, piece) division per piece), the Q4_K scales decoded
-//       without a divergent branch and the high nibbles multiplied in place.
-// The products are issue-bound, so every instruction per chunk counts: the last step took the
-// warp instructions per step from about 1.1 G to 0.76 G (ncu). There, 42% issue activity and
-// 32% of warps waiting at block barriers.
+//       without a divergent branch and the high nibbles multiplied in place: warp instructions
+//       per step from about 1.1 G to 0.76 G (ncu);
+//   437 / 439 against 410 / 404 with Q4_K at four lanes per block (0.67 G instructions, 36%
+//       issue activity): no longer issue-bound.
+// Where the time goes now (variants of this kernel timed against it, results ignored): without
+// the grid barriers' waits 11% faster, without the attention phase 3.4%, without any dot
+// product 4.5%. ncu puts 22% of the warps' stall samples at the grid barrier. Tried and slower:
+// L2 prefetches running 4-32 chunks ahead of the ring (7-30%), or only while waiting at a
+// barrier (11-21%); arriving with atom.acq_rel and polling relaxed (3%); the last warp to
+// finish a group running its epilogue instead of a block barrier per group (3.5%). Tried and no
+// faster: readiness counters per head instead of the barrier between phases 0 and 1, with k
+// and v groups dealt first. The next step is likely dataflow in place of the other barriers:
+// consumers waiting only for the input slices they read.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
