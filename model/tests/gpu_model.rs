@@ -466,6 +466,40 @@ fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
     );
 }
 
+/// A llama the stack cannot hold runs per op, as it did before the stack: its FFN is so wide
+/// that the Q8_1 input of the down projection and the weight ring pass the shared memory a
+/// block may have (227 KiB on an H100).
+#[test]
+#[serial]
+fn synthetic_llama_too_wide_for_the_decode_stack_runs_per_op() {
+    if !have_gpu() {
+        return;
+    }
+    let path = scratch_dir().join("synth-llama-wide-ffn.gguf");
+    let mut o = model::synth::SynthOptions::parse("llama", "tiny", "q4_k_m", 12).expect("options");
+    o.shape.n_embd = 2048;
+    o.shape.n_head = 16;
+    o.shape.n_head_kv = 4;
+    o.shape.head_dim = 128;
+    o.shape.n_ff = 49152;
+    o.shape.n_layer = 2;
+    model::synth::write(&o, None, &path).expect("write synthetic model");
+    let m = Model::load(&path, |_, _| {}).expect("load");
+    let before = stack_launches();
+    // As wide as the stack's own test model (0.14 and KL mean 7e-4 on an H100).
+    let bounds = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 2e-3,
+    };
+    let _ = check_model_with("llama wide ffn", &m, &synth_prompt(&m), bounds, true);
+    let launched = stack_launches() - before;
+    assert_eq!(
+        launched, 0,
+        "{launched} decode_stack launches for layers it cannot hold"
+    );
+}
+
 #[cfg(feature = "hip")]
 fn stack_launches() -> usize {
     ggml_graph::hip::stack_launches()

@@ -217,6 +217,7 @@ impl HipDevice {
             on: false,
             bar,
             smem_allowed: 0,
+            fits: Vec::new(),
             sms,
         })
     }
@@ -302,6 +303,46 @@ impl HipDevice {
                 .launch_checked(f, k.name(), param_kinds(k), grid, [block, 1, 1], 0, args)
                 .map_err(|e| gpu_err(k.name(), e))
         })
+    }
+
+    /// Whether `decode_stack` can have one resident block per multiprocessor with `smem` bytes
+    /// of dynamic shared memory here (the ring alone takes 180 KiB: an A100's 163 KiB per block
+    /// cannot hold it, nor an H100's 227 KiB the input of a very wide FFN); answered once per
+    /// size. Where it cannot, the layers go to the per-op kernels.
+    pub(crate) fn stack_fits(&self, smem: u32) -> bool {
+        let known = self
+            .inner
+            .stack
+            .lock()
+            .fits
+            .iter()
+            .find(|(s, _)| *s == smem)
+            .map(|f| f.1);
+        if let Some(ok) = known {
+            return ok;
+        }
+        let ok = self
+            .with_kernel(kernels::KernelId::DecodeStack, |f| {
+                let mut st = self.inner.stack.lock();
+                if smem > st.smem_allowed {
+                    if let Err(e) = f.set_max_dynamic_shared(smem) {
+                        tracing::debug!("decode_stack: {smem} bytes of shared memory refused: {e}");
+                        return Ok(false);
+                    }
+                    st.smem_allowed = smem;
+                }
+                Ok(f.max_active_blocks_per_sm(kernels::STACK_THREADS, smem)
+                    .is_ok_and(|b| b >= 1))
+            })
+            .unwrap_or(false);
+        if !ok {
+            tracing::info!(
+                "hip backend: decode_stack cannot keep a block per multiprocessor with {smem} bytes \
+                 of shared memory; the decode layers run per op"
+            );
+        }
+        self.inner.stack.lock().fits.push((smem, ok));
+        ok
     }
 
     /// Queues cooperative launch of `k` (every block resident at once: the kernel's blocks wait

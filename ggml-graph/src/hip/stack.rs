@@ -27,11 +27,13 @@ pub fn stack_launches() -> usize {
 }
 
 /// What the device keeps for the stack: whether it runs it, the barrier counter (zero between
-/// launches, which leave it so) and the dynamic shared memory the kernel was allowed so far.
+/// launches, which leave it so), the dynamic shared memory the kernel was allowed so far and
+/// which sizes one resident block per multiprocessor can have (see `HipDevice::stack_fits`).
 pub(crate) struct State {
     pub(crate) on: bool,
     pub(crate) bar: Option<DeviceBuffer<u32>>,
     pub(crate) smem_allowed: u32,
+    pub(crate) fits: Vec<(u32, bool)>,
     pub(crate) sms: u32,
 }
 
@@ -219,7 +221,10 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let n_layer = layers.iter().take_while(|l| same(l)).count();
     let layers = &layers[..n_layer];
     let max_cols = dims.n_embd.max(dims.n_ff).max(dims.n_head * STACK_HEAD_DIM);
-    let smem = kernels::stack_shared_bytes(max_cols) as u32;
+    let smem = u32::try_from(kernels::stack_shared_bytes(max_cols)).unwrap_or(u32::MAX);
+    if !d.stack_fits(smem) {
+        return Ok(0);
+    }
     let scratch = Scratch::new(&dims);
     let buf = d.scratch(scratch.bytes)?;
     let sbuf = MemRange::of_buffer(&*buf);
