@@ -37,14 +37,15 @@
 //       per step from about 1.1 G to 0.76 G (ncu);
 //   437 / 439 against 410 / 404 with Q4_K at four lanes per block (0.67 G instructions, 36%
 //       issue activity): no longer issue-bound.
-// Where the time goes now (variants of this kernel timed against it, results ignored): without
-// the grid barriers' waits 11% faster, without the attention phase 3.4%, without any dot
-// product 4.5%. ncu puts 22% of the warps' stall samples at the grid barrier. Tried and slower:
-// L2 prefetches running 4-32 chunks ahead of the ring (7-30%), or only while waiting at a
-// barrier (11-21%); arriving with atom.acq_rel and polling relaxed (3%); the last warp to
-// finish a group running its epilogue instead of a block barrier per group (3.5%). Tried and no
-// faster: readiness counters per head instead of the barrier between phases 0 and 1, with k
-// and v groups dealt first. The next step is likely dataflow in place of the other barriers:
+// Where the time goes now (variants of this kernel timed against it, results ignored): without the
+// grid barriers' waits 11% faster, without the attention phase 3.4%, without any dot product 4.5%.
+// ncu puts 22% of the warps' stall samples at the grid barrier. Tried and slower: L2 prefetches
+// running 4-32 chunks ahead of the ring (7-30%), or only while waiting at a barrier (11-21%);
+// arriving with atom.acq_rel and polling relaxed (3%), or polling relaxed with a fence after the
+// flip (2-3%); the last warp to finish a group running its epilogue instead of a block barrier per
+// group (3.5%). Tried and no faster: readiness counters per head instead of the barrier between
+// phases 0 and 1, with k and v groups dealt first; the block whose arrival completes a barrier
+// going on without polling. The next step is likely dataflow in place of the other barriers:
 // consumers waiting only for the input slices they read.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
