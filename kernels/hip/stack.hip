@@ -45,8 +45,11 @@
 // flip (2-3%); the last warp to finish a group running its epilogue instead of a block barrier per
 // group (3.5%). Tried and no faster: readiness counters per head instead of the barrier between
 // phases 0 and 1, with k and v groups dealt first; the block whose arrival completes a barrier
-// going on without polling. The next step is likely dataflow in place of the other barriers:
-// consumers waiting only for the input slices they read.
+// going on without polling. Slower too (429 against 418 per op in the same runs, against 437
+// before): dealing gate/up by chunks, at most 14 per block instead of 4 groups of 4, a group split
+// between two blocks adding up their part sums through global memory. How to win back the barriers'
+// 11% is open: waiting on per-slice counters instead keeps each block's own path through the phases
+// (the per-head counters above gained nothing), and that variant ran blocks ahead on stale data.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
