@@ -347,8 +347,9 @@ impl HipDevice {
 
     /// Queues cooperative launch of `k` (every block resident at once: the kernel's blocks wait
     /// for each other) over `grid` blocks of `block` threads with `smem` bytes of dynamic shared
-    /// memory; `uses` is the memory the kernel reaches through pointers inside its by-value
-    /// arguments (recorded for graph capture like pointer arguments).
+    /// memory, which [`HipDevice::stack_fits`] has opted the kernel in to; `uses` is the memory
+    /// the kernel reaches through pointers inside its by-value arguments (recorded for graph
+    /// capture like pointer arguments).
     fn launch_cooperative(
         &self,
         k: kernels::KernelId,
@@ -359,14 +360,6 @@ impl HipDevice {
         uses: &[gpu_mem::MemRange<'_>],
     ) -> Result<()> {
         self.with_kernel(k, |f| {
-            {
-                let mut st = self.inner.stack.lock();
-                if smem > st.smem_allowed {
-                    f.set_max_dynamic_shared(smem)
-                        .map_err(|e| gpu_err(k.name(), e))?;
-                    st.smem_allowed = smem;
-                }
-            }
             self.inner
                 .sb
                 .stream()
