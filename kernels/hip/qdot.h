@@ -186,6 +186,20 @@ static __device__ __forceinline__ void k4_scales(int u, uint32_t s0, uint32_t s1
     m1 = (int)(mn >> 8);
 }
 
+// Adds the low nibbles of 16 qs bytes times the activation words `lo` to slo and their high
+// nibbles times `hi` to shi (16 times too large with RF_K4_HI16).
+static __device__ __forceinline__ void k4_dot16(const int4& q, const int4& lo, const int4& hi, int& slo, int& shi) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        slo = dot4_i8(word(q, k) & 0x0F0F0F0F, word(lo, k), slo);
+#if RF_K4_HI16
+        shi = dot4_u8i8((uint32_t)word(q, k) & 0xF0F0F0F0u, word(hi, k), shi);
+#else
+        shi = dot4_i8((word(q, k) >> 4) & 0x0F0F0F0F, word(hi, k), shi);
+#endif
+    }
+}
+
 template <typename Act>
 static __device__ __forceinline__ float k4_finish(const int4& hdr, int u, int slo, int shi, const Act& a) {
     int sc0, m0, sc1, m1;
@@ -211,15 +225,7 @@ struct mv_q4_k {
     static __device__ __forceinline__ float compute(const Raw& w, int c, const Act& a) {
         const int4 hdr = w.hdr, q = w.q;
         int slo = 0, shi = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            slo = dot4_i8(word(q, k) & 0x0F0F0F0F, word(a.lo, k), slo);
-#if RF_K4_HI16
-            shi = dot4_u8i8((uint32_t)word(q, k) & 0xF0F0F0F0u, word(a.hi, k), shi);
-#else
-            shi = dot4_i8((word(q, k) >> 4) & 0x0F0F0F0F, word(a.hi, k), shi);
-#endif
-        }
+        k4_dot16(q, a.lo, a.hi, slo, shi);
         return k4_finish(hdr, c >> 1, slo, shi, a);
     }
 };
@@ -260,19 +266,8 @@ struct mv_q4_kw {
     }
     static __device__ __forceinline__ float compute(const Raw& w, int c, const Act& a) {
         int slo = 0, shi = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int q = word(w.q[i], k);
-                slo = dot4_i8(q & 0x0F0F0F0F, word(a.lo[i], k), slo);
-#if RF_K4_HI16
-                shi = dot4_u8i8((uint32_t)q & 0xF0F0F0F0u, word(a.hi[i], k), shi);
-#else
-                shi = dot4_i8((q >> 4) & 0x0F0F0F0F, word(a.hi[i], k), shi);
-#endif
-            }
-        }
+        k4_dot16(w.q[0], a.lo[0], a.hi[0], slo, shi);
+        k4_dot16(w.q[1], a.lo[1], a.hi[1], slo, shi);
         return k4_finish(w.hdr, c, slo, shi, a);
     }
 };
