@@ -36,7 +36,13 @@
 //       without a divergent branch and the high nibbles multiplied in place: warp instructions
 //       per step from about 1.1 G to 0.76 G (ncu);
 //   437 / 439 against 410 / 404 with Q4_K at four lanes per block (0.67 G instructions, 36%
-//       issue activity): no longer issue-bound.
+//       issue activity): no longer issue-bound;
+//   441 / 448 / 449 against 439 / 444 / 445 (same runs) with the v groups dealt to blocks that
+//       take no second q/k/v group (the phase's largest share 4 instead of 4.9 chunk tiles).
+// A per-block timeline (globaltimer at each phase's start and end, one step at position 64, 8B)
+// put a layer at about 63 us: q/k/v 7.5, attention 3.4 (32 blocks busy), o 5.3, gate/up 26,
+// down 16.7, and 0.86 us (median) from a barrier's last arrival to a block's release. Each
+// phase's input fetch takes 0.4-0.7 us after the release.
 // Where the time goes now (variants of this kernel timed against it, results ignored): without the
 // grid barriers' waits 11% faster, without the attention phase 3.4%, without any dot product 4.5%.
 // ncu puts 22% of the warps' stall samples at the grid barrier. Tried and slower: L2 prefetches
@@ -50,6 +56,11 @@
 // between two blocks adding up their part sums through global memory. How to win back the barriers'
 // 11% is open: waiting on per-slice counters instead keeps each block's own path through the phases
 // (the per-head counters above gained nothing), and that variant ran blocks ahead on stale data.
+// Also tried and slower (2026-11-25, same runs): gate/up's partial last round of groups as 16-row
+// halves over twice as many blocks, their f32 rows quantized by every block after the barrier
+// (436 / 438 against 442 / 446): phase 3 ended 2.9 us sooner per layer but phase 4 started 1.7 us
+// later and, with no early finishers left to stream its first chunks, ran 2.3 us longer; the
+// attention's scores computed per batch of 8 keys before one rescale (434-444 against 441-449).
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
@@ -115,13 +126,23 @@ static __device__ __forceinline__ int ds_groups(const ds_params& p, int k) {
     }
 }
 
+// Phase 0's group in dealing place g. The v groups (Q6_K in Q4_K_M, the heaviest) go to blocks
+// that take no second group where that is possible: q and k groups fill the places before and
+// after them, so that no block takes v and another group (on the 8B over 132 blocks the largest
+// share drops from 4.9 to 4 chunk-sized tiles).
+static __device__ __forceinline__ int ds_qkv_group(const ds_params& p, int g) {
+    const int n = ds_groups(p, 0), nv = p.n_head_kv * DS_HEAD / 32, r = n - (int)gridDim.x;
+    if (r <= 0 || r + nv > (int)gridDim.x || g < r) return g;
+    return g < r + nv ? n - nv + (g - r) : g - nv;
+}
+
 static __device__ __forceinline__ long long ds_row_bytes(int kind, int nblk) {
     return (long long)nblk * (kind == DS_Q6 ? Q6_K_BYTES : Q4_K_BYTES);
 }
 
 static __device__ __forceinline__ ds_mat ds_matrix(const ds_params& p, int l, int k, int g) {
     const ds_layer& L = p.layer[l];
-    ds_mat m{nullptr, nullptr, 0, g * 32, DS_Q4, p.n_embd / QK_K};
+    ds_mat m{nullptr, nullptr, 0, (k == 0 ? ds_qkv_group(p, g) : g) * 32, DS_Q4, p.n_embd / QK_K};
     if (k == 0) {
         const int nq = p.n_head * DS_HEAD, nk = p.n_head_kv * DS_HEAD;
         if (m.row < nq) {
@@ -461,7 +482,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     acc[0] += v;  // row r = lane / 16
                 }
                 if (cu.c == cu.n - 1) {
-                    const int g = cu.g;
+                    const int g = k == 0 ? ds_qkv_group(p, cu.g) : cu.g;
                     // Two rows per warp: Q4_K rows in acc[0] and acc[1]; Q6_K row r in acc[0] of
                     // lanes 16r..16r + 15; gated: gate row r in acc[r] of lanes 0..15, up row r
                     // in acc[r] of lanes 16..31.
