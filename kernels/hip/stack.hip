@@ -60,7 +60,13 @@
 // halves over twice as many blocks, their f32 rows quantized by every block after the barrier
 // (436 / 438 against 442 / 446): phase 3 ended 2.9 us sooner per layer but phase 4 started 1.7 us
 // later and, with no early finishers left to stream its first chunks, ran 2.3 us longer; the
-// attention's scores computed per batch of 8 keys before one rescale (434-444 against 441-449).
+// attention's scores computed per batch of 8 keys before one rescale (434-444 against 441-449);
+// the output head as one more phase after the last layer (its input quantized by the last
+// phase 4 with the output norm, 4008 groups of 4 Q6_K chunks, a partial last group moved back to
+// end at the last row; logits within 0.13 of the per-op kernels'): 437-442 against 443-448, so
+// the head stays a kernel of its own (about 165 us of the 2.3 ms step, 78% of the copy bandwidth).
+// Between two steps' stack launches 0.25 ms pass (the head, the step's small kernels, the logits'
+// copy to the host and the next graph launch).
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
