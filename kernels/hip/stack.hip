@@ -65,7 +65,7 @@
 // phase 4 with the output norm, 4008 groups of 4 Q6_K chunks, a partial last group moved back to
 // end at the last row; logits within 0.13 of the per-op kernels'): 437-442 against 443-448, and
 // with the head's phase in a loop of its own after the layers' loop (so that their code stays
-// as it is) 438-443 against 448. The head phase itself took 160 us in the timeline (90% of the
+// as it is) 438-443 against 448. In the first one's timeline the head phase took 160 us (90% of the
 // copy bandwidth) but the layers ran 5 us slower each (68 against 63 us), so the head stays a
 // kernel of its own (about 165 us of the 2.3 ms step, 78% of the copy bandwidth).
 // Between two steps' stack launches 0.25 ms pass (the head, the step's small kernels, the logits'
