@@ -180,6 +180,11 @@ fn diff(cpu: &[f32], gpu: &[f32]) -> Diff {
     Diff { full, top, kld }
 }
 
+/// [`diff`] of each step's logits in `got` from the same step's in `reference`.
+fn diffs(reference: &[Vec<f32>], got: &[Vec<f32>]) -> Vec<Diff> {
+    reference.iter().zip(got).map(|(r, g)| diff(r, g)).collect()
+}
+
 fn log_softmax(l: &[f32]) -> Vec<f64> {
     let mx = f64::from(l.iter().copied().fold(f32::NEG_INFINITY, f32::max));
     let mut sum = 0f64;
@@ -241,11 +246,7 @@ fn check_forced(
     b: Bounds,
 ) -> Vec<Vec<f32>> {
     let got = forced(s, prompt, &cpu.tokens);
-    let diffs: Vec<Diff> = got
-        .iter()
-        .zip(&cpu.logits)
-        .map(|(g, c)| diff(c, g))
-        .collect();
+    let diffs = diffs(&cpu.logits, &got);
     let mut checked = 0;
     let mut wrong = Vec::new();
     for (i, (l, d)) in got.iter().zip(&diffs).enumerate() {
@@ -279,9 +280,7 @@ fn compare(what: &str, cpu: &Run, gpu: &Run, b: Bounds) {
         .count();
     // Inputs are equal up to and including the first differing step.
     let same_inputs = (equal + 1).min(cpu.logits.len()).min(gpu.logits.len());
-    let diffs: Vec<Diff> = (0..same_inputs)
-        .map(|i| diff(&cpu.logits[i], &gpu.logits[i]))
-        .collect();
+    let diffs = diffs(&cpu.logits[..same_inputs], &gpu.logits[..same_inputs]);
     let limit = (0..same_inputs)
         .position(|i| near_tie(cpu.gaps[i], &diffs[i]))
         .unwrap_or(cpu.tokens.len());
@@ -520,9 +519,6 @@ fn synthetic_llama_8b_layers_decode_stack_equals_per_op() {
         launched > 0,
         "no decode_stack launch: the decode layers did not take the stack"
     );
-    let diffs = |a: &[Vec<f32>], b: &[Vec<f32>]| -> Vec<Diff> {
-        a.iter().zip(b).map(|(x, y)| diff(x, y)).collect()
-    };
     // At this width the per-op kernels' own logits move 0.16-0.26 from the CPU's.
     let loose = Bounds {
         full: 0.3,
