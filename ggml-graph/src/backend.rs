@@ -63,6 +63,14 @@ pub trait Buffer: Send + Sync {
     fn write(&self, offset: usize, data: &[u8]) -> Result<()>;
     /// Copies `out.len()` bytes out from `offset`.
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// Hands `f` the `len` bytes at `offset`, without a copy where the buffer can show them in
+    /// place (host memory; a device's pinned read buffer), else read into a vector first.
+    fn read_with(&self, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)?;
+        f(&v);
+        Ok(())
+    }
     /// For downcasting by the device that made the buffer.
     fn as_any(&self) -> &dyn Any;
 }
@@ -179,6 +187,14 @@ impl Buffer for HostBuffer {
         let end = offset.checked_add(out.len()).filter(|&e| e <= self.size);
         let end = end.ok_or_else(|| out_of_range("read", offset, out.len(), self.size))?;
         out.copy_from_slice(&bytes[offset..end]);
+        Ok(())
+    }
+    fn read_with(&self, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        let g = self.data.lock();
+        let bytes: &[u8] = bytemuck::cast_slice(g.as_slice());
+        let end = offset.checked_add(len).filter(|&e| e <= self.size);
+        let end = end.ok_or_else(|| out_of_range("read", offset, len, self.size))?;
+        f(&bytes[offset..end]);
         Ok(())
     }
     fn as_any(&self) -> &dyn Any {

@@ -351,6 +351,13 @@ impl Executor {
         Ok(v)
     }
 
+    /// Hands `f` an output of the last run as f32 values in logical order, in place where the
+    /// output is dense f32.
+    pub fn with_output_f32<R>(&self, id: TensorId, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+        let (t, bytes) = self.output_bytes(id)?;
+        cpu::with_f32(t, bytes, f)
+    }
+
     /// Like [`Executor::output_f32`], into a caller buffer of exactly `nelements` values.
     pub fn output_into(&self, id: TensorId, dst: &mut [f32]) -> Result<()> {
         let (t, bytes) = self.output_bytes(id)?;

@@ -100,6 +100,12 @@ fn split_over_two_devices_matches_executor() {
         s.run(&g, &refs).unwrap();
         assert_eq!(s.output_f32(z).unwrap(), ex.output_f32(z).unwrap());
         assert_eq!(s.output_f32(all).unwrap(), ex.output_f32(all).unwrap());
+        // The same values handed over in place.
+        for o in [z, all] {
+            let want = ex.output_f32(o).unwrap();
+            assert_eq!(s.with_output_f32(o, <[f32]>::to_vec).unwrap(), want);
+            assert_eq!(ex.with_output_f32(o, <[f32]>::to_vec).unwrap(), want);
+        }
     }
     let sched = s.last_schedule().unwrap();
     let on = |name: &str| -> Vec<usize> {

@@ -82,23 +82,9 @@ impl Stream {
         // SAFETY: the same memory as `src` (a checked view of `total` bytes), seen as bytes.
         let bytes = unsafe { DeviceView::<u8>::from_raw(src.device, src.ptr, total, src.whole) };
         let mut io = self.host_io.lock();
-        let want = total.min(READ_CHUNK);
-        let buf = match io.read.take() {
-            Some(b) if b.len() >= want => b,
-            old => {
-                // An old buffer is idle: free it before allocating the larger one.
-                drop(old);
-                let size = want.next_power_of_two().clamp(READ_MIN, READ_CHUNK);
-                match PinnedHostBuffer::new(self.device(), size) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        // Page-locked memory is a limited resource: read the slow way.
-                        tracing::debug!("pinned read buffer of {size} bytes: {e}; pageable read");
-                        drop(io);
-                        return self.read(&bytes, dst);
-                    }
-                }
-            }
+        let Some(buf) = self.take_read_buffer(&mut io, total.min(READ_CHUNK)) else {
+            drop(io);
+            return self.read(&bytes, dst);
         };
         let chunk = buf.len().min(total);
         // Pieces read from offsets inside an allocation, which plain device-to-host copies did
@@ -138,6 +124,91 @@ impl Stream {
         }
         io.read = Some(buf);
         Ok(())
+    }
+
+    /// The idle read buffer, grown to hold `want` bytes; `None` when page-locked memory for it
+    /// cannot be had (the caller then reads the pageable way).
+    fn take_read_buffer(&self, io: &mut HostIo, want: usize) -> Option<PinnedHostBuffer<u8>> {
+        match io.read.take() {
+            Some(b) if b.len() >= want => Some(b),
+            old => {
+                // An old buffer is idle: free it before allocating the larger one.
+                drop(old);
+                let size = want.next_power_of_two().clamp(READ_MIN, READ_CHUNK);
+                match PinnedHostBuffer::new(self.device(), size) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        // Page-locked memory is a limited resource.
+                        tracing::debug!("pinned read buffer of {size} bytes: {e}; pageable read");
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies device data into the stream's reusable pinned buffer, waits for it and hands `f`
+    /// the values there: no host copy at all, which is what a decode step's logits want (their
+    /// copy out of the pinned buffer cost more than the transfer). Reads larger than
+    /// [`READ_CHUNK`], or when no page-locked memory can be had, land in a vector first.
+    pub fn read_pinned_with<T: Pod, R>(
+        &self,
+        src: &DeviceView<'_, T>,
+        f: impl FnOnce(&[T]) -> R,
+    ) -> Result<R> {
+        self.device().expect_same(src.device, "view")?;
+        self.note_unknown("a memory copy");
+        let total = src.len * std::mem::size_of::<T>();
+        let mut io = self.host_io.lock();
+        let buf = if total == 0 || total > READ_CHUNK {
+            None
+        } else {
+            self.take_read_buffer(&mut io, total)
+        };
+        let Some(buf) = buf else {
+            drop(io);
+            let mut v = vec![T::zeroed(); src.len];
+            self.read_staged(src, &mut v)?;
+            return Ok(f(&v));
+        };
+        self.device().bind()?;
+        // SAFETY: the same memory as `src` (a checked view of `total` bytes), seen as bytes.
+        let bytes = unsafe { DeviceView::<u8>::from_raw(src.device, src.ptr, total, src.whole) };
+        // On ROCm device-to-host copies read from the start of a whole allocation (see
+        // `read_staged`).
+        let staged = if bytes.whole || self.device().info().platform == Platform::Nvidia {
+            None
+        } else {
+            Some(self.stage(bytes.ptr, total as u64)?)
+        };
+        let from = staged.as_ref().map_or(bytes.ptr, |(p, _)| *p);
+        // SAFETY: `total` bytes fit the pinned buffer (taken for at least `total`) and lie at
+        // `from` on the device; the buffer is this call's alone until it goes back below, after
+        // the stream synchronized.
+        let queued = unsafe {
+            self.device()
+                .api()
+                .memcpy_dtoh_async(buf.host_ptr().cast(), from, total, self.handle())
+        };
+        let done = queued
+            .map_err(GpuError::from)
+            .and_then(|()| self.synchronize());
+        drop(staged);
+        if let Err(e) = done {
+            // A copy may still be running into the buffer: keep it only once it ended.
+            if self.synchronize().is_ok() {
+                io.read = Some(buf);
+            } else {
+                std::mem::forget(buf);
+            }
+            return Err(e);
+        }
+        // SAFETY: the copy of `total` bytes into the buffer finished; the buffer is page
+        // aligned, so its start is aligned for `T`, and `total` is `src.len` values of `T`.
+        let values = unsafe { std::slice::from_raw_parts(buf.host_ptr().cast::<T>(), src.len) };
+        let r = f(values);
+        io.read = Some(buf);
+        Ok(r)
     }
 
     /// Copies `out.len()` bytes at `from` (at most the pinned buffer's size) to `out` through

@@ -545,6 +545,22 @@ fn queued_writes_and_staged_reads_keep_order() {
         stream.read_staged(&c.view(), &mut all).unwrap();
         assert!(all == host, "chunked read differs");
         assert_eq!(stream.read_buffer_bytes(), READ_CHUNK);
+        // Reads handed over in the pinned buffer: whole, from an offset, empty, and past the
+        // buffer's largest size (through a vector).
+        let pinned = stream
+            .read_pinned_with(&buf.view(), |v| v.to_vec())
+            .unwrap();
+        assert_eq!(pinned, want);
+        let pinned = stream
+            .read_pinned_with(&buf.slice(950..1050).unwrap(), |v| v.to_vec())
+            .unwrap();
+        assert_eq!(pinned, want[950..1050]);
+        let empty = stream
+            .read_pinned_with(&buf.slice(7..7).unwrap(), |v| v.len())
+            .unwrap();
+        assert_eq!(empty, 0);
+        let pinned = stream.read_pinned_with(&c.view(), |v| v == host).unwrap();
+        assert!(pinned, "pinned read past the chunk size differs");
         assert!(matches!(
             stream.read_staged(&buf.view(), &mut part),
             Err(GpuError::LengthMismatch { .. })

@@ -41,11 +41,17 @@ impl Engine {
         }
     }
 
-    pub(crate) fn output_f32(&self, id: TensorId) -> Result<Vec<f32>, GraphError> {
+    /// Hands `f` an output's f32 values, in place where the executor can show them (a GPU's
+    /// logits in the pinned memory their copy landed in).
+    pub(crate) fn with_output_f32<R>(
+        &self,
+        id: TensorId,
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, GraphError> {
         match self {
-            Self::Cpu(e) => e.output_f32(id),
+            Self::Cpu(e) => e.with_output_f32(id, f),
             #[cfg(feature = "hip")]
-            Self::Gpu(g) => g.sched.output_f32(id),
+            Self::Gpu(g) => g.sched.with_output_f32(id, f),
         }
     }
 

@@ -70,14 +70,15 @@ pub fn generate(
     for &t in prompt {
         sampler.accept(t);
     }
-    let mut logits = session.eval(prompt, LogitsMode::Last)?;
+    // Each step's logits are sampled where they landed (see `Session::eval_with`).
+    let mut next = session.eval_with(prompt, LogitsMode::Last, |l| sampler.sample(l))?;
     let prompt_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut stream = TextStream::new(opts.stop_strings.iter().cloned());
     let mut tokens = Vec::new();
     let mut stop = StopReason::Length;
     while tokens.len() < opts.max_tokens {
-        let tok = sampler.sample(&logits);
+        let tok = next;
         if !opts.ignore_eog && vocab.is_eog(tok) {
             stop = StopReason::EndOfGeneration;
             break;
@@ -99,7 +100,7 @@ pub fn generate(
             stop = StopReason::ContextFull;
             break;
         }
-        logits = session.eval(&[tok], LogitsMode::Last)?;
+        next = session.eval_with(&[tok], LogitsMode::Last, |l| sampler.sample(l))?;
     }
     let rest = stream.finish();
     if !rest.is_empty() {

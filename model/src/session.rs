@@ -469,6 +469,18 @@ impl Session {
     /// logits: the last position's (`[n_vocab]`) with [`LogitsMode::Last`], every position's
     /// (`[n_tokens * n_vocab]`, position-major) with [`LogitsMode::All`].
     pub fn eval(&mut self, tokens: &[u32], mode: LogitsMode) -> Result<Vec<f32>, ModelError> {
+        self.eval_with(tokens, mode, <[f32]>::to_vec)
+    }
+
+    /// [`Session::eval`] that hands the logits to `f` instead of returning a copy: a GPU's
+    /// decode-step logits are seen where their device-to-host copy landed (page-locked memory),
+    /// so a sampler reading them costs no host copy (the copy out cost more than the transfer).
+    pub fn eval_with<R>(
+        &mut self,
+        tokens: &[u32],
+        mode: LogitsMode,
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, ModelError> {
         let n_vocab = self.model.config().n_vocab;
         if tokens.is_empty() {
             return Err(ModelError::InvalidArgument("no tokens to evaluate".into()));
@@ -484,8 +496,8 @@ impl Session {
         }
         let n_chunks = tokens.len().div_ceil(self.n_batch);
         if n_chunks == 1 {
-            // One forward pass (every decode step): its logits are the result, uncopied.
-            return self.forward(tokens, mode);
+            // One forward pass (every decode step): its logits go to `f` as they are.
+            return self.forward(tokens, mode, f);
         }
         let mut out = Vec::new();
         for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
@@ -495,15 +507,22 @@ impl Session {
                 LogitsMode::Last if last_chunk => Some(LogitsMode::Last),
                 LogitsMode::Last => None,
             };
-            let logits = self.forward(chunk, want.unwrap_or(LogitsMode::Last))?;
-            if want.is_some() {
-                out.extend_from_slice(&logits);
-            }
+            let keep = want.is_some();
+            self.forward(chunk, want.unwrap_or(LogitsMode::Last), |logits| {
+                if keep {
+                    out.extend_from_slice(logits);
+                }
+            })?;
         }
-        Ok(out)
+        Ok(f(&out))
     }
 
-    fn forward(&mut self, tokens: &[u32], mode: LogitsMode) -> Result<Vec<f32>, ModelError> {
+    fn forward<R>(
+        &mut self,
+        tokens: &[u32],
+        mode: LogitsMode,
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, ModelError> {
         let t0 = Instant::now();
         let bucket = (tokens.len() == 1 && mode == LogitsMode::Last).then(|| {
             (self.n_past + 1)
@@ -556,7 +575,7 @@ impl Session {
             &fg.graph,
             &[(fg.tokens, &ids), (fg.pos, &pos)],
         )?;
-        let logits = self.engine.output_f32(fg.logits)?;
+        let r = self.engine.with_output_f32(fg.logits, f)?;
         let t2 = Instant::now();
         self.stats.build_s += (t1 - t0).as_secs_f64();
         self.stats.run_s += (t2 - t1).as_secs_f64();
@@ -568,6 +587,6 @@ impl Session {
                 hook(&m);
             }
         }
-        Ok(logits)
+        Ok(r)
     }
 }

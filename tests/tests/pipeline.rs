@@ -55,10 +55,23 @@ fn check_arch(arch: &str) {
     let chunked = session(&m, 4, KvType::F16)
         .eval(&prompt, LogitsMode::Last)
         .expect("chunks");
+    // Logits handed to a closure are the ones `eval` returns, in chunks and step by step.
+    let handed = session(&m, 4, KvType::F16)
+        .eval_with(&prompt, LogitsMode::Last, <[f32]>::to_vec)
+        .expect("chunks, handed over");
+    assert_eq!(handed, chunked, "{arch}: eval_with against eval in chunks");
     let mut s = session(&m, 512, KvType::F16);
+    let mut h = session(&m, 512, KvType::F16);
     let mut stepwise = Vec::new();
     for &t in &prompt {
         stepwise = s.eval(&[t], LogitsMode::Last).expect("step");
+        let seen = h
+            .eval_with(&[t], LogitsMode::Last, <[f32]>::to_vec)
+            .expect("step, handed over");
+        assert_eq!(
+            seen, stepwise,
+            "{arch}: eval_with against eval, token by token"
+        );
     }
     let f32kv = session(&m, 512, KvType::F32)
         .eval(&prompt, LogitsMode::Last)

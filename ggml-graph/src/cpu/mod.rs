@@ -217,6 +217,20 @@ pub(crate) fn compute(
 }
 
 /// Reads a float or I32 tensor in logical order as f32.
+/// Hands `f` the f32 values of `t` stored in `bytes`: in place when they are dense,
+/// little-endian f32 at an aligned address (a decode step's logits), else gathered first.
+pub(crate) fn with_f32<R>(t: &Tensor, bytes: &[u8], f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    if t.dtype == DType::F32 && t.is_contiguous() && cfg!(target_endian = "little") {
+        let dense = bytes.get(..t.nelements() * 4);
+        if let Some(v) = dense.and_then(|b| bytemuck::try_cast_slice::<u8, f32>(b).ok()) {
+            return Ok(f(v));
+        }
+    }
+    let mut v = vec![0.0; t.nelements()];
+    gather_f32(t, bytes, &mut v)?;
+    Ok(f(&v))
+}
+
 pub(crate) fn gather_f32(t: &Tensor, bytes: &[u8], dst: &mut [f32]) -> Result<()> {
     let es = t.dtype.type_size();
     if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32) {

@@ -604,6 +604,22 @@ impl Buffer for HipBuffer {
         }
         .map_err(|e| gpu_err("read", e))
     }
+    fn read_with(&self, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        let r = self.range("read", offset, len)?;
+        let stream = self.inner.sb.stream();
+        match &self.mem {
+            Mem::Owned(b) => {
+                let view = b.slice(r).map_err(|e| gpu_err("read", e))?;
+                stream.read_pinned_with(&view, f)
+            }
+            Mem::Slot { arena, slot } => {
+                let whole = arena.view::<u8>(slot).map_err(|e| gpu_err("read", e))?;
+                let view = whole.slice(r).map_err(|e| gpu_err("read", e))?;
+                stream.read_pinned_with(&view, f)
+            }
+        }
+        .map_err(|e| gpu_err("read", e))
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -212,7 +212,13 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
         let mut outs = Vec::new();
         for s in &mut scheds {
             s.run_keyed(Some(1), &g, &inputs).expect("run");
-            outs.push(s.output_f32(z).expect("output"));
+            let out = s.output_f32(z).expect("output");
+            // The GPU's values seen in its pinned read buffer, the CPU's in place.
+            let seen = s
+                .with_output_f32(z, <[f32]>::to_vec)
+                .expect("output in place");
+            assert_eq!(seen, out, "step {step}: output read in place differs");
+            outs.push(out);
         }
         let (gpu, want) = (&outs[0], &outs[1]);
         assert_eq!(gpu.len(), n_out);
