@@ -1,5 +1,6 @@
 //! A stream's page-locked host staging for small, frequent transfers: one reusable pinned buffer
-//! that reads land in ([`Stream::read_staged`]) and a ring of pinned blocks that small writes are
+//! that reads land in ([`Stream::read_staged`] copies them out, [`Stream::read_pinned_with`]
+//! lends them to a closure where they landed) and a ring of pinned blocks that small writes are
 //! queued from ([`Stream::queue_write_range`]), so a decode step's inputs (token ids, positions)
 //! and output (logits) move without pageable copies and without a synchronize per write.
 //!
