@@ -506,17 +506,33 @@ fn queued_writes_and_staged_reads_keep_order() {
             stream.copy(&a.view(), &mut b.view_mut()).unwrap();
         }
         let mut want = vec![0u32; n];
-        let mut word = [0u8; 4];
+        // Pairs of words go through the pinned ring, single aligned words as stream value
+        // writes, and a word at an unaligned offset through the ring again.
+        let mut pair = [0u8; 8];
         let writes = 40 * WRITE_RING;
         for w in 0..writes {
-            let i = (w * 131) % 1000;
+            let i = (w * 131) % 1000 * 2;
             let v = (w as u32 + 1) * 3;
-            word.copy_from_slice(&v.to_le_bytes());
+            pair[..4].copy_from_slice(&v.to_le_bytes());
+            pair[4..].copy_from_slice(&(!v).to_le_bytes());
+            let dst = MemRange::of_buffer(&buf).sub(i * 4, 8).unwrap();
+            stream.queue_write_range(&pair, dst).unwrap();
+            want[i] = v;
+            want[i + 1] = !v;
+        }
+        let words = 3 * WRITE_RING;
+        for w in 0..words {
+            let i = 2100 + (w * 7) % 50;
+            let v = 0x0101_0101 * (w as u32 + 1);
             let dst = MemRange::of_buffer(&buf).sub(i * 4, 4).unwrap();
-            stream.queue_write_range(&word, dst).unwrap();
+            stream.queue_write_range(&v.to_le_bytes(), dst).unwrap();
             want[i] = v;
         }
-        assert_eq!(stream.queued_writes(), writes as u64);
+        let odd = MemRange::of_buffer(&buf).sub(2200 * 4 + 2, 4).unwrap();
+        stream.queue_write_range(&[1, 2, 3, 4], odd).unwrap();
+        bytemuck::cast_slice_mut::<u32, u8>(&mut want)[2200 * 4 + 2..2200 * 4 + 6]
+            .copy_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(stream.queued_writes(), (writes + words + 1) as u64);
         // Past the largest queued size: the blocking path.
         let large: Vec<u32> = (0..QUEUED_WRITE_MAX as u32 / 4 + 1).collect();
         let dst = MemRange::of_buffer(&buf)
@@ -526,7 +542,7 @@ fn queued_writes_and_staged_reads_keep_order() {
             .queue_write_range(bytemuck::cast_slice(&large), dst)
             .unwrap();
         want[4000..4000 + large.len()].copy_from_slice(&large);
-        assert_eq!(stream.queued_writes(), writes as u64);
+        assert_eq!(stream.queued_writes(), (writes + words + 1) as u64);
         let mut back = vec![0u32; n];
         stream.read_staged(&buf.view(), &mut back).unwrap();
         assert_eq!(back, want);
@@ -566,7 +582,7 @@ fn queued_writes_and_staged_reads_keep_order() {
             Err(GpuError::LengthMismatch { .. })
         ));
         let wrong = MemRange::of_buffer(&buf).sub(0, 8).unwrap();
-        assert!(stream.queue_write_range(&word, wrong).is_err());
+        assert!(stream.queue_write_range(&[0u8; 4], wrong).is_err());
     });
 }
 

@@ -361,6 +361,20 @@ impl HipApi for AmdProvider {
         })
     }
 
+    unsafe fn write_value32_async(
+        &self,
+        dst: DevicePtr,
+        value: u32,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees an aligned word of device memory; flag 0 keeps the
+        // write ordered after earlier work.
+        self.check("hipStreamWriteValue32", unsafe {
+            self.hip
+                .hipStreamWriteValue32(stream.0.cast(), dst.as_raw(), value, 0)
+        })
+    }
+
     fn stream_create(&self) -> Result<StreamHandle> {
         let mut s: hip::hipStream_t = std::ptr::null_mut();
         // SAFETY: writes one handle; flag 1 = hipStreamNonBlocking.

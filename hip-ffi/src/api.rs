@@ -290,6 +290,18 @@ pub trait HipApi: Send + Sync {
         bytes: usize,
         stream: StreamHandle,
     ) -> Result<()>;
+    /// Queues a write of one 32-bit word on `stream` (a stream memory operation: no host
+    /// staging, no copy engine), ordered after the work queued before it. Devices without
+    /// stream memory operations answer with an error and write nothing.
+    ///
+    /// # Safety
+    /// `dst..dst+4` is device memory, 4-byte aligned.
+    unsafe fn write_value32_async(
+        &self,
+        dst: DevicePtr,
+        value: u32,
+        stream: StreamHandle,
+    ) -> Result<()>;
 
     /// Creates a non-blocking stream on the current device.
     fn stream_create(&self) -> Result<StreamHandle>;

@@ -423,6 +423,21 @@ impl HipApi for NvidiaProvider {
         })
     }
 
+    unsafe fn write_value32_async(
+        &self,
+        dst: DevicePtr,
+        value: u32,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.ctx()?;
+        // SAFETY: the caller guarantees an aligned word of device memory; flag 0
+        // (CU_STREAM_WRITE_VALUE_DEFAULT) fences the write after earlier work.
+        self.check("hipStreamWriteValue32", unsafe {
+            self.cuda
+                .cuStreamWriteValue32_v2(stream.0.cast(), dst.0, value, 0)
+        })
+    }
+
     fn stream_create(&self) -> Result<StreamHandle> {
         self.ctx()?;
         let mut s: cu::CUstream = std::ptr::null_mut();

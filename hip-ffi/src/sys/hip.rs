@@ -302,6 +302,12 @@ pub struct HipLib {
         event: hipEvent_t,
         flags: ::std::os::raw::c_uint,
     ) -> hipError_t::Type,
+    pub hipStreamWriteValue32: unsafe extern "C" fn(
+        stream: hipStream_t,
+        ptr: *mut ::std::os::raw::c_void,
+        value: u32,
+        flags: ::std::os::raw::c_uint,
+    ) -> hipError_t::Type,
     pub hipEventCreateWithFlags: unsafe extern "C" fn(
         event: *mut hipEvent_t,
         flags: ::std::os::raw::c_uint,
@@ -448,6 +454,8 @@ impl HipLib {
             unsafe { __library.get(b"hipStreamSynchronize\0") }.map(|sym| *sym)?;
         let hipStreamWaitEvent =
             unsafe { __library.get(b"hipStreamWaitEvent\0") }.map(|sym| *sym)?;
+        let hipStreamWriteValue32 =
+            unsafe { __library.get(b"hipStreamWriteValue32\0") }.map(|sym| *sym)?;
         let hipEventCreateWithFlags =
             unsafe { __library.get(b"hipEventCreateWithFlags\0") }.map(|sym| *sym)?;
         let hipEventRecord = unsafe { __library.get(b"hipEventRecord\0") }.map(|sym| *sym)?;
@@ -509,6 +517,7 @@ impl HipLib {
             hipStreamQuery,
             hipStreamSynchronize,
             hipStreamWaitEvent,
+            hipStreamWriteValue32,
             hipEventCreateWithFlags,
             hipEventRecord,
             hipEventDestroy,
@@ -629,6 +638,15 @@ impl HipLib {
         flags: ::std::os::raw::c_uint,
     ) -> hipError_t::Type {
         unsafe { (self.hipStreamWaitEvent)(stream, event, flags) }
+    }
+    pub unsafe fn hipStreamWriteValue32(
+        &self,
+        stream: hipStream_t,
+        ptr: *mut ::std::os::raw::c_void,
+        value: u32,
+        flags: ::std::os::raw::c_uint,
+    ) -> hipError_t::Type {
+        unsafe { (self.hipStreamWriteValue32)(stream, ptr, value, flags) }
     }
     pub unsafe fn hipEventCreateWithFlags(
         &self,
