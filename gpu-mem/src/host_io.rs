@@ -116,12 +116,7 @@ impl Stream {
             let out = &mut dst[off..off + n];
             let done = self.read_pieces(&mut io.events, &buf, from, out, pieces);
             if let Err(e) = done {
-                // Copies may still be running into the buffer: keep it only once they ended.
-                if self.synchronize().is_ok() {
-                    io.read = Some(buf);
-                } else {
-                    std::mem::forget(buf);
-                }
+                self.keep_after_failed_read(&mut io, buf);
                 return Err(e);
             }
             drop(staged);
@@ -129,6 +124,16 @@ impl Stream {
         }
         io.read = Some(buf);
         Ok(())
+    }
+
+    /// Puts the read buffer back after a failed read: copies may still be running into it, so
+    /// it is kept only once the stream drained, and leaked (never freed under a copy) otherwise.
+    fn keep_after_failed_read(&self, io: &mut HostIo, buf: PinnedHostBuffer<u8>) {
+        if self.synchronize().is_ok() {
+            io.read = Some(buf);
+        } else {
+            std::mem::forget(buf);
+        }
     }
 
     /// The idle read buffer, grown to hold `want` bytes; `None` when page-locked memory for it
@@ -200,12 +205,7 @@ impl Stream {
             .and_then(|()| self.synchronize());
         drop(staged);
         if let Err(e) = done {
-            // A copy may still be running into the buffer: keep it only once it ended.
-            if self.synchronize().is_ok() {
-                io.read = Some(buf);
-            } else {
-                std::mem::forget(buf);
-            }
+            self.keep_after_failed_read(&mut io, buf);
             return Err(e);
         }
         // SAFETY: the copy of `total` bytes into the buffer finished; the buffer is page
