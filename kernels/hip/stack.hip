@@ -68,8 +68,13 @@
 // as it is) 438-443 against 448. In the first one's timeline the head phase took 160 us (90% of the
 // copy bandwidth) but the layers ran 5 us slower each (68 against 63 us), so the head stays a
 // kernel of its own (about 165 us of the 2.3 ms step, 78% of the copy bandwidth).
-// Between two steps' stack launches 0.25 ms pass (the head, the step's small kernels, the logits'
-// copy to the host and the next graph launch).
+// Between two steps' stack launches 0.25 ms passed (the head, the step's small kernels, the
+// logits' copy to the host and the next graph launch). Host probes (2026-11-25, H100) then found
+// 63 us of host copies and page faults after the logits' transfer (now read in place) and 24 us
+// in the two staged 4-byte input writes before the next launch (now stream value writes); what
+// is left around a 2.2 ms step: the get_rows, output norm and head kernels (about 5 + 5 + 160 us
+// in ncu), the logits' transfer (16 us for 0.5 MB), about 6 us of host work from the logits to
+// the launch call and the graph launch call itself (13 us of host time).
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
