@@ -70,15 +70,17 @@ pub fn generate(
     for &t in prompt {
         sampler.accept(t);
     }
-    // Each step's logits are sampled where they landed (see `Session::eval_with`).
-    let mut next = session.eval_with(prompt, LogitsMode::Last, |l| sampler.sample(l))?;
+    // Each step's logits are sampled where they landed (see `Session::eval_with`); nothing is
+    // sampled when no token is asked for, so the sampler's state moves as it always did.
+    let mut next = session.eval_with(prompt, LogitsMode::Last, |l| {
+        (opts.max_tokens > 0).then(|| sampler.sample(l))
+    })?;
     let prompt_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut stream = TextStream::new(opts.stop_strings.iter().cloned());
     let mut tokens = Vec::new();
     let mut stop = StopReason::Length;
-    while tokens.len() < opts.max_tokens {
-        let tok = next;
+    while let Some(tok) = next.filter(|_| tokens.len() < opts.max_tokens) {
         if !opts.ignore_eog && vocab.is_eog(tok) {
             stop = StopReason::EndOfGeneration;
             break;
@@ -100,7 +102,7 @@ pub fn generate(
             stop = StopReason::ContextFull;
             break;
         }
-        next = session.eval_with(&[tok], LogitsMode::Last, |l| sampler.sample(l))?;
+        next = session.eval_with(&[tok], LogitsMode::Last, |l| Some(sampler.sample(l)))?;
     }
     let rest = stream.finish();
     if !rest.is_empty() {

@@ -212,3 +212,52 @@ fn damaged_files_are_refused_with_the_file_named() {
         "{msg}"
     );
 }
+
+/// Token pieces for the generation loop: every id is one letter, none ends a turn.
+struct Letters;
+
+impl model::generate::Vocab for Letters {
+    fn piece(&self, id: u32) -> Vec<u8> {
+        vec![b'a' + (id % 26) as u8]
+    }
+    fn is_eog(&self, _: u32) -> bool {
+        false
+    }
+}
+
+#[test]
+fn generate_takes_the_greedy_tokens_of_eval() {
+    use model::generate::{generate, GenerateOptions, StopReason};
+    use model::sampling::{argmax, Sampler, SamplerConfig};
+    let m = synth("llama");
+    let prompt = [3u32, 17, 5, 9];
+    let opts = GenerateOptions {
+        max_tokens: 6,
+        ..GenerateOptions::default()
+    };
+    let mut s = session(&m, 512, KvType::F16);
+    let mut sampler = Sampler::new(SamplerConfig::greedy());
+    let mut text = String::new();
+    let g = generate(&mut s, &Letters, &mut sampler, &prompt, &opts, |t| {
+        text.push_str(t)
+    })
+    .expect("generate");
+    let mut r = session(&m, 512, KvType::F16);
+    let mut logits = r.eval(&prompt, LogitsMode::Last).expect("prompt");
+    let mut want = Vec::new();
+    for _ in 0..opts.max_tokens {
+        let t = argmax(&logits);
+        want.push(t);
+        logits = r.eval(&[t], LogitsMode::Last).expect("step");
+    }
+    assert_eq!(g.tokens, want);
+    assert_eq!(g.stop, StopReason::Length);
+    assert_eq!(text.len(), want.len());
+    assert_eq!(s.n_past(), prompt.len() + want.len() - 1);
+    // No token asked for: the prompt is evaluated and nothing is sampled.
+    let none = GenerateOptions::default();
+    let mut s = session(&m, 512, KvType::F16);
+    let g = generate(&mut s, &Letters, &mut sampler, &prompt, &none, |_| {}).expect("none");
+    assert!(g.tokens.is_empty());
+    assert_eq!(s.n_past(), prompt.len());
+}
