@@ -22,6 +22,7 @@ use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
 
 mod group;
 use group::possible_groups;
+#[cfg(feature = "hip")]
 pub(crate) use group::STACK_LAYER_NODES;
 
 /// Where each node runs and which copies the run needs.
