@@ -130,7 +130,7 @@ impl Stream {
     /// it is kept only once the stream drained, and leaked (never freed under a copy) otherwise.
     fn keep_after_failed_read(&self, io: &mut HostIo, buf: PinnedHostBuffer<u8>) {
         if self.synchronize().is_ok() {
-            io.read = Some(buf);
+            put_read_buffer(io, buf);
         } else {
             std::mem::forget(buf);
         }
@@ -169,14 +169,14 @@ impl Stream {
         self.device().expect_same(src.device, "view")?;
         self.note_unknown("a memory copy");
         let total = src.len * std::mem::size_of::<T>();
-        let mut io = self.host_io.lock();
+        // The buffer leaves the stream's state while in use, so `f` runs without the lock (it
+        // may read from this stream itself); a read meanwhile takes a buffer of its own.
         let buf = if total == 0 || total > READ_CHUNK {
             None
         } else {
-            self.take_read_buffer(&mut io, total)
+            self.take_read_buffer(&mut self.host_io.lock(), total)
         };
         let Some(buf) = buf else {
-            drop(io);
             let mut v = vec![T::zeroed(); src.len];
             self.read_staged(src, &mut v)?;
             return Ok(f(&v));
@@ -205,14 +205,14 @@ impl Stream {
             .and_then(|()| self.synchronize());
         drop(staged);
         if let Err(e) = done {
-            self.keep_after_failed_read(&mut io, buf);
+            self.keep_after_failed_read(&mut self.host_io.lock(), buf);
             return Err(e);
         }
         // SAFETY: the copy of `total` bytes into the buffer finished; the buffer is page
         // aligned, so its start is aligned for `T`, and `total` is `src.len` values of `T`.
         let values = unsafe { std::slice::from_raw_parts(buf.host_ptr().cast::<T>(), src.len) };
         let r = f(values);
-        io.read = Some(buf);
+        put_read_buffer(&mut self.host_io.lock(), buf);
         Ok(r)
     }
 
@@ -381,5 +381,13 @@ impl Stream {
     /// Bytes of the pinned read buffer (0 before the first staged read).
     pub fn read_buffer_bytes(&self) -> usize {
         self.host_io.lock().read.as_ref().map_or(0, |b| b.len())
+    }
+}
+
+/// Makes `buf` the stream's read buffer again, unless a read that ran meanwhile left a larger
+/// one there (then `buf` is freed: idle, no copy runs into it).
+fn put_read_buffer(io: &mut HostIo, buf: PinnedHostBuffer<u8>) {
+    if io.read.as_ref().is_none_or(|b| b.len() < buf.len()) {
+        io.read = Some(buf);
     }
 }

@@ -577,6 +577,16 @@ fn queued_writes_and_staged_reads_keep_order() {
         assert_eq!(empty, 0);
         let pinned = stream.read_pinned_with(&c.view(), |v| v == host).unwrap();
         assert!(pinned, "pinned read past the chunk size differs");
+        // The closure may read from the same stream (it runs without the stream's lock).
+        let nested = stream
+            .read_pinned_with(&buf.slice(0..10).unwrap(), |outer| {
+                let inner = stream
+                    .read_pinned_with(&buf.slice(10..20).unwrap(), <[u32]>::to_vec)
+                    .unwrap();
+                [outer, &inner].concat()
+            })
+            .unwrap();
+        assert_eq!(nested, want[..20]);
         assert!(matches!(
             stream.read_staged(&buf.view(), &mut part),
             Err(GpuError::LengthMismatch { .. })
