@@ -26,6 +26,14 @@ pub trait BufferType: Send + Sync {
     fn alloc(&self, size: usize) -> Result<Box<dyn Buffer>>;
     /// True when buffers are host memory.
     fn is_host(&self) -> bool;
+    /// A zeroed buffer of `size` bytes in host memory that this device's kernels write in
+    /// place, read by the host with no transfer after the kernel (for small results read after
+    /// every run, such as a decode step's logits); `None` (the default) where the device has
+    /// no such memory or its buffers are host memory already.
+    fn alloc_mapped(&self, size: usize) -> Result<Option<Box<dyn Buffer>>> {
+        let _ = size;
+        Ok(None)
+    }
     /// One buffer per tensor holding a copy of `tensors` (weights, uploaded once). The default
     /// makes one allocation per tensor; a device buffer type overrides it to carve every tensor
     /// out of a few large allocations. `progress(bytes)` reports the bytes copied so far.

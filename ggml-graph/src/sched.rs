@@ -244,6 +244,11 @@ pub struct Scheduler {
     uploaded: HashMap<String, Vec<Option<Box<dyn Buffer>>>>,
     persistent: HashMap<String, Persistent>,
     arenas: Vec<Option<Box<dyn Buffer>>>,
+    /// Per device: the host-mapped buffer of the outputs its kernels write in place.
+    mapped: Vec<Option<Box<dyn Buffer>>>,
+    /// Per device: whether outputs may go to host-mapped memory (false once the device had
+    /// none to give, or when turned off).
+    map_outputs: Vec<bool>,
     last: Option<LastRun>,
     prepared: Option<Prepared>,
     copies_made: usize,
@@ -251,6 +256,62 @@ pub struct Scheduler {
     /// Whether repeated keyed runs on one device are captured and replayed (see
     /// [`Scheduler::set_graph_capture`]).
     capture: bool,
+}
+
+/// Largest output written to host-mapped memory: beyond it the bus's bandwidth, not the latency
+/// of a copy after the kernel, is what the host waits for, and device memory is faster to write.
+const MAPPED_OUTPUT_MAX: usize = 4 << 20;
+
+/// Which outputs the kernels computing them write to host-mapped memory, and where: per storage
+/// root an offset in its device's mapped buffer, and the bytes per device. An output qualifies
+/// when its root is computed by a launch on a device `maps` allows, nothing else in the graph
+/// reads or writes that root, and it is at most [`MAPPED_OUTPUT_MAX`] bytes. Such roots keep
+/// their arena offset too (the fallback when a device has no mapped memory to give).
+fn mapped_outputs(
+    graph: &Graph,
+    sched: &Schedule,
+    n_devices: usize,
+    maps: impl Fn(usize) -> bool,
+) -> (Vec<Option<usize>>, Vec<usize>) {
+    let nodes = graph.tensors();
+    let mut mapped = vec![None; nodes.len()];
+    let mut size = vec![0usize; n_devices];
+    if graph.outputs().is_empty() {
+        return (mapped, size);
+    }
+    // Roots that another launched node reads or writes in place.
+    let mut touched = vec![false; nodes.len()];
+    for (j, t) in nodes.iter().enumerate() {
+        if sched.device_of[j].is_none() || !launches(t) {
+            continue;
+        }
+        for &s in &t.src {
+            touched[graph.storage_root(s).0.index()] = true;
+        }
+        let r = graph.storage_root(TensorId::from_index(j)).0.index();
+        if r != j {
+            touched[r] = true;
+        }
+    }
+    for &o in graph.outputs() {
+        let r = graph.storage_root(o).0.index();
+        let t = &nodes[r];
+        let Some(d) = sched.device_of[r] else {
+            continue;
+        };
+        if mapped[r].is_some()
+            || touched[r]
+            || !launches(t)
+            || t.op.is_alias()
+            || t.extent() > MAPPED_OUTPUT_MAX
+            || !maps(d)
+        {
+            continue;
+        }
+        mapped[r] = Some(size[d]);
+        size[d] += t.extent().div_ceil(ALIGN) * ALIGN;
+    }
+    (mapped, size)
 }
 
 /// Capture attempts per prepared graph before it stays on plain launches.
@@ -271,6 +332,8 @@ impl Drop for Scheduler {
 enum OutLoc {
     /// In device `device`'s arena at `offset`.
     Arena { device: usize, offset: usize },
+    /// In device `device`'s host-mapped output buffer at `offset`.
+    Mapped { device: usize, offset: usize },
     /// In a persistent buffer, at `offset`.
     Persistent { name: String, offset: usize },
     /// In the copy of a weight on `device`, at `offset`.
@@ -299,6 +362,11 @@ struct Prepared {
     slot: Vec<Option<usize>>,
     /// Arena bytes per device.
     arena_size: Vec<usize>,
+    /// Offset per storage root written in its device's host-mapped output buffer instead of
+    /// the arena ([`mapped_outputs`]).
+    mapped: Vec<Option<usize>>,
+    /// Host-mapped output bytes per device.
+    mapped_size: Vec<usize>,
     /// Needed input leaves.
     inputs: Vec<usize>,
     /// The device running every launched node when there are no cross-device copies (the
@@ -322,6 +390,9 @@ pub struct DeviceUsage {
     pub persistent: u64,
     /// The activation arena (planned intermediates plus cross-device copies).
     pub arena: u64,
+    /// Host-mapped memory the device's kernels write outputs into (host memory, not the
+    /// device's).
+    pub mapped: u64,
 }
 
 impl Scheduler {
@@ -332,7 +403,10 @@ impl Scheduler {
             .map(|d| d.new_stream())
             .collect::<Result<Vec<_>>>()?;
         let arenas = devices.iter().map(|_| None).collect();
+        let map = std::env::var("ROCMFORGE_MAPPED_OUTPUTS").map_or(true, |v| v != "0");
         Ok(Self {
+            mapped: devices.iter().map(|_| None).collect(),
+            map_outputs: vec![map; devices.len()],
             devices,
             streams,
             weights: HashMap::new(),
@@ -359,6 +433,16 @@ impl Scheduler {
             p.captured = None;
             p.capture_failures = 0;
         }
+    }
+
+    /// Turns host-mapped outputs on or off (default on unless the environment sets
+    /// `ROCMFORGE_MAPPED_OUTPUTS=0`): a small output that nothing in the graph reads, computed
+    /// on a device with host-mapped memory, is written there by its kernel, so reading it after
+    /// the run waits for no device-to-host copy (a decode step's logits). Applies to graphs
+    /// prepared from now on.
+    pub fn set_mapped_outputs(&mut self, on: bool) {
+        self.map_outputs.fill(on);
+        self.prepared = None;
     }
 
     /// True when the last keyed run's graph is held captured.
@@ -447,7 +531,7 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Bytes held per device (weights, persistent buffers, activation arena).
+    /// Bytes held per device (weights, persistent buffers, activation arena, mapped outputs).
     pub fn usage(&self) -> Vec<DeviceUsage> {
         let mut u = vec![DeviceUsage::default(); self.devices.len()];
         for copies in self.uploaded.values() {
@@ -462,6 +546,9 @@ impl Scheduler {
         }
         for (d, a) in self.arenas.iter().enumerate() {
             u[d].arena = a.as_ref().map_or(0, |b| b.size() as u64);
+        }
+        for (d, m) in self.mapped.iter().enumerate() {
+            u[d].mapped = m.as_ref().map_or(0, |b| b.size() as u64);
         }
         u
     }
@@ -557,6 +644,7 @@ impl Scheduler {
                 self.arenas[d] = Some(self.devices[d].buffer_type().alloc(prep.arena_size[d])?);
             }
         }
+        self.ensure_mapped(&mut prep)?;
         let nodes = graph.tensors();
         if !hit {
             self.bind_leaves(graph, &prep.sched)?;
@@ -608,9 +696,15 @@ impl Scheduler {
                         device: home,
                         offset: off,
                     },
-                    _ => OutLoc::Arena {
-                        device: home,
-                        offset: prep.offsets[r.index()].unwrap_or(0) + off,
+                    _ => match prep.mapped[r.index()] {
+                        Some(m) => OutLoc::Mapped {
+                            device: home,
+                            offset: m + off,
+                        },
+                        None => OutLoc::Arena {
+                            device: home,
+                            offset: prep.offsets[r.index()].unwrap_or(0) + off,
+                        },
                     },
                 };
                 outputs.push((o, nodes[o.index()].clone(), loc));
@@ -626,6 +720,41 @@ impl Scheduler {
             self.prepared = Some(prep);
         }
         result
+    }
+
+    /// Gives each device the host-mapped output buffer `prep` needs; a device that has none
+    /// (or fails to allocate one) keeps its outputs in the arena from then on.
+    fn ensure_mapped(&mut self, prep: &mut Prepared) -> Result<()> {
+        for d in 0..self.devices.len() {
+            let need = prep.mapped_size[d];
+            if need == 0 || self.mapped[d].as_ref().is_some_and(|b| b.size() >= need) {
+                continue;
+            }
+            // Captured launches write the old buffer: drop them, and let a replay finish.
+            prep.captured = None;
+            if let Some(p) = self.prepared.as_mut() {
+                p.captured = None;
+            }
+            self.streams[d].synchronize()?;
+            self.mapped[d] = None;
+            match self.devices[d].buffer_type().alloc_mapped(need) {
+                Ok(Some(b)) => self.mapped[d] = Some(b),
+                got => {
+                    if let Err(e) = got {
+                        tracing::warn!("scheduler: no host-mapped outputs on device {d}: {e}");
+                    }
+                    self.map_outputs[d] = false;
+                    let sched = Arc::clone(&prep.sched);
+                    for (i, m) in prep.mapped.iter_mut().enumerate() {
+                        if sched.device_of[i] == Some(d) {
+                            *m = None;
+                        }
+                    }
+                    prep.mapped_size[d] = 0;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Schedule, memory plan, copy slots and arena sizes of `graph`.
@@ -658,6 +787,8 @@ impl Scheduler {
         let inputs = (0..nodes.len())
             .filter(|&i| sched.device_of[i].is_some() && nodes[i].op == Op::Leaf(Leaf::Input))
             .collect();
+        let maps = |d: usize| self.map_outputs[d] && !self.devices[d].buffer_type().is_host();
+        let (mapped, mapped_size) = mapped_outputs(graph, &sched, nd, maps);
         let single_device = match sched.splits.as_slice() {
             [(d, _)] if sched.copies.is_empty() => Some(*d),
             _ => None,
@@ -669,6 +800,8 @@ impl Scheduler {
             offsets: p.offset,
             slot,
             arena_size,
+            mapped,
+            mapped_size,
             inputs,
             single_device,
             captured: None,
@@ -815,9 +948,9 @@ impl Scheduler {
                         let t = &nodes[id.index()];
                         let mut srcs = Vec::with_capacity(t.src.len());
                         for (_, s) in read_srcs(t) {
-                            srcs.push(self.mem(graph, &prep.offsets, &prep.slot, sched, s, d)?);
+                            srcs.push(self.mem(graph, prep, s, d)?);
                         }
-                        let dst = self.mem(graph, &prep.offsets, &prep.slot, sched, id, d)?;
+                        let dst = self.mem(graph, prep, id, d)?;
                         group.push(GroupNode {
                             tensor: t,
                             dst,
@@ -838,9 +971,9 @@ impl Scheduler {
                     let t = &nodes[id.index()];
                     let mut mems = Vec::with_capacity(t.src.len());
                     for (_, s) in read_srcs(t) {
-                        mems.push(self.mem(graph, &prep.offsets, &prep.slot, sched, s, d)?);
+                        mems.push(self.mem(graph, prep, s, d)?);
                     }
-                    let dst = self.mem(graph, &prep.offsets, &prep.slot, sched, id, d)?;
+                    let dst = self.mem(graph, prep, id, d)?;
                     self.devices[d].launch(self.streams[d].as_ref(), t, dst, &mems)?;
                     if matches!(t.op, Op::Cpy | Op::SetRows) {
                         // The root was rewritten: copies of it elsewhere are stale.
@@ -873,7 +1006,7 @@ impl Scheduler {
             if let Some(off) = prep.slot[r.index() * nd + d] {
                 if !std::mem::replace(&mut valid[r.index() * nd + d], true) {
                     let home = sched.device_of[r.index()].unwrap_or(0);
-                    let (src_buf, src_off) = self.home_of(graph, &prep.offsets, r, home)?;
+                    let (src_buf, src_off) = self.home_of(graph, prep, r, home)?;
                     staging.resize(nodes[r.index()].extent(), 0);
                     self.streams[home].synchronize()?;
                     src_buf.read(src_off, staging)?;
@@ -883,6 +1016,16 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    fn mapped_buf(&self, d: usize) -> Result<&dyn Buffer> {
+        self.mapped[d]
+            .as_deref()
+            .ok_or_else(|| GraphError::Unsupported {
+                backend: "scheduler",
+                op: "mapped output",
+                detail: format!("device {d} has no mapped output buffer"),
+            })
     }
 
     fn arena(&self, d: usize) -> Result<&dyn Buffer> {
@@ -899,7 +1042,7 @@ impl Scheduler {
     fn home_of(
         &self,
         graph: &Graph,
-        offsets: &[Option<usize>],
+        prep: &Prepared,
         r: TensorId,
         home: usize,
     ) -> Result<(&dyn Buffer, usize)> {
@@ -918,24 +1061,26 @@ impl Scheduler {
                     .ok_or_else(|| GraphError::UnboundWeight(t.name.clone()))?;
                 Ok((b, 0))
             }
-            _ => Ok((self.arena(home)?, offsets[r.index()].unwrap_or(0))),
+            _ => match prep.mapped[r.index()] {
+                Some(off) => Ok((self.mapped_buf(home)?, off)),
+                None => Ok((self.arena(home)?, prep.offsets[r.index()].unwrap_or(0))),
+            },
         }
     }
 
     fn mem<'a>(
         &'a self,
         graph: &'a Graph,
-        offsets: &[Option<usize>],
-        slot: &[Option<usize>],
-        sched: &Schedule,
+        prep: &Prepared,
         id: TensorId,
         d: usize,
     ) -> Result<TensorMem<'a>> {
+        let sched = prep.sched.as_ref();
         let (r, off) = graph.storage_root(id);
         let tensor = &graph.tensors()[id.index()];
         let is_weight = graph.tensors()[r.index()].op == Op::Leaf(Leaf::Weight);
         let nd = self.devices.len();
-        if let (false, Some(s)) = (is_weight, slot[r.index() * nd + d]) {
+        if let (false, Some(s)) = (is_weight, prep.slot[r.index() * nd + d]) {
             return Ok(TensorMem {
                 tensor,
                 buffer: self.arena(d)?,
@@ -947,7 +1092,7 @@ impl Scheduler {
         } else {
             sched.device_of[r.index()].unwrap_or(0)
         };
-        let (buffer, base) = self.home_of(graph, offsets, r, home)?;
+        let (buffer, base) = self.home_of(graph, prep, r, home)?;
         Ok(TensorMem {
             tensor,
             buffer,

@@ -200,6 +200,11 @@ impl Tracker {
         id
     }
 
+    /// An id no recorded allocation has or will have, for memory tracked elsewhere.
+    pub(crate) fn fresh_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Forgets an allocation; false if the id was not live (a double free).
     pub fn forget(&self, id: u64) -> bool {
         self.live.lock().remove(&id).is_some()

@@ -81,6 +81,16 @@ impl<'a> MemRange<'a> {
         }
     }
 
+    /// `bytes` of `device` memory at `ptr` (the caller's allocation, borrowed for `'a`).
+    pub(crate) fn from_parts(device: &'a Device, ptr: DevicePtr, bytes: usize) -> Self {
+        Self {
+            device,
+            ptr,
+            bytes,
+            _mem: PhantomData,
+        }
+    }
+
     /// Bytes `offset..offset + bytes` of this range.
     pub fn sub(self, offset: usize, bytes: usize) -> Result<Self> {
         if offset.checked_add(bytes).is_none_or(|e| e > self.bytes) {

@@ -15,6 +15,8 @@
 //!   offsets failed on ROCm).
 //! - Each stream keeps pinned host staging for small, frequent transfers ([`host_io`]): reads
 //!   through one reusable pinned buffer, small writes queued from a ring of pinned blocks.
+//! - A result the host reads after every step can live in mapped page-locked memory
+//!   ([`MappedHostBuffer`]) that kernels write directly, so no copy follows the kernel.
 
 pub mod activations;
 pub mod blas;
@@ -26,6 +28,7 @@ pub mod estimate;
 pub mod fallback;
 pub mod host_io;
 pub mod launch;
+pub mod mapped;
 pub mod module;
 pub mod pool;
 pub mod stream;
@@ -44,6 +47,7 @@ pub use error::{GpuError, Result};
 pub use fallback::FallbackBuffer;
 pub use hip_ffi::{DeviceAttribute, Op, Platform};
 pub use launch::{KernelArg, MemRange, ParamKind};
+pub use mapped::MappedHostBuffer;
 pub use module::{Function, KernelArgs, Module};
 pub use pool::{CachingAllocator, Lease, Pool, PoolStats, RawAllocator, WeightArena};
 pub use stream::{Event, Graph, GraphExec, Stream};

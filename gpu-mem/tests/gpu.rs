@@ -596,6 +596,84 @@ fn queued_writes_and_staged_reads_keep_order() {
     });
 }
 
+#[test]
+#[serial]
+fn kernels_write_mapped_host_memory_in_place() {
+    with_gpu(|dev| {
+        if dev.info().platform != Platform::Nvidia {
+            println!(
+                "skipped: the checked-in test kernels are PTX (NVIDIA); platform is {}",
+                dev.info().platform
+            );
+            return;
+        }
+        let stream = Stream::new(dev).unwrap();
+        let module = Module::load(dev, PTX).unwrap();
+        let iota = module.function("iota_scaled").unwrap();
+        let add = module.function("add_one").unwrap();
+        let n = 50_000usize;
+        let mapped = MappedHostBuffer::new(dev, 4 * n + 64).unwrap();
+        assert_eq!(mapped.len(), 4 * n + 64);
+        mapped
+            .read_with(&stream, 0, mapped.len(), |b| assert!(b.iter().all(|&x| x == 0)))
+            .unwrap();
+        let grid = [(n as u32).div_ceil(256), 1, 1];
+        // iota_scaled(float*, float, unsigned) into the buffer from byte 64 on.
+        let out = mapped.range().sub(64, 4 * n).unwrap();
+        stream
+            .launch_checked(
+                &iota,
+                "iota_scaled",
+                &[ParamKind::Ptr, ParamKind::F32, ParamKind::I32],
+                grid,
+                [256, 1, 1],
+                0,
+                &[KernelArg::Mem(out), KernelArg::F32(0.25), KernelArg::I32(n as i32)],
+            )
+            .unwrap();
+        let want: Vec<f32> = (0..n).map(|i| 0.25 * i as f32).collect();
+        let got = mapped
+            .read_with(&stream, 64, 4 * n, |b| bytemuck::cast_slice::<u8, f32>(b).to_vec())
+            .unwrap();
+        assert_eq!(got, want);
+        // Host writes reach the next kernel, and a captured launch on the buffer replays.
+        let ones: Vec<f32> = vec![1.0; n];
+        mapped.write(&stream, 64, bytemuck::cast_slice(&ones)).unwrap();
+        let add_one = |s: &Stream| {
+            s.launch_checked(
+                &add,
+                "add_one",
+                &[ParamKind::Ptr, ParamKind::I32],
+                grid,
+                [256, 1, 1],
+                0,
+                &[KernelArg::Mem(out), KernelArg::I32(n as i32)],
+            )
+        };
+        let graph = stream.capture(add_one).unwrap();
+        for _ in 0..3 {
+            graph.launch(&stream).unwrap();
+        }
+        let all_four = mapped
+            .read_with(&stream, 64, 4 * n, |b| {
+                bytemuck::cast_slice::<u8, f32>(b).iter().all(|&x| x == 4.0)
+            })
+            .unwrap();
+        assert!(all_four, "three replays of add_one after writing ones");
+        // Ranges past the end are refused; an empty read is fine.
+        assert!(matches!(
+            mapped.read_with(&stream, 60, 4 * n + 8, |_| ()),
+            Err(GpuError::OutOfBounds { .. })
+        ));
+        assert!(mapped.write(&stream, 4 * n + 61, &[0u8; 4]).is_err());
+        assert_eq!(mapped.read_with(&stream, 7, 0, <[u8]>::len).unwrap(), 0);
+        // Once the buffer is gone, a replay writing it is refused.
+        drop(mapped);
+        assert!(graph.launch(&stream).is_err(), "replay over a freed mapped buffer ran");
+        stream.synchronize().unwrap();
+    });
+}
+
 const PTX_SM90: &[u8] = include_bytes!("data/test_kernels_sm90.ptx");
 
 #[test]

@@ -305,6 +305,16 @@ impl HipApi for AmdProvider {
         self.check("hipHostFree", unsafe { self.hip.hipHostFree(ptr) })
     }
 
+    unsafe fn host_device_ptr(&self, ptr: *mut c_void) -> Result<DevicePtr> {
+        let mut d: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer; the caller guarantees `ptr` is in a live pinned
+        // allocation (hipHostMalloc maps it for every device); flags must be 0.
+        self.check("hipHostGetDevicePointer", unsafe {
+            self.hip.hipHostGetDevicePointer(&mut d, ptr, 0)
+        })?;
+        Ok(DevicePtr(d as usize as u64))
+    }
+
     unsafe fn memcpy_htod_async(
         &self,
         dst: DevicePtr,

@@ -243,6 +243,12 @@ pub trait HipApi: Send + Sync {
     /// # Safety
     /// `ptr` came from [`HipApi::host_malloc`], is not freed yet, and no queued copy uses it.
     unsafe fn host_free(&self, ptr: *mut c_void) -> Result<()>;
+    /// The device address of page-locked host memory from [`HipApi::host_malloc`]: kernels of
+    /// the current device read and write the host's bytes through it (over the bus, no copy).
+    ///
+    /// # Safety
+    /// `ptr` lies in a live allocation from [`HipApi::host_malloc`] of this provider.
+    unsafe fn host_device_ptr(&self, ptr: *mut c_void) -> Result<DevicePtr>;
 
     /// Queues a host-to-device copy on `stream`.
     ///

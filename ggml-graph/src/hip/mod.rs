@@ -40,7 +40,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use gpu_mem::pool::ArenaSlot;
-use gpu_mem::{DeviceArena, DeviceBuffer, KernelArg, MemRange, ParamKind, WeightUploader};
+use gpu_mem::{
+    DeviceArena, DeviceBuffer, KernelArg, MappedHostBuffer, MemRange, ParamKind, WeightUploader,
+};
 use parking_lot::Mutex;
 
 use crate::backend::{Buffer, BufferType, Captured, Device, GroupNode, Stream, TensorMem};
@@ -469,6 +471,15 @@ impl BufferType for HipBufferType {
     fn is_host(&self) -> bool {
         false
     }
+    fn alloc_mapped(&self, size: usize) -> Result<Option<Box<dyn Buffer>>> {
+        let buf = MappedHostBuffer::new(&self.inner.dev, size.max(1))
+            .map_err(|e| gpu_err("alloc mapped", e))?;
+        Ok(Some(Box::new(HipBuffer {
+            mem: Mem::Mapped(buf),
+            inner: self.inner.clone(),
+            size,
+        })))
+    }
     fn alloc_weights(
         &self,
         tensors: &[&[u8]],
@@ -538,6 +549,8 @@ enum Mem {
         arena: Arc<DeviceArena>,
         slot: ArenaSlot,
     },
+    /// Page-locked host memory the kernels write in place (a step's logits).
+    Mapped(MappedHostBuffer),
 }
 
 /// One device allocation, or one tensor's slot of a weight arena.
@@ -569,6 +582,11 @@ impl Buffer for HipBuffer {
     fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.inner.q8.lock().clear();
         let r = self.range("write", offset, data.len())?;
+        if let Mem::Mapped(m) = &self.mem {
+            return m
+                .write(self.inner.sb.stream(), r.start, data)
+                .map_err(|e| gpu_err("write", e));
+        }
         let Mem::Owned(b) = &self.mem else {
             return Err(gpu_err(
                 "write",
@@ -601,6 +619,9 @@ impl Buffer for HipBuffer {
                 let view = whole.slice(r).map_err(|e| gpu_err("read", e))?;
                 self.inner.sb.stream().read_staged(&view, out)
             }
+            Mem::Mapped(m) => m.read_with(self.inner.sb.stream(), r.start, r.len(), |b| {
+                out.copy_from_slice(b)
+            }),
         }
         .map_err(|e| gpu_err("read", e))
     }
@@ -617,6 +638,7 @@ impl Buffer for HipBuffer {
                 let view = whole.slice(r).map_err(|e| gpu_err("read", e))?;
                 stream.read_pinned_with(&view, f)
             }
+            Mem::Mapped(m) => m.read_with(stream, r.start, r.len(), f),
         }
         .map_err(|e| gpu_err("read", e))
     }
@@ -661,6 +683,7 @@ pub(crate) fn addr<'a>(m: &TensorMem<'a>) -> Result<MemRange<'a>> {
         Mem::Slot { arena, slot } => {
             MemRange::of_view(&arena.view::<u8>(slot).map_err(|e| gpu_err("launch", e))?)
         }
+        Mem::Mapped(m) => m.range(),
     };
     whole
         .sub(m.offset, m.tensor.extent())

@@ -150,7 +150,9 @@ fn reads_grow_the_pinned_buffer_chunk_large_reads_and_stage_arena_slots() {
 /// Decode-style steps: one keyed graph (embedding row of the step's token, a product with an
 /// output matrix, plus a per-step bias input) run again and again with new inputs, captured and
 /// replayed on the GPU. Every step's inputs are queued without waiting, and every step's output
-/// must be that step's (a stale input would give another row) and match the CPU.
+/// must be that step's (a stale input would give another row) and match the CPU. The GPU's
+/// output is written into host-mapped memory by its kernel, and equals the output of a
+/// scheduler keeping it in device memory.
 #[test]
 fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
     let Some(h) = hip() else { return };
@@ -176,8 +178,10 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
     )));
     let mut scheds = [
         Scheduler::new(vec![h.clone() as Arc<dyn Device>, cpu.clone()]).expect("gpu scheduler"),
-        Scheduler::new(vec![cpu]).expect("cpu scheduler"),
+        Scheduler::new(vec![cpu.clone()]).expect("cpu scheduler"),
+        Scheduler::new(vec![h.clone() as Arc<dyn Device>, cpu]).expect("gpu scheduler"),
     ];
+    scheds[2].set_mapped_outputs(false);
     for s in &mut scheds {
         s.set_graph_capture(true);
         s.bind_weight(
@@ -222,6 +226,7 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
         }
         let (gpu, want) = (&outs[0], &outs[1]);
         assert_eq!(gpu.len(), n_out);
+        assert_eq!(&outs[2], gpu, "step {step}: mapped and device-memory outputs differ");
         let (mut e, mut d) = (0f64, 0f64);
         for (a, b) in gpu.iter().zip(want) {
             e += f64::from(a - b).powi(2);
@@ -241,10 +246,13 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
     );
     assert_eq!(
         h.queued_writes() - before,
-        2 * steps as u64,
-        "both inputs of every step were queued"
+        2 * 2 * steps as u64,
+        "both inputs of every step of both GPU schedulers were queued"
     );
     assert!(scheds[0].has_captured_graph(), "the steps were replayed");
+    assert!(scheds[2].has_captured_graph(), "the steps were replayed");
+    assert_eq!(scheds[0].usage()[0].mapped, (4 * n_out).next_multiple_of(crate::plan::ALIGN) as u64);
+    assert_eq!(scheds[2].usage()[0].mapped, 0);
 
     // A replay left unread (not waited for), then a larger graph whose arena replaces the one
     // the replay uses, then the keyed step again (captured anew): all must come out right.
@@ -263,7 +271,7 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
         (bias, bytemuck::cast_slice(&b)),
     ];
     let mut outs = Vec::new();
-    for s in &mut scheds {
+    for s in &mut scheds[..2] {
         s.run_keyed(Some(1), &g, &step_inputs).expect("unread step");
         s.run(&g2, &[(ids2, bytemuck::cast_slice(&toks))])
             .expect("larger graph");

@@ -16,6 +16,7 @@ impl Scheduler {
             .ok_or_else(|| GraphError::NotOutput(format!("{id:?}")))?;
         let (buf, offset) = match loc {
             OutLoc::Arena { device, offset } => (self.arena(*device)?, *offset),
+            OutLoc::Mapped { device, offset } => (self.mapped_buf(*device)?, *offset),
             OutLoc::Persistent { name, offset } => {
                 let p = self
                     .persistent

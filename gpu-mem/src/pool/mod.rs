@@ -155,6 +155,19 @@ impl<A: RawAllocator + ?Sized> Accounted<A> {
         Some(out)
     }
 
+    /// Lists `bytes` at `addr` that are not this allocator's (mapped host memory) as a live
+    /// block, so that captured work using them is accepted and its replays check they are still
+    /// there; no budget is taken and the tracker's totals leave them out.
+    pub(crate) fn add_foreign(&self, addr: u64, bytes: u64) {
+        let id = self.tracker.fresh_id();
+        self.ids.lock().insert(addr, (id, bytes));
+    }
+
+    /// Ends [`Accounted::add_foreign`]'s listing of the block at `addr`.
+    pub(crate) fn remove_foreign(&self, addr: u64) {
+        self.ids.lock().remove(&addr);
+    }
+
     /// True when every `(address, tracker id)` of `blocks` is still the live block at that
     /// address (a freed block's id is never reused).
     pub fn all_live(&self, blocks: &[(u64, u64)]) -> bool {

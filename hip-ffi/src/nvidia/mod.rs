@@ -363,6 +363,17 @@ impl HipApi for NvidiaProvider {
         self.check("hipHostFree", unsafe { self.cuda.cuMemFreeHost(ptr) })
     }
 
+    unsafe fn host_device_ptr(&self, ptr: *mut c_void) -> Result<DevicePtr> {
+        self.ctx()?;
+        let mut d: cu::CUdeviceptr = 0;
+        // SAFETY: writes one address; the caller guarantees `ptr` is in a live allocation of
+        // cuMemAllocHost (mapped for the context's device); flags must be 0.
+        self.check("hipHostGetDevicePointer", unsafe {
+            self.cuda.cuMemHostGetDevicePointer_v2(&mut d, ptr, 0)
+        })?;
+        Ok(DevicePtr(d))
+    }
+
     unsafe fn memcpy_htod_async(
         &self,
         dst: DevicePtr,

@@ -461,6 +461,11 @@ pub struct CudaLib {
     pub cuMemAllocHost_v2:
         unsafe extern "C" fn(pp: *mut *mut ::std::os::raw::c_void, bytesize: usize) -> CUresult,
     pub cuMemFreeHost: unsafe extern "C" fn(p: *mut ::std::os::raw::c_void) -> CUresult,
+    pub cuMemHostGetDevicePointer_v2: unsafe extern "C" fn(
+        pdptr: *mut CUdeviceptr,
+        p: *mut ::std::os::raw::c_void,
+        Flags: ::std::os::raw::c_uint,
+    ) -> CUresult,
     pub cuDeviceGetPCIBusId: unsafe extern "C" fn(
         pciBusId: *mut ::std::os::raw::c_char,
         len: ::std::os::raw::c_int,
@@ -597,6 +602,8 @@ impl CudaLib {
         let cuMemFree_v2 = unsafe { __library.get(b"cuMemFree_v2\0") }.map(|sym| *sym)?;
         let cuMemAllocHost_v2 = unsafe { __library.get(b"cuMemAllocHost_v2\0") }.map(|sym| *sym)?;
         let cuMemFreeHost = unsafe { __library.get(b"cuMemFreeHost\0") }.map(|sym| *sym)?;
+        let cuMemHostGetDevicePointer_v2 =
+            unsafe { __library.get(b"cuMemHostGetDevicePointer_v2\0") }.map(|sym| *sym)?;
         let cuDeviceGetPCIBusId =
             unsafe { __library.get(b"cuDeviceGetPCIBusId\0") }.map(|sym| *sym)?;
         let cuMemcpyHtoDAsync_v2 =
@@ -663,6 +670,7 @@ impl CudaLib {
             cuMemFree_v2,
             cuMemAllocHost_v2,
             cuMemFreeHost,
+            cuMemHostGetDevicePointer_v2,
             cuDeviceGetPCIBusId,
             cuMemcpyHtoDAsync_v2,
             cuMemcpyDtoHAsync_v2,
@@ -789,6 +797,14 @@ impl CudaLib {
     }
     pub unsafe fn cuMemFreeHost(&self, p: *mut ::std::os::raw::c_void) -> CUresult {
         unsafe { (self.cuMemFreeHost)(p) }
+    }
+    pub unsafe fn cuMemHostGetDevicePointer_v2(
+        &self,
+        pdptr: *mut CUdeviceptr,
+        p: *mut ::std::os::raw::c_void,
+        Flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe { (self.cuMemHostGetDevicePointer_v2)(pdptr, p, Flags) }
     }
     pub unsafe fn cuDeviceGetPCIBusId(
         &self,

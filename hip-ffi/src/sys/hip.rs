@@ -328,6 +328,11 @@ pub struct HipLib {
         size: usize,
         flags: ::std::os::raw::c_uint,
     ) -> hipError_t::Type,
+    pub hipHostGetDevicePointer: unsafe extern "C" fn(
+        devPtr: *mut *mut ::std::os::raw::c_void,
+        hstPtr: *mut ::std::os::raw::c_void,
+        flags: ::std::os::raw::c_uint,
+    ) -> hipError_t::Type,
     pub hipFree: unsafe extern "C" fn(ptr: *mut ::std::os::raw::c_void) -> hipError_t::Type,
     pub hipHostFree: unsafe extern "C" fn(ptr: *mut ::std::os::raw::c_void) -> hipError_t::Type,
     pub hipMemcpyHtoDAsync: unsafe extern "C" fn(
@@ -467,6 +472,8 @@ impl HipLib {
         let hipEventQuery = unsafe { __library.get(b"hipEventQuery\0") }.map(|sym| *sym)?;
         let hipMalloc = unsafe { __library.get(b"hipMalloc\0") }.map(|sym| *sym)?;
         let hipHostMalloc = unsafe { __library.get(b"hipHostMalloc\0") }.map(|sym| *sym)?;
+        let hipHostGetDevicePointer =
+            unsafe { __library.get(b"hipHostGetDevicePointer\0") }.map(|sym| *sym)?;
         let hipFree = unsafe { __library.get(b"hipFree\0") }.map(|sym| *sym)?;
         let hipHostFree = unsafe { __library.get(b"hipHostFree\0") }.map(|sym| *sym)?;
         let hipMemcpyHtoDAsync =
@@ -526,6 +533,7 @@ impl HipLib {
             hipEventQuery,
             hipMalloc,
             hipHostMalloc,
+            hipHostGetDevicePointer,
             hipFree,
             hipHostFree,
             hipMemcpyHtoDAsync,
@@ -693,6 +701,14 @@ impl HipLib {
         flags: ::std::os::raw::c_uint,
     ) -> hipError_t::Type {
         unsafe { (self.hipHostMalloc)(ptr, size, flags) }
+    }
+    pub unsafe fn hipHostGetDevicePointer(
+        &self,
+        devPtr: *mut *mut ::std::os::raw::c_void,
+        hstPtr: *mut ::std::os::raw::c_void,
+        flags: ::std::os::raw::c_uint,
+    ) -> hipError_t::Type {
+        unsafe { (self.hipHostGetDevicePointer)(devPtr, hstPtr, flags) }
     }
     pub unsafe fn hipFree(&self, ptr: *mut ::std::os::raw::c_void) -> hipError_t::Type {
         unsafe { (self.hipFree)(ptr) }
