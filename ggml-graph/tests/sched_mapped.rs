@@ -160,10 +160,20 @@ fn reference(s: &Step, d: &Data) -> Executor {
 
 fn scheduler(dev: Arc<Mapping>, d: &Data) -> Scheduler {
     let mut sch = Scheduler::new(vec![dev as Arc<dyn Device>]).unwrap();
-    sch.bind_weight("w", DType::Q8_0, &[64, 96], WeightBytes::from_vec(d.w.clone()))
-        .unwrap();
-    sch.bind_weight("u", DType::Q8_0, &[64, 64], WeightBytes::from_vec(d.u.clone()))
-        .unwrap();
+    sch.bind_weight(
+        "w",
+        DType::Q8_0,
+        &[64, 96],
+        WeightBytes::from_vec(d.w.clone()),
+    )
+    .unwrap();
+    sch.bind_weight(
+        "u",
+        DType::Q8_0,
+        &[64, 64],
+        WeightBytes::from_vec(d.u.clone()),
+    )
+    .unwrap();
     sch
 }
 
@@ -191,7 +201,10 @@ fn unread_small_outputs_go_to_mapped_memory() {
     let asked = dev.asked();
     assert_eq!(asked.len(), 1, "{asked:?}");
     let align = ggml_graph::plan::ALIGN;
-    assert_eq!(asked[0], 384usize.div_ceil(align) * align + 256usize.div_ceil(align) * align);
+    assert_eq!(
+        asked[0],
+        384usize.div_ceil(align) * align + 256usize.div_ceil(align) * align
+    );
 }
 
 #[test]

@@ -615,7 +615,9 @@ fn kernels_write_mapped_host_memory_in_place() {
         let mapped = MappedHostBuffer::new(dev, 4 * n + 64).unwrap();
         assert_eq!(mapped.len(), 4 * n + 64);
         mapped
-            .read_with(&stream, 0, mapped.len(), |b| assert!(b.iter().all(|&x| x == 0)))
+            .read_with(&stream, 0, mapped.len(), |b| {
+                assert!(b.iter().all(|&x| x == 0))
+            })
             .unwrap();
         let grid = [(n as u32).div_ceil(256), 1, 1];
         // iota_scaled(float*, float, unsigned) into the buffer from byte 64 on.
@@ -628,17 +630,25 @@ fn kernels_write_mapped_host_memory_in_place() {
                 grid,
                 [256, 1, 1],
                 0,
-                &[KernelArg::Mem(out), KernelArg::F32(0.25), KernelArg::I32(n as i32)],
+                &[
+                    KernelArg::Mem(out),
+                    KernelArg::F32(0.25),
+                    KernelArg::I32(n as i32),
+                ],
             )
             .unwrap();
         let want: Vec<f32> = (0..n).map(|i| 0.25 * i as f32).collect();
         let got = mapped
-            .read_with(&stream, 64, 4 * n, |b| bytemuck::cast_slice::<u8, f32>(b).to_vec())
+            .read_with(&stream, 64, 4 * n, |b| {
+                bytemuck::cast_slice::<u8, f32>(b).to_vec()
+            })
             .unwrap();
         assert_eq!(got, want);
         // Host writes reach the next kernel, and a captured launch on the buffer replays.
         let ones: Vec<f32> = vec![1.0; n];
-        mapped.write(&stream, 64, bytemuck::cast_slice(&ones)).unwrap();
+        mapped
+            .write(&stream, 64, bytemuck::cast_slice(&ones))
+            .unwrap();
         let add_one = |s: &Stream| {
             s.launch_checked(
                 &add,
@@ -669,7 +679,10 @@ fn kernels_write_mapped_host_memory_in_place() {
         assert_eq!(mapped.read_with(&stream, 7, 0, <[u8]>::len).unwrap(), 0);
         // Once the buffer is gone, a replay writing it is refused.
         drop(mapped);
-        assert!(graph.launch(&stream).is_err(), "replay over a freed mapped buffer ran");
+        assert!(
+            graph.launch(&stream).is_err(),
+            "replay over a freed mapped buffer ran"
+        );
         stream.synchronize().unwrap();
     });
 }

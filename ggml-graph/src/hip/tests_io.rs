@@ -226,7 +226,10 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
         }
         let (gpu, want) = (&outs[0], &outs[1]);
         assert_eq!(gpu.len(), n_out);
-        assert_eq!(&outs[2], gpu, "step {step}: mapped and device-memory outputs differ");
+        assert_eq!(
+            &outs[2], gpu,
+            "step {step}: mapped and device-memory outputs differ"
+        );
         let (mut e, mut d) = (0f64, 0f64);
         for (a, b) in gpu.iter().zip(want) {
             e += f64::from(a - b).powi(2);
@@ -251,7 +254,10 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
     );
     assert!(scheds[0].has_captured_graph(), "the steps were replayed");
     assert!(scheds[2].has_captured_graph(), "the steps were replayed");
-    assert_eq!(scheds[0].usage()[0].mapped, (4 * n_out).next_multiple_of(crate::plan::ALIGN) as u64);
+    assert_eq!(
+        scheds[0].usage()[0].mapped,
+        (4 * n_out).next_multiple_of(crate::plan::ALIGN) as u64
+    );
     assert_eq!(scheds[2].usage()[0].mapped, 0);
 
     // A replay left unread (not waited for), then a larger graph whose arena replaces the one
