@@ -2,7 +2,7 @@
 //! waited for, never the whole device; cross-stream order goes through events.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytemuck::Pod;
 use hip_ffi::{CaptureMode, DevicePtr, EventHandle, GraphExecHandle, GraphHandle, StreamHandle};
@@ -613,6 +613,7 @@ impl Graph {
             device: self.device.clone(),
             handle: h,
             blocks: self.blocks.clone(),
+            checked_at: AtomicU64::new(u64::MAX),
         })
     }
 }
@@ -633,6 +634,9 @@ pub struct GraphExec {
     handle: GraphExecHandle,
     /// `(address, tracker id)` of every allocation the captured work uses.
     blocks: Vec<(u64, u64)>,
+    /// The device's count of ended blocks when `blocks` were last found live (`u64::MAX`:
+    /// never): a replay checks them again only after some block ended.
+    checked_at: AtomicU64,
 }
 
 impl std::fmt::Debug for GraphExec {
@@ -647,10 +651,15 @@ impl GraphExec {
     /// work on the same memory is the caller's, as for any launch.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         self.device.expect_same(stream.device(), "stream")?;
-        if !self.device.inner.raw.all_live(&self.blocks) {
-            return Err(GpuError::InvalidArgument(
-                "graph replay: an allocation the captured work uses was freed".into(),
-            ));
+        let raw = &self.device.inner.raw;
+        let ends = raw.ends();
+        if self.checked_at.load(Ordering::Relaxed) != ends {
+            if !raw.all_live(&self.blocks) {
+                return Err(GpuError::InvalidArgument(
+                    "graph replay: an allocation the captured work uses was freed".into(),
+                ));
+            }
+            self.checked_at.store(ends, Ordering::Relaxed);
         }
         self.device.bind()?;
         // SAFETY: both handles are live, and every allocation the captured launches use is

@@ -108,6 +108,8 @@ pub struct Accounted<A: RawAllocator + ?Sized> {
     tracker: Arc<Tracker>,
     /// Live blocks: address -> (tracker id, bytes).
     ids: Mutex<std::collections::HashMap<u64, (u64, u64)>>,
+    /// Blocks that stopped being live so far (see [`Accounted::ends`]).
+    ends: AtomicU64,
 }
 
 impl<A: RawAllocator + ?Sized> Accounted<A> {
@@ -118,6 +120,7 @@ impl<A: RawAllocator + ?Sized> Accounted<A> {
             budget,
             tracker,
             ids: Mutex::new(Default::default()),
+            ends: AtomicU64::new(0),
         }
     }
 
@@ -166,6 +169,14 @@ impl<A: RawAllocator + ?Sized> Accounted<A> {
     /// Ends [`Accounted::add_foreign`]'s listing of the block at `addr`.
     pub(crate) fn remove_foreign(&self, addr: u64) {
         self.ids.lock().remove(&addr);
+        self.ends.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many blocks stopped being live so far: while it stays the same, blocks found live
+    /// by [`Accounted::all_live`] still are (a graph replayed every step checks its blocks
+    /// once, not on every replay).
+    pub fn ends(&self) -> u64 {
+        self.ends.load(Ordering::Acquire)
     }
 
     /// True when every `(address, tracker id)` of `blocks` is still the live block at that
@@ -198,6 +209,7 @@ impl<A: RawAllocator + ?Sized> RawAllocator for Accounted<A> {
         if let Some((id, _)) = self.ids.lock().remove(&addr) {
             self.tracker.forget(id);
         }
+        self.ends.fetch_add(1, Ordering::Release);
         self.budget.release(bytes);
         self.inner.deallocate(addr, bytes);
     }

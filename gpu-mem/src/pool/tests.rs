@@ -221,3 +221,35 @@ fn bad_alignment_is_rejected() {
     assert!(arena.alloc_slot(10, 3).is_err());
     assert!(arena.alloc_slot(10, 4096).is_err());
 }
+
+/// Blocks found live stay live until the count of ended blocks moves; foreign blocks (mapped
+/// host memory) count as live without budget or tracker entries.
+#[test]
+fn ended_blocks_are_counted_and_foreign_blocks_listed() {
+    let (raw, budget, tracker) = accounted(1 << 20);
+    let a = raw.allocate(4096, "a").unwrap();
+    let b = raw.allocate(8192, "b").unwrap();
+    let foreign = 1u64 << 60;
+    raw.add_foreign(foreign, 512);
+    let blocks = raw
+        .blocks_of(&[(a + 16, 64), (b, 8192), (foreign + 100, 400)])
+        .expect("all inside live blocks");
+    assert_eq!(blocks.len(), 3);
+    assert!(
+        raw.blocks_of(&[(foreign + 100, 500)]).is_none(),
+        "past the end"
+    );
+    assert_eq!(
+        (raw.ends(), budget.used(), tracker.live_count()),
+        (0, 12288, 2)
+    );
+    assert!(raw.all_live(&blocks));
+    raw.deallocate(b, 8192);
+    assert_eq!(raw.ends(), 1);
+    assert!(!raw.all_live(&blocks));
+    raw.remove_foreign(foreign);
+    assert_eq!(raw.ends(), 2);
+    assert!(raw.blocks_of(&[(foreign, 4)]).is_none());
+    raw.deallocate(a, 4096);
+    assert_eq!((raw.ends(), budget.used(), tracker.live_count()), (3, 0, 0));
+}
