@@ -400,53 +400,7 @@ impl Stream {
         args: &[KernelArg<'_>],
         uses: &[MemRange<'_>],
     ) -> Result<()> {
-        let launch = ResidentLaunch {
-            grid,
-            block,
-            shared_mem_bytes,
-            mode: LaunchMode::Cooperative,
-        };
-        self.launch_resident_grid(function, name, params, launch, args, uses)
-    }
-
-    /// [`Stream::launch_checked_cooperative`]'s checks (the grid fits the device at once) with
-    /// a plain launch: the driver's cooperative path costs host time on every launch and replay
-    /// (an H100 graph launch holding the 8B decode stack: 5.6 us against 2.2 us). Without the
-    /// driver's guarantee, blocks meeting at a grid barrier rely on every block getting a
-    /// multiprocessor eventually: true while other kernels end, not where a device is shared
-    /// under a multiprocessor limit below the one checked here (there the cooperative launch
-    /// refuses the grid, a plain one may hang). The caller's choice.
-    #[allow(clippy::too_many_arguments, reason = "a launch's own parameters")]
-    pub fn launch_checked_fitting(
-        &self,
-        function: &Function<'_>,
-        name: &str,
-        params: &[ParamKind],
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_mem_bytes: u32,
-        args: &[KernelArg<'_>],
-        uses: &[MemRange<'_>],
-    ) -> Result<()> {
-        let launch = ResidentLaunch {
-            grid,
-            block,
-            shared_mem_bytes,
-            mode: LaunchMode::Plain,
-        };
-        self.launch_resident_grid(function, name, params, launch, args, uses)
-    }
-
-    fn launch_resident_grid(
-        &self,
-        function: &Function<'_>,
-        name: &str,
-        params: &[ParamKind],
-        l: ResidentLaunch,
-        args: &[KernelArg<'_>],
-        uses: &[MemRange<'_>],
-    ) -> Result<()> {
-        let mut packed = check_and_pack(name, params, l.grid, l.block, args, |d| {
+        let mut packed = check_and_pack(name, params, grid, block, args, |d| {
             self.device().expect_same(d, "kernel argument")
         })?;
         self.device().expect_same(function.device(), "kernel")?;
@@ -455,33 +409,25 @@ impl Stream {
                 .expect_same(m.device, "memory a kernel argument points to")?;
         }
         // At most 1024 threads (checked above).
-        let threads = volume(l.block) as u32;
-        let per_sm = function.max_active_blocks_per_sm(threads, l.shared_mem_bytes)?;
+        let threads = volume(block) as u32;
+        let per_sm = function.max_active_blocks_per_sm(threads, shared_mem_bytes)?;
         let multiprocessors = u32::try_from(self.device().info().compute_units).unwrap_or(0);
-        check_co_resident(name, l.grid, per_sm, multiprocessors)?;
+        check_co_resident(name, grid, per_sm, multiprocessors)?;
         self.note_use(mem_ranges(args));
         self.note_use(uses.iter().map(|m| (m.ptr.0, m.bytes as u64)));
-        // SAFETY: as in `launch_checked`; a cooperative launch's driver refuses a grid that
-        // cannot be resident at once rather than running part of it.
+        // SAFETY: as in `launch_checked`; the driver refuses a grid that cannot be resident at
+        // once rather than running part of it.
         unsafe {
             self.launch_unrecorded(
                 function,
-                l.grid,
-                l.block,
-                l.shared_mem_bytes,
+                grid,
+                block,
+                shared_mem_bytes,
                 &mut packed,
-                l.mode,
+                LaunchMode::Cooperative,
             )
         }
     }
-}
-
-/// The shape and mode of a launch whose grid must fit the device at once.
-struct ResidentLaunch {
-    grid: [u32; 3],
-    block: [u32; 3],
-    shared_mem_bytes: u32,
-    mode: LaunchMode,
 }
 
 #[cfg(test)]

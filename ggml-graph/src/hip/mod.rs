@@ -221,7 +221,6 @@ impl HipDevice {
             smem_allowed: 0,
             fits: Vec::new(),
             sms,
-            cooperative: std::env::var("ROCMFORGE_GPU_STACK_COOP").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -348,21 +347,13 @@ impl HipDevice {
         ok
     }
 
-    /// Queues `k` over `grid` blocks of `block` threads with `smem` bytes of dynamic shared
-    /// memory (which [`HipDevice::stack_fits`] has opted the kernel in to), every block
-    /// resident at once so that they may wait for each other; `uses` is the memory the kernel
-    /// reaches through pointers inside its by-value arguments (recorded for graph capture like
-    /// pointer arguments). A plain launch of a grid checked to fit the device at once unless
-    /// `cooperative`: the driver's cooperative path held the host 3.4 us longer per H100
-    /// graph replay of the 8B decode step (5.6 against 2.2 us), and the stack's grid, one
-    /// block per multiprocessor, only waits at its barriers for blocks that other kernels'
-    /// ends let in. `ROCMFORGE_GPU_STACK_COOP=1` takes the cooperative path, for devices
-    /// shared under a multiprocessor limit (MPS), where it refuses a grid that could never be
-    /// resident at once instead of hanging.
-    #[allow(clippy::too_many_arguments, reason = "a launch's own parameters")]
-    fn launch_resident(
+    /// Queues cooperative launch of `k` (every block resident at once: the kernel's blocks wait
+    /// for each other) over `grid` blocks of `block` threads with `smem` bytes of dynamic shared
+    /// memory, which [`HipDevice::stack_fits`] has opted the kernel in to; `uses` is the memory
+    /// the kernel reaches through pointers inside its by-value arguments (recorded for graph
+    /// capture like pointer arguments).
+    fn launch_cooperative(
         &self,
-        cooperative: bool,
         k: kernels::KernelId,
         grid: u32,
         block: u32,
@@ -371,24 +362,20 @@ impl HipDevice {
         uses: &[gpu_mem::MemRange<'_>],
     ) -> Result<()> {
         self.with_kernel(k, |f| {
-            let s = self.inner.sb.stream();
-            let launch = if cooperative {
-                gpu_mem::Stream::launch_checked_cooperative
-            } else {
-                gpu_mem::Stream::launch_checked_fitting
-            };
-            launch(
-                s,
-                f,
-                k.name(),
-                param_kinds(k),
-                [grid, 1, 1],
-                [block, 1, 1],
-                smem,
-                args,
-                uses,
-            )
-            .map_err(|e| gpu_err(k.name(), e))
+            self.inner
+                .sb
+                .stream()
+                .launch_checked_cooperative(
+                    f,
+                    k.name(),
+                    param_kinds(k),
+                    [grid, 1, 1],
+                    [block, 1, 1],
+                    smem,
+                    args,
+                    uses,
+                )
+                .map_err(|e| gpu_err(k.name(), e))
         })
     }
 

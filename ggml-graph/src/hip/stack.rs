@@ -1,11 +1,11 @@
 //! The persistent decode stack: whole llama-family decode layers (the runs
-//! `sched::group::stack_run` finds) as one `decode_stack` launch per up to
+//! `sched::group::stack_run` finds) as one cooperative `decode_stack` launch per up to
 //! [`kernels::STACK_MAX_LAYERS`] layers.
 //!
 //! The kernel keeps every intermediate of a layer on chip or in its own scratch: it writes only
 //! the last residual and the K and V cache rows, which is why the scheduler offers only runs
-//! whose other results nobody reads. Its blocks meet at grid barriers, so its grid, one block
-//! per multiprocessor, is checked to be resident at once (see `HipDevice::launch_resident`).
+//! whose other results nobody reads. Its blocks meet at grid barriers, so the launch is
+//! cooperative (every block resident), one block per multiprocessor.
 
 use gpu_mem::{DeviceBuffer, KernelArg, MemRange};
 use kernels::{StackLayer, StackParams, STACK_HEAD_DIM, STACK_MAX_LAYERS, STACK_THREADS};
@@ -35,9 +35,6 @@ pub(crate) struct State {
     pub(crate) smem_allowed: u32,
     pub(crate) fits: Vec<(u32, bool)>,
     pub(crate) sms: u32,
-    /// Launch through the driver's cooperative path (`ROCMFORGE_GPU_STACK_COOP=1`) instead of
-    /// a plain launch of a grid checked to fit the device at once (see `HipDevice::launch_resident`).
-    pub(crate) cooperative: bool,
 }
 
 /// The shapes every layer of one launch shares.
@@ -259,13 +256,13 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         x_out = Some(rewritten(d, g)?);
     }
     let x_out = x_out.ok_or_else(|| gpu_err("decode_stack", "empty run"))?;
-    let (bar, sms, cooperative) = {
+    let (bar, sms) = {
         let st = d.inner.stack.lock();
         let bar = st
             .bar
             .as_ref()
             .ok_or_else(|| gpu_err("decode_stack", "no barrier counter"))?;
-        (MemRange::of_buffer(bar).addr(), st.sms, st.cooperative)
+        (MemRange::of_buffer(bar).addr(), st.sms)
     };
     uses.extend([x_in, x_out, pos, q, xq, aq, hq, ss]);
     uses.extend(ff);
@@ -299,8 +296,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     p.mscale = dims.rope.mscale();
     p.corr_lo = corr[0];
     p.corr_hi = corr[1];
-    d.launch_resident(
-        cooperative,
+    d.launch_cooperative(
         kernels::KernelId::DecodeStack,
         sms,
         STACK_THREADS,
