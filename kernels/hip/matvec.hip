@@ -720,6 +720,19 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 #ifndef MV_PREFETCH_BYTES
 #define MV_PREFETCH_BYTES 512
 #endif
+// Matrices of at least MV_PREFETCH_TALL_ROWS rows (output heads) prefetch up to
+// MV_PREFETCH_TALL_BYTES of each row instead (whole rows of 4096-wide heads): their blocks come
+// in many waves, and a block's rows requested at once keep more bytes in flight than the staged
+// loads alone; the cap keeps the resident blocks' prefetches well inside L2. H100, 8B Q4_K_M
+// output head (128256 Q6_K rows of 3360 bytes, ncu, decode stack on): 148.5 us with whole rows
+// against 161 with 512 bytes and 160.5 with none; two Q6_K rounds per step 154.5, the Q6_K
+// pipeline (two stages, MV_Q6K_PIPE) 152.5.
+#ifndef MV_PREFETCH_TALL_ROWS
+#define MV_PREFETCH_TALL_ROWS 65536
+#endif
+#ifndef MV_PREFETCH_TALL_BYTES
+#define MV_PREFETCH_TALL_BYTES 4096
+#endif
 
 // Kernel entry of the mat-vecs: prefetch the first bytes of this block's rows of `w` (and
 // `w2`) toward L2, then rf_entry(). Weights are read-only, so they may be fetched before the
@@ -731,7 +744,8 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
     constexpr int PB = mv_rows<R, KS>::PER_BLOCK;
     const int row0 = blockIdx.x * PB;
     const int rows = max(0, min(PB, nrows - row0));
-    const int lines = (int)((min(row_bytes, (long long)MV_PREFETCH_BYTES) + 127) / 128);
+    const long long cap = nrows >= MV_PREFETCH_TALL_ROWS ? MV_PREFETCH_TALL_BYTES : MV_PREFETCH_BYTES;
+    const int lines = (int)((min(row_bytes, cap) + 127) / 128);
     for (int i = threadIdx.x; i < rows * lines; i += blockDim.x) {
         const long long o = (long long)(row0 + i / lines) * row_bytes + 128 * (i % lines);
         rf_prefetch_l2(w + o);

@@ -54,10 +54,16 @@ static __device__ __forceinline__ void load_act_h16(q8_vec y, int b, int c, act_
 }
 
 
+// Whether the Q6_K mat-vecs take the cp.async pipeline (off: measured slower on the 8B's FFN
+// shapes; the output head's numbers are at MV_PREFETCH_TALL_ROWS in matvec.hip).
+#ifndef MV_Q6K_PIPE
+#define MV_Q6K_PIPE false
+#endif
+
 template <int ROUNDS_>
 struct mv_q6_k {
     static constexpr int QK = QK_K, BYTES = Q6_K_BYTES, LPB = 4, ROUNDS = ROUNDS_;
-    static constexpr bool PIPE = false;
+    static constexpr bool PIPE = MV_Q6K_PIPE;
     using Act = act_h16;
     static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) { load_act_h16(y, b, c, a); }
     // SPLIT: the -32 offset of the 6-bit values is taken out of the byte loop (the unsigned
