@@ -69,6 +69,13 @@ pub trait Buffer: Send + Sync {
     fn size(&self) -> usize;
     /// Copies `data` in at `offset`.
     fn write(&self, offset: usize, data: &[u8]) -> Result<()>;
+    /// Copies each `(offset, data)` in, in order (a run's inputs); a device buffer may queue
+    /// them together.
+    fn write_batch(&self, writes: &[(usize, &[u8])]) -> Result<()> {
+        writes
+            .iter()
+            .try_for_each(|&(offset, data)| self.write(offset, data))
+    }
     /// Copies `out.len()` bytes out from `offset`.
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()>;
     /// Hands `f` the `len` bytes at `offset`, without a copy where the buffer can show them in

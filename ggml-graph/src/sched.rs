@@ -649,7 +649,9 @@ impl Scheduler {
         if !hit {
             self.bind_leaves(graph, &prep.sched)?;
         }
-        // Inputs, written where their first reader runs.
+        // Inputs, written where their first reader runs: checked first, then each device's
+        // written together (one queued batch on a GPU).
+        let mut writes: Vec<Vec<(usize, &[u8])>> = vec![Vec::new(); self.devices.len()];
         for &i in &prep.inputs {
             let t = &nodes[i];
             let id = TensorId::from_index(i);
@@ -668,10 +670,15 @@ impl Scheduler {
                 });
             }
             let d = prep.sched.device_of[i].unwrap_or(0);
-            let arena = self.arenas[d]
-                .as_deref()
-                .ok_or_else(|| GraphError::MissingInput(t.name.clone()))?;
-            arena.write(prep.offsets[i].unwrap_or(0), data)?;
+            if self.arenas[d].is_none() {
+                return Err(GraphError::MissingInput(t.name.clone()));
+            }
+            writes[d].push((prep.offsets[i].unwrap_or(0), data));
+        }
+        for (d, w) in writes.iter().enumerate() {
+            if let (Some(arena), false) = (self.arenas[d].as_deref(), w.is_empty()) {
+                arena.write_batch(w)?;
+            }
         }
         let result = match prep.single_device {
             Some(d) if hit && self.capture => self.execute_captured(graph, &mut prep, d),

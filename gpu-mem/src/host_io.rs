@@ -373,6 +373,52 @@ impl Stream {
         Ok(())
     }
 
+    /// Queues 4-byte writes of `words` (an aligned word of device memory and its value) in
+    /// order, as [`Stream::queue_write_range`] would one by one, in a single driver call where
+    /// the device has stream value writes (a decode step's token id and position: one call on
+    /// the host's path to the next launch instead of one per input). Anything but aligned
+    /// 4-byte ranges of this stream's device is refused before any write is queued.
+    pub fn queue_write_words(&self, words: &[(MemRange<'_>, u32)]) -> Result<()> {
+        for (m, _) in words {
+            self.device().expect_same(m.device, "copy destination")?;
+            if m.bytes != 4 || m.ptr.0 % 4 != 0 {
+                return Err(GpuError::InvalidArgument(format!(
+                    "a queued word write needs 4 aligned bytes, got {} at {:#x}",
+                    m.bytes, m.ptr.0
+                )));
+            }
+        }
+        if words.is_empty() {
+            return Ok(());
+        }
+        let batched = !self.capturing() && !self.host_io.lock().no_value_writes;
+        if batched {
+            self.note_unknown("a memory copy");
+            self.device().bind()?;
+            let raw: Vec<(DevicePtr, u32)> = words.iter().map(|(m, v)| (m.ptr, *v)).collect();
+            // SAFETY: every address is 4 live, aligned bytes of device memory on this stream's
+            // device (checked above).
+            let r = unsafe {
+                self.device()
+                    .api()
+                    .write_values32_async(&raw, self.handle())
+            };
+            match r {
+                Ok(()) => {
+                    self.host_io.lock().queued += words.len() as u64;
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::debug!("batched stream value writes unavailable ({e}); one by one");
+                }
+            }
+        }
+        for (m, v) in words {
+            self.queue_write_range(&v.to_ne_bytes(), *m)?;
+        }
+        Ok(())
+    }
+
     /// Writes queued through the pinned ring so far (the others took the blocking path).
     pub fn queued_writes(&self) -> u64 {
         self.host_io.lock().queued

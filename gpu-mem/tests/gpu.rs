@@ -532,7 +532,29 @@ fn queued_writes_and_staged_reads_keep_order() {
         stream.queue_write_range(&[1, 2, 3, 4], odd).unwrap();
         bytemuck::cast_slice_mut::<u32, u8>(&mut want)[2200 * 4 + 2..2200 * 4 + 6]
             .copy_from_slice(&[1, 2, 3, 4]);
-        assert_eq!(stream.queued_writes(), (writes + words + 1) as u64);
+        // Batches of words (one driver call where the device batches): later words of a batch
+        // and later batches win over earlier writes to the same word; 300 words span two of
+        // the driver's 256-operation calls.
+        let word = |i: usize| MemRange::of_buffer(&buf).sub(i * 4, 4).unwrap();
+        let batch: Vec<(MemRange<'_>, u32)> = (0..300usize)
+            .map(|k| (word(2300 + k % 280), 0xABC0_0000 + k as u32))
+            .collect();
+        stream.queue_write_words(&batch).unwrap();
+        for k in 0..300usize {
+            want[2300 + k % 280] = 0xABC0_0000 + k as u32;
+        }
+        stream
+            .queue_write_words(&[(word(2301), 7), (word(2100), 8)])
+            .unwrap();
+        (want[2301], want[2100]) = (7, 8);
+        stream.queue_write_words(&[]).unwrap();
+        // Anything but aligned words is refused with nothing queued.
+        let two = MemRange::of_buffer(&buf).sub(2400 * 4, 8).unwrap();
+        assert!(stream
+            .queue_write_words(&[(word(2400), 1), (two, 2)])
+            .is_err());
+        assert!(stream.queue_write_words(&[(odd, 3)]).is_err());
+        assert_eq!(stream.queued_writes(), (writes + words + 1 + 302) as u64);
         // Past the largest queued size: the blocking path.
         let large: Vec<u32> = (0..QUEUED_WRITE_MAX as u32 / 4 + 1).collect();
         let dst = MemRange::of_buffer(&buf)
@@ -542,7 +564,7 @@ fn queued_writes_and_staged_reads_keep_order() {
             .queue_write_range(bytemuck::cast_slice(&large), dst)
             .unwrap();
         want[4000..4000 + large.len()].copy_from_slice(&large);
-        assert_eq!(stream.queued_writes(), (writes + words + 1) as u64);
+        assert_eq!(stream.queued_writes(), (writes + words + 1 + 302) as u64);
         let mut back = vec![0u32; n];
         stream.read_staged(&buf.view(), &mut back).unwrap();
         assert_eq!(back, want);

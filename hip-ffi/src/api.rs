@@ -309,6 +309,24 @@ pub trait HipApi: Send + Sync {
         stream: StreamHandle,
     ) -> Result<()>;
 
+    /// Queues 4-byte writes of `words` (address, value) on `stream`, in order, as
+    /// [`HipApi::write_value32_async`] does one by one; a platform that batches stream memory
+    /// operations takes them in one call (a decode step's token id and position).
+    ///
+    /// # Safety
+    /// Every address is 4 aligned bytes of device memory of the current device.
+    unsafe fn write_values32_async(
+        &self,
+        words: &[(DevicePtr, u32)],
+        stream: StreamHandle,
+    ) -> Result<()> {
+        for &(dst, value) in words {
+            // SAFETY: the caller's guarantee, word by word.
+            unsafe { self.write_value32_async(dst, value, stream)? };
+        }
+        Ok(())
+    }
+
     /// Creates a non-blocking stream on the current device.
     fn stream_create(&self) -> Result<StreamHandle>;
     /// Destroys a stream.

@@ -113,6 +113,7 @@ const CUDA_FUNCTIONS: &[&str] = &[
     "cuMemcpyDtoDAsync_v2",
     "cuMemsetD8Async",
     "cuStreamWriteValue32_v2",
+    "cuStreamBatchMemOp_v2",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
@@ -149,6 +150,7 @@ const CUDA_TYPES: &[&str] = &[
     "CUevent_flags_enum",
     "CUlaunchAttributeID_enum",
     "CUfunction_attribute_enum",
+    "CUstreamBatchMemOpType_enum",
 ];
 
 const CUBLAS_FUNCTIONS: &[&str] = &[

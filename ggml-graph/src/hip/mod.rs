@@ -604,6 +604,31 @@ impl Buffer for HipBuffer {
             .queue_write_range(data, dst)
             .map_err(|e| gpu_err("write", e))
     }
+    fn write_batch(&self, writes: &[(usize, &[u8])]) -> Result<()> {
+        // A decode step's inputs (token ids, positions) as aligned words of an owned buffer go
+        // to the device in one call; anything else one write at a time.
+        let Mem::Owned(b) = &self.mem else {
+            return writes.iter().try_for_each(|&(o, d)| self.write(o, d));
+        };
+        let mut words = Vec::with_capacity(writes.len());
+        for &(offset, data) in writes {
+            let word = <[u8; 4]>::try_from(data).ok().filter(|_| offset % 4 == 0);
+            let Some(word) = word else {
+                return writes.iter().try_for_each(|&(o, d)| self.write(o, d));
+            };
+            let r = self.range("write", offset, 4)?;
+            let dst = MemRange::of_buffer(b)
+                .sub(r.start, 4)
+                .map_err(|e| gpu_err("write", e))?;
+            words.push((dst, u32::from_ne_bytes(word)));
+        }
+        self.inner.q8.lock().clear();
+        self.inner
+            .sb
+            .stream()
+            .queue_write_words(&words)
+            .map_err(|e| gpu_err("write", e))
+    }
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let r = self.range("read", offset, out.len())?;
         // Reads land in the stream's reusable pinned buffer (a pageable D2H of a step's logits

@@ -449,6 +449,38 @@ impl HipApi for NvidiaProvider {
         })
     }
 
+    unsafe fn write_values32_async(
+        &self,
+        words: &[(DevicePtr, u32)],
+        stream: StreamHandle,
+    ) -> Result<()> {
+        use cu::CUstreamBatchMemOpType_enum as op;
+        self.ctx()?;
+        // The driver takes at most 256 operations per call.
+        for chunk in words.chunks(256) {
+            let ops: Vec<cu::CUstreamBatchMemOpParams> = chunk
+                .iter()
+                .map(|&(dst, value)| {
+                    let mut p = cu::CUstreamBatchMemOpParams { pad: [0; 6] };
+                    p.writeValue.operation = op::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+                    p.writeValue.address = dst.0;
+                    p.writeValue.__bindgen_anon_1.value = value;
+                    p.writeValue.flags = 0;
+                    p
+                })
+                .collect();
+            let n = u32::try_from(ops.len()).unwrap_or(256);
+            // SAFETY: `ops` holds `n` write operations on aligned device words (the caller's
+            // guarantee), read by the driver during the call; flags 0 order each write after
+            // earlier work, as single value writes.
+            self.check("hipStreamBatchMemOp", unsafe {
+                self.cuda
+                    .cuStreamBatchMemOp_v2(stream.0.cast(), n, ops.as_ptr().cast_mut(), 0)
+            })?;
+        }
+        Ok(())
+    }
+
     fn stream_create(&self) -> Result<StreamHandle> {
         self.ctx()?;
         let mut s: cu::CUstream = std::ptr::null_mut();
