@@ -314,6 +314,21 @@ fn mapped_outputs(
     (mapped, size)
 }
 
+/// Device `d`'s buffer of a per-device list (`what` names it in the error when there is none).
+fn device_buf<'a>(
+    bufs: &'a [Option<Box<dyn Buffer>>],
+    d: usize,
+    what: &'static str,
+) -> Result<&'a dyn Buffer> {
+    bufs.get(d)
+        .and_then(|b| b.as_deref())
+        .ok_or_else(|| GraphError::Unsupported {
+            backend: "scheduler",
+            op: what,
+            detail: format!("device {d} has no {what}"),
+        })
+}
+
 /// Capture attempts per prepared graph before it stays on plain launches.
 const CAPTURE_TRIES: u8 = 2;
 
@@ -1026,23 +1041,11 @@ impl Scheduler {
     }
 
     fn mapped_buf(&self, d: usize) -> Result<&dyn Buffer> {
-        self.mapped[d]
-            .as_deref()
-            .ok_or_else(|| GraphError::Unsupported {
-                backend: "scheduler",
-                op: "mapped output",
-                detail: format!("device {d} has no mapped output buffer"),
-            })
+        device_buf(&self.mapped, d, "mapped output buffer")
     }
 
     fn arena(&self, d: usize) -> Result<&dyn Buffer> {
-        self.arenas[d]
-            .as_deref()
-            .ok_or_else(|| GraphError::Unsupported {
-                backend: "scheduler",
-                op: "arena",
-                detail: format!("device {d} has no arena"),
-            })
+        device_buf(&self.arenas, d, "arena")
     }
 
     /// The home buffer and offset of storage root `r`.

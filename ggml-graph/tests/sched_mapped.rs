@@ -7,10 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{
-    Buffer, BufferType, CpuDevice, Device, HostBufferType, Stream, TensorMem,
-};
-use ggml_graph::{CpuBackend, DType, Graph, GraphError, Result, Scheduler, Tensor, TensorId};
+use ggml_graph::backend::{Buffer, BufferType, CpuDevice, Device, HostBufferType};
+use ggml_graph::{CpuBackend, DType, Graph, GraphError, Result, Scheduler, TensorId};
 use ggml_graph::{Executor, WeightBytes};
 use parking_lot::Mutex;
 
@@ -83,21 +81,7 @@ impl Device for Mapping {
     fn buffer_type(&self) -> &dyn BufferType {
         &self.bt
     }
-    fn new_stream(&self) -> Result<Box<dyn Stream>> {
-        self.inner.new_stream()
-    }
-    fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
-        self.inner.supports_op(t, srcs)
-    }
-    fn launch(
-        &self,
-        s: &dyn Stream,
-        t: &Tensor,
-        dst: TensorMem<'_>,
-        srcs: &[TensorMem<'_>],
-    ) -> Result<()> {
-        self.inner.launch(s, t, dst, srcs)
-    }
+    forward_device!(inner, compute);
 }
 
 /// A decode-step-like graph: logits of a normed input (an output nothing reads), a hidden

@@ -8,6 +8,18 @@ use serial_test::serial;
 
 const PTX: &[u8] = include_bytes!("data/test_kernels.ptx");
 
+/// True where the checked-in PTX test kernels run (NVIDIA); elsewhere prints why the test skips.
+fn ptx_runs(dev: &Device) -> bool {
+    let nvidia = dev.info().platform == Platform::Nvidia;
+    if !nvidia {
+        println!(
+            "skipped: the checked-in test kernels are PTX (NVIDIA); platform is {}",
+            dev.info().platform
+        );
+    }
+    nvidia
+}
+
 #[test]
 #[serial]
 fn discovery_lists_the_device() {
@@ -126,11 +138,7 @@ fn events_time_a_copy_and_order_two_streams() {
 #[serial]
 fn kernels_launch_and_graphs_replay() {
     with_gpu(|dev| {
-        if dev.info().platform != Platform::Nvidia {
-            println!(
-                "skipped: the checked-in test kernels are PTX (NVIDIA); platform is {}",
-                dev.info().platform
-            );
+        if !ptx_runs(dev) {
             return;
         }
         let stream = Stream::new(dev).unwrap();
@@ -622,11 +630,7 @@ fn queued_writes_and_staged_reads_keep_order() {
 #[serial]
 fn kernels_write_mapped_host_memory_in_place() {
     with_gpu(|dev| {
-        if dev.info().platform != Platform::Nvidia {
-            println!(
-                "skipped: the checked-in test kernels are PTX (NVIDIA); platform is {}",
-                dev.info().platform
-            );
+        if !ptx_runs(dev) {
             return;
         }
         let stream = Stream::new(dev).unwrap();
@@ -785,11 +789,7 @@ fn coop_rounds_expected(blocks: u32, shared_words: u32, rounds: u32) -> Vec<u32>
 #[serial]
 fn cooperative_launches_meet_at_grid_barriers() {
     with_gpu(|dev| {
-        if dev.info().platform != Platform::Nvidia {
-            println!(
-                "skipped: the checked-in test kernels are PTX (NVIDIA); platform is {}",
-                dev.info().platform
-            );
+        if !ptx_runs(dev) {
             return;
         }
         let attr = |a| dev.attribute(a).expect("device attribute") as u32;

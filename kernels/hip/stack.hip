@@ -71,10 +71,14 @@
 // Between two steps' stack launches 0.25 ms passed (the head, the step's small kernels, the
 // logits' copy to the host and the next graph launch). Host probes (2026-11-25, H100) then found
 // 63 us of host copies and page faults after the logits' transfer (now read in place) and 24 us
-// in the two staged 4-byte input writes before the next launch (now stream value writes); what
-// is left around a 2.2 ms step: the get_rows, output norm and head kernels (about 5 + 5 + 160 us
-// in ncu), the logits' transfer (16 us for 0.5 MB), about 6 us of host work from the logits to
-// the launch call and the graph launch call itself (13 us of host time).
+// in the two staged 4-byte input writes before the next launch (now one batched stream write).
+// The logits now land in host memory from the head kernel itself (no 16 us transfer after it)
+// and the head prefetches whole rows (161 -> 148.5 us). What is left around a 2.18 ms step: the
+// get_rows, output norm and head kernels (about 5 + 5 + 148 us in ncu) and the host's path from
+// the logits to the next replay, which per-call probes on H100 machines put at 9-21 us (median;
+// 5-10 us of it in the graph launch call) with wide spread between machines and runs. Taking it
+// off the GPU's path needs the next step queued before the logits are read (a stream wait on a
+// host-mapped flag ahead of the replay, its inputs copied from host-mapped memory after it).
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the

@@ -149,18 +149,28 @@ pub fn decoded(ty: DType, bytes: &[u8], k: usize) -> Vec<f64> {
 }
 
 /// The `Device` methods a scheduler test double hands unchanged to the device in its field
-/// `$inner`: `buffer_type` and `new_stream`, plus `supports_op` and `launch` with `all`.
+/// `$inner`: `buffer_type` and `new_stream`, plus `supports_op` and `launch` with `all`;
+/// `compute` forwards all but `buffer_type` (a double with memory of its own).
 macro_rules! forward_device {
     ($inner:tt) => {
         fn buffer_type(&self) -> &dyn ggml_graph::backend::BufferType {
             self.$inner.buffer_type()
         }
+        forward_device!($inner, stream);
+    };
+    ($inner:tt, stream) => {
         fn new_stream(&self) -> ggml_graph::Result<Box<dyn ggml_graph::backend::Stream>> {
             self.$inner.new_stream()
         }
     };
     ($inner:tt, all) => {
-        forward_device!($inner);
+        fn buffer_type(&self) -> &dyn ggml_graph::backend::BufferType {
+            self.$inner.buffer_type()
+        }
+        forward_device!($inner, compute);
+    };
+    ($inner:tt, compute) => {
+        forward_device!($inner, stream);
         fn supports_op(&self, t: &ggml_graph::Tensor, srcs: &[&ggml_graph::Tensor]) -> bool {
             self.$inner.supports_op(t, srcs)
         }
