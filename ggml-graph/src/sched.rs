@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::backend::{Buffer, Captured, Device, GroupNode, Stream, TensorMem};
+use crate::backend::{Buffer, Captured, Device, GroupNode, Stream};
 use crate::error::{GraphError, Result};
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
@@ -21,10 +21,12 @@ use crate::plan::{plan_grouped, ALIGN};
 use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
 
 mod group;
+mod memory;
 mod output;
 use group::possible_groups;
 #[cfg(feature = "hip")]
 pub(crate) use group::STACK_LAYER_NODES;
+use memory::mapped_outputs;
 
 /// Where each node runs and which copies the run needs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -256,77 +258,6 @@ pub struct Scheduler {
     /// Whether repeated keyed runs on one device are captured and replayed (see
     /// [`Scheduler::set_graph_capture`]).
     capture: bool,
-}
-
-/// Largest output written to host-mapped memory: beyond it the bus's bandwidth, not the latency
-/// of a copy after the kernel, is what the host waits for, and device memory is faster to write.
-const MAPPED_OUTPUT_MAX: usize = 4 << 20;
-
-/// Which outputs the kernels computing them write to host-mapped memory, and where: per storage
-/// root an offset in its device's mapped buffer, and the bytes per device. An output qualifies
-/// when its root is computed by a launch on a device `maps` allows, nothing else in the graph
-/// reads or writes that root, and it is at most [`MAPPED_OUTPUT_MAX`] bytes. Such roots keep
-/// their arena offset too (the fallback when a device has no mapped memory to give).
-fn mapped_outputs(
-    graph: &Graph,
-    sched: &Schedule,
-    n_devices: usize,
-    maps: impl Fn(usize) -> bool,
-) -> (Vec<Option<usize>>, Vec<usize>) {
-    let nodes = graph.tensors();
-    let mut mapped = vec![None; nodes.len()];
-    let mut size = vec![0usize; n_devices];
-    if graph.outputs().is_empty() {
-        return (mapped, size);
-    }
-    // Roots that another launched node reads or writes in place.
-    let mut touched = vec![false; nodes.len()];
-    for (j, t) in nodes.iter().enumerate() {
-        if sched.device_of[j].is_none() || !launches(t) {
-            continue;
-        }
-        for &s in &t.src {
-            touched[graph.storage_root(s).0.index()] = true;
-        }
-        let r = graph.storage_root(TensorId::from_index(j)).0.index();
-        if r != j {
-            touched[r] = true;
-        }
-    }
-    for &o in graph.outputs() {
-        let r = graph.storage_root(o).0.index();
-        let t = &nodes[r];
-        let Some(d) = sched.device_of[r] else {
-            continue;
-        };
-        if mapped[r].is_some()
-            || touched[r]
-            || !launches(t)
-            || t.op.is_alias()
-            || t.extent() > MAPPED_OUTPUT_MAX
-            || !maps(d)
-        {
-            continue;
-        }
-        mapped[r] = Some(size[d]);
-        size[d] += t.extent().div_ceil(ALIGN) * ALIGN;
-    }
-    (mapped, size)
-}
-
-/// Device `d`'s buffer of a per-device list (`what` names it in the error when there is none).
-fn device_buf<'a>(
-    bufs: &'a [Option<Box<dyn Buffer>>],
-    d: usize,
-    what: &'static str,
-) -> Result<&'a dyn Buffer> {
-    bufs.get(d)
-        .and_then(|b| b.as_deref())
-        .ok_or_else(|| GraphError::Unsupported {
-            backend: "scheduler",
-            op: what,
-            detail: format!("device {d} has no {what}"),
-        })
 }
 
 /// Capture attempts per prepared graph before it stays on plain launches.
@@ -690,10 +621,8 @@ impl Scheduler {
             }
             writes[d].push((prep.offsets[i].unwrap_or(0), data));
         }
-        for (d, w) in writes.iter().enumerate() {
-            if let (Some(arena), false) = (self.arenas[d].as_deref(), w.is_empty()) {
-                arena.write_batch(w)?;
-            }
+        for (d, w) in writes.iter().enumerate().filter(|(_, w)| !w.is_empty()) {
+            self.arena(d)?.write_batch(w)?;
         }
         let result = match prep.single_device {
             Some(d) if hit && self.capture => self.execute_captured(graph, &mut prep, d),
@@ -742,41 +671,6 @@ impl Scheduler {
             self.prepared = Some(prep);
         }
         result
-    }
-
-    /// Gives each device the host-mapped output buffer `prep` needs; a device that has none
-    /// (or fails to allocate one) keeps its outputs in the arena from then on.
-    fn ensure_mapped(&mut self, prep: &mut Prepared) -> Result<()> {
-        for d in 0..self.devices.len() {
-            let need = prep.mapped_size[d];
-            if need == 0 || self.mapped[d].as_ref().is_some_and(|b| b.size() >= need) {
-                continue;
-            }
-            // Captured launches write the old buffer: drop them, and let a replay finish.
-            prep.captured = None;
-            if let Some(p) = self.prepared.as_mut() {
-                p.captured = None;
-            }
-            self.streams[d].synchronize()?;
-            self.mapped[d] = None;
-            match self.devices[d].buffer_type().alloc_mapped(need) {
-                Ok(Some(b)) => self.mapped[d] = Some(b),
-                got => {
-                    if let Err(e) = got {
-                        tracing::warn!("scheduler: no host-mapped outputs on device {d}: {e}");
-                    }
-                    self.map_outputs[d] = false;
-                    let sched = Arc::clone(&prep.sched);
-                    for (i, m) in prep.mapped.iter_mut().enumerate() {
-                        if sched.device_of[i] == Some(d) {
-                            *m = None;
-                        }
-                    }
-                    prep.mapped_size[d] = 0;
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Schedule, memory plan, copy slots and arena sizes of `graph`.
@@ -1038,75 +932,5 @@ impl Scheduler {
             }
         }
         Ok(())
-    }
-
-    fn mapped_buf(&self, d: usize) -> Result<&dyn Buffer> {
-        device_buf(&self.mapped, d, "mapped output buffer")
-    }
-
-    fn arena(&self, d: usize) -> Result<&dyn Buffer> {
-        device_buf(&self.arenas, d, "arena")
-    }
-
-    /// The home buffer and offset of storage root `r`.
-    fn home_of(
-        &self,
-        graph: &Graph,
-        prep: &Prepared,
-        r: TensorId,
-        home: usize,
-    ) -> Result<(&dyn Buffer, usize)> {
-        let t = &graph.tensors()[r.index()];
-        match t.op {
-            Op::Leaf(Leaf::Persistent) => {
-                let p = self
-                    .persistent
-                    .get(&t.name)
-                    .ok_or_else(|| GraphError::UnboundWeight(t.name.clone()))?;
-                Ok((p.buf.as_ref(), 0))
-            }
-            Op::Leaf(Leaf::Weight) => {
-                let b = self
-                    .uploaded_buf(&t.name, home)
-                    .ok_or_else(|| GraphError::UnboundWeight(t.name.clone()))?;
-                Ok((b, 0))
-            }
-            _ => match prep.mapped[r.index()] {
-                Some(off) => Ok((self.mapped_buf(home)?, off)),
-                None => Ok((self.arena(home)?, prep.offsets[r.index()].unwrap_or(0))),
-            },
-        }
-    }
-
-    fn mem<'a>(
-        &'a self,
-        graph: &'a Graph,
-        prep: &Prepared,
-        id: TensorId,
-        d: usize,
-    ) -> Result<TensorMem<'a>> {
-        let sched = prep.sched.as_ref();
-        let (r, off) = graph.storage_root(id);
-        let tensor = &graph.tensors()[id.index()];
-        let is_weight = graph.tensors()[r.index()].op == Op::Leaf(Leaf::Weight);
-        let nd = self.devices.len();
-        if let (false, Some(s)) = (is_weight, prep.slot[r.index() * nd + d]) {
-            return Ok(TensorMem {
-                tensor,
-                buffer: self.arena(d)?,
-                offset: s + off,
-            });
-        }
-        let home = if is_weight {
-            d
-        } else {
-            sched.device_of[r.index()].unwrap_or(0)
-        };
-        let (buffer, base) = self.home_of(graph, prep, r, home)?;
-        Ok(TensorMem {
-            tensor,
-            buffer,
-            offset: base + off,
-        })
     }
 }

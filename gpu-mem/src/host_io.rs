@@ -293,32 +293,13 @@ impl Stream {
         }
         let mut guard = self.host_io.lock();
         let io = &mut *guard;
-        if let (Ok(word), true, false) = (
-            <[u8; 4]>::try_from(src),
-            dst.ptr.0 % 4 == 0,
-            io.no_value_writes,
-        ) {
-            // A decode step's token id and position: one stream write each instead of a staged
-            // copy and its event (on an H100 a staged 4-byte write held the host about 11 us,
-            // twice per decode step while the GPU waited).
-            self.device().bind()?;
+        if let (Ok(word), true) = (<[u8; 4]>::try_from(src), dst.ptr.0 % 4 == 0) {
+            // A decode step's token id or position: one stream write instead of a staged copy
+            // and its event (on an H100 a staged 4-byte write held the host about 11 us, twice
+            // per decode step while the GPU waited).
             // SAFETY: `dst` is 4 live, aligned bytes of device memory on this stream's device.
-            let r = unsafe {
-                self.device().api().write_value32_async(
-                    dst.ptr,
-                    u32::from_ne_bytes(word),
-                    self.handle(),
-                )
-            };
-            match r {
-                Ok(()) => {
-                    io.queued += 1;
-                    return Ok(());
-                }
-                Err(e) => {
-                    tracing::debug!("stream value writes unavailable ({e}); staged copies");
-                    io.no_value_writes = true;
-                }
+            if unsafe { self.value_writes(io, &[(dst.ptr, u32::from_ne_bytes(word))]) }? {
+                return Ok(());
             }
         }
         let i = io.next.min(io.ring.len());
@@ -391,32 +372,51 @@ impl Stream {
         if words.is_empty() {
             return Ok(());
         }
-        let batched = !self.capturing() && !self.host_io.lock().no_value_writes;
-        if batched {
+        if !self.capturing() {
             self.note_unknown("a memory copy");
-            self.device().bind()?;
             let raw: Vec<(DevicePtr, u32)> = words.iter().map(|(m, v)| (m.ptr, *v)).collect();
             // SAFETY: every address is 4 live, aligned bytes of device memory on this stream's
             // device (checked above).
-            let r = unsafe {
-                self.device()
-                    .api()
-                    .write_values32_async(&raw, self.handle())
-            };
-            match r {
-                Ok(()) => {
-                    self.host_io.lock().queued += words.len() as u64;
-                    return Ok(());
-                }
-                Err(e) => {
-                    tracing::debug!("batched stream value writes unavailable ({e}); one by one");
-                }
+            if unsafe { self.value_writes(&mut self.host_io.lock(), &raw) }? {
+                return Ok(());
             }
         }
         for (m, v) in words {
             self.queue_write_range(&v.to_ne_bytes(), *m)?;
         }
         Ok(())
+    }
+
+    /// Queues `words` as stream value writes (one driver call for one word or a batch) and
+    /// counts them; false, with nothing queued, where the device refuses them (remembered: words
+    /// then go through the ring).
+    ///
+    /// # Safety
+    /// Every address is 4 live, aligned bytes of device memory on this stream's device.
+    unsafe fn value_writes(&self, io: &mut HostIo, words: &[(DevicePtr, u32)]) -> Result<bool> {
+        if io.no_value_writes {
+            return Ok(false);
+        }
+        self.device().bind()?;
+        let api = self.device().api();
+        // SAFETY: the caller's guarantee.
+        let r = unsafe {
+            match words {
+                [(dst, value)] => api.write_value32_async(*dst, *value, self.handle()),
+                _ => api.write_values32_async(words, self.handle()),
+            }
+        };
+        match r {
+            Ok(()) => {
+                io.queued += words.len() as u64;
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::debug!("stream value writes unavailable ({e}); staged copies");
+                io.no_value_writes = true;
+                Ok(false)
+            }
+        }
     }
 
     /// Writes queued through the pinned ring so far (the others took the blocking path).

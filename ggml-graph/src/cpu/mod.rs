@@ -216,7 +216,6 @@ pub(crate) fn compute(
     }
 }
 
-/// Reads a float or I32 tensor in logical order as f32.
 /// Hands `f` the f32 values of `t` stored in `bytes`: in place when they are dense,
 /// little-endian f32 at an aligned address (a decode step's logits), else gathered first.
 pub(crate) fn with_f32<R>(t: &Tensor, bytes: &[u8], f: impl FnOnce(&[f32]) -> R) -> Result<R> {
@@ -231,6 +230,7 @@ pub(crate) fn with_f32<R>(t: &Tensor, bytes: &[u8], f: impl FnOnce(&[f32]) -> R)
     Ok(f(&v))
 }
 
+/// Reads a float or I32 tensor in logical order as f32.
 pub(crate) fn gather_f32(t: &Tensor, bytes: &[u8], dst: &mut [f32]) -> Result<()> {
     let es = t.dtype.type_size();
     if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16 | DType::I32) {

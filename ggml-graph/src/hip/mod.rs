@@ -607,20 +607,23 @@ impl Buffer for HipBuffer {
     fn write_batch(&self, writes: &[(usize, &[u8])]) -> Result<()> {
         // A decode step's inputs (token ids, positions) as aligned words of an owned buffer go
         // to the device in one call; anything else one write at a time.
-        let Mem::Owned(b) = &self.mem else {
+        let aligned_words: Option<Vec<(usize, u32)>> = writes
+            .iter()
+            .map(|&(offset, data)| {
+                let word = <[u8; 4]>::try_from(data).ok().filter(|_| offset % 4 == 0)?;
+                Some((offset, u32::from_ne_bytes(word)))
+            })
+            .collect();
+        let (Mem::Owned(b), Some(aligned_words)) = (&self.mem, aligned_words) else {
             return writes.iter().try_for_each(|&(o, d)| self.write(o, d));
         };
-        let mut words = Vec::with_capacity(writes.len());
-        for &(offset, data) in writes {
-            let word = <[u8; 4]>::try_from(data).ok().filter(|_| offset % 4 == 0);
-            let Some(word) = word else {
-                return writes.iter().try_for_each(|&(o, d)| self.write(o, d));
-            };
+        let mut words = Vec::with_capacity(aligned_words.len());
+        for (offset, value) in aligned_words {
             let r = self.range("write", offset, 4)?;
             let dst = MemRange::of_buffer(b)
                 .sub(r.start, 4)
                 .map_err(|e| gpu_err("write", e))?;
-            words.push((dst, u32::from_ne_bytes(word)));
+            words.push((dst, value));
         }
         self.inner.q8.lock().clear();
         self.inner

@@ -18,6 +18,7 @@ use crate::sys::cublas::{self as cb, cublasPointerMode_t, cublasStatus_t, Cublas
 use crate::sys::cuda::{self as cu, cudaError_enum as ce, CudaLib};
 
 mod codes;
+mod memops;
 use codes::{cu_attr, cu_op, cu_type, COMPUTE_32F, GEMM_DEFAULT};
 pub use codes::{cu_to_hip, cublas_to_hipblas};
 
@@ -454,22 +455,10 @@ impl HipApi for NvidiaProvider {
         words: &[(DevicePtr, u32)],
         stream: StreamHandle,
     ) -> Result<()> {
-        use cu::CUstreamBatchMemOpType_enum as op;
         self.ctx()?;
-        // The driver takes at most 256 operations per call.
-        for chunk in words.chunks(256) {
-            let ops: Vec<cu::CUstreamBatchMemOpParams> = chunk
-                .iter()
-                .map(|&(dst, value)| {
-                    let mut p = cu::CUstreamBatchMemOpParams { pad: [0; 6] };
-                    p.writeValue.operation = op::CU_STREAM_MEM_OP_WRITE_VALUE_32;
-                    p.writeValue.address = dst.0;
-                    p.writeValue.__bindgen_anon_1.value = value;
-                    p.writeValue.flags = 0;
-                    p
-                })
-                .collect();
-            let n = u32::try_from(ops.len()).unwrap_or(256);
+        for chunk in words.chunks(memops::BATCH_MAX) {
+            let ops = memops::write_ops(chunk);
+            let n = u32::try_from(ops.len()).unwrap_or(u32::MAX);
             // SAFETY: `ops` holds `n` write operations on aligned device words (the caller's
             // guarantee), read by the driver during the call; flags 0 order each write after
             // earlier work, as single value writes.
