@@ -79,6 +79,17 @@
 // 5-10 us of it in the graph launch call) with wide spread between machines and runs. Taking it
 // off the GPU's path needs the next step queued before the logits are read (a stream wait on a
 // host-mapped flag ahead of the replay, its inputs copied from host-mapped memory after it).
+// That was built (the gate word, staged inputs, the next step queued while the host samples) and
+// measured no faster: 459.6 against 460.0 t/s without it in the same H100 run, so it was left out.
+// On an H200 (41% more copy bandwidth, 4262 against 3009 GB/s; same multiprocessors and clocks)
+// the same step takes 1.87 ms (535 t/s, 58% of its bandwidth limit against 70.6% on the H100):
+// the stack 1.69 ms at 51% of peak DRAM throughput, the head 140 us (ncu). Its timeline puts a
+// layer at about 55 us: q/k/v 7.8 (no faster than on the H100), attention 3.5, o 4.7, gate/up
+// 21.4, down 13.5 (84% of the copy bandwidth), and 0.86 us (median) per barrier release. The
+// busiest block sets each phase's end: q/k/v's 192 groups over 132 blocks leave the largest
+// share 27% above the mean, gate/up's 448 groups 19% above it (its longest block 684 us per step
+// against a 574 us mean). Balancing those shares and the barriers' fixed cost, not the bytes, is
+// what the faster memory needs.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
