@@ -726,7 +726,10 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 // loads alone; the cap keeps the resident blocks' prefetches well inside L2. H100, 8B Q4_K_M
 // output head (128256 Q6_K rows of 3360 bytes, ncu, decode stack on): 148.5 us with whole rows
 // against 161 with 512 bytes and 160.5 with none; two Q6_K rounds per step 154.5, the Q6_K
-// pipeline (two stages, MV_Q6K_PIPE) 152.5.
+// pipeline (two stages, MV_Q6K_PIPE) 152.5. On an H200 the head takes 139-140 us (64% of peak
+// DRAM throughput, against 97% of the copy bandwidth on the H100) and none of these knobs moves
+// it: two Q6_K rounds 149 us, the Q6_K pipeline at 9216 bytes per warp 144, at 13824 139.5 (ncu,
+// six launches each, 2026-11-25); tg128 535.8 / 535.8 as it is against 533.1-535.8 for those.
 #ifndef MV_PREFETCH_TALL_ROWS
 #define MV_PREFETCH_TALL_ROWS 65536
 #endif
