@@ -19,6 +19,7 @@
 //!   ([`MappedHostBuffer`]) that kernels write directly, so no copy follows the kernel.
 
 pub mod activations;
+pub mod bandwidth;
 pub mod blas;
 pub mod budget;
 pub mod buffer;

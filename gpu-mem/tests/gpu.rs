@@ -136,6 +136,22 @@ fn events_time_a_copy_and_order_two_streams() {
 
 #[test]
 #[serial]
+fn copy_bandwidth_is_measured_and_returns_its_memory() {
+    with_gpu(|dev| {
+        let before = dev.tracker().live_bytes();
+        let bw = bandwidth::copy_bandwidth(dev, 256 << 20, 5).unwrap();
+        // Any GPU copies device memory at more than 10 GB/s and less than 100 TB/s; outside
+        // that the timing or the byte count is wrong.
+        assert!(bw.is_finite() && bw > 10e9 && bw < 100e12, "{bw} B/s");
+        println!("device-to-device copy: {:.0} GB/s", bw / 1e9);
+        assert_eq!(dev.tracker().live_bytes(), before);
+        let err = bandwidth::copy_bandwidth(dev, 0, 5).unwrap_err();
+        assert!(matches!(err, GpuError::InvalidArgument(_)), "{err}");
+    });
+}
+
+#[test]
+#[serial]
 fn kernels_launch_and_graphs_replay() {
     with_gpu(|dev| {
         if !ptx_runs(dev) {

@@ -49,16 +49,6 @@ fn graph_ms(g: &Gpu, count: u32, mut launches: impl FnMut(u32)) -> f64 {
     ms / f64::from(count)
 }
 
-/// Device-to-device copy bandwidth (bytes read + bytes written per second) over 1 GiB.
-fn copy_bandwidth(g: &Gpu) -> f64 {
-    let bytes = 1usize << 30;
-    let (src, dst) = (g.alloc(bytes), g.alloc(bytes));
-    let from = src.range().view::<u8>().expect("view");
-    let mut to = dst.range().view_mut::<u8>().expect("view");
-    let ms = time_ms(g, 20, |_| g.stream.copy(&from, &mut to).expect("copy"));
-    2.0 * bytes as f64 / (ms * 1e-3)
-}
-
 struct Shape {
     what: &'static str,
     rows: usize,
@@ -143,7 +133,7 @@ fn main() {
         .attribute(DeviceAttribute::L2CacheBytes)
         .unwrap_or(0) as usize;
     println!("device: {} ({sms} SMs, L2 {} MiB)", g.name, l2 >> 20);
-    let bw = copy_bandwidth(&g);
+    let bw = gpu_mem::bandwidth::copy_bandwidth(&g.device, 1 << 30, 20).expect("copy bandwidth");
     println!("device-to-device copy: {:.0} GB/s (read + write)", bw / 1e9);
     let mut rng = Rng::new(7);
     println!(

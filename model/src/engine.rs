@@ -94,6 +94,16 @@ impl Engine {
             Self::Gpu(g) => Some(g.memory()),
         }
     }
+
+    /// The GPU's device-to-device copy bandwidth (bytes read + written per second) over two
+    /// buffers of at most 1 GiB that the budget has room for; `None` on the CPU.
+    pub(crate) fn gpu_copy_bandwidth(&self) -> Option<Result<f64, ModelError>> {
+        match self {
+            Self::Cpu(_) => None,
+            #[cfg(feature = "hip")]
+            Self::Gpu(g) => Some(g.copy_bandwidth()),
+        }
+    }
 }
 
 /// The CPU executor: every tensor bound zero-copy, the arena sized for the unoptimized graph
@@ -163,6 +173,23 @@ mod gpu {
     }
 
     impl GpuEngine {
+        /// See `Engine::gpu_copy_bandwidth`. Below 64 MiB per buffer the copies would mostly
+        /// measure the L2 cache.
+        pub(crate) fn copy_bandwidth(&self) -> Result<f64, ModelError> {
+            const MIN: u64 = 64 << 20;
+            let dev = self.hip.gpu();
+            let bytes = (1u64 << 30).min(dev.budget().available() / 4);
+            if bytes < MIN {
+                return Err(ModelError::Device(format!(
+                    "no room to measure the copy bandwidth: {} free in the GPU budget, {} needed",
+                    mib(dev.budget().available()),
+                    mib(2 * MIN)
+                )));
+            }
+            gpu_mem::bandwidth::copy_bandwidth(dev, bytes as usize, 20)
+                .map_err(|e| ModelError::Device(format!("copy bandwidth: {e}")))
+        }
+
         pub(crate) fn memory(&self) -> DeviceMemory {
             let usage = self.sched.usage();
             let gpu = usage.get(GPU).copied().unwrap_or_default();

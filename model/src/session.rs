@@ -392,6 +392,13 @@ impl Session {
         self.engine.device_memory()
     }
 
+    /// The GPU's device-to-device copy bandwidth in bytes per second (read + written), measured
+    /// now with up to 2 GiB of the GPU budget; `None` when the session runs on the CPU. A
+    /// decode step that reads each weight once cannot go faster than this over the weight bytes.
+    pub fn gpu_copy_bandwidth(&self) -> Option<Result<f64, ModelError>> {
+        self.engine.gpu_copy_bandwidth()
+    }
+
     /// Calls `hook` once after the next forward pass (the first one for a new session) with the
     /// GPU memory then in use; never called on the CPU.
     pub fn on_first_pass(&mut self, hook: FirstPassHook) {

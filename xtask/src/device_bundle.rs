@@ -283,7 +283,7 @@ if [ -x "$rf" ]; then
   "$rf" generate -m "$m" --gpu-mem-limit 100M -p "hello" -n 16 --temp 0 || fail=1
   for dev in "--device gpu" "--device gpu -ngl 9" "--device cpu"; do
     echo "=== rocmforge bench $dev"
-    "$rf" bench -m "$m" $dev -p 512 -n 128 -r 3 || fail=1
+    "$rf" bench -m "$m" $dev -p 512 -n 128 -r 3 --bandwidth || fail=1
   done
 fi
 echo "device run: $([ $fail = 0 ] && echo ALL PASSED || echo FAILURES)"

@@ -36,6 +36,11 @@ pub(super) struct BenchArgs {
     /// Repetitions per test.
     #[arg(short = 'r', long, default_value_t = 5)]
     reps: usize,
+    /// After the table, each generation test's speed as a share of the bandwidth limit: the
+    /// GPU's device-to-device copy bandwidth (measured then, with up to 2 GiB of its memory) over
+    /// the weight bytes a token reads. Only when every layer and the output head are on the GPU.
+    #[arg(long)]
+    bandwidth: bool,
 }
 
 /// `perplexity` arguments.
@@ -73,6 +78,63 @@ fn file_type_name(ft: u32) -> &'static str {
         32 => "BF16",
         _ => "",
     }
+}
+
+/// Weight bytes one decode step reads: every tensor of the file once, except the token
+/// embedding table, of which it reads one row per token (all of it when the output head is tied
+/// to the table, as in Gemma).
+fn weight_bytes_per_token(file: &gguf::GgufFile) -> u64 {
+    let tied = file.tensor("output.weight").is_none();
+    file.tensors()
+        .iter()
+        .map(|t| match t.dims.get(1) {
+            Some(&rows) if t.name == "token_embd.weight" && !tied && rows > 0 => t.size / rows,
+            _ => t.size,
+        })
+        .sum()
+}
+
+/// Prints each generation test's speed against the bandwidth limit (see `BenchArgs::bandwidth`).
+fn report_bandwidth(
+    session: &Session,
+    file: &gguf::GgufFile,
+    gen: &[(usize, f64)],
+) -> Result<(), ModelError> {
+    let split = &session.device_plan().split;
+    if !split.output_on_gpu() || split.gpu_layers() < split.n_layer {
+        eprintln!(
+            "bandwidth: not measured, the model is not all on the GPU ({} of {} layers{})",
+            split.gpu_layers(),
+            split.n_layer,
+            if split.output_on_gpu() {
+                ", output head"
+            } else {
+                ", output head on the CPU"
+            }
+        );
+        return Ok(());
+    }
+    let Some(bw) = session.gpu_copy_bandwidth() else {
+        eprintln!("bandwidth: not measured, the session runs on the CPU");
+        return Ok(());
+    };
+    let bw = bw?;
+    let bytes = weight_bytes_per_token(file) as f64;
+    let limit = bw / bytes;
+    println!(
+        "bandwidth limit: {:.1} t/s ({:.3} GB of weights per token over the {:.0} GB/s device-to-device copy bandwidth measured now)",
+        limit,
+        bytes / 1e9,
+        bw / 1e9
+    );
+    for &(n, tps) in gen {
+        println!(
+            "tg{n}: {tps:.2} t/s, {:.1}% of the bandwidth limit ({:.0} GB/s of weights)",
+            100.0 * tps / limit,
+            tps * bytes / 1e9
+        );
+    }
+    Ok(())
 }
 
 fn mean_sd(xs: &[f64]) -> (f64, f64) {
@@ -167,6 +229,7 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
         .map(|&n| (n, false))
         .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (n, true)))
         .collect();
+    let mut gen_speeds = Vec::new();
     for (n, gen) in tests {
         // One untimed warm-up run, as llama-bench does: the whole prompt for pp (a shorter batch
         // would leave the first timed run to build and allocate the n-token graph, its GEMM
@@ -178,6 +241,9 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
             speeds.push(run_once(&mut session, &mut rng, cfg.n_vocab, n, gen)?);
         }
         let (mean, sd) = mean_sd(&speeds);
+        if gen {
+            gen_speeds.push((n, mean));
+        }
         let test = format!("{}{}", if gen { "tg" } else { "pp" }, n);
         println!(
             "| {:<30} | {:>6.2} MiB | {:>8.2} M | {:<10} | {:>7} | {:>15} | {:>11.2} ± {:>6.2} |",
@@ -190,6 +256,9 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
             mean,
             sd
         );
+    }
+    if a.bandwidth {
+        report_bandwidth(&session, file, &gen_speeds)?;
     }
     let st = session.stats();
     tracing::info!(
@@ -231,4 +300,37 @@ pub(super) fn perplexity(a: &PplArgs) -> Result<(), ModelError> {
         r.ppl, r.chunks, popts.n_ctx, r.scored
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::weight_bytes_per_token;
+
+    /// A tiny synthetic model of `arch` (written to the temp dir) and its file.
+    fn tiny(arch: &str) -> gguf::GgufFile {
+        let path = std::env::temp_dir().join(format!(
+            "rocmforge-bench-{arch}-{}.gguf",
+            std::process::id()
+        ));
+        crate::synth::write_model(arch, &path, 3).expect("write synthetic model");
+        let file = gguf::GgufFile::open(&path).expect("open synthetic model");
+        let _ = std::fs::remove_file(&path);
+        file
+    }
+
+    #[test]
+    fn a_token_reads_one_embedding_row_unless_the_head_is_tied() {
+        let llama = tiny("llama");
+        let all: u64 = llama.tensors().iter().map(|t| t.size).sum();
+        let embd = llama.tensor("token_embd.weight").expect("embedding");
+        assert!(llama.tensor("output.weight").is_some());
+        let row = embd.size / embd.dims[1];
+        assert_eq!(weight_bytes_per_token(&llama), all - embd.size + row);
+
+        // Gemma's head is the embedding table itself: every byte is read.
+        let gemma = tiny("gemma3");
+        assert!(gemma.tensor("output.weight").is_none());
+        let all: u64 = gemma.tensors().iter().map(|t| t.size).sum();
+        assert_eq!(weight_bytes_per_token(&gemma), all);
+    }
 }
