@@ -20,6 +20,11 @@ fn ptx_runs(dev: &Device) -> bool {
     nvidia
 }
 
+/// A stream and the checked-in test kernels, where they run (see [`ptx_runs`]).
+fn ptx_stream_and_module(dev: &Device) -> Option<(Stream, Module)> {
+    ptx_runs(dev).then(|| (Stream::new(dev).unwrap(), Module::load(dev, PTX).unwrap()))
+}
+
 #[test]
 #[serial]
 fn discovery_lists_the_device() {
@@ -154,11 +159,9 @@ fn copy_bandwidth_is_measured_and_returns_its_memory() {
 #[serial]
 fn kernels_launch_and_graphs_replay() {
     with_gpu(|dev| {
-        if !ptx_runs(dev) {
+        let Some((stream, module)) = ptx_stream_and_module(dev) else {
             return;
-        }
-        let stream = Stream::new(dev).unwrap();
-        let module = Module::load(dev, PTX).unwrap();
+        };
         let iota = module.function("iota_scaled").unwrap();
         let add = module.function("add_one").unwrap();
         assert!(module.function("no_such_kernel").is_err());
@@ -646,11 +649,9 @@ fn queued_writes_and_staged_reads_keep_order() {
 #[serial]
 fn kernels_write_mapped_host_memory_in_place() {
     with_gpu(|dev| {
-        if !ptx_runs(dev) {
+        let Some((stream, module)) = ptx_stream_and_module(dev) else {
             return;
-        }
-        let stream = Stream::new(dev).unwrap();
-        let module = Module::load(dev, PTX).unwrap();
+        };
         let iota = module.function("iota_scaled").unwrap();
         let add = module.function("add_one").unwrap();
         let n = 50_000usize;

@@ -178,11 +178,12 @@ mod gpu {
         pub(crate) fn copy_bandwidth(&self) -> Result<f64, ModelError> {
             const MIN: u64 = 64 << 20;
             let dev = self.hip.gpu();
-            let bytes = (1u64 << 30).min(dev.budget().available() / 4);
+            let free = dev.budget().available();
+            let bytes = (1u64 << 30).min(free / 4);
             if bytes < MIN {
                 return Err(ModelError::Device(format!(
                     "no room to measure the copy bandwidth: {} free in the GPU budget, {} needed",
-                    mib(dev.budget().available()),
+                    mib(free),
                     mib(2 * MIN)
                 )));
             }

@@ -17,6 +17,17 @@ use crate::graph::Graph;
 use crate::sched::Scheduler;
 use crate::tensor::{DType, TensorId};
 
+/// Binds the f32 `values` as weight `name` of shape `dims`.
+fn bind_f32(s: &mut Scheduler, name: &str, dims: &[usize], values: &[f32]) {
+    s.bind_weight(
+        name,
+        DType::F32,
+        dims,
+        WeightBytes::from_vec(f32_bytes(values)),
+    )
+    .unwrap_or_else(|e| panic!("bind {name}: {e}"));
+}
+
 fn pattern(pass: u32, i: usize) -> u32 {
     (pass.wrapping_mul(0x9e37_79b9) ^ (i as u32).wrapping_mul(0x85eb_ca6b)).rotate_left(pass % 31)
 }
@@ -184,20 +195,8 @@ fn keyed_decode_steps_queue_their_inputs_and_read_the_right_outputs() {
     scheds[2].set_mapped_outputs(false);
     for s in &mut scheds {
         s.set_graph_capture(true);
-        s.bind_weight(
-            "emb",
-            DType::F32,
-            &[k, vocab],
-            WeightBytes::from_vec(f32_bytes(&emb_v)),
-        )
-        .expect("bind emb");
-        s.bind_weight(
-            "out",
-            DType::F32,
-            &[k, n_out],
-            WeightBytes::from_vec(f32_bytes(&w_v)),
-        )
-        .expect("bind out");
+        bind_f32(s, "emb", &[k, vocab], &emb_v);
+        bind_f32(s, "out", &[k, n_out], &w_v);
     }
     // The embedding (75 KiB) and output matrix are larger than a queued write: uploaded with
     // blocking writes, so only the steps' inputs count below.
@@ -316,13 +315,7 @@ fn word_inputs_of_a_step_are_queued_together() {
     let emb_v: Vec<f32> = (0..k * vocab).map(|i| i as f32).collect();
     let mut s = Scheduler::new(vec![h.clone() as Arc<dyn Device>]).expect("gpu scheduler");
     s.set_graph_capture(true);
-    s.bind_weight(
-        "emb",
-        DType::F32,
-        &[k, vocab],
-        WeightBytes::from_vec(f32_bytes(&emb_v)),
-    )
-    .expect("bind emb");
+    bind_f32(&mut s, "emb", &[k, vocab], &emb_v);
     // The first run uploads the embedding (small enough to be a queued write): count after it.
     let mut before = 0;
     let steps = 8;
