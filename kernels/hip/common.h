@@ -210,18 +210,23 @@ static __device__ __forceinline__ q8_vec q8_vec_at(const uint8_t* y, int ncols, 
 // Value `i` of the planar Q8_1 vector of `ncols` values at `yq`, from `v`, where each 32-lane group
 // holds 32 consecutive values (block i / 32): the scale and sum come from width-32 reductions, so
 // every lane of the group takes part.
-static __device__ __forceinline__ void q8_1_put(float v, uint8_t* yq, int ncols, int i) {
+// `qi`: where value i's byte goes (i itself, or i's place in a permuted layout).
+static __device__ __forceinline__ void q8_1_put(float v, uint8_t* yq, int ncols, int i, int qi) {
     const float amax = warp_max<32>(fabsf(v));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const int q = (int)roundf(v * id);
     const float sum = warp_sum<32>((float)q);
-    reinterpret_cast<int8_t*>(yq)[i] = (int8_t)q;
+    reinterpret_cast<int8_t*>(yq)[qi] = (int8_t)q;
     if ((i & 31) == 0) {
         __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * (i / 32));
         ds[0] = __float2half(d);
         ds[1] = __float2half(sum * d);
     }
+}
+
+static __device__ __forceinline__ void q8_1_put(float v, uint8_t* yq, int ncols, int i) {
+    q8_1_put(v, yq, ncols, i, i);
 }
 
 // The low (d) and high (s) halves of a packed half2 word.

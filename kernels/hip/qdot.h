@@ -41,11 +41,24 @@ struct act_h16 {
     float d[4];  // their Q8_1 scales
 };
 
+// The decode stack keeps its Q8_1 input in shared memory with the 16-byte pieces of each
+// 512-byte span permuted, piece u stored at act_swz(u): the eight lanes of a quarter-warp read
+// pieces 16b + 4c + j (Q4_K, four lanes per block) or 16b + 8n + h + 2j (Q6_K) of two blocks,
+// which in place fall on two of the eight 16-byte bank groups (4-way conflicts, three quarters of
+// the stack's shared-memory wavefronts in ncu); permuted, on eight.
+static __device__ __forceinline__ int act_swz(int u) { return u ^ (((u >> 3) & 1) * 5) ^ (((u >> 4) & 1) * 2); }
+
+// 16 bytes of a Q8_1 vector's values at piece u, permuted (SWZ) or in place.
+template <bool SWZ>
+static __device__ __forceinline__ int4 ld_act_piece(q8_vec y, int u) {
+    return ld_b128(y.q + 16 * (SWZ ? act_swz(u) : u));
+}
+
+template <bool SWZ = false>
 static __device__ __forceinline__ void load_act_h16(q8_vec y, int b, int c, act_h16& a) {
     const int n = c >> 1, h = c & 1;
-    const uint8_t* base = y.q + 256 * b + 128 * n + 16 * h;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) a.q[j] = ld_b128(base + 32 * j);
+    for (int j = 0; j < 4; ++j) a.q[j] = ld_act_piece<SWZ>(y, 16 * b + 8 * n + h + 2 * j);
     const int4 ds = ld_b128(y.ds + 4 * (8 * b + 4 * n));
     a.d[0] = lo_f16((uint32_t)ds.x);
     a.d[1] = lo_f16((uint32_t)ds.y);
@@ -246,12 +259,13 @@ struct act_k4w {
     float d0, s0, d1, s1;
 };
 
+template <bool SWZ = false>
 static __device__ __forceinline__ void load_act_k4w(q8_vec y, int b, int c, act_k4w& a) {
-    const uint8_t* base = y.q + 256 * b + 64 * c;
-    a.lo[0] = ld_b128(base);
-    a.lo[1] = ld_b128(base + 16);
-    a.hi[0] = ld_b128(base + 32);
-    a.hi[1] = ld_b128(base + 48);
+    const int u = 16 * b + 4 * c;
+    a.lo[0] = ld_act_piece<SWZ>(y, u);
+    a.lo[1] = ld_act_piece<SWZ>(y, u + 1);
+    a.hi[0] = ld_act_piece<SWZ>(y, u + 2);
+    a.hi[1] = ld_act_piece<SWZ>(y, u + 3);
     const uint2 ds = *reinterpret_cast<const uint2*>(y.ds + 4 * (8 * b + 2 * c));
     a.d0 = lo_f16(ds.x);
     a.d1 = RF_K4_HI16 ? lo_f16(ds.y) * 0.0625f : lo_f16(ds.y);

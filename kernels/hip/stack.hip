@@ -300,10 +300,10 @@ static __device__ __forceinline__ unsigned ds_ld_acquire(const unsigned* p) {
     return v;
 }
 
-// Copies `bytes` (a multiple of 16) of a Q8_1 vector from L2 into shared memory, four 16-byte
-// loads per thread in flight.
-static __device__ __forceinline__ void ds_fetch(const uint8_t* src, uint8_t* dst, int bytes) {
-    const int n = bytes / 16;
+// Copies a Q8_1 vector of `ncols` values from L2 into shared memory, its values' 16-byte pieces
+// permuted by act_swz (see qdot.h), four 16-byte loads per thread in flight.
+static __device__ __forceinline__ void ds_fetch(const uint8_t* src, uint8_t* dst, int ncols) {
+    const int n = (int)q8_vec_bytes(ncols) / 16, nq = ncols / 16;
     for (int base = 0; base < n; base += 4 * DS_THREADS) {
         int4 v[4];
 #pragma unroll
@@ -314,7 +314,7 @@ static __device__ __forceinline__ void ds_fetch(const uint8_t* src, uint8_t* dst
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int i = base + j * DS_THREADS + threadIdx.x;
-            if (i < n) reinterpret_cast<int4*>(dst)[i] = v[j];
+            if (i < n) reinterpret_cast<int4*>(dst)[i < nq ? act_swz(i) : i] = v[j];
         }
     }
 }
@@ -429,7 +429,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
         for (int i = threadIdx.x; i < p.n_embd; i += DS_THREADS) {
             const float v = __ldcg(p.x_in + i);
             s += v * v;
-            q8_1_put(v * p.layer[0].attn_norm[i], act, p.n_embd, i);
+            q8_1_put(v * p.layer[0].attn_norm[i], act, p.n_embd, i, 16 * act_swz(i / 16) + i % 16);
         }
         s = block_sum(s, scratch);
         scale0 = rsqrtf(s / p.n_embd + p.eps);
@@ -457,17 +457,17 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
             float scale = 1.0f;
             int ncols = p.n_embd;
             if (k == 0) {
-                if (l > 0) ds_fetch(p.xq, act, (int)q8_vec_bytes(p.n_embd));
+                if (l > 0) ds_fetch(p.xq, act, p.n_embd);
                 scale = l > 0 ? rsqrtf(__ldcg(p.ss + 2 * l) / p.n_embd + p.eps) : scale0;
             } else if (k == 2) {
                 ncols = p.n_head * DS_HEAD;
-                ds_fetch(p.aq, act, (int)q8_vec_bytes(ncols));
+                ds_fetch(p.aq, act, ncols);
             } else if (k == 3) {
-                ds_fetch(p.xq, act, (int)q8_vec_bytes(p.n_embd));
+                ds_fetch(p.xq, act, p.n_embd);
                 scale = rsqrtf(__ldcg(p.ss + 2 * l + 1) / p.n_embd + p.eps);
             } else {
                 ncols = p.n_ff;
-                ds_fetch(p.hq, act, (int)q8_vec_bytes(ncols));
+                ds_fetch(p.hq, act, ncols);
             }
             __syncthreads();
             const q8_vec yv{act, act + ncols};
@@ -492,7 +492,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
                     const int bl = (lane / 4) % 4, c = lane % 4, b = cu.c * 4 + bl, up = lane / 16;
                     mv_q4_kw::Act a;
-                    mv_q4_kw::load_act(yv, b, c, a);
+                    load_act_k4w<true>(yv, b, c, a);
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
                         acc[r] += mv_q4_kw::compute(
@@ -500,7 +500,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 } else if (m.kind == DS_Q4) {
                     const int bl = lane / 4, c = lane % 4, b = cu.c * 8 + bl;
                     mv_q4_kw::Act a;
-                    mv_q4_kw::load_act(yv, b, c, a);
+                    load_act_k4w<true>(yv, b, c, a);
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
                         acc[r] += mv_q4_kw::compute(mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c),
@@ -508,7 +508,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 } else {
                     const int pair = lane / 4, c = lane % 4, r = pair / 4, bl = pair % 4, b = cu.c * 4 + bl;
                     act_h16 a;
-                    load_act_h16(yv, b, c, a);
+                    load_act_h16<true>(yv, b, c, a);
                     const int o = b * Q6_K_BYTES - ((cu.c * 4 * Q6_K_BYTES) & ~15);
                     const float v =
                         mv_q6_k<1>::dot<true>(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
