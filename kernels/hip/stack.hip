@@ -94,6 +94,25 @@
 // are eligible, 10.4 cycles between a warp's instructions; the long phases stream about 28 GB/s
 // per multiprocessor. More warps in flight per multiprocessor (smaller rings per warp) is the
 // other way in.
+// ncu's source counters then showed where the shared-memory wavefronts went: three quarters were
+// the activation loads' 4-way bank conflicts (see act_swz in qdot.h). With the Q8_1 input
+// permuted (2026-11-26, same runs): H200 574 t/s against 536 (58.0% -> 62.2% of the limit),
+// H100 466 against 459.4 (70.4% -> 71.5%); excess wavefronts per step 124 M -> 30 M (what is left
+// is cp.async writing row pieces that straddle 128-byte lines). After it, on the H200 (variants
+// timed against it in the same runs, results ignored where the variant breaks them): without the
+// grid barriers' waits 598 t/s (+4%), without the dot products 582 (+1%), without both 740
+// (+29%): neither alone bounds the step; the phases' heaviest blocks do (the work per warp is
+// serial: a chunk's ~190 instructions at ~9 cycles each put a multiprocessor near 43 GB/s, so the
+// few blocks with one more group cannot take the bandwidth the finished ones leave). Also tried
+// there, no faster: a ring of 4 stages (575 against 574); the group epilogue rotating over the
+// warps (574); the ring filled by bulk copies (cp.async.bulk on per-warp, per-stage mbarriers,
+// assembled with ptxas 12.9 since Debian's CUDA 11.8 has no PTX 8.0): 571 against 580 for the
+// same source and assembler with cp.async; each warp's two rows streamed as one contiguous range
+// per chunk (566-570 against 577). Slower: the groups left after whole rounds (q/k/v 60, gate/up
+// 52) split into halves over twice as many blocks, the partial sums meeting in global memory and
+// the second block to finish running the epilogue (largest shares 11% and 3% above the mean):
+// 466 against 577, and 508 with the cursor's extra fields alone (splitting off). Dealing gate/up
+// to 112 blocks (4 groups each, 20 idle) 579-580 against 571-575, q/k/v to 96 as well: the same.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
