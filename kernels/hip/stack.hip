@@ -111,8 +111,18 @@
 // per chunk (566-570 against 577). Slower: the groups left after whole rounds (q/k/v 60, gate/up
 // 52) split into halves over twice as many blocks, the partial sums meeting in global memory and
 // the second block to finish running the epilogue (largest shares 11% and 3% above the mean):
-// 466 against 577, and 508 with the cursor's extra fields alone (splitting off). Dealing gate/up
-// to 112 blocks (4 groups each, 20 idle) 579-580 against 571-575, q/k/v to 96 as well: the same.
+// 466 against 577, and 508 with the cursor's extra fields alone (splitting off): the cursor's
+// bookkeeping runs in every warp at every group boundary (every 4 chunks in gate/up), so a few
+// divisions there cost 12%. With the split worked out once per launch (kept in shared memory)
+// and only gate/up's groups split: 507 against 577, and 578 with splitting off (the
+// bookkeeping no longer costs); the halves' meeting (a fence, a counter, two block barriers per
+// split group) outweighs the balance. Dealing gate/up to 112 blocks (4 groups each, 20 idle)
+// 579-580 against 571-575, q/k/v to 96 as well: the same. The timeline says why balance matters
+// on the H200: a block streams at about the same rate whatever the others do (gate/up's blocks
+// with 4 groups took 17.6 us a layer, those with 3 took 13.5: 1.30, about 4/3), about 33 GB/s
+// per multiprocessor, barely above the 32 GB/s that 4.26 TB/s asks of each of 132; blocks that
+// finish early leave their share of the bandwidth unused. Reaching 70% there needs every phase
+// balanced at no cost per group (and shorter attention and barrier bubbles).
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
