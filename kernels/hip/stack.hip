@@ -116,7 +116,9 @@
 // divisions there cost 12%. With the split worked out once per launch (kept in shared memory)
 // and only gate/up's groups split: 507 against 577, and 578 with splitting off (the
 // bookkeeping no longer costs); the halves' meeting (a fence, a counter, two block barriers per
-// split group) outweighs the balance. Dealing gate/up to 112 blocks (4 groups each, 20 idle)
+// split group) outweighs the balance. Nor is it the meeting: with the halves' sums put together
+// by every block at phase 4's start instead (loaded beside the Q8_1 fetch, no fence, counter or
+// extra barrier in phase 3), 509 against 575; the halves themselves cost. Dealing gate/up to 112 blocks (4 groups each, 20 idle)
 // 579-580 against 571-575, q/k/v to 96 as well: the same. The timeline says why balance matters
 // on the H200: a block streams at about the same rate whatever the others do (gate/up's blocks
 // with 4 groups took 17.6 us a layer, those with 3 took 13.5: 1.30, about 4/3), about 33 GB/s
