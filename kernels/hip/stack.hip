@@ -118,7 +118,13 @@
 // bookkeeping no longer costs); the halves' meeting (a fence, a counter, two block barriers per
 // split group) outweighs the balance. Nor is it the meeting: with the halves' sums put together
 // by every block at phase 4's start instead (loaded beside the Q8_1 fetch, no fence, counter or
-// extra barrier in phase 3), 509 against 575; the halves themselves cost. Dealing gate/up to 112 blocks (4 groups each, 20 idle)
+// extra barrier in phase 3), 509 against 575. Its timeline shows why: gate/up's blocks did end
+// together (last arrivals spread over 49 us a step against 157) but every phase ran slower, q/k/v
+// and o too (222 -> 258 and 146 -> 167 us a step), and the put-together added 1.8 us to each
+// phase 4 fetch: the kernel sits at the register limit (122 of 128 before, 128 and a larger stack
+// frame with the split's cursor fields), so any state added to the hot loop slows all of it.
+// Balancing needs registers freed first (the consuming cursor needs no pointers; per-phase
+// dealing could live in shared memory). Dealing gate/up to 112 blocks (4 groups each, 20 idle)
 // 579-580 against 571-575, q/k/v to 96 as well: the same. The timeline says why balance matters
 // on the H200: a block streams at about the same rate whatever the others do (gate/up's blocks
 // with 4 groups took 17.6 us a layer, those with 3 took 13.5: 1.30, about 4/3), about 33 GB/s
