@@ -252,20 +252,20 @@ struct mv_q4_k {
 // --- Q4_K with four lanes per block (the decode stack): lane c takes qs bytes [32c, 32c + 32),
 // all of sub-block 2c (low nibbles) and 2c + 1 (high nibbles), against whole Q8_1 blocks 2c and
 // 2c + 1. Half the lanes of mv_q4_k per block, so each scale pair is decoded once per 32 bytes
-// instead of per 16, and the minimums need no masking by lane.
+// instead of per 16, and the minimums need no masking by lane. Its Q8_1 input is the stack's,
+// 16-byte pieces permuted by act_swz.
 
 struct act_k4w {
     int4 lo[2], hi[2];
     float d0, s0, d1, s1;
 };
 
-template <bool SWZ = false>
 static __device__ __forceinline__ void load_act_k4w(q8_vec y, int b, int c, act_k4w& a) {
     const int u = 16 * b + 4 * c;
-    a.lo[0] = ld_act_piece<SWZ>(y, u);
-    a.lo[1] = ld_act_piece<SWZ>(y, u + 1);
-    a.hi[0] = ld_act_piece<SWZ>(y, u + 2);
-    a.hi[1] = ld_act_piece<SWZ>(y, u + 3);
+    a.lo[0] = ld_act_piece<true>(y, u);
+    a.lo[1] = ld_act_piece<true>(y, u + 1);
+    a.hi[0] = ld_act_piece<true>(y, u + 2);
+    a.hi[1] = ld_act_piece<true>(y, u + 3);
     const uint2 ds = *reinterpret_cast<const uint2*>(y.ds + 4 * (8 * b + 2 * c));
     a.d0 = lo_f16(ds.x);
     a.d1 = RF_K4_HI16 ? lo_f16(ds.y) * 0.0625f : lo_f16(ds.y);

@@ -529,7 +529,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
                     const int bl = (lane / 4) % 4, c = lane % 4, b = cu.c * 4 + bl, up = lane / 16;
                     mv_q4_kw::Act a;
-                    load_act_k4w<true>(yv, b, c, a);
+                    mv_q4_kw::load_act(yv, b, c, a);
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
                         acc[r] += mv_q4_kw::compute(
@@ -537,7 +537,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 } else if (m.kind == DS_Q4) {
                     const int bl = lane / 4, c = lane % 4, b = cu.c * 8 + bl;
                     mv_q4_kw::Act a;
-                    load_act_k4w<true>(yv, b, c, a);
+                    mv_q4_kw::load_act(yv, b, c, a);
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
                         acc[r] += mv_q4_kw::compute(mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c),
