@@ -148,6 +148,8 @@
 #define DS_Q6_ROW 864
 #define DS_HEAD 128
 #define DS_PHASES 5
+// Most work items (32-row groups) one block takes in a launch: its list sits in shared memory.
+#define DS_MAX_ITEMS 512
 
 // One layer's weights (GGUF rows in place) and caches.
 struct ds_layer {
@@ -241,37 +243,82 @@ static __device__ __forceinline__ ds_mat ds_matrix(const ds_params& p, int l, in
     return m;
 }
 
-// Position in this block's sequence of work items (phase q = layer * 5 + kind, group g, chunk c),
-// with the current group's rows, so that the per-chunk work does no lookups.
+// One of a block's work items, a 32-row group of one phase of one layer, as its cursors need it.
+// The block lists its items once per launch (ds_build), so that moving to the next group is a
+// shared-memory load: looking a group up from the parameters (the phase's matrix, the q/k/v
+// dealing, the row's address) took the warps about 0.5 us at each group change.
+struct ds_item {
+    const uint8_t* w;   // the group's first row (its first gate row when gated)
+    const uint8_t* w2;  // its second row (Q4_K, Q6_K) or its first up row (gated)
+    int rb;             // bytes per row
+    short q, g;         // phase (layer * DS_PHASES + kind) and group (rows 32g ..)
+    unsigned char kind, n;  // layout and chunks (ring slots per warp)
+    unsigned char pad[6];
+};
+
+// Work items of phase kind k that block b takes: groups b, b + grid, ...
+static __device__ __forceinline__ int ds_share(const ds_params& p, int k) {
+    const int n = ds_groups(p, k), b = (int)blockIdx.x;
+    return b < n ? (n - 1 - b) / (int)gridDim.x + 1 : 0;
+}
+
+// Lists this block's work items in order (phases in order, groups b, b + grid, ... within one)
+// and returns their count; the host keeps it within DS_MAX_ITEMS (kernels::stack_items).
+static __device__ int ds_build(const ds_params& p, ds_item* items) {
+    int per = 0;
+    for (int k = 0; k < DS_PHASES; ++k) per += ds_share(p, k);
+    const int ni = min(per * p.n_layer, DS_MAX_ITEMS);
+    for (int i = threadIdx.x; i < ni; i += DS_THREADS) {
+        const int l = i / per;
+        int r = i - l * per, k = 0;
+        while (r >= ds_share(p, k)) r -= ds_share(p, k++);
+        const int g = (int)blockIdx.x + r * (int)gridDim.x;
+        const ds_mat m = ds_matrix(p, l, k, g);
+        ds_item t;
+        t.w = m.w + (long long)m.row * m.rb;
+        t.w2 = m.kind == DS_GATED ? m.w2 + (long long)m.row * m.rb : t.w + m.rb;
+        t.rb = (int)m.rb;
+        t.q = (short)(l * DS_PHASES + k);
+        t.g = (short)(k == 0 ? ds_qkv_group(p, g) : g);
+        t.kind = (unsigned char)m.kind;
+        t.n = (unsigned char)(m.kind == DS_Q4 ? m.nblk / 8 : m.nblk / 4);
+        items[i] = t;
+    }
+    return ni;
+}
+
+// Position in this block's work items: the item `it` (`end` past the last), its chunk c, and the
+// item's fields (q = nq past the last item). The row pointers are this warp's first row of each
+// pair plus 16 * lane, this lane's first piece of it (see ds_issue).
 struct ds_cursor {
-    int q, g, c, n;  // n: chunks of the current group
-    ds_mat m;
-    __device__ void settle(const ds_params& p, int nq) {
-        while (q < nq && g >= ds_groups(p, q % DS_PHASES)) {
-            ++q;
-            g = blockIdx.x;
-        }
-        if (q < nq) {
-            m = ds_matrix(p, q / DS_PHASES, q % DS_PHASES, g);
-            n = m.kind == DS_Q4 ? m.nblk / 8 : m.nblk / 4;  // blocks per chunk (one ring slot)
-            // From here on the pointers are this warp's first row (of each matrix) plus 16 * lane,
-            // this lane's first piece of it (see ds_issue).
-            const long long r0 = (long long)(m.row + 2 * (int)(threadIdx.x / 32)) * m.rb + 16 * (threadIdx.x % 32);
-            m.w += r0;
-            if (m.w2) m.w2 += r0;
+    const ds_item* it;
+    int c, q, g, kind, n, rb;
+    const uint8_t *w, *w2;
+    __device__ void load(const ds_item* end, int nq) {
+        if (it < end) {
+            const ds_item t = *it;
+            q = t.q;
+            g = t.g;
+            kind = t.kind;
+            n = t.n;
+            rb = t.rb;
+            const int off = 2 * (int)(threadIdx.x / 32) * t.rb + 16 * (int)(threadIdx.x % 32);
+            w = t.w + off;
+            w2 = t.w2 + off;
+        } else {
+            q = nq;
         }
     }
-    __device__ void first(const ds_params& p, int nq) {
-        q = 0;
-        g = blockIdx.x;
+    __device__ void first(const ds_item* items, const ds_item* end, int nq) {
+        it = items;
         c = 0;
-        settle(p, nq);
+        load(end, nq);
     }
-    __device__ void next(const ds_params& p, int nq) {
+    __device__ void next(const ds_item* end, int nq) {
         if (++c < n) return;
         c = 0;
-        g += gridDim.x;
-        settle(p, nq);
+        ++it;
+        load(end, nq);
     }
 };
 
@@ -283,26 +330,26 @@ struct ds_cursor {
 // offsets. Rows hold whole chunks (the host checks the widths); a Q6_K chunk's 840 bytes are
 // copied from their 16-byte aligned start, 53 pieces (rows hold whole chunk pairs, 1680 bytes,
 // so the last chunk ends at the row's end).
-static __device__ __forceinline__ void ds_issue(ds_cursor& is, const ds_params& p, int nq, uint32_t dst, int lane) {
+static __device__ __forceinline__ void ds_issue(ds_cursor& is, const ds_item* end, int nq, uint32_t dst, int lane) {
     if (is.q < nq) {
-        const ds_mat& m = is.m;
         const int c = is.c;
-        if (m.kind == DS_Q6) {
+        if (is.kind == DS_Q6) {
             constexpr int P = 53 - 32;  // pieces past the first 32
-            const uint8_t* a = m.w + (c * 4 * Q6_K_BYTES - 8 * (c & 1));
-            const uint8_t* b = a + m.rb;
+            const int o = c * 4 * Q6_K_BYTES - 8 * (c & 1);
+            const uint8_t* a = is.w + o;
+            const uint8_t* b = is.w2 + o;
             cp_async16_s(dst, a);
             cp_async16_s(dst + DS_Q6_ROW, b);
             if (lane < P) {
                 cp_async16_s(dst + 512, a + 512);
                 cp_async16_s(dst + DS_Q6_ROW + 512, b + 512);
             }
-        } else if (m.kind == DS_GATED) {
+        } else if (is.kind == DS_GATED) {
             constexpr int R = 4 * Q4_K_BYTES, P = R / 16 - 32;
-            const uint8_t* g0 = m.w + c * R;
-            const uint8_t* g1 = g0 + m.rb;
-            const uint8_t* u0 = m.w2 + c * R;
-            const uint8_t* u1 = u0 + m.rb;
+            const uint8_t* g0 = is.w + c * R;
+            const uint8_t* g1 = g0 + is.rb;
+            const uint8_t* u0 = is.w2 + c * R;
+            const uint8_t* u1 = u0 + is.rb;
             cp_async16_s(dst, g0);
             cp_async16_s(dst + R, g1);
             cp_async16_s(dst + 2 * R, u0);
@@ -315,8 +362,8 @@ static __device__ __forceinline__ void ds_issue(ds_cursor& is, const ds_params& 
             }
         } else {
             constexpr int R = 8 * Q4_K_BYTES, P = R / 16 - 64;
-            const uint8_t* a = m.w + c * R;
-            const uint8_t* b = a + m.rb;
+            const uint8_t* a = is.w + c * R;
+            const uint8_t* b = is.w2 + c * R;
             cp_async16_s(dst, a);
             cp_async16_s(dst + 512, a + 512);
             cp_async16_s(dst + R, b);
@@ -326,7 +373,7 @@ static __device__ __forceinline__ void ds_issue(ds_cursor& is, const ds_params& 
                 cp_async16_s(dst + R + 1024, b + 1024);
             }
         }
-        is.next(p, nq);
+        is.next(end, nq);
     }
     cp_async_commit();
 }
@@ -440,17 +487,20 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
 #if defined(RF_CP_ASYNC)
     extern __shared__ __align__(16) uint8_t sm[];
     uint8_t* ring = sm;
-    uint8_t* act = sm + DS_STAGES * DS_TILE;
     __shared__ float rowv2[2][32];
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    ds_item* items = reinterpret_cast<ds_item*>(sm + DS_STAGES * DS_TILE);
+    uint8_t* act = sm + DS_STAGES * DS_TILE + DS_MAX_ITEMS * sizeof(ds_item);
     const int nq = DS_PHASES * p.n_layer;
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    const ds_item* end = items + ds_build(p, items);
+    __syncthreads();
     ds_cursor is, cu;
-    is.first(p, nq);
+    is.first(items, end, nq);
     cu = is;
     // This lane's place in stage 0 of its warp's ring; the stages are DS_TILE apart.
     const uint32_t ring_lane = (uint32_t)__cvta_generic_to_shared(ring) + wid * DS_SLOT + lane * 16;
-    for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(is, p, nq, ring_lane + s * DS_TILE, lane);
+    for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(is, end, nq, ring_lane + s * DS_TILE, lane);
     rf_entry();
     // Byte offsets of the stage being consumed and of the one issued next.
     uint32_t st_use = 0, st_put = (DS_STAGES - 1) * DS_TILE;
@@ -510,9 +560,8 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
             const q8_vec yv{act, act + ncols};
             const float* xr = (k == 2 && l == 0) ? p.x_in : p.x_out;
             while (cu.q == q) {
-                ds_issue(is, p, nq, ring_lane + st_put, lane);
+                ds_issue(is, end, nq, ring_lane + st_put, lane);
                 st_put = st_put == (DS_STAGES - 1) * DS_TILE ? 0 : st_put + DS_TILE;
-                const ds_mat& m = cu.m;
                 if (wid == 0 && cu.c == 0 && (k == 2 || k == 4)) {
                     // The residual and the next norm's weight, asked for a group ahead of the
                     // epilogue that needs them (a miss there would hold up the phase's end).
@@ -525,7 +574,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 __syncwarp();
                 const uint8_t* tile = ring + st_use + wid * DS_SLOT;
                 st_use = st_use == (DS_STAGES - 1) * DS_TILE ? 0 : st_use + DS_TILE;
-                if (m.kind == DS_GATED) {
+                if (cu.kind == DS_GATED) {
                     // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
                     const int bl = (lane / 4) % 4, c = lane % 4, b = cu.c * 4 + bl, up = lane / 16;
                     mv_q4_kw::Act a;
@@ -534,7 +583,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     for (int r = 0; r < 2; ++r)
                         acc[r] += mv_q4_kw::compute(
                             mv_q4_kw::load(tile + (2 * up + r) * 4 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
-                } else if (m.kind == DS_Q4) {
+                } else if (cu.kind == DS_Q4) {
                     const int bl = lane / 4, c = lane % 4, b = cu.c * 8 + bl;
                     mv_q4_kw::Act a;
                     mv_q4_kw::load_act(yv, b, c, a);
@@ -552,17 +601,17 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     acc[0] += v;  // row r = lane / 16
                 }
                 if (cu.c == cu.n - 1) {
-                    const int g = k == 0 ? ds_qkv_group(p, cu.g) : cu.g;
+                    const int g = cu.g;
                     // Two rows per warp: Q4_K rows in acc[0] and acc[1]; Q6_K row r in acc[0] of
                     // lanes 16r..16r + 15; gated: gate row r in acc[r] of lanes 0..15, up row r
                     // in acc[r] of lanes 16..31.
                     float up0 = 0.0f, up1 = 0.0f;
-                    if (m.kind == DS_GATED) {
+                    if (cu.kind == DS_GATED) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
                         acc[1] = warp_sum<16>(acc[1]) * scale;
                         up0 = rf_shfl_xor(acc[0], 16);
                         up1 = rf_shfl_xor(acc[1], 16);
-                    } else if (m.kind == DS_Q6) {
+                    } else if (cu.kind == DS_Q6) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
                         acc[1] = rf_shfl_xor(acc[0], 16);
                     } else {
@@ -571,7 +620,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     }
                     float* rowv = rowv2[ngrp++ & 1];
                     if (lane == 0) {
-                        if (m.kind == DS_GATED) {
+                        if (cu.kind == DS_GATED) {
                             rowv[2 * wid] = silu(acc[0]) * up0;
                             rowv[2 * wid + 1] = silu(acc[1]) * up1;
                         } else {
@@ -613,7 +662,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     }
                 }
                 __syncwarp();
-                cu.next(p, nq);
+                cu.next(end, nq);
             }
         }
         __syncthreads();

@@ -292,12 +292,27 @@ pub const STACK_HEAD_DIM: usize = 128;
 const STACK_STAGES: usize = 5;
 const STACK_SLOT: usize = 2304;
 
-/// Dynamic shared memory of a `decode_stack` launch: the weight ring, then the larger of the
-/// Q8_1 input of the widest product (`max_cols` values) and the attention's per-warp shares.
+/// Most work items (32-row groups) one `decode_stack` block takes in a launch
+/// (`DS_MAX_ITEMS`); their list sits in its shared memory, `STACK_ITEM_BYTES` each.
+pub const STACK_MAX_ITEMS: usize = 512;
+const STACK_ITEM_BYTES: usize = 32;
+
+/// Dynamic shared memory of a `decode_stack` launch: the weight ring, the block's work list,
+/// then the larger of the Q8_1 input of the widest product (`max_cols` values) and the
+/// attention's per-warp shares.
 pub fn stack_shared_bytes(max_cols: usize) -> usize {
     let warps = STACK_THREADS as usize / 32;
     let ring = STACK_STAGES * warps * STACK_SLOT;
-    ring + q8_1_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
+    ring + STACK_MAX_ITEMS * STACK_ITEM_BYTES + q8_1_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
+}
+
+/// Work items of the busiest block (block 0) of a `decode_stack` launch over `blocks` blocks:
+/// per layer, its share of the 32-row groups of the q/k/v, output, gate/up and down products
+/// (`ds_build` in `hip/stack.hip`). The launch needs it within [`STACK_MAX_ITEMS`].
+pub fn stack_items(blocks: usize, n_layer: usize, n_embd: usize, n_ff: usize, n_head: usize, n_head_kv: usize) -> usize {
+    let share = |rows: usize| (rows / 32).div_ceil(blocks.max(1));
+    let per_layer = share((n_head + 2 * n_head_kv) * STACK_HEAD_DIM) + 2 * share(n_embd) + share(n_ff);
+    n_layer * per_layer
 }
 
 /// One layer of [`StackParams`] (`ds_layer` in `hip/stack.hip`): weight rows as in the GGUF

@@ -294,7 +294,7 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         before.len() >= 3,
         "pipe_rows' opening not found: {before:?}"
     );
-    // The decode stack only declares its shared memory and cursors and requests weights.
+    // The decode stack only declares its shared memory, lists its work items and requests weights.
     let src = hip_source("stack.hip");
     let at = src.find(" decode_stack(").expect("decode_stack defined");
     let open = at + src[at..].find('{').expect("decode_stack opens");
@@ -308,7 +308,9 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
                 || l.starts_with("uint8_t* ")
                 || l.starts_with("__shared__ float ")
                 || l.starts_with("const int ")
+                || l.starts_with("ds_item* ")
                 || l.starts_with("ds_cursor ")
+                || *l == "__syncthreads();"
                 || l.starts_with("is.first(")
                 || l.starts_with("cu = is;")
                 || l.starts_with("const uint32_t ring_lane = ")
@@ -379,8 +381,16 @@ fn decode_stack_mirrors_the_source() {
     assert_eq!(size, STACK_MAX_LAYERS * 88 + 10 * 8 + 8 + 18 * 4);
     assert!(size <= 4096);
     // The 8B shapes: a 14336-wide Q8_1 input beside the ring, within an H100's 227 KB.
-    assert_eq!(stack_shared_bytes(14336), 5 * 16 * 2304 + 16128);
+    assert_eq!(source_define(f, "DS_MAX_ITEMS"), STACK_MAX_ITEMS);
+    // The 8B shapes: a 14336-wide Q8_1 input and the work list beside the ring, within an
+    // H100's 227 KB.
+    assert_eq!(stack_shared_bytes(14336), 5 * 16 * 2304 + 512 * 32 + 16128);
     assert!(stack_shared_bytes(14336) <= 227 * 1024);
+    // 32 layers of the 8B over 132 blocks: 2 q/k/v groups, 1 output, 4 gate/up and 1 down
+    // group per layer for block 0.
+    assert_eq!(stack_items(132, 32, 4096, 14336, 32, 8), 32 * 8);
+    assert_eq!(stack_items(108, 32, 4096, 14336, 32, 8), 32 * (2 + 2 + 5 + 2));
+    assert!(stack_items(16, 32, 4096, 14336, 32, 8) > STACK_MAX_ITEMS);
 }
 
 #[test]

@@ -225,6 +225,18 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     if !d.stack_fits(smem) {
         return Ok(0);
     }
+    let sms = d.inner.stack.lock().sms;
+    let items = kernels::stack_items(
+        sms as usize,
+        n_layer,
+        dims.n_embd,
+        dims.n_ff,
+        dims.n_head,
+        dims.n_head_kv,
+    );
+    if items > kernels::STACK_MAX_ITEMS {
+        return Ok(0);
+    }
     let scratch = Scratch::new(&dims);
     let buf = d.scratch(scratch.bytes)?;
     let sbuf = MemRange::of_buffer(&*buf);
