@@ -309,6 +309,7 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
                 || l.starts_with("__shared__ float ")
                 || l.starts_with("const int ")
                 || l.starts_with("ds_item* ")
+                || l.starts_with("const ds_item* end = ")
                 || l.starts_with("ds_cursor ")
                 || *l == "__syncthreads();"
                 || l.starts_with("is.first(")
