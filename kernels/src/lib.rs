@@ -303,15 +303,24 @@ const STACK_ITEM_BYTES: usize = 32;
 pub fn stack_shared_bytes(max_cols: usize) -> usize {
     let warps = STACK_THREADS as usize / 32;
     let ring = STACK_STAGES * warps * STACK_SLOT;
-    ring + STACK_MAX_ITEMS * STACK_ITEM_BYTES + q8_1_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
+    ring + STACK_MAX_ITEMS * STACK_ITEM_BYTES
+        + q8_1_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
 }
 
 /// Work items of the busiest block (block 0) of a `decode_stack` launch over `blocks` blocks:
 /// per layer, its share of the 32-row groups of the q/k/v, output, gate/up and down products
 /// (`ds_build` in `hip/stack.hip`). The launch needs it within [`STACK_MAX_ITEMS`].
-pub fn stack_items(blocks: usize, n_layer: usize, n_embd: usize, n_ff: usize, n_head: usize, n_head_kv: usize) -> usize {
+pub fn stack_items(
+    blocks: usize,
+    n_layer: usize,
+    n_embd: usize,
+    n_ff: usize,
+    n_head: usize,
+    n_head_kv: usize,
+) -> usize {
     let share = |rows: usize| (rows / 32).div_ceil(blocks.max(1));
-    let per_layer = share((n_head + 2 * n_head_kv) * STACK_HEAD_DIM) + 2 * share(n_embd) + share(n_ff);
+    let per_layer =
+        share((n_head + 2 * n_head_kv) * STACK_HEAD_DIM) + 2 * share(n_embd) + share(n_ff);
     n_layer * per_layer
 }
 

@@ -390,7 +390,10 @@ fn decode_stack_mirrors_the_source() {
     // 32 layers of the 8B over 132 blocks: 2 q/k/v groups, 1 output, 4 gate/up and 1 down
     // group per layer for block 0.
     assert_eq!(stack_items(132, 32, 4096, 14336, 32, 8), 32 * 8);
-    assert_eq!(stack_items(108, 32, 4096, 14336, 32, 8), 32 * (2 + 2 + 5 + 2));
+    assert_eq!(
+        stack_items(108, 32, 4096, 14336, 32, 8),
+        32 * (2 + 2 + 5 + 2)
+    );
     assert!(stack_items(16, 32, 4096, 14336, 32, 8) > STACK_MAX_ITEMS);
 }
 
