@@ -166,7 +166,7 @@ struct ds_params {
     const float* x_in;          // the residual before the first layer
     float* x_out;               // ... after the last one (also the running residual)
     float* q;                   // roped queries, n_head * 128
-    uint8_t *xq, *aq, *hq;      // Q8_1: x * norm weight, attention output, FFN activation
+    uint8_t *xq, *aq, *hq;      // Q8_1: x * norm weight, attention output; Q8_16: FFN activation
     float* ss;                  // 2 * n_layer sums of squares of x (before attention, before FFN)
     unsigned* bar;              // grid barrier counter, 0 between launches
     long long kv_stride;        // cache elements between positions
@@ -178,7 +178,78 @@ struct ds_params {
 
 #if defined(RF_CP_ASYNC)
 
-enum { DS_Q4 = 0, DS_Q6 = 1, DS_GATED = 2 };
+// Work item layouts (kind & 3): two rows per warp in Q4_K or Q6_K, or two gate and two up rows.
+// Flags: DS_HALF, a 16-row gate/up half group (one gate and one up row per warp, laid out as
+// DS_Q4); DS_A16, a product over the FFN activation, whose Q8 scales cover 16 values (q8_16_put:
+// the halves write theirs alone).
+enum { DS_Q4 = 0, DS_Q6 = 1, DS_GATED = 2, DS_HALF = 4, DS_A16 = 8 };
+
+// Q8 with one (d, d * sum) half2 per 16 values: the decode stack's FFN activation, so that a
+// 16-row gate/up half group quantizes its rows by itself. Lanes 16h .. 16h + 15 hold values
+// i .. i + 15 of one scale block; only lanes with `write` store.
+static __device__ __forceinline__ void q8_16_put(float v, uint8_t* yq, int ncols, int i, bool write) {
+    const float amax = warp_max<16>(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = (int)roundf(v * id);
+    const float sum = warp_sum<16>((float)q);
+    if (!write) return;
+    reinterpret_cast<int8_t*>(yq)[i] = (int8_t)q;
+    if ((i & 15) == 0) {
+        __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * (i / 16));
+        ds[0] = __float2half(d);
+        ds[1] = __float2half(sum * d);
+    }
+}
+
+static __device__ __forceinline__ size_t q8_16_vec_bytes(int ncols) {
+    return ((size_t)ncols + (size_t)ncols / 16 * 4 + 15) & ~(size_t)15;
+}
+
+// Q6_K activations (see load_act_h16) from a stack Q8 vector with 16-value scales: values
+// 128n + 32j + 16h + [0, 16) of block b are scale block 16b + 8n + 2j + h.
+static __device__ __forceinline__ void load_act_h16_a16(q8_vec y, int b, int c, act_h16& a) {
+    const int n = c >> 1, h = c & 1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a.q[j] = ld_act_piece<true>(y, 16 * b + 8 * n + h + 2 * j);
+    const uint32_t* ds = reinterpret_cast<const uint32_t*>(y.ds) + 16 * b + 8 * n + h;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a.d[j] = lo_f16(ds[2 * j]);
+}
+
+// Q4_K activations (see load_act_k4w) with 16-value scales: sub-block 2c is scale blocks
+// 16b + 4c and + 1, sub-block 2c + 1 is + 2 and + 3.
+struct act_k4w16 {
+    int4 lo[2], hi[2];
+    float d0[2], d1[2], s0, s1;
+};
+
+static __device__ __forceinline__ void load_act_k4w16(q8_vec y, int b, int c, act_k4w16& a) {
+    const int u = 16 * b + 4 * c;
+    a.lo[0] = ld_act_piece<true>(y, u);
+    a.lo[1] = ld_act_piece<true>(y, u + 1);
+    a.hi[0] = ld_act_piece<true>(y, u + 2);
+    a.hi[1] = ld_act_piece<true>(y, u + 3);
+    const int4 ds = ld_b128(y.ds + 4 * u);
+    const float k = RF_K4_HI16 ? 0.0625f : 1.0f;
+    a.d0[0] = lo_f16((uint32_t)ds.x);
+    a.d0[1] = lo_f16((uint32_t)ds.y);
+    a.d1[0] = lo_f16((uint32_t)ds.z) * k;
+    a.d1[1] = lo_f16((uint32_t)ds.w) * k;
+    a.s0 = hi_f16((uint32_t)ds.x) + hi_f16((uint32_t)ds.y);
+    a.s1 = hi_f16((uint32_t)ds.z) + hi_f16((uint32_t)ds.w);
+}
+
+static __device__ __forceinline__ float k4w_compute16(const mv_q4_kw::Raw& w, int c, const act_k4w16& a) {
+    int slo0 = 0, shi0 = 0, slo1 = 0, shi1 = 0;
+    k4_dot16(w.q[0], a.lo[0], a.hi[0], slo0, shi0);
+    k4_dot16(w.q[1], a.lo[1], a.hi[1], slo1, shi1);
+    int sc0, m0, sc1, m1;
+    k4_scales(c, (uint32_t)w.hdr.y, (uint32_t)w.hdr.z, (uint32_t)w.hdr.w, sc0, m0, sc1, m1);
+    return lo_f16((uint32_t)w.hdr.x) * ((float)sc0 * ((float)slo0 * a.d0[0] + (float)slo1 * a.d0[1]) +
+                                        (float)sc1 * ((float)shi0 * a.d1[0] + (float)shi1 * a.d1[1])) -
+           hi_f16((uint32_t)w.hdr.x) * ((float)m0 * a.s0 + (float)m1 * a.s1);
+}
 
 // The rows one 32-row group of phase `k` of layer `l` reads: matrix, first row, layout.
 struct ds_mat {
@@ -251,15 +322,24 @@ struct ds_item {
     const uint8_t* w;   // the group's first row (its first gate row when gated)
     const uint8_t* w2;  // its second row (Q4_K, Q6_K) or its first up row (gated)
     int rb;             // bytes per row
-    short q, g;         // phase (layer * DS_PHASES + kind) and group (rows 32g ..)
+    short q, r16;       // phase (layer * DS_PHASES + kind) and first output row / 16
     unsigned char kind, n;  // layout and chunks (ring slots per warp)
     unsigned char pad[6];
 };
 
-// Work items of phase kind k that block b takes: groups b, b + grid, ...
+// Gate/up half groups: the groups of the last, partial round, when at most half the grid, go
+// out as 16-row halves to twice as many blocks (8B over 132 blocks: 52 groups, the busiest
+// block's share 3.5 groups instead of 4 against a mean of 3.39).
+static __device__ __forceinline__ int ds_halves(const ds_params& p) {
+    const int r = ds_groups(p, 3) % (int)gridDim.x;
+    return r > 0 && 2 * r <= (int)gridDim.x ? 2 * r : 0;
+}
+
+// Work items of phase kind k that block b takes: groups b, b + grid, ... (of gate/up, the whole
+// ones), then gate/up half b.
 static __device__ __forceinline__ int ds_share(const ds_params& p, int k) {
-    const int n = ds_groups(p, k), b = (int)blockIdx.x;
-    return b < n ? (n - 1 - b) / (int)gridDim.x + 1 : 0;
+    const int b = (int)blockIdx.x, h = k == 3 ? ds_halves(p) : 0, n = ds_groups(p, k) - h / 2;
+    return (b < n ? (n - 1 - b) / (int)gridDim.x + 1 : 0) + (b < h ? 1 : 0);
 }
 
 // Lists this block's work items in order (phases in order, groups b, b + grid, ... within one)
@@ -272,16 +352,23 @@ static __device__ int ds_build(const ds_params& p, ds_item* items) {
         const int l = i / per;
         int r = i - l * per, k = 0;
         while (r >= ds_share(p, k)) r -= ds_share(p, k++);
-        const int g = (int)blockIdx.x + r * (int)gridDim.x;
-        const ds_mat m = ds_matrix(p, l, k, g);
+        const int g = (int)blockIdx.x + r * (int)gridDim.x, nh = k == 3 ? ds_halves(p) : 0;
+        const int nfull = ds_groups(p, k) - nh / 2;
+        const bool half = g >= nfull;  // the block's gate/up half (its last gate/up item)
+        ds_mat m = ds_matrix(p, l, k, half ? 0 : g);
+        int kind = m.kind;
+        if (half) {
+            m.row = nfull * 32 + 16 * (int)blockIdx.x;
+            kind = DS_Q4 | DS_HALF;
+        }
         ds_item t;
         t.w = m.w + (long long)m.row * m.rb;
-        t.w2 = m.kind == DS_GATED ? m.w2 + (long long)m.row * m.rb : t.w + m.rb;
+        t.w2 = m.w2 ? m.w2 + (long long)m.row * m.rb : t.w + m.rb;
         t.rb = (int)m.rb;
         t.q = (short)(l * DS_PHASES + k);
-        t.g = (short)(k == 0 ? ds_qkv_group(p, g) : g);
-        t.kind = (unsigned char)m.kind;
-        t.n = (unsigned char)(m.kind == DS_Q4 ? m.nblk / 8 : m.nblk / 4);
+        t.r16 = (short)(half ? m.row / 16 : 2 * (k == 0 ? ds_qkv_group(p, g) : g));
+        t.kind = (unsigned char)(kind | (k == 4 ? DS_A16 : 0));
+        t.n = (unsigned char)((kind & 3) == DS_Q4 ? m.nblk / 8 : m.nblk / 4);
         items[i] = t;
     }
     return ni;
@@ -292,17 +379,18 @@ static __device__ int ds_build(const ds_params& p, ds_item* items) {
 // pair plus 16 * lane, this lane's first piece of it (see ds_issue).
 struct ds_cursor {
     const ds_item* it;
-    int c, q, g, kind, n, rb;
+    int c, q, r16, kind, n, rb;
     const uint8_t *w, *w2;
     __device__ void load(const ds_item* end, int nq) {
         if (it < end) {
             const ds_item t = *it;
             q = t.q;
-            g = t.g;
+            r16 = t.r16;
             kind = t.kind;
             n = t.n;
             rb = t.rb;
-            const int off = 2 * (int)(threadIdx.x / 32) * t.rb + 16 * (int)(threadIdx.x % 32);
+            const int rows = t.kind & DS_HALF ? 1 : 2;  // per warp, of each matrix
+            const int off = rows * (int)(threadIdx.x / 32) * t.rb + 16 * (int)(threadIdx.x % 32);
             w = t.w + off;
             w2 = t.w2 + off;
         } else {
@@ -332,8 +420,8 @@ struct ds_cursor {
 // so the last chunk ends at the row's end).
 static __device__ __forceinline__ void ds_issue(ds_cursor& is, const ds_item* end, int nq, uint32_t dst, int lane) {
     if (is.q < nq) {
-        const int c = is.c;
-        if (is.kind == DS_Q6) {
+        const int c = is.c, lay = is.kind & 3;
+        if (lay == DS_Q6) {
             constexpr int P = 53 - 32;  // pieces past the first 32
             const int o = c * 4 * Q6_K_BYTES - 8 * (c & 1);
             const uint8_t* a = is.w + o;
@@ -344,7 +432,7 @@ static __device__ __forceinline__ void ds_issue(ds_cursor& is, const ds_item* en
                 cp_async16_s(dst + 512, a + 512);
                 cp_async16_s(dst + DS_Q6_ROW + 512, b + 512);
             }
-        } else if (is.kind == DS_GATED) {
+        } else if (lay == DS_GATED) {
             constexpr int R = 4 * Q4_K_BYTES, P = R / 16 - 32;
             const uint8_t* g0 = is.w + c * R;
             const uint8_t* g1 = g0 + is.rb;
@@ -384,10 +472,11 @@ static __device__ __forceinline__ unsigned ds_ld_acquire(const unsigned* p) {
     return v;
 }
 
-// Copies a Q8_1 vector of `ncols` values from L2 into shared memory, its values' 16-byte pieces
-// permuted by act_swz (see qdot.h), four 16-byte loads per thread in flight.
-static __device__ __forceinline__ void ds_fetch(const uint8_t* src, uint8_t* dst, int ncols) {
-    const int n = (int)q8_vec_bytes(ncols) / 16, nq = ncols / 16;
+// Copies a Q8 vector of `ncols` values (`bytes` with its scales) from L2 into shared memory, its
+// values' 16-byte pieces permuted by act_swz (see qdot.h), four 16-byte loads per thread in
+// flight.
+static __device__ __forceinline__ void ds_fetch(const uint8_t* src, uint8_t* dst, int ncols, size_t bytes) {
+    const int n = (int)bytes / 16, nq = ncols / 16;
     for (int base = 0; base < n; base += 4 * DS_THREADS) {
         int4 v[4];
 #pragma unroll
@@ -544,17 +633,17 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
             float scale = 1.0f;
             int ncols = p.n_embd;
             if (k == 0) {
-                if (l > 0) ds_fetch(p.xq, act, p.n_embd);
+                if (l > 0) ds_fetch(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd));
                 scale = l > 0 ? rsqrtf(__ldcg(p.ss + 2 * l) / p.n_embd + p.eps) : scale0;
             } else if (k == 2) {
                 ncols = p.n_head * DS_HEAD;
-                ds_fetch(p.aq, act, ncols);
+                ds_fetch(p.aq, act, ncols, q8_vec_bytes(ncols));
             } else if (k == 3) {
-                ds_fetch(p.xq, act, p.n_embd);
+                ds_fetch(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd));
                 scale = rsqrtf(__ldcg(p.ss + 2 * l + 1) / p.n_embd + p.eps);
             } else {
                 ncols = p.n_ff;
-                ds_fetch(p.hq, act, ncols);
+                ds_fetch(p.hq, act, ncols, q8_16_vec_bytes(ncols));
             }
             __syncthreads();
             const q8_vec yv{act, act + ncols};
@@ -565,7 +654,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 if (wid == 0 && cu.c == 0 && (k == 2 || k == 4)) {
                     // The residual and the next norm's weight, asked for a group ahead of the
                     // epilogue that needs them (a miss there would hold up the phase's end).
-                    const int row = cu.g * 32 + lane;
+                    const int row = cu.r16 * 16 + lane;
                     res = __ldcg(xr + row);
                     const bool last = k == 4 && l + 1 == p.n_layer;
                     nwv = last ? 0.0f : (k == 2 ? p.layer[l].ffn_norm : p.layer[l + 1].attn_norm)[row];
@@ -574,7 +663,8 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 __syncwarp();
                 const uint8_t* tile = ring + st_use + wid * DS_SLOT;
                 st_use = st_use == (DS_STAGES - 1) * DS_TILE ? 0 : st_use + DS_TILE;
-                if (cu.kind == DS_GATED) {
+                const int lay = cu.kind & 3;
+                if (lay == DS_GATED) {
                     // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
                     const int bl = (lane / 4) % 4, c = lane % 4, b = cu.c * 4 + bl, up = lane / 16;
                     mv_q4_kw::Act a;
@@ -583,35 +673,47 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     for (int r = 0; r < 2; ++r)
                         acc[r] += mv_q4_kw::compute(
                             mv_q4_kw::load(tile + (2 * up + r) * 4 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
-                } else if (cu.kind == DS_Q4) {
+                } else if (lay == DS_Q4) {
+                    // Half groups: acc[0] the gate row, acc[1] the up row.
                     const int bl = lane / 4, c = lane % 4, b = cu.c * 8 + bl;
-                    mv_q4_kw::Act a;
-                    mv_q4_kw::load_act(yv, b, c, a);
+                    if (cu.kind & DS_A16) {
+                        act_k4w16 a;
+                        load_act_k4w16(yv, b, c, a);
 #pragma unroll
-                    for (int r = 0; r < 2; ++r)
-                        acc[r] += mv_q4_kw::compute(mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c),
-                                                    c, a);
+                        for (int r = 0; r < 2; ++r)
+                            acc[r] += k4w_compute16(mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c,
+                                                    a);
+                    } else {
+                        mv_q4_kw::Act a;
+                        mv_q4_kw::load_act(yv, b, c, a);
+#pragma unroll
+                        for (int r = 0; r < 2; ++r)
+                            acc[r] += mv_q4_kw::compute(
+                                mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
+                    }
                 } else {
                     const int pair = lane / 4, c = lane % 4, r = pair / 4, bl = pair % 4, b = cu.c * 4 + bl;
                     act_h16 a;
-                    load_act_h16<true>(yv, b, c, a);
+                    if (cu.kind & DS_A16) load_act_h16_a16(yv, b, c, a);
+                    else load_act_h16<true>(yv, b, c, a);
                     const int o = b * Q6_K_BYTES - ((cu.c * 4 * Q6_K_BYTES) & ~15);
                     const float v =
                         mv_q6_k<1>::dot<true>(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
                     acc[0] += v;  // row r = lane / 16
                 }
                 if (cu.c == cu.n - 1) {
-                    const int g = cu.g;
                     // Two rows per warp: Q4_K rows in acc[0] and acc[1]; Q6_K row r in acc[0] of
                     // lanes 16r..16r + 15; gated: gate row r in acc[r] of lanes 0..15, up row r
-                    // in acc[r] of lanes 16..31.
+                    // in acc[r] of lanes 16..31; a half group's one gate and one up row in acc[0]
+                    // and acc[1].
+                    const bool half = cu.kind & DS_HALF;
                     float up0 = 0.0f, up1 = 0.0f;
-                    if (cu.kind == DS_GATED) {
+                    if (lay == DS_GATED) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
                         acc[1] = warp_sum<16>(acc[1]) * scale;
                         up0 = rf_shfl_xor(acc[0], 16);
                         up1 = rf_shfl_xor(acc[1], 16);
-                    } else if (cu.kind == DS_Q6) {
+                    } else if (lay == DS_Q6) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
                         acc[1] = rf_shfl_xor(acc[0], 16);
                     } else {
@@ -620,9 +722,11 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     }
                     float* rowv = rowv2[ngrp++ & 1];
                     if (lane == 0) {
-                        if (cu.kind == DS_GATED) {
+                        if (lay == DS_GATED) {
                             rowv[2 * wid] = silu(acc[0]) * up0;
                             rowv[2 * wid + 1] = silu(acc[1]) * up1;
+                        } else if (half) {
+                            rowv[wid] = silu(acc[0]) * acc[1];
                         } else {
                             rowv[2 * wid] = acc[0];
                             rowv[2 * wid + 1] = acc[1];
@@ -632,7 +736,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     __syncthreads();
                     if (wid == 0) {
                         float v = rowv[lane];
-                        const int row = g * 32 + lane;
+                        const int row = cu.r16 * 16 + lane;
                         if (k == 0) {
                             const int nq_rows = p.n_head * DS_HEAD, nk_rows = p.n_head_kv * DS_HEAD;
                             if (row < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
@@ -648,7 +752,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                                 p.layer[l].vc[pos * p.kv_stride + row - nq_rows - nk_rows] = __float2half(v);
                             }
                         } else if (k == 3) {
-                            q8_1_put(v, p.hq, p.n_ff, row);
+                            q8_16_put(v, p.hq, p.n_ff, row, !half || lane < 16);
                         } else {
                             v += res;
                             p.x_out[row] = v;

@@ -227,6 +227,12 @@ pub fn matvec_gated_grid(t: WeightType, nrows: usize) -> u32 {
 pub fn q8_1_vector_bytes(ncols: usize) -> usize {
     (ncols / QK8_1 * Q8_1_BYTES).div_ceil(16) * 16
 }
+/// Bytes of a decode-stack Q8 vector with one half2 (d, d * sum) per 16 values (its FFN
+/// activation: `q8_16_vec_bytes` in `hip/stack.hip`): `ncols` int8 values, then `ncols / 16`
+/// scales, rounded up to 16 bytes.
+pub fn q8_16_vector_bytes(ncols: usize) -> usize {
+    (ncols + ncols / 16 * 4).div_ceil(16) * 16
+}
 /// Largest head dimension the attention kernels take.
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
 /// Most cache positions `attn_dec_f16`/`attn_dec_f32` take (their scores live in shared memory).
@@ -298,13 +304,13 @@ pub const STACK_MAX_ITEMS: usize = 512;
 const STACK_ITEM_BYTES: usize = 32;
 
 /// Dynamic shared memory of a `decode_stack` launch: the weight ring, the block's work list,
-/// then the larger of the Q8_1 input of the widest product (`max_cols` values) and the
-/// attention's per-warp shares.
+/// then the larger of the Q8 input of the widest product (`max_cols` values, with 16-value
+/// scales at most) and the attention's per-warp shares.
 pub fn stack_shared_bytes(max_cols: usize) -> usize {
     let warps = STACK_THREADS as usize / 32;
     let ring = STACK_STAGES * warps * STACK_SLOT;
     ring + STACK_MAX_ITEMS * STACK_ITEM_BYTES
-        + q8_1_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
+        + q8_16_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
 }
 
 /// Work items of the busiest block (block 0) of a `decode_stack` launch over `blocks` blocks:
@@ -374,7 +380,8 @@ pub struct StackParams {
     pub xq: u64,
     /// Scratch: Q8_1 of the attention output (`n_head * 128` values).
     pub aq: u64,
-    /// Scratch: Q8_1 of the FFN activation (`n_ff` values).
+    /// Scratch: Q8 of the FFN activation (`n_ff` values, 16-value scales: see
+    /// [`q8_16_vector_bytes`]).
     pub hq: u64,
     /// Scratch: `2 * n_layer` f32 sums of squares.
     pub ss: u64,

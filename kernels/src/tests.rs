@@ -381,11 +381,10 @@ fn decode_stack_mirrors_the_source() {
     let size = std::mem::size_of::<StackParams>();
     assert_eq!(size, STACK_MAX_LAYERS * 88 + 10 * 8 + 8 + 18 * 4);
     assert!(size <= 4096);
-    // The 8B shapes: a 14336-wide Q8_1 input beside the ring, within an H100's 227 KB.
     assert_eq!(source_define(f, "DS_MAX_ITEMS"), STACK_MAX_ITEMS);
-    // The 8B shapes: a 14336-wide Q8_1 input and the work list beside the ring, within an
-    // H100's 227 KB.
-    assert_eq!(stack_shared_bytes(14336), 5 * 16 * 2304 + 512 * 32 + 16128);
+    // The 8B shapes: a 14336-wide Q8 input (16-value scales) and the work list beside the ring,
+    // within an H100's 227 KB.
+    assert_eq!(stack_shared_bytes(14336), 5 * 16 * 2304 + 512 * 32 + 17920);
     assert!(stack_shared_bytes(14336) <= 227 * 1024);
     // 32 layers of the 8B over 132 blocks: 2 q/k/v groups, 1 output, 4 gate/up and 1 down
     // group per layer for block 0.

@@ -181,7 +181,7 @@ impl Scratch {
             n_q * 4,
             kernels::q8_1_vector_bytes(d.n_embd),
             kernels::q8_1_vector_bytes(n_q),
-            kernels::q8_1_vector_bytes(d.n_ff),
+            kernels::q8_16_vector_bytes(d.n_ff),
             2 * STACK_MAX_LAYERS * 4,
         ];
         let mut areas = [(0, 0); 5];
