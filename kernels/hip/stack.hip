@@ -10,9 +10,10 @@
 //   2  o projection plus the residual: x, and x * ffn_norm quantized for phase 3;
 //   3  gate and up projections of rms_norm(x) * ffn_norm, act(gate) * up quantized for phase 4;
 //   4  down projection plus the residual: x, and x * the next layer's attn_norm quantized.
-// Products run over 32-row groups, block b taking groups b, b + grid, ...; each warp owns two
-// rows of a group (four for gate and up) and streams them through its own ring of DS_STAGES
-// shared-memory slots filled by cp.async. The ring runs ahead of the phase being computed,
+// Products run over 32-row groups, block b taking groups b, b + grid, ... (gate/up's partial last
+// round as 16-row halves, see ds_halves), listed once per launch in shared memory (ds_build);
+// each warp owns two rows of a group (four for gate and up) and streams them through its own
+// ring of DS_STAGES shared-memory slots filled by cp.async. The ring runs ahead of the phase being computed,
 // across the barriers (weights are read-only), which is what one launch per token buys: on an
 // H100 the 8B's products ran at 76% of the copy bandwidth this way against 71% as separate
 // launches (see the study at the end of matvec.hip).
@@ -131,6 +132,30 @@
 // per multiprocessor, barely above the 32 GB/s that 4.26 TB/s asks of each of 132; blocks that
 // finish early leave their share of the bandwidth unused. Reaching 70% there needs every phase
 // balanced at no cost per group (and shorter attention and barrier bubbles).
+// Per-iteration probes (globaltimer around each chunk's copy request, wait and dot products; H200,
+// 2026-11-26) then showed the ring's data always there when a warp came to it (waits of 0-64 ns):
+// a chunk took about 0.55 us of dot products and 0.2-0.35 us of requests, and each group change
+// about 0.5 us more in every warp, spent looking the next group up from the parameters (the
+// phase's matrix, the q/k/v dealing, the row address: some 60 dependent instructions). Listing
+// each block's work items once per launch (ds_build; a group change is then one shared-memory
+// load): 597-600 t/s against 574-576 (62.2% -> 65.1% of the limit), H100 482 against 467 (71.6% ->
+// 74.0%), same runs. The cursor walks a pointer into the list: with an index, the CUDA 11.8 ptxas
+// addressed the item after the one asked for (the loop's loads at 32 * i + 0x20 past the list,
+// seen in SASS; every launch faulted). Gate/up's partial last round (52 of 448 groups over 132
+// blocks) then went out as 104 half groups, the busiest block's share 3.5 groups against 4
+// (mean 3.39): 612 against 598 t/s (66.7%). Its FFN activation carries a Q8 scale per 16 values
+// (q8_16_put) so that a half quantizes its 16 rows alone; the down products read the finer
+// scales at no extra cost for Q6_K (a scale per 16-value piece already) and two more products per
+// row for Q4_K. Tried and slower: the group epilogue without a block barrier (the group's rows
+// meeting through named barriers, bar.arrive by 15 warps and bar.sync by the one that finishes it,
+// rotating): 594 against 600. What the step still loses on the H200 (a layer about 45 us against
+// 32 us of weights at the 4.5 TB/s a read-only cp.async ring reaches over all multiprocessors):
+// about 0.8 us per barrier from the last arrival to the release and 0.5-0.7 us per phase fetching
+// its input, both L2 round trips, which take 1.2 us while the weight streams run (0.14 us idle:
+// a pointer chase beside 131 streaming blocks); the attention phase (3.4 us, 32 blocks busy); and
+// q/k/v's share (the busiest block 2 groups against a mean of 1.45). A block streams at what
+// the others leave it (the same ring alone on 33 multiprocessors: 119 GB/s each), so balance
+// pays only where the bytes are spread evenly.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
@@ -314,7 +339,8 @@ static __device__ __forceinline__ ds_mat ds_matrix(const ds_params& p, int l, in
     return m;
 }
 
-// One of a block's work items, a 32-row group of one phase of one layer, as its cursors need it.
+// One of a block's work items, a 32-row group (or gate/up half group) of one phase of one layer,
+// as its cursors need it.
 // The block lists its items once per launch (ds_build), so that moving to the next group is a
 // shared-memory load: looking a group up from the parameters (the phase's matrix, the q/k/v
 // dealing, the row's address) took the warps about 0.5 us at each group change.
@@ -376,7 +402,8 @@ static __device__ int ds_build(const ds_params& p, ds_item* items) {
 
 // Position in this block's work items: the item `it` (`end` past the last), its chunk c, and the
 // item's fields (q = nq past the last item). The row pointers are this warp's first row of each
-// pair plus 16 * lane, this lane's first piece of it (see ds_issue).
+// pair plus 16 * lane, this lane's first piece of it (see ds_issue). A pointer, not an index:
+// with an index, CUDA 11.8's ptxas loaded the item after the one asked for.
 struct ds_cursor {
     const ds_item* it;
     int c, q, r16, kind, n, rb;
