@@ -155,7 +155,12 @@
 // a pointer chase beside 131 streaming blocks); the attention phase (3.4 us, 32 blocks busy); and
 // q/k/v's share (the busiest block 2 groups against a mean of 1.45). A block streams at what
 // the others leave it (the same ring alone on 33 multiprocessors: 119 GB/s each), so balance
-// pays only where the bytes are spread evenly.
+// pays only where the bytes are spread evenly. Variants of this kernel timed against it (results
+// ignored): without the grid barriers' waits 654 t/s against 612 (70.8% of the limit), without
+// the waits and the input fetches 679.5 (73.5%). What the barriers and fetches cost beyond the
+// phases' real dependencies is their round trips: a phase's input written with a tag per word
+// (an epoch beside the payload) would let a block fetch and check in one round trip instead of a
+// fence, an atomic, a poll and a fetch.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
