@@ -207,22 +207,29 @@ static __device__ __forceinline__ q8_vec q8_vec_at(const uint8_t* y, int ncols, 
     return v;
 }
 
-// Value `i` of the planar Q8_1 vector of `ncols` values at `yq`, from `v`, where each 32-lane group
-// holds 32 consecutive values (block i / 32): the scale and sum come from width-32 reductions, so
-// every lane of the group takes part.
+// Value `i` of a planar Q8 vector of `ncols` values at `yq` with one half2 (d, s) per QK values
+// (Q8_1: QK = 32; the decode stack's FFN activation: 16), from `v`, where each QK-lane group holds
+// QK consecutive values (block i / QK): the scale and sum come from width-QK reductions, so every
+// lane of the group takes part, and only lanes with `write` store.
 // `qi`: where value i's byte goes (i itself, or i's place in a permuted layout).
-static __device__ __forceinline__ void q8_1_put(float v, uint8_t* yq, int ncols, int i, int qi) {
-    const float amax = warp_max<32>(fabsf(v));
+template <int QK>
+static __device__ __forceinline__ void q8_put(float v, uint8_t* yq, int ncols, int i, int qi, bool write = true) {
+    const float amax = warp_max<QK>(fabsf(v));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const int q = (int)roundf(v * id);
-    const float sum = warp_sum<32>((float)q);
+    const float sum = warp_sum<QK>((float)q);
+    if (!write) return;
     reinterpret_cast<int8_t*>(yq)[qi] = (int8_t)q;
-    if ((i & 31) == 0) {
-        __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * (i / 32));
+    if ((i & (QK - 1)) == 0) {
+        __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * (i / QK));
         ds[0] = __float2half(d);
         ds[1] = __float2half(sum * d);
     }
+}
+
+static __device__ __forceinline__ void q8_1_put(float v, uint8_t* yq, int ncols, int i, int qi) {
+    q8_put<QK8_1>(v, yq, ncols, i, qi);
 }
 
 static __device__ __forceinline__ void q8_1_put(float v, uint8_t* yq, int ncols, int i) {

@@ -144,7 +144,7 @@
 // seen in SASS; every launch faulted). Gate/up's partial last round (52 of 448 groups over 132
 // blocks) then went out as 104 half groups, the busiest block's share 3.5 groups against 4
 // (mean 3.39): 612 against 598 t/s (66.7%). Its FFN activation carries a Q8 scale per 16 values
-// (q8_16_put) so that a half quantizes its 16 rows alone; the down products read the finer
+// (q8_put<16>) so that a half quantizes its 16 rows alone; the down products read the finer
 // scales at no extra cost for Q6_K (a scale per 16-value piece already) and two more products per
 // row for Q4_K. Tried and slower: the group epilogue without a block barrier (the group's rows
 // meeting through named barriers, bar.arrive by 15 warps and bar.sync by the one that finishes it,
@@ -210,28 +210,12 @@ struct ds_params {
 
 // Work item layouts (kind & 3): two rows per warp in Q4_K or Q6_K, or two gate and two up rows.
 // Flags: DS_HALF, a 16-row gate/up half group (one gate and one up row per warp, laid out as
-// DS_Q4); DS_A16, a product over the FFN activation, whose Q8 scales cover 16 values (q8_16_put:
+// DS_Q4); DS_A16, a product over the FFN activation, whose Q8 scales cover 16 values (q8_put<16>:
 // the halves write theirs alone).
 enum { DS_Q4 = 0, DS_Q6 = 1, DS_GATED = 2, DS_HALF = 4, DS_A16 = 8 };
 
-// Q8 with one (d, d * sum) half2 per 16 values: the decode stack's FFN activation, so that a
-// 16-row gate/up half group quantizes its rows by itself. Lanes 16h .. 16h + 15 hold values
-// i .. i + 15 of one scale block; only lanes with `write` store.
-static __device__ __forceinline__ void q8_16_put(float v, uint8_t* yq, int ncols, int i, bool write) {
-    const float amax = warp_max<16>(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int q = (int)roundf(v * id);
-    const float sum = warp_sum<16>((float)q);
-    if (!write) return;
-    reinterpret_cast<int8_t*>(yq)[i] = (int8_t)q;
-    if ((i & 15) == 0) {
-        __half* ds = reinterpret_cast<__half*>(yq + ncols + 4 * (i / 16));
-        ds[0] = __float2half(d);
-        ds[1] = __float2half(sum * d);
-    }
-}
-
+// The FFN activation's Q8 (q8_put<16>: a scale per 16 values, so that a 16-row gate/up half group
+// quantizes its rows by itself): `ncols` int8, then `ncols / 16` half2 (d, s).
 static __device__ __forceinline__ size_t q8_16_vec_bytes(int ncols) {
     return ((size_t)ncols + (size_t)ncols / 16 * 4 + 15) & ~(size_t)15;
 }
@@ -784,7 +768,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                                 p.layer[l].vc[pos * p.kv_stride + row - nq_rows - nk_rows] = __float2half(v);
                             }
                         } else if (k == 3) {
-                            q8_16_put(v, p.hq, p.n_ff, row, !half || lane < 16);
+                            q8_put<16>(v, p.hq, p.n_ff, row, row, !half || lane < 16);
                         } else {
                             v += res;
                             p.x_out[row] = v;
