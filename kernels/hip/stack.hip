@@ -793,3 +793,70 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
     }
 #endif
 }
+
+// The output head (or any tall Q6_K mat-vec over one Q8_1 vector): out[r] = w[r] . y, with
+// decode_stack's weight streaming. One block per multiprocessor takes the 32-row groups b,
+// b + grid, ...; each warp streams its two rows of a group through its own cp.async ring, the
+// ring running on from group to group, and writes their sums itself (no block barrier after the
+// input's fetch). The per-op mat-vec reached 64% of the H200's peak DRAM throughput here: its
+// blocks come in waves of four warps, each warp waiting on its own loads.
+// `nrows` a multiple of 32, `ncols` of 2048 (whole Q6_K chunk pairs, 16-byte aligned rows),
+// at most DS_MAX_ITEMS groups per block (the host checks).
+RF_KERNEL void DS_ATTRS head_q6_k(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,
+                                  int out_stride, int nrows) {
+#if defined(RF_CP_ASYNC)
+    (void)out_stride;  // one vector
+    extern __shared__ __align__(16) uint8_t sm[];
+    uint8_t* ring = sm;
+    ds_item* items = reinterpret_cast<ds_item*>(sm + DS_STAGES * DS_TILE);
+    uint8_t* act = sm + DS_STAGES * DS_TILE + DS_MAX_ITEMS * sizeof(ds_item);
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, b = (int)blockIdx.x, ng = nrows / 32;
+    const int ni = b < ng ? min((ng - 1 - b) / (int)gridDim.x + 1, DS_MAX_ITEMS) : 0;
+    for (int i = threadIdx.x; i < ni; i += DS_THREADS) {
+        const int g = b + i * (int)gridDim.x;
+        ds_item t;
+        t.w = w + (long long)g * 32 * row_bytes;
+        t.w2 = t.w + row_bytes;
+        t.rb = (int)row_bytes;
+        t.q = 0;
+        t.r16 = (short)(2 * g);
+        t.kind = DS_Q6;
+        t.n = (unsigned char)(ncols / QK_K / 4);
+        items[i] = t;
+    }
+    __syncthreads();
+    const ds_item* end = items + ni;
+    ds_cursor is, cu;
+    is.first(items, end, 1);
+    cu = is;
+    const uint32_t ring_lane = (uint32_t)__cvta_generic_to_shared(ring) + wid * DS_SLOT + lane * 16;
+    for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(is, end, 1, ring_lane + s * DS_TILE, lane);
+    rf_entry();
+    ds_fetch(y, act, ncols, q8_vec_bytes(ncols));
+    __syncthreads();
+    const q8_vec yv{act, act + ncols};
+    uint32_t st_use = 0, st_put = (DS_STAGES - 1) * DS_TILE;
+    float acc = 0.0f;
+    while (cu.q == 0) {
+        ds_issue(is, end, 1, ring_lane + st_put, lane);
+        st_put = st_put == (DS_STAGES - 1) * DS_TILE ? 0 : st_put + DS_TILE;
+        cp_async_wait<DS_STAGES - 1>();
+        __syncwarp();
+        const uint8_t* tile = ring + st_use + wid * DS_SLOT;
+        st_use = st_use == (DS_STAGES - 1) * DS_TILE ? 0 : st_use + DS_TILE;
+        // Lanes 16r .. 16r + 15 take row r of the warp's two, four lanes per Q6_K block.
+        const int pair = lane / 4, c = lane % 4, r = pair / 4, bl = pair % 4, bb = cu.c * 4 + bl;
+        act_h16 a;
+        load_act_h16<true>(yv, bb, c, a);
+        const int o = bb * Q6_K_BYTES - ((cu.c * 4 * Q6_K_BYTES) & ~15);
+        acc += mv_q6_k<1>::dot<true>(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
+        if (cu.c == cu.n - 1) {
+            acc = warp_sum<16>(acc);
+            if ((lane & 15) == 0) out[cu.r16 * 16 + 2 * wid + lane / 16] = acc;
+            acc = 0.0f;
+        }
+        __syncwarp();
+        cu.next(end, 1);
+    }
+#endif
+}

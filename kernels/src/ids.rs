@@ -402,6 +402,7 @@ kernel_ids! {
     MatvecKsQ5_1 => Matvec, "matvec_q5_1_ks";
     MatvecKsAddQ5_1 => Matvec, "matvec_q5_1_ks_add";
     DecodeStack => Stack, "decode_stack";
+    HeadQ6_K => Stack, "head_q6_k";
     MatvecF32 => Matvec, "matvec_f32";
     MatvecF16 => Matvec, "matvec_f16";
     DequantF16Q4_0 => Dequant, "dequant_f16_q4_0";
@@ -465,7 +466,8 @@ fn params_of(k: KernelId) -> &'static [Param] {
     match k {
         K::DecodeStack => &[Stack],
         K::QuantizeQ8_1 => &[Ptr, Ptr, I32, I64],
-        K::MatvecQ4_0
+        K::HeadQ6_K
+        | K::MatvecQ4_0
         | K::MatvecQ4_1
         | K::MatvecQ5_0
         | K::MatvecQ5_1

@@ -313,6 +313,33 @@ pub fn stack_shared_bytes(max_cols: usize) -> usize {
         + q8_16_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
 }
 
+/// Dynamic shared memory of a `head_q6_k` launch over `ncols`-wide rows: the weight ring, the
+/// block's list of groups and the Q8_1 input.
+pub fn head_shared_bytes(ncols: usize) -> usize {
+    let warps = STACK_THREADS as usize / 32;
+    STACK_STAGES * warps * STACK_SLOT
+        + STACK_MAX_ITEMS * STACK_ITEM_BYTES
+        + q8_1_vector_bytes(ncols)
+}
+
+/// Whether `head_q6_k` takes a Q6_K matrix of `nrows` rows of `ncols` values over `blocks`
+/// blocks: 32-row groups, whole 2048-value chunk pairs (16-byte aligned rows), each block's
+/// groups within [`STACK_MAX_ITEMS`] and the groups' first rows / 16 within an i16. Only tall
+/// matrices (output heads, [`HEAD_RING_MIN_ROWS`] rows and more) take it.
+pub fn head_takes(nrows: usize, ncols: usize, blocks: usize) -> bool {
+    nrows >= HEAD_RING_MIN_ROWS
+        && nrows.is_multiple_of(32)
+        && ncols > 0
+        && ncols.is_multiple_of(2048)
+        && ncols / 256 / 4 <= u8::MAX as usize
+        && blocks > 0
+        && (nrows / 32).div_ceil(blocks) <= STACK_MAX_ITEMS
+        && nrows / 16 <= i16::MAX as usize
+}
+
+/// Fewest rows of a Q6_K mat-vec that `head_q6_k` takes instead of the per-op kernel.
+pub const HEAD_RING_MIN_ROWS: usize = 65536;
+
 /// Work items of the busiest block (block 0) of a `decode_stack` launch over `blocks` blocks:
 /// per layer, its share of the 32-row groups of the q/k/v, output, gate/up and down products
 /// (`ds_build` in `hip/stack.hip`; where gate/up's last round goes out as half groups, block 0

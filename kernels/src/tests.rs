@@ -254,8 +254,9 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
                 Some(rest) => skip_blank(&rest[rest.find(';').map_or(0, |i| i + 1)..]),
                 None => body,
             };
-            // The decode stack requests its first weights before it waits (checked below).
-            if head.contains(" decode_stack(") {
+            // The decode stack and the head request their first weights before they wait
+            // (checked below).
+            if head.contains(" decode_stack(") || head.contains(" head_q6_k(") {
                 entries += 1;
                 continue;
             }
@@ -294,33 +295,41 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         before.len() >= 3,
         "pipe_rows' opening not found: {before:?}"
     );
-    // The decode stack only declares its shared memory, lists its work items and requests weights.
+    // The decode stack and the head only declare their shared memory, list their work items
+    // and request weights.
     let src = hip_source("stack.hip");
-    let at = src.find(" decode_stack(").expect("decode_stack defined");
-    let open = at + src[at..].find('{').expect("decode_stack opens");
-    let wait = open + src[open..].find("rf_entry();").expect("decode_stack waits");
-    let before: Vec<&str> = src[open..wait].lines().skip(1).map(str::trim).collect();
-    assert!(
-        before
-            .iter()
-            .all(|l| l.starts_with("#if defined(RF_CP_ASYNC)")
-                || l.starts_with("extern __shared__")
-                || l.starts_with("uint8_t* ")
-                || l.starts_with("__shared__ float ")
-                || l.starts_with("const int ")
-                || l.starts_with("ds_item* ")
-                || l.starts_with("const ds_item* end = ")
-                || l.starts_with("ds_cursor ")
-                || *l == "__syncthreads();"
-                || l.starts_with("is.first(")
-                || l.starts_with("cu = is;")
-                || l.starts_with("const uint32_t ring_lane = ")
-                || l.starts_with("for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(")
-                || l.starts_with("// ")
-                || *l == "}"
-                || l.is_empty()),
-        "decode_stack does more than request weights before waiting: {before:?}"
-    );
+    for name in ["decode_stack", "head_q6_k"] {
+        let at = src.find(&format!(" {name}(")).expect("kernel defined");
+        let open = at + src[at..].find('{').expect("kernel opens");
+        let wait = open + src[open..].find("rf_entry();").expect("kernel waits");
+        let before: Vec<&str> = src[open..wait].lines().skip(1).map(str::trim).collect();
+        assert!(
+            before
+                .iter()
+                .all(|l| l.starts_with("#if defined(RF_CP_ASYNC)")
+                    || l.starts_with("(void)out_stride;")
+                    || l.starts_with("for (int i = threadIdx.x; i < ni; i += DS_THREADS) {")
+                    || l.starts_with("ds_item t;")
+                    || l.starts_with("t.")
+                    || l.starts_with("items[i] = t;")
+                    || l.starts_with("extern __shared__")
+                    || l.starts_with("uint8_t* ")
+                    || l.starts_with("__shared__ float ")
+                    || l.starts_with("const int ")
+                    || l.starts_with("ds_item* ")
+                    || l.starts_with("const ds_item* end = ")
+                    || l.starts_with("ds_cursor ")
+                    || *l == "__syncthreads();"
+                    || l.starts_with("is.first(")
+                    || l.starts_with("cu = is;")
+                    || l.starts_with("const uint32_t ring_lane = ")
+                    || l.starts_with("for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(")
+                    || l.starts_with("// ")
+                    || *l == "}"
+                    || l.is_empty()),
+            "{name} does more than request weights before waiting: {before:?}"
+        );
+    }
 }
 
 /// The body of the device function `name` in `src` holds only declarations, loops, L2 prefetches

@@ -32,7 +32,7 @@ mod ops;
 mod profile;
 mod stack;
 
-pub use stack::stack_launches;
+pub use stack::{head_launches, stack_launches};
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -218,7 +218,7 @@ impl HipDevice {
         Ok(stack::State {
             on: false,
             bar,
-            smem_allowed: 0,
+            smem_allowed: Vec::new(),
             fits: Vec::new(),
             sms,
         })
@@ -311,27 +311,29 @@ impl HipDevice {
     /// of dynamic shared memory here (the ring alone takes 180 KiB: an A100's 163 KiB per block
     /// cannot hold it, nor an H100's 227 KiB the input of a very wide FFN); answered once per
     /// size. Where it cannot, the layers go to the per-op kernels.
-    pub(crate) fn stack_fits(&self, smem: u32) -> bool {
+    pub(crate) fn stack_fits(&self, k: kernels::KernelId, smem: u32) -> bool {
         let known = self
             .inner
             .stack
             .lock()
             .fits
             .iter()
-            .find(|(s, _)| *s == smem)
-            .map(|f| f.1);
+            .find(|(kk, s, _)| *kk == k && *s == smem)
+            .map(|f| f.2);
         if let Some(ok) = known {
             return ok;
         }
         let ok = self
-            .with_kernel(kernels::KernelId::DecodeStack, |f| {
+            .with_kernel(k, |f| {
                 let mut st = self.inner.stack.lock();
-                if smem > st.smem_allowed {
+                let allowed = st.smem_allowed.iter().find(|a| a.0 == k).map_or(0, |a| a.1);
+                if smem > allowed {
                     if let Err(e) = f.set_max_dynamic_shared(smem) {
-                        tracing::debug!("decode_stack: {smem} bytes of shared memory refused: {e}");
+                        tracing::debug!("{}: {smem} bytes of shared memory refused: {e}", k.name());
                         return Ok(false);
                     }
-                    st.smem_allowed = smem;
+                    st.smem_allowed.retain(|a| a.0 != k);
+                    st.smem_allowed.push((k, smem));
                 }
                 Ok(f.max_active_blocks_per_sm(kernels::STACK_THREADS, smem)
                     .is_ok_and(|b| b >= 1))
@@ -339,12 +341,40 @@ impl HipDevice {
             .unwrap_or(false);
         if !ok {
             tracing::info!(
-                "hip backend: decode_stack cannot keep a block per multiprocessor with {smem} bytes \
-                 of shared memory; the decode layers run per op"
+                "hip backend: {} cannot keep a block per multiprocessor with {smem} bytes of shared \
+                 memory; its work runs per op",
+                k.name()
             );
         }
-        self.inner.stack.lock().fits.push((smem, ok));
+        self.inner.stack.lock().fits.push((k, smem, ok));
         ok
+    }
+
+    /// Queues `k` over `grid` blocks of `block` threads with `smem` bytes of dynamic shared
+    /// memory, which [`HipDevice::stack_fits`] has opted the kernel in to.
+    fn launch_kernel_smem(
+        &self,
+        k: kernels::KernelId,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &[KernelArg<'_>],
+    ) -> Result<()> {
+        self.with_kernel(k, |f| {
+            self.inner
+                .sb
+                .stream()
+                .launch_checked(
+                    f,
+                    k.name(),
+                    param_kinds(k),
+                    [grid, 1, 1],
+                    [block, 1, 1],
+                    smem,
+                    args,
+                )
+                .map_err(|e| gpu_err(k.name(), e))
+        })
     }
 
     /// Queues cooperative launch of `k` (every block resident at once: the kernel's blocks wait

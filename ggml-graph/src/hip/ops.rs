@@ -623,6 +623,30 @@ fn mul_mat_bias(
             let variant = wt.matvec_variant(bias.is_some(), k_split);
             let mut cache = d.inner.q8.lock();
             let q8 = cache.quantized(d, xp, k, m)?;
+            let head = (m == 1 && bias.is_none() && wt == kernels::WeightType::Q6_K)
+                .then(|| super::stack::head_launch(d, &wp, n, k, wt_.nb[1]))
+                .flatten();
+            if let Some((grid, smem)) = head {
+                let mut b = Args::new();
+                b.push(wp)
+                    .push(MemRange::of_buffer(&q8))
+                    .push(out)
+                    .push(k as i32)
+                    .push(wt_.nb[1] as i64)
+                    .push(n as i32)
+                    .push(n as i32);
+                let r = d.launch_kernel_smem(
+                    KernelId::HeadQ6_K,
+                    grid,
+                    kernels::STACK_THREADS,
+                    smem,
+                    &b.0,
+                );
+                drop(cache);
+                r?;
+                super::stack::head_launched();
+                return Ok(false);
+            }
             let mut b = Args::new();
             b.push(wp);
             if let Some(bias) = bias {

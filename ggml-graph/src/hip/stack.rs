@@ -26,14 +26,29 @@ pub fn stack_launches() -> usize {
     LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// `head_q6_k` launches queued by every device of this process (see [`head_launches`]).
+static HEAD_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `head_q6_k` launches queued so far by every device of this process (tests and logs: whether
+/// an output head took the ring kernel).
+pub fn head_launches() -> usize {
+    HEAD_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts a queued `head_q6_k` launch.
+pub(crate) fn head_launched() {
+    HEAD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// What the device keeps for the stack: whether it runs it, the barrier counter (zero between
-/// launches, which leave it so), the dynamic shared memory the kernel was allowed so far and
-/// which sizes one resident block per multiprocessor can have (see `HipDevice::stack_fits`).
+/// launches, which leave it so), the dynamic shared memory `decode_stack` and `head_q6_k` were
+/// allowed so far and which sizes one resident block per multiprocessor can have (see
+/// `HipDevice::stack_fits`).
 pub(crate) struct State {
     pub(crate) on: bool,
     pub(crate) bar: Option<DeviceBuffer<u32>>,
-    pub(crate) smem_allowed: u32,
-    pub(crate) fits: Vec<(u32, bool)>,
+    pub(crate) smem_allowed: Vec<(kernels::KernelId, u32)>,
+    pub(crate) fits: Vec<(kernels::KernelId, u32, bool)>,
     pub(crate) sms: u32,
 }
 
@@ -222,7 +237,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let layers = &layers[..n_layer];
     let max_cols = dims.n_embd.max(dims.n_ff).max(dims.n_head * STACK_HEAD_DIM);
     let smem = u32::try_from(kernels::stack_shared_bytes(max_cols)).unwrap_or(u32::MAX);
-    if !d.stack_fits(smem) {
+    if !d.stack_fits(kernels::KernelId::DecodeStack, smem) {
         return Ok(0);
     }
     let sms = d.inner.stack.lock().sms;
@@ -321,4 +336,31 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     // stream before it frees this one.
     drop(buf);
     Ok(n_layer * STACK_LAYER_NODES)
+}
+
+/// Grid and dynamic shared memory of a `head_q6_k` launch for a Q6_K mat-vec of one vector over
+/// `nrows` rows of `ncols` values (`row_bytes` apart, from `w`), or `None` where it goes to the
+/// per-op kernel: the stack off, a matrix the kernel does not take, or no room for its block.
+pub(crate) fn head_launch(
+    d: &HipDevice,
+    w: &MemRange<'_>,
+    nrows: usize,
+    ncols: usize,
+    row_bytes: usize,
+) -> Option<(u32, u32)> {
+    let (on, sms) = {
+        let st = d.inner.stack.lock();
+        (st.on, st.sms)
+    };
+    let dense = ncols / 256 * 210;
+    if !on
+        || row_bytes != dense
+        || !w.addr().is_multiple_of(16)
+        || !kernels::head_takes(nrows, ncols, sms as usize)
+    {
+        return None;
+    }
+    let smem = u32::try_from(kernels::head_shared_bytes(ncols)).ok()?;
+    d.stack_fits(kernels::KernelId::HeadQ6_K, smem)
+        .then_some((sms, smem))
 }

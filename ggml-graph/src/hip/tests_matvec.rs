@@ -142,3 +142,34 @@ fn grouped_qkv_mat_vecs_match_cpu() {
         }
     }
 }
+
+/// A tall Q6_K mat-vec of one vector (an output head's shape: 2048-value rows, more than
+/// `HEAD_RING_MIN_ROWS` of them, a partial last round of groups over the grid) takes the ring
+/// kernel `head_q6_k` where the device runs the decode stack, and matches the CPU.
+#[test]
+fn tall_q6_k_mat_vec_takes_the_ring_kernel_and_matches_cpu() {
+    let Some(h) = hip() else { return };
+    if !h.set_stack(true) {
+        println!("skipped: this device does not run the decode stack's kernels");
+        return;
+    }
+    let mut rng = Rng(0x4ead_0f0f_1234_5555);
+    let (k, n) = (2048usize, kernels::HEAD_RING_MIN_ROWS + 7 * 32);
+    let mut g = Graph::new();
+    let w = g.weight("w", DType::Q6_K, &[k, n]).expect("w");
+    let x = g.input("x", DType::F32, &[k, 1]).expect("x");
+    let y = g.mul_mat(w, x).expect("mm");
+    g.mark_output(y).expect("out");
+    let c = Case {
+        g,
+        weights: vec![weight("w", DType::Q6_K, k, n, &mut rng)],
+        inputs: vec![(x, f32_bytes(&rng.vec(k)))],
+        out: y,
+    };
+    let before = crate::hip::head_launches();
+    check(&h, "tall Q6_K mul_mat (head_q6_k)", &c, 2e-3);
+    assert!(
+        crate::hip::head_launches() > before,
+        "the tall Q6_K mat-vec did not take head_q6_k"
+    );
+}
