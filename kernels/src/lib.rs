@@ -328,9 +328,9 @@ pub fn head_shared_bytes(ncols: usize) -> usize {
 /// matrices (output heads, [`HEAD_RING_MIN_ROWS`] rows and more) take it.
 pub fn head_takes(nrows: usize, ncols: usize, blocks: usize) -> bool {
     nrows >= HEAD_RING_MIN_ROWS
-        && nrows.is_multiple_of(32)
+        && nrows % 32 == 0
         && ncols > 0
-        && ncols.is_multiple_of(2048)
+        && ncols % 2048 == 0
         && ncols / 256 / 4 <= u8::MAX as usize
         && blocks > 0
         && (nrows / 32).div_ceil(blocks) <= STACK_MAX_ITEMS
