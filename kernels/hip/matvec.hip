@@ -730,6 +730,8 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 // DRAM throughput, against 97% of the copy bandwidth on the H100) and none of these knobs moves
 // it: two Q6_K rounds 149 us, the Q6_K pipeline at 9216 bytes per warp 144, at 13824 139.5 (ncu,
 // six launches each, 2026-11-25); tg128 535.8 / 535.8 as it is against 533.1-535.8 for those.
+// Where the decode stack runs, tall Q6_K heads of one vector go to head_q6_k (stack.hip), which
+// streams them as the stack does its products.
 #ifndef MV_PREFETCH_TALL_ROWS
 #define MV_PREFETCH_TALL_ROWS 65536
 #endif

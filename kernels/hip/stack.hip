@@ -161,6 +161,28 @@
 // phases' real dependencies is their round trips: a phase's input written with a tag per word
 // (an epoch beside the payload) would let a block fetch and check in one round trip instead of a
 // fence, an atomic, a poll and a fetch.
+// That was built and measured slower (H200, 2026-11-26, same runs, main 610-615 t/s): every
+// exchanged vector (queries, x's Q8_1 with per-group partial sums of squares replacing the
+// atomics, the attention output, the FFN activation, the position's keys and values) as 8-byte
+// words of a 4-byte payload and a 32-bit tag (launch epoch from a device counter the last block
+// moves on, and phase), written with plain 64-bit stores and no fence, no grid barrier, a block
+// fetching its input with all its words in flight and re-reading the stale ones: 584-586 t/s.
+// Its timeline did what was asked of it (last producer's write to a consumer's input in shared
+// memory 0.4-0.6 us a phase against 1.3 for release plus fetch) but the streaming phases ran
+// slower, gate/up most (mean block 536 against 472 us a step, the busiest 621 against 523), and
+// ncu counted 10% more instructions and half again as many L2 read sectors for the kernel (1.52
+// against 1.45 ms). Variants, none faster: each thread re-reading its stale words one after the
+// other 523; with a 128 ns sleep between reads 489, 256 ns after the first re-read 575; only a
+// thread's first stale pair polled 543, or one pair per warp 579-582 (L2 reads barely lower, so
+// the polling is not what the extra sectors are); plain, volatile or relaxed stores alike;
+// per-phase item counters polled by one thread before the fetch (no fence: the tags still
+// decide) 561; the residual kept in the shared memory of the block that owns its rows (the
+// output and down products deal group g to the same block) instead of tagged words, no change.
+// Where the streaming time goes in those variants is open.
+// The output head takes this kernel's streaming too (head_q6_k below): one block per
+// multiprocessor, each warp its two rows of 32-row groups through its own ring, no block
+// barrier after the input's fetch. H200, 8B tg128, same runs: 622.8 / 625.0 t/s against 614.6 /
+// 615.1 with the per-op head (66.9% -> 68.1% of the limit); the H100 was not re-measured.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the

@@ -352,7 +352,7 @@ pub(crate) fn head_launch(
         let st = d.inner.stack.lock();
         (st.on, st.sms)
     };
-    let dense = ncols / 256 * 210;
+    let dense = ncols / DType::Q6_K.block_size() * DType::Q6_K.type_size();
     if !on
         || row_bytes != dense
         || !w.addr().is_multiple_of(16)
