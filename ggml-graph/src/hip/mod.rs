@@ -298,13 +298,7 @@ impl HipDevice {
         block: u32,
         args: &[KernelArg<'_>],
     ) -> Result<()> {
-        self.with_kernel(k, |f| {
-            self.inner
-                .sb
-                .stream()
-                .launch_checked(f, k.name(), param_kinds(k), grid, [block, 1, 1], 0, args)
-                .map_err(|e| gpu_err(k.name(), e))
-        })
+        self.launch_kernel_smem(k, grid, block, 0, args)
     }
 
     /// Whether `decode_stack` can have one resident block per multiprocessor with `smem` bytes
@@ -351,11 +345,11 @@ impl HipDevice {
     }
 
     /// Queues `k` over `grid` blocks of `block` threads with `smem` bytes of dynamic shared
-    /// memory, which [`HipDevice::stack_fits`] has opted the kernel in to.
+    /// memory (beyond 48 KiB only where [`HipDevice::stack_fits`] has opted the kernel in).
     fn launch_kernel_smem(
         &self,
         k: kernels::KernelId,
-        grid: u32,
+        grid: [u32; 3],
         block: u32,
         smem: u32,
         args: &[KernelArg<'_>],
@@ -364,15 +358,7 @@ impl HipDevice {
             self.inner
                 .sb
                 .stream()
-                .launch_checked(
-                    f,
-                    k.name(),
-                    param_kinds(k),
-                    [grid, 1, 1],
-                    [block, 1, 1],
-                    smem,
-                    args,
-                )
+                .launch_checked(f, k.name(), param_kinds(k), grid, [block, 1, 1], smem, args)
                 .map_err(|e| gpu_err(k.name(), e))
         })
     }

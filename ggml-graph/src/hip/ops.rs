@@ -637,7 +637,7 @@ fn mul_mat_bias(
                     .push(n as i32);
                 let r = d.launch_kernel_smem(
                     KernelId::HeadQ6_K,
-                    grid,
+                    [grid, 1, 1],
                     kernels::STACK_THREADS,
                     smem,
                     &b.0,
