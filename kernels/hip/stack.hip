@@ -504,6 +504,23 @@ static __device__ __forceinline__ void ds_issue(ds_cursor& is, const ds_item* en
     cp_async_commit();
 }
 
+// The ring stage after byte offset `st` (stages DS_TILE apart, DS_STAGES of them).
+static __device__ __forceinline__ uint32_t ds_next_stage(uint32_t st) {
+    return st == (DS_STAGES - 1) * DS_TILE ? 0 : st + DS_TILE;
+}
+
+// This lane's share of two Q6_K rows' dot products over ring chunk `chunk` (tile: the warp's
+// slot, rows DS_Q6_ROW apart from their 16-byte aligned start): lanes 16r .. 16r + 15 take row
+// r, four lanes per block. `a16`: the input's Q8 scales cover 16 values (q8_put<16>).
+static __device__ __forceinline__ float ds_q6_chunk(q8_vec yv, const uint8_t* tile, int chunk, bool a16, int lane) {
+    const int pair = lane / 4, c = lane % 4, r = pair / 4, bl = pair % 4, b = chunk * 4 + bl;
+    act_h16 a;
+    if (a16) load_act_h16_a16(yv, b, c, a);
+    else load_act_h16<true>(yv, b, c, a);
+    const int o = b * Q6_K_BYTES - ((chunk * 4 * Q6_K_BYTES) & ~15);
+    return mv_q6_k<1>::dot<true>(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
+}
+
 static __device__ __forceinline__ unsigned ds_ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -688,7 +705,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
             const float* xr = (k == 2 && l == 0) ? p.x_in : p.x_out;
             while (cu.q == q) {
                 ds_issue(is, end, nq, ring_lane + st_put, lane);
-                st_put = st_put == (DS_STAGES - 1) * DS_TILE ? 0 : st_put + DS_TILE;
+                st_put = ds_next_stage(st_put);
                 if (wid == 0 && cu.c == 0 && (k == 2 || k == 4)) {
                     // The residual and the next norm's weight, asked for a group ahead of the
                     // epilogue that needs them (a miss there would hold up the phase's end).
@@ -700,7 +717,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                 cp_async_wait<DS_STAGES - 1>();
                 __syncwarp();
                 const uint8_t* tile = ring + st_use + wid * DS_SLOT;
-                st_use = st_use == (DS_STAGES - 1) * DS_TILE ? 0 : st_use + DS_TILE;
+                st_use = ds_next_stage(st_use);
                 const int lay = cu.kind & 3;
                 if (lay == DS_GATED) {
                     // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
@@ -730,14 +747,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                                 mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
                     }
                 } else {
-                    const int pair = lane / 4, c = lane % 4, r = pair / 4, bl = pair % 4, b = cu.c * 4 + bl;
-                    act_h16 a;
-                    if (cu.kind & DS_A16) load_act_h16_a16(yv, b, c, a);
-                    else load_act_h16<true>(yv, b, c, a);
-                    const int o = b * Q6_K_BYTES - ((cu.c * 4 * Q6_K_BYTES) & ~15);
-                    const float v =
-                        mv_q6_k<1>::dot<true>(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
-                    acc[0] += v;  // row r = lane / 16
+                    acc[0] += ds_q6_chunk(yv, tile, cu.c, cu.kind & DS_A16, lane);  // row lane / 16
                 }
                 if (cu.c == cu.n - 1) {
                     // Two rows per warp: Q4_K rows in acc[0] and acc[1]; Q6_K row r in acc[0] of
@@ -861,17 +871,12 @@ RF_KERNEL void DS_ATTRS head_q6_k(const uint8_t* w, const uint8_t* y, float* out
     float acc = 0.0f;
     while (cu.q == 0) {
         ds_issue(is, end, 1, ring_lane + st_put, lane);
-        st_put = st_put == (DS_STAGES - 1) * DS_TILE ? 0 : st_put + DS_TILE;
+        st_put = ds_next_stage(st_put);
         cp_async_wait<DS_STAGES - 1>();
         __syncwarp();
         const uint8_t* tile = ring + st_use + wid * DS_SLOT;
-        st_use = st_use == (DS_STAGES - 1) * DS_TILE ? 0 : st_use + DS_TILE;
-        // Lanes 16r .. 16r + 15 take row r of the warp's two, four lanes per Q6_K block.
-        const int pair = lane / 4, c = lane % 4, r = pair / 4, bl = pair % 4, bb = cu.c * 4 + bl;
-        act_h16 a;
-        load_act_h16<true>(yv, bb, c, a);
-        const int o = bb * Q6_K_BYTES - ((cu.c * 4 * Q6_K_BYTES) & ~15);
-        acc += mv_q6_k<1>::dot<true>(reinterpret_cast<const uint32_t*>(tile + r * DS_Q6_ROW), o, c, a);
+        st_use = ds_next_stage(st_use);
+        acc += ds_q6_chunk(yv, tile, cu.c, false, lane);  // row lane / 16 of the warp's two
         if (cu.c == cu.n - 1) {
             acc = warp_sum<16>(acc);
             if ((lane & 15) == 0) out[cu.r16 * 16 + 2 * wid + lane / 16] = acc;
