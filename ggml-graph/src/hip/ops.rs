@@ -623,18 +623,22 @@ fn mul_mat_bias(
             let variant = wt.matvec_variant(bias.is_some(), k_split);
             let mut cache = d.inner.q8.lock();
             let q8 = cache.quantized(d, xp, k, m)?;
+            // The head kernel takes the plain mat-vec's arguments (no bias).
             let head = (m == 1 && bias.is_none() && wt == kernels::WeightType::Q6_K)
                 .then(|| super::stack::head_launch(d, &wp, n, k, wt_.nb[1]))
                 .flatten();
+            let mut b = Args::new();
+            b.push(wp);
+            if let Some(bias) = bias {
+                b.push(bias);
+            }
+            b.push(MemRange::of_buffer(&q8))
+                .push(out)
+                .push(k as i32)
+                .push(wt_.nb[1] as i64)
+                .push(n as i32)
+                .push(n as i32);
             if let Some((grid, smem)) = head {
-                let mut b = Args::new();
-                b.push(wp)
-                    .push(MemRange::of_buffer(&q8))
-                    .push(out)
-                    .push(k as i32)
-                    .push(wt_.nb[1] as i64)
-                    .push(n as i32)
-                    .push(n as i32);
                 let r = d.launch_kernel_smem(
                     KernelId::HeadQ6_K,
                     [grid, 1, 1],
@@ -647,22 +651,11 @@ fn mul_mat_bias(
                 super::stack::head_launched();
                 return Ok(false);
             }
-            let mut b = Args::new();
-            b.push(wp);
-            if let Some(bias) = bias {
-                b.push(bias);
-            }
             let grid = if k_split {
                 n.div_ceil(wt.matvec_rows_per_warp()) as u32
             } else {
                 kernels::matvec_grid(wt, n)
             };
-            b.push(MemRange::of_buffer(&q8))
-                .push(out)
-                .push(k as i32)
-                .push(wt_.nb[1] as i64)
-                .push(n as i32)
-                .push(n as i32);
             return launch_matvec(d, variant, grid, m, &b, cache).map(|()| bias.is_some());
         }
         let kid = if wt_.dtype == DType::F32 {
