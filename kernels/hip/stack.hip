@@ -10,13 +10,13 @@
 //   2  o projection plus the residual: x, and x * ffn_norm quantized for phase 3;
 //   3  gate and up projections of rms_norm(x) * ffn_norm, act(gate) * up quantized for phase 4;
 //   4  down projection plus the residual: x, and x * the next layer's attn_norm quantized.
-// Products run over 32-row groups, block b taking groups b, b + grid, ... (gate/up's partial last
-// round as 16-row halves, see ds_halves), listed once per launch in shared memory (ds_build);
-// each warp owns two rows of a group (four for gate and up) and streams them through its own
-// ring of DS_STAGES shared-memory slots filled by cp.async. The ring runs ahead of the phase being computed,
-// across the barriers (weights are read-only), which is what one launch per token buys: on an
-// H100 the 8B's products ran at 76% of the copy bandwidth this way against 71% as separate
-// launches (see the study at the end of matvec.hip).
+// Products run over 32-row groups, block b taking groups b, b + grid, ... (q/k/v's and gate/up's
+// partial last round as 16-row halves, see ds_halves), listed once per launch in shared memory
+// (ds_build); each warp owns two rows of a group (four for gate and up) and streams them through
+// its own ring of DS_STAGES shared-memory slots filled by cp.async. The ring runs ahead of the
+// phase being computed, across the barriers (weights are read-only), which is what one launch
+// per token buys: on an H100 the 8B's products ran at 76% of the copy bandwidth this way against
+// 71% as separate launches (see the study at the end of matvec.hip).
 // RMS norms cost no pass: a producer writes its rows times the norm weight in Q8_1 and adds
 // their squares to a per-norm sum, and the consumer scales its dot products by
 // rsqrt(sum / n + eps) (a Q8_1 vector scaled by r quantizes to the same values with its scales
@@ -183,6 +183,26 @@
 // multiprocessor, each warp its two rows of 32-row groups through its own ring, no block
 // barrier after the input's fetch. H200, 8B tg128, same runs: 622.8 / 625.0 t/s against 614.6 /
 // 615.1 with the per-op head (66.9% -> 68.1% of the limit); the H100 was not re-measured.
+// The tagged design once more (2026-11-26, H200, same runs): with each block's polling lane on
+// a different word and 100 ns between polls 580 t/s, without the sleep 581, against 625 for
+// this kernel: the hot polled lines are not what slows its streaming either.
+// q/k/v's partial last round as 16-row halves (ds_halves; the columns of a half split between
+// warp pairs, DS_SPLIT): 624-626 t/s against 618-624, the q/k/v phase 199 -> 188 us a step (Q4_K
+// layers 6.24 -> 5.70 us, Q6_K-v layers 6.20 -> 6.04). Tried and slower: the q/k/v epilogue per
+// warp without the group's block barrier (rope pairs are a warp's own two rows; the split
+// halves meeting through named barriers): 610 against 621; its q/k/v phase was 4 us faster but
+// gate/up and down 7% slower, their loops scheduled differently by ptxas.
+// The weight streams stand still during the attention phase (the rings are full, 100 of 132
+// blocks have no head). Blocks without a head now ask for the rows of their first two gate/up
+// work items into L2 then (ds_prefetch_items; 29 MB on the 8B over 132 blocks, the rings run on
+// from it): 640-641 t/s against 621-623 for the kernel before the q/k/v halves, in three runs
+// (H200, 69.4% of the limit); o 132 -> 117 us a step, gate/up 522 -> 503, attention 105 -> 116
+// (the prefetches compete with its key and value loads). Every block's gate/up time dropped,
+// the attention blocks' too: less is left for DRAM during gate/up. Tried, slower: one item
+// (629), three (628; 44 MB, more than L2 keeps), every block asking after its attention (621),
+// also the attention blocks' first item asked for by 32 idle blocks (637.5), the whole down item
+// asked for at the gate/up -> down barrier (587-592) or the next q/k/v items at the down -> q/k/v
+// one (623): at a barrier the streams are still running. A 256-byte stride: the same (639).
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
@@ -233,8 +253,10 @@ struct ds_params {
 // Work item layouts (kind & 3): two rows per warp in Q4_K or Q6_K, or two gate and two up rows.
 // Flags: DS_HALF, a 16-row gate/up half group (one gate and one up row per warp, laid out as
 // DS_Q4); DS_A16, a product over the FFN activation, whose Q8 scales cover 16 values (q8_put<16>:
-// the halves write theirs alone).
-enum { DS_Q4 = 0, DS_Q6 = 1, DS_GATED = 2, DS_HALF = 4, DS_A16 = 8 };
+// the halves write theirs alone); DS_SPLIT, a 16-row q/k/v half group, warps w and w + 8 taking
+// the same two rows, w the first half of their chunks and w + 8 the second (the epilogue adds
+// the two sums).
+enum { DS_Q4 = 0, DS_Q6 = 1, DS_GATED = 2, DS_HALF = 4, DS_A16 = 8, DS_SPLIT = 16 };
 
 // The FFN activation's Q8 (q8_put<16>: a scale per 16 values, so that a 16-row gate/up half group
 // quantizes its rows by itself): `ncols` int8, then `ncols / 16` half2 (d, s).
@@ -309,9 +331,11 @@ static __device__ __forceinline__ int ds_groups(const ds_params& p, int k) {
 // that take no second group where that is possible: q and k groups fill the places before and
 // after them, so that no block takes v and another group (on the 8B over 132 blocks the largest
 // share drops from 4.9 to 4 chunk-sized tiles).
+static __device__ __forceinline__ int ds_halves(const ds_params& p, int k);
+
 static __device__ __forceinline__ int ds_qkv_group(const ds_params& p, int g) {
     const int n = ds_groups(p, 0), nv = p.n_head_kv * DS_HEAD / 32, r = n - (int)gridDim.x;
-    if (r <= 0 || r + nv > (int)gridDim.x || g < r) return g;
+    if (r <= 0 || r + nv > (int)gridDim.x || g < r || ds_halves(p, 0) > 0) return g;
     return g < r + nv ? n - nv + (g - r) : g - nv;
 }
 
@@ -364,18 +388,23 @@ struct ds_item {
     unsigned char pad[6];
 };
 
-// Gate/up half groups: the groups of the last, partial round, when at most half the grid, go
-// out as 16-row halves to twice as many blocks (8B over 132 blocks: 52 groups, the busiest
-// block's share 3.5 groups instead of 4 against a mean of 3.39).
-static __device__ __forceinline__ int ds_halves(const ds_params& p) {
-    const int r = ds_groups(p, 3) % (int)gridDim.x;
+// Half groups of phase kind k: the q/k/v and gate/up groups of the last, partial round, when at
+// most half the grid, go out as 16-row halves to twice as many blocks. 8B over 132 blocks:
+// gate/up's 52 groups, the busiest block's share 3.5 groups instead of 4 against a mean of 3.39;
+// q/k/v's 60 (the last 28 k groups and the v groups), the busiest share 1.5 Q4_K groups instead
+// of 2 (mean 1.45), or with Q6_K v one Q4_K group and a v half. A q/k/v half is split by
+// columns between warp pairs (DS_SPLIT), which takes an even number of chunks per row whose
+// second half starts at a Q6_K chunk pair: inputs a multiple of 4096 wide.
+static __device__ __forceinline__ int ds_halves(const ds_params& p, int k) {
+    if (k != 3 && (k != 0 || p.n_embd % 4096 != 0)) return 0;
+    const int r = ds_groups(p, k) % (int)gridDim.x;
     return r > 0 && 2 * r <= (int)gridDim.x ? 2 * r : 0;
 }
 
-// Work items of phase kind k that block b takes: groups b, b + grid, ... (of gate/up, the whole
-// ones), then gate/up half b.
+// Work items of phase kind k that block b takes: groups b, b + grid, ... (of q/k/v and gate/up,
+// the whole ones), then half b.
 static __device__ __forceinline__ int ds_share(const ds_params& p, int k) {
-    const int b = (int)blockIdx.x, h = k == 3 ? ds_halves(p) : 0, n = ds_groups(p, k) - h / 2;
+    const int b = (int)blockIdx.x, h = ds_halves(p, k), n = ds_groups(p, k) - h / 2;
     return (b < n ? (n - 1 - b) / (int)gridDim.x + 1 : 0) + (b < h ? 1 : 0);
 }
 
@@ -389,13 +418,17 @@ static __device__ int ds_build(const ds_params& p, ds_item* items) {
         const int l = i / per;
         int r = i - l * per, k = 0;
         while (r >= ds_share(p, k)) r -= ds_share(p, k++);
-        const int g = (int)blockIdx.x + r * (int)gridDim.x, nh = k == 3 ? ds_halves(p) : 0;
+        const int g = (int)blockIdx.x + r * (int)gridDim.x, nh = ds_halves(p, k);
         const int nfull = ds_groups(p, k) - nh / 2;
-        const bool half = g >= nfull;  // the block's gate/up half (its last gate/up item)
-        ds_mat m = ds_matrix(p, l, k, half ? 0 : g);
+        const bool half = g >= nfull;  // the block's half group (its last item of the phase)
+        const int hrow = nfull * 32 + 16 * (int)blockIdx.x;  // the half's first row
+        ds_mat m = ds_matrix(p, l, k, half ? hrow / 32 : g);
         int kind = m.kind;
-        if (half) {
-            m.row = nfull * 32 + 16 * (int)blockIdx.x;
+        if (half && k == 0) {
+            m.row += hrow % 32;
+            kind |= DS_SPLIT;
+        } else if (half) {
+            m.row = hrow;
             kind = DS_Q4 | DS_HALF;
         }
         ds_item t;
@@ -403,7 +436,7 @@ static __device__ int ds_build(const ds_params& p, ds_item* items) {
         t.w2 = m.w2 ? m.w2 + (long long)m.row * m.rb : t.w + m.rb;
         t.rb = (int)m.rb;
         t.q = (short)(l * DS_PHASES + k);
-        t.r16 = (short)(half ? m.row / 16 : 2 * (k == 0 ? ds_qkv_group(p, g) : g));
+        t.r16 = (short)(half ? hrow / 16 : 2 * (k == 0 ? ds_qkv_group(p, g) : g));
         t.kind = (unsigned char)(kind | (k == 4 ? DS_A16 : 0));
         t.n = (unsigned char)((kind & 3) == DS_Q4 ? m.nblk / 8 : m.nblk / 4);
         items[i] = t;
@@ -412,9 +445,10 @@ static __device__ int ds_build(const ds_params& p, ds_item* items) {
 }
 
 // Position in this block's work items: the item `it` (`end` past the last), its chunk c, and the
-// item's fields (q = nq past the last item). The row pointers are this warp's first row of each
-// pair plus 16 * lane, this lane's first piece of it (see ds_issue). A pointer, not an index:
-// with an index, CUDA 11.8's ptxas loaded the item after the one asked for.
+// item's fields (q = nq past the last item; n past this warp's last chunk, c its first). The row
+// pointers are this warp's first row of each pair plus 16 * lane, this lane's first piece of it
+// (see ds_issue). A pointer, not an index: with an index, CUDA 11.8's ptxas loaded the item after
+// the one asked for.
 struct ds_cursor {
     const ds_item* it;
     int c, q, r16, kind, n, rb;
@@ -425,10 +459,17 @@ struct ds_cursor {
             q = t.q;
             r16 = t.r16;
             kind = t.kind;
-            n = t.n;
             rb = t.rb;
             const int rows = t.kind & DS_HALF ? 1 : 2;  // per warp, of each matrix
-            const int off = rows * (int)(threadIdx.x / 32) * t.rb + 16 * (int)(threadIdx.x % 32);
+            int pair = (int)(threadIdx.x / 32);
+            c = 0;
+            n = t.n;
+            if (t.kind & DS_SPLIT) {
+                c = (pair >> 3) * (t.n >> 1);
+                n = c + (t.n >> 1);
+                pair &= 7;
+            }
+            const int off = rows * pair * t.rb + 16 * (int)(threadIdx.x % 32);
             w = t.w + off;
             w2 = t.w2 + off;
         } else {
@@ -437,12 +478,10 @@ struct ds_cursor {
     }
     __device__ void first(const ds_item* items, const ds_item* end, int nq) {
         it = items;
-        c = 0;
         load(end, nq);
     }
     __device__ void next(const ds_item* end, int nq) {
         if (++c < n) return;
-        c = 0;
         ++it;
         load(end, nq);
     }
@@ -525,6 +564,26 @@ static __device__ __forceinline__ unsigned ds_ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+// Gate/up work items whose rows the blocks without an attention head ask into L2 during phase 1
+// (see ds_prefetch_items).
+#define DS_PREFETCH_ITEMS 2
+
+// Asks for the rows of the first `ng` work items of phase q (from `it` on) into L2, one request
+// per 128-byte line spread over the block's threads. The blocks without a head run this during
+// phase 1, while the weight streams stand still (see the note at the top).
+static __device__ __forceinline__ void ds_prefetch_items(const ds_item* it, const ds_item* end, int q, int ng) {
+    for (; it < end && it->q < q; ++it) {
+    }
+    for (int j = 0; j < ng && it < end && it->q == q; ++j, ++it) {
+        const ds_item t = *it;
+        const int bytes = (t.kind & DS_HALF ? 16 : 32) * t.rb;  // rows from t.w (gate) and t.w2 (up)
+        for (int o = threadIdx.x * 128; o < bytes; o += DS_THREADS * 128) {
+            rf_prefetch_l2(t.w + o);
+            rf_prefetch_l2(t.w2 + o);
+        }
+    }
 }
 
 // Copies a Q8 vector of `ncols` values (`bytes` with its scales) from L2 into shared memory, its
@@ -684,6 +743,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
         if (k == 1) {
             for (int h = blockIdx.x; h < p.n_head; h += gridDim.x)
                 ds_attention(p, l, h, nkv, reinterpret_cast<float*>(act), wid, lane);
+            if ((int)blockIdx.x >= p.n_head) ds_prefetch_items(cu.it, end, q + 2, DS_PREFETCH_ITEMS);
         } else if (cu.q == q) {
             float scale = 1.0f;
             int ncols = p.n_embd;
@@ -783,10 +843,15 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     acc[0] = acc[1] = 0.0f;
                     __syncthreads();
                     if (wid == 0) {
-                        float v = rowv[lane];
-                        const int row = cu.r16 * 16 + lane;
+                        // A split half's 16 rows: each lane of both halves of the warp takes
+                        // row lane % 16, summing the two warps' column halves; lanes < 16 write.
+                        const bool split = cu.kind & DS_SPLIT;
+                        const int i = split ? lane & 15 : lane;
+                        float v = split ? rowv[i] + rowv[i + 16] : rowv[i];
+                        const int row = cu.r16 * 16 + i;
                         if (k == 0) {
                             const int nq_rows = p.n_head * DS_HEAD, nk_rows = p.n_head_kv * DS_HEAD;
+                            const bool put = !split || lane < 16;
                             if (row < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
                                 const int d = row % DS_HEAD;
                                 const float other = rf_shfl_xor(v, 1);
@@ -794,9 +859,9 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                                                               p.freq_factors, 0, p.ext_factor, p.mscale, p.corr_lo,
                                                               p.corr_hi);
                                 if (o.rot) v = (d & 1) ? other * o.s + v * o.c : v * o.c - other * o.s;
-                                if (row < nq_rows) p.q[row] = v;
-                                else p.layer[l].kc[pos * p.kv_stride + row - nq_rows] = __float2half(v);
-                            } else {
+                                if (put && row < nq_rows) p.q[row] = v;
+                                else if (put) p.layer[l].kc[pos * p.kv_stride + row - nq_rows] = __float2half(v);
+                            } else if (put) {
                                 p.layer[l].vc[pos * p.kv_stride + row - nq_rows - nk_rows] = __float2half(v);
                             }
                         } else if (k == 3) {

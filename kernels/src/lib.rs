@@ -342,9 +342,9 @@ pub const HEAD_RING_MIN_ROWS: usize = 65536;
 
 /// Work items of the busiest block (block 0) of a `decode_stack` launch over `blocks` blocks:
 /// per layer, its share of the 32-row groups of the q/k/v, output, gate/up and down products
-/// (`ds_build` in `hip/stack.hip`; where gate/up's last round goes out as half groups, block 0
-/// takes the whole rounds and one half, the same count). The launch needs it within
-/// [`STACK_MAX_ITEMS`].
+/// (`ds_build` in `hip/stack.hip`; where the q/k/v or gate/up last round goes out as half
+/// groups, block 0 takes the whole rounds and one half, the same count). The launch needs it
+/// within [`STACK_MAX_ITEMS`].
 pub fn stack_items(
     blocks: usize,
     n_layer: usize,

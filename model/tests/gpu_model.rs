@@ -487,7 +487,8 @@ fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
 
 /// The decode stack at Llama-3-8B's layer shapes (4096 wide, 32 heads, 8 key-value heads, FFN
 /// 14336), two layers: on GPUs with 132 multiprocessors (H100, H200) the q/k/v groups outnumber
-/// the blocks, so the v groups are dealt apart. Teacher-forced on the CPU's tokens, the stack
+/// the blocks, so their last round goes out as half groups split between warp pairs (one layer
+/// with Q4_K v, one with Q6_K), as gate/up's does. Teacher-forced on the CPU's tokens, the stack
 /// must give the per-op kernels' logits (both quantize the same activations to Q8_1), and both
 /// must stay as close to the CPU as the per-op kernels are at this width.
 #[test]
