@@ -202,7 +202,9 @@
 // (629), three (628; 44 MB, more than L2 keeps), every block asking after its attention (621),
 // also the attention blocks' first item asked for by 32 idle blocks (637.5), the whole down item
 // asked for at the gate/up -> down barrier (587-592) or the next q/k/v items at the down -> q/k/v
-// one (623): at a barrier the streams are still running. A 256-byte stride: the same (639).
+// one (623): at a barrier the streams are still running. A 256-byte stride: the same (639);
+// a 300 ns sleep before the requests, to let the attention blocks' loads go first: the same
+// (639-642 against 639-641); prefetch.global.L2::evict_last: 629-632, with three items 600-602.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
