@@ -297,6 +297,26 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
     );
     // The decode stack and the head only declare their shared memory, list their work items
     // and request weights.
+    const STACK_PRELUDE: &[&str] = &[
+        "#if defined(RF_CP_ASYNC)",
+        "(void)out_stride;",
+        "for (int i = threadIdx.x; i < ni; i += DS_THREADS) {",
+        "ds_item t;",
+        "t.",
+        "items[i] = t;",
+        "extern __shared__",
+        "uint8_t* ",
+        "__shared__ float ",
+        "const int ",
+        "ds_item* ",
+        "const ds_item* end = ",
+        "ds_cursor ",
+        "is.first(",
+        "cu = is;",
+        "const uint32_t ring_lane = ",
+        "for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(",
+        "// ",
+    ];
     let src = hip_source("stack.hip");
     for name in ["decode_stack", "head_q6_k"] {
         let at = src.find(&format!(" {name}(")).expect("kernel defined");
@@ -306,25 +326,8 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         assert!(
             before
                 .iter()
-                .all(|l| l.starts_with("#if defined(RF_CP_ASYNC)")
-                    || l.starts_with("(void)out_stride;")
-                    || l.starts_with("for (int i = threadIdx.x; i < ni; i += DS_THREADS) {")
-                    || l.starts_with("ds_item t;")
-                    || l.starts_with("t.")
-                    || l.starts_with("items[i] = t;")
-                    || l.starts_with("extern __shared__")
-                    || l.starts_with("uint8_t* ")
-                    || l.starts_with("__shared__ float ")
-                    || l.starts_with("const int ")
-                    || l.starts_with("ds_item* ")
-                    || l.starts_with("const ds_item* end = ")
-                    || l.starts_with("ds_cursor ")
+                .all(|l| STACK_PRELUDE.iter().any(|p| l.starts_with(p))
                     || *l == "__syncthreads();"
-                    || l.starts_with("is.first(")
-                    || l.starts_with("cu = is;")
-                    || l.starts_with("const uint32_t ring_lane = ")
-                    || l.starts_with("for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(")
-                    || l.starts_with("// ")
                     || *l == "}"
                     || l.is_empty()),
             "{name} does more than request weights before waiting: {before:?}"
