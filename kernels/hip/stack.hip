@@ -329,12 +329,24 @@ static __device__ __forceinline__ int ds_groups(const ds_params& p, int k) {
     }
 }
 
+// Half groups of phase kind k: the q/k/v and gate/up groups of the last, partial round, when at
+// most half the grid, go out as 16-row halves to twice as many blocks. 8B over 132 blocks:
+// gate/up's 52 groups, the busiest block's share 3.5 groups instead of 4 against a mean of 3.39;
+// q/k/v's 60 (the last 28 k groups and the v groups), the busiest share 1.5 Q4_K groups instead
+// of 2 (mean 1.45), or with Q6_K v one Q4_K group and a v half. A q/k/v half is split by
+// columns between warp pairs (DS_SPLIT), which takes an even number of chunks per row whose
+// second half starts at a Q6_K chunk pair: inputs a multiple of 4096 wide.
+static __device__ __forceinline__ int ds_halves(const ds_params& p, int k) {
+    if (k != 3 && (k != 0 || p.n_embd % 4096 != 0)) return 0;
+    const int r = ds_groups(p, k) % (int)gridDim.x;
+    return r > 0 && 2 * r <= (int)gridDim.x ? 2 * r : 0;
+}
+
 // Phase 0's group in dealing place g. The v groups (Q6_K in Q4_K_M, the heaviest) go to blocks
 // that take no second group where that is possible: q and k groups fill the places before and
 // after them, so that no block takes v and another group (on the 8B over 132 blocks the largest
-// share drops from 4.9 to 4 chunk-sized tiles).
-static __device__ __forceinline__ int ds_halves(const ds_params& p, int k);
-
+// share drops from 4.9 to 4 chunk-sized tiles). In order where the last round goes out as
+// halves (ds_halves).
 static __device__ __forceinline__ int ds_qkv_group(const ds_params& p, int g) {
     const int n = ds_groups(p, 0), nv = p.n_head_kv * DS_HEAD / 32, r = n - (int)gridDim.x;
     if (r <= 0 || r + nv > (int)gridDim.x || g < r || ds_halves(p, 0) > 0) return g;
@@ -389,19 +401,6 @@ struct ds_item {
     unsigned char kind, n;  // layout and chunks (ring slots per warp)
     unsigned char pad[6];
 };
-
-// Half groups of phase kind k: the q/k/v and gate/up groups of the last, partial round, when at
-// most half the grid, go out as 16-row halves to twice as many blocks. 8B over 132 blocks:
-// gate/up's 52 groups, the busiest block's share 3.5 groups instead of 4 against a mean of 3.39;
-// q/k/v's 60 (the last 28 k groups and the v groups), the busiest share 1.5 Q4_K groups instead
-// of 2 (mean 1.45), or with Q6_K v one Q4_K group and a v half. A q/k/v half is split by
-// columns between warp pairs (DS_SPLIT), which takes an even number of chunks per row whose
-// second half starts at a Q6_K chunk pair: inputs a multiple of 4096 wide.
-static __device__ __forceinline__ int ds_halves(const ds_params& p, int k) {
-    if (k != 3 && (k != 0 || p.n_embd % 4096 != 0)) return 0;
-    const int r = ds_groups(p, k) % (int)gridDim.x;
-    return r > 0 && 2 * r <= (int)gridDim.x ? 2 * r : 0;
-}
 
 // Work items of phase kind k that block b takes: groups b, b + grid, ... (of q/k/v and gate/up,
 // the whole ones), then half b.
