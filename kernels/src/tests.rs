@@ -307,6 +307,7 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         "extern __shared__",
         "uint8_t* ",
         "__shared__ float ",
+        "__shared__ float2 ",
         "const int ",
         "ds_item* ",
         "const ds_item* end = ",
