@@ -789,11 +789,14 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     const bool last = k == 4 && l + 1 == p.n_layer;
                     nwv = last ? 0.0f : (k == 2 ? p.layer[l].ffn_norm : p.layer[l + 1].attn_norm)[row];
                 }
-                cp_async_wait<DS_STAGES - 1>();
+                const int lay = cu.kind & 3;
+                // Q6_K chunks go two at a time (rows hold whole chunk pairs): the second must
+                // have landed too, and its slot's refill is asked for after both are used.
+                if (lay == DS_Q6) cp_async_wait<DS_STAGES - 2>();
+                else cp_async_wait<DS_STAGES - 1>();
                 __syncwarp();
                 const uint8_t* tile = ring + st_use + wid * DS_SLOT;
                 st_use = ds_next_stage(st_use);
-                const int lay = cu.kind & 3;
                 if (lay == DS_GATED) {
                     // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
                     const int bl = (lane / 4) % 4, c = lane % 4, b = cu.c * 4 + bl, up = lane / 16;
@@ -822,7 +825,14 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                                 mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
                     }
                 } else {
-                    acc[0] += ds_q6_chunk(yv, tile, cu.c, cu.kind & DS_A16, lane);  // row lane / 16
+                    const uint8_t* tile2 = ring + st_use + wid * DS_SLOT;
+                    st_use = ds_next_stage(st_use);
+                    acc[0] += ds_q6_chunk(yv, tile, cu.c, cu.kind & DS_A16, lane) +
+                              ds_q6_chunk(yv, tile2, cu.c + 1, cu.kind & DS_A16, lane);  // row lane / 16
+                    __syncwarp();
+                    cu.next(end, nq);  // the pair's first chunk, never an item's last
+                    ds_issue(is, end, nq, ring_lane + st_put, lane);
+                    st_put = ds_next_stage(st_put);
                 }
                 if (cu.c == cu.n - 1) {
                     // Two rows per warp: Q4_K rows in acc[0] and acc[1]; Q6_K row r in acc[0] of
