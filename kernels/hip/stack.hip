@@ -958,13 +958,21 @@ RF_KERNEL void DS_ATTRS head_q6_k(const uint8_t* w, const uint8_t* y, float* out
     uint32_t st_use = 0, st_put = (DS_STAGES - 1) * DS_TILE;
     float acc = 0.0f;
     while (cu.q == 0) {
+        // Chunks two at a time, as decode_stack's Q6_K products take them.
         ds_issue(is, end, 1, ring_lane + st_put, lane);
         st_put = ds_next_stage(st_put);
-        cp_async_wait<DS_STAGES - 1>();
+        cp_async_wait<DS_STAGES - 2>();
         __syncwarp();
         const uint8_t* tile = ring + st_use + wid * DS_SLOT;
         st_use = ds_next_stage(st_use);
-        acc += ds_q6_chunk(yv, tile, cu.c, false, lane);  // row lane / 16 of the warp's two
+        const uint8_t* tile2 = ring + st_use + wid * DS_SLOT;
+        st_use = ds_next_stage(st_use);
+        // Row lane / 16 of the warp's two.
+        acc += ds_q6_chunk(yv, tile, cu.c, false, lane) + ds_q6_chunk(yv, tile2, cu.c + 1, false, lane);
+        __syncwarp();
+        cu.next(end, 1);  // the pair's first chunk, never an item's last
+        ds_issue(is, end, 1, ring_lane + st_put, lane);
+        st_put = ds_next_stage(st_put);
         if (cu.c == cu.n - 1) {
             acc = warp_sum<16>(acc);
             if ((lane & 15) == 0) out[cu.r16 * 16 + 2 * wid + lane / 16] = acc;
