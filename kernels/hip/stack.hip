@@ -212,6 +212,13 @@
 // 5.73). Also measured there: the sums of squares loaded ahead of the input's fetch in phases 0
 // and 3 (the fetch took 0.70 instead of 0.74 us): 635 against 638-641 alone, the same with the
 // rope table.
+// Q6_K chunks consumed two at a time (one ring wait, both chunks' dot products, then the two freed
+// slots refilled; rows hold whole chunk pairs), in decode_stack and head_q6_k, since a Q6_K ring
+// iteration cost about 1 us whatever its bytes: with the rope table, H200 653.3-653.9 t/s against
+// 640.0-643.1 for the kernel before both (three runs; 71.2% of the limit against 69.7-70.0%);
+// another H200 649.6 / 657.4 against 641.7 / 644.0. The H100 lost a little: 506.6-508.8 against
+// 508.8-510.3 (77.7-78.0% against 78.0-78.2%). Also pairing the Q4_K chunks where an item has two
+// left (q/k/v, o, then down, then gate/up as well) was slower than the Q6_K pairs alone: 640-648.
 // Weights: q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
