@@ -205,6 +205,8 @@
 // one (623): at a barrier the streams are still running. A 256-byte stride: the same (639);
 // a 300 ns sleep before the requests, to let the attention blocks' loads go first: the same
 // (639-642 against 639-641); prefetch.global.L2::evict_last: 629-632, with three items 600-602.
+// How many items: the host keeps all headless blocks' requests within 60% of the L2
+// (kernels::stack_prefetch_items: 2 on the 8B over 132 blocks and 50 MiB, none over 82 and 6 MiB).
 // The rope's cosines and sines for the step's position worked out once per launch into shared
 // memory instead of in each q/k group's epilogue (a powf and a sincosf in warp 0 while the
 // block's next group waits on it): 643.4 / 643.5 t/s against 638.3 / 640.9 (H200, same run);
@@ -261,7 +263,7 @@ struct ds_params {
     unsigned v_q6, d_q6;        // bit l: layer l's v (down) projection is Q6_K, else Q4_K
     int n_layer, n_embd, n_ff, n_head, n_head_kv, n_kv, n_dims;
     float eps, attn_scale, base, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
-    int pad;
+    int prefetch_items;  // gate/up items a headless block asks into L2 during attention
 };
 
 #if defined(RF_CP_ASYNC)
@@ -581,10 +583,6 @@ static __device__ __forceinline__ unsigned ds_ld_acquire(const unsigned* p) {
     return v;
 }
 
-// Gate/up work items whose rows the blocks without an attention head ask into L2 during phase 1
-// (see ds_prefetch_items).
-#define DS_PREFETCH_ITEMS 2
-
 // Asks for the rows of the first `ng` work items of phase q (from `it` on) into L2, one request
 // per 128-byte line spread over the block's threads. The blocks without a head run this during
 // phase 1, while the weight streams stand still (see the note at the top).
@@ -765,7 +763,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
         if (k == 1) {
             for (int h = blockIdx.x; h < p.n_head; h += gridDim.x)
                 ds_attention(p, l, h, nkv, reinterpret_cast<float*>(act), wid, lane);
-            if ((int)blockIdx.x >= p.n_head) ds_prefetch_items(cu.it, end, q + 2, DS_PREFETCH_ITEMS);
+            if ((int)blockIdx.x >= p.n_head) ds_prefetch_items(cu.it, end, q + 2, p.prefetch_items);
         } else if (cu.q == q) {
             float scale = 1.0f;
             int ncols = p.n_embd;

@@ -410,6 +410,22 @@ fn decode_stack_mirrors_the_source() {
 }
 
 #[test]
+fn decode_stack_prefetch_stays_within_the_l2() {
+    // The 8B (4096 wide, 32 heads) over 132 blocks: two items with an H100's or H200's 50 MiB,
+    // none with a 6 MiB L2 (an RTX 3090's, 82 blocks), one with 24 MiB.
+    assert_eq!(stack_prefetch_items(50 << 20, 132, 32, 4096), 2);
+    assert_eq!(stack_prefetch_items(40 << 20, 108, 32, 4096), 2);
+    assert_eq!(stack_prefetch_items(24 << 20, 132, 32, 4096), 1);
+    assert_eq!(stack_prefetch_items(6 << 20, 82, 32, 4096), 0);
+    // Twice as wide: twice the bytes per item.
+    assert_eq!(stack_prefetch_items(50 << 20, 132, 64, 8192), 1);
+    // No headless blocks, no prefetch.
+    assert_eq!(stack_prefetch_items(50 << 20, 32, 32, 4096), 0);
+    assert_eq!(stack_prefetch_items(50 << 20, 16, 32, 4096), 0);
+    assert!(stack_prefetch_items(1 << 30, 132, 32, 4096) <= 2);
+}
+
+#[test]
 fn decode_attention_constants_mirror_the_source() {
     let f = "attention.hip";
     assert_eq!(

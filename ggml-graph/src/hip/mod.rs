@@ -215,12 +215,20 @@ impl HipDevice {
             None
         };
         tracing::debug!("hip backend: persistent decode stack available: {can}");
+        // Unknown counts as none: the stack then asks nothing into L2 ahead of its reads.
+        let l2_bytes = dev
+            .api()
+            .device_attribute(hip_ffi::DeviceAttribute::L2CacheBytes, ordinal)
+            .ok()
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(0);
         Ok(stack::State {
             on: false,
             bar,
             smem_allowed: Vec::new(),
             fits: Vec::new(),
             sms,
+            l2_bytes,
         })
     }
 

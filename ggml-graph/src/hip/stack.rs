@@ -43,13 +43,14 @@ pub(crate) fn head_launched() {
 /// What the device keeps for the stack: whether it runs it, the barrier counter (zero between
 /// launches, which leave it so), the dynamic shared memory `decode_stack` and `head_q6_k` were
 /// allowed so far and which sizes one resident block per multiprocessor can have (see
-/// `HipDevice::stack_fits`).
+/// `HipDevice::stack_fits`), its multiprocessor count and L2 size.
 pub(crate) struct State {
     pub(crate) on: bool,
     pub(crate) bar: Option<DeviceBuffer<u32>>,
     pub(crate) smem_allowed: Vec<(kernels::KernelId, u32)>,
     pub(crate) fits: Vec<(kernels::KernelId, u32, bool)>,
     pub(crate) sms: u32,
+    pub(crate) l2_bytes: usize,
 }
 
 /// The shapes every layer of one launch shares.
@@ -283,13 +284,13 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         x_out = Some(rewritten(d, g)?);
     }
     let x_out = x_out.ok_or_else(|| gpu_err("decode_stack", "empty run"))?;
-    let (bar, sms) = {
+    let (bar, sms, l2_bytes) = {
         let st = d.inner.stack.lock();
         let bar = st
             .bar
             .as_ref()
             .ok_or_else(|| gpu_err("decode_stack", "no barrier counter"))?;
-        (MemRange::of_buffer(bar).addr(), st.sms)
+        (MemRange::of_buffer(bar).addr(), st.sms, st.l2_bytes)
     };
     uses.extend([x_in, x_out, pos, q, xq, aq, hq, ss]);
     uses.extend(ff);
@@ -323,6 +324,8 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     p.mscale = dims.rope.mscale();
     p.corr_lo = corr[0];
     p.corr_hi = corr[1];
+    p.prefetch_items =
+        kernels::stack_prefetch_items(l2_bytes, sms as usize, dims.n_head, dims.n_embd);
     d.launch_cooperative(
         kernels::KernelId::DecodeStack,
         sms,
