@@ -337,7 +337,7 @@ mod tests {
                 assert!(s.starts_with("no GPU"), "{s}");
                 let e = Device::open(0).expect_err("no GPU to open");
                 assert!(matches!(e, GpuError::Ffi(_)), "{e}");
-                println!("skipped: no GPU ({why})");
+                crate::testing::skip::<()>(format_args!("no GPU ({why})"));
             }
         }
     }

@@ -40,9 +40,6 @@ pub enum GpuError {
     /// The host allocator (test or fallback memory) failed.
     #[error("host allocation of {0} bytes failed")]
     HostAlloc(u64),
-    /// A GGUF file could not be read for an estimate.
-    #[error("GGUF: {0}")]
-    Gguf(String),
     /// A cooperative launch whose blocks cannot all be resident at once; nothing was queued.
     #[error(
         "{kernel}: a cooperative grid of {blocks} blocks cannot be resident at once: at most \

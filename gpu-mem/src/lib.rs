@@ -1,5 +1,6 @@
 //! `gpu-mem`: the safe GPU memory layer of rocmforge (devices, streams, events, RAII buffers,
-//! views, pools, budgets and estimates), built on `hip-ffi`.
+//! views, pools and budgets), built on `hip-ffi`. It knows bytes and devices, not models: what
+//! a model needs and where it runs is decided above it.
 //!
 //! Design choices:
 //! - RAII for every handle; `Drop` never panics: failures are recorded on the [`Device`] and
@@ -25,7 +26,6 @@ pub mod budget;
 pub mod buffer;
 pub mod device;
 pub mod error;
-pub mod estimate;
 pub mod fallback;
 pub mod host_io;
 pub mod launch;
@@ -34,6 +34,7 @@ pub mod module;
 pub mod pool;
 pub mod stream;
 pub mod stream_blas;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod upload;
 
