@@ -15,6 +15,7 @@ static FIXTURE: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
 /// # Panics
 /// When no GPU is usable and `ROCMFORGE_REQUIRE_GPU=1`: a required GPU that is missing is a
 /// failure, not a skip.
+#[track_caller]
 pub fn gpu_or_skip() -> Option<Device> {
     let r = FIXTURE.get_or_init(|| Device::open(0).map_err(|e| e.to_string()));
     match r {

@@ -17,10 +17,12 @@ pub fn gpu_required() -> bool {
 ///
 /// # Panics
 /// When [`gpu_required`]: a required GPU that is missing is a failure, not a skip.
+#[track_caller]
 pub fn skip<T>(reason: impl Display) -> Option<T> {
     skip_unless(gpu_required(), reason)
 }
 
+#[track_caller]
 fn skip_unless<T>(required: bool, reason: impl Display) -> Option<T> {
     assert!(!required, "{REQUIRE_GPU_VAR}=1 but {reason}");
     println!("skipped: {reason}");
@@ -28,8 +30,12 @@ fn skip_unless<T>(required: bool, reason: impl Display) -> Option<T> {
 }
 
 /// The value of `r`, or [`skip`] with its error as the reason.
+#[track_caller]
 pub fn or_skip<T, E: Display>(r: Result<T, E>) -> Option<T> {
-    r.map_or_else(skip, Some)
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => skip(e),
+    }
 }
 
 #[cfg(test)]
