@@ -157,7 +157,6 @@ pub(crate) struct DeviceInner {
     pub(crate) ordinal: i32,
     pub(crate) raw: Arc<Accounted<DeviceRaw>>,
     errors: Arc<Mutex<Vec<String>>>,
-    fallbacks: AtomicU64,
     info: DeviceInfo,
 }
 
@@ -205,7 +204,6 @@ impl Device {
                 ordinal,
                 raw,
                 errors,
-                fallbacks: AtomicU64::new(0),
                 info,
             }),
         })
@@ -287,15 +285,6 @@ impl Device {
         } else {
             Err(GpuError::Deferred(errors))
         }
-    }
-
-    /// How many fallback buffers went to host memory.
-    pub fn fallback_count(&self) -> u64 {
-        self.inner.fallbacks.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn note_fallback(&self) {
-        self.inner.fallbacks.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn same(&self, other: &Device) -> bool {

@@ -37,7 +37,7 @@ pub enum GpuError {
     /// Errors recorded by `Drop` implementations, reported by a later check.
     #[error("errors recorded while releasing GPU resources: {0:?}")]
     Deferred(Vec<String>),
-    /// The host allocator (test or fallback memory) failed.
+    /// The host allocator (test memory) failed.
     #[error("host allocation of {0} bytes failed")]
     HostAlloc(u64),
     /// A cooperative launch whose blocks cannot all be resident at once; nothing was queued.
