@@ -6,8 +6,12 @@
 
 use std::time::Instant;
 
-use gpu_mem::testing::{gpu_or_skip, synthetic_tensor, tensor_table};
+use gpu_mem::testing::gpu_or_skip;
 use gpu_mem::*;
+use table::{synthetic_tensor, tensor_table};
+
+#[path = "../tests/common/table.rs"]
+mod table;
 
 const REPS: usize = 7;
 

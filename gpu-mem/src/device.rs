@@ -157,7 +157,6 @@ pub(crate) struct DeviceInner {
     pub(crate) ordinal: i32,
     pub(crate) raw: Arc<Accounted<DeviceRaw>>,
     errors: Arc<Mutex<Vec<String>>>,
-    fallbacks: AtomicU64,
     info: DeviceInfo,
 }
 
@@ -205,7 +204,6 @@ impl Device {
                 ordinal,
                 raw,
                 errors,
-                fallbacks: AtomicU64::new(0),
                 info,
             }),
         })
@@ -289,15 +287,6 @@ impl Device {
         }
     }
 
-    /// How many fallback buffers went to host memory.
-    pub fn fallback_count(&self) -> u64 {
-        self.inner.fallbacks.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn note_fallback(&self) {
-        self.inner.fallbacks.fetch_add(1, Ordering::Relaxed);
-    }
-
     pub(crate) fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
@@ -337,7 +326,7 @@ mod tests {
                 assert!(s.starts_with("no GPU"), "{s}");
                 let e = Device::open(0).expect_err("no GPU to open");
                 assert!(matches!(e, GpuError::Ffi(_)), "{e}");
-                println!("skipped: no GPU ({why})");
+                crate::testing::skip::<()>(format_args!("no GPU ({why})"));
             }
         }
     }

@@ -37,12 +37,9 @@ pub enum GpuError {
     /// Errors recorded by `Drop` implementations, reported by a later check.
     #[error("errors recorded while releasing GPU resources: {0:?}")]
     Deferred(Vec<String>),
-    /// The host allocator (test or fallback memory) failed.
+    /// The host allocator (test memory) failed.
     #[error("host allocation of {0} bytes failed")]
     HostAlloc(u64),
-    /// A GGUF file could not be read for an estimate.
-    #[error("GGUF: {0}")]
-    Gguf(String),
     /// A cooperative launch whose blocks cannot all be resident at once; nothing was queued.
     #[error(
         "{kernel}: a cooperative grid of {blocks} blocks cannot be resident at once: at most \

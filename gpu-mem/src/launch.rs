@@ -4,6 +4,12 @@
 //! (and [`Stream::launch_checked_cooperative`], which also checks that the grid fits the device
 //! at once).
 //!
+//! The checks catch the mistakes a launch site can make in the host's terms (argument count and
+//! kinds, foreign or dead memory, impossible grids); they cannot see what the kernel does with
+//! its arguments. Which bytes a kernel reads and writes follows from its integer arguments and
+//! grid, so the launches stay `unsafe`: the caller promises that every range covers what the
+//! kernel reaches for the arguments given, and that the parameter list is the kernel's own.
+//!
 //! Design choices:
 //! - The parameter list comes from the kernel's owner (rocmforge's `kernels` crate keeps one per
 //!   kernel, tested against the HIP sources), so a launch site cannot pass an `int` where the
@@ -345,8 +351,19 @@ impl Stream {
     /// Queues `function` with `args` after checking them against its parameter list `params`:
     /// the same count, each argument of its parameter's kind, all memory on this stream's
     /// device, and a non-empty grid and block within the hardware's limits.
+    ///
+    /// # Safety
+    /// - `params` is `function`'s parameter list as its source declares it (in order, with the
+    ///   sizes of by-value structs), and a [`KernelArg::Bytes`] argument holds a valid value of
+    ///   the struct the kernel reads (any pointers inside it address live memory of this
+    ///   device that outlives the queued work).
+    /// - For the integer arguments, grid and block given, the kernel reads and writes only
+    ///   inside the [`MemRange`]s passed (and never through a [`KernelArg::Null`] it does not
+    ///   document as optional), and kernels that write a range do not race with other queued
+    ///   work on it.
+    /// - `shared_mem_bytes` is within what `function` may use on this device.
     #[allow(clippy::too_many_arguments, reason = "a launch's own parameters")]
-    pub fn launch_checked(
+    pub unsafe fn launch_checked(
         &self,
         function: &Function<'_>,
         name: &str,
@@ -361,10 +378,11 @@ impl Stream {
         })?;
         // A capture keeps the memory its launches use, for the replay's liveness check.
         self.note_use(mem_ranges(args));
-        // SAFETY: the arguments match the kernel's declared parameters in number, order and
-        // kind (checked above); every pointer is null where the kernel accepts it, or memory of
-        // this device borrowed from a live allocation for the duration of this call, and queued
-        // frees in gpu-mem are ordered after work already queued on the device's streams.
+        // SAFETY: the arguments match `params` in number, order and kind (checked above), and
+        // `params` is the kernel's own list (the caller's promise); every pointer is memory of
+        // this device borrowed from a live allocation for the duration of this call (queued
+        // frees in gpu-mem are ordered after work already queued on the device's streams), and
+        // the kernel stays inside it for these arguments (the caller's promise).
         unsafe {
             self.launch_unrecorded(
                 function,
@@ -388,8 +406,12 @@ impl Stream {
     /// pointers inside by-value struct arguments ([`KernelArg::Bytes`]): checked to be on this
     /// device and recorded in a capture as the pointer arguments are. Not supported by the AMD
     /// provider (HIP 5.2 has no cooperative launch of module kernels): an error there.
+    ///
+    /// # Safety
+    /// As for [`Stream::launch_checked`], with `uses` covering all memory the kernel reaches
+    /// through pointers inside its by-value arguments.
     #[allow(clippy::too_many_arguments, reason = "a launch's own parameters")]
-    pub fn launch_checked_cooperative(
+    pub unsafe fn launch_checked_cooperative(
         &self,
         function: &Function<'_>,
         name: &str,
@@ -415,8 +437,9 @@ impl Stream {
         check_co_resident(name, grid, per_sm, multiprocessors)?;
         self.note_use(mem_ranges(args));
         self.note_use(uses.iter().map(|m| (m.ptr.0, m.bytes as u64)));
-        // SAFETY: as in `launch_checked`; the driver refuses a grid that cannot be resident at
-        // once rather than running part of it.
+        // SAFETY: as in `launch_checked`, with the pointers inside by-value arguments on this
+        // device (checked) and within `uses` (the caller's promise); the driver refuses a grid
+        // that cannot be resident at once rather than running part of it.
         unsafe {
             self.launch_unrecorded(
                 function,

@@ -1,5 +1,6 @@
 //! `gpu-mem`: the safe GPU memory layer of rocmforge (devices, streams, events, RAII buffers,
-//! views, pools, budgets and estimates), built on `hip-ffi`.
+//! views, pools and budgets), built on `hip-ffi`. It knows bytes and devices, not models: what
+//! a model needs and where it runs is decided above it.
 //!
 //! Design choices:
 //! - RAII for every handle; `Drop` never panics: failures are recorded on the [`Device`] and
@@ -8,9 +9,9 @@
 //!   [`DeviceViewMut`]) with checked offset arithmetic and lifetimes tied to the owner.
 //! - Synchronisation is stream-ordered only: streams and events are waited for, never the device.
 //! - Every device allocation goes through a [`Budget`] (typed error before any driver call) and
-//!   a [`Tracker`] (leak reports). Weights go into a few large arena allocations; activations
-//!   into a caching allocator with size classes. Pool logic runs over addresses only and is
-//!   tested over host memory.
+//!   a [`Tracker`] (leak reports). Weights go into a few large arena allocations (activations
+//!   into the arena the graph planner sizes, above this layer). Pool logic runs over addresses
+//!   only and is tested over host memory.
 //! - Reads from a sub-allocation stage through a whole allocation (plain D2H from sub-buffer
 //!   offsets failed on ROCm).
 //! - Each stream keeps pinned host staging for small, frequent transfers ([`host_io`]): reads
@@ -18,15 +19,12 @@
 //! - A result the host reads after every step can live in mapped page-locked memory
 //!   ([`MappedHostBuffer`]) that kernels write directly, so no copy follows the kernel.
 
-pub mod activations;
 pub mod bandwidth;
 pub mod blas;
 pub mod budget;
 pub mod buffer;
 pub mod device;
 pub mod error;
-pub mod estimate;
-pub mod fallback;
 pub mod host_io;
 pub mod launch;
 pub mod mapped;
@@ -34,10 +32,10 @@ pub mod module;
 pub mod pool;
 pub mod stream;
 pub mod stream_blas;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod upload;
 
-pub use activations::{ActivationBuffer, ActivationPool};
 pub use blas::{Blas, GemmElem, GemmShape};
 pub use budget::{Budget, BudgetConfig, LeakReport, Pressure, Tracker};
 pub use buffer::{DeviceBuffer, DeviceView, DeviceViewMut, PinnedHostBuffer};
@@ -45,12 +43,11 @@ pub use device::{
     devices, gpu_available, gpu_unavailable_reason, print_summary, summary, Device, DeviceInfo,
 };
 pub use error::{GpuError, Result};
-pub use fallback::FallbackBuffer;
 pub use hip_ffi::{DeviceAttribute, Op, Platform};
 pub use launch::{KernelArg, MemRange, ParamKind};
 pub use mapped::MappedHostBuffer;
 pub use module::{Function, KernelArgs, Module};
-pub use pool::{CachingAllocator, Lease, Pool, PoolStats, RawAllocator, WeightArena};
+pub use pool::{Lease, Pool, PoolStats, RawAllocator, WeightArena};
 pub use stream::{Event, Graph, GraphExec, Stream};
 pub use stream_blas::StreamBlas;
 pub use upload::{DeviceArena, WeightUploader};

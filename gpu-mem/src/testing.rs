@@ -1,12 +1,12 @@
-//! Helpers for GPU tests: a shared device fixture that skips with a printed reason when there is
-//! no GPU (or fails when `ROCMFORGE_REQUIRE_GPU=1`, as on the GPU machine), and a leak check.
+//! Helpers for GPU tests (feature `testing`, for dev-dependencies): a shared device fixture that
+//! skips with a printed reason when there is no GPU, or fails where `ROCMFORGE_REQUIRE_GPU=1`
+//! (by `hip-ffi`'s one rule, re-exported here), and a leak check.
 
 use std::sync::OnceLock;
 
 use crate::device::Device;
 
-/// Set to `1` where a GPU must be present: a missing GPU then fails the test instead of skipping.
-pub const REQUIRE_GPU_VAR: &str = "ROCMFORGE_REQUIRE_GPU";
+pub use hip_ffi::testing::{gpu_required, or_skip, skip, REQUIRE_GPU_VAR};
 
 static FIXTURE: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
 
@@ -15,16 +15,12 @@ static FIXTURE: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
 /// # Panics
 /// When no GPU is usable and `ROCMFORGE_REQUIRE_GPU=1`: a required GPU that is missing is a
 /// failure, not a skip.
+#[track_caller]
 pub fn gpu_or_skip() -> Option<Device> {
     let r = FIXTURE.get_or_init(|| Device::open(0).map_err(|e| e.to_string()));
     match r {
         Ok(d) => Some(d.clone()),
-        Err(why) => {
-            let required = std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1");
-            assert!(!required, "{REQUIRE_GPU_VAR}=1 but no GPU is usable: {why}");
-            println!("skipped: no GPU ({why})");
-            None
-        }
+        Err(why) => skip(format_args!("no GPU ({why})")),
     }
 }
 
@@ -58,43 +54,4 @@ pub fn with_gpu(test: impl FnOnce(&Device)) -> bool {
     let errors = dev.take_errors();
     assert!(errors.is_empty(), "errors recorded in Drop: {errors:?}");
     true
-}
-
-/// A model's tensor table, `(name, bytes)` per tensor, for upload tests and benchmarks: from the
-/// GGUF at `ROCMFORGE_TEST_MODEL`, else from the TSV at `ROCMFORGE_TENSOR_TABLE` (written by
-/// `cargo xtask device-bundle` where the model cannot travel). `Err` says why there is none.
-pub fn tensor_table() -> std::result::Result<(String, Vec<(String, u64)>), String> {
-    if let Ok(path) = std::env::var("ROCMFORGE_TEST_MODEL") {
-        let file = gguf::GgufFile::open(&path).map_err(|e| format!("{path}: {e}"))?;
-        let t = file
-            .tensors()
-            .iter()
-            .map(|t| (t.name.clone(), t.size))
-            .collect();
-        return Ok((path, t));
-    }
-    let path = std::env::var("ROCMFORGE_TENSOR_TABLE")
-        .map_err(|_| "neither ROCMFORGE_TEST_MODEL nor ROCMFORGE_TENSOR_TABLE is set".to_owned())?;
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-    let mut v = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let [name, _ty, bytes] = cols[..] else {
-            return Err(format!("{path}:{}: expected name, type, bytes", i + 1));
-        };
-        let bytes = bytes
-            .trim()
-            .parse::<u64>()
-            .map_err(|e| format!("{path}:{}: {e}", i + 1))?;
-        v.push((name.to_owned(), bytes));
-    }
-    Ok((path, v))
-}
-
-/// Deterministic stand-in contents for tensor `index` (distinct per tensor and offset).
-pub fn synthetic_tensor(index: usize, bytes: u64) -> Vec<u8> {
-    let seed = (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (0..bytes)
-        .map(|i| ((i.wrapping_mul(31) ^ seed ^ (i >> 8)) & 0xff) as u8)
-        .collect()
 }

@@ -11,9 +11,11 @@ use hip_ffi::DevicePtr;
 use crate::buffer::{DeviceView, PinnedHostBuffer};
 use crate::device::Device;
 use crate::error::{GpuError, Result};
-use crate::estimate::TENSOR_ALIGN;
-use crate::pool::{ArenaSlot, Pool, PoolStats, WeightArena};
+use crate::pool::{ArenaSlot, Pool, PoolStats, WeightArena, RAW_ALIGN};
 use crate::stream::{Event, Stream};
+
+/// Alignment of tensors inside the weight arena.
+pub const TENSOR_ALIGN: u64 = RAW_ALIGN;
 
 /// A weight arena in device memory.
 #[derive(Debug)]

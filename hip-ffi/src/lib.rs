@@ -21,6 +21,8 @@ pub mod loader;
 pub mod nvidia;
 pub mod platform;
 pub mod sys;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use amd::AmdProvider;
 pub use api::*;

@@ -139,12 +139,7 @@ mod tests {
             }
             Err(Error::NoGpu(why)) => {
                 assert!(why.contains("amd:") && why.contains("nvidia:"), "{why}");
-                let required = std::env::var("ROCMFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1");
-                assert!(
-                    !required,
-                    "ROCMFORGE_REQUIRE_GPU=1 but no provider has a device: {why}"
-                );
-                println!("skipped: no GPU ({why})");
+                crate::testing::skip::<()>(format!("no GPU ({why})"));
             }
             Err(e) => panic!("unexpected error kind: {e}"),
         }

@@ -5,8 +5,6 @@
 //! the L2 cache several times, so every launch reads its weights from device memory.
 //! Without a GPU or built kernels it prints why and exits.
 
-#![forbid(unsafe_code)]
-
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -169,17 +167,20 @@ fn main() {
             let y = g.alloc(q8_1_vector_bytes(cols));
             let out = g.alloc(rows * 4);
             let quantize = |_: u32| {
-                g.launch(
-                    KernelId::QuantizeQ8_1,
-                    [(cols as u32).div_ceil(256), 1, 1],
-                    256,
-                    &[
-                        x.arg(),
-                        y.arg(),
-                        Arg::I32(cols as i32),
-                        Arg::I64(cols as i64),
-                    ],
-                );
+                // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+                unsafe {
+                    g.launch(
+                        KernelId::QuantizeQ8_1,
+                        [(cols as u32).div_ceil(256), 1, 1],
+                        256,
+                        &[
+                            x.arg(),
+                            y.arg(),
+                            Arg::I32(cols as i32),
+                            Arg::I64(cols as i64),
+                        ],
+                    )
+                };
             };
             quantize(0);
             let run = |k: KernelId, rpb: usize| {
@@ -187,12 +188,16 @@ fn main() {
                 let blocks = rows.div_ceil(rpb) as u32;
                 let launch = |i: u32| {
                     let wp = w.sub((i as usize % n) * wbytes, wbytes);
-                    g.launch(
-                        k,
-                        [blocks, 1, 1],
-                        MATVEC_WARPS * g.warp,
-                        &matvec_args(wp, &y, &out, rows, cols, row_bytes),
-                    );
+                    // SAFETY: the buffers were allocated above for the shapes and counts passed
+                    // here.
+                    unsafe {
+                        g.launch(
+                            k,
+                            [blocks, 1, 1],
+                            MATVEC_WARPS * g.warp,
+                            &matvec_args(wp, &y, &out, rows, cols, row_bytes),
+                        )
+                    };
                 };
                 let ms = time_ms(&g, ITERS, launch);
                 let gms = graph_ms(&g, ITERS, launch);
@@ -265,18 +270,21 @@ fn prefill(g: &Gpu, rng: &mut Rng) {
             );
             let mut cv = c.range().view_mut::<f32>().expect("f32 result");
             let dequant = |_: u32| {
-                g.launch(
-                    t.dequant_f16(),
-                    [(k as u32 / 32).div_ceil(64), n as u32, 1],
-                    64,
-                    &[
-                        w.arg(),
-                        wh.arg(),
-                        Arg::I32(k as i32),
-                        Arg::I64(row_bytes as i64),
-                        Arg::I64(k as i64),
-                    ],
-                );
+                // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+                unsafe {
+                    g.launch(
+                        t.dequant_f16(),
+                        [(k as u32 / 32).div_ceil(64), n as u32, 1],
+                        64,
+                        &[
+                            w.arg(),
+                            wh.arg(),
+                            Arg::I32(k as i32),
+                            Arg::I64(row_bytes as i64),
+                            Arg::I64(k as i64),
+                        ],
+                    )
+                };
             };
             let gemm = |_: u32| {
                 blas.gemm_ex(&shape, 1.0, &a, &b, 0.0, &mut cv)
@@ -310,17 +318,20 @@ fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
     let x = g.upload(&rng.vec(cols));
     let y = g.alloc(q8_1_vector_bytes(cols));
     let out = g.alloc(rows * 4);
-    g.launch(
-        KernelId::QuantizeQ8_1,
-        [(cols as u32).div_ceil(256), 1, 1],
-        256,
-        &[
-            x.arg(),
-            y.arg(),
-            Arg::I32(cols as i32),
-            Arg::I64(cols as i64),
-        ],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::QuantizeQ8_1,
+            [(cols as u32).div_ceil(256), 1, 1],
+            256,
+            &[
+                x.arg(),
+                y.arg(),
+                Arg::I32(cols as i32),
+                Arg::I64(cols as i64),
+            ],
+        )
+    };
     println!("gated mat-vec, 8B ffn gate+up 2 x 14336x4096 q4_K:");
     {
         let (k, rpb) = (KernelId::MatvecGatedQ4_K, t.matvec_gated_rows_per_block());
@@ -328,22 +339,25 @@ fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
         let blocks = rows.div_ceil(rpb) as u32;
         let launch = |i: u32| {
             let wg = (i as usize % n) * 2 * wbytes;
-            g.launch(
-                k,
-                [blocks, 1, 1],
-                MATVEC_WARPS * g.warp,
-                &[
-                    Arg::Mem(w.sub(wg, wbytes)),
-                    Arg::Mem(w.sub(wg + wbytes, wbytes)),
-                    y.arg(),
-                    out.arg(),
-                    Arg::I32(cols as i32),
-                    Arg::I64(row_bytes as i64),
-                    Arg::I32(rows as i32),
-                    Arg::I32(rows as i32),
-                    Arg::I32(kernels::act::SILU),
-                ],
-            );
+            // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+            unsafe {
+                g.launch(
+                    k,
+                    [blocks, 1, 1],
+                    MATVEC_WARPS * g.warp,
+                    &[
+                        Arg::Mem(w.sub(wg, wbytes)),
+                        Arg::Mem(w.sub(wg + wbytes, wbytes)),
+                        y.arg(),
+                        out.arg(),
+                        Arg::I32(cols as i32),
+                        Arg::I64(row_bytes as i64),
+                        Arg::I32(rows as i32),
+                        Arg::I32(rows as i32),
+                        Arg::I32(kernels::act::SILU),
+                    ],
+                )
+            };
         };
         let gms = graph_ms(g, ITERS, launch);
         let gbs = (2 * wbytes) as f64 / (gms * 1e-3);

@@ -1,7 +1,5 @@
 //! Row-wise, element-wise and attention kernels on the GPU against f64 CPU references.
 
-#![forbid(unsafe_code)]
-
 mod common;
 
 use common::{assert_nmse, gpu, Arg, Rng};
@@ -18,20 +16,23 @@ fn rms_norm_with_and_without_weight() {
     let w = rng.vec(ncols);
     let (dx, dw, dy) = (g.upload(&x), g.upload(&w), g.alloc(rows * ncols * 4));
     for with_w in [true, false] {
-        g.launch(
-            KernelId::RmsNormF32,
-            [rows as u32, 1, 1],
-            256,
-            &[
-                dx.arg(),
-                if with_w { dw.arg() } else { NULL },
-                dy.arg(),
-                Arg::I32(ncols as i32),
-                Arg::I64(stride as i64),
-                Arg::I64(ncols as i64),
-                Arg::F32(eps),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                KernelId::RmsNormF32,
+                [rows as u32, 1, 1],
+                256,
+                &[
+                    dx.arg(),
+                    if with_w { dw.arg() } else { NULL },
+                    dy.arg(),
+                    Arg::I32(ncols as i32),
+                    Arg::I64(stride as i64),
+                    Arg::I64(ncols as i64),
+                    Arg::F32(eps),
+                ],
+            )
+        };
         let mut want = vec![0.0f32; rows * ncols];
         for r in 0..rows {
             let xr = &x[r * stride..r * stride + ncols];
@@ -70,31 +71,34 @@ fn rope_normal_and_neox_full_and_partial() {
     for neox in [false, true] {
         for n_dims in [64usize, 32] {
             for with_ff in [false, true] {
-                g.launch(
-                    KernelId::RopeF32,
-                    [((rows * hd / 2) as u32).div_ceil(128), 1, 1],
-                    128,
-                    &[
-                        dx.arg(),
-                        dy.arg(),
-                        dpos.arg(),
-                        Arg::I32(n_heads as i32),
-                        Arg::I32(hd as i32),
-                        Arg::I32(n_dims as i32),
-                        Arg::I64(hd as i64),
-                        Arg::I64(hd as i64),
-                        Arg::F32(base),
-                        Arg::F32(1.0),
-                        if with_ff { dff.arg() } else { NULL },
-                        Arg::I32(i32::from(neox)),
-                        Arg::I32(rows as i32),
-                        // No YaRN: ext_factor 0, magnitude 1, correction dims unused.
-                        Arg::F32(0.0),
-                        Arg::F32(1.0),
-                        Arg::F32(0.0),
-                        Arg::F32(0.0),
-                    ],
-                );
+                // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+                unsafe {
+                    g.launch(
+                        KernelId::RopeF32,
+                        [((rows * hd / 2) as u32).div_ceil(128), 1, 1],
+                        128,
+                        &[
+                            dx.arg(),
+                            dy.arg(),
+                            dpos.arg(),
+                            Arg::I32(n_heads as i32),
+                            Arg::I32(hd as i32),
+                            Arg::I32(n_dims as i32),
+                            Arg::I64(hd as i64),
+                            Arg::I64(hd as i64),
+                            Arg::F32(base),
+                            Arg::F32(1.0),
+                            if with_ff { dff.arg() } else { NULL },
+                            Arg::I32(i32::from(neox)),
+                            Arg::I32(rows as i32),
+                            // No YaRN: ext_factor 0, magnitude 1, correction dims unused.
+                            Arg::F32(0.0),
+                            Arg::F32(1.0),
+                            Arg::F32(0.0),
+                            Arg::F32(0.0),
+                        ],
+                    )
+                };
                 let mut want = x.clone();
                 for r in 0..rows {
                     let p = f64::from(pos[r / n_heads]);
@@ -139,22 +143,25 @@ fn softmax_with_scale_and_broadcast_mask() {
         }
     }
     let (dx, dm, dy) = (g.upload(&x), g.upload(&mask), g.alloc(rows * ncols * 4));
-    g.launch(
-        KernelId::SoftmaxF32,
-        [rows as u32, 1, 1],
-        128,
-        &[
-            dx.arg(),
-            dm.arg(),
-            dy.arg(),
-            Arg::I32(ncols as i32),
-            Arg::I64(ncols as i64),
-            Arg::I64(ncols as i64),
-            Arg::I64(ncols as i64),
-            Arg::I32(2),
-            Arg::F32(scale),
-        ],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::SoftmaxF32,
+            [rows as u32, 1, 1],
+            128,
+            &[
+                dx.arg(),
+                dm.arg(),
+                dy.arg(),
+                Arg::I32(ncols as i32),
+                Arg::I64(ncols as i64),
+                Arg::I64(ncols as i64),
+                Arg::I64(ncols as i64),
+                Arg::I32(2),
+                Arg::F32(scale),
+            ],
+        )
+    };
     let mut want = vec![0.0f32; rows * ncols];
     for r in 0..rows {
         let v: Vec<f64> = (0..ncols)
@@ -210,22 +217,25 @@ fn activations_plain_and_gated_on_a_fused_gate_up_tensor() {
     let up = dgu.arg_at(n * 4);
     for (kind, f) in [(act::GELU, gelu_f16 as fn(f64) -> f64), (act::SILU, silu)] {
         for gated in [false, true] {
-            g.launch(
-                KernelId::ActF32,
-                [((rows * n) as u32).div_ceil(128), 1, 1],
-                128,
-                &[
-                    dgu.arg(),
-                    if gated { up } else { NULL },
-                    dy.arg(),
-                    Arg::I32(n as i32),
-                    Arg::I32(rows as i32),
-                    Arg::I64((2 * n) as i64),
-                    Arg::I64((2 * n) as i64),
-                    Arg::I64(n as i64),
-                    Arg::I32(kind),
-                ],
-            );
+            // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+            unsafe {
+                g.launch(
+                    KernelId::ActF32,
+                    [((rows * n) as u32).div_ceil(128), 1, 1],
+                    128,
+                    &[
+                        dgu.arg(),
+                        if gated { up } else { NULL },
+                        dy.arg(),
+                        Arg::I32(n as i32),
+                        Arg::I32(rows as i32),
+                        Arg::I64((2 * n) as i64),
+                        Arg::I64((2 * n) as i64),
+                        Arg::I64(n as i64),
+                        Arg::I32(kind),
+                    ],
+                )
+            };
             let want: Vec<f32> = (0..rows * n)
                 .map(|i| {
                     let (r, c) = (i / n, i % n);
@@ -287,24 +297,27 @@ fn binary_ops_broadcast_and_scale_and_convert() {
         (binary::MUL, 1, 1),
     ] {
         let b_stride = if b_cols == 1 { 1 } else { ncols };
-        g.launch(
-            KernelId::BinaryF32,
-            [((rows * ncols) as u32).div_ceil(128), 1, 1],
-            128,
-            &[
-                da.arg(),
-                db.arg(),
-                dy.arg(),
-                Arg::I32(ncols as i32),
-                Arg::I32(rows as i32),
-                Arg::I64(ncols as i64),
-                Arg::I64(b_stride as i64),
-                Arg::I64(ncols as i64),
-                Arg::I32(b_rows as i32),
-                Arg::I32(b_cols as i32),
-                Arg::I32(op),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                KernelId::BinaryF32,
+                [((rows * ncols) as u32).div_ceil(128), 1, 1],
+                128,
+                &[
+                    da.arg(),
+                    db.arg(),
+                    dy.arg(),
+                    Arg::I32(ncols as i32),
+                    Arg::I32(rows as i32),
+                    Arg::I64(ncols as i64),
+                    Arg::I64(b_stride as i64),
+                    Arg::I64(ncols as i64),
+                    Arg::I32(b_rows as i32),
+                    Arg::I32(b_cols as i32),
+                    Arg::I32(op),
+                ],
+            )
+        };
         let want: Vec<f32> = (0..rows * ncols)
             .map(|i| {
                 let (r, c) = (i / ncols, i % ncols);
@@ -323,39 +336,48 @@ fn binary_ops_broadcast_and_scale_and_convert() {
         );
     }
     let n = rows * ncols;
-    g.launch(
-        KernelId::ScaleF32,
-        [(n as u32).div_ceil(128), 1, 1],
-        128,
-        &[
-            da.arg(),
-            dy.arg(),
-            Arg::I64(n as i64),
-            Arg::F32(25.3),
-            Arg::F32(0.5),
-        ],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::ScaleF32,
+            [(n as u32).div_ceil(128), 1, 1],
+            128,
+            &[
+                da.arg(),
+                dy.arg(),
+                Arg::I64(n as i64),
+                Arg::F32(25.3),
+                Arg::F32(0.5),
+            ],
+        )
+    };
     let want: Vec<f32> = a
         .iter()
         .map(|v| (f64::from(*v) * 25.3 + 0.5) as f32)
         .collect();
     assert_nmse("scale", &g.download::<f32>(&dy, n), &want, 1e-12);
     let dh = g.alloc(n * 2);
-    g.launch(
-        KernelId::ConvertF32F16,
-        [(n as u32).div_ceil(128), 1, 1],
-        128,
-        &[da.arg(), dh.arg(), Arg::I64(n as i64)],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::ConvertF32F16,
+            [(n as u32).div_ceil(128), 1, 1],
+            128,
+            &[da.arg(), dh.arg(), Arg::I64(n as i64)],
+        )
+    };
     let h: Vec<u16> = g.download(&dh, n);
     let want_h: Vec<u16> = a.iter().map(|&v| common::f16_bits(v)).collect();
     assert_eq!(h, want_h, "convert_f32_f16 rounds to nearest even");
-    g.launch(
-        KernelId::ConvertF16F32,
-        [(n as u32).div_ceil(128), 1, 1],
-        128,
-        &[dh.arg(), dy.arg(), Arg::I64(n as i64)],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::ConvertF16F32,
+            [(n as u32).div_ceil(128), 1, 1],
+            128,
+            &[dh.arg(), dy.arg(), Arg::I64(n as i64)],
+        )
+    };
     let back: Vec<f32> = want_h
         .iter()
         .map(|&b| half::f16::from_bits(b).to_f32())
@@ -373,22 +395,25 @@ fn kv_write_places_rows_by_head_and_position() {
     let dc16 = g.alloc(n_kv * max_pos * hd * 2);
     let dc32 = g.alloc(n_kv * max_pos * hd * 4);
     for (k, dc) in [(KernelId::KvWriteF16, &dc16), (KernelId::KvWriteF32, &dc32)] {
-        g.launch(
-            k,
-            [((n_tok * n_kv * hd) as u32).div_ceil(128), 1, 1],
-            128,
-            &[
-                ds.arg(),
-                dc.arg(),
-                Arg::I32(n_tok as i32),
-                Arg::I32(n_kv as i32),
-                Arg::I32(hd as i32),
-                Arg::I64(hd as i64),
-                Arg::I32(pos0 as i32),
-                Arg::I64(hd as i64),
-                Arg::I64((max_pos * hd) as i64),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                k,
+                [((n_tok * n_kv * hd) as u32).div_ceil(128), 1, 1],
+                128,
+                &[
+                    ds.arg(),
+                    dc.arg(),
+                    Arg::I32(n_tok as i32),
+                    Arg::I32(n_kv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I64(hd as i64),
+                    Arg::I32(pos0 as i32),
+                    Arg::I64(hd as i64),
+                    Arg::I64((max_pos * hd) as i64),
+                ],
+            )
+        };
     }
     let c16: Vec<u16> = g.download(&dc16, n_kv * max_pos * hd);
     let c32: Vec<u32> = g.download(&dc32, n_kv * max_pos * hd);
@@ -427,17 +452,20 @@ fn argmax_takes_the_first_of_equal_maxima_and_skips_nan() {
     x[ncols + 5] = f32::NAN;
     x[ncols + 77_777] = 3.0;
     let (dx, dout) = (g.upload(&x), g.alloc(8));
-    g.launch(
-        KernelId::ArgmaxF32,
-        [2, 1, 1],
-        256,
-        &[
-            dx.arg(),
-            dout.arg(),
-            Arg::I32(ncols as i32),
-            Arg::I64(ncols as i64),
-        ],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::ArgmaxF32,
+            [2, 1, 1],
+            256,
+            &[
+                dx.arg(),
+                dout.arg(),
+                Arg::I32(ncols as i32),
+                Arg::I64(ncols as i64),
+            ],
+        )
+    };
     assert_eq!(g.download::<i32>(&dout, 2), vec![1000, 77_777]);
 }
 
@@ -553,38 +581,44 @@ fn attention_case(g: &common::Gpu, c: &AttnCase, seed: u64) {
     };
     let phases: &[i32] = if splits > 1 { &[1, 2] } else { &[0] };
     for &phase in phases {
-        g.launch(
-            kid,
-            [rows.div_ceil(nw), c.n_kv_heads as u32, splits as u32],
-            nw * g.warp,
-            &[
-                dq.arg(),
-                dk.arg(),
-                dv.arg(),
-                dpos.arg(),
-                dout.arg(),
-                dpart.arg(),
-                Arg::Bytes(bytemuck::bytes_of(&AttnParams { phase, ..p })),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                kid,
+                [rows.div_ceil(nw), c.n_kv_heads as u32, splits as u32],
+                nw * g.warp,
+                &[
+                    dq.arg(),
+                    dk.arg(),
+                    dv.arg(),
+                    dpos.arg(),
+                    dout.arg(),
+                    dpart.arg(),
+                    Arg::Bytes(bytemuck::bytes_of(&AttnParams { phase, ..p })),
+                ],
+            )
+        };
     }
     if splits > 1 {
         let n_rows = c.n_tokens * c.n_heads;
-        g.launch(
-            KernelId::AttnCombineF32,
-            [n_rows as u32, 1, 1],
-            128,
-            &[
-                dpart.arg(),
-                dout.arg(),
-                Arg::I32(splits as i32),
-                Arg::I32(c.n_heads as i32),
-                Arg::I32(n_rows as i32),
-                Arg::I32(c.hd as i32),
-                Arg::I64((c.n_heads * c.hd) as i64),
-                Arg::I64(c.hd as i64),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                KernelId::AttnCombineF32,
+                [n_rows as u32, 1, 1],
+                128,
+                &[
+                    dpart.arg(),
+                    dout.arg(),
+                    Arg::I32(splits as i32),
+                    Arg::I32(c.n_heads as i32),
+                    Arg::I32(n_rows as i32),
+                    Arg::I32(c.hd as i32),
+                    Arg::I64((c.n_heads * c.hd) as i64),
+                    Arg::I64(c.hd as i64),
+                ],
+            )
+        };
     }
     let what = format!(
         "attention tokens={} heads={}/{} hd={} n_kv={} pos0={} window={} splits={splits} f16={}",
@@ -696,20 +730,23 @@ fn set_rows_writes_indexed_rows_and_leaves_the_rest() {
     let d16 = g.alloc(slots * ncols * 2);
     let d32 = g.alloc(slots * ncols * 4);
     for (k, d) in [(KernelId::SetRowsF16, &d16), (KernelId::SetRowsF32, &d32)] {
-        g.launch(
-            k,
-            [((n * ncols) as u32).div_ceil(128), 1, 1],
-            128,
-            &[
-                ds.arg(),
-                di.arg(),
-                d.arg(),
-                Arg::I32(ncols as i32),
-                Arg::I32(n as i32),
-                Arg::I64(ncols as i64),
-                Arg::I64(ncols as i64),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                k,
+                [((n * ncols) as u32).div_ceil(128), 1, 1],
+                128,
+                &[
+                    ds.arg(),
+                    di.arg(),
+                    d.arg(),
+                    Arg::I32(ncols as i32),
+                    Arg::I32(n as i32),
+                    Arg::I64(ncols as i64),
+                    Arg::I64(ncols as i64),
+                ],
+            )
+        };
     }
     let c16: Vec<u16> = g.download(&d16, slots * ncols);
     let c32: Vec<u32> = g.download(&d32, slots * ncols);

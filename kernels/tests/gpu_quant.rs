@@ -2,8 +2,6 @@
 //! quantization, mat-vec for every weight type, dequantize-to-f16 (+ gemmEx, the prefill path)
 //! and get_rows.
 
-#![forbid(unsafe_code)]
-
 mod common;
 
 use common::{assert_nmse, gpu, Arg, Rng};
@@ -60,17 +58,20 @@ fn quantize_q8_1_matches_the_cpu_rounding() {
     assert_eq!(vb % 16, 0);
     let dx = g.upload(&x);
     let dy = g.alloc(nvec * vb);
-    g.launch(
-        KernelId::QuantizeQ8_1,
-        [(n as u32).div_ceil(256), nvec as u32, 1],
-        256,
-        &[
-            dx.arg(),
-            dy.arg(),
-            Arg::I32(n as i32),
-            Arg::I64(x_stride as i64),
-        ],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::QuantizeQ8_1,
+            [(n as u32).div_ceil(256), nvec as u32, 1],
+            256,
+            &[
+                dx.arg(),
+                dy.arg(),
+                Arg::I32(n as i32),
+                Arg::I64(x_stride as i64),
+            ],
+        )
+    };
     let y: Vec<u8> = g.download(&dy, nvec * vb);
     let mut off_by_one = 0;
     for v in 0..nvec {
@@ -134,17 +135,20 @@ fn check_matvec(
     let dx = g.upload(&x);
     let vb = q8_1_vector_bytes(ncols);
     let dy = g.alloc(ny * vb);
-    g.launch(
-        KernelId::QuantizeQ8_1,
-        [(ncols as u32).div_ceil(256), ny as u32, 1],
-        256,
-        &[
-            dx.arg(),
-            dy.arg(),
-            Arg::I32(ncols as i32),
-            Arg::I64(ncols as i64),
-        ],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::QuantizeQ8_1,
+            [(ncols as u32).div_ceil(256), ny as u32, 1],
+            256,
+            &[
+                dx.arg(),
+                dy.arg(),
+                Arg::I32(ncols as i32),
+                Arg::I64(ncols as i64),
+            ],
+        )
+    };
     for &t in WeightType::ALL {
         if ncols % t.block_values() != 0 {
             continue;
@@ -157,24 +161,27 @@ fn check_matvec(
         padded.extend_from_slice(&w);
         let dw = g.upload(&padded);
         let dout = g.alloc(ny * nrows * 4);
-        g.launch(
-            t.matvec(),
-            [
-                (nrows.div_ceil(t.matvec_rows_per_block()) as u32).min(max_grid),
-                ny as u32,
-                1,
-            ],
-            MATVEC_WARPS * g.warp,
-            &[
-                dw.arg_at(offset),
-                dy.arg(),
-                dout.arg(),
-                Arg::I32(ncols as i32),
-                Arg::I64(row_bytes as i64),
-                Arg::I32(nrows as i32),
-                Arg::I32(nrows as i32),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                t.matvec(),
+                [
+                    (nrows.div_ceil(t.matvec_rows_per_block()) as u32).min(max_grid),
+                    ny as u32,
+                    1,
+                ],
+                MATVEC_WARPS * g.warp,
+                &[
+                    dw.arg_at(offset),
+                    dy.arg(),
+                    dout.arg(),
+                    Arg::I32(ncols as i32),
+                    Arg::I64(row_bytes as i64),
+                    Arg::I32(nrows as i32),
+                    Arg::I32(nrows as i32),
+                ],
+            )
+        };
         let got: Vec<f32> = g.download(&dout, ny * nrows);
         let mut want = vec![0.0f32; ny * nrows];
         for c in 0..ny {
@@ -241,12 +248,15 @@ fn matvec_float_weights() {
         ]
     };
     let dw = g.upload(&w);
-    g.launch(
-        KernelId::MatvecF32,
-        [nrows as u32, 1, 1],
-        2 * g.warp,
-        &args(dw.arg()),
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::MatvecF32,
+            [nrows as u32, 1, 1],
+            2 * g.warp,
+            &args(dw.arg()),
+        )
+    };
     assert_nmse("matvec f32", &g.download::<f32>(&dout, nrows), &want, 1e-10);
     let wh: Vec<u16> = w.iter().map(|&v| common::f16_bits(v)).collect();
     let mut want_h = vec![0.0f32; nrows];
@@ -256,12 +266,15 @@ fn matvec_float_weights() {
             .sum::<f64>() as f32;
     }
     let dwh = g.upload(&wh);
-    g.launch(
-        KernelId::MatvecF16,
-        [nrows as u32, 1, 1],
-        2 * g.warp,
-        &args(dwh.arg()),
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::MatvecF16,
+            [nrows as u32, 1, 1],
+            2 * g.warp,
+            &args(dwh.arg()),
+        )
+    };
     assert_nmse(
         "matvec f16",
         &g.download::<f32>(&dout, nrows),
@@ -284,18 +297,21 @@ fn dequant_f16_and_get_rows_every_weight_type() {
         let dw = g.upload(&w);
         let subs = (ncols / 32) as u32;
         let dh = g.alloc(nrows * ncols * 2);
-        g.launch(
-            t.dequant_f16(),
-            [subs.div_ceil(64), nrows as u32, 1],
-            64,
-            &[
-                dw.arg(),
-                dh.arg(),
-                Arg::I32(ncols as i32),
-                Arg::I64(row_bytes as i64),
-                Arg::I64(ncols as i64),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                t.dequant_f16(),
+                [subs.div_ceil(64), nrows as u32, 1],
+                64,
+                &[
+                    dw.arg(),
+                    dh.arg(),
+                    Arg::I32(ncols as i32),
+                    Arg::I64(row_bytes as i64),
+                    Arg::I64(ncols as i64),
+                ],
+            )
+        };
         let got: Vec<u16> = g.download(&dh, nrows * ncols);
         for (i, (&h, &want)) in got.iter().zip(&wf).enumerate() {
             let v = half::f16::from_bits(h).to_f32();
@@ -306,19 +322,22 @@ fn dequant_f16_and_get_rows_every_weight_type() {
             );
         }
         let dr = g.alloc(ids.len() * ncols * 4);
-        g.launch(
-            t.get_rows(),
-            [subs.div_ceil(64), ids.len() as u32, 1],
-            64,
-            &[
-                dw.arg(),
-                dids.arg(),
-                dr.arg(),
-                Arg::I32(ncols as i32),
-                Arg::I64(row_bytes as i64),
-                Arg::I64(ncols as i64),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                t.get_rows(),
+                [subs.div_ceil(64), ids.len() as u32, 1],
+                64,
+                &[
+                    dw.arg(),
+                    dids.arg(),
+                    dr.arg(),
+                    Arg::I32(ncols as i32),
+                    Arg::I64(row_bytes as i64),
+                    Arg::I64(ncols as i64),
+                ],
+            )
+        };
         let rows: Vec<f32> = g.download(&dr, ids.len() * ncols);
         for (k, &id) in ids.iter().enumerate() {
             for c in 0..ncols {
@@ -347,19 +366,22 @@ fn get_rows_float_tables() {
         (KernelId::GetRowsF32, g.upload(&t)),
         (KernelId::GetRowsF16, g.upload(&th)),
     ] {
-        g.launch(
-            k,
-            [1, ids.len() as u32, 1],
-            128,
-            &[
-                dt.arg(),
-                dids.arg(),
-                dout.arg(),
-                Arg::I32(ncols as i32),
-                Arg::I64(stride as i64),
-                Arg::I64(ncols as i64),
-            ],
-        );
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+        unsafe {
+            g.launch(
+                k,
+                [1, ids.len() as u32, 1],
+                128,
+                &[
+                    dt.arg(),
+                    dids.arg(),
+                    dout.arg(),
+                    Arg::I32(ncols as i32),
+                    Arg::I64(stride as i64),
+                    Arg::I64(ncols as i64),
+                ],
+            )
+        };
         let got: Vec<f32> = g.download(&dout, ids.len() * ncols);
         for (r, &id) in ids.iter().enumerate() {
             for c in 0..ncols {
@@ -388,26 +410,32 @@ fn dequantized_weights_through_gemm_ex() {
     let x = rng.vec(n * k);
     let dw = g.upload(&w);
     let dwh = g.alloc(m * k * 2);
-    g.launch(
-        t.dequant_f16(),
-        [(k as u32 / 32).div_ceil(64), m as u32, 1],
-        64,
-        &[
-            dw.arg(),
-            dwh.arg(),
-            Arg::I32(k as i32),
-            Arg::I64((k / 256 * 144) as i64),
-            Arg::I64(k as i64),
-        ],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            t.dequant_f16(),
+            [(k as u32 / 32).div_ceil(64), m as u32, 1],
+            64,
+            &[
+                dw.arg(),
+                dwh.arg(),
+                Arg::I32(k as i32),
+                Arg::I64((k / 256 * 144) as i64),
+                Arg::I64(k as i64),
+            ],
+        )
+    };
     let dx = g.upload(&x);
     let dxh = g.alloc(n * k * 2);
-    g.launch(
-        KernelId::ConvertF32F16,
-        [((n * k) as u32).div_ceil(256), 1, 1],
-        256,
-        &[dx.arg(), dxh.arg(), Arg::I64((n * k) as i64)],
-    );
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::ConvertF32F16,
+            [((n * k) as u32).div_ceil(256), 1, 1],
+            256,
+            &[dx.arg(), dxh.arg(), Arg::I64((n * k) as i64)],
+        )
+    };
     let dc = g.alloc(n * m * 4);
     let blas = Blas::new(&g.stream).expect("blas handle");
     // Row-major out[n][m] = X[n][k] . W[m][k]^T is column-major C(m x n) = W^T(k x m)^T X^T(k x n).

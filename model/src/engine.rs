@@ -158,9 +158,10 @@ mod gpu {
     use ggml_graph::{CpuBackend, Graph, Op, Scheduler};
 
     use super::{cpu_only, Engine};
-    use crate::arch::{KvCacheSpec, KvType};
+    use crate::arch::KvCacheSpec;
     use crate::error::ModelError;
-    use crate::placement::{choose_layers, layer_of, mib, DeviceChoice, LayerSplit, Needs};
+    use crate::placement::{fit_layers, layer_of, mib, weights_by_layer, DeviceChoice};
+    use crate::placement::{LayerSplit, Needs};
     use crate::placement::{CPU, GPU};
     use crate::session::{DeviceMemory, DevicePlan, Model, SessionOptions};
 
@@ -187,8 +188,12 @@ mod gpu {
                     mib(2 * MIN)
                 )));
             }
-            gpu_mem::bandwidth::copy_bandwidth(dev, bytes as usize, 20)
-                .map_err(|e| ModelError::Device(format!("copy bandwidth: {e}")))
+            gpu_mem::bandwidth::copy_bandwidth(dev, bytes as usize, 20).map_err(|source| {
+                ModelError::Gpu {
+                    op: "copy bandwidth",
+                    source,
+                }
+            })
         }
 
         pub(crate) fn memory(&self) -> DeviceMemory {
@@ -256,63 +261,37 @@ mod gpu {
         })
     }
 
-    /// Bytes the HIP backend allocates besides weights, KV cache and the planned arena: its
-    /// scratch (f16 copies of a weight and of the activations for batched matmuls, quantized
-    /// activations, attention partials; grown to a power of two, at least 1 MiB), the staging
-    /// of the logits read-back, and cross-device copy slots. `head` counts the output matrix.
+    /// The HIP backend's workspace for `n_batch` tokens (see [`HipDevice::workspace_bytes`]),
+    /// with the weights of the repeating layers and, when `head`, of the output head too.
     fn workspace(model: &Model, n_batch: usize, head: bool) -> u64 {
         let cfg = model.config();
-        let mut w_elems = 0u64;
-        let mut max_k = cfg.n_embd as u64;
-        for t in model.file().tensors() {
-            let in_head = layer_of(&t.name).is_none();
-            if in_head && !head {
-                continue;
-            }
-            let k = t.dims.first().copied().unwrap_or(0);
-            let n: u64 = t.dims.iter().product();
-            w_elems = w_elems.max(n);
-            max_k = max_k.max(k);
-        }
-        let n_batch = n_batch as u64;
-        let scratch = (2 * w_elems + 4 * n_batch * max_k).max(1 << 20);
-        let staging = 4 * cfg.n_vocab as u64;
-        let copies = 8 * n_batch * cfg.n_embd as u64;
-        scratch
-            .next_power_of_two()
-            .saturating_add(staging)
-            .saturating_add(copies)
-            .saturating_add(1 << 20)
+        let weights = model
+            .file()
+            .tensors()
+            .iter()
+            .filter(|t| head || layer_of(&t.name).is_some())
+            .map(|t| t.dims.as_slice());
+        HipDevice::workspace_bytes(weights, n_batch, cfg.n_embd, cfg.n_vocab)
     }
 
-    /// What the GPU part of a session needs: weights by layer and KV rows per layer (gpu-mem's
-    /// estimate from the file), the planner's activation arena for the worst-case batch, and
-    /// the backend's workspace.
-    fn needs(
-        model: &Model,
-        kv: &KvCacheSpec,
-        n_batch: usize,
-        activations: u64,
-    ) -> Result<Needs, ModelError> {
-        let elem = match kv.dtype {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-        };
-        let mn = gpu_mem::estimate::ModelNeeds::from_gguf(
-            model.file(),
-            kv.n_ctx as u64,
-            elem,
+    /// What the GPU part of a session needs: weights by layer, KV rows per layer, the
+    /// planner's activation arena for the worst-case batch, and the backend's workspace.
+    fn needs(model: &Model, kv: &KvCacheSpec, n_batch: usize, activations: u64) -> Needs {
+        let cfg = model.config();
+        let sizes = model
+            .file()
+            .tensors()
+            .iter()
+            .map(|t| (t.name.as_str(), t.size));
+        let (layer_weights, other_weights) = weights_by_layer(sizes, cfg.n_layer);
+        Needs {
+            layer_weights,
+            other_weights,
+            kv_per_layer: kv.bytes(cfg).checked_div(cfg.n_layer).unwrap_or(0) as u64,
             activations,
-        )
-        .map_err(|e| ModelError::Device(format!("memory estimate: {e}")))?;
-        Ok(Needs {
-            layer_weights: mn.layer_weights,
-            other_weights: mn.other_weights,
-            kv_per_layer: mn.kv_per_layer,
-            activations: mn.activations,
             workspace_layers: workspace(model, n_batch, false),
             workspace_head: workspace(model, n_batch, true),
-        })
+        }
     }
 
     /// Chooses the device and layer split and builds the engine that runs it. `worst` is the
@@ -352,11 +331,11 @@ mod gpu {
             .iter()
             .find(|t| t.name == "tokens")
             .map_or(1, |t| t.ne[0]);
-        let needs = needs(model, kv, n_batch, activations)?;
+        let needs = needs(model, kv, n_batch, activations);
         let (ngl, reason) = match opts.n_gpu_layers {
             Some(n) => (n, format!("-ngl {n}")),
             None => {
-                let n = choose_layers(&needs, available);
+                let n = fit_layers(&needs, available);
                 (
                     n,
                     format!("--device {}: as many layers as fit", opts.device),

@@ -63,6 +63,16 @@ pub enum ModelError {
     /// No usable GPU, or the layers asked for do not fit it.
     #[error("device: {0}")]
     Device(String),
+    /// A GPU call made outside the graph failed (such as measuring the copy bandwidth).
+    #[cfg(feature = "hip")]
+    #[error("device: {op}: {source}")]
+    Gpu {
+        /// What was being done.
+        op: &'static str,
+        /// The memory layer's error.
+        #[source]
+        source: gpu_mem::GpuError,
+    },
     /// A caller-provided setting is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -86,6 +96,18 @@ pub enum ModelError {
 }
 
 impl ModelError {
+    /// True when a device ran out of memory (see [`ggml_graph::GraphError::is_out_of_memory`]):
+    /// fewer GPU layers, a smaller batch or a shorter context may help.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Self::Graph(e) => e.is_out_of_memory(),
+            #[cfg(feature = "hip")]
+            Self::Gpu { source, .. } => source.is_out_of_memory(),
+            Self::InFile { source, .. } => source.is_out_of_memory(),
+            _ => false,
+        }
+    }
+
     /// Names `path` in the error, unless it already does (I/O errors carry their path).
     pub fn in_file(self, path: &std::path::Path) -> Self {
         match self {
@@ -95,5 +117,46 @@ impl ModelError {
                 source: Box::new(e),
             },
         }
+    }
+}
+
+#[cfg(all(test, feature = "hip"))]
+mod tests {
+    use gpu_mem::GpuError;
+
+    use super::ModelError;
+
+    fn budget() -> GpuError {
+        GpuError::BudgetExceeded {
+            tag: "weights".into(),
+            requested: 10,
+            used: 5,
+            limit: 12,
+        }
+    }
+
+    #[test]
+    fn out_of_memory_is_seen_through_the_layers() {
+        let graph = ggml_graph::GraphError::Device {
+            backend: "hip",
+            op: "alloc",
+            source: Box::new(budget()),
+        };
+        let e = ModelError::from(graph);
+        assert!(e.is_out_of_memory());
+        let e = e.in_file(std::path::Path::new("model.gguf"));
+        assert!(e.is_out_of_memory(), "{e}");
+        let source = std::error::Error::source(&e).expect("the graph error");
+        assert!(
+            source.to_string().contains("exceeds the budget"),
+            "{source}"
+        );
+        let gpu = |source| ModelError::Gpu {
+            op: "copy bandwidth",
+            source,
+        };
+        assert!(gpu(budget()).is_out_of_memory());
+        assert!(!gpu(GpuError::InvalidArgument("n = 0".into())).is_out_of_memory());
+        assert!(!ModelError::Device("no GPU".into()).is_out_of_memory());
     }
 }

@@ -120,6 +120,24 @@ pub fn layer_of(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
+/// Weight bytes by repeating layer from a model's `(tensor name, bytes)` table: `blk.<i>.*`
+/// tensors go to layer `i < n_layer`, everything else (embedding, output head, norms) to the
+/// returned remainder, as `(layers, other)`.
+pub fn weights_by_layer<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, u64)>,
+    n_layer: usize,
+) -> (Vec<u64>, u64) {
+    let mut layers = vec![0u64; n_layer];
+    let mut other = 0u64;
+    for (name, bytes) in tensors {
+        match layer_of(name).and_then(|i| layers.get_mut(i)) {
+            Some(l) => *l = l.saturating_add(bytes),
+            None => other = other.saturating_add(bytes),
+        }
+    }
+    (layers, other)
+}
+
 /// Bytes that one session needs, split by layer (the model side of a fit decision).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Needs {
@@ -183,35 +201,15 @@ impl Needs {
     }
 }
 
-/// The largest `-ngl` whose estimate fits `available` bytes (`n_layer + 1` when the whole
-/// model fits, 0 when not even one layer does).
+/// The placement chooser: the largest `-ngl` whose estimate fits `available` bytes (`n_layer + 1`
+/// when the whole model fits, 0 when not even one layer does). The estimate grows with `-ngl`,
+/// so this is also the split with the most GPU layers.
 pub fn fit_layers(needs: &Needs, available: u64) -> usize {
     let n_layer = needs.layer_weights.len();
     (0..=n_layer + 1)
         .rev()
         .find(|&ngl| needs.gpu_estimate(&LayerSplit::new(n_layer, ngl)).total() <= available)
         .unwrap_or(0)
-}
-
-/// The same decision through `gpu-mem`'s placement chooser, which counts the non-layer weights
-/// on the GPU for every split (an upper bound): the whole model when it fits, else the most
-/// layers that fit with the head, else [`fit_layers`]' answer for a CPU-side head.
-#[cfg(feature = "hip")]
-pub fn choose_layers(needs: &Needs, available: u64) -> usize {
-    use gpu_mem::estimate::{choose_placement, ModelNeeds, Placement};
-    let n_layer = needs.layer_weights.len();
-    let mn = ModelNeeds {
-        layer_weights: needs.layer_weights.clone(),
-        other_weights: needs.other_weights,
-        kv_per_layer: needs.kv_per_layer,
-        activations: needs.activations.saturating_add(needs.workspace_head),
-    };
-    match choose_placement(&mn, &[(0, available)]) {
-        Placement::Gpu { .. } => n_layer + 1,
-        // A split keeps the head on the CPU, so the chooser's count is a lower bound.
-        Placement::Split { gpu_layers, .. } => gpu_layers.max(fit_layers(needs, available)),
-        Placement::Cpu { .. } => fit_layers(needs, available),
-    }
 }
 
 /// Parses a byte count with an optional binary suffix (`512M`, `1.5G`, `2GiB`, `1024`).
@@ -319,21 +317,77 @@ mod tests {
         assert_eq!(fit_layers(&n, 150), 1);
     }
 
-    #[cfg(feature = "hip")]
     #[test]
-    fn chooser_agrees_with_gpu_mem() {
+    fn chooser_takes_the_most_layers_that_fit() {
         let n = needs();
-        assert_eq!(choose_layers(&n, 5000), 11);
-        // gpu-mem's chooser counts the head on the GPU: 50 + 40 + 110 l <= 600 -> 4; the split
-        // keeps the head on the CPU, which leaves room for a fifth layer.
-        assert_eq!(choose_layers(&n, 600), 5);
-        assert_eq!(choose_layers(&n, 100), 0);
+        assert_eq!(fit_layers(&n, 5000), 11);
+        // The split keeps the head on the CPU: 40 + 110 l <= 600 -> 5 layers (counting the
+        // head's weights and workspace on the GPU would leave room for only 4).
+        assert_eq!(fit_layers(&n, 600), 5);
+        assert_eq!(fit_layers(&n, 100), 0);
         // A forced small budget always gives a partial offload between the extremes.
         for avail in [200, 400, 800, 1100] {
-            let ngl = choose_layers(&n, avail);
+            let ngl = fit_layers(&n, avail);
             assert!(ngl > 0 && ngl < 11, "{avail}: {ngl}");
             assert!(n.gpu_estimate(&LayerSplit::new(10, ngl)).total() <= avail);
+            let more = n.gpu_estimate(&LayerSplit::new(10, ngl + 1)).total();
+            assert!(more > avail, "{avail}: {} layers would fit too", ngl + 1);
         }
+    }
+
+    #[test]
+    fn splits_count_the_last_layers() {
+        // Layers of unequal size: a split holds the last ones, so the chooser weighs those.
+        let n = Needs {
+            layer_weights: vec![10, 10, 10, 100, 100],
+            ..Needs::default()
+        };
+        assert_eq!(fit_layers(&n, 200), 2);
+        assert_eq!(fit_layers(&n, 199), 1);
+        assert_eq!(fit_layers(&n, 230), 6);
+    }
+
+    #[test]
+    fn weights_are_grouped_by_layer() {
+        let table = [
+            ("token_embd.weight", 1000),
+            ("blk.0.attn_q.weight", 10),
+            ("blk.0.ffn_up.weight", 20),
+            ("blk.2.attn_q.weight", 5),
+            ("blk.7.attn_q.weight", 3),
+            ("output_norm.weight", 4),
+        ];
+        let (layers, other) = weights_by_layer(table, 3);
+        assert_eq!(layers, vec![30, 0, 5]);
+        // A block beyond the model's layer count is no layer of it.
+        assert_eq!(other, 1007);
+    }
+
+    #[test]
+    fn gemma_needs_from_the_real_file() {
+        let Ok(path) = std::env::var("ROCMFORGE_TEST_MODEL") else {
+            println!("skipped: ROCMFORGE_TEST_MODEL not set");
+            return;
+        };
+        let file = gguf::GgufFile::open(&path).expect("open the test model");
+        let sizes = file.tensors().iter().map(|t| (t.name.as_str(), t.size));
+        let (layers, other) = weights_by_layer(sizes, 18);
+        let total: u64 = file.tensors().iter().map(|t| t.size).sum();
+        assert_eq!(layers.len(), 18, "Gemma 3 270M has 18 layers");
+        assert!(layers.iter().all(|&l| l > 0));
+        assert_eq!(layers.iter().sum::<u64>() + other, total);
+        // Tensor data is the file minus its header, less at most the data-section padding.
+        let data = file.file_size() - file.data_offset();
+        assert!(
+            total <= data && data - total < 32 * file.tensors().len() as u64,
+            "{total} vs {data}"
+        );
+        let n = Needs {
+            layer_weights: layers,
+            other_weights: other,
+            ..Needs::default()
+        };
+        assert_eq!(fit_layers(&n, 1 << 30), 19);
     }
 
     #[test]

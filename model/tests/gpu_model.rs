@@ -63,25 +63,12 @@ fn opts(device: DeviceChoice, ngl: Option<usize>, limit: Option<u64>) -> Session
 /// is required).
 #[cfg(feature = "hip")]
 fn have_gpu() -> bool {
-    match ggml_graph::hip::HipDevice::new(0) {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var("ROCMFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("ROCMFORGE_REQUIRE_GPU=1 but no HIP device: {e}");
-            }
-            println!("skipped: {e}");
-            false
-        }
-    }
+    hip_ffi::testing::or_skip(ggml_graph::hip::HipDevice::new(0)).is_some()
 }
 
 #[cfg(not(feature = "hip"))]
 fn have_gpu() -> bool {
-    if std::env::var("ROCMFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        panic!("ROCMFORGE_REQUIRE_GPU=1 but the `hip` feature is off");
-    }
-    println!("skipped: built without the `hip` feature");
-    false
+    hip_ffi::testing::skip::<()>("built without the `hip` feature").is_some()
 }
 
 /// A greedy run: tokens, the top-2 gap at each step and the logits each token was chosen from.

@@ -92,12 +92,16 @@ pub(super) fn attention(
             .push(out)
             .push(q8.as_ref().map(|b| MemRange::of_buffer(b)))
             .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
-        d.launch_kernel(
-            kid,
-            [n_heads as u32, n_tok as u32, 1],
-            kernels::ATTN_DEC_THREADS,
-            &a.0,
-        )?;
+        // SAFETY: q, k, v, mask and output are the node's tensors, sized by the scheduler for the
+        // shapes passed here; the scratch and partials are sized above for the same shapes.
+        unsafe {
+            d.launch_kernel(
+                kid,
+                [n_heads as u32, n_tok as u32, 1],
+                kernels::ATTN_DEC_THREADS,
+                &a.0,
+            )?
+        };
         if quantize {
             cache.holds(&out, ncols, n_tok);
         }
@@ -143,12 +147,16 @@ pub(super) fn attention(
         a.push(out)
             .push(part)
             .push(KernelArg::Bytes(bytemuck::bytes_of(&pp)));
-        d.launch_kernel(
-            kid,
-            [rows.div_ceil(nw), n_kv_heads as u32, splits as u32],
-            nw * warp,
-            &a.0,
-        )?;
+        // SAFETY: q, k, v, mask and output are the node's tensors, sized by the scheduler for the
+        // shapes passed here; the scratch and partials are sized above for the same shapes.
+        unsafe {
+            d.launch_kernel(
+                kid,
+                [rows.div_ceil(nw), n_kv_heads as u32, splits as u32],
+                nw * warp,
+                &a.0,
+            )?
+        };
     }
     if splits > 1 {
         let n_rows = n_tok * n_heads;
@@ -160,7 +168,9 @@ pub(super) fn attention(
             .push(n_rows as i32)
             .push(hd as i32);
         c.push(params.o_tok_stride).push(params.o_head_stride);
-        d.launch_kernel(KernelId::AttnCombineF32, [n_rows as u32, 1, 1], 128, &c.0)?;
+        // SAFETY: q, k, v, mask and output are the node's tensors, sized by the scheduler for the
+        // shapes passed here; the scratch and partials are sized above for the same shapes.
+        unsafe { d.launch_kernel(KernelId::AttnCombineF32, [n_rows as u32, 1, 1], 128, &c.0)? };
     }
     Ok(())
 }
@@ -201,12 +211,16 @@ fn attention_gemm(
         .push(hd as i32)
         .push(q_tok)
         .push(q_head);
-    d.launch_kernel(
-        KernelId::AttnQF16,
-        [blocks(n_tok * n_heads * hd, 256), 1, 1],
-        256,
-        &a.0,
-    )?;
+    // SAFETY: q, k, v, mask and output are the node's tensors, sized by the scheduler for the
+    // shapes passed here; the scratch and partials are sized above for the same shapes.
+    unsafe {
+        d.launch_kernel(
+            KernelId::AttnQF16,
+            [blocks(n_tok * n_heads * hd, 256), 1, 1],
+            256,
+            &a.0,
+        )?
+    };
     let (k_pos, k_head) = (k.nb[2] / 2, k.nb[1] / 2);
     let (v_pos, v_head) = (v.nb[2] / 2, v.nb[1] / 2);
     let (o_tok, o_head) = (t.nb[2] / 4, t.nb[1] / 4);
@@ -257,12 +271,16 @@ fn attention_gemm(
                 .push(t0 as i32)
                 .push(i32::from(p.causal))
                 .push(p.window.unwrap_or(0) as i32);
-            d.launch_kernel(
-                KernelId::AttnSoftmaxF16,
-                [cn as u32, n_kv_heads as u32, 1],
-                256,
-                &b.0,
-            )?;
+            // SAFETY: q, k, v, mask and output are the node's tensors, sized by the scheduler for
+            // the shapes passed here; the scratch and partials are sized above for the same shapes.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::AttnSoftmaxF16,
+                    [cn as u32, n_kv_heads as u32, 1],
+                    256,
+                    &b.0,
+                )?
+            };
             // Output, column-major hd x cn per head (columns o_tok apart): V (hd x n_kv) * P.
             let shape = GemmShape {
                 trans_a: BlasOp::N,

@@ -197,15 +197,21 @@ fn ropes(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         )?;
         let v = e.srcs[0].tensor;
         let total = pairs + v.ne[0] * v.ne[1];
-        d.launch_kernel(kid, [total.div_ceil(256) as u32, 1, 1], 256, &args.0)?;
+        // SAFETY: the memory arguments are the grouped nodes' tensors, sized by the scheduler for
+        // the shapes passed here (the group's shapes were matched when it was formed).
+        unsafe { d.launch_kernel(kid, [total.div_ceil(256) as u32, 1, 1], 256, &args.0)? };
         return Ok(4);
     }
-    d.launch_kernel(
-        KernelId::Rope2F32,
-        [pairs.div_ceil(256) as u32, 1, 1],
-        256,
-        &args.0,
-    )?;
+    // SAFETY: the memory arguments are the grouped nodes' tensors, sized by the scheduler for
+    // the shapes passed here (the group's shapes were matched when it was formed).
+    unsafe {
+        d.launch_kernel(
+            KernelId::Rope2F32,
+            [pairs.div_ceil(256) as u32, 1, 1],
+            256,
+            &args.0,
+        )?
+    };
     Ok(2)
 }
 
@@ -271,7 +277,9 @@ fn set_rows(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let n = sa.ne[1];
     args.push(addr(&a.srcs[1])?).push(n as i32);
     let total = n * (sa.ne[0] + sb.ne[0]);
-    d.launch_kernel(kid, [total.div_ceil(256) as u32, 1, 1], 256, &args.0)?;
+    // SAFETY: the memory arguments are the grouped nodes' tensors, sized by the scheduler for
+    // the shapes passed here (the group's shapes were matched when it was formed).
+    unsafe { d.launch_kernel(kid, [total.div_ceil(256) as u32, 1, 1], 256, &args.0)? };
     Ok(2)
 }
 
@@ -321,7 +329,9 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let q8 = cache.quantized(d, addr(x0)?, k, m)?;
     let rb2 = q6_third.then(|| group[2].srcs[0].tensor.nb[1] as i64);
     let (a, grid) = multi_args(group, &outs, MemRange::of_buffer(&q8), k, rb2, wt)?;
-    launch_matvec(d, kid, grid, m, &a, cache).map(|()| n)
+    // SAFETY: the memory arguments are the grouped nodes' tensors, sized by the scheduler for
+    // the shapes passed here (the group's shapes were matched when it was formed).
+    unsafe { launch_matvec(d, kid, grid, m, &a, cache).map(|()| n) }
 }
 
 /// The leading arguments of the `*_multi` kernels (and of the `*_rope_kv` ones built on them) for
@@ -473,7 +483,9 @@ fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> 
     } else {
         KernelId::MatvecRopeKvQ4_K
     };
-    launch_matvec(d, kid, grid, m, &a, cache).map(|()| 7)
+    // SAFETY: the memory arguments are the grouped nodes' tensors, sized by the scheduler for
+    // the shapes passed here (the group's shapes were matched when it was formed).
+    unsafe { launch_matvec(d, kid, grid, m, &a, cache).map(|()| 7) }
 }
 
 /// The q and k norms `na`, `nb` (per head), the ropes `ra`, `rb` of their outputs and the K and V
@@ -535,7 +547,9 @@ fn norm_rope_kv(d: &HipDevice, [na, nb, ra, rb, c, e]: [&GroupNode<'_>; 6]) -> R
     let v = e.srcs[0].tensor;
     let v_blocks = (v.ne[0] * v.ne[1]).div_ceil(block).clamp(1, 8);
     let grid = xa.nrows() + xb.nrows() + v_blocks;
-    d.launch_kernel(kid, [grid as u32, 1, 1], block as u32, &args.0)?;
+    // SAFETY: the memory arguments are the grouped nodes' tensors, sized by the scheduler for
+    // the shapes passed here (the group's shapes were matched when it was formed).
+    unsafe { d.launch_kernel(kid, [grid as u32, 1, 1], block as u32, &args.0)? };
     Ok(6)
 }
 
@@ -635,12 +649,16 @@ fn norm_add(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         .push(elems(x.tensor.nb[1], x.tensor))
         .push(eps)
         .push(eps2);
-    d.launch_kernel(
-        KernelId::RmsNormAddF32,
-        [m as u32, 1, 1],
-        block.max(warp) as u32,
-        &args.0,
-    )?;
+    // SAFETY: the memory arguments are the grouped nodes' tensors, sized by the scheduler for
+    // the shapes passed here (the group's shapes were matched when it was formed).
+    unsafe {
+        d.launch_kernel(
+            KernelId::RmsNormAddF32,
+            [m as u32, 1, 1],
+            block.max(warp) as u32,
+            &args.0,
+        )?
+    };
     if let (Some(h), true) = (h_out, quantize) {
         cache.holds(&h, k, m);
     }
@@ -680,11 +698,15 @@ fn norm_pair(d: &HipDevice, a: &GroupNode<'_>, b: &GroupNode<'_>) -> Result<usiz
     let warp = d.inner.warp as usize;
     let block = (xa.ne[0] / 4).div_ceil(warp) * warp;
     args.push(xa.ne[0] as i32).push(*eps);
-    d.launch_kernel(
-        KernelId::RmsNorm2F32,
-        [rows as u32, 1, 1],
-        block.clamp(warp, 1024) as u32,
-        &args.0,
-    )?;
+    // SAFETY: the memory arguments are the grouped nodes' tensors, sized by the scheduler for
+    // the shapes passed here (the group's shapes were matched when it was formed).
+    unsafe {
+        d.launch_kernel(
+            KernelId::RmsNorm2F32,
+            [rows as u32, 1, 1],
+            block.clamp(warp, 1024) as u32,
+            &args.0,
+        )?
+    };
     Ok(2)
 }

@@ -31,6 +31,7 @@ mod group;
 mod ops;
 mod profile;
 mod stack;
+mod workspace;
 
 pub use stack::{head_launches, stack_launches};
 
@@ -49,12 +50,16 @@ use crate::backend::{Buffer, BufferType, Captured, Device, GroupNode, Stream, Te
 use crate::error::{GraphError, Result};
 use crate::tensor::Tensor;
 
-/// Wraps a device-layer error as the graph's error type.
-pub(crate) fn gpu_err(op: &'static str, e: impl std::fmt::Display) -> GraphError {
+/// Wraps a device-layer error (or a message where the backend itself found the fault) as the
+/// graph's error type, keeping the error as its source.
+pub(crate) fn gpu_err(
+    op: &'static str,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> GraphError {
     GraphError::Device {
         backend: "hip",
         op,
-        detail: e.to_string(),
+        source: e.into(),
     }
 }
 
@@ -299,14 +304,19 @@ impl HipDevice {
         f(&m.function(k.name()).map_err(|e| gpu_err("load", e))?)
     }
 
-    fn launch_kernel(
+    /// Queues `k` over `grid` blocks of `block` threads (see [`HipDevice::launch_kernel_smem`]).
+    ///
+    /// # Safety
+    /// As for [`HipDevice::launch_kernel_smem`].
+    unsafe fn launch_kernel(
         &self,
         k: kernels::KernelId,
         grid: [u32; 3],
         block: u32,
         args: &[KernelArg<'_>],
     ) -> Result<()> {
-        self.launch_kernel_smem(k, grid, block, 0, args)
+        // SAFETY: the caller's promise, with no dynamic shared memory.
+        unsafe { self.launch_kernel_smem(k, grid, block, 0, args) }
     }
 
     /// Whether `decode_stack` can have one resident block per multiprocessor with `smem` bytes
@@ -353,8 +363,14 @@ impl HipDevice {
     }
 
     /// Queues `k` over `grid` blocks of `block` threads with `smem` bytes of dynamic shared
-    /// memory (beyond 48 KiB only where [`HipDevice::stack_fits`] has opted the kernel in).
-    fn launch_kernel_smem(
+    /// memory (beyond 48 KiB only where [`HipDevice::stack_fits`] has opted the kernel in), after
+    /// `gpu-mem`'s checks of the arguments against the kernel's parameter table.
+    ///
+    /// # Safety
+    /// `args` meet kernel `k`'s contract (its HIP source in `kernels/hip`): for the integer
+    /// arguments, grid and block given, every memory argument covers all the bytes the kernel
+    /// reads or writes through it, and a null pointer stands only where the kernel takes one.
+    unsafe fn launch_kernel_smem(
         &self,
         k: kernels::KernelId,
         grid: [u32; 3],
@@ -363,11 +379,14 @@ impl HipDevice {
         args: &[KernelArg<'_>],
     ) -> Result<()> {
         self.with_kernel(k, |f| {
-            self.inner
-                .sb
-                .stream()
-                .launch_checked(f, k.name(), param_kinds(k), grid, [block, 1, 1], smem, args)
-                .map_err(|e| gpu_err(k.name(), e))
+            let stream = self.inner.sb.stream();
+            // SAFETY: `param_kinds(k)` is the kernel's own list (tested against the HIP sources
+            // in `kernels`), the arguments meet its contract (the caller's promise), and
+            // `stack_fits` opted the kernel in to `smem` where it exceeds the default.
+            unsafe {
+                stream.launch_checked(f, k.name(), param_kinds(k), grid, [block, 1, 1], smem, args)
+            }
+            .map_err(|e| gpu_err(k.name(), e))
         })
     }
 
@@ -376,7 +395,11 @@ impl HipDevice {
     /// memory, which [`HipDevice::stack_fits`] has opted the kernel in to; `uses` is the memory
     /// the kernel reaches through pointers inside its by-value arguments (recorded for graph
     /// capture like pointer arguments).
-    fn launch_cooperative(
+    ///
+    /// # Safety
+    /// As for [`HipDevice::launch_kernel_smem`], with `uses` covering all memory the kernel
+    /// reaches through pointers inside its by-value arguments.
+    unsafe fn launch_cooperative(
         &self,
         k: kernels::KernelId,
         grid: u32,
@@ -386,10 +409,10 @@ impl HipDevice {
         uses: &[gpu_mem::MemRange<'_>],
     ) -> Result<()> {
         self.with_kernel(k, |f| {
-            self.inner
-                .sb
-                .stream()
-                .launch_checked_cooperative(
+            let stream = self.inner.sb.stream();
+            // SAFETY: as in `launch_kernel_smem`, with `uses` as the caller promises.
+            unsafe {
+                stream.launch_checked_cooperative(
                     f,
                     k.name(),
                     param_kinds(k),
@@ -399,7 +422,8 @@ impl HipDevice {
                     args,
                     uses,
                 )
-                .map_err(|e| gpu_err(k.name(), e))
+            }
+            .map_err(|e| gpu_err(k.name(), e))
         })
     }
 

@@ -121,6 +121,15 @@ impl Q8Cache {
         k: usize,
         m: usize,
     ) -> Result<Arc<DeviceBuffer<u8>>> {
+        if k.checked_mul(m)
+            .and_then(|n| n.checked_mul(4))
+            .is_none_or(|b| b > x.len())
+        {
+            return Err(gpu_err(
+                "quantize",
+                format!("{m} vectors of {k} f32 values exceed {} bytes", x.len()),
+            ));
+        }
         let key = (x.addr(), x.len(), k, m);
         let q8 = self.ensure(d, k, m)?;
         if self.key != Some(key) {
@@ -130,12 +139,16 @@ impl Q8Cache {
                 .push(MemRange::of_buffer(&q8))
                 .push(k as i32)
                 .push(k as i64);
-            d.launch_kernel(
-                KernelId::QuantizeQ8_1,
-                [blocks(k, 256), m as u32, 1],
-                256,
-                &a.0,
-            )?;
+            // SAFETY: `x` holds m dense vectors of k f32 values (checked above), and `ensure`
+            // sized `q8` for m quantized vectors of k values.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::QuantizeQ8_1,
+                    [blocks(k, 256), m as u32, 1],
+                    256,
+                    &a.0,
+                )?
+            };
             self.key = Some(key);
         }
         Ok(q8)
@@ -338,12 +351,16 @@ pub(crate) fn launch(
                 .push(0i64)
                 .push(n as i64);
             a.push(1i32).push(n as i32).push(binary::ADD);
-            d.launch_kernel(
-                KernelId::BinaryF32,
-                [blocks(t.nelements(), 256), 1, 1],
-                256,
-                &a.0,
-            )
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::BinaryF32,
+                    [blocks(t.nelements(), 256), 1, 1],
+                    256,
+                    &a.0,
+                )
+            }
         }
         Op::MulMatGated(kind) => mul_mat_gated(d, *kind, srcs, out),
         Op::RmsNorm { .. } | Op::RmsNormMul { .. } => {
@@ -372,19 +389,29 @@ pub(crate) fn launch(
                 // ones run one block per row (faster there, measured on an H200).
                 let block = (k / 4).div_ceil(warp as usize) as u32 * warp;
                 if block > RMS_Q8_SPLIT_THREADS {
-                    d.launch_kernel(
-                        KernelId::RmsNormQ8SplitF32,
-                        [blocks(k, 4 * RMS_Q8_SPLIT_THREADS as usize), m as u32, 1],
-                        RMS_Q8_SPLIT_THREADS,
-                        &a.0,
-                    )?;
+                    // SAFETY: the memory arguments are the node's tensors, sized by the scheduler
+                    // for the shapes passed here (a layout `supports` accepts), and buffers sized
+                    // above for them.
+                    unsafe {
+                        d.launch_kernel(
+                            KernelId::RmsNormQ8SplitF32,
+                            [blocks(k, 4 * RMS_Q8_SPLIT_THREADS as usize), m as u32, 1],
+                            RMS_Q8_SPLIT_THREADS,
+                            &a.0,
+                        )?
+                    };
                 } else {
-                    d.launch_kernel(
-                        KernelId::RmsNormQ8F32,
-                        [m as u32, 1, 1],
-                        block.max(warp),
-                        &a.0,
-                    )?;
+                    // SAFETY: the memory arguments are the node's tensors, sized by the scheduler
+                    // for the shapes passed here (a layout `supports` accepts), and buffers sized
+                    // above for them.
+                    unsafe {
+                        d.launch_kernel(
+                            KernelId::RmsNormQ8F32,
+                            [m as u32, 1, 1],
+                            block.max(warp),
+                            &a.0,
+                        )?
+                    };
                 }
                 cache.holds(&out, k, m);
                 return Ok(());
@@ -397,12 +424,16 @@ pub(crate) fn launch(
             // About four values per thread: one 256-thread block per 4096-value row took
             // 3-4 us on an H200, most of a decode norm.
             let block = (x.ne[0] / 4).div_ceil(warp as usize) as u32 * warp;
-            d.launch_kernel(
-                KernelId::RmsNormF32,
-                [x.nrows() as u32, 1, 1],
-                block.clamp(warp, 1024),
-                &a.0,
-            )
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::RmsNormF32,
+                    [x.nrows() as u32, 1, 1],
+                    block.clamp(warp, 1024),
+                    &a.0,
+                )
+            }
         }
         Op::Scale(s) => {
             let n = t.nelements();
@@ -411,7 +442,9 @@ pub(crate) fn launch(
                 .push(n as i64)
                 .push(*s)
                 .push(0.0f32);
-            d.launch_kernel(KernelId::ScaleF32, [blocks(n, 256), 1, 1], 256, &a.0)
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe { d.launch_kernel(KernelId::ScaleF32, [blocks(n, 256), 1, 1], 256, &a.0) }
         }
         Op::Add | Op::Mul => {
             let (x, y) = (srcs[0].tensor, srcs[1].tensor);
@@ -428,12 +461,16 @@ pub(crate) fn launch(
                 .push(b_stride)
                 .push(x.ne[0] as i64);
             a.push(y.nrows() as i32).push(y.ne[0] as i32).push(op);
-            d.launch_kernel(
-                KernelId::BinaryF32,
-                [blocks(t.nelements(), 256), 1, 1],
-                256,
-                &a.0,
-            )
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::BinaryF32,
+                    [blocks(t.nelements(), 256), 1, 1],
+                    256,
+                    &a.0,
+                )
+            }
         }
         Op::Unary(kind) | Op::Gated(kind) => {
             let x = srcs[0].tensor;
@@ -455,12 +492,16 @@ pub(crate) fn launch(
                 .push(b_stride)
                 .push(x.ne[0] as i64)
                 .push(k);
-            d.launch_kernel(
-                KernelId::ActF32,
-                [blocks(t.nelements(), 256), 1, 1],
-                256,
-                &a.0,
-            )
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::ActF32,
+                    [blocks(t.nelements(), 256), 1, 1],
+                    256,
+                    &a.0,
+                )
+            }
         }
         Op::Rope(p) => {
             let x = srcs[0].tensor;
@@ -487,12 +528,16 @@ pub(crate) fn launch(
                 .push(p.mscale())
                 .push(corr[0])
                 .push(corr[1]);
-            d.launch_kernel(
-                KernelId::RopeF32,
-                [blocks(rows * x.ne[0] / 2, 256), 1, 1],
-                256,
-                &a.0,
-            )
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::RopeF32,
+                    [blocks(rows * x.ne[0] / 2, 256), 1, 1],
+                    256,
+                    &a.0,
+                )
+            }
         }
         Op::SoftMax { scale } => {
             let x = srcs[0].tensor;
@@ -510,7 +555,9 @@ pub(crate) fn launch(
                 .push(x.ne[0] as i32)
                 .push(elems(x.nb[1], x));
             a.push(x.ne[0] as i64).push(ms).push(mr).push(*scale);
-            d.launch_kernel(KernelId::SoftmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0)
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe { d.launch_kernel(KernelId::SoftmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0) }
         }
         Op::GetRows => {
             let (table, ids) = (srcs[0].tensor, srcs[1].tensor);
@@ -523,12 +570,17 @@ pub(crate) fn launch(
             match weight_type(table.dtype) {
                 Some(wt) => {
                     a.push(table.nb[1] as i64).push(ncols as i64);
-                    d.launch_kernel(
-                        wt.get_rows(),
-                        [blocks(ncols / 32, 64), n as u32, 1],
-                        64,
-                        &a.0,
-                    )
+                    // SAFETY: the memory arguments are the node's tensors, sized by the scheduler
+                    // for the shapes passed here (a layout `supports` accepts), and buffers sized
+                    // above for them.
+                    unsafe {
+                        d.launch_kernel(
+                            wt.get_rows(),
+                            [blocks(ncols / 32, 64), n as u32, 1],
+                            64,
+                            &a.0,
+                        )
+                    }
                 }
                 None => {
                     let k = if table.dtype == DType::F32 {
@@ -537,7 +589,10 @@ pub(crate) fn launch(
                         KernelId::GetRowsF16
                     };
                     a.push(elems(table.nb[1], table)).push(ncols as i64);
-                    d.launch_kernel(k, [blocks(ncols, 256), n as u32, 1], 256, &a.0)
+                    // SAFETY: the memory arguments are the node's tensors, sized by the scheduler
+                    // for the shapes passed here (a layout `supports` accepts), and buffers sized
+                    // above for them.
+                    unsafe { d.launch_kernel(k, [blocks(ncols, 256), n as u32, 1], 256, &a.0) }
                 }
             }
         }
@@ -555,7 +610,9 @@ pub(crate) fn launch(
                 .push(src.ne[0] as i32)
                 .push(n as i32);
             a.push(elems(src.nb[1], src)).push(elems(t.nb[1], t));
-            d.launch_kernel(kid, [blocks(n * src.ne[0], 256), 1, 1], 256, &a.0)
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe { d.launch_kernel(kid, [blocks(n * src.ne[0], 256), 1, 1], 256, &a.0) }
         }
         Op::Argmax => {
             let x = srcs[0].tensor;
@@ -563,7 +620,9 @@ pub(crate) fn launch(
                 .push(out)
                 .push(x.ne[0] as i32)
                 .push(elems(x.nb[1], x));
-            d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0)
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            unsafe { d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0) }
         }
         Op::Attention(p) => super::attn::attention(d, t, p, srcs, out, warp),
         _ => Err(GraphError::Unsupported {
@@ -582,7 +641,10 @@ const MAX_GRID_Y: usize = 65535;
 /// [`kernels::MATVEC_WARPS`] warps per block. Takes the quantization cache's guard and releases it
 /// once the launch is queued, so that no other launch requantizes into the buffer `args` read
 /// before this one is on the stream.
-pub(super) fn launch_matvec(
+///
+/// # Safety
+/// As for [`HipDevice::launch_kernel`]: `args` meet `kid`'s contract for this grid and `m`.
+pub(super) unsafe fn launch_matvec(
     d: &HipDevice,
     kid: KernelId,
     grid: u32,
@@ -590,12 +652,15 @@ pub(super) fn launch_matvec(
     args: &Args<'_>,
     cache: parking_lot::MutexGuard<'_, Q8Cache>,
 ) -> Result<()> {
-    let r = d.launch_kernel(
-        kid,
-        [grid, m as u32, 1],
-        kernels::MATVEC_WARPS * d.inner.warp,
-        &args.0,
-    );
+    // SAFETY: the caller's promise for `args`, this grid and `m`.
+    let r = unsafe {
+        d.launch_kernel(
+            kid,
+            [grid, m as u32, 1],
+            kernels::MATVEC_WARPS * d.inner.warp,
+            &args.0,
+        )
+    };
     drop(cache);
     r
 }
@@ -639,13 +704,18 @@ fn mul_mat_bias(
                 .push(n as i32)
                 .push(n as i32);
             if let Some((grid, smem)) = head {
-                let r = d.launch_kernel_smem(
-                    KernelId::HeadQ6_K,
-                    [grid, 1, 1],
-                    kernels::STACK_THREADS,
-                    smem,
-                    &b.0,
-                );
+                // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for
+                // the shapes passed here (a layout `supports` accepts), and buffers sized above for
+                // them.
+                let r = unsafe {
+                    d.launch_kernel_smem(
+                        KernelId::HeadQ6_K,
+                        [grid, 1, 1],
+                        kernels::STACK_THREADS,
+                        smem,
+                        &b.0,
+                    )
+                };
                 drop(cache);
                 r?;
                 super::stack::head_launched();
@@ -656,7 +726,11 @@ fn mul_mat_bias(
             } else {
                 kernels::matvec_grid(wt, n)
             };
-            return launch_matvec(d, variant, grid, m, &b, cache).map(|()| bias.is_some());
+            // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+            // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+            return unsafe {
+                launch_matvec(d, variant, grid, m, &b, cache).map(|()| bias.is_some())
+            };
         }
         let kid = if wt_.dtype == DType::F32 {
             KernelId::MatvecF32
@@ -670,9 +744,12 @@ fn mul_mat_bias(
             .push(k as i32)
             .push(elems(wt_.nb[1], wt_))
             .push(n as i32);
-        return d
-            .launch_kernel(kid, [n as u32, m as u32, 1], 4 * warp, &a.0)
-            .map(|()| false);
+        // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+        // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+        return unsafe {
+            d.launch_kernel(kid, [n as u32, m as u32, 1], 4 * warp, &a.0)
+                .map(|()| false)
+        };
     }
     // Column-major view: C (n x m) = op(W) (n x k) * X (k x m), W stored as k x n.
     let shape = GemmShape {
@@ -707,12 +784,16 @@ fn mul_mat_bias(
     let xh = base.sub(0, m * k * 2).map_err(views)?;
     let mut a = Args::new();
     a.push(xp).push(xh).push((m * k) as i64);
-    d.launch_kernel(
-        KernelId::ConvertF32F16,
-        [blocks(m * k, 256), 1, 1],
-        256,
-        &a.0,
-    )?;
+    // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+    // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+    unsafe {
+        d.launch_kernel(
+            KernelId::ConvertF32F16,
+            [blocks(m * k, 256), 1, 1],
+            256,
+            &a.0,
+        )?
+    };
     let wh = match weight_type(wt_.dtype) {
         Some(wt) => {
             let wh = base.sub(x_bytes, n * k * 2).map_err(views)?;
@@ -730,12 +811,17 @@ fn mul_mat_bias(
                     .push(k as i32)
                     .push(row_bytes as i64)
                     .push(k as i64);
-                d.launch_kernel(
-                    wt.dequant_f16(),
-                    [blocks(k / 32, 64), rows as u32, 1],
-                    64,
-                    &b.0,
-                )?;
+                // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for
+                // the shapes passed here (a layout `supports` accepts), and buffers sized above for
+                // them.
+                unsafe {
+                    d.launch_kernel(
+                        wt.dequant_f16(),
+                        [blocks(k / 32, 64), rows as u32, 1],
+                        64,
+                        &b.0,
+                    )?
+                };
                 r0 += rows;
             }
             wh
@@ -782,7 +868,9 @@ fn mul_mat_gated(
             .push(n as i32)
             .push(act_kind(kind));
         let grid = kernels::matvec_gated_grid(wt, n);
-        return launch_matvec(d, kid, grid, m, &b, cache);
+        // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+        // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+        return unsafe { launch_matvec(d, kid, grid, m, &b, cache) };
     }
     // The up product goes past everything `mul_mat` puts in the scratch (its f16 copies of the
     // activations and of one weight), grown first so that `mul_mat` reuses the same buffer.
@@ -806,5 +894,7 @@ fn mul_mat_gated(
         .push(n as i64)
         .push(n as i64)
         .push(act_kind(kind));
-    d.launch_kernel(KernelId::ActF32, [blocks(n * m, 256), 1, 1], 256, &a.0)
+    // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
+    // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+    unsafe { d.launch_kernel(KernelId::ActF32, [blocks(n * m, 256), 1, 1], 256, &a.0) }
 }

@@ -326,14 +326,18 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     p.corr_hi = corr[1];
     p.prefetch_items =
         kernels::stack_prefetch_items(l2_bytes, sms as usize, dims.n_head, dims.n_embd);
-    d.launch_cooperative(
-        kernels::KernelId::DecodeStack,
-        sms,
-        STACK_THREADS,
-        smem,
-        &[KernelArg::Bytes(bytemuck::bytes_of(&p))],
-        &uses,
-    )?;
+    // SAFETY: every layer's tensors match `dims` (`layer_dims`), the scratch areas are sized
+    // for them (`Scratch::new`), and `uses` holds all memory the parameter block points to.
+    unsafe {
+        d.launch_cooperative(
+            kernels::KernelId::DecodeStack,
+            sms,
+            STACK_THREADS,
+            smem,
+            &[KernelArg::Bytes(bytemuck::bytes_of(&p))],
+            &uses,
+        )?
+    };
     LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // The scratch stays alive through the launch: a later, larger request waits for the
     // stream before it frees this one.

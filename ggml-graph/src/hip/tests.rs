@@ -14,17 +14,9 @@ use crate::graph::Graph;
 use crate::sched::Scheduler;
 use crate::tensor::{Act, AttnParams, DType, Op, RopeMode, RopeParams, TensorId};
 
+/// The GPU, or `None` after printing why the test skips (see `hip_ffi::testing`).
 fn hip() -> Option<Arc<HipDevice>> {
-    match HipDevice::new(0) {
-        Ok(d) => Some(Arc::new(d)),
-        Err(e) => {
-            if std::env::var("ROCMFORGE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("ROCMFORGE_REQUIRE_GPU=1 but no HIP device: {e}");
-            }
-            println!("skipped: {e}");
-            None
-        }
-    }
+    hip_ffi::testing::or_skip(HipDevice::new(0)).map(Arc::new)
 }
 
 struct Rng(u64);
@@ -853,6 +845,25 @@ fn fused_nodes_match_cpu() {
             check(&h, &format!("gated {dt} -> mul_mat {down} m={m}"), &c, 4e-3);
         }
     }
+}
+
+/// A buffer beyond the device's budget fails as out of memory, with gpu-mem's error as its
+/// source (`error::tests` checks the other kinds on the host).
+#[test]
+fn allocation_beyond_the_budget_is_out_of_memory() {
+    let Some(h) = hip() else { return };
+    let bytes = usize::try_from(h.gpu().budget().limit().saturating_mul(2)).unwrap_or(usize::MAX);
+    let e = match h.buffer_type().alloc(bytes) {
+        Ok(_) => panic!("{bytes} bytes fit a budget of half that"),
+        Err(e) => e,
+    };
+    assert!(e.is_out_of_memory(), "{e}");
+    let source = std::error::Error::source(&e).expect("gpu-mem's error");
+    let gpu = source.downcast_ref::<gpu_mem::GpuError>();
+    assert!(
+        matches!(gpu, Some(gpu_mem::GpuError::BudgetExceeded { .. })),
+        "{source}"
+    );
 }
 
 #[path = "tests_matvec.rs"]

@@ -1,10 +1,8 @@
 //! Pools over raw allocators: the weight arena (a few large allocations, aligned
-//! sub-allocations) and the caching activation allocator (size classes, reuse), behind the
-//! [`Pool`] trait with [`PoolStats`]. Pools see addresses only, so their logic is tested over
+//! sub-allocations) behind the [`Pool`] trait with [`PoolStats`]. Pools see addresses only, so their logic is tested over
 //! [`HostAllocator`] exactly as it runs over device memory.
 
 mod arena;
-mod caching;
 
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +11,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 pub use arena::{ArenaSlot, WeightArena};
-pub use caching::{size_class, CachingAllocator};
 
 use crate::budget::{Budget, Tracker};
 use crate::error::{GpuError, Result};
@@ -32,8 +29,7 @@ pub trait RawAllocator: Send + Sync {
     fn allocation_calls(&self) -> u64;
 }
 
-/// Host memory with device-like alignment: the test double for device memory, and the store
-/// behind host fallback buffers.
+/// Host memory with device-like alignment: the test double for device memory.
 #[derive(Debug, Default)]
 pub struct HostAllocator {
     calls: AtomicU64,

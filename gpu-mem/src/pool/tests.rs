@@ -5,7 +5,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
-use crate::budget::{Budget, Pressure, Tracker};
+use crate::budget::{Budget, Tracker};
 
 fn accounted(limit: u64) -> (Arc<Accounted<HostAllocator>>, Arc<Budget>, Arc<Tracker>) {
     let budget = Arc::new(Budget::new(limit));
@@ -76,100 +76,6 @@ proptest! {
         drop(arena);
         prop_assert!(tracker.report().is_clean());
     }
-
-    #[test]
-    fn caching_allocator_reuses_and_never_overlaps(
-        ops in prop::collection::vec((1u64..3_000_000, any::<bool>()), 1..120),
-    ) {
-        let (raw, budget, tracker) = accounted(u64::MAX);
-        let pool = Arc::new(CachingAllocator::new(raw.clone(), None, "act"));
-        let mut live: Vec<Lease> = Vec::new();
-        for &(bytes, free_one) in &ops {
-            if free_one && !live.is_empty() {
-                let i = (bytes as usize) % live.len();
-                live.swap_remove(i);
-            }
-            let l = Lease::new(pool.clone(), bytes, 256).unwrap();
-            prop_assert!(l.block().bytes >= bytes);
-            prop_assert_eq!(l.block().addr % 256, 0);
-            live.push(l);
-            let blocks: Vec<(u64, u64)> = live.iter().map(|l| (l.block().addr, l.block().bytes)).collect();
-            prop_assert!(disjoint(&blocks));
-            let st = pool.stats();
-            prop_assert_eq!(st.bytes_in_use, blocks.iter().map(|b| b.1).sum::<u64>());
-            prop_assert_eq!(st.bytes_pooled, st.bytes_in_use + pool.cached_bytes());
-            prop_assert_eq!(budget.used(), st.bytes_pooled);
-        }
-        let st = pool.stats();
-        prop_assert_eq!(st.hits + st.misses, ops.len() as u64);
-        prop_assert_eq!(st.allocation_calls, st.misses);
-        live.clear();
-        prop_assert_eq!(pool.stats().bytes_in_use, 0);
-        drop(pool);
-        prop_assert_eq!(budget.used(), 0);
-        prop_assert!(tracker.report().is_clean(), "{}", tracker.report());
-    }
-
-    #[test]
-    fn size_classes_cover_the_request(bytes in 1u64..(1 << 40)) {
-        let c = size_class(bytes).unwrap();
-        prop_assert!(c >= bytes);
-        prop_assert!(c - bytes < (2 << 20).max(bytes));
-    }
-}
-
-#[test]
-fn same_class_is_a_hit() {
-    let (raw, _, _) = accounted(u64::MAX);
-    let pool: Arc<dyn Pool> = Arc::new(CachingAllocator::new(raw.clone(), None, "act"));
-    let a = Lease::new(pool.clone(), 1000, 256).unwrap();
-    let addr = a.block().addr;
-    drop(a);
-    let b = Lease::new(pool.clone(), 900, 256).unwrap();
-    assert_eq!(
-        b.block().addr,
-        addr,
-        "a 1000-byte block serves a 900-byte request"
-    );
-    let st = pool.stats();
-    assert_eq!((st.hits, st.misses, st.allocation_calls), (1, 1, 1));
-}
-
-#[test]
-fn budget_refusal_releases_the_cache_and_retries() {
-    let (raw, budget, _) = accounted(4 << 20);
-    let pool = Arc::new(CachingAllocator::new(raw.clone(), None, "act"));
-    let a = Lease::new(pool.clone(), 3 << 20, 256).unwrap(); // class 4 MiB: the whole budget
-    drop(a);
-    assert_eq!(pool.cached_bytes(), 4 << 20);
-    // A different class cannot reuse the cached block; the budget is full until it is released.
-    let b = Lease::new(pool.clone(), 1 << 20, 256).expect("cache released, then allocated");
-    assert_eq!(pool.cached_bytes(), 0);
-    assert_eq!(budget.used(), 1 << 20);
-    drop(b);
-}
-
-#[test]
-fn pressure_trims_the_cache() {
-    let budget = Arc::new(Budget::new(10 << 20));
-    let tracker = Arc::new(Tracker::default());
-    let raw = Arc::new(Accounted::new(
-        Arc::new(HostAllocator::new()),
-        budget.clone(),
-        tracker,
-    ));
-    let pool = Arc::new(CachingAllocator::new(raw, Some(budget.clone()), "act"));
-    let small = Lease::new(pool.clone(), 1 << 20, 256).unwrap();
-    drop(small);
-    assert_eq!(pool.cached_bytes(), 1 << 20, "low pressure keeps the cache");
-    let big = Lease::new(pool.clone(), 8 << 20, 256).unwrap();
-    assert!(budget.pressure() >= Pressure::High);
-    drop(big);
-    assert_eq!(
-        pool.cached_bytes(),
-        0,
-        "high pressure releases returned blocks"
-    );
 }
 
 #[test]

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use gpu_mem::testing::REQUIRE_GPU_VAR;
+use gpu_mem::testing::skip;
 use gpu_mem::{DeviceBuffer, MemRange, ParamKind, Stream};
 use kernels::{KernelId, Module};
 
@@ -70,14 +70,6 @@ pub struct Gpu {
     modules: parking_lot::Mutex<HashMap<Module, gpu_mem::Module>>,
 }
 
-fn skip(reason: &str) -> Option<Gpu> {
-    if std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1") {
-        panic!("{REQUIRE_GPU_VAR}=1 but {reason}");
-    }
-    println!("skipped: {reason}");
-    None
-}
-
 /// The GPU, or `None` after printing why the test skips.
 pub fn gpu() -> Option<Gpu> {
     if !kernels::built() {
@@ -101,7 +93,7 @@ pub fn gpu() -> Option<Gpu> {
     let name = format!("{} ({arch}, warp {warp})", info.name);
     let stream = match Stream::new(&device) {
         Ok(s) => s,
-        Err(e) => return skip(&format!("GPU setup failed: {e}")),
+        Err(e) => return skip(format_args!("GPU setup failed: {e}")),
     };
     Some(Gpu {
         device,
@@ -174,7 +166,11 @@ impl Gpu {
 
     /// Launches `k` after checking `args` against its parameter table and (unless `no_sync`)
     /// waits for it, so a fault is reported by the launch that caused it.
-    pub fn launch(&self, k: KernelId, grid: [u32; 3], block: u32, args: &[Arg<'_>]) {
+    ///
+    /// # Safety
+    /// `args` meet `k`'s contract (its HIP source): for the integer arguments and grid given,
+    /// every buffer covers all the bytes the kernel reads or writes through it.
+    pub unsafe fn launch(&self, k: KernelId, grid: [u32; 3], block: u32, args: &[Arg<'_>]) {
         let name = k.name();
         let mut mods = self.modules.lock();
         let module = mods.entry(k.module()).or_insert_with(|| {
@@ -185,9 +181,14 @@ impl Gpu {
         let f = module
             .function(name)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        self.stream
-            .launch_checked(&f, name, &param_kinds(k), grid, [block, 1, 1], 0, args)
-            .unwrap_or_else(|e| panic!("launch {name}: {e}"));
+        let params = param_kinds(k);
+        // SAFETY: the parameter list is the kernel's own (see `param_kinds`); the arguments
+        // meet its contract (the caller's promise).
+        unsafe {
+            self.stream
+                .launch_checked(&f, name, &params, grid, [block, 1, 1], 0, args)
+        }
+        .unwrap_or_else(|e| panic!("launch {name}: {e}"));
         if self.sync_launches {
             self.stream
                 .synchronize()
