@@ -406,6 +406,85 @@ impl Graph {
         Ok(self.push_op(Op::Attention(params), DType::F32, ne, src))
     }
 
+    /// Attention over a paged KV pool (see [`Op::PagedAttention`] for layouts).
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        pos: TensorId,
+        seq: TensorId,
+        tables: TensorId,
+        params: AttnParams,
+        block_size: usize,
+    ) -> Result<TensorId> {
+        let op = "paged_attention";
+        let qt = self.need_f32(op, q)?;
+        let (kt, vt, pt, st, tt) = (
+            self.t(k)?,
+            self.t(v)?,
+            self.t(pos)?,
+            self.t(seq)?,
+            self.t(tables)?,
+        );
+        let kv_ok = |t: &Tensor| {
+            matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) && t.rows_contiguous()
+        };
+        if !kv_ok(kt) || !kv_ok(vt) {
+            return Err(shape_err(
+                op,
+                "k and v must be f32/f16/bf16 with contiguous rows",
+            ));
+        }
+        if kt.ne[0] != qt.ne[0] || kt.ne[1] != vt.ne[1] || kt.ne[2] != vt.ne[2] {
+            return Err(shape_err(
+                op,
+                format!("q {:?}, k {:?}, v {:?} do not match", qt.ne, kt.ne, vt.ne),
+            ));
+        }
+        if kt.ne[1] == 0 || qt.ne[1] % kt.ne[1] != 0 || qt.ne[3] != 1 || kt.ne[3] != 1 {
+            return Err(shape_err(
+                op,
+                format!("{} query heads over {} kv heads", qt.ne[1], kt.ne[1]),
+            ));
+        }
+        if block_size == 0 || kt.ne[2] % block_size != 0 || !params.causal {
+            return Err(shape_err(
+                op,
+                format!(
+                    "{} slots in blocks of {block_size} (causal attention only)",
+                    kt.ne[2]
+                ),
+            ));
+        }
+        let n_tok = qt.ne[2];
+        let dense_i32 = |t: &Tensor, ne0: usize, ne1: usize| {
+            t.dtype == DType::I32 && t.is_contiguous() && t.ne == [ne0, ne1, 1, 1]
+        };
+        if !dense_i32(pt, n_tok, 1)
+            || !dense_i32(st, 2, n_tok)
+            || !dense_i32(tt, tt.ne[0], tt.ne[1])
+        {
+            return Err(shape_err(
+                op,
+                format!(
+                    "pos must be dense I32 [{n_tok}], seq I32 [2, {n_tok}], tables 2-d I32; got \
+                     {:?}, {:?}, {:?}",
+                    pt.ne, st.ne, tt.ne
+                ),
+            ));
+        }
+        let ne = [vt.ne[0], qt.ne[1], n_tok, 1];
+        let src = vec![q, k, v, pos, seq, tables];
+        Ok(self.push_op(
+            Op::PagedAttention { params, block_size },
+            DType::F32,
+            ne,
+            src,
+        ))
+    }
+
     /// Converts `src` into the view `dst` (same element count); the result aliases `dst`.
     pub fn cpy(&mut self, src: TensorId, dst: TensorId) -> Result<TensorId> {
         let (st, dt) = (self.t(src)?, self.t(dst)?);

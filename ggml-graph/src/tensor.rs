@@ -186,6 +186,22 @@ pub enum Op {
     /// `[n_tok]` (query positions), optional additive f32 mask `[n_kv, n_tok]`.
     /// Result `[dv, n_head, n_tok]` f32. Query head `h` reads kv head `h / (n_head / n_kv_head)`.
     Attention(AttnParams),
+    /// `[q, k, v, pos, seq, tables]`: attention of every query token over the cached positions
+    /// of its own sequence in a paged KV pool. q `[d, n_head, n_tok]` f32; k `[d, n_kv_head,
+    /// n_slots]` and v `[dv, n_kv_head, n_slots]` (f32/f16/bf16) pools in blocks of `block_size`
+    /// slots (slot `b * block_size + i` holds position `i` of the block with id `b`); pos I32
+    /// `[n_tok]` (query positions); seq I32 `[2, n_tok]`: per token its sequence's column of
+    /// `tables` and 1 when the token is its sequence's only one in the pass (a decode step: the
+    /// CPU then sums as [`Op::Attention`] does for a one-token batch, so results equal a
+    /// sequence run alone), else 0; tables I32 `[max_blocks, n_seqs]`: block ids by the block
+    /// index of the position. Always causal; the window applies as in [`Op::Attention`].
+    /// Result `[dv, n_head, n_tok]` f32.
+    PagedAttention {
+        /// Scale, window and soft-capping (`causal` must be true).
+        params: AttnParams,
+        /// Positions per block.
+        block_size: usize,
+    },
     /// `[src, dst]`: converts `src` into the (view) `dst` element by element in logical order;
     /// the result aliases `dst`.
     Cpy,
@@ -235,6 +251,7 @@ impl Op {
             Op::Gated(Act::Gelu) => "geglu",
             Op::Gated(Act::Silu) => "swiglu",
             Op::Attention(_) => "attention",
+            Op::PagedAttention { .. } => "paged_attention",
             Op::Cpy => "cpy",
             Op::Cont => "cont",
             Op::View => "view",

@@ -55,6 +55,18 @@ impl Engine {
         }
     }
 
+    /// Sets the CPU mat-mul column layout of the next passes (see
+    /// [`CpuBackend::set_column_layout`]); the GPU's products have no such orders.
+    pub(crate) fn set_column_layout(&self, layout: Option<Vec<(u32, u32)>>) {
+        match self {
+            Self::Cpu(e) => e.backend().set_column_layout(layout),
+            #[cfg(feature = "hip")]
+            Self::Gpu(_) => {
+                let _ = layout;
+            }
+        }
+    }
+
     /// Turns GPU graph capture of repeated decode steps on or off (no effect on the CPU).
     pub(crate) fn set_graph_capture(&mut self, on: bool) {
         match self {

@@ -12,6 +12,7 @@
 //!   same seed always gives the same text.
 
 pub mod arch;
+pub mod batch;
 pub mod chat;
 #[cfg(feature = "cli")]
 pub mod cli;

@@ -152,48 +152,165 @@ pub(crate) fn attention(
             let (kvh, tok) = (r % n_kv_head, r / n_kv_head);
             let qpos = pa[tok * pos.t.nb[0] / 4] as usize;
             let hi = if p.causal { (qpos + 1).min(n_kv) } else { n_kv };
-            let lo = match p.window {
-                Some(w) if w > 0 => (qpos + 1).saturating_sub(w),
-                _ => 0,
-            };
-            let n = hi.saturating_sub(lo);
-            let mrow = ma.map(|(m, all)| m.row(all, tok, 0, 0));
-            ochunk.fill(0.0);
-            if n == 0 {
-                return;
-            }
             let order = if q.t.ne[2] >= 2 && d % 16 == 0 {
                 SumOrder::Lanes16
             } else {
                 SumOrder::Lanes64
             };
-            let job = Job {
-                q,
-                k,
-                v,
-                qa,
+            let mrow = ma.map(|(m, all)| m.row(all, tok, 0, 0));
+            let task = Task {
                 kvh,
                 tok,
-                group,
-                lo,
+                qpos,
                 hi,
                 mrow,
-                p,
-                simd,
                 order,
+                rows: None,
             };
-            ATTN_SCRATCH.with(|cell| {
-                let mut buf = cell.borrow_mut();
-                #[cfg(target_arch = "x86_64")]
-                if std::is_x86_feature_detected!("avx") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU has AVX and FMA (checked just above).
-                    unsafe { attend_fma(&job, &mut buf, ochunk) };
-                    return;
-                }
-                attend::<false>(&job, &mut buf, ochunk);
-            });
+            attend_task(q, k, v, qa, group, p, simd, &task, ochunk);
         });
     Ok(())
+}
+
+/// [`Op::PagedAttention`](crate::Op::PagedAttention): [`attention`]'s arithmetic with key
+/// position `j` of a token's sequence read from pool slot `table[j / block_size] * block_size +
+/// j % block_size`.
+pub(crate) fn paged_attention(
+    be: &CpuBackend,
+    t: &Tensor,
+    out: &mut [u8],
+    srcs: &[SrcView<'_>],
+    p: &AttnParams,
+    block_size: usize,
+) -> Result<()> {
+    let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
+    let qa = q.f32s()?;
+    let pa = srcs[3].i32s()?;
+    let sa = srcs[4].i32s()?;
+    let ta = srcs[5].i32s()?;
+    let (n_head, n_kv_head, n_slots) = (q.t.ne[1], k.t.ne[1], k.t.ne[2]);
+    let (max_blocks, n_seqs) = (srcs[5].t.ne[0], srcs[5].t.ne[1]);
+    let group = n_head / n_kv_head;
+    let (d, dv) = (q.t.ne[0], v.t.ne[0]);
+    if group > MAX_GROUP {
+        return Err(unsupported(
+            t,
+            format!("{group} query heads per kv head (at most {MAX_GROUP})"),
+        ));
+    }
+    let n_blocks = n_slots / block_size.max(1);
+    // Every table entry a query reads is checked here, so the tasks cannot index out of range.
+    for tok in 0..q.t.ne[2] {
+        let (col, qpos) = (sa[2 * tok], pa[tok]);
+        if col < 0 || col as usize >= n_seqs || qpos < 0 {
+            return Err(unsupported(
+                t,
+                format!("token {tok}: sequence column {col} of {n_seqs}, position {qpos}"),
+            ));
+        }
+        let used = qpos as usize / block_size + 1;
+        let table = &ta[col as usize * max_blocks..][..max_blocks];
+        if used > max_blocks
+            || table[..used]
+                .iter()
+                .any(|&b| b < 0 || b as usize >= n_blocks)
+        {
+            return Err(unsupported(
+                t,
+                format!(
+                    "token {tok} at position {qpos}: block table of sequence {col} reaches \
+                     outside the {n_blocks} blocks of the pool"
+                ),
+            ));
+        }
+    }
+    let o = out_f32(t, out)?;
+    let simd = be.simd();
+    o.par_chunks_mut(dv * group)
+        .enumerate()
+        .for_each(|(r, ochunk)| {
+            let (kvh, tok) = (r % n_kv_head, r / n_kv_head);
+            let qpos = pa[tok] as usize;
+            let col = sa[2 * tok] as usize;
+            let single = sa[2 * tok + 1] != 0;
+            let order = if !single && d % 16 == 0 {
+                SumOrder::Lanes16
+            } else {
+                SumOrder::Lanes64
+            };
+            let task = Task {
+                kvh,
+                tok,
+                qpos,
+                hi: qpos + 1,
+                mrow: None,
+                order,
+                rows: Some((&ta[col * max_blocks..(col + 1) * max_blocks], block_size)),
+            };
+            attend_task(q, k, v, qa, group, p, simd, &task, ochunk);
+        });
+    Ok(())
+}
+
+/// Where one task of the attention ops reads: its KV head, query token and key range, and for
+/// paged pools the sequence's block table and block size.
+struct Task<'a> {
+    kvh: usize,
+    tok: usize,
+    qpos: usize,
+    hi: usize,
+    mrow: Option<&'a [f32]>,
+    order: SumOrder,
+    rows: Option<(&'a [i32], usize)>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_task(
+    q: &SrcView<'_>,
+    k: &SrcView<'_>,
+    v: &SrcView<'_>,
+    qa: &[f32],
+    group: usize,
+    p: &AttnParams,
+    simd: crate::quant::Simd,
+    task: &Task<'_>,
+    ochunk: &mut [f32],
+) {
+    let lo = match p.window {
+        Some(w) if w > 0 => (task.qpos + 1).saturating_sub(w),
+        _ => 0,
+    };
+    let hi = task.hi;
+    ochunk.fill(0.0);
+    if hi <= lo {
+        return;
+    }
+    let job = Job {
+        q,
+        k,
+        v,
+        qa,
+        kvh: task.kvh,
+        tok: task.tok,
+        group,
+        lo,
+        hi,
+        mrow: task.mrow,
+        p,
+        simd,
+        order: task.order,
+        rows: task.rows,
+    };
+    ATTN_SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX and FMA (checked just above).
+            unsafe { attend_fma(&job, &mut buf, ochunk) };
+            return;
+        }
+        attend::<false>(&job, &mut buf, ochunk);
+    });
 }
 
 /// One task of [`attention`]: one query token, one KV head and its query heads.
@@ -211,6 +328,19 @@ struct Job<'a, 'b> {
     p: &'a AttnParams,
     simd: crate::quant::Simd,
     order: SumOrder,
+    /// Paged pools: the block table and block size mapping key positions to pool rows.
+    rows: Option<(&'a [i32], usize)>,
+}
+
+impl Job<'_, '_> {
+    /// The pool row of key position `j`.
+    #[inline(always)]
+    fn row(&self, j: usize) -> usize {
+        match self.rows {
+            Some((table, bs)) => table[j / bs] as usize * bs + j % bs,
+            None => j,
+        }
+    }
 }
 
 /// [`attend`] compiled with AVX and FMA instructions (`f32::mul_add` is then one instruction
@@ -251,7 +381,7 @@ fn attend<const FMA: bool>(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32
         round_to(k.t.dtype, qr);
     }
     for j in lo..hi {
-        let ko = k.off(job.kvh, j, 0);
+        let ko = k.off(job.kvh, job.row(j), 0);
         to_f32_row(job.simd, k.t.dtype, &k.data[ko..ko + krb], krow);
         let bias = job.mrow.map_or(0.0, |m| m[j]);
         let mut put = |g: usize, dot: f32| {
@@ -314,7 +444,7 @@ fn attend<const FMA: bool>(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32
     acc.fill(0.0);
     let gdv = group * dv;
     for j in lo..hi {
-        let vo = v.off(job.kvh, j, 0);
+        let vo = v.off(job.kvh, job.row(j), 0);
         to_f32_row(job.simd, v.t.dtype, &v.data[vo..vo + vrb], vrow);
         let lane = &mut acc[(j % lanes) * gdv..(j % lanes + 1) * gdv];
         for (g, a) in lane.chunks_exact_mut(dv).enumerate() {

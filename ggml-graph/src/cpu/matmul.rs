@@ -105,7 +105,14 @@ pub(crate) fn mul_mat(
             let ob = &mut o[batch * n * m..(batch + 1) * n * m];
             if tile {
                 let a = &acts[batch * m * arb..(batch + 1) * m * arb];
-                mul_mat_tiled(simd, wty, k, w, w_off, a, arb, m, gate, chunk, ob)?;
+                let layout = be.columns.lock().clone();
+                let cols = Cols {
+                    a,
+                    arb,
+                    m,
+                    layout: layout.as_deref(),
+                };
+                mul_mat_tiled(simd, wty, k, w, w_off, &cols, gate, chunk, ob)?;
                 continue;
             }
             let dot1 = |wv: &SrcView<'_>, row: usize, col: usize| -> f32 {
@@ -199,6 +206,69 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// The activation columns of a tiled product: `m` prepared rows of `arb` bytes in `a`, and the
+/// column layout of [`CpuBackend::set_column_layout`](super::CpuBackend::set_column_layout).
+struct Cols<'a> {
+    a: &'a [u8],
+    arb: usize,
+    m: usize,
+    layout: Option<&'a [(u32, u32)]>,
+}
+
+/// One tile call over some of the columns: their indices and prepared rows, padded (the last
+/// column repeated) to a count for which the kernels sum every column in the wanted order.
+struct SubCall {
+    cols: Vec<usize>,
+    acts: Vec<u8>,
+    padded: usize,
+}
+
+/// The tile calls that give each column the order its layout asks for; `None` when one call
+/// over all columns already does.
+fn sub_calls(ty: DType, repacked: bool, c: &Cols<'_>) -> Option<Vec<SubCall>> {
+    let layout = c.layout?;
+    let want: Vec<bool> = (0..c.m)
+        .map(|j| match layout.get(j) {
+            Some(&(n, i)) if layout.len() == c.m => {
+                crate::quant::batched_order(ty, repacked, n as usize, i as usize)
+            }
+            _ => false,
+        })
+        .collect();
+    if (0..c.m).all(|j| want[j] == crate::quant::batched_order(ty, repacked, c.m, j)) {
+        return None;
+    }
+    let q4 = ty == DType::Q4_K && repacked;
+    let mut calls = Vec::new();
+    let mut push = |cols: Vec<usize>, padded: usize| {
+        let mut acts = Vec::with_capacity(padded * c.arb);
+        for k in 0..padded {
+            let j = cols[k.min(cols.len() - 1)];
+            acts.extend_from_slice(&c.a[j * c.arb..(j + 1) * c.arb]);
+        }
+        calls.push(SubCall { cols, acts, padded });
+    };
+    let batched: Vec<usize> = (0..c.m).filter(|&j| want[j]).collect();
+    if !batched.is_empty() {
+        let n = batched.len();
+        let padded = if q4 { n.next_multiple_of(4) } else { n.max(8) };
+        push(batched, padded);
+    }
+    // Mat-vec columns: fewer than the batched order's minimum per call.
+    let per = if q4 { 3 } else { 7 };
+    let single: Vec<usize> = (0..c.m).filter(|&j| !want[j]).collect();
+    for part in single.chunks(per) {
+        push(part.to_vec(), part.len());
+    }
+    Some(calls)
+}
+
+thread_local! {
+    /// A task's results of one sub-call and its gate's (see [`mul_mat_tiled`]).
+    static SUB_OUT: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// The tile-kernel path: each task owns `chunk` weight rows and computes them for all `m`
 /// columns (`a`: prepared activation rows, `arb` bytes each) into `ob` (`m` columns of `n`).
 #[allow(clippy::too_many_arguments)]
@@ -208,50 +278,79 @@ fn mul_mat_tiled(
     k: usize,
     w: &SrcView<'_>,
     w_off: usize,
-    a: &[u8],
-    arb: usize,
-    m: usize,
+    c: &Cols<'_>,
     gate: Gate<'_, '_>,
     chunk: usize,
     ob: &mut [f32],
 ) -> Result<()> {
+    let (a, arb, m) = (c.a, c.arb, c.m);
     let wt = w.t;
     let n = ob.len() / m;
     let wstride = wt.nb[1];
     let wrb = wt.row_bytes();
     let repacked = crate::quant::repacked(wty, wt.ne);
+    let calls = sub_calls(wty, repacked, c);
     let span = |r0: usize, rn: usize| (w_off + r0 * wstride, (rn - 1) * wstride + wrb);
-    let run = |r0: usize, rn: usize, res: &mut [f32], res2: &mut [f32]| -> bool {
-        let (s, len) = span(r0, rn);
-        let Some(wr) = w.data.get(s..s + len) else {
-            return false;
-        };
-        let tile = |w| Tile {
-            n: k,
-            w,
-            wstride,
-            rows: rn,
-            a,
-            astride: arb,
-            cols: m,
-            ocs: rn,
-        };
-        if !dot_tile_of(simd, wty, &tile(wr), res, repacked) {
-            return false;
-        }
-        if let Some((w2, act)) = gate {
-            let Some(wr2) = w2.data.get(s..s + len) else {
+    let run_on =
+        |r0: usize, rn: usize, a: &[u8], cols: usize, res: &mut [f32], res2: &mut [f32]| -> bool {
+            let (s, len) = span(r0, rn);
+            let Some(wr) = w.data.get(s..s + len) else {
                 return false;
             };
-            if !dot_tile_of(simd, wty, &tile(wr2), res2, repacked) {
+            let tile = |w| Tile {
+                n: k,
+                w,
+                wstride,
+                rows: rn,
+                a,
+                astride: arb,
+                cols,
+                ocs: rn,
+            };
+            if !dot_tile_of(simd, wty, &tile(wr), res, repacked) {
                 return false;
             }
-            gate_in_place(act, res, res2);
-        }
-        true
+            if let Some((w2, act)) = gate {
+                let Some(wr2) = w2.data.get(s..s + len) else {
+                    return false;
+                };
+                if !dot_tile_of(simd, wty, &tile(wr2), res2, repacked) {
+                    return false;
+                }
+                gate_in_place(act, res, res2);
+            }
+            true
+        };
+    // All `m` columns of rows `r0..r0 + rn` into `res` (`m` columns of `rn`), through the
+    // sub-calls when the layout asks for orders one call would not give.
+    let run = |r0: usize, rn: usize, res: &mut [f32], res2: &mut [f32]| -> bool {
+        let Some(calls) = &calls else {
+            return run_on(r0, rn, a, m, res, res2);
+        };
+        SUB_OUT.with(|bufs| {
+            let (sres, sres2) = &mut *bufs.borrow_mut();
+            for call in calls {
+                let len = rn * call.padded;
+                if sres.len() < len {
+                    sres.resize(len, 0.0);
+                }
+                let len2 = if gate.is_some() { len } else { 0 };
+                if sres2.len() < len2 {
+                    sres2.resize(len2, 0.0);
+                }
+                let (o, o2) = (&mut sres[..len], &mut sres2[..len2]);
+                if !run_on(r0, rn, &call.acts, call.padded, o, o2) {
+                    return false;
+                }
+                for (slot, &j) in call.cols.iter().enumerate() {
+                    res[j * rn..(j + 1) * rn].copy_from_slice(&o[slot * rn..(slot + 1) * rn]);
+                }
+            }
+            true
+        })
     };
     let bad = || unsupported(wt, format!("{wty} tile shapes (k {k}, rows {n})"));
-    if m == 1 {
+    if m == 1 && calls.is_none() {
         let ok = ob
             .par_chunks_mut(chunk)
             .enumerate()

@@ -16,6 +16,8 @@ pub struct CpuBackend {
     pool: rayon::ThreadPool,
     simd: Simd,
     scratch: Mutex<Vec<u8>>,
+    /// See [`CpuBackend::set_column_layout`].
+    columns: Mutex<Option<Vec<(u32, u32)>>>,
 }
 
 impl CpuBackend {
@@ -35,6 +37,7 @@ impl CpuBackend {
             pool,
             simd: detected(),
             scratch: Mutex::new(Vec::new()),
+            columns: Mutex::new(None),
         })
     }
 
@@ -47,6 +50,17 @@ impl CpuBackend {
     /// The SIMD level in use.
     pub fn simd(&self) -> Simd {
         self.simd
+    }
+
+    /// For passes over several independent sequences: mat-mul column `j` is summed as column
+    /// `layout[j].1` of a product with `layout[j].0` columns, and every column of a product with
+    /// another column count than the layout's as a one-column product. The x86 tile kernels
+    /// sum K-quant products in an order that depends on the column count (llama.cpp's: see
+    /// [`crate::quant::batched_order`]); with the layout each sequence's columns get the bits
+    /// they get when the sequence runs alone. `None` (the default): each product in its own
+    /// order.
+    pub fn set_column_layout(&self, layout: Option<Vec<(u32, u32)>>) {
+        *self.columns.lock() = layout;
     }
 
     /// Worker threads.
@@ -208,6 +222,9 @@ pub(crate) fn compute(
         Op::Rope(p) => attn::rope(t, out, &srcs[0], &srcs[1], srcs.get(2), p),
         Op::SoftMax { scale } => attn::soft_max(t, out, &srcs[0], srcs.get(1), *scale),
         Op::Attention(p) => attn::attention(be, t, out, srcs, p),
+        Op::PagedAttention { params, block_size } => {
+            attn::paged_attention(be, t, out, srcs, params, *block_size)
+        }
         Op::Cpy => ops::cpy(t, out, &srcs[0]),
         Op::Cont => ops::cont(t, out, &srcs[0]),
         Op::Concat { dim } => ops::concat(t, out, &srcs[0], &srcs[1], *dim),

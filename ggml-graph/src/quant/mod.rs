@@ -196,6 +196,18 @@ pub fn repacked(ty: DType, ne: [usize; 4]) -> bool {
     ty == DType::Q4_K && ne[1].is_multiple_of(8) && ne[2] == 1 && ne[3] == 1
 }
 
+/// True when the x86 tile kernels sum column `i` of a product of `ty` weights with `cols`
+/// activation columns in their batched order, as llama.cpp does: Q4_K weights it repacks in
+/// whole groups of four columns (repacked gemm; the rest as mat-vec), the other K-quants from
+/// 8 columns on (tiled; fewer: `vec_dot`). The other types sum every column alike.
+pub fn batched_order(ty: DType, repacked: bool, cols: usize, i: usize) -> bool {
+    match ty {
+        DType::Q4_K if repacked => i < cols - cols % 4,
+        DType::Q4_K | DType::Q5_K | DType::Q6_K => cols >= 8,
+        _ => false,
+    }
+}
+
 /// The operands of a tile call: `rows` weight rows of `n` values, `wstride` bytes apart in `w`,
 /// and `cols` activation rows from [`quantize_act_tiled`], `astride` bytes apart in `a`; results
 /// go to `out[c * ocs + r]`.

@@ -152,6 +152,128 @@ pub fn build_forward(
     b.finish(hidden)
 }
 
+/// A paged KV cache: per layer one K and one V pool of `n_blocks * block_size` rows (the same
+/// persistent leaves as [`KvCacheSpec`]), shared by many sequences through block tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedKvSpec {
+    /// Element type.
+    pub dtype: KvType,
+    /// Blocks in the pool.
+    pub n_blocks: usize,
+    /// Positions per block.
+    pub block_size: usize,
+    /// Width of a block table: the blocks of the longest sequence.
+    pub max_blocks: usize,
+}
+
+impl PagedKvSpec {
+    /// The contiguous cache of the same rows (for memory estimates and placement).
+    pub fn as_cache(&self) -> KvCacheSpec {
+        KvCacheSpec {
+            dtype: self.dtype,
+            n_ctx: self.n_blocks * self.block_size,
+        }
+    }
+}
+
+/// One forward pass over many sequences: `n_tok` tokens in all, from `n_seqs` sequences, with
+/// logits for `n_out` of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedBatch {
+    /// Tokens in the pass.
+    pub n_tok: usize,
+    /// Sequences (columns of the block tables).
+    pub n_seqs: usize,
+    /// Tokens whose logits are computed.
+    pub n_out: usize,
+}
+
+/// The graph of a paged pass and the ids callers feed and read.
+#[derive(Debug)]
+pub struct PagedGraph {
+    /// The graph.
+    pub graph: Graph,
+    /// I32 `[n_tok]` token ids.
+    pub tokens: TensorId,
+    /// I32 `[n_tok]` positions (in each token's own sequence).
+    pub pos: TensorId,
+    /// I32 `[n_tok]` pool rows the tokens' keys and values are written to.
+    pub slots: TensorId,
+    /// I32 `[2, n_tok]`: each token's block-table column and its one-token flag (see
+    /// [`ggml_graph::Op::PagedAttention`]).
+    pub seq: TensorId,
+    /// I32 `[max_blocks, n_seqs]` block tables.
+    pub tables: TensorId,
+    /// I32 `[n_out]` indices of the tokens whose logits are computed.
+    pub out_rows: TensorId,
+    /// f32 `[n_vocab, n_out]` logits.
+    pub logits: TensorId,
+}
+
+/// The paged pass's inputs inside a [`Builder`].
+#[derive(Clone, Copy, Debug)]
+struct PagedInputs {
+    spec: PagedKvSpec,
+    slots: TensorId,
+    seq: TensorId,
+    tables: TensorId,
+    out_rows: TensorId,
+}
+
+/// Builds one forward pass over several sequences with a paged KV cache for `cfg`'s
+/// architecture: the same plan as [`build_forward`], with the KV written to the pool rows the
+/// caller picks and attention over each token's own sequence.
+pub fn build_paged_forward(
+    cfg: &ModelConfig,
+    weights: &WeightTable,
+    kv: &PagedKvSpec,
+    batch: PagedBatch,
+) -> Result<PagedGraph, ModelError> {
+    if batch.n_tok == 0 || batch.n_seqs == 0 || batch.n_out == 0 || batch.n_out > batch.n_tok {
+        return Err(ModelError::InvalidArgument(format!(
+            "paged pass of {} tokens, {} sequences, {} logits",
+            batch.n_tok, batch.n_seqs, batch.n_out
+        )));
+    }
+    let cache = kv.as_cache();
+    let spec = BatchSpec {
+        n_tok: batch.n_tok,
+        n_past: 0,
+        logits: LogitsMode::All,
+    };
+    let mut b = Builder::new(cfg, weights, &cache, spec)?;
+    let slots = b.g.input("slots", DType::I32, &[batch.n_tok])?;
+    let seq = b.g.input("seq", DType::I32, &[2, batch.n_tok])?;
+    let tables =
+        b.g.input("block_tables", DType::I32, &[kv.max_blocks, batch.n_seqs])?;
+    let out_rows = b.g.input("out_rows", DType::I32, &[batch.n_out])?;
+    b.paged = Some(PagedInputs {
+        spec: *kv,
+        slots,
+        seq,
+        tables,
+        out_rows,
+    });
+    let hidden = match cfg.arch {
+        Architecture::Llama => llama::build(&mut b)?,
+        Architecture::Qwen2 => qwen2::build(&mut b)?,
+        Architecture::Qwen3 => qwen3::build(&mut b)?,
+        Architecture::Gemma2 => gemma2::build(&mut b)?,
+        Architecture::Gemma3 => gemma3::build(&mut b)?,
+    };
+    let fg = b.finish(hidden)?;
+    Ok(PagedGraph {
+        graph: fg.graph,
+        tokens: fg.tokens,
+        pos: fg.pos,
+        slots,
+        seq,
+        tables,
+        out_rows,
+        logits: fg.logits,
+    })
+}
+
 /// Graph-building context shared by the plans: the graph, its inputs and weight lookup.
 pub struct Builder<'a> {
     /// The graph under construction.
@@ -167,6 +289,9 @@ pub struct Builder<'a> {
     /// Positions input (also the KV rows written).
     pub pos: TensorId,
     declared: HashMap<String, TensorId>,
+    paged: Option<PagedInputs>,
+    /// A paged pass's output rows were picked in the last layer.
+    rows_selected: bool,
 }
 
 impl std::fmt::Debug for Builder<'_> {
@@ -197,6 +322,8 @@ impl<'a> Builder<'a> {
             tokens,
             pos,
             declared: HashMap::new(),
+            paged: None,
+            rows_selected: false,
         })
     }
 
@@ -327,8 +454,72 @@ impl<'a> Builder<'a> {
         self.tag(k, "Kcur", il)?;
         self.tag(v, "Vcur", il)?;
 
-        // Write this batch's keys and values at their positions, then attend over every filled
-        // position: rows 0..n_past + n_tok of the cache.
+        // Gemma scales the queries before attention (llama.cpp too, before rounding them to the
+        // cache type), the others scale the scores.
+        let (q, scale) = if matches!(c.arch, Architecture::Gemma2 | Architecture::Gemma3) {
+            (self.g.scale(q, c.attn_scale)?, 1.0)
+        } else {
+            (q, c.attn_scale)
+        };
+        let params = AttnParams {
+            scale,
+            causal: true,
+            window: la.window,
+            softcap: c.attn_softcap,
+        };
+        let kv_dtype = self.kv.dtype.dtype();
+        let o = if let Some(pg) = self.paged {
+            // Keys and values go to the pool rows picked for them; each token attends over its
+            // own sequence's blocks.
+            let n_slots = pg.spec.n_blocks * pg.spec.block_size;
+            let cache_k =
+                self.g
+                    .persistent(&KvCacheSpec::k_name(il), kv_dtype, &[hd * nkv, n_slots])?;
+            let cache_v =
+                self.g
+                    .persistent(&KvCacheSpec::v_name(il), kv_dtype, &[hdv * nkv, n_slots])?;
+            let k_rows = self.g.reshape(k, &[hd * nkv, nt])?;
+            let v_rows = self.g.reshape(v, &[hdv * nkv, nt])?;
+            let kc = self.g.set_rows(cache_k, k_rows, pg.slots)?;
+            let vc = self.g.set_rows(cache_v, v_rows, pg.slots)?;
+            let elt = kv_dtype.type_size();
+            let k_all = self
+                .g
+                .view(kc, &[hd, nkv, n_slots], &[hd * elt, hd * nkv * elt], 0)?;
+            let v_all = self
+                .g
+                .view(vc, &[hdv, nkv, n_slots], &[hdv * elt, hdv * nkv * elt], 0)?;
+            self.g.paged_attention(
+                q,
+                k_all,
+                v_all,
+                self.pos,
+                pg.seq,
+                pg.tables,
+                params,
+                pg.spec.block_size,
+            )?
+        } else {
+            self.contiguous_attention(il, q, k, v, params)?
+        };
+        let o = self.g.reshape(o, &[hdv * nh, nt])?;
+        self.tag(o, "kqv_out", il)?;
+        let o = self.linear(o, &format!("blk.{il}.attn_output"))?;
+        self.tag(o, "attn_out", il)
+    }
+
+    /// Writes the batch's keys and values at their positions in the contiguous cache, then
+    /// attends over every filled position: rows 0..n_past + n_tok of the cache.
+    fn contiguous_attention(
+        &mut self,
+        il: usize,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        params: AttnParams,
+    ) -> Result<TensorId, ModelError> {
+        let c = self.cfg;
+        let (hd, hdv, nkv, nt) = (c.head_dim, c.head_dim_v, c.n_head_kv, self.batch.n_tok);
         let kv_dtype = self.kv.dtype.dtype();
         let n_ctx = self.kv.n_ctx;
         let n_kv = self.batch.n_past + nt;
@@ -349,24 +540,7 @@ impl<'a> Builder<'a> {
         let v_all = self
             .g
             .view(vc, &[hdv, nkv, n_kv], &[hdv * elt, hdv * nkv * elt], 0)?;
-        // Gemma scales the queries before attention (llama.cpp too, before rounding them to the
-        // cache type), the others scale the scores.
-        let (q, scale) = if matches!(c.arch, Architecture::Gemma2 | Architecture::Gemma3) {
-            (self.g.scale(q, c.attn_scale)?, 1.0)
-        } else {
-            (q, c.attn_scale)
-        };
-        let params = AttnParams {
-            scale,
-            causal: true,
-            window: la.window,
-            softcap: c.attn_softcap,
-        };
-        let o = self.g.attention(q, k_all, v_all, self.pos, None, params)?;
-        let o = self.g.reshape(o, &[hdv * nh, nt])?;
-        self.tag(o, "kqv_out", il)?;
-        let o = self.linear(o, &format!("blk.{il}.attn_output"))?;
-        self.tag(o, "attn_out", il)
+        Ok(self.g.attention(q, k_all, v_all, self.pos, None, params)?)
     }
 
     /// Gated feed-forward of layer `il`: `down(act(gate x) * up x)`.
@@ -390,7 +564,14 @@ impl<'a> Builder<'a> {
     /// position's column of `x` `[n_embd, n_tok]`: the rest of the layer then runs on one row.
     pub fn keep_needed_rows(&mut self, il: usize, x: TensorId) -> Result<TensorId, ModelError> {
         let nt = self.batch.n_tok;
-        if il + 1 != self.cfg.n_layer || self.batch.logits != LogitsMode::Last || nt == 1 {
+        if il + 1 != self.cfg.n_layer {
+            return Ok(x);
+        }
+        if let Some(pg) = self.paged {
+            self.rows_selected = true;
+            return Ok(self.g.get_rows(x, pg.out_rows)?);
+        }
+        if self.batch.logits != LogitsMode::Last || nt == 1 {
             return Ok(x);
         }
         let row = self.cfg.n_embd * DType::F32.type_size();
@@ -406,7 +587,11 @@ impl<'a> Builder<'a> {
         let nt = self.batch.n_tok;
         let already_one = self.g.tensor(hidden)?.ne[1] == 1;
         let x = match self.batch.logits {
-            LogitsMode::All => hidden,
+            LogitsMode::All => match self.paged {
+                // Architectures that do not select rows in their last layer: select them here.
+                Some(pg) if !self.rows_selected => self.g.get_rows(hidden, pg.out_rows)?,
+                _ => hidden,
+            },
             LogitsMode::Last if nt == 1 || already_one => hidden,
             LogitsMode::Last => {
                 let row = n_embd * DType::F32.type_size();

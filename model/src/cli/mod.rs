@@ -1,6 +1,7 @@
 //! The `rocmforge` command-line front end: argument parsing and one module per group of
 //! subcommands.
 
+mod batched_bench;
 mod bench;
 mod cache;
 mod run;
@@ -66,6 +67,8 @@ enum Cmd {
     Chat(ChatArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench(bench::BenchArgs),
+    /// Many sequences at once through the batching engine, like llama-batched-bench.
+    BatchedBench(batched_bench::BatchedBenchArgs),
     /// Perplexity over a text file, like llama-perplexity.
     Perplexity(bench::PplArgs),
     /// Generate a short text from a fixed prompt with the default model.
@@ -297,10 +300,13 @@ struct ChatArgs {
 
 /// Runs the CLI with the process arguments.
 pub fn main() -> ExitCode {
-    // llama.cpp spells the layer count `-ngl`, which is not a one-letter flag for clap.
+    // llama.cpp spells the layer count `-ngl` (and batched-bench's lists `-npp`, `-ntg`,
+    // `-npl`), which are not one-letter flags for clap.
     let cli = Cli::parse_from(std::env::args_os().map(|a| {
         if a == "-ngl" {
             "--n-gpu-layers".into()
+        } else if a == "-npp" || a == "-ntg" || a == "-npl" {
+            format!("-{}", a.to_string_lossy()).into()
         } else {
             a
         }
@@ -327,6 +333,7 @@ pub fn main() -> ExitCode {
         Cmd::Generate(a) => run::generate(&a),
         Cmd::Chat(a) => run::chat(&a),
         Cmd::Bench(a) => bench::bench(&a),
+        Cmd::BatchedBench(a) => batched_bench::batched_bench(&a),
         Cmd::Perplexity(a) => bench::perplexity(&a),
         Cmd::Demo { m, n_predict } => run::demo(&m, n_predict),
         Cmd::Synth(a) => run::synth(&a),

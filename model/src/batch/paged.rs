@@ -1,0 +1,331 @@
+//! What executes a step's batch: one forward pass over the tokens of every running sequence,
+//! keys and values in a pool of fixed-size blocks (see [`super::kv`]), one block table per
+//! sequence.
+
+use std::sync::Arc;
+
+use ggml_graph::CpuBackend;
+
+use super::kv::{block_hash, BlockPool};
+use super::EngineOptions;
+use crate::arch::{build_paged_forward, PagedBatch, PagedKvSpec};
+use crate::engine::Engine;
+use crate::error::ModelError;
+use crate::session::{DevicePlan, Model};
+
+/// One sequence's share of a step.
+#[derive(Debug)]
+pub(super) struct Item<'a> {
+    /// The sequence's slot.
+    pub slot: usize,
+    /// Tokens fed at positions `n_past..`.
+    pub tokens: &'a [u32],
+    /// Positions already cached.
+    pub n_past: usize,
+    /// Whether the last token's logits are wanted.
+    pub logits: bool,
+}
+
+/// Blocks of the KV pool for these options.
+pub(super) fn pool_blocks(o: &EngineOptions) -> usize {
+    o.kv_blocks
+        .unwrap_or_else(|| o.max_seqs * o.n_ctx_per_seq.div_ceil(o.block_size))
+}
+
+/// A running sequence's cache: its block table and what of its prompt is registered.
+#[derive(Debug)]
+struct SeqKv {
+    table: Vec<u32>,
+    prompt: Vec<u32>,
+    /// Full prompt blocks registered in (or taken from) the prefix cache, and the last one's
+    /// hash.
+    n_hashed: usize,
+    last_hash: u64,
+}
+
+/// The executor, the pool and the sequences' block tables by slot.
+pub(super) struct Runner {
+    model: Arc<Model>,
+    engine: Engine,
+    plan: DevicePlan,
+    spec: PagedKvSpec,
+    pool: BlockPool,
+    prefix_cache: bool,
+    /// The prompt batch of a session alone (`generate` evaluates prompts in chunks of it).
+    n_batch: usize,
+    seqs: Vec<Option<SeqKv>>,
+}
+
+/// Where position `p` of a prompt of `plen` tokens sits when a session alone evaluates the
+/// prompt in chunks of `n_batch`: `(chunk length, index in the chunk)`; `(1, 0)` past the
+/// prompt (generated tokens are evaluated one at a time).
+fn chunk_place(p: usize, plen: usize, n_batch: usize) -> (usize, usize) {
+    if p >= plen {
+        return (1, 0);
+    }
+    let start = p / n_batch * n_batch;
+    ((plen - start).min(n_batch), p - start)
+}
+
+/// True when position `p` is summed in the batched orders by every weight type and by the
+/// attention: the same bits for any prompt that has this position in such a place, so its
+/// cache can be shared (see [`ggml_graph::quant::batched_order`]).
+fn stable(p: usize, plen: usize, n_batch: usize) -> bool {
+    let (c, i) = chunk_place(p, plen, n_batch);
+    c >= 8 && i < c - c % 4
+}
+
+impl Runner {
+    pub(super) fn new(model: Arc<Model>, o: &EngineOptions) -> Result<Self, ModelError> {
+        let spec = PagedKvSpec {
+            dtype: o.session.kv_type,
+            n_blocks: pool_blocks(o),
+            block_size: o.block_size,
+            max_blocks: o.n_ctx_per_seq.div_ceil(o.block_size),
+        };
+        // The largest pass: a full step budget from every slot, logits for each.
+        let worst = PagedBatch {
+            n_tok: o.step_tokens,
+            n_seqs: o.max_seqs,
+            n_out: o.max_seqs,
+        };
+        let g = build_paged_forward(model.config(), model.weights(), &spec, worst)?;
+        let backend = CpuBackend::new(o.session.n_threads)?;
+        let (engine, plan) = crate::engine::place(
+            &model,
+            &o.session,
+            &spec.as_cache(),
+            g.graph,
+            backend,
+            &mut |_, _| {},
+        )?;
+        tracing::info!("batching engine: {plan}");
+        Ok(Self {
+            model,
+            engine,
+            plan,
+            spec,
+            pool: BlockPool::new(spec.n_blocks),
+            prefix_cache: o.prefix_cache,
+            n_batch: o.session.n_batch.min(o.n_ctx_per_seq).max(1),
+            seqs: (0..o.max_seqs).map(|_| None).collect(),
+        })
+    }
+
+    /// Where the layers run.
+    pub(super) fn plan(&self) -> &DevicePlan {
+        &self.plan
+    }
+
+    /// Blocks in use and in the pool.
+    pub(super) fn blocks(&self) -> (usize, usize) {
+        (self.pool.used(), self.pool.total())
+    }
+
+    /// True when a sequence of `n` positions fits the pool at all.
+    pub(super) fn fits(&self, n: usize) -> bool {
+        self.blocks_for(n) <= self.pool.total()
+    }
+
+    /// Blocks a sequence of `n` positions covers.
+    fn blocks_for(&self, n: usize) -> usize {
+        n.div_ceil(self.spec.block_size)
+    }
+
+    /// A free slot for a sequence of `tokens` (its first `prompt_len` the prompt) and how many
+    /// of them are cached already (shared prefix blocks); `None` when no slot is free or the
+    /// pool has no room for the rest of its tokens now.
+    pub(super) fn acquire(&mut self, tokens: &[u32], prompt_len: usize) -> Option<(usize, usize)> {
+        let slot = self.seqs.iter().position(Option::is_none)?;
+        let bs = self.spec.block_size;
+        let mut kv = SeqKv {
+            table: Vec::new(),
+            prompt: tokens[..prompt_len].to_vec(),
+            n_hashed: 0,
+            last_hash: 0,
+        };
+        if self.prefix_cache {
+            // Whole prompt blocks, always leaving a token to compute (its logits are needed).
+            let nb = self.n_batch;
+            let shareable = (prompt_len - 1) / bs;
+            for i in 0..shareable {
+                if !(i * bs..(i + 1) * bs).all(|p| stable(p, prompt_len, nb)) {
+                    break;
+                }
+                let h = block_hash(kv.last_hash, &kv.prompt[i * bs..(i + 1) * bs]);
+                let Some(b) = self.pool.lookup(h) else {
+                    break;
+                };
+                kv.table.push(b);
+                kv.n_hashed += 1;
+                kv.last_hash = h;
+            }
+        }
+        let cached = kv.table.len() * bs;
+        if self.blocks_for(tokens.len()) - kv.table.len() > self.pool.available() {
+            for b in kv.table {
+                self.pool.release(b);
+            }
+            return None;
+        }
+        self.seqs[slot] = Some(kv);
+        Some((slot, cached))
+    }
+
+    /// Gives a slot back; its blocks return to the pool (shared ones when their last user is
+    /// gone).
+    pub(super) fn release(&mut self, slot: usize) {
+        if let Some(kv) = self.seqs.get_mut(slot).and_then(Option::take) {
+            for b in kv.table {
+                self.pool.release(b);
+            }
+        }
+    }
+
+    /// Grows `slot`'s block table to cover `n` positions; false (nothing taken) when the pool
+    /// cannot.
+    pub(super) fn reserve(&mut self, slot: usize, n: usize) -> bool {
+        let need = self.blocks_for(n);
+        let Some(kv) = self.seqs.get_mut(slot).and_then(Option::as_mut) else {
+            return false;
+        };
+        if need <= kv.table.len() {
+            return true;
+        }
+        if need - kv.table.len() > self.pool.available() {
+            return false;
+        }
+        while kv.table.len() < need {
+            match self.pool.alloc() {
+                Some(b) => kv.table.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Runs every item in one forward pass; the last-token logits of those that ask for them,
+    /// in item order. Every item's slot must have blocks for its tokens ([`Runner::reserve`]).
+    pub(super) fn forward(
+        &mut self,
+        items: &[Item<'_>],
+    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        let bs = self.spec.block_size;
+        let mb = self.spec.max_blocks;
+        let n_tok: usize = items.iter().map(|it| it.tokens.len()).sum();
+        let n_out = items.iter().filter(|it| it.logits).count();
+        let mut ids = Vec::with_capacity(n_tok);
+        let mut pos = Vec::with_capacity(n_tok);
+        let mut slots = Vec::with_capacity(n_tok);
+        let mut seq = Vec::with_capacity(2 * n_tok);
+        let mut tables = vec![0i32; mb * items.len()];
+        let mut out_rows = Vec::with_capacity(n_out);
+        let mut layout = Vec::with_capacity(n_tok);
+        for (col, it) in items.iter().enumerate() {
+            let kv = self
+                .seqs
+                .get(it.slot)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| {
+                    ModelError::InvalidArgument(format!("no sequence in slot {}", it.slot))
+                })?;
+            let end = it.n_past + it.tokens.len();
+            if kv.table.len() * bs < end || kv.table.len() > mb {
+                return Err(ModelError::ContextFull {
+                    needed: end,
+                    n_ctx: kv.table.len() * bs,
+                });
+            }
+            for (i, &b) in kv.table.iter().enumerate() {
+                tables[col * mb + i] = b as i32;
+            }
+            let plen = kv.prompt.len();
+            for (i, &t) in it.tokens.iter().enumerate() {
+                let p = it.n_past + i;
+                ids.push(t as i32);
+                pos.push(p as i32);
+                slots.push((kv.table[p / bs] as usize * bs + p % bs) as i32);
+                // Each token is summed as in the pass that evaluates it when its sequence runs
+                // alone: its prompt chunk, or a one-token decode step (also when recomputed).
+                let (c, ci) = chunk_place(p, plen, self.n_batch);
+                layout.push((c as u32, ci as u32));
+                seq.push(col as i32);
+                seq.push((c == 1) as i32);
+            }
+            if it.logits {
+                out_rows.push((ids.len() - 1) as i32);
+            }
+        }
+        let n_out = out_rows.len().max(1);
+        if out_rows.is_empty() {
+            // The graph always ends in logits; one row is computed and dropped.
+            out_rows.push((n_tok - 1) as i32);
+        }
+        let batch = PagedBatch {
+            n_tok,
+            n_seqs: items.len(),
+            n_out,
+        };
+        let cfg = self.model.config();
+        let mut g = build_paged_forward(cfg, self.model.weights(), &self.spec, batch)?;
+        self.engine.optimize(&mut g.graph);
+        let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let (ids_b, pos_b, slots_b, seq_b, tables_b, rows_b) = (
+            bytes(&ids),
+            bytes(&pos),
+            bytes(&slots),
+            bytes(&seq),
+            bytes(&tables),
+            bytes(&out_rows),
+        );
+        self.engine.set_column_layout(Some(layout));
+        self.engine.run(
+            None,
+            &g.graph,
+            &[
+                (g.tokens, &ids_b),
+                (g.pos, &pos_b),
+                (g.slots, &slots_b),
+                (g.seq, &seq_b),
+                (g.tables, &tables_b),
+                (g.out_rows, &rows_b),
+            ],
+        )?;
+        let n_vocab = cfg.n_vocab;
+        let mut rows = self.engine.with_output_f32(g.logits, |l| {
+            l.chunks_exact(n_vocab)
+                .map(<[f32]>::to_vec)
+                .collect::<Vec<_>>()
+        })?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut next = rows.drain(..);
+        for it in items {
+            out.push(if it.logits { next.next() } else { None });
+            self.register_prompt_blocks(it.slot, it.n_past + it.tokens.len());
+        }
+        Ok(out)
+    }
+
+    /// Registers the slot's full prompt blocks computed so far in the prefix cache.
+    fn register_prompt_blocks(&mut self, slot: usize, n_cached: usize) {
+        if !self.prefix_cache {
+            return;
+        }
+        let bs = self.spec.block_size;
+        let Some(kv) = self.seqs.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        let plen = kv.prompt.len();
+        let full = n_cached.min(plen) / bs;
+        while kv.n_hashed < full {
+            let i = kv.n_hashed;
+            if !(i * bs..(i + 1) * bs).all(|p| stable(p, plen, self.n_batch)) {
+                return;
+            }
+            let h = block_hash(kv.last_hash, &kv.prompt[i * bs..(i + 1) * bs]);
+            self.pool.register(kv.table[i], h);
+            kv.last_hash = h;
+            kv.n_hashed += 1;
+        }
+    }
+}

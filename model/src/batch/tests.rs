@@ -1,0 +1,319 @@
+//! Engine tests on tiny synthetic models: requests decoded together give the tokens
+//! `generate` gives for each alone; stop conditions, cancellation and refusals.
+
+use std::path::PathBuf;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::generate::{generate, GenerateOptions};
+use crate::placement::DeviceChoice;
+use crate::sampling::Sampler;
+use crate::session::Session;
+use crate::synth::SynthOptions;
+use crate::text::TextModel;
+
+/// A tiny Gemma 3 with an 8-token sliding window (so short prompts already slide), written once
+/// per test binary.
+fn gemma() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    Arc::clone(M.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("rocmforge-batch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path: PathBuf = dir.join("gemma3-w8.gguf");
+        let mut o = SynthOptions::parse("gemma3", "tiny", "q4_k_m", 11).expect("options");
+        o.extras.window = Some(8);
+        o.extras.qk_std = Some(0.2);
+        crate::synth::write(&o, None, &path).expect("write");
+        Arc::new(Model::load(&path, |_, _| {}).expect("load"))
+    }))
+}
+
+fn session_opts() -> SessionOptions {
+    SessionOptions {
+        n_ctx: 128,
+        n_batch: 32,
+        n_threads: 2,
+        device: DeviceChoice::Cpu,
+        ..SessionOptions::default()
+    }
+}
+
+fn engine_opts(max_seqs: usize) -> EngineOptions {
+    EngineOptions {
+        session: session_opts(),
+        max_seqs,
+        n_ctx_per_seq: 128,
+        block_size: 16,
+        kv_blocks: None,
+        step_tokens: 32,
+        prefix_cache: false,
+    }
+}
+
+/// Greedy tokens of `generate` alone on a fresh session.
+fn alone(m: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let tm = TextModel::from_model(m.clone()).expect("text model");
+    let mut s = Session::new(m, &session_opts()).expect("session");
+    let mut sampler = Sampler::new(SamplerConfig::greedy());
+    let o = GenerateOptions {
+        max_tokens: n,
+        stop_strings: Vec::new(),
+        ignore_eog: true,
+    };
+    generate(&mut s, &tm, &mut sampler, prompt, &o, |_| {})
+        .expect("generate")
+        .tokens
+}
+
+/// Every event until `Done`/`Error`: tokens, then the final event.
+fn collect(rx: &Receiver<Event>) -> (Vec<u32>, Event) {
+    let mut toks = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(120)).expect("event") {
+            Event::Token { id, .. } => toks.push(id),
+            e => return (toks, e),
+        }
+    }
+}
+
+fn prompt(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (seed * 31 + i * 7) % 250 + 3)
+        .collect()
+}
+
+/// Waits for the worker to publish an idle state and returns it.
+fn idle_stats(e: &BatchEngine) -> EngineStats {
+    let t0 = Instant::now();
+    loop {
+        let s = e.stats();
+        if s.running == 0 && s.waiting == 0 {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "engine never idle: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn requests_together_give_the_tokens_of_each_alone() {
+    let m = gemma();
+    let prompts = [prompt(1, 5), prompt(2, 23), prompt(3, 40), prompt(4, 2)];
+    let n = 20;
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&m, p, n)).collect();
+    let e = BatchEngine::start(Arc::clone(&m), engine_opts(3)).expect("engine");
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            e.submit_channel(Request::greedy(p.clone(), n))
+                .expect("submit")
+                .1
+        })
+        .collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let (toks, done) = collect(rx);
+        assert_eq!(toks, want[i], "prompt {i}");
+        match done {
+            Event::Done { reason, usage, .. } => {
+                assert_eq!(reason, FinishReason::Length);
+                assert_eq!(usage.prompt_tokens, prompts[i].len());
+                assert_eq!(usage.completion_tokens, n);
+            }
+            other => panic!("prompt {i}: {other:?}"),
+        }
+    }
+    let s = idle_stats(&e);
+    assert_eq!(s.kv_blocks_used, 0, "{s:?}");
+    assert_eq!(s.generated_tokens, (n * prompts.len()) as u64);
+}
+
+#[test]
+fn stop_tokens_and_strings_end_a_request() {
+    let m = gemma();
+    let p = prompt(5, 9);
+    let want = alone(&m, &p, 12);
+    let e = BatchEngine::start(Arc::clone(&m), engine_opts(2)).expect("engine");
+    // The fourth token as a stop token: three tokens come, then Done(Stop).
+    let mut r = Request::greedy(p.clone(), 12);
+    r.stop_tokens = vec![want[3]];
+    let first = want.iter().position(|&t| t == want[3]).unwrap_or(3);
+    let (_, rx) = e.submit_channel(r).expect("submit");
+    let (toks, done) = collect(&rx);
+    assert_eq!(toks, want[..first]);
+    assert!(
+        matches!(
+            done,
+            Event::Done {
+                reason: FinishReason::Stop,
+                ..
+            }
+        ),
+        "{done:?}"
+    );
+    // A stop string made of the third token's text: the text before it and Done(Stop).
+    let tok = e.tokenizer();
+    let piece = |t: u32| String::from_utf8_lossy(&tok.token_to_piece_ext(t, 0, false)).into_owned();
+    let mut r = Request::greedy(p.clone(), 12);
+    let stop = piece(want[2]);
+    r.stop_strings = vec![stop.clone()];
+    let (_, rx) = e.submit_channel(r).expect("submit");
+    let mut text = String::new();
+    let done = loop {
+        match rx.recv_timeout(Duration::from_secs(60)).expect("event") {
+            Event::Token { text: t, .. } => text.push_str(&t),
+            d => break d,
+        }
+    };
+    let Event::Done {
+        reason, text: tail, ..
+    } = done
+    else {
+        panic!("{done:?}")
+    };
+    text.push_str(&tail);
+    let full: String = want.iter().map(|&t| piece(t)).collect();
+    let cut = full.find(&stop).expect("stop text occurs");
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(text, full[..cut]);
+}
+
+#[test]
+fn cancel_ends_a_request_and_frees_its_cache() {
+    let m = gemma();
+    let e = BatchEngine::start(Arc::clone(&m), engine_opts(2)).expect("engine");
+    let (h, rx) = e
+        .submit_channel(Request::greedy(prompt(6, 30), 100))
+        .expect("submit");
+    let (_, rx2) = e
+        .submit_channel(Request::greedy(prompt(7, 4), 6))
+        .expect("submit");
+    match rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("first token")
+    {
+        Event::Token { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    h.cancel();
+    let (toks, done) = collect(&rx);
+    assert!(toks.len() < 99);
+    assert!(
+        matches!(
+            done,
+            Event::Done {
+                reason: FinishReason::Cancelled,
+                ..
+            }
+        ),
+        "{done:?}"
+    );
+    // The other request is untouched.
+    let (toks2, _) = collect(&rx2);
+    assert_eq!(toks2, alone(&m, &prompt(7, 4), 6));
+    // A dropped receiver cancels too.
+    let (_, rx3) = e
+        .submit_channel(Request::greedy(prompt(8, 4), 100))
+        .expect("submit");
+    drop(rx3);
+    let s = idle_stats(&e);
+    assert_eq!(s.kv_blocks_used, 0, "{s:?}");
+    e.shutdown();
+    assert!(e.submit_channel(Request::greedy(prompt(8, 4), 1)).is_err());
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    let m = gemma();
+    let e = BatchEngine::start(Arc::clone(&m), engine_opts(2)).expect("engine");
+    let err = |r: Request| e.submit_channel(r).expect_err("refused").to_string();
+    assert!(err(Request::greedy(vec![], 4)).contains("empty"));
+    assert!(err(Request::greedy(prompt(1, 129), 4)).contains("context"));
+    assert!(err(Request::greedy(vec![1, 100_000], 4)).contains("vocabulary"));
+    let mut small = engine_opts(1);
+    small.kv_blocks = Some(2);
+    let e2 = BatchEngine::start(Arc::clone(&m), small).expect("engine");
+    let msg = e2
+        .submit_channel(Request::greedy(prompt(1, 40), 4))
+        .expect_err("too big for the pool")
+        .to_string();
+    assert!(msg.contains("never fit"), "{msg}");
+    let mut bad = engine_opts(4);
+    bad.step_tokens = 2;
+    assert!(BatchEngine::start(Arc::clone(&m), bad).is_err());
+    // The engine still serves after refusals.
+    let (_, rx) = e
+        .submit_channel(Request::greedy(prompt(2, 3), 2))
+        .expect("submit");
+    assert_eq!(collect(&rx).0.len(), 2);
+}
+
+#[test]
+fn preempted_sequences_resume_with_identical_tokens() {
+    let m = gemma();
+    let prompts = [prompt(9, 10), prompt(10, 14), prompt(11, 6)];
+    let n = 24;
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&m, p, n)).collect();
+    // 12 blocks of 4 positions hold 48 of the 102 positions the three need at the end.
+    let mut o = engine_opts(3);
+    o.block_size = 4;
+    o.kv_blocks = Some(12);
+    let e = BatchEngine::start(Arc::clone(&m), o).expect("engine");
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            e.submit_channel(Request::greedy(p.clone(), n))
+                .expect("submit")
+                .1
+        })
+        .collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let (toks, done) = collect(rx);
+        assert_eq!(toks, want[i], "prompt {i}");
+        assert!(
+            matches!(
+                done,
+                Event::Done {
+                    reason: FinishReason::Length,
+                    ..
+                }
+            ),
+            "{done:?}"
+        );
+    }
+    let s = idle_stats(&e);
+    assert!(s.preemptions > 0, "{s:?}");
+    assert_eq!(s.kv_blocks_used, 0, "{s:?}");
+}
+
+#[test]
+fn shared_prompt_prefixes_are_computed_once() {
+    let m = gemma();
+    let mut o = engine_opts(2);
+    o.prefix_cache = true;
+    let e = BatchEngine::start(Arc::clone(&m), o).expect("engine");
+    let head = prompt(12, 36);
+    let a = [head.clone(), prompt(13, 4)].concat();
+    let b = [head.clone(), prompt(14, 7)].concat();
+    let n = 12;
+    let (_, rx) = e
+        .submit_channel(Request::greedy(a.clone(), n))
+        .expect("submit");
+    let (toks_a, _) = collect(&rx);
+    let (_, rx) = e
+        .submit_channel(Request::greedy(b.clone(), n))
+        .expect("submit");
+    let (toks_b, done) = collect(&rx);
+    assert_eq!(toks_a, alone(&m, &a, n));
+    assert_eq!(toks_b, alone(&m, &b, n));
+    // The 32 prompt positions of the session's first 32-token chunk are shared (two blocks).
+    match done {
+        Event::Done { usage, .. } => assert_eq!(usage.cached_tokens, 32, "{usage:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(idle_stats(&e).kv_blocks_used, 0);
+}

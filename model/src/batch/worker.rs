@@ -1,0 +1,511 @@
+//! The engine's thread: admits requests, builds each step's batch, samples and streams tokens,
+//! and ends requests on their stop conditions or cancellation.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::paged::{Item, Runner};
+use super::{
+    Command, EngineOptions, EngineStats, Event, FinishReason, Request, Sink, TokenLogprob, Usage,
+};
+use crate::error::ModelError;
+use crate::sampling::Sampler;
+use crate::session::Model;
+use crate::stream::TextStream;
+use crate::tokenizer::Tokenizer;
+
+/// What `submit` checks before a request is queued.
+#[derive(Clone, Debug)]
+pub(super) struct Limits {
+    n_vocab: usize,
+    n_ctx: usize,
+    /// Positions the whole KV pool holds.
+    pool_positions: usize,
+}
+
+impl Limits {
+    pub(super) fn new(model: &Model, opts: &EngineOptions) -> Result<Self, ModelError> {
+        validate(model, opts)?;
+        Ok(Self {
+            n_vocab: model.config().n_vocab,
+            n_ctx: opts.n_ctx_per_seq,
+            pool_positions: super::paged::pool_blocks(opts) * opts.block_size,
+        })
+    }
+
+    pub(super) fn check(&self, req: &Request) -> Result<(), ModelError> {
+        if req.prompt.is_empty() {
+            return Err(ModelError::InvalidArgument("the prompt is empty".into()));
+        }
+        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(ModelError::BadToken {
+                id: bad,
+                n_vocab: self.n_vocab,
+            });
+        }
+        if req.prompt.len() > self.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed: req.prompt.len(),
+                n_ctx: self.n_ctx,
+            });
+        }
+        if req.prompt.len() > self.pool_positions {
+            return Err(ModelError::InvalidArgument(format!(
+                "a prompt of {} tokens can never fit the KV pool of {} positions",
+                req.prompt.len(),
+                self.pool_positions
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn validate(model: &Model, o: &EngineOptions) -> Result<(), ModelError> {
+    let bad = |m: String| Err(ModelError::InvalidArgument(m));
+    if o.max_seqs == 0 {
+        return bad("max_seqs must be at least 1".into());
+    }
+    if o.block_size == 0 {
+        return bad("block_size must be at least 1".into());
+    }
+    if o.step_tokens < o.max_seqs {
+        return bad(format!(
+            "step_tokens ({}) must be at least max_seqs ({}): every running sequence decodes \
+             one token per step",
+            o.step_tokens, o.max_seqs
+        ));
+    }
+    if o.n_ctx_per_seq == 0 || o.n_ctx_per_seq > model.config().n_ctx_train {
+        return bad(format!(
+            "n_ctx_per_seq {} must be in 1..={} (the model's trained context)",
+            o.n_ctx_per_seq,
+            model.config().n_ctx_train
+        ));
+    }
+    if o.kv_blocks == Some(0) {
+        return bad("kv_blocks must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// One request in the engine.
+struct Seq {
+    id: u64,
+    req: Request,
+    sink: Sink,
+    cancelled: Arc<AtomicBool>,
+    sampler: Sampler,
+    stream: TextStream,
+    /// Prompt then generated tokens; `tokens[n_cached..]` are fed next.
+    tokens: Vec<u32>,
+    n_cached: usize,
+    n_generated: usize,
+    cached_prompt: usize,
+    /// The runner's slot while running.
+    slot: Option<usize>,
+}
+
+impl Seq {
+    fn send(&mut self, e: Event) {
+        if !(self.sink)(e) {
+            self.cancelled.store(true, Ordering::Release);
+        }
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.req.prompt.len(),
+            completion_tokens: self.n_generated,
+            cached_tokens: self.cached_prompt,
+        }
+    }
+
+    fn finish(&mut self, reason: FinishReason) {
+        let text = match reason {
+            FinishReason::Cancelled => String::new(),
+            _ => self.stream.finish(),
+        };
+        let usage = self.usage();
+        // The request is over either way; a gone receiver changes nothing.
+        let _ = (self.sink)(Event::Done {
+            reason,
+            usage,
+            text,
+        });
+    }
+}
+
+/// The worker: queued and running sequences over a runner.
+pub(super) struct Worker {
+    runner: Runner,
+    opts: EngineOptions,
+    tokenizer: Arc<Tokenizer>,
+    stats: Arc<Mutex<EngineStats>>,
+    counters: EngineStats,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+}
+
+impl Worker {
+    pub(super) fn new(
+        model: Arc<Model>,
+        opts: EngineOptions,
+        tokenizer: Arc<Tokenizer>,
+        stats: Arc<Mutex<EngineStats>>,
+    ) -> Result<Self, ModelError> {
+        let runner = Runner::new(model, &opts)?;
+        let mut w = Self {
+            runner,
+            opts,
+            tokenizer,
+            stats,
+            counters: EngineStats::default(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        };
+        w.publish();
+        Ok(w)
+    }
+
+    /// Where the layers run.
+    pub(super) fn plan(&self) -> &crate::session::DevicePlan {
+        self.runner.plan()
+    }
+
+    /// Serves commands until shutdown (or until every handle is gone).
+    pub(super) fn run(&mut self, rx: Receiver<Command>) {
+        loop {
+            // Block only when there is nothing to do.
+            let idle = self.running.is_empty() && self.waiting.is_empty();
+            let first = if idle {
+                match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => break,
+                }
+            } else {
+                match rx.recv_timeout(Duration::ZERO) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            };
+            let mut shutdown = false;
+            for c in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+            {
+                match c {
+                    Command::Submit {
+                        id,
+                        req,
+                        sink,
+                        cancelled,
+                    } => self.enqueue(id, req, sink, cancelled),
+                    Command::Cancel => {}
+                    Command::Shutdown => shutdown = true,
+                }
+            }
+            if shutdown {
+                break;
+            }
+            self.reap_cancelled();
+            self.admit();
+            self.step();
+            self.publish();
+        }
+        for mut s in self.running.drain(..).chain(self.waiting.drain(..)) {
+            if let Some(slot) = s.slot.take() {
+                self.runner.release(slot);
+            }
+            s.finish(FinishReason::Cancelled);
+        }
+        self.counters.running = 0;
+        self.counters.waiting = 0;
+        self.publish();
+    }
+
+    fn enqueue(&mut self, id: u64, req: Request, sink: Sink, cancelled: Arc<AtomicBool>) {
+        let mut sampler = Sampler::new(req.sampling.clone());
+        for &t in &req.prompt {
+            sampler.accept(t);
+        }
+        let stream = TextStream::new(req.stop_strings.iter().cloned());
+        let tokens = req.prompt.clone();
+        self.waiting.push_back(Seq {
+            id,
+            req,
+            sink,
+            cancelled,
+            sampler,
+            stream,
+            tokens,
+            n_cached: 0,
+            n_generated: 0,
+            cached_prompt: 0,
+            slot: None,
+        });
+    }
+
+    /// Ends cancelled requests and frees their memory now.
+    fn reap_cancelled(&mut self) {
+        let cancelled = |s: &Seq| s.cancelled.load(Ordering::Acquire);
+        let mut i = 0;
+        while i < self.running.len() {
+            if cancelled(&self.running[i]) {
+                let s = self.running.remove(i);
+                self.end(s, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        let (gone, keep): (Vec<Seq>, Vec<Seq>) = self.waiting.drain(..).partition(cancelled);
+        self.waiting = keep.into();
+        for s in gone {
+            self.end(s, FinishReason::Cancelled);
+        }
+    }
+
+    fn end(&mut self, mut s: Seq, reason: FinishReason) {
+        if let Some(slot) = s.slot.take() {
+            self.runner.release(slot);
+        }
+        tracing::debug!(id = s.id, ?reason, "request done");
+        s.finish(reason);
+    }
+
+    /// Moves waiting requests into free slots, oldest first.
+    fn admit(&mut self) {
+        while self.running.len() < self.opts.max_seqs {
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
+            if !self.runner.fits(s.tokens.len()) {
+                // Only a preempted sequence can have grown past the pool.
+                self.end(s, FinishReason::Length);
+                continue;
+            }
+            match self.runner.acquire(&s.tokens, s.req.prompt.len()) {
+                Some((slot, cached)) => {
+                    s.slot = Some(slot);
+                    s.n_cached = cached;
+                    if s.n_generated == 0 {
+                        s.cached_prompt = cached;
+                    }
+                    self.running.push(s);
+                }
+                None => {
+                    self.waiting.push_front(s);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Takes the cache of the newest running sequence (it recomputes it once readmitted, with
+    /// the same result) to make room for older ones.
+    fn preempt_newest(&mut self) {
+        if let Some(mut s) = self.running.pop() {
+            if let Some(slot) = s.slot.take() {
+                self.runner.release(slot);
+            }
+            tracing::debug!(id = s.id, "preempted");
+            s.n_cached = 0;
+            self.counters.preemptions += 1;
+            self.waiting.push_front(s);
+        }
+    }
+
+    /// One forward pass over every running sequence, then sampling.
+    fn step(&mut self) {
+        if self.running.is_empty() {
+            return;
+        }
+        // Decode tokens first (one per sequence), then prompt chunks, oldest first, under the
+        // step budget; blocks for them are reserved oldest first, the newest sequences
+        // preempted when the pool runs out.
+        let take = loop {
+            let mut budget = self.opts.step_tokens;
+            let mut take = vec![0usize; self.running.len()];
+            for (i, s) in self.running.iter().enumerate() {
+                if s.tokens.len() - s.n_cached == 1 {
+                    take[i] = 1;
+                    budget -= 1;
+                }
+            }
+            for (i, s) in self.running.iter().enumerate() {
+                let left = s.tokens.len() - s.n_cached;
+                if left > 1 && budget > 0 {
+                    take[i] = left.min(budget);
+                    budget -= take[i];
+                }
+            }
+            let short = self.running.iter().zip(&take).position(|(s, &n)| {
+                !self
+                    .runner
+                    .reserve(s.slot.unwrap_or(usize::MAX), s.n_cached + n)
+            });
+            match short {
+                None => break take,
+                // Alone and still short: the sequence has outgrown the whole pool.
+                Some(0) if self.running.len() == 1 => {
+                    let s = self.running.remove(0);
+                    self.end(s, FinishReason::Length);
+                }
+                Some(_) => self.preempt_newest(),
+            }
+            if self.running.is_empty() {
+                return;
+            }
+        };
+        let items: Vec<Item<'_>> = self
+            .running
+            .iter()
+            .zip(&take)
+            .filter(|(_, &n)| n > 0)
+            .map(|(s, &n)| Item {
+                slot: s.slot.unwrap_or(usize::MAX),
+                tokens: &s.tokens[s.n_cached..s.n_cached + n],
+                n_past: s.n_cached,
+                logits: s.n_cached + n == s.tokens.len(),
+            })
+            .collect();
+        let result = self.runner.forward(&items);
+        drop(items);
+        self.counters.steps += 1;
+        let mut logits = match result {
+            Ok(l) => l.into_iter(),
+            Err(e) => {
+                // A failed pass fails the requests in it; the engine goes on.
+                let msg = e.to_string();
+                tracing::error!("forward pass failed: {msg}");
+                let mut failed = Vec::new();
+                for (s, &n) in std::mem::take(&mut self.running).into_iter().zip(&take) {
+                    if n > 0 {
+                        failed.push(s);
+                    } else {
+                        self.running.push(s);
+                    }
+                }
+                let mut first = Some(e);
+                for mut s in failed {
+                    if let Some(slot) = s.slot.take() {
+                        self.runner.release(slot);
+                    }
+                    let err = first
+                        .take()
+                        .unwrap_or_else(|| ModelError::Device(msg.clone()));
+                    let _ = (s.sink)(Event::Error(err));
+                }
+                return;
+            }
+        };
+        let mut done = Vec::new();
+        for (i, s) in self.running.iter_mut().enumerate() {
+            let n = take[i];
+            if n == 0 {
+                continue;
+            }
+            if s.n_generated == 0 && s.n_cached < s.req.prompt.len() {
+                self.counters.prompt_tokens += n.min(s.req.prompt.len() - s.n_cached) as u64;
+            }
+            s.n_cached += n;
+            let Some(Some(l)) = logits.next() else {
+                continue;
+            };
+            let before = s.n_generated;
+            if let Some(reason) = sample_one(s, &self.tokenizer, l, self.opts.n_ctx_per_seq) {
+                done.push((i, reason));
+            }
+            self.counters.generated_tokens += (s.n_generated - before) as u64;
+        }
+        for &(i, reason) in done.iter().rev() {
+            let s = self.running.remove(i);
+            self.end(s, reason);
+        }
+    }
+
+    fn publish(&mut self) {
+        let c = &mut self.counters;
+        c.running = self.running.len();
+        c.waiting = self.waiting.len();
+        let (used, total) = self.runner.blocks();
+        c.kv_blocks_used = used;
+        c.kv_blocks_total = total;
+        c.kv_blocks_free = total - used;
+        if let Ok(mut s) = self.stats.lock() {
+            *s = *c;
+        }
+    }
+}
+
+/// Samples the next token of `s` from its last logits and emits it; `Some` when the request
+/// ends. Follows [`crate::generate::generate`] step by step.
+fn sample_one(
+    s: &mut Seq,
+    tok: &Tokenizer,
+    mut logits: Vec<f32>,
+    n_ctx: usize,
+) -> Option<FinishReason> {
+    if s.n_generated >= s.req.max_tokens {
+        return Some(FinishReason::Length);
+    }
+    if let Some(c) = s.req.constraint.as_mut() {
+        c.mask(&mut logits);
+    }
+    let id = s.sampler.sample(&logits);
+    if s.req.stop_tokens.contains(&id) {
+        return Some(FinishReason::Stop);
+    }
+    let logprob = s.req.logprobs.map(|n| logprob_of(&logits, id, n));
+    s.sampler.accept(id);
+    s.tokens.push(id);
+    s.n_generated += 1;
+    let text = s.stream.push(&tok.token_to_piece_ext(id, 0, false));
+    let complete = s.req.constraint.as_mut().is_some_and(|c| !c.accept(id));
+    s.send(Event::Token { id, text, logprob });
+    if s.stream.stopped() || complete {
+        return Some(FinishReason::Stop);
+    }
+    if s.n_generated == s.req.max_tokens || s.tokens.len() >= n_ctx {
+        return Some(FinishReason::Length);
+    }
+    None
+}
+
+/// Log-softmax of `logits` at `id` and the `n` best entries.
+fn logprob_of(logits: &[f32], id: u32, n: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| l.is_finite())
+        .map(|&l| ((l - max) as f64).exp())
+        .sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |l: f32| (l as f64 - lse) as f32;
+    let mut top: Vec<(u32, f32)> = Vec::new();
+    if n > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32)
+            .filter(|&i| !logits[i as usize].is_nan())
+            .collect();
+        let by_desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
+        if n < idx.len() {
+            idx.select_nth_unstable_by(n - 1, by_desc);
+            idx.truncate(n);
+        }
+        idx.sort_unstable_by(by_desc);
+        top = idx
+            .into_iter()
+            .map(|i| (i, lp(logits[i as usize])))
+            .collect();
+    }
+    TokenLogprob {
+        logprob: lp(logits
+            .get(id as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY)),
+        top,
+    }
+}

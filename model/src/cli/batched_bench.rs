@@ -1,0 +1,155 @@
+//! `batched-bench`: throughput of the batching engine with many sequences at once, with the flags
+//! and table of llama.cpp's `llama-batched-bench`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+
+use super::ModelArgs;
+use crate::batch::{BatchEngine, EngineOptions, Event, Request};
+use crate::error::ModelError;
+use crate::sampling::Rng;
+
+/// `batched-bench` arguments (`-npp`, `-ntg`, `-npl` are accepted as in llama.cpp).
+#[derive(Args, Debug)]
+pub(super) struct BatchedBenchArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    /// Prompt lengths (comma-separated).
+    #[arg(long = "npp", value_delimiter = ',', default_value = "128")]
+    npp: Vec<usize>,
+    /// Tokens generated per sequence (comma-separated).
+    #[arg(long = "ntg", value_delimiter = ',', default_value = "128")]
+    ntg: Vec<usize>,
+    /// Parallel sequences (comma-separated).
+    #[arg(long = "npl", value_delimiter = ',', default_value = "1,2,4,8")]
+    npl: Vec<usize>,
+    /// Positions per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+}
+
+/// One row of the table.
+struct Row {
+    t_pp: f64,
+    t_tg: f64,
+}
+
+/// Runs `b` sequences of `pp` random prompt tokens and `tg` generated tokens each: the prompt
+/// phase lasts until every sequence has its first token (sampled from the prompt's logits, as
+/// llama-batched-bench does), the generation phase until every sequence has `tg` more.
+fn run_one(
+    e: &BatchEngine,
+    rng: &mut Rng,
+    n_vocab: usize,
+    pp: usize,
+    tg: usize,
+    b: usize,
+) -> Result<Row, ModelError> {
+    let t0 = Instant::now();
+    let mut rxs = Vec::with_capacity(b);
+    for _ in 0..b {
+        let prompt: Vec<u32> = (0..pp)
+            .map(|_| (rng.next_u64() % n_vocab as u64) as u32)
+            .collect();
+        rxs.push(e.submit_channel(Request::greedy(prompt, tg + 1))?.1);
+    }
+    let closed = || ModelError::Device("the engine stopped mid-benchmark".into());
+    let first = |rx: &std::sync::mpsc::Receiver<Event>| -> Result<(), ModelError> {
+        match rx.recv().map_err(|_| closed())? {
+            Event::Token { .. } => Ok(()),
+            Event::Error(e) => Err(e),
+            Event::Done { .. } => Err(ModelError::Device("a sequence ended early".into())),
+        }
+    };
+    for rx in &rxs {
+        first(rx)?;
+    }
+    let t_pp = t0.elapsed().as_secs_f64();
+    for rx in &rxs {
+        loop {
+            match rx.recv().map_err(|_| closed())? {
+                Event::Token { .. } => {}
+                Event::Done { .. } => break,
+                Event::Error(e) => return Err(e),
+            }
+        }
+    }
+    Ok(Row {
+        t_pp,
+        t_tg: t0.elapsed().as_secs_f64() - t_pp,
+    })
+}
+
+pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
+    let tm = a.m.load()?;
+    let model = Arc::new(tm.model().clone());
+    let mut session = a.m.session_options(&tm)?;
+    let max_b = a.npl.iter().copied().max().unwrap_or(1).max(1);
+    let longest =
+        a.npp.iter().max().copied().unwrap_or(0) + a.ntg.iter().max().copied().unwrap_or(0) + 1;
+    let n_ctx_per_seq = longest.min(model.config().n_ctx_train);
+    // As llama-batched-bench, `-c` is the context of all sequences together.
+    let kv_blocks =
+        a.m.ctx
+            .map(|c| c.div_ceil(a.block_size))
+            .unwrap_or(max_b * n_ctx_per_seq.div_ceil(a.block_size));
+    session.n_ctx = 0;
+    let opts = EngineOptions {
+        session: session.clone(),
+        max_seqs: max_b,
+        n_ctx_per_seq,
+        block_size: a.block_size,
+        kv_blocks: Some(kv_blocks),
+        step_tokens: session.n_batch.max(max_b),
+        prefix_cache: false,
+    };
+    let e = BatchEngine::start(Arc::clone(&model), opts)?;
+    eprintln!("{}", e.device_plan());
+    println!(
+        "\nmain: n_kv_max = {}, n_batch = {}, block_size = {}, n_threads = {}\n",
+        kv_blocks * a.block_size,
+        session.n_batch.max(max_b),
+        a.block_size,
+        session.n_threads
+    );
+    println!(
+        "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |"
+    );
+    println!(
+        "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|"
+    );
+    let n_vocab = model.config().n_vocab;
+    let mut rng = Rng::new(1234);
+    // One short warm-up request: page faults and first-pass allocations are not measured.
+    run_one(&e, &mut rng, n_vocab, 8.min(n_ctx_per_seq - 2).max(1), 1, 1)?;
+    for &pp in &a.npp {
+        for &tg in &a.ntg {
+            for &b in &a.npl {
+                let n_kv = b * (pp + tg);
+                if pp == 0 || b == 0 || n_kv > kv_blocks * a.block_size {
+                    continue;
+                }
+                let r = run_one(&e, &mut rng, n_vocab, pp, tg, b)?;
+                let t = r.t_pp + r.t_tg;
+                println!(
+                    "| {pp:5} | {tg:6} | {b:4} | {n_kv:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {t:8.3} | {:8.2} |",
+                    r.t_pp,
+                    (b * pp) as f64 / r.t_pp,
+                    r.t_tg,
+                    (b * tg) as f64 / r.t_tg,
+                    n_kv as f64 / t
+                );
+            }
+        }
+    }
+    let s = e.stats();
+    e.shutdown();
+    eprintln!(
+        "\n{} forward steps, {} preemptions; S_TG counts the TG tokens each sequence makes after \
+         its first (which the prompt phase samples)",
+        s.steps, s.preemptions
+    );
+    Ok(())
+}

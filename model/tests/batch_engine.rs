@@ -1,0 +1,110 @@
+//! The batching engine on the real Gemma 3 270M (when `ROCMFORGE_TEST_MODEL` is set): prompts
+//! decoded together, with a shared prefix and under a pool small enough to preempt, give each
+//! the greedy tokens `generate` gives for it alone, bit for bit on the CPU.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use model::batch::{BatchEngine, EngineOptions, Event, FinishReason, Request};
+use model::generate::{generate, GenerateOptions};
+use model::placement::DeviceChoice;
+use model::sampling::{Sampler, SamplerConfig};
+use model::session::{Session, SessionOptions};
+use model::text::TextModel;
+use serial_test::serial;
+
+fn load() -> Option<TextModel> {
+    let Some(path) = std::env::var_os("ROCMFORGE_TEST_MODEL") else {
+        println!("skipped: ROCMFORGE_TEST_MODEL not set");
+        return None;
+    };
+    Some(TextModel::load(&path, |_, _| {}).expect("load the test model"))
+}
+
+fn session_opts() -> SessionOptions {
+    SessionOptions {
+        n_ctx: 256,
+        n_batch: 64,
+        n_threads: 2,
+        device: DeviceChoice::Cpu,
+        ..SessionOptions::default()
+    }
+}
+
+fn alone(tm: &TextModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = Session::new(tm.model(), &session_opts()).expect("session");
+    let mut sampler = Sampler::new(SamplerConfig::greedy());
+    let o = GenerateOptions {
+        max_tokens: n,
+        stop_strings: Vec::new(),
+        ignore_eog: true,
+    };
+    generate(&mut s, tm, &mut sampler, prompt, &o, |_| {})
+        .expect("generate")
+        .tokens
+}
+
+#[test]
+#[serial]
+fn gemma_prompts_together_give_their_tokens_alone() {
+    let Some(tm) = load() else {
+        return;
+    };
+    let texts = [
+        "The capital of France is",
+        "Here is a short poem about the sea:\n",
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+    ];
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| tm.encode(t, true).expect("encode"))
+        .collect();
+    let n = 16;
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&tm, p, n)).collect();
+    let model = Arc::new(tm.model().clone());
+    // A pool of 10 blocks of 16 positions: less than the four sequences need at once, so some
+    // are preempted and recomputed.
+    let opts = EngineOptions {
+        session: session_opts(),
+        max_seqs: 4,
+        n_ctx_per_seq: 256,
+        block_size: 16,
+        kv_blocks: Some(10),
+        step_tokens: 64,
+        prefix_cache: true,
+    };
+    let e = BatchEngine::start(model, opts).expect("engine");
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            e.submit_channel(Request::greedy(p.clone(), n))
+                .expect("submit")
+                .1
+        })
+        .collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let mut toks = Vec::new();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(300)).expect("event") {
+                Event::Token { id, .. } => toks.push(id),
+                Event::Done { reason, .. } => {
+                    assert_eq!(reason, FinishReason::Length);
+                    break;
+                }
+                Event::Error(err) => panic!("prompt {i}: {err}"),
+            }
+        }
+        assert_eq!(toks, want[i], "prompt {i}: {:?}", texts[i]);
+    }
+    let t0 = std::time::Instant::now();
+    let s = loop {
+        let s = e.stats();
+        if s.running == 0 || t0.elapsed() > Duration::from_secs(30) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    println!("engine stats: {s:?}");
+    assert_eq!(s.kv_blocks_used, 0, "{s:?}");
+}
