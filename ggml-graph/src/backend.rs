@@ -260,7 +260,7 @@ impl BufferType for HostBufferType {
     }
     fn alloc(&self, size: usize) -> Result<Box<dyn Buffer>> {
         Ok(Box::new(HostBuffer {
-            data: Mutex::new(lines(size)),
+            data: Mutex::new(lines(size, "a host buffer")?),
             size,
         }))
     }

@@ -45,6 +45,14 @@ pub enum GraphError {
         /// Bytes provided.
         got: usize,
     },
+    /// Host memory for a buffer could not be allocated (the request is refused, never an abort).
+    #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What the buffer is for (`arena`, a persistent tensor's name, ...).
+        what: String,
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// A weight was bound with a type or shape that differs from the graph's declaration.
     #[error("`{name}`: bound as {bound}, graph declares {declared}")]
     Mismatch {

@@ -21,8 +21,14 @@ use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct Line([u8; 64]);
 
-pub(crate) fn lines(bytes: usize) -> Vec<Line> {
-    vec![Line([0; 64]); bytes.div_ceil(64)]
+/// `bytes` of zeroed, 64-byte aligned storage for `what`; failing to get it is an
+/// [`GraphError::OutOfMemory`], never an abort. The zero pages come from the allocator, so a
+/// large buffer (a long context's KV cache) costs memory only as it is written.
+pub(crate) fn lines(bytes: usize, what: &str) -> Result<Vec<Line>> {
+    bytemuck::allocation::try_zeroed_vec(bytes.div_ceil(64)).map_err(|()| GraphError::OutOfMemory {
+        what: what.to_owned(),
+        bytes,
+    })
 }
 
 /// Read-only bytes of a weight: a shared owner (a mmap, a `Vec<u8>`...) and a byte range in it.
@@ -142,7 +148,9 @@ impl Executor {
         let p = plan(graph);
         let need = p.peak.div_ceil(64);
         if self.pools[0].len() < need {
-            self.pools[0] = lines(p.peak);
+            // Free the old arena first: both at once may not fit.
+            self.pools[0] = Vec::new();
+            self.pools[0] = lines(p.peak, "the activation arena")?;
         }
         Ok(p.peak)
     }
@@ -208,7 +216,7 @@ impl Executor {
                             })
                         }
                         None => {
-                            self.pools.push(lines(t.dense_bytes()));
+                            self.pools.push(lines(t.dense_bytes(), &t.name)?);
                             let pool = self.pools.len() - 1;
                             self.persistent.insert(
                                 t.name.clone(),
@@ -237,7 +245,8 @@ impl Executor {
         let mut locs = self.resolve_leaves(graph, &mut weight_list)?;
         if self.pools[0].len() * 64 < p.peak {
             tracing::debug!(bytes = p.peak, "growing arena");
-            self.pools[0] = lines(p.peak);
+            self.pools[0] = Vec::new();
+            self.pools[0] = lines(p.peak, "the activation arena")?;
         }
         for i in 0..graph.len() {
             if let Some(off) = p.offset[i] {

@@ -100,6 +100,21 @@ impl Graph {
     fn leaf(&mut self, kind: Leaf, name: &str, dtype: DType, shape: &[usize]) -> Result<TensorId> {
         let ne = shape4(shape)
             .ok_or_else(|| shape_err("leaf", format!("`{name}`: bad shape {shape:?}")))?;
+        // Every byte size derived from this shape later (strides, extents, the planner's
+        // offsets) stays far from overflow when the whole tensor fits in isize::MAX bytes.
+        let bytes = ne
+            .iter()
+            .skip(1)
+            .try_fold(crate::tensor::row_bytes(dtype, ne[0]), |acc, &n| {
+                acc.checked_mul(n)
+            })
+            .filter(|&b| b <= isize::MAX as usize / 2);
+        if bytes.is_none() {
+            return Err(shape_err(
+                "leaf",
+                format!("`{name}`: shape {shape:?} of {dtype} is too large to address"),
+            ));
+        }
         if ne[0] % dtype.block_size() != 0 {
             return Err(shape_err(
                 "leaf",
@@ -551,7 +566,8 @@ impl Graph {
             view_of: Some((a, offset)),
         };
         let parent_extent = at.extent();
-        if offset + t.extent() > parent_extent || ne[0] % at.dtype.block_size() != 0 {
+        let end = checked_extent(&t).and_then(|e| e.checked_add(offset));
+        if end.is_none_or(|e| e > parent_extent) || ne[0] % at.dtype.block_size() != 0 {
             return Err(shape_err(
                 "view",
                 format!("view {ne:?} nb {strides:?} + {offset} exceeds parent {:?} ({parent_extent} bytes)", at.ne),
@@ -713,4 +729,20 @@ impl Graph {
         let t = &self.nodes[id.index()];
         matches!(t.op, Op::Cpy | Op::SetRows) && self.root_leaf(id) == Some(Leaf::Persistent)
     }
+}
+
+/// [`Tensor::extent`] without overflow: `None` when the view's strides reach past `usize`.
+fn checked_extent(t: &Tensor) -> Option<usize> {
+    if t.nelements() == 0 {
+        return Some(0);
+    }
+    let (mut end, first) = if t.dtype.is_quantized() || t.rows_contiguous() {
+        (t.row_bytes(), 1)
+    } else {
+        (t.dtype.type_size(), 0)
+    };
+    for d in first..MAX_DIMS {
+        end = end.checked_add((t.ne[d] - 1).checked_mul(t.nb[d])?)?;
+    }
+    Some(end)
 }

@@ -1,17 +1,36 @@
 //! Human-readable and canonical listings of a GGUF file (metadata and tensor table), like
 //! gguf-py's `gguf-dump`.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use crate::file::GgufFile;
 use crate::value::{ArrayValue, MetadataValue};
 
+/// `s` with control characters (terminal escape sequences, carriage returns, ...) written as
+/// `\u{1b}`-style escapes, so that printing text from a file cannot drive the terminal.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// Writes the file's header facts, every metadata key (arrays abbreviated) and a tensor table
-/// (index, name, type, shape in ggml order, bytes, offset relative to the data section).
+/// (index, name, type, shape in ggml order, bytes, offset relative to the data section). Text
+/// from the file goes through [`printable`].
 pub fn write_info(file: &GgufFile, w: &mut impl Write) -> io::Result<()> {
     if let Some(p) = file.path() {
-        writeln!(w, "file: {}", p.display())?;
+        writeln!(w, "file: {}", printable(&p.display().to_string()))?;
     }
     writeln!(
         w,
@@ -28,7 +47,7 @@ pub fn write_info(file: &GgufFile, w: &mut impl Write) -> io::Result<()> {
             MetadataValue::Array(a) => a.len(),
             _ => 1,
         };
-        let mut shown = v.to_string();
+        let mut shown = printable(&v.to_string()).into_owned();
         if shown.len() > 200 {
             let cut = (0..=200)
                 .rev()
@@ -39,10 +58,11 @@ pub fn write_info(file: &GgufFile, w: &mut impl Write) -> io::Result<()> {
         }
         writeln!(
             w,
-            "{:5}: {:<16} {:>8} | {k} = {shown}",
+            "{:5}: {:<16} {:>8} | {} = {shown}",
             i + 1,
             v.type_description(),
-            count
+            count,
+            printable(k)
         )?;
     }
     let tensors = file.tensors();
@@ -50,7 +70,7 @@ pub fn write_info(file: &GgufFile, w: &mut impl Write) -> io::Result<()> {
     writeln!(w, "\ntensors: {} ({} bytes)", tensors.len(), total)?;
     let name_w = tensors
         .iter()
-        .map(|t| t.name.len())
+        .map(|t| printable(&t.name).chars().count())
         .max()
         .unwrap_or(4)
         .max(4);
@@ -64,7 +84,7 @@ pub fn write_info(file: &GgufFile, w: &mut impl Write) -> io::Result<()> {
             w,
             "{:5}  {:<name_w$}  {:<8} {:<24} {:>12} {:>12}",
             i,
-            t.name,
+            printable(&t.name),
             t.ggml_type.name(),
             t.shape_string(),
             t.size,

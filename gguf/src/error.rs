@@ -41,7 +41,9 @@ pub enum GgufError {
         version: u32,
     },
     /// The file ends before a field that it declares.
-    #[error("offset {offset}: truncated {what}: need {needed} bytes, {available} left")]
+    #[error(
+        "offset {offset}: the file is truncated (or corrupt): {what} needs {needed} bytes, only {available} left"
+    )]
     Truncated {
         /// Where the field starts.
         offset: u64,

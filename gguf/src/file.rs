@@ -10,9 +10,17 @@ use crate::reader;
 use crate::tensor::TensorInfo;
 use crate::value::{ArrayValue, MetadataValue};
 
+/// 64 bytes aligned to 64, the storage of a file read into memory: tensor data then sits at
+/// the same alignment as in a mapping (offsets are multiples of `general.alignment`), which the
+/// SIMD kernels reading it in place rely on.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Line([u8; 64]);
+
 enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
+    Read { lines: Vec<Line>, len: usize },
 }
 
 impl Bytes {
@@ -20,8 +28,30 @@ impl Bytes {
         match self {
             Bytes::Mapped(m) => m,
             Bytes::Owned(v) => v,
+            Bytes::Read { lines, len } => &bytemuck::cast_slice::<Line, u8>(lines)[..*len],
         }
     }
+}
+
+/// Opens `path` for reading after checking that it is a regular file: opening a FIFO would
+/// block until a writer appears, and a directory would fail later with a misleading error.
+fn open_regular(path: &Path) -> Result<File> {
+    let meta = std::fs::metadata(path).map_err(|e| GgufError::io(path, e))?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        return Err(GgufError::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("is {what}; give the path of a GGUF model file"),
+            ),
+        ));
+    }
+    File::open(path).map_err(|e| GgufError::io(path, e))
 }
 
 /// A parsed GGUF file. Tensor data stays in the mapping until asked for.
@@ -51,14 +81,58 @@ impl std::fmt::Debug for GgufFile {
 
 impl GgufFile {
     /// Maps `path` and parses its header; tensor bytes are not read.
+    ///
+    /// The file must not change while the value lives: truncating it makes later reads of the
+    /// mapping fail with SIGBUS, rewriting it changes the tensor bytes underneath. Use
+    /// [`GgufFile::read`] where that cannot be promised.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| GgufError::io(path, e))?;
+        let file = open_regular(path)?;
         // SAFETY: the mapping is read-only and private to this value. The one hazard, another
         // process truncating or rewriting the file while it is mapped, is outside what a
-        // library can prevent; it is the same contract every mmap-based model loader has.
+        // library can prevent; it is the same contract every mmap-based model loader has (the
+        // doc comment above states it, and `read` avoids it).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| GgufError::io(path, e))?;
         let mut f = Self::from_backing(Bytes::Mapped(map))?;
+        f.path = Some(path.to_owned());
+        tracing::debug!(
+            path = %path.display(),
+            tensors = f.tensors.len(),
+            metadata = f.metadata.len(),
+            "opened GGUF"
+        );
+        Ok(f)
+    }
+
+    /// Reads the whole file at `path` into memory and parses its header: later changes to the
+    /// file do not reach this value (llama.cpp's `--no-mmap`). Running out of memory for the
+    /// copy is an error, not an abort.
+    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
+        use std::io::Read as _;
+        let path = path.as_ref();
+        let mut file = open_regular(path)?;
+        let len = file.metadata().map_err(|e| GgufError::io(path, e))?.len();
+        let len = usize::try_from(len).map_err(|_| {
+            GgufError::io(
+                path,
+                std::io::Error::other("file too large for this platform"),
+            )
+        })?;
+        let n_lines = len.div_ceil(64);
+        let mut lines: Vec<Line> = Vec::new();
+        lines.try_reserve_exact(n_lines).map_err(|_| {
+            GgufError::io(
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("cannot allocate {len} bytes to read the file into memory"),
+                ),
+            )
+        })?;
+        lines.resize(n_lines, Line([0; 64]));
+        file.read_exact(&mut bytemuck::cast_slice_mut::<Line, u8>(&mut lines)[..len])
+            .map_err(|e| GgufError::io(path, e))?;
+        let mut f = Self::from_backing(Bytes::Read { lines, len })?;
         f.path = Some(path.to_owned());
         tracing::debug!(
             path = %path.display(),

@@ -89,14 +89,23 @@ impl<'a> Cursor<'a> {
     fn count(&mut self, what: &'static str, min_each: u64, cap: u64) -> Result<u64> {
         let offset = self.offset();
         let n = self.u64(what)?;
-        let fits = self.remaining() / min_each.max(1);
-        let limit = cap.min(fits);
-        if n > limit {
+        if n > cap {
             return Err(GgufError::TooLarge {
                 offset,
                 what,
                 value: n,
-                limit,
+                limit: cap,
+            });
+        }
+        // Within the cap but more than the rest of the file can hold: the file is cut short (or
+        // the count is corrupt), which the message must say rather than "exceeds the limit".
+        let fits = self.remaining() / min_each.max(1);
+        if n > fits {
+            return Err(GgufError::Truncated {
+                offset,
+                what,
+                needed: n.saturating_mul(min_each.max(1)),
+                available: self.remaining(),
             });
         }
         Ok(n)
@@ -328,7 +337,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
         } else {
             match t.offset.checked_add(t.size) {
                 Some(end) if end <= data_len => None,
-                _ => Some("range extends past the end of the file"),
+                _ => Some("range extends past the end of the file (is the file truncated?)"),
             }
         };
         if let Some(reason) = reason {

@@ -75,12 +75,12 @@ fn check_every_truncation(data: &[u8]) {
                 assert!(
                     matches!(
                         e,
-                        GgufError::Truncated { .. }
-                            | GgufError::TooLarge { .. }
-                            | GgufError::TensorOutOfBounds { .. }
+                        GgufError::Truncated { .. } | GgufError::TensorOutOfBounds { .. }
                     ),
                     "prefix {len}: unexpected error {e:?}"
                 );
+                // Every way of cutting a file short says so.
+                assert!(e.to_string().contains("truncated"), "prefix {len}: {e}");
             }
         }
     }
@@ -210,13 +210,13 @@ fn corrupted_headers_give_the_right_typed_errors() {
         err(Raw::header(3u32.swap_bytes(), 0, 0).parse()),
         GgufError::BigEndian { version: 3 }
     ));
-    assert!(matches!(
-        err(Raw::header(3, u64::MAX, 0).parse()),
-        GgufError::TooLarge { offset: 8, .. }
-    ));
+    // Counts the rest of the file cannot hold: the message says the file is truncated.
+    let e = err(Raw::header(3, u64::MAX, 0).parse());
+    assert!(matches!(e, GgufError::Truncated { offset: 8, .. }), "{e}");
+    assert!(e.to_string().contains("truncated"), "{e}");
     assert!(matches!(
         err(Raw::header(3, 0, 1 << 40).parse()),
-        GgufError::TooLarge { offset: 16, .. }
+        GgufError::Truncated { offset: 16, .. }
     ));
     // A huge string length is refused before any allocation.
     let mut r = Raw::header(3, 0, 1);
@@ -433,4 +433,71 @@ fn open_reports_io_errors_and_empty_files() {
     let f = GgufFile::open(&good).expect("open");
     assert_eq!(f.path(), Some(good.as_path()));
     assert_eq!(f.tensors().len(), 3);
+}
+
+#[test]
+fn directories_and_fifos_are_refused_without_blocking() {
+    let dir = scratch("not-a-file");
+    type Open = fn(&std::path::Path) -> gguf::Result<GgufFile>;
+    let opens: [Open; 2] = [|p| GgufFile::open(p), |p| GgufFile::read(p)];
+    for open in opens {
+        let e = open(dir.as_path()).expect_err("a directory");
+        assert!(matches!(e, GgufError::Io { .. }), "{e:?}");
+        assert!(e.to_string().contains("is a directory"), "{e}");
+    }
+    // Opening a FIFO for reading would wait for a writer forever.
+    let fifo = dir.join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made {
+        eprintln!("skipped the FIFO case: mkfifo is not available");
+        return;
+    }
+    for open in opens {
+        let e = open(fifo.as_path()).expect_err("a FIFO");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+}
+
+#[test]
+fn read_copies_the_file_and_survives_its_truncation() {
+    let dir = scratch("read");
+    let path = dir.join("m.gguf");
+    let bytes = small_file();
+    std::fs::write(&path, &bytes).expect("write");
+    let f = GgufFile::read(&path).expect("read");
+    std::fs::write(&path, b"").expect("truncate");
+    assert_eq!(f.path(), Some(path.as_path()));
+    assert_eq!(f.as_bytes(), bytes.as_slice());
+    let t = f.tensor("b").expect("tensor");
+    // Tensor data keeps the file's alignment (the read buffer is 64-byte aligned).
+    assert_eq!(f.tensor_data(t).as_ptr() as usize % 32, 0);
+    assert_eq!(f.tensor_f32("a").expect("dequantize").len(), 8);
+}
+
+#[test]
+fn info_escapes_control_characters_from_the_file() {
+    let mut md = Metadata::new();
+    md.set("general.architecture", "llama");
+    md.set("evil\u{1b}]0;title\u{7}key", "value \u{1b}[31mred\r");
+    let data = [0u8; 4];
+    let bytes = gguf::write_to_vec(
+        &md,
+        &[TensorToWrite {
+            name: "t\u{1b}[2J",
+            dims: &[1],
+            ty: GgmlType::F32,
+            data: &data,
+        }],
+    )
+    .expect("write");
+    let f = GgufFile::from_bytes(bytes).expect("parse");
+    let mut out = Vec::new();
+    gguf::dump::write_info(&f, &mut out).expect("info");
+    let text = String::from_utf8(out).expect("utf-8");
+    assert!(!text.contains('\u{1b}') && !text.contains('\r') && !text.contains('\u{7}'));
+    assert!(text.contains("evil\\u{1b}]0;title\\u{7}key"), "{text}");
+    assert!(text.contains("t\\u{1b}[2J"), "{text}");
 }

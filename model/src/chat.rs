@@ -236,6 +236,29 @@ fn format_date(unix_secs: u64, fmt: &str) -> String {
     out
 }
 
+/// Instructions a chat template may execute per rendering (minijinja's fuel): real templates
+/// need a few hundred per message, a template that loops without end is stopped here.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+/// Largest rendered prompt, in bytes.
+pub const MAX_TEMPLATE_OUTPUT: usize = 64 << 20;
+
+/// A writer that refuses to grow past [`MAX_TEMPLATE_OUTPUT`].
+struct Bounded(Vec<u8>);
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_TEMPLATE_OUTPUT {
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn render_jinja(
     source: &str,
     messages: &[ChatMessage],
@@ -244,6 +267,7 @@ fn render_jinja(
     eos_token: &str,
 ) -> Result<String, ModelError> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -256,13 +280,28 @@ fn render_jinja(
         .iter()
         .map(|m| context! { role => m.role.clone(), content => m.content.clone() })
         .collect();
-    tmpl.render(context! {
-        messages => msgs,
-        add_generation_prompt => add_generation_prompt,
-        bos_token => bos_token,
-        eos_token => eos_token,
-    })
-    .map_err(|e| ModelError::ChatTemplate(format!("{e:#}")))
+    let mut out = Bounded(Vec::new());
+    let rendered = tmpl.render_captured_to(
+        context! {
+            messages => msgs,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        },
+        &mut out,
+    );
+    match rendered {
+        Ok(_) => String::from_utf8(out.0)
+            .map_err(|_| ModelError::ChatTemplate("rendered text is not UTF-8".into())),
+        Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(ModelError::ChatTemplate(format!(
+            "the template ran more than {TEMPLATE_FUEL} instructions (an endless loop?)"
+        ))),
+        Err(e) if e.kind() == ErrorKind::WriteFailure => Err(ModelError::ChatTemplate(format!(
+            "the rendered prompt exceeds {} MiB",
+            MAX_TEMPLATE_OUTPUT >> 20
+        ))),
+        Err(e) => Err(ModelError::ChatTemplate(format!("{e:#}"))),
+    }
 }
 
 #[cfg(test)]
@@ -362,6 +401,27 @@ mod tests {
             t.render(&convo(), true),
             Err(ModelError::ChatTemplate(_))
         ));
+    }
+
+    #[test]
+    fn endless_templates_run_out_of_fuel() {
+        let src =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::for_model(Some(src), "llama", "", "");
+        let err = t.render(&convo(), true).unwrap_err();
+        assert!(matches!(err, ModelError::ChatTemplate(_)), "{err:?}");
+        assert!(err.to_string().contains("instructions"), "{err}");
+    }
+
+    #[test]
+    fn template_output_is_bounded() {
+        // 1 KiB repeated 100 000 times: 100 MB of prompt from a few instructions per round.
+        let src = "{% for i in range(100000) %}{{ messages[0].content }}{% endfor %}";
+        let t = ChatTemplate::for_model(Some(src), "llama", "", "");
+        let err = t
+            .render(&[ChatMessage::new("user", "x".repeat(1024))], true)
+            .unwrap_err();
+        assert!(err.to_string().contains("exceeds 64 MiB"), "{err}");
     }
 
     #[test]

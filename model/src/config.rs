@@ -1,9 +1,29 @@
 //! Typed model configuration read from GGUF metadata keys (`{arch}.block_count`, ...), with an
-//! error naming the key when a required one is missing.
+//! error naming the key when a required one is missing or out of range.
+//!
+//! Every size is checked against the documented maximum below before anything is sized from it,
+//! and every numeric hyper-parameter against the range in which it means something (a negative
+//! epsilon or a NaN rope base would otherwise run and produce garbage).
 
 use gguf::Metadata;
 
 use crate::error::ModelError;
+
+/// Largest `block_count` accepted (the largest published models have about 130 layers).
+pub const MAX_LAYERS: usize = 1024;
+/// Largest `embedding_length` (published models reach 25600).
+pub const MAX_EMBD: usize = 1 << 16;
+/// Largest `feed_forward_length` (published dense models reach about 75000).
+pub const MAX_FF: usize = 1 << 20;
+/// Most query or key/value heads (published models have at most 128).
+pub const MAX_HEADS: usize = 1024;
+/// Largest per-head size (published models use at most 256; MLA latents 576).
+pub const MAX_HEAD_DIM: usize = 4096;
+/// Longest trained context, sliding window or original YaRN context (16 Mi positions; the
+/// longest published context is 10 M).
+pub const MAX_CONTEXT: usize = 1 << 24;
+/// Largest vocabulary (embedding rows); published vocabularies stay below 300 000.
+pub const MAX_VOCAB: usize = 1 << 22;
 
 /// The architectures this crate has execution plans for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,9 +185,21 @@ fn rope_scaling(
         });
     }
     let scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
-    let rope_attn = opt_f(md, &key(arch, "rope.scaling.attn_factor"))?.unwrap_or(1.0);
-    let n_ctx_orig =
-        opt_u(md, &key(arch, "rope.scaling.original_context_length"))?.unwrap_or(n_ctx_train);
+    if !scale.is_finite() {
+        return Err(ModelError::BadKey {
+            key: key(arch, "rope.scaling.factor"),
+            reason: format!("{factor} is too small to scale positions by"),
+        });
+    }
+    let attn_key = key(arch, "rope.scaling.attn_factor");
+    let rope_attn = opt_f(md, &attn_key)?.unwrap_or(1.0);
+    check_positive(&attn_key, rope_attn, "attention factor")?;
+    let n_ctx_orig = opt_size(
+        md,
+        &key(arch, "rope.scaling.original_context_length"),
+        MAX_CONTEXT,
+    )?
+    .unwrap_or(n_ctx_train);
     let mut yarn = Yarn {
         ext_factor: 0.0,
         attn_factor: rope_attn,
@@ -212,6 +244,43 @@ fn req_u(md: &Metadata, k: &str) -> Result<usize, ModelError> {
         })
 }
 
+/// A required size in `1..=max`.
+fn req_size(md: &Metadata, k: &str, max: usize) -> Result<usize, ModelError> {
+    let v = req_u(md, k)?;
+    check_size(k, v, max).map(|()| v)
+}
+
+fn check_size(k: &str, v: usize, max: usize) -> Result<(), ModelError> {
+    if v == 0 || v > max {
+        return Err(ModelError::BadKey {
+            key: k.to_owned(),
+            reason: format!("{v} is outside the supported range 1..={max}"),
+        });
+    }
+    Ok(())
+}
+
+/// An optional size in `1..=max`.
+fn opt_size(md: &Metadata, k: &str, max: usize) -> Result<Option<usize>, ModelError> {
+    let v = opt_u(md, k)?;
+    if let Some(v) = v {
+        check_size(k, v, max)?;
+    }
+    Ok(v)
+}
+
+/// A float that must be finite and strictly positive.
+fn check_positive(k: &str, v: f32, what: &str) -> Result<f32, ModelError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(ModelError::BadKey {
+            key: k.to_owned(),
+            reason: format!("{what} {v} must be a finite number above 0"),
+        })
+    }
+}
+
 fn opt_u(md: &Metadata, k: &str) -> Result<Option<usize>, ModelError> {
     if md.contains_key(k) {
         req_u(md, k).map(Some)
@@ -231,27 +300,72 @@ impl ModelConfig {
     /// Reads the configuration; `n_vocab` comes from the embedding tensor's row count since the
     /// vocabulary-size key is often absent.
     pub fn from_metadata(md: &Metadata, n_vocab: usize) -> Result<Self, ModelError> {
-        let arch_name = md
-            .get_str("general.architecture")
-            .map_err(|_| ModelError::MissingKey("general.architecture".into()))?;
+        const ARCH_KEY: &str = "general.architecture";
+        let arch_name = md.get_str(ARCH_KEY).map_err(|e| {
+            if md.contains_key(ARCH_KEY) {
+                ModelError::BadKey {
+                    key: ARCH_KEY.into(),
+                    reason: format!("{e} (it must name the architecture, e.g. `llama`)"),
+                }
+            } else {
+                ModelError::MissingKey(ARCH_KEY.into())
+            }
+        })?;
         let arch = Architecture::from_name(arch_name)?;
-        let n_embd = req_u(md, &key(arch, "embedding_length"))?;
-        let n_layer = req_u(md, &key(arch, "block_count"))?;
-        let n_ff = req_u(md, &key(arch, "feed_forward_length"))?;
-        let n_head = req_u(md, &key(arch, "attention.head_count"))?;
-        let n_head_kv = opt_u(md, &key(arch, "attention.head_count_kv"))?.unwrap_or(n_head);
-        let n_ctx_train = req_u(md, &key(arch, "context_length"))?;
+        if n_vocab == 0 || n_vocab > MAX_VOCAB {
+            return Err(ModelError::BadTensor {
+                name: "token_embd.weight".into(),
+                reason: format!(
+                    "{n_vocab} rows (vocabulary entries) is outside the supported range 1..={MAX_VOCAB}"
+                ),
+            });
+        }
+        let vs_key = key(arch, "vocab_size");
+        if let Some(n) = opt_u(md, &vs_key)? {
+            if n != n_vocab {
+                return Err(ModelError::BadKey {
+                    key: vs_key,
+                    reason: format!("{n} entries, but token_embd.weight has {n_vocab} rows"),
+                });
+            }
+        }
+        let n_embd = req_size(md, &key(arch, "embedding_length"), MAX_EMBD)?;
+        let n_layer = req_size(md, &key(arch, "block_count"), MAX_LAYERS)?;
+        let n_ff = req_size(md, &key(arch, "feed_forward_length"), MAX_FF)?;
+        let n_head = req_size(md, &key(arch, "attention.head_count"), MAX_HEADS)?;
+        let n_head_kv =
+            opt_size(md, &key(arch, "attention.head_count_kv"), MAX_HEADS)?.unwrap_or(n_head);
+        let n_ctx_train = req_size(md, &key(arch, "context_length"), MAX_CONTEXT)?;
         let eps_key = key(arch, "attention.layer_norm_rms_epsilon");
-        let rms_eps = opt_f(md, &eps_key)?.ok_or(ModelError::MissingKey(eps_key))?;
-        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+        let rms_eps =
+            opt_f(md, &eps_key)?.ok_or_else(|| ModelError::MissingKey(eps_key.clone()))?;
+        if !(rms_eps.is_finite() && rms_eps > 0.0 && rms_eps < 1.0) {
+            return Err(ModelError::BadKey {
+                key: eps_key,
+                reason: format!("epsilon {rms_eps} must be a finite number in (0, 1)"),
+            });
+        }
+        if n_head % n_head_kv != 0 {
             return Err(ModelError::BadKey {
                 key: key(arch, "attention.head_count_kv"),
                 reason: format!("{n_head} query heads cannot be grouped over {n_head_kv} kv heads"),
             });
         }
-        let head_dim =
-            opt_u(md, &key(arch, "attention.key_length"))?.unwrap_or(n_embd / n_head.max(1));
-        let head_dim_v = opt_u(md, &key(arch, "attention.value_length"))?.unwrap_or(head_dim);
+        let kl_key = key(arch, "attention.key_length");
+        let head_dim = match opt_size(md, &kl_key, MAX_HEAD_DIM)? {
+            Some(d) => d,
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => {
+                return Err(ModelError::BadKey {
+                    key: key(arch, "attention.head_count"),
+                    reason: format!(
+                        "{n_head} heads do not divide the embedding of {n_embd} and `{kl_key}` is absent"
+                    ),
+                })
+            }
+        };
+        let head_dim_v =
+            opt_size(md, &key(arch, "attention.value_length"), MAX_HEAD_DIM)?.unwrap_or(head_dim);
         let n_rot = opt_u(md, &key(arch, "rope.dimension_count"))?.unwrap_or(head_dim);
         if n_rot > head_dim || n_rot % 2 != 0 {
             return Err(ModelError::BadKey {
@@ -259,7 +373,9 @@ impl ModelConfig {
                 reason: format!("{n_rot} rotated dims do not fit a head of {head_dim}"),
             });
         }
-        let rope_base = opt_f(md, &key(arch, "rope.freq_base"))?.unwrap_or(10_000.0);
+        let base_key = key(arch, "rope.freq_base");
+        let rope_base = opt_f(md, &base_key)?.unwrap_or(10_000.0);
+        check_positive(&base_key, rope_base, "rope base")?;
         let (rope_freq_scale, yarn) = rope_scaling(md, arch, n_ctx_train)?;
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
         let mut embd_scale = 1.0;
@@ -275,18 +391,17 @@ impl ModelConfig {
             let gemma2 = arch == Architecture::Gemma2;
             let sw_key = key(arch, "attention.sliding_window");
             // Gemma 2 files may omit the window (llama.cpp's default 4096); Gemma 3 needs it.
-            let window = match opt_u(md, &sw_key)? {
+            let window = match opt_size(md, &sw_key, MAX_CONTEXT)? {
                 Some(w) => w,
                 None if gemma2 => 4096,
                 None => return Err(ModelError::MissingKey(sw_key)),
             };
             // Local layers: Gemma 3 uses base 10000 and no position scaling there, Gemma 2 the
             // global settings.
-            let swa_base = opt_f(md, &key(arch, "rope.freq_base_swa"))?.unwrap_or(if gemma2 {
-                rope_base
-            } else {
-                10_000.0
-            });
+            let swa_key = key(arch, "rope.freq_base_swa");
+            let swa_base =
+                opt_f(md, &swa_key)?.unwrap_or(if gemma2 { rope_base } else { 10_000.0 });
+            check_positive(&swa_key, swa_base, "rope base")?;
             let local = LayerAttention {
                 window: Some(window),
                 rope_base: swa_base,

@@ -42,7 +42,14 @@ pub fn nll(logits: &[f32], target: u32) -> f64 {
     -(l - max - sum.ln())
 }
 
+/// Smallest window: the scored second half must hold at least one prediction.
+pub const MIN_WINDOW: usize = 4;
+
 /// Computes perplexity; `progress(chunk, n_chunks, running_ppl)` is called after each window.
+///
+/// Memory stays bounded by one batch's logits (the session's batch size, at most one window)
+/// whatever the text length: each window runs in batches whose logits are scored where the
+/// executor left them, never copied or kept.
 pub fn perplexity(
     session: &mut Session,
     tokens: &[u32],
@@ -50,11 +57,23 @@ pub fn perplexity(
     mut progress: impl FnMut(usize, usize, f64),
 ) -> Result<PplResult, ModelError> {
     let n_ctx = opts.n_ctx;
-    if n_ctx < 4 || n_ctx > session.n_ctx() {
+    if n_ctx < MIN_WINDOW {
         return Err(ModelError::InvalidArgument(format!(
-            "perplexity window {n_ctx} must be in 4..={}",
+            "a perplexity window needs at least {MIN_WINDOW} tokens (half of it is context, half \
+             is scored), got {n_ctx}: pass a larger -c"
+        )));
+    }
+    if n_ctx > session.n_ctx() {
+        return Err(ModelError::InvalidArgument(format!(
+            "the perplexity window of {n_ctx} tokens exceeds the session's context of {}",
             session.n_ctx()
         )));
+    }
+    if opts.max_chunks == Some(0) {
+        return Err(ModelError::InvalidArgument(
+            "--chunks 0 evaluates nothing: give at least 1, or leave it out for the whole text"
+                .into(),
+        ));
     }
     let mut n_chunks = tokens.len() / n_ctx;
     if let Some(m) = opts.max_chunks {
@@ -62,7 +81,8 @@ pub fn perplexity(
     }
     if n_chunks == 0 {
         return Err(ModelError::InvalidArgument(format!(
-            "the text has {} tokens, fewer than one window of {n_ctx}",
+            "the text has {} tokens, fewer than one window of {n_ctx}: use a longer text or a \
+             smaller -c",
             tokens.len()
         )));
     }
@@ -70,18 +90,39 @@ pub fn perplexity(
     let first = n_ctx / 2;
     let mut total = 0.0f64;
     let mut scored = 0usize;
+    let mut window = Vec::with_capacity(n_ctx);
     for c in 0..n_chunks {
-        let mut window = tokens[c * n_ctx..(c + 1) * n_ctx].to_vec();
+        let text = &tokens[c * n_ctx..(c + 1) * n_ctx];
+        window.clear();
+        window.extend_from_slice(text);
         if let Some(bos) = opts.bos {
             window[0] = bos;
         }
         session.reset();
-        let logits = session.eval(&window, LogitsMode::All)?;
-        for j in first..n_ctx - 1 {
-            // Targets come from the original text, not the BOS-patched window.
-            let target = tokens[c * n_ctx + j + 1];
-            total += nll(&logits[j * n_vocab..(j + 1) * n_vocab], target);
-            scored += 1;
+        // One forward pass per batch of the window: only a batch's logits exist at a time, and
+        // batches before the scored half ask for none but their last.
+        let mut start = 0;
+        for part in window.chunks(session.n_batch()) {
+            let end = start + part.len();
+            if end <= first {
+                session.eval_with(part, LogitsMode::Last, |_| ())?;
+            } else {
+                let (sum, n) = session.eval_with(part, LogitsMode::All, |logits| {
+                    let mut sum = 0.0f64;
+                    let mut n = 0usize;
+                    for j in start.max(first)..end.min(n_ctx - 1) {
+                        // Targets come from the original text, not the BOS-patched window.
+                        let row = (j - start) * n_vocab;
+                        let row = logits.get(row..row + n_vocab).unwrap_or(&[]);
+                        sum += nll(row, text[j + 1]);
+                        n += 1;
+                    }
+                    (sum, n)
+                })?;
+                total += sum;
+                scored += n;
+            }
+            start = end;
         }
         progress(c, n_chunks, (total / scored as f64).exp());
     }

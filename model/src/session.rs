@@ -31,6 +31,21 @@ impl AsRef<[u8]> for FileBytes {
     }
 }
 
+/// How a model file is opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Map the file (the default: weights are read on demand and shared with the page cache).
+    /// A mapped file must not be truncated or rewritten while the model is in use (the process
+    /// would die of SIGBUS or compute with the new bytes); `false` reads it into memory instead.
+    pub mmap: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { mmap: true }
+    }
+}
+
 /// A model file opened for inference: configuration and tensor table; weights stay in the map.
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -44,13 +59,32 @@ impl Model {
     /// are read in (so the first tokens do not pay for page faults).
     pub fn load(
         path: impl AsRef<Path>,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Self, ModelError> {
+        Self::load_with(path, &LoadOptions::default(), progress)
+    }
+
+    /// [`Model::load`] with options (`mmap: false` reads the file into memory).
+    pub fn load_with(
+        path: impl AsRef<Path>,
+        opts: &LoadOptions,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Self, ModelError> {
         let path = path.as_ref();
-        let open =
-            || -> Result<Self, ModelError> { Self::from_file(Arc::new(GgufFile::open(path)?)) };
+        let open = || -> Result<Self, ModelError> {
+            let file = if opts.mmap {
+                GgufFile::open(path)?
+            } else {
+                GgufFile::read(path)?
+            };
+            Self::from_file(Arc::new(file))
+        };
         let model = open().map_err(|e| e.in_file(path))?;
         let total: u64 = model.file.tensors().iter().map(|t| t.size).sum();
+        if !opts.mmap {
+            progress(total, total);
+            return Ok(model);
+        }
         let mut done = 0u64;
         for t in model.file.tensors() {
             let data = model.file.tensor_data(t);
@@ -73,6 +107,7 @@ impl Model {
         let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let cfg = ModelConfig::from_metadata(file.metadata(), n_vocab)?;
         let weights = WeightTable::from_infos(file.tensors());
+        crate::arch::validate::validate_weights(&cfg, &weights)?;
         // One dry build of a decode graph (no memory touched) finds a missing or misshapen
         // tensor now, as llama.cpp's loader does, rather than at the first forward pass.
         let kv = KvCacheSpec {
@@ -103,6 +138,10 @@ impl Model {
         &self.weights
     }
 }
+
+/// Most CPU threads a session accepts: far above any core count this runs on, low enough that
+/// a typo cannot start thousands of threads.
+pub const MAX_THREADS: usize = 512;
 
 /// Settings of an inference session.
 #[derive(Clone, Debug, PartialEq)]
@@ -364,6 +403,12 @@ impl Session {
             logits: LogitsMode::Last,
         };
         let fg = build_forward(cfg, model.weights(), &kv, worst)?;
+        if opts.n_threads > MAX_THREADS {
+            return Err(ModelError::InvalidArgument(format!(
+                "{} CPU threads asked for, at most {MAX_THREADS} are supported (0 uses one per core)",
+                opts.n_threads
+            )));
+        }
         let backend = CpuBackend::new(opts.n_threads)?;
         let n_threads = backend.n_threads();
         let (engine, plan) = crate::engine::place(model, opts, &kv, fg.graph, backend, progress)?;
@@ -418,6 +463,11 @@ impl Session {
     /// Context length.
     pub fn n_ctx(&self) -> usize {
         self.kv.n_ctx
+    }
+
+    /// Largest number of tokens per forward pass.
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
     }
 
     /// Positions filled in the KV cache.

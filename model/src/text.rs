@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::chat::{strip_leading_bos, ChatTemplate};
 use crate::error::ModelError;
 use crate::generate::Vocab;
-use crate::session::Model;
+use crate::session::{LoadOptions, Model};
 use crate::tokenizer::Tokenizer;
 
 /// A loaded model, its vocabulary and its chat format.
@@ -24,14 +24,24 @@ impl TextModel {
         path: impl AsRef<Path>,
         progress: impl FnMut(u64, u64),
     ) -> Result<Self, ModelError> {
+        Self::load_with(path, &LoadOptions::default(), progress)
+    }
+
+    /// [`TextModel::load`] with options (see [`LoadOptions`]).
+    pub fn load_with(
+        path: impl AsRef<Path>,
+        opts: &LoadOptions,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Self, ModelError> {
         let path = path.as_ref();
-        Self::from_model(Model::load(path, progress)?).map_err(|e| e.in_file(path))
+        Self::from_model(Model::load_with(path, opts, progress)?).map_err(|e| e.in_file(path))
     }
 
     /// Adds the tokenizer and chat template read from the model's own file.
     pub fn from_model(model: Model) -> Result<Self, ModelError> {
         let tokenizer = Tokenizer::from_gguf(model.file())?;
         let md = model.file().metadata();
+        check_vocab(md, tokenizer.n_vocab(), model.config().n_vocab)?;
         let text_of = |id: Option<u32>| {
             id.and_then(|i| tokenizer.token_text(i))
                 .unwrap_or("")
@@ -107,6 +117,43 @@ impl TextModel {
     pub fn piece(&self, id: u32) -> Vec<u8> {
         self.tokenizer.token_to_piece_ext(id, 0, false)
     }
+}
+
+/// The vocabulary must cover the embedding table exactly (a token without text would print
+/// nothing, a text without an embedding row could not be run), and every special token id the
+/// metadata names must be inside it (llama.cpp falls back to a default id with a warning; a file
+/// that names a token it does not have is refused here instead).
+fn check_vocab(md: &gguf::Metadata, n_tokens: usize, n_rows: usize) -> Result<(), ModelError> {
+    if n_tokens != n_rows {
+        return Err(ModelError::BadTensor {
+            name: "token_embd.weight".into(),
+            reason: format!(
+                "{n_rows} embedding rows but the vocabulary (`tokenizer.ggml.tokens`) has \
+                 {n_tokens} entries; they must be equal"
+            ),
+        });
+    }
+    for (key, value) in md.iter() {
+        if !(key.starts_with("tokenizer.ggml.") && key.ends_with("_token_id")) {
+            continue;
+        }
+        match value.to_u64() {
+            Some(id) if id < n_tokens as u64 => {}
+            Some(id) => {
+                return Err(ModelError::BadKey {
+                    key: key.to_owned(),
+                    reason: format!("token id {id} is outside the vocabulary of {n_tokens}"),
+                })
+            }
+            None => {
+                return Err(ModelError::BadKey {
+                    key: key.to_owned(),
+                    reason: format!("expected a token id, found {}", value.type_description()),
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Vocab for TextModel {

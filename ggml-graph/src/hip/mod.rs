@@ -132,13 +132,14 @@ impl HipDevice {
     /// Opens GPU `ordinal` of the platform `hip-ffi` selects. Fails with the reason when there is
     /// no GPU or the kernels were not built (`cargo xtask kernels`).
     pub fn new(ordinal: i32) -> Result<Self> {
+        // The device first: without a GPU, "no GPU" is the news, not the missing kernels.
+        let dev = gpu_mem::Device::open(ordinal).map_err(|e| gpu_err("open", e))?;
         if !kernels::built() {
             return Err(gpu_err(
                 "open",
                 "kernels not built: run `cargo xtask kernels`",
             ));
         }
-        let dev = gpu_mem::Device::open(ordinal).map_err(|e| gpu_err("open", e))?;
         let api = dev.api();
         let arch = api.device_arch(ordinal).map_err(|e| gpu_err("open", e))?;
         let target = match arch.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()) {

@@ -10,6 +10,7 @@ pub mod gemma3;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod validate;
 
 use std::collections::HashMap;
 

@@ -277,6 +277,21 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
 }
 
 pub(super) fn perplexity(a: &PplArgs) -> Result<(), ModelError> {
+    // Argument mistakes are reported before minutes of loading, in the library's words.
+    let min = crate::perplexity::MIN_WINDOW;
+    if a.m.ctx.is_some_and(|c| c != 0 && c < min) {
+        return Err(ModelError::InvalidArgument(format!(
+            "-c {}: a perplexity window needs at least {min} tokens (half of it is context, \
+             half is scored)",
+            a.m.ctx.unwrap_or(0)
+        )));
+    }
+    if a.chunks == Some(0) {
+        return Err(ModelError::InvalidArgument(
+            "--chunks 0 evaluates nothing: give at least 1, or leave it out for the whole text"
+                .into(),
+        ));
+    }
     let text = std::fs::read_to_string(&a.file).map_err(|e| ModelError::Io {
         path: a.file.clone(),
         source: e,
@@ -284,8 +299,8 @@ pub(super) fn perplexity(a: &PplArgs) -> Result<(), ModelError> {
     let tm = a.m.load()?;
     // As llama-perplexity: BOS per the metadata, special-token text left as plain text.
     let tokens = tm.tokenizer().encode(&text, true, false);
-    let mut opts = a.m.session_options(&tm)?;
-    opts.n_batch = opts.n_batch.max(opts.n_ctx);
+    // Windows run in batches of -b tokens: memory holds one batch's logits at a time.
+    let opts = a.m.session_options(&tm)?;
     let mut session = a.m.session(&tm, &opts)?;
     let popts = PplOptions {
         n_ctx: session.n_ctx(),

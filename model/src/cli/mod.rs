@@ -51,9 +51,8 @@ enum Cmd {
     Tokenize {
         #[command(flatten)]
         m: ModelArgs,
-        /// The text.
-        #[arg(short, long)]
-        prompt: String,
+        #[command(flatten)]
+        prompt: PromptArgs,
         /// Do not add BOS/EOS even if the model asks for them.
         #[arg(long)]
         no_special: bool,
@@ -92,7 +91,7 @@ struct ModelArgs {
     /// Context length (0: the model's maximum; default 4096 or the model's maximum if smaller).
     #[arg(short = 'c', long = "ctx-size")]
     ctx: Option<usize>,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: all cores; more than the cores warns, more than 512 is refused).
     #[arg(short = 't', long, default_value_t = 0)]
     threads: usize,
     /// Prompt tokens per forward pass.
@@ -118,6 +117,11 @@ struct ModelArgs {
     /// later), which they use by default where the layers fit it.
     #[arg(long)]
     no_gpu_stack: bool,
+    /// Read the model into memory instead of mapping it: uses RAM for the whole file, but the
+    /// run no longer depends on the file staying unchanged (a mapped file that is truncated or
+    /// rewritten meanwhile kills the process with SIGBUS or changes its output).
+    #[arg(long)]
+    no_mmap: bool,
 }
 
 impl ModelArgs {
@@ -131,6 +135,7 @@ impl ModelArgs {
             Some(s) => Some(s.clone()),
             None => std::env::var("ROCMFORGE_GPU_MEM_LIMIT").ok(),
         };
+        run::check_threads(self.threads)?;
         Ok(SessionOptions {
             n_ctx: self.ctx.unwrap_or(4096.min(max)),
             kv_type: if self.kv_f32 {
@@ -194,7 +199,10 @@ impl ModelArgs {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         );
-        let tm = TextModel::load(&path, |done, total| {
+        let opts = crate::session::LoadOptions {
+            mmap: !self.no_mmap,
+        };
+        let tm = TextModel::load_with(&path, &opts, |done, total| {
             bar.set_length(total);
             bar.set_position(done);
         });
@@ -206,29 +214,29 @@ impl ModelArgs {
 /// Sampling flags.
 #[derive(Args, Debug, Clone)]
 struct SampleArgs {
-    /// Temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8)]
+    /// Temperature (0 or below: greedy).
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temp: f32,
     /// Top-k (0: off).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Top-p (1.0: off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
     /// Min-p (0: off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     min_p: f32,
     /// Repetition penalty (1.0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
     /// Tokens the penalties look back over.
     #[arg(long, default_value_t = 64)]
     repeat_last_n: usize,
     /// Frequency penalty.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     frequency_penalty: f32,
     /// Presence penalty.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     presence_penalty: f32,
     /// Random seed (same seed, same text).
     #[arg(long, default_value_t = 0x5eed)]
@@ -240,6 +248,19 @@ struct SampleArgs {
 
 impl SampleArgs {
     fn config(&self) -> Result<SamplerConfig, ModelError> {
+        let finite = [
+            ("--temp", self.temp),
+            ("--top-p", self.top_p),
+            ("--min-p", self.min_p),
+            ("--repeat-penalty", self.repeat_penalty),
+            ("--frequency-penalty", self.frequency_penalty),
+            ("--presence-penalty", self.presence_penalty),
+        ];
+        if let Some((flag, v)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(ModelError::InvalidArgument(format!(
+                "{flag} {v} is not a number: give a finite value"
+            )));
+        }
         if !(0.0..=1.0).contains(&self.top_p) || !(0.0..=1.0).contains(&self.min_p) {
             return Err(ModelError::InvalidArgument(
                 "--top-p and --min-p must be between 0 and 1".into(),
@@ -264,15 +285,26 @@ impl SampleArgs {
     }
 }
 
+/// Where the prompt comes from: `-p TEXT`, `-f FILE`, or `-f -` for standard input.
+#[derive(Args, Debug, Clone)]
+#[group(required = true, multiple = false)]
+struct PromptArgs {
+    /// The prompt text.
+    #[arg(short, long)]
+    prompt: Option<String>,
+    /// Read the prompt from this file (`-` reads standard input); at most 64 MiB.
+    #[arg(short = 'f', long = "file")]
+    file: Option<PathBuf>,
+}
+
 #[derive(Args, Debug)]
 struct GenArgs {
     #[command(flatten)]
     m: ModelArgs,
     #[command(flatten)]
     s: SampleArgs,
-    /// The prompt.
-    #[arg(short, long)]
-    prompt: String,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n_predict: usize,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::{ChatArgs, GenArgs, ModelArgs};
+use super::{ChatArgs, GenArgs, ModelArgs, PromptArgs};
 use crate::chat::ChatMessage;
 use crate::error::ModelError;
 use crate::generate::{generate as run_generation, GenerateOptions, Generation};
@@ -27,6 +27,66 @@ fn stdout_write(text: &str) {
     let _ = out.flush();
 }
 
+/// Largest prompt read from a file or standard input.
+pub(super) const MAX_PROMPT_BYTES: u64 = 64 << 20;
+
+/// The prompt text of `-p`, `-f FILE` or `-f -` (standard input), at most
+/// [`MAX_PROMPT_BYTES`] of UTF-8.
+pub(super) fn prompt_text(p: &PromptArgs) -> Result<String, ModelError> {
+    use std::io::Read as _;
+    if let Some(text) = &p.prompt {
+        return Ok(text.clone());
+    }
+    let path = p.file.clone().unwrap_or_else(|| PathBuf::from("-"));
+    let mut bytes = Vec::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(MAX_PROMPT_BYTES + 1)
+            .read_to_end(&mut bytes)
+    } else {
+        std::fs::File::open(&path)
+            .and_then(|f| f.take(MAX_PROMPT_BYTES + 1).read_to_end(&mut bytes))
+    };
+    read.map_err(|e| io_err(&path, e))?;
+    if bytes.len() as u64 > MAX_PROMPT_BYTES {
+        return Err(ModelError::InvalidArgument(format!(
+            "{}: the prompt is longer than {} MiB",
+            path.display(),
+            MAX_PROMPT_BYTES >> 20
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        io_err(
+            &path,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the prompt is not UTF-8 text (byte {})",
+                    e.utf8_error().valid_up_to()
+                ),
+            ),
+        )
+    })
+}
+
+/// Refuses `-t` above [`crate::session::MAX_THREADS`] and warns above the core count.
+pub(super) fn check_threads(threads: usize) -> Result<(), ModelError> {
+    let max = crate::session::MAX_THREADS;
+    if threads > max {
+        return Err(ModelError::InvalidArgument(format!(
+            "-t {threads}: at most {max} threads are supported (0 uses one per core)"
+        )));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads > cores {
+        tracing::warn!(
+            "-t {threads} is more than the {cores} cores here: the extra threads only compete"
+        );
+    }
+    Ok(())
+}
+
 pub(super) fn info(path: &Path) -> Result<(), ModelError> {
     let file = gguf::GgufFile::open(path).map_err(|e| ModelError::from(e).in_file(path))?;
     let mut out = std::io::stdout().lock();
@@ -35,12 +95,13 @@ pub(super) fn info(path: &Path) -> Result<(), ModelError> {
 
 pub(super) fn tokenize(
     m: &ModelArgs,
-    text: &str,
+    prompt: &PromptArgs,
     add_special: bool,
     ids_only: bool,
 ) -> Result<(), ModelError> {
+    let text = prompt_text(prompt)?;
     let tm = m.load()?;
-    let ids = tm.encode(text, add_special)?;
+    let ids = tm.encode(&text, add_special)?;
     if ids_only {
         let s: Vec<String> = ids.iter().map(u32::to_string).collect();
         println!("{}", s.join(" "));
@@ -68,16 +129,17 @@ fn print_stats(g: &Generation) {
 
 pub(super) fn generate(a: &GenArgs) -> Result<(), ModelError> {
     let cfg = a.s.config()?;
+    let text = prompt_text(&a.prompt)?;
     let tm = a.m.load()?;
     let mut session = a.m.session(&tm, &a.m.session_options(&tm)?)?;
-    let prompt = tm.encode(&a.prompt, true)?;
+    let prompt = tm.encode(&text, true)?;
     let mut sampler = Sampler::new(cfg);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         stop_strings: a.s.stop.clone(),
         ignore_eog: a.ignore_eos,
     };
-    stdout_write(&a.prompt);
+    stdout_write(&text);
     let g = run_generation(
         &mut session,
         &tm,
@@ -230,4 +292,94 @@ pub(super) fn synth(a: &SynthArgs) -> Result<(), ModelError> {
     crate::synth::write(&opts, a.vocab.as_deref(), &a.out)?;
     eprintln!("wrote {}", a.out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Cmd};
+    use super::*;
+
+    fn gen_args(args: &[&str]) -> GenArgs {
+        let argv = ["rocmforge", "generate"].iter().chain(args).copied();
+        match Cli::try_parse_from(argv).map(|c| c.cmd) {
+            Ok(Cmd::Generate(g)) => g,
+            Ok(other) => panic!("parsed as {other:?}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn negative_sampling_values_are_numbers_not_flags() {
+        let g = gen_args(&["-p", "x", "--temp", "-1", "--presence-penalty", "-0.5"]);
+        assert_eq!(g.s.temp, -1.0);
+        assert_eq!(g.s.presence_penalty, -0.5);
+        assert_eq!(g.s.config().expect("greedy").temperature, -1.0);
+    }
+
+    #[test]
+    fn non_finite_sampling_values_are_refused() {
+        for (flag, v) in [
+            ("--temp", "NaN"),
+            ("--repeat-penalty", "nan"),
+            ("--frequency-penalty", "inf"),
+            ("--presence-penalty", "NaN"),
+            ("--top-p", "NaN"),
+        ] {
+            let g = gen_args(&["-p", "x", flag, v]);
+            let e = g.s.config().expect_err("non-finite value");
+            assert!(matches!(e, ModelError::InvalidArgument(_)), "{e:?}");
+            assert!(e.to_string().contains(flag), "{flag} {v}: {e}");
+        }
+    }
+
+    #[test]
+    fn prompts_come_from_text_or_a_file() {
+        let path =
+            std::env::temp_dir().join(format!("rocmforge-prompt-{}.txt", std::process::id()));
+        std::fs::write(&path, "Once upon a time\n").expect("write prompt");
+        let g = gen_args(&["-f", path.to_str().expect("utf-8 path")]);
+        assert_eq!(prompt_text(&g.prompt).expect("file"), "Once upon a time\n");
+        let g = gen_args(&["-p", "inline"]);
+        assert_eq!(prompt_text(&g.prompt).expect("text"), "inline");
+        std::fs::write(&path, [0xff, 0xfe]).expect("write bytes");
+        let g = gen_args(&["-f", path.to_str().expect("utf-8 path")]);
+        let e = prompt_text(&g.prompt).expect_err("not UTF-8");
+        assert!(e.to_string().contains("not UTF-8"), "{e}");
+        let _ = std::fs::remove_file(&path);
+        // Exactly one of -p and -f.
+        assert!(Cli::try_parse_from(["rocmforge", "generate"]).is_err());
+        assert!(Cli::try_parse_from(["rocmforge", "generate", "-p", "a", "-f", "b"]).is_err());
+    }
+
+    #[test]
+    fn thread_counts_are_capped() {
+        assert!(check_threads(0).is_ok());
+        let e = check_threads(100_000).expect_err("too many");
+        assert!(e.to_string().contains("at most 512"), "{e}");
+    }
+
+    #[test]
+    fn perplexity_arguments_fail_before_loading() {
+        for (args, words) in [
+            (&["-c", "3"][..], "at least 4 tokens"),
+            (&["--chunks", "0"][..], "--chunks 0"),
+        ] {
+            let argv = [
+                "rocmforge",
+                "perplexity",
+                "-f",
+                "/nonexistent",
+                "-m",
+                "/nonexistent",
+            ];
+            let cli = Cli::try_parse_from(argv.iter().chain(args)).expect("parse");
+            let Cmd::Perplexity(a) = cli.cmd else {
+                panic!("not perplexity")
+            };
+            let e = super::super::bench::perplexity(&a).expect_err("bad arguments");
+            assert!(e.to_string().contains(words), "{args:?}: {e}");
+        }
+    }
 }

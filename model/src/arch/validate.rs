@@ -1,0 +1,105 @@
+//! Checks a file's tensors against the configuration before any graph runs: every tensor an
+//! architecture reads must exist with exactly the shape the configuration implies (a norm weight
+//! of a size that divides the expected one would otherwise broadcast and produce garbage), and
+//! vectors must be stored as f32.
+
+use ggml_graph::DType;
+
+use super::WeightTable;
+use crate::config::{Architecture, ModelConfig};
+use crate::error::ModelError;
+
+/// Whether a tensor must be present.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Need {
+    Required,
+    Optional,
+}
+
+/// Dims without trailing 1s past the first (GGUF writers differ in how many they store).
+fn trimmed(dims: &[usize]) -> &[usize] {
+    let mut n = dims.len();
+    while n > 1 && dims[n - 1] == 1 {
+        n -= 1;
+    }
+    &dims[..n]
+}
+
+fn check(
+    weights: &WeightTable,
+    name: &str,
+    expected: &[usize],
+    need: Need,
+) -> Result<(), ModelError> {
+    let Some((dtype, dims)) = weights.get(name) else {
+        return match need {
+            Need::Required => Err(ModelError::MissingTensor(name.to_owned())),
+            Need::Optional => Ok(()),
+        };
+    };
+    if trimmed(dims) != trimmed(expected) {
+        return Err(ModelError::BadTensor {
+            name: name.to_owned(),
+            reason: format!("expected {expected:?} for {name}, found {dims:?}"),
+        });
+    }
+    // Norm weights, biases and rope factors are element-wise operands: the backends read them
+    // as f32, as llama.cpp's quantizer always stores them.
+    if expected.len() == 1 && dtype != DType::F32 {
+        return Err(ModelError::BadTensor {
+            name: name.to_owned(),
+            reason: format!("expected type F32 for {name}, found {dtype}"),
+        });
+    }
+    Ok(())
+}
+
+/// Checks every tensor `cfg`'s architecture reads: presence, shape and, for vectors, type.
+pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), ModelError> {
+    use Need::{Optional, Required};
+    let (e, v) = (cfg.n_embd, cfg.n_vocab);
+    let q = cfg.n_head * cfg.head_dim;
+    let k = cfg.n_head_kv * cfg.head_dim;
+    let kv_v = cfg.n_head_kv * cfg.head_dim_v;
+    let o = cfg.n_head * cfg.head_dim_v;
+    check(weights, "token_embd.weight", &[e, v], Required)?;
+    check(weights, "output_norm.weight", &[e], Required)?;
+    check(weights, "output.weight", &[e, v], Optional)?;
+    check(weights, "rope_freqs.weight", &[cfg.n_rot / 2], Optional)?;
+    let qk_norm = matches!(cfg.arch, Architecture::Qwen3 | Architecture::Gemma3);
+    let post_norms = matches!(cfg.arch, Architecture::Gemma2 | Architecture::Gemma3);
+    let qkv_bias = if cfg.arch == Architecture::Qwen2 {
+        Required
+    } else {
+        Optional
+    };
+    for il in 0..cfg.n_layer {
+        let t = |s: &str| format!("blk.{il}.{s}");
+        check(weights, &t("attn_norm.weight"), &[e], Required)?;
+        check(weights, &t("attn_q.weight"), &[e, q], Required)?;
+        check(weights, &t("attn_k.weight"), &[e, k], Required)?;
+        check(weights, &t("attn_v.weight"), &[e, kv_v], Required)?;
+        check(weights, &t("attn_q.bias"), &[q], qkv_bias)?;
+        check(weights, &t("attn_k.bias"), &[k], qkv_bias)?;
+        check(weights, &t("attn_v.bias"), &[kv_v], qkv_bias)?;
+        check(weights, &t("attn_output.weight"), &[o, e], Required)?;
+        check(weights, &t("attn_output.bias"), &[e], Optional)?;
+        check(weights, &t("ffn_norm.weight"), &[e], Required)?;
+        check(weights, &t("ffn_gate.weight"), &[e, cfg.n_ff], Required)?;
+        check(weights, &t("ffn_up.weight"), &[e, cfg.n_ff], Required)?;
+        check(weights, &t("ffn_down.weight"), &[cfg.n_ff, e], Required)?;
+        for b in ["ffn_gate.bias", "ffn_up.bias"] {
+            check(weights, &t(b), &[cfg.n_ff], Optional)?;
+        }
+        check(weights, &t("ffn_down.bias"), &[e], Optional)?;
+        if qk_norm {
+            check(weights, &t("attn_q_norm.weight"), &[cfg.head_dim], Required)?;
+            check(weights, &t("attn_k_norm.weight"), &[cfg.head_dim], Required)?;
+        }
+        if post_norms {
+            check(weights, &t("post_attention_norm.weight"), &[e], Required)?;
+            check(weights, &t("post_ffw_norm.weight"), &[e], Required)?;
+        }
+    }
+    Ok(())
+}
