@@ -1,7 +1,6 @@
-//! `gpu-mem`: the safe GPU memory layer of rocmforge (devices, streams, events, RAII buffers,
-//! views, pools, budgets and estimates), built on `hip-ffi`.
+#![doc = include_str!("../README.md")]
 //!
-//! Design choices:
+//! ## Design choices
 //! - RAII for every handle; `Drop` never panics: failures are recorded on the [`Device`] and
 //!   reported by [`Device::check_errors`].
 //! - Owned buffers mirror `Vec` ([`DeviceBuffer`]), views mirror slices ([`DeviceView`],
