@@ -4,17 +4,12 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// FNV-1a over the HIP sources (names and bytes, sorted by name). `cargo xtask kernels` writes it
-/// into the manifest and `kernels/build.rs` compares, so stale code objects are never embedded.
+/// FNV-1a over the HIP sources (paths relative to `dir` and bytes, sorted by path; parts of a
+/// module in subfolders, such as `stack/*.h`, count too). `cargo xtask kernels` writes it into the
+/// manifest and `kernels/build.rs` compares, so stale code objects are never embedded.
 pub fn source_hash(dir: &Path) -> String {
-    let mut names: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.path())
-                .filter(|p| p.is_file())
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut names = Vec::new();
+    collect(dir, &mut names);
     names.sort();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -25,11 +20,28 @@ pub fn source_hash(dir: &Path) -> String {
     };
     for p in names {
         let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+            .strip_prefix(dir)
+            .unwrap_or(&p)
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("/");
         eat(name.as_bytes());
         eat(&fs::read(&p).unwrap_or_default());
     }
     format!("{h:016x}")
+}
+
+/// Every file under `dir`, subfolders included.
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+    for p in fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        if p.is_dir() {
+            collect(&p, out);
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
 }

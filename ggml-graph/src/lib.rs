@@ -1,7 +1,6 @@
-//! `ggml-graph`: a ggml-style graph IR with a memory planner and an executor over a fast CPU
-//! backend; the compute layer of rocmforge, above `gguf`.
+#![doc = include_str!("../README.md")]
 //!
-//! Design choices:
+//! ## Design choices
 //! - Tensors are metadata only ([`Tensor`]: type, `ne`/`nb` in ggml's convention, op, sources,
 //!   view parent); ops are a Rust enum with typed parameters ([`Op`]).
 //! - A [`Graph`] is built by calling op methods in execution order; each method checks shapes
@@ -21,28 +20,6 @@
 //!   quantized weights in integers (llama.cpp's approach); up to four activation columns share
 //!   each decoded weight block in prefill. SIMD (AVX2/FMA/F16C, AVX-512 VNNI) is chosen at run
 //!   time ([`quant::detected`]); the scalar path is the tested reference.
-//!
-//! ```
-//! use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
-//!
-//! # fn main() -> Result<(), ggml_graph::GraphError> {
-//! let mut g = Graph::new();
-//! let x = g.input("x", DType::F32, &[4, 2])?; // two columns of 4 values
-//! let w = g.weight("w", DType::F32, &[4, 3])?; // 3 weight rows of 4 values
-//! let y = g.mul_mat(w, x)?; // [3, 2]
-//! let y = g.rms_norm(y, 1e-6)?;
-//! g.mark_output(y)?;
-//!
-//! let mut exec = Executor::new(CpuBackend::new(1)?);
-//! let wv: Vec<f32> = (0..12).map(|i| i as f32).collect();
-//! exec.bind_weight("w", DType::F32, &[4, 3], WeightBytes::from_vec(bytemuck::cast_slice(&wv).to_vec()))?;
-//! let xv = [1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0];
-//! exec.run(&g, &[(x, bytemuck::cast_slice(&xv))])?;
-//! let out = exec.output_f32(y)?;
-//! assert_eq!(out.len(), 6);
-//! # Ok(())
-//! # }
-//! ```
 
 #![allow(
     clippy::needless_range_loop,

@@ -1,9 +1,8 @@
-//! `gguf`: a pure-Rust GGUF reader and writer with the full ggml tensor type table; the bottom
-//! layer of rocmforge, usable alone and free of any GPU dependency.
+#![doc = include_str!("../README.md")]
 //!
 //! Specification: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>.
 //!
-//! Design choices:
+//! ## Design choices
 //! - The type table ([`GgmlType`]) is the single source of block sizes for every other crate.
 //! - Files are memory-mapped; tensor bytes are borrowed from the mapping, never copied.
 //! - Every count, length and offset is checked against the file size before anything is

@@ -1,8 +1,6 @@
-//! `gpu-mem`: the safe GPU memory layer of rocmforge (devices, streams, events, RAII buffers,
-//! views, pools and budgets), built on `hip-ffi`. It knows bytes and devices, not models: what
-//! a model needs and where it runs is decided above it.
+#![doc = include_str!("../README.md")]
 //!
-//! Design choices:
+//! ## Design choices
 //! - RAII for every handle; `Drop` never panics: failures are recorded on the [`Device`] and
 //!   reported by [`Device::check_errors`].
 //! - Owned buffers mirror `Vec` ([`DeviceBuffer`]), views mirror slices ([`DeviceView`],

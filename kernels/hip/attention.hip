@@ -212,8 +212,7 @@ RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, const in
 // checks; other shapes take `attn_f16` / `attn_f32`).
 // ---------------------------------------------------------------------------------------------
 #define ATTN_DEC_MAX_KV 4096
-// 512 threads: up to 128 keys per step at head_dim 128 (H200 tg128, against 256: Gemma-3-270M
-// 1270 -> 1355 t/s, Llama-3-8B shape 432 -> 439).
+// 512 threads: up to 128 keys per step at head_dim 128 (faster than 256 at tg128).
 #define ATTN_DEC_THREADS 512
 #define ATTN_DEC_KU 4
 
@@ -489,31 +488,9 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
 // keys and values over the visible range) to be brought into L2, then rf_entry(). A prefetch
 // only moves data toward the cache that every write also goes through, so it is safe while the
 // kernel before is still writing this step's rows; `pos` may not be final yet either (it only
-// steers prefetches, clamped to the cache), the real reads come after the wait. Letting the next
-// kernel launch only once the scores are done (instead of at the entry), so that its weight
-// prefetches do not compete with this kernel's loads, measured on par (H100, 8B tg128; the same
-// for the decode RMS norm).
-// Also measured slower there and dropped (2026-11-25, H100, 8B Q4_K_M tg128, interleaved): this
-// kernel doing the work of the `rope_kv_*` launch before it (each block rotating its query row and
-// its KV head's key and value rows into the caches, __syncthreads(), then this body; it matched the
-// CPU over several steps): 385-396 t/s against 402-408 with the two launches, also with the q/k/v
-// mat-vec letting its successor launch only as its blocks exit (meant to keep the fused blocks,
-// 512 threads at 94 registers, from taking room from its second wave): 385-390. A build that
-// skipped the `rope_kv_*` launch entirely (wrong results, timing only) ran at 421, so that launch
-// costs ~1.7 us per layer in the chain, but folding its work into the 32 attention blocks costs
-// more than that.
-// Measured on par there and dropped (2026-11-25, H100, 8B Q4_K_M tg128, three interleaved rounds
-// of -r 3; the spread between rounds was about 1%): the same one-pass body spread over a thread
-// block cluster of 4 blocks per head (256 threads, each block a quarter of the keys, the (max,
-// sum) pairs and the partial outputs traded through distributed shared memory, so 128 of the 132
-// multiprocessors work instead of 32; it matched the CPU): 411.2-412.0 t/s against 409.0-413.4.
-// ncu had this kernel issue ~4400 instructions per active scheduler, but in the decode chain that
-// was not what it waited on. Also on par: the `rope_kv_*` launch before it asking L2 for up to 512
-// cache rows below the new token's slot before its own wait (so that they load during the q/k/v
-// mat-vec's tail): 407.6-411.8 against 407.0-411.1. And with the q/k/v mat-vec doing the rope and
-// cache writes (five rounds): 256 threads per block instead of 512 (so that a block needs fewer
-// of the mat-vec's registers freed before it can start) 408.1-419.5 against 411.8-415.6, on par;
-// 512 threads bound to 64 registers (spills) 380-391, slower.
+// steers prefetches, clamped to the cache), the real reads come after the wait. Variants
+// measured on par or slower and dropped (a later launch of the next kernel, the rope folded in,
+// a block cluster per head, other block sizes) are in kernels/PERF.md.
 template <typename KV>
 static __device__ __forceinline__ void attn_dec_entry(const KV* k, const KV* v, const int* pos,
                                                       const attn_params p) {

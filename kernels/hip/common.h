@@ -37,9 +37,7 @@
 // rf_entry(): wait until the grids before it have completed and their writes are visible (before
 // any load or store), then let the next kernel start launching. Both are no-ops elsewhere and
 // when a kernel is launched the plain way.
-// Letting the next kernel launch before the wait (launch_dependents first, in every kernel or in
-// all but the mat-vecs) measured slower: H100, 8B Q4_K_M tg128, four interleaved rounds of -r 3
-// (2026-11-25): 407.8-411.2 and 408.9-412.5 t/s against 409.4-418.4.
+// Letting the next kernel launch before the wait measured slower (kernels/PERF.md).
 static __device__ __forceinline__ void rf_entry() {
 #if defined(RF_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

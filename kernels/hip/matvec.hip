@@ -713,23 +713,14 @@ static __device__ __forceinline__ mv_pick mv_multi_pick(int per_block, const uin
 
 // Bytes at the start of each weight row that a mat-vec prefetches before it waits. Whole rows
 // measured slower on the 8B shapes (the prefetches of later steps queue ahead of the loads the
-// warps wait for). H100, 8B Q4_K_M tg128, interleaved rounds of -r 3 (2026-11-25, with the q/k/v
-// mat-vec doing the rope and cache writes): 512 bytes 413.1-415.9 t/s over six rounds against
-// 406.8-413.7 with 1024 (higher in each pair); 256 409.8-418.8 (three), 2304 (a whole 4096-value
-// Q4_K row) 391-397, none 408.0-408.7.
+// warps wait for); the sizes tried are in kernels/PERF.md.
 #ifndef MV_PREFETCH_BYTES
 #define MV_PREFETCH_BYTES 512
 #endif
 // Matrices of at least MV_PREFETCH_TALL_ROWS rows (output heads) prefetch up to
 // MV_PREFETCH_TALL_BYTES of each row instead (whole rows of 4096-wide heads): their blocks come
 // in many waves, and a block's rows requested at once keep more bytes in flight than the staged
-// loads alone; the cap keeps the resident blocks' prefetches well inside L2. H100, 8B Q4_K_M
-// output head (128256 Q6_K rows of 3360 bytes, ncu, decode stack on): 148.5 us with whole rows
-// against 161 with 512 bytes and 160.5 with none; two Q6_K rounds per step 154.5, the Q6_K
-// pipeline (two stages, MV_Q6K_PIPE) 152.5. On an H200 the head takes 139-140 us (64% of peak
-// DRAM throughput, against 97% of the copy bandwidth on the H100) and none of these knobs moves
-// it: two Q6_K rounds 149 us, the Q6_K pipeline at 9216 bytes per warp 144, at 13824 139.5 (ncu,
-// six launches each, 2026-11-25); tg128 535.8 / 535.8 as it is against 533.1-535.8 for those.
+// loads alone; the cap keeps the resident blocks' prefetches well inside L2 (kernels/PERF.md).
 // Where the decode stack runs, tall Q6_K heads of one vector go to head_q6_k (stack.hip), which
 // streams them as the stack does its products.
 #ifndef MV_PREFETCH_TALL_ROWS
@@ -810,33 +801,26 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
     }
 
 // Rows per warp (R) of each mat-vec; `kernels::WeightType::matvec_rows_per_block` is
-// MV_WARPS * R. Chosen with `cargo bench -p kernels --bench decode` on an H200: Q4_K/Q5_K read
-// directly, one row per warp and two blocks per lane in flight (Q4_K 8B FFN shapes: 63-68% of the
-// copy bandwidth, against 53% through the stage with two rows and 59-61% with one block in
-// flight); the 2-byte aligned types go through the stage with two rows.
+// MV_WARPS * R. Chosen with `cargo bench -p kernels --bench decode` (kernels/PERF.md): Q4_K/Q5_K
+// read directly, one row per warp and two blocks per lane in flight; the 2-byte aligned types go
+// through the stage with two rows.
 RF_MATVEC_FAST(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
 RF_MATVEC_FAST(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
 RF_MATVEC_FAST(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
-// Q4_1 / Q5_1 likewise (an all-Q4_1 8B tg128 293 -> 446 t/s same run, llama.cpp 379; its Q4_1
-// output head 82.7 us, 93% of copy bandwidth).
+// Q4_1 / Q5_1 likewise.
 RF_MATVEC_FAST(matvec_q4_1, , matvec_staged, mv_q4_1, 2)
 RF_MATVEC_FAST(matvec_q5_1, , matvec_staged, mv_q5_1, 2)
-// Q2_K / Q3_K went through one warp per row with scattered loads before (H200, decode bench: Q3_K
-// 8B ffn_down 34.5 us, 17% of copy bandwidth; staged 16.0 us, 37%; an all-Q3_K 8B tg128 188.8 ->
-// 383.5 t/s same run, llama.cpp 196.4).
+// Q2_K / Q3_K likewise (they went through one warp per row with scattered loads before: less
+// than half the speed).
 RF_MATVEC_FAST(matvec_q2_k, , matvec_staged, mv_q2_k, 2)
 RF_MATVEC_FAST(matvec_q3_k, , matvec_staged, mv_q3_k, 2)
-// Q6_K stage rounds per step (8 blocks of each row staged per round). One round: the 8B FFN down
-// (56 blocks per row: 7 full steps, against 3.5 with two) took 19.7 us against 27.0 (ncu, in the
-// model), 8B tg128 396-404 -> 416-423 t/s, the output head on par (147 us).
+// Q6_K stage rounds per step (8 blocks of each row staged per round): one measured fastest.
 #ifndef MV_Q6K_ROUNDS
 #define MV_Q6K_ROUNDS 1
 #endif
 RF_MATVEC_FAST(matvec_q6_k, , matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
 // Q4_K within 64 registers (8 blocks of 128 threads per SM): the 8B's 4096-row products (1024
-// blocks) then run in one wave instead of 1.1 (72 registers, 7 blocks per SM). In the model (ncu,
-// H200): FFN down 16.3 -> 14.1 us, o_proj 7.2 -> 6.3, q/k/v 9.05 -> 8.47; 8B tg128 430-432 ->
-// 445-447 t/s same run.
+// blocks) then run in one wave instead of 1.1 (72 registers, 7 blocks per SM).
 RF_MATVEC_FAST(matvec_q4_k, RF_LB(8), matvec_direct2, mv_q4_k, 1)
 RF_MATVEC_FAST(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_GATED(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
@@ -851,21 +835,18 @@ RF_MATVEC_GATED(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
 // Q4_K gated: two rows per warp and one block per lane in flight (four weight rows per activation
 // load) within 64 registers (8 blocks of 128 threads per SM);
 // `kernels::WeightType::matvec_gated_rows_per_block` is 8.
-// H200 decode bench, 8B gate+up 2 x 14336x4096: 20.0 us (77.9% of copy bandwidth) against
-// 22.8 us with one row (96 registers), 21.7 us with one row in 80 registers, 22.4 us in 64.
 RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 
 // Q4_K_M keeps some layers' v projection in Q6_K: q and k (Q4_K, `rb` bytes per row) and v
 // (Q6_K, `rb2`) in one launch. Blocks [0, b2) run the Q4_K multi kernel's body over w0 and w1,
 // the rest the plain Q6_K body over w2, shifted back as `mv_multi_pick` does.
-// Bound to 80 registers (6 blocks per SM; 4 bytes spill on sm_90): H200 8B tg128 446.2/446.6/440.4
-// -> 451.0/446.5/450.1 t/s interleaved; RF_LB(8) (64 registers, 172 bytes spill) sat in between.
+// Bound to 80 registers (6 blocks per SM; 4 bytes spill on sm_90): faster than unbounded or
+// RF_LB(8).
 #ifndef MV_MIX_ATTRS
 #define MV_MIX_ATTRS RF_LB(6)
 #endif
-// No weight prefetch before the wait: it measured neutral on the 8B shapes, and again with 512
-// bytes per row on an H100 (2026-11-25, five interleaved rounds: 408.8-412.5 t/s against
-// 411.1-413.9; the prefetch raised the kernel's stack under its register bound).
+// No weight prefetch before the wait: it measured neutral and raised the kernel's stack under
+// its register bound.
 RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_multi(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
                                                    const uint8_t* y, float* o0, float* o1, float* o2, int ncols,
                                                    long long rb, long long rb2, int n0, int n1, int n2) {
@@ -935,11 +916,8 @@ struct mv_rope_kv {
     }
 
 // The plain Q4_K mat-vec's register bound.
-// Measured slower and dropped: each Q4_K row of these kernels split over two warps of its block
-// (one 8-block step each, two rows per block, sums through shared memory), so that the 8B's
-// 6144 q/k/v rows fill the 1056 resident blocks in 2.9 one-step waves instead of 1.45 two-step
-// ones: H100, 8B Q4_K_M tg128, five interleaved rounds of -r 3 (2026-11-25): 403.6-407.6 t/s
-// against 411.5-418.2.
+// (A row split over two warps, to fill the resident blocks in more, shorter waves, measured
+// slower.)
 #define MV_ROPE_ATTRS RF_LB(8)
 
 RF_KERNEL void MV_ROPE_ATTRS matvec_q4_k_rope_kv(const uint8_t* w0, const uint8_t* w1, const uint8_t* w2,
@@ -981,66 +959,8 @@ RF_KERNEL void MV_MIX_ATTRS matvec_q4_k_q6_k_rope_kv(const uint8_t* w0, const ui
     }
 }
 
-// The pipeline (cp.async into a ring of shared-memory stages, the first steps requested before
-// the kernel waits for its predecessor), H200, tg128 of synthetic Llama-3-8B models, same run
-// against the register stage: all-Q4_0 427.3 -> 474.7 t/s, all-Q4_1 447.0 -> 476.1, all-Q8_0
-// 322.8 -> 326.1, and slower for the other types, which keep T::PIPE false: all-Q5_0 377 -> 368,
-// all-Q5_1 381.8 -> 368.6, all-Q3_K 383.7 -> 374.9, Q4_K_M with Q6_K on it 452.5 -> 449.8. Q4_K
-// on it (one or two blocks per lane per step, 2 to 8 stages) ran its 8B shapes at 41-52% of copy
-// bandwidth against 44-62% read directly (ncu: issue-bound, not memory-bound), as did a second
-// register buffer for the direct path (the next step's loads before this step's dot products).
-//
-// Candidates measured against these on an H200 (`cargo bench -p kernels --bench decode`) and
-// dropped: Q4_K with four blocks per lane in flight (8B FFN up 15.2 vs 12.3 us, gated 27.1 vs
-// 22.8 us; in the model, 2026-11-22: o_proj 7.3 vs 7.2, FFN down 15.5 vs 16.2, q/k/v 9.6 vs 9.0)
-// or two rows per warp (on par; in 64 registers FFN up 11.5 vs 12.3 us but FFN down
-// 14.2 vs 11.4 and 4096x4096 5.3 vs 4.7 us); a register bound of 12 blocks per SM for the plain
-// Q4_K (spills) and 5, 6 or 8 for Q6_K (spills: FFN down 22.7 to 33.7 vs 19.3 us); Q6_K with one row per warp (FFN down 27.3 vs 19.2 us) or four rounds
-// (24.1 us).
-// On an H100 (2026-11-24, 8B Q4_K_M tg128, interleaved runs of 5; run-to-run spread about 1%),
-// measured on par and dropped: a Q4_K gated kernel of 16-warp blocks (32 rows) that also writes
-// its output quantized, so the down projection needs no quantization launch (decode bench 27.1
-// us against 25.9 plain and 27.3 plain + quantize; tg128 403-407 against 405-409 t/s), and
-// matvec_q4_k_q6_k_multi with the Q6_K (v) blocks first in the grid (411.6 against 409.1 t/s,
-// mean of three).
-// Also measured slower there and dropped (2026-11-24, same runs interleaved): the short kernels
-// between two mat-vecs (norms, rope + cache writes, decode attention, quantization) launched
-// with extra blocks that only prefetch the first bytes of the next mat-vec's weights into L2
-// (prefetch.global.L2, 128- or 32-byte steps, evict_normal or evict_last, 32 to 264 blocks):
-// 8B tg128 409-415 t/s without, 374-382 with 8 MiB per launch, 388 with 4, 362-365 with 16,
-// 405-408 with 2. The mat-vecs' own early prefetch (mv_entry) already keeps the bus busy while
-// those kernels run; more requests only queue ahead of their critical loads.
-
-// A persistent decode chain, studied outside the tree (2026-11-25, H100, 32 layers of Llama-3-8B
-// shapes, all Q4_K: q/k/v, o, gate+up and down with the quantizations between them; products
-// matching these kernels' to 2e-6; copy bandwidth 3013 GB/s in the same runs):
-// - these kernels as 8 PDL launches per layer in one graph: 1832-1839 us per token, 71% of the
-//   copy bandwidth;
-// - one launch per token, one 512-thread block per SM and a grid barrier (an atomic counter)
-//   after each product; each warp streams its two rows of a 32-row group through a 5-stage
-//   cp.async ring that runs ahead across the barriers; the producers write the next product's
-//   Q8_1 input and the residual's sum of squares (so that an RMS norm needs no pass of its own):
-//   1704-1716 us, 76%. Without the barriers (timing only) 79%, without the dot products 81%,
-//   without either 90%;
-// - the same with one block-wide ring (a __syncthreads per step): 70%; each block quantizing its
-//   input itself after the barrier: 45%; 1024 threads of one row each 67%, 256 of four rows 74%;
-// - only the FFN front that way (norm, gate+up, act and its Q8_1 in one 132-block launch without
-//   a barrier, then the usual down kernel): 2137-2190 us, slower, since with no next phase to
-//   stream the last round of 32-row groups (448 over 132 blocks) and the norm are not hidden.
-// - the persistent chain with attention as one more phase (one block per head over an f16
-//   cache, the q/k/v phase roping and storing its rows): a two-pass body (scores, softmax, then
-//   the values) 2003-2008 us at position 128; one pass per warp (online softmax, the query, keys
-//   and values loaded together, the 16 warps' shares combined in shared memory) 1933; with the
-//   head's earlier keys and values asked into L2 before the barrier 1845 us at position 16, 1904
-//   at 128, 2104 at 512. About 4 us per layer stays at any length: the rope epilogue, two
-//   barriers and the L2 round trips of the attention and of the o product's input.
-// So the launch boundaries cost about 5 points of bandwidth in the mat-vecs alone; with the
-// attention phase the persistent layer projects to about 70% of the bandwidth limit on the 8B
-// shape at tg128's positions (Q4_K_M's 1.067x bytes, the output head at its measured 157 us):
-// at the target, not past it. It has to be one launch per token: one per layer (PDL, the ring's
-// first steps requested before the wait) took 2045 against 1925 us, about 4 us per launch
-// boundary, as much as any kernel boundary costs in the chain. Its barriers also need
-// co-resident blocks (a cooperative launch).
+// Which types take the cp.async pipeline (T::PIPE), and the candidates measured against these
+// kernels and dropped: kernels/PERF.md.
 
 // Float weights (F32/F16 rows) times float activations, same grid as the quantized kernels.
 template <typename W>

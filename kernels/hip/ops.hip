@@ -87,21 +87,8 @@ RF_KERNEL void rms_norm_q8_f32(const float* __restrict__ x, const float* __restr
     }
 }
 
-// Measured on par and dropped (2026-11-25, H100, 8B Q4_K_M tg128, five interleaved rounds of
-// -r 3): both decode norms prefetching their weight lines into L2 before the wait, so that the
-// weight loads after it would not go to DRAM: 410.8-414.7 t/s against 411.1-415.4.
-// What the decode norms cost in the chain, measured by leaving launches out (2026-11-25, H100,
-// same model, three interleaved rounds, wrong tokens but the same mat-vec work): all launches
-// 407-417 t/s; no norm launches 435-437; no norms nor quantizations 445; no decode attention
-// 438-445; none of the three 484-488 (74% of the bandwidth limit: the mat-vecs alone).
-// Also measured and dropped there: the residual mat-vecs quantizing the norm after them, with
-// the 1 / rms left to the mat-vecs reading it (a trailer after each Q8_1 vector: the blocks'
-// sums of squares), 32 rows per Q8_1 block gathered over a thread block cluster (8 Q4_K or 4 Q6_K
-// blocks) through distributed shared memory. The cluster launches were slow: 8B FFN down 22.2
-// against 15.5 us (Q4_K) and 32.8 against 22.9 (Q6_K) in ncu, tg128 366-372 against 401-408.
-// And the FFN norm run by the Q4_K gated mat-vec after it (1024-thread blocks, each normalizing
-// and quantizing the row into shared memory before its rows): 390.6-394.2 t/s against
-// 410.1-415.0, four interleaved rounds (the products matched the CPU, NMSE 1e-4 to 1e-3).
+// Decode norm variants measured and dropped (weight prefetch before the wait, the norm folded
+// into the mat-vecs around it), and what the norms cost in the chain: kernels/PERF.md.
 // rms_norm_q8_f32 for long rows, spread over several blocks: grid (slices, rows), block x of row
 // y normalizes and quantizes values [4 * blockDim * x, 4 * blockDim * (x + 1)), four per thread,
 // after summing the squares of the whole row itself (read again from L2: the row is small), so a

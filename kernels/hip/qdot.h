@@ -229,7 +229,7 @@ static __device__ __forceinline__ float k4_finish(const int4& hdr, int u, int sl
 
 struct mv_q4_k {
     static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, LPB = 8;
-    static constexpr bool PIPE = false;  // see the end of matvec.hip
+    static constexpr bool PIPE = false;  // see kernels/PERF.md (mat-vec)
     using Act = act_k4;
     static __device__ __forceinline__ void load_act(q8_vec y, int b, int c, Act& a) {
         load_act_k4<RF_K4_HI16>(y, b, c, a);

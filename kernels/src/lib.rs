@@ -1,7 +1,6 @@
-//! `kernels`: rocmforge's HIP C++ kernels, one source for AMD and NVIDIA, embedded as code objects
-//! when `cargo xtask kernels` has built them.
+#![doc = include_str!("../README.md")]
 //!
-//! Design choices:
+//! ## Design choices
 //! - Sources live in `kernels/hip/*.hip`; each file is one module (one code object per target).
 //!   Every kernel is `extern "C"`, so its symbol is the name [`KernelId::name`] returns.
 //! - AMD code objects are offload bundles holding one image per `gfx` target (the HIP runtime picks
@@ -228,8 +227,8 @@ pub fn q8_1_vector_bytes(ncols: usize) -> usize {
     (ncols / QK8_1 * Q8_1_BYTES).div_ceil(16) * 16
 }
 /// Bytes of a decode-stack Q8 vector with one half2 (d, d * sum) per 16 values (its FFN
-/// activation: `q8_16_vec_bytes` in `hip/stack.hip`): `ncols` int8 values, then `ncols / 16`
-/// scales, rounded up to 16 bytes.
+/// activation: `q8_16_vec_bytes` in `hip/stack/activations.h`): `ncols` int8 values, then
+/// `ncols / 16` scales, rounded up to 16 bytes.
 pub fn q8_16_vector_bytes(ncols: usize) -> usize {
     (ncols + ncols / 16 * 4).div_ceil(16) * 16
 }
@@ -286,7 +285,7 @@ pub struct AttnParams {
     pub phase: i32,
 }
 
-/// Threads per block of `decode_stack` (`DS_THREADS` in `hip/stack.hip`); one block per
+/// Threads per block of `decode_stack` (`DS_THREADS` in `hip/stack/params.h`); one block per
 /// multiprocessor.
 pub const STACK_THREADS: u32 = 512;
 /// Most layers one `decode_stack` launch runs (`DS_MAX_LAYERS`): its parameter block carries
@@ -342,7 +341,7 @@ pub const HEAD_RING_MIN_ROWS: usize = 65536;
 
 /// Work items of the busiest block (block 0) of a `decode_stack` launch over `blocks` blocks:
 /// per layer, its share of the 32-row groups of the q/k/v, output, gate/up and down products
-/// (`ds_build` in `hip/stack.hip`; where the q/k/v or gate/up last round goes out as half
+/// (`ds_build` in `hip/stack/items.h`; where the q/k/v or gate/up last round goes out as half
 /// groups, block 0 takes the whole rounds and one half, the same count). The launch needs it
 /// within [`STACK_MAX_ITEMS`].
 pub fn stack_items(
@@ -377,7 +376,7 @@ pub fn stack_prefetch_items(l2_bytes: usize, blocks: usize, n_head: usize, n_emb
     fit.min(2) as i32
 }
 
-/// One layer of [`StackParams`] (`ds_layer` in `hip/stack.hip`): weight rows as in the GGUF
+/// One layer of [`StackParams`] (`ds_layer` in `hip/stack/params.h`): weight rows as in the GGUF
 /// file, the f32 norm weights, the f16 caches. Addresses are device pointers.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
@@ -407,7 +406,7 @@ pub struct StackLayer {
 }
 
 /// `decode_stack`'s parameter block, passed by value (layout mirrors `ds_params` in
-/// `hip/stack.hip`; no implicit padding).
+/// `hip/stack/params.h`; no implicit padding).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct StackParams {

@@ -361,7 +361,7 @@ fn skip_blank(s: &str) -> &str {
     s.trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
 }
 
-/// The text of the kernel source `file` (in `hip/`).
+/// The text of the kernel source `file` (a path under `hip/`).
 fn hip_source(file: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("hip")
@@ -383,7 +383,7 @@ fn source_define(file: &str, name: &str) -> usize {
 
 #[test]
 fn decode_stack_mirrors_the_source() {
-    let f = "stack.hip";
+    let f = "stack/params.h";
     assert_eq!(source_define(f, "DS_THREADS"), STACK_THREADS as usize);
     assert_eq!(source_define(f, "DS_MAX_LAYERS"), STACK_MAX_LAYERS);
     assert_eq!(source_define(f, "DS_HEAD"), STACK_HEAD_DIM);

@@ -1,7 +1,6 @@
-//! `model`: model execution plans, tokenizer, sampling and KV cache, plus the `rocmforge` CLI; the
-//! top layer of rocmforge.
+#![doc = include_str!("../README.md")]
 //!
-//! Design choices:
+//! ## Design choices
 //! - One module per architecture under [`arch`]; each builds a `ggml-graph` graph from a typed
 //!   [`config::ModelConfig`] and never touches tensor memory. The [`session::Session`] binds the
 //!   mapped file's tensors to the executor once (zero-copy) and keeps the KV cache as persistent

@@ -1,0 +1,43 @@
+// The decode stack's launch parameters and sizes: what the host fills in (`kernels::StackParams`
+// mirrors `ds_params` field for field) and the compile-time shape of a block's shared memory.
+// Included by stack.hip after qdot.h; not a unit of its own.
+#pragma once
+
+#define DS_THREADS 512
+#define DS_WARPS (DS_THREADS / 32)
+#define DS_MAX_LAYERS 32
+#define DS_STAGES 5
+// Bytes per warp per ring slot: two Q4_K rows of 8 blocks, four of 4 (gate and up), or two Q6_K
+// rows of 4 blocks copied from their 16-byte aligned start (DS_Q6_ROW bytes each).
+#define DS_SLOT 2304
+#define DS_TILE (DS_WARPS * DS_SLOT)
+#define DS_Q6_ROW 864
+#define DS_HEAD 128
+#define DS_PHASES 5
+// Most work items (32-row groups) one block takes in a launch: its list sits in shared memory.
+#define DS_MAX_ITEMS 512
+
+// One layer's weights (GGUF rows in place) and caches.
+struct ds_layer {
+    const uint8_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    const float *attn_norm, *ffn_norm;
+    __half *kc, *vc;
+};
+
+// Passed by value (under the 4 KB parameter limit); `kernels::StackParams` mirrors it.
+struct ds_params {
+    ds_layer layer[DS_MAX_LAYERS];
+    const float* freq_factors;  // rope frequency factors, or null
+    const int* pos;             // the step's position (one token)
+    const float* x_in;          // the residual before the first layer
+    float* x_out;               // ... after the last one (also the running residual)
+    float* q;                   // roped queries, n_head * 128
+    uint8_t *xq, *aq, *hq;      // Q8_1: x * norm weight, attention output; Q8_16: FFN activation
+    float* ss;                  // 2 * n_layer sums of squares of x (before attention, before FFN)
+    unsigned* bar;              // grid barrier counter, 0 between launches
+    long long kv_stride;        // cache elements between positions
+    unsigned v_q6, d_q6;        // bit l: layer l's v (down) projection is Q6_K, else Q4_K
+    int n_layer, n_embd, n_ff, n_head, n_head_kv, n_kv, n_dims;
+    float eps, attn_scale, base, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
+    int prefetch_items;  // gate/up items a headless block asks into L2 during attention
+};
