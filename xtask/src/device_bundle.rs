@@ -92,7 +92,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "--release",
         "--message-format=json",
         "-p",
-        "model",
+        "server",
         "--bin",
         "rocmforge",
     ]);

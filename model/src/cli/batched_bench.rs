@@ -13,7 +13,7 @@ use crate::sampling::Rng;
 
 /// `batched-bench` arguments (`-npp`, `-ntg`, `-npl` are accepted as in llama.cpp).
 #[derive(Args, Debug)]
-pub(super) struct BatchedBenchArgs {
+pub struct BatchedBenchArgs {
     #[command(flatten)]
     m: ModelArgs,
     /// Prompt lengths (comma-separated).

@@ -14,7 +14,7 @@ use crate::session::Session;
 
 /// `bench` arguments.
 #[derive(Args, Debug)]
-pub(super) struct BenchArgs {
+pub struct BenchArgs {
     #[command(flatten)]
     m: ModelArgs,
     /// Prompt lengths to test (comma-separated; 0 skips).
@@ -45,7 +45,7 @@ pub(super) struct BenchArgs {
 
 /// `perplexity` arguments.
 #[derive(Args, Debug)]
-pub(super) struct PplArgs {
+pub struct PplArgs {
     #[command(flatten)]
     m: ModelArgs,
     /// The text file.

@@ -1,5 +1,5 @@
 //! The `rocmforge` command-line front end: argument parsing and one module per group of
-//! subcommands.
+//! subcommands. The binary itself lives in the `server` crate, which adds `serve` to these.
 
 mod batched_bench;
 mod bench;
@@ -7,9 +7,8 @@ mod cache;
 mod run;
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use cache::{cache_dir, DEFAULT_MODEL_FILE};
@@ -26,19 +25,9 @@ pub fn default_model() -> PathBuf {
     cache_dir().join(DEFAULT_MODEL_FILE)
 }
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "rocmforge",
-    version,
-    about = "Run GGUF language models (llama, mistral, qwen2/3, gemma2/3)"
-)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
+/// The model commands; the binary flattens them into its own command list.
 #[derive(Subcommand, Debug)]
-enum Cmd {
+pub enum Cmd {
     /// List the GPUs the HIP providers find (AMD, or NVIDIA through HIP's CUDA platform).
     Devices,
     /// Print a GGUF file's header, metadata and tensor table.
@@ -82,9 +71,9 @@ enum Cmd {
     Synth(run::SynthArgs),
 }
 
-/// Model and session settings shared by the commands that run a model.
+/// Model and session settings shared by the commands that run a model (`serve` too).
 #[derive(Args, Debug, Clone)]
-struct ModelArgs {
+pub struct ModelArgs {
     /// The GGUF model (default: the model `cargo xtask fetch-model` downloads).
     #[arg(short, long)]
     model: Option<PathBuf>,
@@ -125,11 +114,14 @@ struct ModelArgs {
 }
 
 impl ModelArgs {
-    fn path(&self) -> PathBuf {
+    /// The model file: `-m`, else the default model.
+    pub fn path(&self) -> PathBuf {
         self.model.clone().unwrap_or_else(default_model)
     }
 
-    fn session_options(&self, tm: &TextModel) -> Result<SessionOptions, ModelError> {
+    /// The session settings the flags ask for (`--ctx-size` defaults to 4096 or the model's
+    /// maximum if smaller).
+    pub fn session_options(&self, tm: &TextModel) -> Result<SessionOptions, ModelError> {
         let max = tm.model().config().n_ctx_train;
         let limit = match &self.gpu_mem_limit {
             Some(s) => Some(s.clone()),
@@ -175,7 +167,7 @@ impl ModelArgs {
     }
 
     /// Loads the model with a progress bar on stderr.
-    fn load(&self) -> Result<TextModel, ModelError> {
+    pub fn load(&self) -> Result<TextModel, ModelError> {
         let path = self.path();
         if !path.exists() {
             return Err(ModelError::Io {
@@ -298,7 +290,7 @@ struct PromptArgs {
 }
 
 #[derive(Args, Debug)]
-struct GenArgs {
+pub struct GenArgs {
     #[command(flatten)]
     m: ModelArgs,
     #[command(flatten)]
@@ -317,7 +309,7 @@ struct GenArgs {
 }
 
 #[derive(Args, Debug)]
-struct ChatArgs {
+pub struct ChatArgs {
     #[command(flatten)]
     m: ModelArgs,
     #[command(flatten)]
@@ -330,11 +322,11 @@ struct ChatArgs {
     n_predict: usize,
 }
 
-/// Runs the CLI with the process arguments.
-pub fn main() -> ExitCode {
+/// The process arguments, with llama.cpp's spellings made clap's.
+pub fn args() -> impl Iterator<Item = std::ffi::OsString> {
     // llama.cpp spells the layer count `-ngl` (and batched-bench's lists `-npp`, `-ntg`,
     // `-npl`), which are not one-letter flags for clap.
-    let cli = Cli::parse_from(std::env::args_os().map(|a| {
+    std::env::args_os().map(|a| {
         if a == "-ngl" {
             "--n-gpu-layers".into()
         } else if a == "-npp" || a == "-ntg" || a == "-npl" {
@@ -342,7 +334,11 @@ pub fn main() -> ExitCode {
         } else {
             a
         }
-    }));
+    })
+}
+
+/// Logs to stderr, filtered by `ROCMFORGE_LOG` (default: warnings).
+pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ROCMFORGE_LOG")
@@ -350,7 +346,11 @@ pub fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .try_init();
-    let result = match cli.cmd {
+}
+
+/// Runs one model command.
+pub fn run(cmd: Cmd) -> Result<(), ModelError> {
+    match cmd {
         Cmd::Devices => {
             gpu_mem::print_summary();
             Ok(())
@@ -369,12 +369,5 @@ pub fn main() -> ExitCode {
         Cmd::Perplexity(a) => bench::perplexity(&a),
         Cmd::Demo { m, n_predict } => run::demo(&m, n_predict),
         Cmd::Synth(a) => run::synth(&a),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rocmforge: error: {e}");
-            ExitCode::FAILURE
-        }
     }
 }

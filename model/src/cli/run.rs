@@ -266,7 +266,7 @@ pub(super) fn demo(m: &ModelArgs, n_predict: usize) -> Result<(), ModelError> {
 
 /// `synth` arguments.
 #[derive(Args, Debug)]
-pub(super) struct SynthArgs {
+pub struct SynthArgs {
     /// Architecture: llama, mistral, qwen2, qwen3 or gemma3.
     #[arg(long)]
     arch: String,

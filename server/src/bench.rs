@@ -1,0 +1,279 @@
+//! The load generator behind `rocmforge bench-serve`: streamed completions at fixed
+//! concurrencies against any OpenAI-compatible server (ours or llama.cpp's `llama-server`),
+//! reporting requests/s, output tokens/s, time to first token and inter-token latency
+//! percentiles, as vLLM's `bench serve` does.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use model::sampling::Rng;
+use serde_json::{json, Value};
+
+use crate::client::Client;
+use crate::error::ServerError;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Concurrency levels, each one run after the other.
+    pub concurrency: Vec<usize>,
+    /// Requests per level (at least the level's concurrency).
+    pub requests: usize,
+    /// Prompt tokens per request (the mean with `mixed`).
+    pub prompt_tokens: usize,
+    /// Output tokens per request (the mean with `mixed`); end-of-generation is ignored.
+    pub output_tokens: usize,
+    /// Lengths drawn uniformly from half to 1.5 times the means instead of fixed ones.
+    pub mixed: bool,
+    /// Seed of the mixed lengths and prompt choice.
+    pub seed: u64,
+    /// The model id sent with each request (`None`: the server's first model).
+    pub model: Option<String>,
+}
+
+/// One level's figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LevelReport {
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// Requests that finished.
+    pub completed: usize,
+    /// Requests that failed.
+    pub failed: usize,
+    /// Wall time of the level.
+    pub duration: Duration,
+    /// Tokens generated in all.
+    pub output_tokens: usize,
+    /// Requests per second.
+    pub request_rate: f64,
+    /// Output tokens per second.
+    pub output_rate: f64,
+    /// Time to first token, p50 and p99 (ms).
+    pub ttft_ms: (f64, f64),
+    /// Inter-token latency, p50 and p99 (ms).
+    pub itl_ms: (f64, f64),
+}
+
+/// The `q`-quantile (0..=1) of sorted values, nearest rank.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// One request's measurements.
+#[derive(Debug, Default)]
+struct Sample {
+    ok: bool,
+    ttft: Option<Duration>,
+    itl: Vec<Duration>,
+    tokens: usize,
+}
+
+/// Asks the server for its model id and a pool of prompt token ids (a fixed text, tokenized by
+/// the server itself so any model's vocabulary works).
+async fn prepare(client: &Client, opts: &BenchOptions) -> Result<(String, Vec<u32>), ServerError> {
+    let model = match &opts.model {
+        Some(m) => m.clone(),
+        None => {
+            let r = client.get("/v1/models").await?.json()?;
+            r["data"][0]["id"]
+                .as_str()
+                .ok_or_else(|| ServerError::Http(format!("/v1/models lists no model: {r}")))?
+                .to_owned()
+        }
+    };
+    const TEXT: &str = "The history of computing is a story of people, ideas and machines. \
+        Early mechanical calculators gave way to electronic computers, which filled rooms and \
+        consumed enormous power, yet could only perform simple arithmetic. Over decades, \
+        transistors, integrated circuits and microprocessors shrank those machines to fit in a \
+        pocket, while software grew from hand-written machine code to vast systems. ";
+    let want = opts.prompt_tokens * 3 / 2 + 1;
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    while ids.len() < want {
+        text.push_str(TEXT);
+        let r = client
+            .post("/tokenize", &json!({"content": text, "add_special": false}))
+            .await?
+            .json()?;
+        ids = r["tokens"]
+            .as_array()
+            .ok_or_else(|| ServerError::Http(format!("/tokenize gave no tokens: {r}")))?
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|t| t as u32)
+            .collect();
+        if ids.is_empty() {
+            return Err(ServerError::Http("/tokenize gave no tokens".into()));
+        }
+    }
+    Ok((model, ids))
+}
+
+async fn one_request(client: &Client, body: Value) -> Sample {
+    let start = Instant::now();
+    let mut s = Sample::default();
+    let mut last: Option<Instant> = None;
+    let r = client
+        .stream("/v1/completions", &body, |data| {
+            if data == "[DONE]" {
+                return false;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                return true;
+            };
+            let text = v["choices"][0]["text"].as_str().unwrap_or("");
+            if !text.is_empty() {
+                let now = Instant::now();
+                match last {
+                    None => s.ttft = Some(now - start),
+                    Some(l) => s.itl.push(now - l),
+                }
+                last = Some(now);
+                s.tokens += 1;
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                s.tokens = n as usize;
+            }
+            true
+        })
+        .await;
+    s.ok = r.is_ok() && s.ttft.is_some();
+    s
+}
+
+/// Runs every level and returns the reports.
+pub async fn run(client: &Client, opts: &BenchOptions) -> Result<Vec<LevelReport>, ServerError> {
+    if opts.prompt_tokens == 0 || opts.output_tokens == 0 {
+        return Err(ServerError::InvalidArgument(
+            "prompt and output lengths must be at least 1".into(),
+        ));
+    }
+    let (model, pool) = prepare(client, opts).await?;
+    let pool = Arc::new(pool);
+    let mut reports = Vec::new();
+    for &conc in &opts.concurrency {
+        let conc = conc.max(1);
+        let n = opts.requests.max(conc);
+        let mut rng = Rng::new(opts.seed ^ conc as u64);
+        let mut bodies = Vec::with_capacity(n);
+        for _ in 0..n {
+            let draw = |rng: &mut Rng, mean: usize| {
+                if opts.mixed {
+                    let lo = (mean / 2).max(1);
+                    lo + (rng.next_u64() % (mean as u64 + 1)) as usize
+                } else {
+                    mean
+                }
+            };
+            let p = draw(&mut rng, opts.prompt_tokens).min(pool.len());
+            let o = draw(&mut rng, opts.output_tokens);
+            let off = (rng.next_u64() % (pool.len() - p + 1) as u64) as usize;
+            bodies.push(json!({
+                "model": model,
+                "prompt": pool[off..off + p].to_vec(),
+                "max_tokens": o,
+                "temperature": 0.0,
+                "ignore_eos": true,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            }));
+        }
+        let queue = Arc::new(parking_lot::Mutex::new(bodies));
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..conc {
+            let queue = Arc::clone(&queue);
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                loop {
+                    let Some(body) = queue.lock().pop() else {
+                        break;
+                    };
+                    out.push(one_request(&client, body).await);
+                }
+                out
+            }));
+        }
+        let mut samples = Vec::new();
+        for t in tasks {
+            samples.extend(
+                t.await
+                    .map_err(|e| ServerError::Http(format!("client task: {e}")))?,
+            );
+        }
+        let duration = start.elapsed();
+        let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+        let mut ttft: Vec<f64> = ok
+            .iter()
+            .filter_map(|s| s.ttft)
+            .map(|d| d.as_secs_f64() * 1e3)
+            .collect();
+        let mut itl: Vec<f64> = ok
+            .iter()
+            .flat_map(|s| s.itl.iter().map(|d| d.as_secs_f64() * 1e3))
+            .collect();
+        ttft.sort_by(f64::total_cmp);
+        itl.sort_by(f64::total_cmp);
+        let output_tokens: usize = ok.iter().map(|s| s.tokens).sum();
+        let secs = duration.as_secs_f64().max(1e-9);
+        reports.push(LevelReport {
+            concurrency: conc,
+            completed: ok.len(),
+            failed: samples.len() - ok.len(),
+            duration,
+            output_tokens,
+            request_rate: ok.len() as f64 / secs,
+            output_rate: output_tokens as f64 / secs,
+            ttft_ms: (quantile(&ttft, 0.5), quantile(&ttft, 0.99)),
+            itl_ms: (quantile(&itl, 0.5), quantile(&itl, 0.99)),
+        });
+    }
+    Ok(reports)
+}
+
+/// The reports as a table.
+pub fn table(reports: &[LevelReport]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| conc | done | fail | time s | req/s | out tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in reports {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
+            r.concurrency,
+            r.completed,
+            r.failed,
+            r.duration.as_secs_f64(),
+            r.request_rate,
+            r.output_rate,
+            r.ttft_ms.0,
+            r.ttft_ms.1,
+            r.itl_ms.0,
+            r.itl_ms.1
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 50.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert_eq!(quantile(&v[..1], 0.99), 1.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}

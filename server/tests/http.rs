@@ -1,0 +1,645 @@
+//! The server over real HTTP on the CPU: every endpoint, greedy answers equal to `generate`'s,
+//! streaming, errors with their statuses, the API key, the bounded queue, concurrent streams,
+//! cancellation freeing the KV cache, and arbitrary request bodies.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use hyper::{Method, StatusCode};
+use serde_json::{json, Value};
+use server::client::{Client, StreamError};
+use server::ServerOptions;
+
+use common::{chat_prompt, greedy_reference, start, synth_model, TestServer};
+
+/// Streams a request and returns the concatenated text of its chunks (chat deltas or
+/// completion texts), the finish reason and the number of `[DONE]` markers.
+async fn stream_text(c: &Client, path: &str, body: Value) -> (String, Option<String>, usize) {
+    let mut text = String::new();
+    let mut finish = None;
+    let mut done = 0;
+    c.stream(path, &body, |data| {
+        if data == "[DONE]" {
+            done += 1;
+            return true;
+        }
+        let v: Value = serde_json::from_str(data).expect("chunk is JSON");
+        assert!(v.get("error").is_none(), "error chunk: {v}");
+        if let Some(ch) = v["choices"].get(0) {
+            let piece = ch["delta"]["content"]
+                .as_str()
+                .or_else(|| ch["text"].as_str())
+                .unwrap_or("");
+            text.push_str(piece);
+            if let Some(f) = ch["finish_reason"].as_str() {
+                finish = Some(f.to_owned());
+            }
+        }
+        true
+    })
+    .await
+    .expect("stream");
+    (text, finish, done)
+}
+
+fn chat_body(user: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({
+        "model": "test-model",
+        "messages": [{"role": "user", "content": user}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+fn check_greedy_chat(ts: &TestServer, path: &Path, user: &str, n: usize) {
+    let (prompt, stops) = chat_prompt(path, user);
+    let want = greedy_reference(path, &prompt, n, &stops);
+    let c = ts.client(None);
+    let r = ts
+        .rt
+        .block_on(c.post("/v1/chat/completions", &chat_body(user, n, false)))
+        .expect("chat");
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    let v = r.json().expect("json");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+    let completion = v["usage"]["completion_tokens"].as_u64().expect("usage");
+    assert!(completion as usize <= n);
+    assert_eq!(
+        v["usage"]["total_tokens"].as_u64(),
+        Some(prompt.len() as u64 + completion)
+    );
+    let (text, finish, done) = ts.rt.block_on(stream_text(
+        &c,
+        "/v1/chat/completions",
+        chat_body(user, n, true),
+    ));
+    assert_eq!(text, want, "streamed text differs from the whole answer");
+    assert_eq!(finish.as_deref(), v["choices"][0]["finish_reason"].as_str());
+    assert_eq!(done, 1);
+}
+
+#[test]
+fn greedy_chat_equals_generate_synthetic() {
+    let path = synth_model();
+    let ts = start(&path, 2, ServerOptions::default());
+    check_greedy_chat(&ts, &path, "Hello there", 24);
+    ts.wait_idle();
+}
+
+#[test]
+fn greedy_chat_equals_generate_gemma() {
+    let Some(path) = common::real_model() else {
+        return;
+    };
+    let ts = start(&path, 2, ServerOptions::default());
+    check_greedy_chat(&ts, &path, "What is the capital of France?", 16);
+    ts.wait_idle();
+}
+
+#[test]
+fn endpoints() {
+    let path = synth_model();
+    let ts = start(&path, 2, ServerOptions::default());
+    let c = ts.client(None);
+    ts.rt.block_on(async {
+        let h = c.get("/health").await.expect("health");
+        assert_eq!(h.status, StatusCode::OK);
+        assert_eq!(h.json().expect("json")["status"], "ok");
+
+        let m = c
+            .get("/v1/models")
+            .await
+            .expect("models")
+            .json()
+            .expect("json");
+        assert_eq!(m["object"], "list");
+        assert_eq!(m["data"][0]["id"], "test-model");
+
+        let t = c
+            .post(
+                "/tokenize",
+                &json!({"content": "hello world", "add_special": false}),
+            )
+            .await
+            .expect("tokenize")
+            .json()
+            .expect("json");
+        let ids: Vec<u32> = t["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect();
+        assert!(!ids.is_empty());
+        let d = c
+            .post("/detokenize", &json!({"tokens": ids}))
+            .await
+            .expect("detokenize")
+            .json()
+            .expect("json");
+        assert_eq!(d["content"], "hello world");
+
+        // Text and token-id prompts give the same greedy completion; echo repeats the prompt.
+        let body = |prompt: Value, echo: bool| {
+            json!({"model": "test-model", "prompt": prompt, "max_tokens": 8,
+                   "temperature": 0, "echo": echo, "logprobs": 2})
+        };
+        let a = c
+            .post("/v1/completions", &body(json!("hello world"), false))
+            .await
+            .expect("completion")
+            .json()
+            .expect("json");
+        assert_eq!(a["object"], "text_completion");
+        let text = a["choices"][0]["text"].as_str().expect("text").to_owned();
+        let lp = &a["choices"][0]["logprobs"];
+        let n = a["usage"]["completion_tokens"].as_u64().expect("usage") as usize;
+        assert_eq!(lp["token_logprobs"].as_array().expect("lps").len(), n);
+        for (l, top) in lp["token_logprobs"]
+            .as_array()
+            .expect("lps")
+            .iter()
+            .zip(lp["top_logprobs"].as_array().expect("top"))
+        {
+            let l = l.as_f64().expect("logprob");
+            assert!(l <= 0.0);
+            let best = top
+                .as_object()
+                .expect("map")
+                .values()
+                .map(|v| v.as_f64().expect("lp"))
+                .fold(f64::NEG_INFINITY, f64::max);
+            // Greedy: no alternative is more likely than the chosen token (alternatives whose
+            // text is the same, such as lone UTF-8 bytes, share one key of the map).
+            assert!(best <= l + 1e-5, "{best} vs {l}");
+        }
+        let mut with_bos = vec![];
+        let tk = c
+            .post(
+                "/tokenize",
+                &json!({"content": "hello world", "add_special": true}),
+            )
+            .await
+            .expect("tokenize")
+            .json()
+            .expect("json");
+        for x in tk["tokens"].as_array().expect("tokens") {
+            with_bos.push(x.as_u64().expect("id"));
+        }
+        let b = c
+            .post("/v1/completions", &body(json!(with_bos), true))
+            .await
+            .expect("completion")
+            .json()
+            .expect("json");
+        let echoed = b["choices"][0]["text"].as_str().expect("text");
+        assert!(echoed.ends_with(&text), "{echoed:?} vs {text:?}");
+        assert!(echoed.contains("hello world"), "{echoed:?}");
+
+        let (streamed, finish, _) = stream_text(
+            &c,
+            "/v1/completions",
+            json!({"prompt": "hello world", "max_tokens": 8, "temperature": 0, "stream": true}),
+        )
+        .await;
+        assert_eq!(streamed, text);
+        assert!(finish.is_some());
+
+        // Chat logprobs and the usage chunk.
+        let v = c
+            .post(
+                "/v1/chat/completions",
+                &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                        "temperature": 0, "logprobs": true, "top_logprobs": 3}),
+            )
+            .await
+            .expect("chat")
+            .json()
+            .expect("json");
+        let content = v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .expect("lp");
+        assert_eq!(
+            content.len() as u64,
+            v["usage"]["completion_tokens"].as_u64().expect("usage")
+        );
+        for e in content {
+            assert_eq!(e["top_logprobs"].as_array().expect("top").len(), 3);
+        }
+        let mut usage_chunks = 0;
+        c.stream(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                    "stream": true, "stream_options": {"include_usage": true}}),
+            |d| {
+                if d != "[DONE]" {
+                    let v: Value = serde_json::from_str(d).expect("json");
+                    if v.get("usage").is_some_and(|u| !u.is_null()) {
+                        assert_eq!(v["choices"].as_array().map(Vec::len), Some(0));
+                        usage_chunks += 1;
+                    }
+                }
+                true
+            },
+        )
+        .await
+        .expect("stream");
+        assert_eq!(usage_chunks, 1);
+
+        let metrics = c.get("/metrics").await.expect("metrics");
+        let text = String::from_utf8_lossy(&metrics.body).into_owned();
+        for name in [
+            "rocmforge_requests_total{endpoint=\"chat\",status=\"ok\"} 2",
+            "rocmforge_generation_tokens_total",
+            "rocmforge_time_to_first_token_seconds_count",
+            "rocmforge_inter_token_latency_seconds_bucket",
+            "rocmforge_queue_length 0",
+            "rocmforge_kv_blocks_free",
+        ] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+    });
+    ts.wait_idle();
+}
+
+/// Posts raw bytes and checks the answer is an OpenAI error object with `status`.
+async fn expect_error(c: &Client, path: &str, body: &[u8], status: StatusCode) -> Value {
+    let r = c
+        .raw(Method::POST, path, Some(Bytes::copy_from_slice(body)))
+        .await
+        .expect("request");
+    let v = r.json().expect("error body is JSON");
+    assert_eq!(
+        r.status,
+        status,
+        "{path} {}: {v}",
+        String::from_utf8_lossy(body)
+    );
+    assert!(v["error"]["message"].is_string(), "{v}");
+    assert!(v["error"]["type"].is_string(), "{v}");
+    v
+}
+
+#[test]
+fn errors_have_statuses_and_error_objects() {
+    let path = synth_model();
+    let ts = start(
+        &path,
+        1,
+        ServerOptions {
+            body_limit: 64 << 10,
+            ..ServerOptions::default()
+        },
+    );
+    let c = ts.client(None);
+    let chat = "/v1/chat/completions";
+    let bad = StatusCode::BAD_REQUEST;
+    ts.rt.block_on(async {
+        expect_error(&c, chat, b"{not json", bad).await;
+        expect_error(&c, chat, b"\xff\xfe", bad).await;
+        expect_error(&c, chat, br#"{"messages": "hi"}"#, bad).await;
+        expect_error(&c, chat, br#"{"messages": []}"#, bad).await;
+        let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        for (extra, param) in [
+            (r#""max_tokens": -1"#, "max_tokens"),
+            (r#""max_tokens": 100000000"#, "max_tokens"),
+            (r#""temperature": "hot""#, ""),
+            (r#""temperature": 9"#, "temperature"),
+            (r#""top_p": 1.5"#, "top_p"),
+            (r#""n": 2"#, "n"),
+            (r#""top_logprobs": 3"#, "top_logprobs"),
+            (
+                r#""response_format": {"type": "json_schema"}"#,
+                "response_format",
+            ),
+        ] {
+            let body = format!("{{{msgs}, {extra}}}");
+            let v = expect_error(&c, chat, body.as_bytes(), bad).await;
+            if !param.is_empty() {
+                assert_eq!(v["error"]["param"], param, "{body}: {v}");
+            }
+        }
+        let v = expect_error(
+            &c,
+            chat,
+            format!(r#"{{"model": "gpt-9", {msgs}}}"#).as_bytes(),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+        assert_eq!(v["error"]["code"], "model_not_found");
+        let long = "word ".repeat(400);
+        let v = expect_error(
+            &c,
+            chat,
+            json!({"messages": [{"role": "user", "content": long}]})
+                .to_string()
+                .as_bytes(),
+            bad,
+        )
+        .await;
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        expect_error(
+            &c,
+            "/v1/completions",
+            br#"{"prompt": [1, 2, 4000000000]}"#,
+            bad,
+        )
+        .await;
+        expect_error(&c, "/v1/completions", br#"{"prompt": ["a", "b"]}"#, bad).await;
+        expect_error(&c, "/detokenize", br#"{"tokens": [99999999]}"#, bad).await;
+        let huge = vec![b' '; 100 << 10];
+        expect_error(&c, chat, &huge, StatusCode::PAYLOAD_TOO_LARGE).await;
+        let r = c.get("/v1/nothing").await.expect("get");
+        assert_eq!(r.status, StatusCode::NOT_FOUND);
+        assert!(r.json().expect("json")["error"]["message"].is_string());
+        // The server still answers after all that.
+        let ok = c
+            .post(chat, &chat_body("hi", 2, false))
+            .await
+            .expect("chat");
+        assert_eq!(ok.status, StatusCode::OK);
+    });
+    ts.wait_idle();
+}
+
+#[test]
+fn api_key_is_required() {
+    let path = synth_model();
+    let ts = start(
+        &path,
+        1,
+        ServerOptions {
+            api_key: Some("sekrit".into()),
+            ..ServerOptions::default()
+        },
+    );
+    ts.rt.block_on(async {
+        let none = ts.client(None);
+        let wrong = ts.client(Some("guess"));
+        let right = ts.client(Some("sekrit"));
+        assert_eq!(
+            none.get("/health").await.expect("health").status,
+            StatusCode::OK
+        );
+        for c in [&none, &wrong] {
+            let r = c.get("/v1/models").await.expect("models");
+            assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+            assert_eq!(r.json().expect("json")["error"]["code"], "invalid_api_key");
+            let r = c
+                .post("/v1/chat/completions", &chat_body("hi", 2, false))
+                .await
+                .expect("chat");
+            assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+        }
+        let r = right
+            .post("/v1/chat/completions", &chat_body("hi", 2, false))
+            .await
+            .expect("chat");
+        assert_eq!(r.status, StatusCode::OK);
+    });
+}
+
+#[test]
+fn full_queue_answers_503_with_retry_after() {
+    let path = synth_model();
+    let ts = start(
+        &path,
+        1,
+        ServerOptions {
+            max_queue: 0,
+            ..ServerOptions::default()
+        },
+    );
+    let c = ts.client(None);
+    ts.rt.block_on(async {
+        // One long stream holds the only place; it hangs up once the other request was refused.
+        let (first_token_tx, first_token_rx) = tokio::sync::oneshot::channel::<()>();
+        let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let refused2 = Arc::clone(&refused);
+        let c2 = c.clone();
+        let long = tokio::spawn(async move {
+            let mut tx = Some(first_token_tx);
+            let body = json!({"prompt": "a b c", "max_tokens": 80, "ignore_eos": true,
+                              "stream": true});
+            c2.stream("/v1/completions", &body, |_| {
+                if let Some(t) = tx.take() {
+                    let _ = t.send(());
+                }
+                !refused2.load(Ordering::Relaxed)
+            })
+            .await
+        });
+        first_token_rx.await.expect("first token");
+        let r = c
+            .post("/v1/chat/completions", &chat_body("hi", 2, false))
+            .await
+            .expect("request");
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.retry_after.as_deref(), Some("1"));
+        assert_eq!(
+            r.json().expect("json")["error"]["code"],
+            "server_overloaded"
+        );
+        refused.store(true, Ordering::Relaxed);
+        long.await.expect("task").expect("stream");
+    });
+    ts.wait_idle();
+}
+
+#[test]
+fn concurrent_streams_match_alone_and_cancel_frees_kv() {
+    let path = synth_model();
+    let ts = start(&path, 4, ServerOptions::default());
+    let c = ts.client(None);
+    let prompts: Vec<String> = (0..12).map(|i| format!("story {i}: once")).collect();
+    let body = |p: &str| {
+        json!({"prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+               "stream": true})
+    };
+    ts.rt.block_on(async {
+        let mut alone = Vec::new();
+        for p in &prompts {
+            alone.push(stream_text(&c, "/v1/completions", body(p)).await.0);
+        }
+        let tasks: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let c = c.clone();
+                let b = body(p);
+                tokio::spawn(async move { stream_text(&c, "/v1/completions", b).await.0 })
+            })
+            .collect();
+        for (t, want) in tasks.into_iter().zip(&alone) {
+            assert_eq!(&t.await.expect("task"), want);
+        }
+
+        // Half of the clients hang up after their first chunk.
+        let hung_up = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let c = c.clone();
+                let hung_up = Arc::clone(&hung_up);
+                let b = json!({"prompt": p, "max_tokens": 60, "ignore_eos": true,
+                               "stream": true});
+                tokio::spawn(async move {
+                    let mut chunks = 0;
+                    let r = c
+                        .stream("/v1/completions", &b, |_| {
+                            chunks += 1;
+                            if i % 2 == 0 && chunks == 2 {
+                                hung_up.fetch_add(1, Ordering::Relaxed);
+                                return false;
+                            }
+                            true
+                        })
+                        .await;
+                    match r {
+                        Ok(()) => {}
+                        Err(StreamError::Client(e)) => panic!("stream {i}: {e}"),
+                        Err(e) => panic!("stream {i}: {e}"),
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(hung_up.load(Ordering::Relaxed), prompts.len() / 2);
+    });
+    let g = ts.wait_idle();
+    assert!(g.kv_blocks_free > 0);
+    let metrics = ts.rt.block_on(c.get("/metrics")).expect("metrics").body;
+    let text = String::from_utf8_lossy(&metrics);
+    assert!(text.contains("rocmforge_requests_in_flight 0"), "{text}");
+}
+
+mod bodies {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scalar() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            (-3i64..200).prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-5.0f64..5.0).prop_map(Value::from),
+            "[a-z <>|]{0,12}".prop_map(Value::from),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        scalar().prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-z_]{1,8}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Mostly plausible bodies: known fields with values of any type.
+    fn body() -> impl Strategy<Value = Value> {
+        let field = prop_oneof![
+            Just("model"),
+            Just("messages"),
+            Just("prompt"),
+            Just("max_tokens"),
+            Just("temperature"),
+            Just("top_p"),
+            Just("top_k"),
+            Just("stop"),
+            Just("logprobs"),
+            Just("top_logprobs"),
+            Just("echo"),
+            Just("n"),
+            Just("seed"),
+            Just("content"),
+            Just("tokens"),
+        ];
+        let msg = ("[a-z]{0,10}", value())
+            .prop_map(|(role, content)| json!({"role": role, "content": content}));
+        (
+            prop::collection::vec((field, value()), 0..6),
+            prop::option::of(prop::collection::vec(msg, 0..3)),
+            prop::option::of(0u32..6),
+        )
+            .prop_map(|(fields, msgs, max)| {
+                let mut m = serde_json::Map::new();
+                for (k, v) in fields {
+                    m.insert(k.to_owned(), v);
+                }
+                if let Some(msgs) = msgs {
+                    m.insert("messages".into(), Value::from(msgs));
+                }
+                // Keep generations short so the test stays fast.
+                if let Some(n) = max {
+                    m.insert("max_tokens".into(), Value::from(n));
+                } else if m
+                    .get("max_tokens")
+                    .and_then(Value::as_i64)
+                    .is_none_or(|n| n > 5)
+                {
+                    m.insert("max_tokens".into(), Value::from(3));
+                }
+                Value::Object(m)
+            })
+    }
+
+    #[test]
+    fn arbitrary_bodies_get_well_formed_answers() {
+        let path = synth_model();
+        let ts = start(&path, 2, ServerOptions::default());
+        let c = ts.client(None);
+        let endpoints = [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/tokenize",
+            "/detokenize",
+        ];
+        let cfg = ProptestConfig {
+            cases: 48,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        };
+        proptest!(cfg, |(b in body(), e in 0usize..4, stream in any::<bool>())| {
+            let mut b = b;
+            if stream {
+                b["stream"] = Value::Bool(true);
+            }
+            let r = ts.rt.block_on(c.post(endpoints[e], &b)).expect("answer");
+            prop_assert!(
+                r.status.is_success() || r.status.is_client_error(),
+                "{} {b}: {} {:?}", endpoints[e], r.status, r.body
+            );
+            let is_sse = r.content_type.as_deref().is_some_and(|t| t.starts_with("text/event-stream"));
+            if is_sse {
+                let text = String::from_utf8_lossy(&r.body).into_owned();
+                prop_assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+                for ev in text.split("\n\n").filter(|s| !s.trim().is_empty()) {
+                    let data = ev.trim_start_matches("data: ");
+                    if data != "[DONE]" {
+                        let v: Value = serde_json::from_str(data).expect("chunk JSON");
+                        prop_assert!(v.get("error").is_none(), "{v}");
+                    }
+                }
+            } else {
+                let v = r.json().expect("JSON answer");
+                if !r.status.is_success() {
+                    prop_assert!(v["error"]["message"].is_string(), "{v}");
+                }
+            }
+        });
+        ts.wait_idle();
+    }
+}
