@@ -280,7 +280,7 @@ impl SampleArgs {
 /// Where the prompt comes from: `-p TEXT`, `-f FILE`, or `-f -` for standard input.
 #[derive(Args, Debug, Clone)]
 #[group(required = true, multiple = false)]
-struct PromptArgs {
+pub struct PromptArgs {
     /// The prompt text.
     #[arg(short, long)]
     prompt: Option<String>,

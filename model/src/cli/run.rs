@@ -298,8 +298,15 @@ pub(super) fn synth(a: &SynthArgs) -> Result<(), ModelError> {
 mod tests {
     use clap::Parser;
 
-    use super::super::{Cli, Cmd};
+    use super::super::Cmd;
     use super::*;
+
+    /// The model commands as the binary parses them (it flattens [`Cmd`] into its own list).
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: Cmd,
+    }
 
     fn gen_args(args: &[&str]) -> GenArgs {
         let argv = ["rocmforge", "generate"].iter().chain(args).copied();
