@@ -6,8 +6,8 @@
 
 use crate::error::{shape_err, GraphError, Result};
 use crate::tensor::{
-    contiguous_strides, shape4, Act, AttnParams, DType, Leaf, Op, RopeParams, Tensor, TensorId,
-    MAX_DIMS,
+    contiguous_strides, layer_src, shape4, Act, AttnParams, DType, Leaf, Op, RopeParams, Tensor,
+    TensorId, MAX_DIMS,
 };
 
 /// A computation graph: tensors (leaves and op results) in execution order, plus outputs.
@@ -724,10 +724,26 @@ impl Graph {
         }
     }
 
+    /// Storage roots node `id` writes besides its own result: the destination of `cpy` and
+    /// `set_rows`, the K and V caches of a decode layer.
+    pub fn written_roots(&self, id: TensorId) -> Vec<TensorId> {
+        let t = &self.nodes[id.index()];
+        match t.op {
+            Op::Cpy | Op::SetRows => vec![self.storage_root(id).0],
+            Op::DecodeLayer(_) => [layer_src::K, layer_src::V]
+                .iter()
+                .filter_map(|&k| t.src.get(k))
+                .map(|&s| self.storage_root(s).0)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// True when the node writes persistent storage (a side effect that must not be dropped).
     pub fn writes_persistent(&self, id: TensorId) -> bool {
-        let t = &self.nodes[id.index()];
-        matches!(t.op, Op::Cpy | Op::SetRows) && self.root_leaf(id) == Some(Leaf::Persistent)
+        self.written_roots(id)
+            .iter()
+            .any(|r| self.nodes[r.index()].op == Op::Leaf(Leaf::Persistent))
     }
 }
 

@@ -33,6 +33,10 @@ pub mod exec;
 pub mod graph;
 #[cfg(feature = "hip")]
 pub mod hip;
+#[cfg(not(feature = "hip"))]
+#[path = "hip_stub.rs"]
+pub mod hip;
+mod hip_options;
 pub mod opt;
 pub mod plan;
 pub mod quant;
@@ -46,6 +50,9 @@ pub use cpu::CpuBackend;
 pub use error::{GraphError, Result};
 pub use exec::{Executor, WeightBytes};
 pub use graph::Graph;
+pub use hip_options::HipOptions;
 pub use plan::Plan;
-pub use sched::{Schedule, Scheduler};
-pub use tensor::{Act, AttnParams, DType, Leaf, Op, RopeMode, RopeParams, Tensor, TensorId};
+pub use sched::{Schedule, Scheduler, SchedulerOptions};
+pub use tensor::{
+    Act, AttnParams, DType, DecodeLayerParams, Leaf, Op, RopeMode, RopeParams, Tensor, TensorId,
+};

@@ -1,12 +1,17 @@
 //! Optimizer passes over a [`Graph`]: common-subexpression elimination, view folding and fusion
 //! rewrite the graph in place keeping every `TensorId` valid (replaced nodes become dead and are
 //! neither run nor allocated); dead-node elimination compacts the graph and returns the id map.
+//! [`fuse_decode_layers`] folds whole decode layers into one node for a device that asks for it.
+
+pub(crate) mod layer;
 
 use std::collections::HashMap;
 
 use crate::graph::Graph;
 use crate::plan::needed_nodes;
 use crate::tensor::{DType, Op, Tensor, TensorId};
+
+pub use layer::fuse_decode_layers;
 
 /// What the passes changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

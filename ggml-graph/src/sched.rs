@@ -24,8 +24,6 @@ mod group;
 mod memory;
 mod output;
 use group::possible_groups;
-#[cfg(feature = "hip")]
-pub(crate) use group::STACK_LAYER_NODES;
 use memory::mapped_outputs;
 
 /// Where each node runs and which copies the run needs.
@@ -260,6 +258,27 @@ pub struct Scheduler {
     capture: bool,
 }
 
+/// How a [`Scheduler`] runs graphs; both defaults are the fast path, the alternatives exist for
+/// comparisons (results are the same either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerOptions {
+    /// Capture repeated keyed runs on one device and replay them (see
+    /// [`Scheduler::set_graph_capture`]).
+    pub graph_capture: bool,
+    /// Let kernels write small final outputs to host-mapped memory (see
+    /// [`Scheduler::set_mapped_outputs`]).
+    pub mapped_outputs: bool,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        Self {
+            graph_capture: true,
+            mapped_outputs: true,
+        }
+    }
+}
+
 /// Capture attempts per prepared graph before it stays on plain launches.
 const CAPTURE_TRIES: u8 = 2;
 
@@ -342,17 +361,21 @@ pub struct DeviceUsage {
 }
 
 impl Scheduler {
-    /// A scheduler over `devices`, highest priority first.
+    /// A scheduler over `devices`, highest priority first, with the default options.
     pub fn new(devices: Vec<Arc<dyn Device>>) -> Result<Self> {
+        Self::with_options(devices, SchedulerOptions::default())
+    }
+
+    /// [`Scheduler::new`] with `opts`.
+    pub fn with_options(devices: Vec<Arc<dyn Device>>, opts: SchedulerOptions) -> Result<Self> {
         let streams = devices
             .iter()
             .map(|d| d.new_stream())
             .collect::<Result<Vec<_>>>()?;
         let arenas = devices.iter().map(|_| None).collect();
-        let map = std::env::var("ROCMFORGE_MAPPED_OUTPUTS").map_or(true, |v| v != "0");
         Ok(Self {
             mapped: devices.iter().map(|_| None).collect(),
-            map_outputs: vec![map; devices.len()],
+            map_outputs: vec![opts.mapped_outputs; devices.len()],
             devices,
             streams,
             weights: HashMap::new(),
@@ -363,15 +386,15 @@ impl Scheduler {
             prepared: None,
             copies_made: 0,
             placement: None,
-            capture: std::env::var("ROCMFORGE_GPU_GRAPH").map_or(true, |v| v != "0"),
+            capture: opts.graph_capture,
         })
     }
 
-    /// Turns capture of repeated keyed runs on or off (default on unless the environment sets
-    /// `ROCMFORGE_GPU_GRAPH=0`). A keyed graph whose launches all run on one device, with no
-    /// cross-device copies, is captured on its second run (the first one sizes every scratch
-    /// buffer) and replayed on later runs with the same key: inputs are written before the
-    /// replay and outputs read after it, so a decode step costs one graph launch instead of
+    /// Turns capture of repeated keyed runs on or off (initially
+    /// [`SchedulerOptions::graph_capture`]). A keyed graph whose launches all run on one device,
+    /// with no cross-device copies, is captured on its second run (the first one sizes every
+    /// scratch buffer) and replayed on later runs with the same key: inputs are written before
+    /// the replay and outputs read after it, so a decode step costs one graph launch instead of
     /// one launch per node.
     pub fn set_graph_capture(&mut self, on: bool) {
         self.capture = on;
@@ -381,11 +404,10 @@ impl Scheduler {
         }
     }
 
-    /// Turns host-mapped outputs on or off (default on unless the environment sets
-    /// `ROCMFORGE_MAPPED_OUTPUTS=0`): a small output that nothing in the graph reads, computed
-    /// on a device with host-mapped memory, is written there by its kernel, so reading it after
-    /// the run waits for no device-to-host copy (a decode step's logits). Applies to graphs
-    /// prepared from now on.
+    /// Turns host-mapped outputs on or off (initially [`SchedulerOptions::mapped_outputs`]): a
+    /// small output that nothing in the graph reads, computed on a device with host-mapped
+    /// memory, is written there by its kernel, so reading it after the run waits for no
+    /// device-to-host copy (a decode step's logits). Applies to graphs prepared from now on.
     pub fn set_mapped_outputs(&mut self, on: bool) {
         self.map_outputs.fill(on);
         self.prepared = None;
@@ -541,6 +563,25 @@ impl Scheduler {
             .get(name)
             .and_then(|v| v.get(d))
             .and_then(|b| b.as_deref())
+    }
+
+    /// Grows each device's arena to fit `graph` (a worst-case graph, such as a full batch at the
+    /// end of the context), so that later runs allocate no arena.
+    pub fn reserve(&mut self, graph: &Graph) -> Result<()> {
+        let prep = self.prepare(0, graph)?;
+        for d in 0..self.devices.len() {
+            let have = self.arenas[d].as_ref().map_or(0, |b| b.size());
+            if have < prep.arena_size[d] {
+                // Captured launches point into the old arena.
+                if let Some(p) = self.prepared.as_mut() {
+                    p.captured = None;
+                }
+                self.streams[d].synchronize()?;
+                self.arenas[d] = None;
+                self.arenas[d] = Some(self.devices[d].buffer_type().alloc(prep.arena_size[d])?);
+            }
+        }
+        Ok(())
     }
 
     /// Runs `graph` with dense `inputs`; outputs stay readable until the next run.
@@ -876,9 +917,9 @@ impl Scheduler {
                     grouped = self.devices[d].launch_group(self.streams[d].as_ref(), &group)?;
                 }
                 for &id in &ids[j..j + grouped] {
-                    if nodes[id.index()].op == Op::SetRows {
-                        let r = graph.storage_root(id).0.index();
-                        valid[r * nd..(r + 1) * nd].fill(false);
+                    // Rewritten roots: copies of them elsewhere are stale.
+                    for r in graph.written_roots(id) {
+                        valid[r.index() * nd..(r.index() + 1) * nd].fill(false);
                     }
                 }
                 // A device that took only part of the run (or none) sees the rest offered again.
@@ -891,10 +932,8 @@ impl Scheduler {
                     }
                     let dst = self.mem(graph, prep, id, d)?;
                     self.devices[d].launch(self.streams[d].as_ref(), t, dst, &mems)?;
-                    if matches!(t.op, Op::Cpy | Op::SetRows) {
-                        // The root was rewritten: copies of it elsewhere are stale.
-                        let r = graph.storage_root(id).0.index();
-                        valid[r * nd..(r + 1) * nd].fill(false);
+                    for r in graph.written_roots(id) {
+                        valid[r.index() * nd..(r.index() + 1) * nd].fill(false);
                     }
                 }
                 j += done;

@@ -229,6 +229,64 @@ pub enum Op {
     /// Fused `[w_gate, w_up, x]`: `act(mul_mat(w_gate, x)) * mul_mat(w_up, x)`, made by the
     /// optimizer; the activations are quantized once for both weights.
     MulMatGated(Act),
+    /// A whole llama-family decode layer for one token, made by
+    /// [`crate::opt::fuse_decode_layers`] for a device that runs it as one kernel. Operands in
+    /// the order of [`layer_src`]; the result is the layer's output residual `[n_embd, 1]` f32.
+    /// Besides it the node stores the layer's key and value rows at the position into the K and V
+    /// caches its operands view (it writes persistent storage, as `set_rows` does).
+    DecodeLayer(DecodeLayerParams),
+}
+
+/// Parameters of an [`Op::DecodeLayer`] node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeLayerParams {
+    /// Epsilon of the attention pre-norm.
+    pub attn_eps: f32,
+    /// Epsilon of the FFN pre-norm.
+    pub ffn_eps: f32,
+    /// The q and k ropes.
+    pub rope: RopeParams,
+    /// The attention (no mask).
+    pub attn: AttnParams,
+    /// The gated FFN's activation.
+    pub act: Act,
+    /// Query heads.
+    pub n_head: usize,
+    /// Values per query and key head.
+    pub head_dim: usize,
+}
+
+/// Operand positions of an [`Op::DecodeLayer`] node.
+pub mod layer_src {
+    /// The input residual `[n_embd, 1]`.
+    pub const X: usize = 0;
+    /// The attention norm's weight.
+    pub const ATTN_NORM: usize = 1;
+    /// The q, k and v projections.
+    pub const WQ: usize = 2;
+    /// See [`WQ`].
+    pub const WK: usize = 3;
+    /// See [`WQ`].
+    pub const WV: usize = 4;
+    /// I32 position of the token `[1]` (rope, cache row and attention).
+    pub const POS: usize = 5;
+    /// The keys the attention reads: a view `[head_dim, n_head_kv, n_kv]` of the K cache, whose
+    /// row `pos` the node writes.
+    pub const K: usize = 6;
+    /// The values, as [`K`] of the V cache.
+    pub const V: usize = 7;
+    /// The output projection.
+    pub const WO: usize = 8;
+    /// The FFN norm's weight.
+    pub const FFN_NORM: usize = 9;
+    /// The FFN's gate, up and down matrices.
+    pub const W_GATE: usize = 10;
+    /// See [`W_GATE`].
+    pub const W_UP: usize = 11;
+    /// See [`W_GATE`].
+    pub const W_DOWN: usize = 12;
+    /// The rope's frequency factors, when it has them (the last operand).
+    pub const FREQ_FACTORS: usize = 13;
 }
 
 impl Op {
@@ -262,6 +320,7 @@ impl Op {
             Op::MulMatAdd => "mul_mat_add",
             Op::MulMatGated(Act::Silu) => "mul_mat_swiglu",
             Op::MulMatGated(Act::Gelu) => "mul_mat_geglu",
+            Op::DecodeLayer(_) => "decode_layer",
         }
     }
 

@@ -26,4 +26,4 @@ pub use amd::AmdProvider;
 pub use api::*;
 pub use error::{BlasError, Error, HipError, LoadError, Result};
 pub use nvidia::NvidiaProvider;
-pub use platform::{choice_from_env, parse_choice, runtime, select, Choice, PLATFORM_VAR};
+pub use platform::{parse_choice, runtime, select, set_choice, Choice, PLATFORM_VAR};

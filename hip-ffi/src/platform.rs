@@ -1,18 +1,18 @@
-//! Choosing the provider: `ROCMFORGE_PLATFORM` forces one (or the CPU); otherwise AMD then
-//! NVIDIA are tried and the first that reports a device wins. The choice is made once per
-//! process.
+//! Choosing the provider: a [`Choice`] given before first use (the CLI passes its
+//! `ROCMFORGE_PLATFORM` here) forces one (or the CPU); otherwise AMD then NVIDIA are tried and the
+//! first that reports a device wins. The choice is made once per process.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crate::amd::AmdProvider;
 use crate::api::{HipApi, Platform};
 use crate::error::{Error, Result};
 use crate::nvidia::NvidiaProvider;
 
-/// The environment variable that forces a platform.
+/// The name under which the CLI's environment carries the choice (error messages use it).
 pub const PLATFORM_VAR: &str = "ROCMFORGE_PLATFORM";
 
-/// What `ROCMFORGE_PLATFORM` asks for.
+/// Which platform to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Choice {
     /// Unset or empty: try AMD, then NVIDIA.
@@ -33,12 +33,6 @@ pub fn parse_choice(value: Option<&str>) -> Result<Choice> {
         Some(v) if v == "cpu" => Ok(Choice::Cpu),
         Some(_) => Err(Error::BadPlatformVar(value.unwrap_or_default().to_owned())),
     }
-}
-
-/// The platform choice from the environment.
-pub fn choice_from_env() -> Result<Choice> {
-    let v = std::env::var(PLATFORM_VAR).ok();
-    parse_choice(v.as_deref())
 }
 
 /// Tries one provider: it must load, initialise and report at least one device.
@@ -85,11 +79,29 @@ pub fn select(choice: Choice) -> Result<Box<dyn HipApi>> {
 
 static RUNTIME: OnceLock<Result<Box<dyn HipApi>>> = OnceLock::new();
 
-/// The process-wide provider, chosen on first use from `ROCMFORGE_PLATFORM` and what is
+/// The choice [`runtime`] selects with ([`set_choice`]; `Auto` when never set).
+static CHOICE: Mutex<Choice> = Mutex::new(Choice::Auto);
+
+/// Sets the platform choice of the process-wide provider. Only a call before its first use
+/// counts: returns false when the provider was chosen already (with the earlier choice).
+pub fn set_choice(choice: Choice) -> bool {
+    let mut c = CHOICE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *c = choice;
+    RUNTIME.get().is_none()
+}
+
+/// The process-wide provider, chosen on first use from the [`set_choice`] choice and what is
 /// installed. Never panics; "no GPU" is an `Err` whose message lists what was tried.
 pub fn runtime() -> Result<&'static dyn HipApi> {
     RUNTIME
-        .get_or_init(|| choice_from_env().and_then(select))
+        .get_or_init(|| {
+            let choice = *CHOICE
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            select(choice)
+        })
         .as_ref()
         .map(|b| b.as_ref())
         .map_err(Clone::clone)

@@ -1,25 +1,31 @@
-//! What runs a session's graphs: the CPU executor, or (feature `hip`) the multi-device
-//! scheduler over a GPU and the CPU with a `-ngl`-style layer split, and the choice between them.
+//! What runs a session's graphs: one multi-device scheduler, over the CPU alone or over a GPU
+//! and the CPU with a `-ngl`-style layer split, and the choice between them. Builds without the
+//! `hip` feature go the same way: their HIP backend never opens, which reads as "no GPU".
 
-use ggml_graph::{CpuBackend, Executor, Graph, GraphError, TensorId};
+use std::sync::Arc;
 
-#[cfg(not(feature = "hip"))]
-use crate::arch::KvCacheSpec;
+use ggml_graph::backend::{CpuDevice, Device};
+use ggml_graph::hip::HipDevice;
+use ggml_graph::sched::PlacementRule;
+use ggml_graph::{CpuBackend, Graph, GraphError, Scheduler, TensorId};
+
 use crate::error::ModelError;
-#[cfg(not(feature = "hip"))]
-use crate::session::SessionOptions;
-use crate::session::{weight_views, DeviceMemory, DevicePlan, Model};
+use crate::placement::LayerSplit;
+use crate::session::{weight_views, DeviceMemory, DevicePlan, Model, SessionOptions};
 
-#[cfg(feature = "hip")]
 pub(crate) use gpu::place;
 
-/// The executor of a session.
-pub(crate) enum Engine {
-    /// Everything on the CPU, weights bound zero-copy from the mapped file.
-    Cpu(Box<Executor>),
-    /// Layers split between a GPU and the CPU.
-    #[cfg(feature = "hip")]
-    Gpu(Box<gpu::GpuEngine>),
+/// The executor of a session: a scheduler over its devices.
+pub(crate) struct Engine {
+    sched: Scheduler,
+    /// The GPU (the scheduler's first device) when layers run there; `None`: the CPU alone.
+    hip: Option<Arc<HipDevice>>,
+    /// The CPU backend, whose thread pool a CPU-only run enters once.
+    cpu: Arc<CpuBackend>,
+    /// Whether GPU graphs keep the optimizer's fused nodes (only when the GPU runs them all).
+    fuse: bool,
+    /// Which layers run on the GPU.
+    split: LayerSplit,
 }
 
 impl Engine {
@@ -31,143 +37,106 @@ impl Engine {
         graph: &Graph,
         inputs: &[(TensorId, &[u8])],
     ) -> Result<(), GraphError> {
-        match self {
-            Self::Cpu(e) => {
-                let _ = key;
-                e.run(graph, inputs)
-            }
-            #[cfg(feature = "hip")]
-            Self::Gpu(g) => g.sched.run_keyed(key, graph, inputs),
+        let sched = &mut self.sched;
+        if self.hip.is_some() {
+            return sched.run_keyed(key, graph, inputs);
         }
+        // One entry into the pool for the whole run: every node's launch runs inside it then,
+        // instead of entering it once per node.
+        self.cpu.install(|| sched.run_keyed(key, graph, inputs))
     }
 
-    /// Hands `f` an output's f32 values, in place where the executor can show them (a GPU's
-    /// logits in the pinned memory their copy landed in).
+    /// Hands `f` an output's f32 values, in place where the executor can show them (the CPU's
+    /// arena, a GPU's logits in the pinned memory their copy landed in).
     pub(crate) fn with_output_f32<R>(
         &self,
         id: TensorId,
         f: impl FnOnce(&[f32]) -> R,
     ) -> Result<R, GraphError> {
-        match self {
-            Self::Cpu(e) => e.with_output_f32(id, f),
-            #[cfg(feature = "hip")]
-            Self::Gpu(g) => g.sched.with_output_f32(id, f),
-        }
+        self.sched.with_output_f32(id, f)
     }
 
     /// Sets the CPU mat-mul column layout of the next passes (see
-    /// [`CpuBackend::set_column_layout`]); the GPU's products have no such orders.
+    /// [`CpuBackend::set_column_layout`]) where the CPU runs alone; the GPU's products have no
+    /// such orders.
     pub(crate) fn set_column_layout(&self, layout: Option<Vec<(u32, u32)>>) {
-        match self {
-            Self::Cpu(e) => e.backend().set_column_layout(layout),
-            #[cfg(feature = "hip")]
-            Self::Gpu(_) => {
-                let _ = layout;
-            }
+        if self.hip.is_none() {
+            self.cpu.set_column_layout(layout);
         }
     }
 
-    /// Turns GPU graph capture of repeated decode steps on or off (no effect on the CPU).
+    /// Turns GPU graph capture of repeated decode steps on or off (the CPU records no launches).
     pub(crate) fn set_graph_capture(&mut self, on: bool) {
-        match self {
-            Self::Cpu(_) => {
-                let _ = on;
-            }
-            #[cfg(feature = "hip")]
-            Self::Gpu(g) => g.sched.set_graph_capture(on),
-        }
+        self.sched.set_graph_capture(on);
     }
 
     /// True when the last decode step's graph is held captured for replay.
     pub(crate) fn has_captured_graph(&self) -> bool {
-        match self {
-            Self::Cpu(_) => false,
-            #[cfg(feature = "hip")]
-            Self::Gpu(g) => g.sched.has_captured_graph(),
-        }
+        self.sched.has_captured_graph()
     }
 
     /// Runs the graph optimizer as far as the engine's devices take its output.
     pub(crate) fn optimize(&self, g: &mut Graph) {
-        match self {
-            Self::Cpu(_) => {
+        match &self.hip {
+            None => {
                 ggml_graph::opt::optimize(g);
             }
-            #[cfg(feature = "hip")]
-            Self::Gpu(e) => gpu::optimize(g, e.fuse),
+            Some(hip) => gpu::optimize(g, self.fuse, Some((hip, &self.split))),
         }
     }
 
     /// GPU memory in use and where the last pass ran; `None` on the CPU.
     pub(crate) fn device_memory(&self) -> Option<DeviceMemory> {
-        match self {
-            Self::Cpu(_) => None,
-            #[cfg(feature = "hip")]
-            Self::Gpu(g) => Some(g.memory()),
-        }
+        self.hip.as_ref().map(|h| gpu::memory(&self.sched, h))
     }
 
     /// The GPU's device-to-device copy bandwidth (bytes read + written per second) over two
     /// buffers of at most 1 GiB that the budget has room for; `None` on the CPU.
     pub(crate) fn gpu_copy_bandwidth(&self) -> Option<Result<f64, ModelError>> {
-        match self {
-            Self::Cpu(_) => None,
-            #[cfg(feature = "hip")]
-            Self::Gpu(g) => Some(g.copy_bandwidth()),
-        }
+        self.hip.as_ref().map(|h| gpu::copy_bandwidth(h))
     }
 }
 
-/// The CPU executor: every tensor bound zero-copy, the arena sized for the unoptimized graph
-/// `worst` of the largest batch (optimized here), with `reason` in its plan.
+/// The CPU alone: every weight bound zero-copy, the arena sized for the unoptimized graph `worst`
+/// of the largest batch (optimized here), with `reason` in its plan.
 fn cpu_only(
     model: &Model,
+    opts: &SessionOptions,
     backend: CpuBackend,
     worst: Graph,
     reason: String,
 ) -> Result<(Engine, DevicePlan), ModelError> {
     let mut worst = worst;
     ggml_graph::opt::optimize(&mut worst);
-    let mut exec = Executor::new(backend);
+    let cpu = Arc::new(backend);
+    let devices: Vec<Arc<dyn Device>> = vec![Arc::new(CpuDevice::new(cpu.clone()))];
+    let mut sched = Scheduler::with_options(devices, opts.scheduler)?;
     for (name, dtype, dims, bytes) in weight_views(model)? {
-        exec.bind_weight(&name, dtype, &dims, bytes)?;
+        sched.bind_weight(&name, dtype, &dims, bytes)?;
     }
-    exec.reserve(&worst)?;
+    // Placed on the CPU, the weights are bound where they are (the mapped file), not copied.
+    let rule: PlacementRule = Arc::new(|_: &str| Some(0));
+    sched.set_placement(rule);
+    sched.upload_placed_weights(&mut |_, _| {})?;
+    sched.reserve(&worst)?;
     let plan = DevicePlan::cpu(model.config().n_layer, reason);
-    Ok((Engine::Cpu(Box::new(exec)), plan))
-}
-
-/// Without the `hip` feature every session runs on the CPU.
-#[cfg(not(feature = "hip"))]
-pub(crate) fn place(
-    model: &Model,
-    opts: &SessionOptions,
-    _kv: &KvCacheSpec,
-    worst: Graph,
-    backend: CpuBackend,
-    _progress: &mut dyn FnMut(u64, u64),
-) -> Result<(Engine, DevicePlan), ModelError> {
-    use crate::placement::DeviceChoice;
-    let reason = match opts.device {
-        DeviceChoice::Gpu if opts.n_gpu_layers != Some(0) => {
-            return Err(ModelError::Device(
-                "this build has no GPU support (feature `hip`)".into(),
-            ))
-        }
-        DeviceChoice::Cpu => "--device cpu",
-        _ => "built without GPU support",
+    let engine = Engine {
+        sched,
+        hip: None,
+        cpu,
+        fuse: true,
+        split: plan.split,
     };
-    cpu_only(model, backend, worst, reason.into())
+    Ok((engine, plan))
 }
 
-#[cfg(feature = "hip")]
 mod gpu {
     use std::sync::Arc;
 
     use ggml_graph::backend::{CpuDevice, Device};
     use ggml_graph::hip::HipDevice;
     use ggml_graph::sched::PlacementRule;
-    use ggml_graph::{CpuBackend, Graph, Op, Scheduler};
+    use ggml_graph::{CpuBackend, Graph, Leaf, Op, Scheduler};
 
     use super::{cpu_only, Engine};
     use crate::arch::KvCacheSpec;
@@ -177,59 +146,45 @@ mod gpu {
     use crate::placement::{CPU, GPU};
     use crate::session::{DeviceMemory, DevicePlan, Model, SessionOptions};
 
-    /// A scheduler over `[GPU, CPU]` with the model's weights bound and the GPU's share uploaded.
-    pub(crate) struct GpuEngine {
-        pub(crate) sched: Scheduler,
-        hip: Arc<HipDevice>,
-        /// Whether graphs keep the optimizer's fused nodes (only when the GPU runs them all).
-        pub(crate) fuse: bool,
+    /// See `Engine::gpu_copy_bandwidth`. Below 64 MiB per buffer the copies would mostly
+    /// measure the L2 cache.
+    pub(super) fn copy_bandwidth(hip: &HipDevice) -> Result<f64, ModelError> {
+        const MIN: u64 = 64 << 20;
+        let free = hip.budget_available();
+        let bytes = (1u64 << 30).min(free / 4);
+        if bytes < MIN {
+            return Err(ModelError::Device(format!(
+                "no room to measure the copy bandwidth: {} free in the GPU budget, {} needed",
+                mib(free),
+                mib(2 * MIN)
+            )));
+        }
+        hip.copy_bandwidth(bytes as usize, 20)
+            .map_err(ModelError::from)
     }
 
-    impl GpuEngine {
-        /// See `Engine::gpu_copy_bandwidth`. Below 64 MiB per buffer the copies would mostly
-        /// measure the L2 cache.
-        pub(crate) fn copy_bandwidth(&self) -> Result<f64, ModelError> {
-            const MIN: u64 = 64 << 20;
-            let dev = self.hip.gpu();
-            let free = dev.budget().available();
-            let bytes = (1u64 << 30).min(free / 4);
-            if bytes < MIN {
-                return Err(ModelError::Device(format!(
-                    "no room to measure the copy bandwidth: {} free in the GPU budget, {} needed",
-                    mib(free),
-                    mib(2 * MIN)
-                )));
-            }
-            gpu_mem::bandwidth::copy_bandwidth(dev, bytes as usize, 20).map_err(|source| {
-                ModelError::Gpu {
-                    op: "copy bandwidth",
-                    source,
+    /// GPU memory in use and where the last pass ran.
+    pub(super) fn memory(sched: &Scheduler, hip: &HipDevice) -> DeviceMemory {
+        let usage = sched.usage();
+        let gpu = usage.get(GPU).copied().unwrap_or_default();
+        let (mut gpu_nodes, mut cpu_nodes) = (0, 0);
+        if let Some(s) = sched.last_schedule() {
+            for (d, ids) in &s.splits {
+                if *d == GPU {
+                    gpu_nodes += ids.len();
+                } else {
+                    cpu_nodes += ids.len();
                 }
-            })
+            }
         }
-
-        pub(crate) fn memory(&self) -> DeviceMemory {
-            let usage = self.sched.usage();
-            let gpu = usage.get(GPU).copied().unwrap_or_default();
-            let (mut gpu_nodes, mut cpu_nodes) = (0, 0);
-            if let Some(s) = self.sched.last_schedule() {
-                for (d, ids) in &s.splits {
-                    if *d == GPU {
-                        gpu_nodes += ids.len();
-                    } else {
-                        cpu_nodes += ids.len();
-                    }
-                }
-            }
-            DeviceMemory {
-                allocated: self.hip.gpu().tracker().live_bytes(),
-                weights: gpu.weights,
-                kv: gpu.persistent,
-                activations: gpu.arena,
-                gpu_nodes,
-                cpu_nodes,
-                copies: self.sched.copies_made(),
-            }
+        DeviceMemory {
+            allocated: hip.allocated_bytes(),
+            weights: gpu.weights,
+            kv: gpu.persistent,
+            activations: gpu.arena,
+            gpu_nodes,
+            cpu_nodes,
+            copies: sched.copies_made(),
         }
     }
 
@@ -242,11 +197,21 @@ mod gpu {
 
     /// The optimizer without fusion when the GPU lacks kernels for fused nodes: a fused node
     /// the GPU cannot run would go to the CPU with a copy each way, in every layer. Fused GPU
-    /// graphs also fold Gemma's query scale into the attention.
-    pub(super) fn optimize(g: &mut Graph, fuse: bool) {
+    /// graphs also fold Gemma's query scale into the attention, and (given the GPU and the
+    /// split) whole decode layers on the GPU into the nodes it runs as one kernel.
+    pub(super) fn optimize(g: &mut Graph, fuse: bool, layers: Option<(&HipDevice, &LayerSplit)>) {
         if fuse {
             ggml_graph::opt::optimize(g);
             ggml_graph::opt::fold_query_scale(g);
+            if let Some((hip, split)) = layers {
+                ggml_graph::opt::fuse_decode_layers(g, &|t, srcs| {
+                    let on_gpu = srcs
+                        .iter()
+                        .filter(|s| s.op == Op::Leaf(Leaf::Weight))
+                        .all(|s| split.device_of(&s.name) == Some(GPU));
+                    on_gpu && hip.supports_op(t, srcs)
+                });
+            }
         } else {
             ggml_graph::opt::eliminate_common(g);
             ggml_graph::opt::fold_views(g);
@@ -255,11 +220,6 @@ mod gpu {
 
     /// True when the GPU runs every fused node the optimizer makes of `worst`.
     fn gpu_runs_fused_nodes(hip: &HipDevice, worst: &Graph) -> bool {
-        // ROCMFORGE_GPU_FUSE=0 keeps the GPU graph unfused, to tell a fused kernel's numerics or
-        // speed from the plain ops' (as ROCMFORGE_GPU_GROUP=0 does for launch groups).
-        if std::env::var("ROCMFORGE_GPU_FUSE").is_ok_and(|v| v == "0") {
-            return false;
-        }
         let mut g = worst.clone();
         ggml_graph::opt::optimize(&mut g);
         let nodes = g.tensors();
@@ -318,25 +278,25 @@ mod gpu {
     ) -> Result<(Engine, DevicePlan), ModelError> {
         let n_layer = model.config().n_layer;
         if opts.device == DeviceChoice::Cpu {
-            return cpu_only(model, backend, worst, "--device cpu".into());
+            return cpu_only(model, opts, backend, worst, "--device cpu".into());
         }
         if opts.n_gpu_layers == Some(0) {
-            return cpu_only(model, backend, worst, "-ngl 0".into());
+            return cpu_only(model, opts, backend, worst, "-ngl 0".into());
         }
-        let hip = match open_gpu(opts.gpu_mem_limit) {
+        let hip = match open_gpu(opts) {
             Ok(h) => h,
             Err(e) if opts.device == DeviceChoice::Auto => {
                 tracing::info!("no GPU, running on the CPU: {e}");
-                return cpu_only(model, backend, worst, format!("no GPU: {e}"));
+                return cpu_only(model, opts, backend, worst, format!("no GPU: {e}"));
             }
             Err(e) => return Err(e),
         };
-        let fuse = gpu_runs_fused_nodes(&hip, &worst);
+        let fuse = opts.gpu_fuse && gpu_runs_fused_nodes(&hip, &worst);
         let stack = hip.set_stack(opts.gpu_stack);
         tracing::debug!("gpu decode stack {stack}");
         let mut g = worst;
-        optimize(&mut g, fuse);
-        let available = hip.gpu().budget().available();
+        optimize(&mut g, fuse, None);
+        let available = hip.budget_available();
         let activations = ggml_graph::plan::plan(&g).peak as u64;
         let n_batch = g
             .tensors()
@@ -364,7 +324,7 @@ mod gpu {
             if opts.device == DeviceChoice::Gpu {
                 return Err(ModelError::Device(why));
             }
-            return cpu_only(model, backend, g, why);
+            return cpu_only(model, opts, backend, g, why);
         }
         let plan = DevicePlan {
             device: hip.name().to_string(),
@@ -375,25 +335,32 @@ mod gpu {
         };
         // Device order is the placement's: GPU first, then the CPU.
         const { assert!(GPU == 0 && CPU == 1) };
+        let cpu = Arc::new(backend);
         let devices: Vec<Arc<dyn Device>> =
-            vec![hip.clone(), Arc::new(CpuDevice::new(Arc::new(backend)))];
-        let mut sched = Scheduler::new(devices)?;
+            vec![hip.clone(), Arc::new(CpuDevice::new(cpu.clone()))];
+        let mut sched = Scheduler::with_options(devices, opts.scheduler)?;
         for (name, dtype, dims, bytes) in crate::session::weight_views(model)? {
             sched.bind_weight(&name, dtype, &dims, bytes)?;
         }
         let rule: PlacementRule = Arc::new(move |name: &str| split.device_of(name));
         sched.set_placement(rule);
         sched.upload_placed_weights(progress)?;
-        let engine = GpuEngine { sched, hip, fuse };
-        Ok((Engine::Gpu(Box::new(engine)), plan))
+        let engine = Engine {
+            sched,
+            hip: Some(hip),
+            cpu,
+            fuse,
+            split,
+        };
+        Ok((engine, plan))
     }
 
-    /// Opens GPU 0 with its budget capped at `limit` bytes (when given).
-    fn open_gpu(limit: Option<u64>) -> Result<Arc<HipDevice>, ModelError> {
-        let hip = HipDevice::new(0)?;
-        if let Some(l) = limit {
-            let b = hip.gpu().budget();
-            b.set_limit(b.limit().min(l));
+    /// Opens GPU 0 with the session's backend options, its budget capped at the session's limit
+    /// (when given).
+    fn open_gpu(opts: &SessionOptions) -> Result<Arc<HipDevice>, ModelError> {
+        let hip = HipDevice::with_options(0, opts.hip)?;
+        if let Some(l) = opts.gpu_mem_limit {
+            hip.cap_budget(l);
         }
         Ok(Arc::new(hip))
     }

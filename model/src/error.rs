@@ -63,16 +63,6 @@ pub enum ModelError {
     /// No usable GPU, or the layers asked for do not fit it.
     #[error("device: {0}")]
     Device(String),
-    /// A GPU call made outside the graph failed (such as measuring the copy bandwidth).
-    #[cfg(feature = "hip")]
-    #[error("device: {op}: {source}")]
-    Gpu {
-        /// What was being done.
-        op: &'static str,
-        /// The memory layer's error.
-        #[source]
-        source: gpu_mem::GpuError,
-    },
     /// A caller-provided setting is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -101,8 +91,6 @@ impl ModelError {
     pub fn is_out_of_memory(&self) -> bool {
         match self {
             Self::Graph(e) => e.is_out_of_memory(),
-            #[cfg(feature = "hip")]
-            Self::Gpu { source, .. } => source.is_out_of_memory(),
             Self::InFile { source, .. } => source.is_out_of_memory(),
             _ => false,
         }
@@ -151,9 +139,12 @@ mod tests {
             source.to_string().contains("exceeds the budget"),
             "{source}"
         );
-        let gpu = |source| ModelError::Gpu {
-            op: "copy bandwidth",
-            source,
+        let gpu = |source: GpuError| {
+            ModelError::from(ggml_graph::GraphError::Device {
+                backend: "hip",
+                op: "copy bandwidth",
+                source: Box::new(source),
+            })
         };
         assert!(gpu(budget()).is_out_of_memory());
         assert!(!gpu(GpuError::InvalidArgument("n = 0".into())).is_out_of_memory());

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ggml_graph::{CpuBackend, DType, WeightBytes};
+use ggml_graph::{CpuBackend, DType, HipOptions, SchedulerOptions, WeightBytes};
 use gguf::GgufFile;
 
 use crate::arch::{
@@ -163,9 +163,16 @@ pub struct SessionOptions {
     pub gpu_mem_limit: Option<u64>,
     /// Runs whole llama-family decode layers as one persistent GPU kernel per step where the
     /// device (NVIDIA, compute capability 8.0 and later) and the layers (Q4_K weights with Q6_K
-    /// v and down allowed, head size 128) fit it; `ROCMFORGE_GPU_STACK=0` vetoes it. On by
-    /// default: on an H100 it decodes the 8B Q4_K_M shape about 5% faster than the per-op kernels.
+    /// v and down allowed, head size 128) fit it; `hip.stack` off vetoes it. On by default: on
+    /// an H100 it decodes the 8B Q4_K_M shape about 5% faster than the per-op kernels.
     pub gpu_stack: bool,
+    /// Keeps the optimizer's fused nodes in GPU graphs where the GPU runs all of them (the
+    /// default); false runs the plain ops, to tell a fused kernel's numerics or speed from theirs.
+    pub gpu_fuse: bool,
+    /// The HIP backend's switches.
+    pub hip: HipOptions,
+    /// The scheduler's switches (graph capture, host-mapped outputs).
+    pub scheduler: SchedulerOptions,
 }
 
 impl Default for SessionOptions {
@@ -179,6 +186,9 @@ impl Default for SessionOptions {
             n_gpu_layers: None,
             gpu_mem_limit: None,
             gpu_stack: true,
+            gpu_fuse: true,
+            hip: HipOptions::default(),
+            scheduler: SchedulerOptions::default(),
         }
     }
 }
@@ -480,8 +490,8 @@ impl Session {
         self.stats
     }
 
-    /// Turns replay of captured GPU decode steps on or off (default on unless
-    /// `ROCMFORGE_GPU_GRAPH=0`); results are the same either way, replay saves host time.
+    /// Turns replay of captured GPU decode steps on or off (initially
+    /// `SessionOptions::scheduler.graph_capture`); results are the same either way, replay saves host time.
     pub fn set_gpu_graphs(&mut self, on: bool) {
         self.engine.set_graph_capture(on);
     }

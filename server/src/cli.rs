@@ -106,7 +106,7 @@ pub fn serve(a: ServeArgs) -> Result<(), ServerError> {
     let api_key = a
         .api_key
         .clone()
-        .or_else(|| std::env::var("ROCMFORGE_API_KEY").ok())
+        .or_else(|| model::cli::env_value(model::cli::API_KEY_VAR))
         .filter(|k| !k.is_empty());
     let server = Server::new(ServerOptions {
         model_id: model_id.clone(),
@@ -181,7 +181,7 @@ pub fn bench_serve(a: BenchServeArgs) -> Result<(), ServerError> {
     let key = a
         .api_key
         .clone()
-        .or_else(|| std::env::var("ROCMFORGE_API_KEY").ok());
+        .or_else(|| model::cli::env_value(model::cli::API_KEY_VAR));
     let client = Client::new(&a.url, key)?;
     let opts = BenchOptions {
         concurrency: a.concurrency.clone(),

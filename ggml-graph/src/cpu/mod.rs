@@ -68,7 +68,9 @@ impl CpuBackend {
         self.pool.current_num_threads()
     }
 
-    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+    /// Runs `f` on the backend's thread pool: nodes computed inside it (by an executor or a
+    /// scheduler over the CPU alone) skip entering the pool once each.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
     }
 
@@ -82,6 +84,7 @@ impl CpuBackend {
             }
             // Rows are decoded by `gguf`, which reads every type but the 8-bit activation ones.
             Op::GetRows => !matches!(srcs[0].dtype, DType::Q8_K),
+            Op::DecodeLayer(_) => false,
             _ => true,
         }
     }
@@ -200,6 +203,12 @@ pub(crate) fn compute(
             matmul::mul_mat(be, t, out, &srcs[0], &srcs[2], Some((&srcs[1], *act)))
         }
         Op::RmsNormMul { eps } => ops::rms_norm_mul(t, out, &srcs[0], &srcs[1], *eps),
+        // Made only for devices that run whole layers (`supports` refuses it).
+        Op::DecodeLayer(_) => Err(GraphError::Unsupported {
+            backend: "cpu",
+            op: t.op.name(),
+            detail: format!("`{}`: whole decode layers run on GPUs only", t.name),
+        }),
         Op::Add => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a + b),
         Op::Mul => ops::binary(t, out, &srcs[0], &srcs[1], |a, b| a * b),
         Op::Scale(s) => {

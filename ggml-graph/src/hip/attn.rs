@@ -39,7 +39,7 @@ pub(super) fn attention(
     // per (head, token).
     let vec = if k.dtype == DType::F16 { 8 } else { 4 };
     let (k_addr, v_addr) = (addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr());
-    let dec_ok = d.inner.attn_dec
+    let dec_ok = d.inner.opts.attn_dec
         && n_kv <= kernels::ATTN_DEC_MAX_KV
         && hd % vec == 0
         && [k.nb[1], k.nb[2], v.nb[1], v.nb[2]]

@@ -12,8 +12,8 @@ use gpu_mem::MemRange;
 use super::ops::{
     launch_matvec, supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS, RMS_Q8_STEPS,
 };
-use super::{addr, HipDevice};
-use crate::backend::{GroupNode, TensorMem};
+use super::{addr, rewritten, same_mem, HipDevice};
+use crate::backend::GroupNode;
 use crate::error::Result;
 use kernels::{KernelId, WeightType};
 
@@ -54,36 +54,16 @@ fn joins_rows(first: &GroupNode<'_>, t: &GroupNode<'_>) -> bool {
 /// Queues the longest leading run of `group` one grouped kernel takes (at least two nodes) as one
 /// launch and returns its length; 0 when fewer than two qualify.
 pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
-    let n = match group.first().map(|g| &g.tensor.op) {
+    match group.first().map(|g| &g.tensor.op) {
         Some(Op::MulMat) => match projections_rope_kv(d, group)? {
-            0 => mat_vecs(d, group)?,
-            n => n,
+            0 => mat_vecs(d, group),
+            n => Ok(n),
         },
-        Some(Op::Rope(_)) => ropes(d, group)?,
-        Some(Op::SetRows) => set_rows(d, group)?,
-        Some(Op::RmsNormMul { .. }) => match super::stack::launch(d, group)? {
-            0 => norm_add(d, group)?,
-            n => n,
-        },
-        _ => 0,
-    };
-    if n > 0 {
-        d.inner
-            .grouped
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        d.inner
-            .grouped_nodes
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        Some(Op::Rope(_)) => ropes(d, group),
+        Some(Op::SetRows) => set_rows(d, group),
+        Some(Op::RmsNormMul { .. }) => norm_add(d, group),
+        _ => Ok(0),
     }
-    Ok(n)
-}
-
-/// `g`'s destination, which the launch being queued rewrites: the quantization cache forgets
-/// what it held of those bytes.
-pub(super) fn rewritten<'a>(d: &HipDevice, g: &GroupNode<'a>) -> Result<MemRange<'a>> {
-    let out = addr(&g.dst)?;
-    d.inner.q8.lock().written(out.addr(), out.len());
-    Ok(out)
 }
 
 /// True when `g` passes the backend's own checks for its op.
@@ -551,11 +531,6 @@ fn norm_rope_kv(d: &HipDevice, [na, nb, ra, rb, c, e]: [&GroupNode<'_>; 6]) -> R
     // the shapes passed here (the group's shapes were matched when it was formed).
     unsafe { d.launch_kernel(kid, [grid as u32, 1, 1], block as u32, &args.0)? };
     Ok(6)
-}
-
-/// True when `a` and `b` are the same bytes of the same buffer.
-pub(super) fn same_mem(a: &TensorMem<'_>, b: &TensorMem<'_>) -> bool {
-    std::ptr::eq(a.buffer, b.buffer) && a.offset == b.offset
 }
 
 /// `rms_norm(a) * w1`, the `add` of its result and a residual of the same shape, and (when the

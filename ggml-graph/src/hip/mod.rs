@@ -33,6 +33,7 @@ mod profile;
 mod stack;
 mod workspace;
 
+pub use crate::hip_options::HipOptions;
 pub use stack::{head_launches, stack_launches};
 
 use std::any::Any;
@@ -48,7 +49,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{Buffer, BufferType, Captured, Device, GroupNode, Stream, TensorMem};
 use crate::error::{GraphError, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{Op, Tensor};
 
 /// Wraps a device-layer error (or a message where the backend itself found the fault) as the
 /// graph's error type, keeping the error as its source.
@@ -77,27 +78,19 @@ struct Inner {
     q8: Mutex<ops::Q8Cache>,
     /// True between `begin_capture` and `end_capture`: nothing may synchronize or allocate.
     capturing: AtomicBool,
-    /// Per-node timing (`ROCMFORGE_PROFILE=1`); `None` when off.
+    /// Per-node timing (`HipOptions::profile`); `None` when off.
     profile: Option<Mutex<profile::Profiler>>,
     /// Grouped mat-vec launches made (see `group`), for tests and logs.
     grouped: std::sync::atomic::AtomicUsize,
     grouped_nodes: std::sync::atomic::AtomicUsize,
-    /// False with `ROCMFORGE_GPU_GROUP=0`: q/k/v mat-vecs launch one by one (for comparisons).
-    group: bool,
-    /// False with `ROCMFORGE_GPU_ATTN_DEC=0`: few-token attention takes the split-key kernel
-    /// instead of the one-launch decode kernel (to tell the two kernels' numerics apart).
-    attn_dec: bool,
-    /// False with `ROCMFORGE_GPU_QKV_ROPE=0`: the q/k/v mat-vec leaves the ropes and cache writes
-    /// to their own launch (for comparisons).
+    /// The switches the device was opened with.
+    opts: HipOptions,
+    /// Whether the q/k/v mat-vec rotates and stores its rows itself now (never without
+    /// `HipOptions::qkv_rope`).
     qkv_rope: AtomicBool,
-    /// The persistent decode stack (`stack`); off with `ROCMFORGE_GPU_STACK=0` and where the
+    /// The persistent decode stack (`stack`); off without `HipOptions::stack` and where the
     /// device cannot run it.
     stack: Mutex<stack::State>,
-}
-
-/// A backend feature switch: on unless the variable is set to "0".
-fn env_switch(name: &str) -> bool {
-    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 impl Drop for Inner {
@@ -129,9 +122,14 @@ impl HipDevice {
         Ok(e)
     }
 
-    /// Opens GPU `ordinal` of the platform `hip-ffi` selects. Fails with the reason when there is
-    /// no GPU or the kernels were not built (`cargo xtask kernels`).
+    /// Opens GPU `ordinal` of the platform `hip-ffi` selects with the default options. Fails
+    /// with the reason when there is no GPU or the kernels were not built (`cargo xtask kernels`).
     pub fn new(ordinal: i32) -> Result<Self> {
+        Self::with_options(ordinal, HipOptions::default())
+    }
+
+    /// [`HipDevice::new`] with the backend switches `opts`.
+    pub fn with_options(ordinal: i32, opts: HipOptions) -> Result<Self> {
         // The device first: without a GPU, "no GPU" is the news, not the missing kernels.
         let dev = gpu_mem::Device::open(ordinal).map_err(|e| gpu_err("open", e))?;
         if !kernels::built() {
@@ -155,14 +153,14 @@ impl HipDevice {
         let name = format!("hip:{ordinal} {} ({arch})", dev.info().name);
         let sb = gpu_mem::StreamBlas::new(&dev).map_err(|e| gpu_err("open", e))?;
         // Kernels may start while the one before them finishes where every module's code waits
-        // for its predecessors first (ROCMFORGE_GPU_EARLY=0 turns it off, for comparisons).
-        let early = env_switch("ROCMFORGE_GPU_EARLY")
+        // for its predecessors first (`HipOptions::early_launch`).
+        let early = opts.early_launch
             && kernels::Module::ALL
                 .iter()
                 .all(|&m| kernels::image(m, &target).is_ok_and(|i| i.waits_for_predecessors()));
         let early = sb.stream().set_early_launch(early);
         tracing::debug!("hip backend: early kernel launches {early}");
-        let stack = Self::stack_state(&dev, &sb, &target, ordinal)?;
+        let stack = Self::stack_state(&dev, &sb, &target, ordinal, opts.stack)?;
         let inner = Arc::new(Inner {
             dev,
             sb,
@@ -173,12 +171,13 @@ impl HipDevice {
             scratch: Mutex::new(None),
             q8: Mutex::new(ops::Q8Cache::default()),
             capturing: AtomicBool::new(false),
-            profile: profile::enabled_by_env().then(|| Mutex::new(profile::Profiler::default())),
+            profile: opts
+                .profile
+                .then(|| Mutex::new(profile::Profiler::default())),
             grouped: std::sync::atomic::AtomicUsize::new(0),
             grouped_nodes: std::sync::atomic::AtomicUsize::new(0),
-            group: env_switch("ROCMFORGE_GPU_GROUP"),
-            attn_dec: env_switch("ROCMFORGE_GPU_ATTN_DEC"),
-            qkv_rope: AtomicBool::new(env_switch("ROCMFORGE_GPU_QKV_ROPE")),
+            opts,
+            qkv_rope: AtomicBool::new(opts.qkv_rope),
             stack: Mutex::new(stack),
         });
         Ok(Self {
@@ -191,12 +190,13 @@ impl HipDevice {
 
     /// The decode stack's state: off (see [`HipDevice::set_stack`]), with its barrier counter
     /// zeroed here, outside any capture, where the device runs `decode_stack` (NVIDIA, compute
-    /// capability 8.0 and later, cooperative launches) unless `ROCMFORGE_GPU_STACK=0`.
+    /// capability 8.0 and later, cooperative launches) unless `allowed` is false.
     fn stack_state(
         dev: &gpu_mem::Device,
         sb: &gpu_mem::StreamBlas,
         target: &kernels::Device,
         ordinal: i32,
+        allowed: bool,
     ) -> Result<stack::State> {
         // The multiprocessor count gpu-mem checks cooperative grids against.
         let sms = u32::try_from(dev.info().compute_units).unwrap_or(0);
@@ -204,7 +204,7 @@ impl HipDevice {
             .api()
             .device_attribute(hip_ffi::DeviceAttribute::CooperativeLaunch, ordinal)
             .is_ok_and(|v| v != 0);
-        let can = env_switch("ROCMFORGE_GPU_STACK")
+        let can = allowed
             && matches!(target, kernels::Device::Nvidia { major, .. } if *major >= 8)
             && cooperative
             && sms > 0
@@ -241,18 +241,18 @@ impl HipDevice {
     /// Lets whole decode layers run as one persistent `decode_stack` launch or leaves them to
     /// the per-op kernels (the default of a new device; sessions turn it on, see
     /// `SessionOptions::gpu_stack` in the model crate); returns whether they now do (never where
-    /// the device cannot run it or with `ROCMFORGE_GPU_STACK=0`).
+    /// the device cannot run it or without `HipOptions::stack`).
     pub fn set_stack(&self, on: bool) -> bool {
         let mut st = self.inner.stack.lock();
-        st.on = on && env_switch("ROCMFORGE_GPU_STACK") && st.bar.is_some();
+        st.on = on && self.inner.opts.stack && st.bar.is_some();
         st.on
     }
 
     /// Lets the q/k/v mat-vec rotate and store its rows itself (the default) or leaves that to
     /// the rope launch after it; returns whether it now does (never with
-    /// `ROCMFORGE_GPU_QKV_ROPE=0`).
+    /// `HipOptions::qkv_rope` off).
     pub fn set_qkv_rope(&self, on: bool) -> bool {
-        let on = on && env_switch("ROCMFORGE_GPU_QKV_ROPE");
+        let on = on && self.inner.opts.qkv_rope;
         self.inner.qkv_rope.store(on, Ordering::Relaxed);
         on
     }
@@ -282,6 +282,44 @@ impl HipDevice {
     /// The `gpu-mem` device (budget, tracker, leak report).
     pub fn gpu(&self) -> &gpu_mem::Device {
         &self.inner.dev
+    }
+
+    /// Bytes the device's budget has left.
+    pub fn budget_available(&self) -> u64 {
+        self.inner.dev.budget().available()
+    }
+
+    /// Lowers the device's budget to at most `bytes` (never raises it).
+    pub fn cap_budget(&self, bytes: u64) {
+        let b = self.inner.dev.budget();
+        b.set_limit(b.limit().min(bytes));
+    }
+
+    /// Device bytes allocated now (every tracked allocation).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.inner.dev.tracker().live_bytes()
+    }
+
+    /// The device-to-device copy bandwidth (bytes read + written per second) over two buffers
+    /// of `bytes`, from `reps` copies.
+    pub fn copy_bandwidth(&self, bytes: usize, reps: u32) -> Result<f64> {
+        gpu_mem::bandwidth::copy_bandwidth(&self.inner.dev, bytes, reps)
+            .map_err(|e| gpu_err("copy bandwidth", e))
+    }
+
+    /// Queues the longest leading run of `group` one kernel takes (consecutive decode layers as
+    /// one `decode_stack`, else the grouped kernels of `group`) and returns its length, counted
+    /// in the grouped launch statistics; 0 when no kernel takes two or more nodes.
+    fn launch_grouped(&self, group: &[GroupNode<'_>]) -> Result<usize> {
+        let n = match group.first().map(|g| &g.tensor.op) {
+            Some(Op::DecodeLayer(_)) => stack::launch(self, group)?,
+            _ => group::launch(self, group)?,
+        };
+        if n > 0 {
+            self.inner.grouped.fetch_add(1, Ordering::Relaxed);
+            self.inner.grouped_nodes.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(n)
     }
 
     /// Runs `f` with kernel `k`, loading its module on first use.
@@ -739,6 +777,19 @@ impl Stream for HipStream {
     }
 }
 
+/// True when `a` and `b` are the same bytes of the same buffer.
+pub(crate) fn same_mem(a: &TensorMem<'_>, b: &TensorMem<'_>) -> bool {
+    std::ptr::eq(a.buffer, b.buffer) && a.offset == b.offset
+}
+
+/// `g`'s destination, which the launch being queued rewrites: the quantization cache forgets
+/// what it held of those bytes.
+pub(crate) fn rewritten<'a>(d: &HipDevice, g: &GroupNode<'a>) -> Result<MemRange<'a>> {
+    let out = addr(&g.dst)?;
+    d.inner.q8.lock().written(out.addr(), out.len());
+    Ok(out)
+}
+
 /// The device memory of an operand: exactly its extent inside its buffer.
 pub(crate) fn addr<'a>(m: &TensorMem<'a>) -> Result<MemRange<'a>> {
     let b: &'a HipBuffer = m
@@ -775,7 +826,11 @@ impl Device for HipDevice {
         &self.bt
     }
     fn supports_op(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
-        ops::supports(t, srcs)
+        match t.op {
+            // Whole layers run only as launch groups do (not with `HipOptions::group` off).
+            Op::DecodeLayer(_) => self.inner.opts.group && stack::takes(self, t, srcs),
+            _ => ops::supports(t, srcs),
+        }
     }
     fn new_stream(&self) -> Result<Box<dyn Stream>> {
         Ok(Box::new(HipStream {
@@ -789,11 +844,15 @@ impl Device for HipDevice {
         dst: TensorMem<'_>,
         srcs: &[TensorMem<'_>],
     ) -> Result<()> {
+        let run = || match t.op {
+            Op::DecodeLayer(_) => stack::launch_one(self, t, dst, srcs),
+            _ => ops::launch(self, t, dst, srcs),
+        };
         let Some(prof) = &self.inner.profile else {
-            return ops::launch(self, t, dst, srcs);
+            return run();
         };
         let start = self.timing_event()?;
-        ops::launch(self, t, dst, srcs)?;
+        run()?;
         let end = self.timing_event()?;
         let ts: Vec<&Tensor> = srcs.iter().map(|m| m.tensor).collect();
         prof.lock()
@@ -801,14 +860,14 @@ impl Device for HipDevice {
             .map_err(|e| gpu_err("profile", e))
     }
     fn launch_group(&self, _stream: &dyn Stream, group: &[GroupNode<'_>]) -> Result<usize> {
-        if !self.inner.group {
+        if !self.inner.opts.group {
             return Ok(0);
         }
         let Some(prof) = &self.inner.profile else {
-            return group::launch(self, group);
+            return self.launch_grouped(group);
         };
         let start = self.timing_event()?;
-        let n = group::launch(self, group)?;
+        let n = self.launch_grouped(group)?;
         if n == 0 {
             return Ok(0);
         }

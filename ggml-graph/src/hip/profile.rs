@@ -1,11 +1,11 @@
-//! A per-node GPU time profiler for the HIP backend, switched on with `ROCMFORGE_PROFILE=1`.
+//! A per-node GPU time profiler for the HIP backend, switched on with `HipOptions::profile`.
 //!
 //! Each node's launches are bracketed by two timing events on the device's stream; completed
 //! pairs are folded into totals keyed by op, operand types and shapes, so prefill and decode
 //! nodes (different token counts) land in different rows. While profiling, graph capture is
 //! off (events around every node need plain launches). The table is logged at `info` under the
 //! target `rocmforge::profile` when the device closes (`ROCMFORGE_LOG=rocmforge::profile=info`).
-//! With the variable unset none of this runs: one flag test per launch.
+//! With the option off none of this runs: one flag test per launch.
 
 use std::collections::HashMap;
 
@@ -15,11 +15,6 @@ use crate::tensor::{Op, Tensor};
 
 /// Event pairs waiting for their elapsed times, at most (then the oldest are folded in).
 const PENDING_MAX: usize = 2048;
-
-/// Whether `ROCMFORGE_PROFILE=1` asks for the profiler.
-pub(crate) fn enabled_by_env() -> bool {
-    std::env::var("ROCMFORGE_PROFILE").is_ok_and(|v| v == "1")
-}
 
 #[derive(Default, Clone, Copy)]
 struct Total {

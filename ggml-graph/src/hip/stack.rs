@@ -1,21 +1,19 @@
-//! The persistent decode stack: whole llama-family decode layers (the runs
-//! `sched::group::stack_run` finds) as one cooperative `decode_stack` launch per up to
-//! [`kernels::STACK_MAX_LAYERS`] layers.
+//! The persistent decode stack: whole llama-family decode layers ([`Op::DecodeLayer`] nodes, made
+//! by `opt::fuse_decode_layers` where [`takes`] accepts them) as one cooperative `decode_stack`
+//! launch per up to [`kernels::STACK_MAX_LAYERS`] consecutive layers.
 //!
 //! The kernel keeps every intermediate of a layer on chip or in its own scratch: it writes only
-//! the last residual and the K and V cache rows, which is why the scheduler offers only runs
-//! whose other results nobody reads. Its blocks meet at grid barriers, so the launch is
+//! the last residual and the K and V cache rows, which is why the scheduler chains only layers
+//! whose residuals nothing else reads. Its blocks meet at grid barriers, so the launch is
 //! cooperative (every block resident), one block per multiprocessor.
 
 use gpu_mem::{DeviceBuffer, KernelArg, MemRange};
 use kernels::{StackLayer, StackParams, STACK_HEAD_DIM, STACK_MAX_LAYERS, STACK_THREADS};
 
-use super::group::{rewritten, same_mem};
-use super::{addr, gpu_err, HipDevice};
-use crate::backend::GroupNode;
-use crate::error::Result;
-use crate::sched::STACK_LAYER_NODES;
-use crate::tensor::{Act, AttnParams, DType, Op, RopeMode, RopeParams, Tensor};
+use super::{addr, gpu_err, rewritten, same_mem, HipDevice};
+use crate::backend::{GroupNode, TensorMem};
+use crate::error::{GraphError, Result};
+use crate::tensor::{layer_src as ls, Act, AttnParams, DType, Op, RopeMode, RopeParams, Tensor};
 
 /// `decode_stack` launches queued by every device of this process (see [`stack_launches`]).
 static LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -67,17 +65,29 @@ struct Dims {
     kv_stride: usize,
 }
 
-/// `w` is a 2-D `[cols, rows]` matrix of `dtype` with dense rows, 16-byte aligned in memory
-/// and from row to row (the kernel copies rows with 16-byte asynchronous copies).
-fn matrix_ok(w: &GroupNode<'_>, i: usize, dtypes: &[DType], cols: usize, rows: usize) -> bool {
-    let m = &w.srcs[i];
-    let t = m.tensor;
-    let row_bytes = cols / t.dtype.block_size() * t.dtype.type_size();
-    dtypes.contains(&t.dtype)
-        && t.ne == [cols, rows, 1, 1]
-        && t.nb[1] == row_bytes
+/// `w` is a 2-D `[cols, rows]` matrix of one of `dtypes` with dense rows, 16 bytes apart (the
+/// kernel copies rows with 16-byte asynchronous copies; [`aligned`] checks the memory).
+fn matrix_ok(w: &Tensor, dtypes: &[DType], cols: usize, rows: usize) -> bool {
+    let row_bytes = cols / w.dtype.block_size() * w.dtype.type_size();
+    dtypes.contains(&w.dtype)
+        && w.ne == [cols, rows, 1, 1]
+        && w.nb[1] == row_bytes
         && row_bytes.is_multiple_of(16)
-        && m.offset.is_multiple_of(16)
+}
+
+/// Every matrix of layer `l` starts 16-byte aligned in its buffer.
+fn aligned(l: &GroupNode<'_>) -> bool {
+    [
+        ls::WQ,
+        ls::WK,
+        ls::WV,
+        ls::WO,
+        ls::W_GATE,
+        ls::W_UP,
+        ls::W_DOWN,
+    ]
+    .iter()
+    .all(|&i| l.srcs[i].offset.is_multiple_of(16))
 }
 
 /// `v` is an f32 vector of `n` dense values.
@@ -88,26 +98,23 @@ fn vector_ok(t: &Tensor, n: usize) -> bool {
 /// Input widths of the kernel's products are multiples of this.
 const STACK_CHUNK_COLS: usize = 2048;
 
-/// The shared shapes of the layer `l` (13 nodes), or `None` when the kernel does not take it.
-fn layer_dims(l: &[GroupNode<'_>]) -> Option<Dims> {
-    let Op::RmsNormMul { eps } = l[0].tensor.op else {
+/// The shapes of the decode layer `t` (operands `s`, see [`ls`]), or `None` when the kernel does
+/// not take it.
+fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
+    let Op::DecodeLayer(p) = t.op else {
         return None;
     };
-    let Op::Rope(rope) = l[4].tensor.op else {
+    if s.len() < ls::W_DOWN + 1 {
         return None;
-    };
-    let Op::Attention(attn) = l[8].tensor.op else {
-        return None;
-    };
-    let n_embd = l[0].tensor.ne[0];
-    let n_head = l[1].srcs[0].tensor.ne[1] / STACK_HEAD_DIM;
-    let n_head_kv = l[2].srcs[0].tensor.ne[1] / STACK_HEAD_DIM;
-    let n_ff = l[11].srcs[0].tensor.ne[1];
-    let kview = l[8].srcs[1].tensor;
-    let vview = l[8].srcs[2].tensor;
+    }
+    let (rope, attn) = (p.rope, p.attn);
+    let n_embd = s[ls::X].ne[0];
+    let n_head = s[ls::WQ].ne[1] / STACK_HEAD_DIM;
+    let n_head_kv = s[ls::WK].ne[1] / STACK_HEAD_DIM;
+    let n_ff = s[ls::W_GATE].ne[1];
+    let (kview, vview) = (s[ls::K], s[ls::V]);
     let f16 = DType::F16.type_size();
     let kv_stride = n_head_kv * STACK_HEAD_DIM;
-    let q = l[8].srcs[0].tensor;
     // Whole 8-block Q4_K chunks (and 16-byte aligned Q6_K rows) in every product.
     let ok = n_embd.is_multiple_of(STACK_CHUNK_COLS)
         && n_ff.is_multiple_of(STACK_CHUNK_COLS)
@@ -115,27 +122,25 @@ fn layer_dims(l: &[GroupNode<'_>]) -> Option<Dims> {
         && n_head > 0
         && n_head_kv > 0
         && n_head.is_multiple_of(n_head_kv)
-        && vector_ok(l[0].srcs[0].tensor, n_embd)
-        && vector_ok(l[0].srcs[1].tensor, n_embd)
-        && vector_ok(l[10].srcs[1].tensor, n_embd)
-        && l[12].tensor.dtype == DType::F32
-        && l[12].tensor.is_contiguous()
-        && matrix_ok(&l[1], 0, &[DType::Q4_K], n_embd, n_head * STACK_HEAD_DIM)
-        && matrix_ok(&l[2], 0, &[DType::Q4_K], n_embd, kv_stride)
-        && matrix_ok(&l[3], 0, &[DType::Q4_K, DType::Q6_K], n_embd, kv_stride)
-        && matrix_ok(&l[9], 0, &[DType::Q4_K], n_head * STACK_HEAD_DIM, n_embd)
-        && matrix_ok(&l[11], 0, &[DType::Q4_K], n_embd, n_ff)
-        && matrix_ok(&l[11], 1, &[DType::Q4_K], n_embd, n_ff)
-        && matrix_ok(&l[12], 0, &[DType::Q4_K, DType::Q6_K], n_ff, n_embd)
-        && l[11].tensor.op == Op::MulMatGated(Act::Silu)
+        && p.attn_eps == p.ffn_eps
+        && vector_ok(s[ls::X], n_embd)
+        && vector_ok(s[ls::ATTN_NORM], n_embd)
+        && vector_ok(s[ls::FFN_NORM], n_embd)
+        && t.dtype == DType::F32
+        && t.is_contiguous()
+        && matrix_ok(s[ls::WQ], &[DType::Q4_K], n_embd, n_head * STACK_HEAD_DIM)
+        && matrix_ok(s[ls::WK], &[DType::Q4_K], n_embd, kv_stride)
+        && matrix_ok(s[ls::WV], &[DType::Q4_K, DType::Q6_K], n_embd, kv_stride)
+        && matrix_ok(s[ls::WO], &[DType::Q4_K], n_head * STACK_HEAD_DIM, n_embd)
+        && matrix_ok(s[ls::W_GATE], &[DType::Q4_K], n_embd, n_ff)
+        && matrix_ok(s[ls::W_UP], &[DType::Q4_K], n_embd, n_ff)
+        && matrix_ok(s[ls::W_DOWN], &[DType::Q4_K, DType::Q6_K], n_ff, n_embd)
+        && p.act == Act::Silu
         && rope.mode == RopeMode::Normal
         && rope.n_dims.is_multiple_of(2)
         && rope.n_dims <= STACK_HEAD_DIM
-        && l[4].srcs[1].tensor.dtype == DType::I32
-        && q.ne == [STACK_HEAD_DIM, n_head, 1, 1]
-        && [l[6].tensor, l[7].tensor]
-            .iter()
-            .all(|c| c.dtype == DType::F16 && c.ne[0] == kv_stride && c.nb[1] == kv_stride * f16)
+        && s[ls::POS].dtype == DType::I32
+        && (p.head_dim, p.n_head) == (STACK_HEAD_DIM, n_head)
         && attn.causal
         && attn.window.is_none()
         && attn.softcap.is_none()
@@ -152,7 +157,7 @@ fn layer_dims(l: &[GroupNode<'_>]) -> Option<Dims> {
         n_ff,
         n_head,
         n_head_kv,
-        eps,
+        eps: p.attn_eps,
         rope,
         attn,
         n_kv: kview.ne[2],
@@ -160,25 +165,59 @@ fn layer_dims(l: &[GroupNode<'_>]) -> Option<Dims> {
     })
 }
 
+/// Dynamic shared memory of a launch over layers of `dims`.
+fn shared_bytes(dims: &Dims) -> u32 {
+    let max_cols = dims.n_embd.max(dims.n_ff).max(dims.n_head * STACK_HEAD_DIM);
+    u32::try_from(kernels::stack_shared_bytes(max_cols)).unwrap_or(u32::MAX)
+}
+
+/// Work items of the busiest block of a launch over `n_layer` layers of `dims` on `sms` blocks.
+fn items(sms: u32, n_layer: usize, dims: &Dims) -> usize {
+    kernels::stack_items(
+        sms as usize,
+        n_layer,
+        dims.n_embd,
+        dims.n_ff,
+        dims.n_head,
+        dims.n_head_kv,
+    )
+}
+
+/// True when the device runs the decode layer `t` (operands `srcs`) as a `decode_stack`: the
+/// stack is on, the kernel takes the layer's shapes, and one layer's launch fits the device
+/// (one resident block per multiprocessor with its shared memory, the busiest block's work
+/// within the kernel's bound).
+pub(crate) fn takes(d: &HipDevice, t: &Tensor, srcs: &[&Tensor]) -> bool {
+    let (on, sms) = {
+        let st = d.inner.stack.lock();
+        (st.on, st.sms)
+    };
+    on && layer_dims(t, srcs).is_some_and(|dims| {
+        items(sms, 1, &dims) <= kernels::STACK_MAX_ITEMS
+            && d.stack_fits(kernels::KernelId::DecodeStack, shared_bytes(&dims))
+    })
+}
+
 /// Device addresses of layer `l`'s weights and caches, and the memory they cover (for the
 /// capture's record of what the launch uses).
-fn layer_ptrs<'a>(l: &[GroupNode<'a>], uses: &mut Vec<MemRange<'a>>) -> Result<StackLayer> {
-    let mut at = |m: &gpu_mem::MemRange<'a>| {
-        uses.push(*m);
-        m.addr()
+fn layer_ptrs<'a>(l: &GroupNode<'a>, uses: &mut Vec<MemRange<'a>>) -> Result<StackLayer> {
+    let mut at = |i: usize| -> Result<u64> {
+        let m = addr(&l.srcs[i])?;
+        uses.push(m);
+        Ok(m.addr())
     };
     Ok(StackLayer {
-        wq: at(&addr(&l[1].srcs[0])?),
-        wk: at(&addr(&l[2].srcs[0])?),
-        wv: at(&addr(&l[3].srcs[0])?),
-        wo: at(&addr(&l[9].srcs[0])?),
-        wg: at(&addr(&l[11].srcs[0])?),
-        wu: at(&addr(&l[11].srcs[1])?),
-        wd: at(&addr(&l[12].srcs[0])?),
-        attn_norm: at(&addr(&l[0].srcs[1])?),
-        ffn_norm: at(&addr(&l[10].srcs[1])?),
-        kc: at(&addr(&l[6].dst)?),
-        vc: at(&addr(&l[7].dst)?),
+        wq: at(ls::WQ)?,
+        wk: at(ls::WK)?,
+        wv: at(ls::WV)?,
+        wo: at(ls::WO)?,
+        wg: at(ls::W_GATE)?,
+        wu: at(ls::W_UP)?,
+        wd: at(ls::W_DOWN)?,
+        attn_norm: at(ls::ATTN_NORM)?,
+        ffn_norm: at(ls::FFN_NORM)?,
+        kc: at(ls::K)?,
+        vc: at(ls::V)?,
     })
 }
 
@@ -210,48 +249,56 @@ impl Scratch {
     }
 }
 
-/// Queues the longest leading run of whole decode layers of `group` the kernel takes (up to
-/// [`STACK_MAX_LAYERS`]) as one launch and returns its node count; 0 when not even one layer
-/// fits it (the nodes then go their usual way).
+/// Queues the longest leading run of `group` (consecutive decode layers, each reading the
+/// residual the one before it leaves) that one launch takes: up to [`STACK_MAX_LAYERS`] layers of
+/// the first one's shapes, rope positions and factors, within the kernel's work bound. Returns
+/// the layers queued; an error where the first layer is not one [`takes`] accepted.
 pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
-    if !d.inner.stack.lock().on {
-        return Ok(0);
-    }
-    let layers: Vec<&[GroupNode<'_>]> = group
-        .chunks_exact(STACK_LAYER_NODES)
-        .take(STACK_MAX_LAYERS)
-        .collect();
-    let Some(dims) = layers.first().and_then(|l| layer_dims(l)) else {
-        return Ok(0);
+    let refused = |why: &str| GraphError::Unsupported {
+        backend: "hip",
+        op: "decode_layer",
+        detail: format!("the decode stack cannot run this layer: {why}"),
     };
+    let (on, sms) = {
+        let st = d.inner.stack.lock();
+        (st.on, st.sms)
+    };
+    if !on {
+        return Err(refused("the stack is off"));
+    }
+    fn tensors<'a>(g: &GroupNode<'a>) -> Vec<&'a Tensor> {
+        g.srcs.iter().map(|m| m.tensor).collect()
+    }
+    let first = group.first().ok_or_else(|| refused("no layer"))?;
+    let dims = layer_dims(first.tensor, &tensors(first)).ok_or_else(|| refused("its shapes"))?;
     // Every layer of one launch shares the first one's shapes, norms, rope and positions.
-    let rope0 = &layers[0][4].srcs;
-    let same = |l: &&[GroupNode<'_>]| {
-        layer_dims(l) == Some(dims)
-            && l[4].srcs.len() == rope0.len()
-            && l[4].srcs[1..]
-                .iter()
-                .zip(&rope0[1..])
-                .all(|(a, b)| same_mem(a, b))
+    let rope0 = &first.srcs;
+    let same = |l: &GroupNode<'_>| {
+        layer_dims(l.tensor, &tensors(l)) == Some(dims)
+            && l.srcs.len() == rope0.len()
+            && same_mem(&l.srcs[ls::POS], &rope0[ls::POS])
+            && (l
+                .srcs
+                .get(ls::FREQ_FACTORS)
+                .zip(rope0.get(ls::FREQ_FACTORS)))
+            .is_none_or(|(a, b)| same_mem(a, b))
     };
-    let n_layer = layers.iter().take_while(|l| same(l)).count();
-    let layers = &layers[..n_layer];
-    let max_cols = dims.n_embd.max(dims.n_ff).max(dims.n_head * STACK_HEAD_DIM);
-    let smem = u32::try_from(kernels::stack_shared_bytes(max_cols)).unwrap_or(u32::MAX);
-    if !d.stack_fits(kernels::KernelId::DecodeStack, smem) {
-        return Ok(0);
+    let n_layer = group
+        .iter()
+        .take(STACK_MAX_LAYERS)
+        .take_while(|l| same(l))
+        .count();
+    let n_layer = (1..=n_layer)
+        .rev()
+        .find(|&n| items(sms, n, &dims) <= kernels::STACK_MAX_ITEMS)
+        .ok_or_else(|| refused("too much work per block"))?;
+    let layers = &group[..n_layer];
+    if !layers.iter().all(aligned) {
+        return Err(refused("a matrix is not 16-byte aligned"));
     }
-    let sms = d.inner.stack.lock().sms;
-    let items = kernels::stack_items(
-        sms as usize,
-        n_layer,
-        dims.n_embd,
-        dims.n_ff,
-        dims.n_head,
-        dims.n_head_kv,
-    );
-    if items > kernels::STACK_MAX_ITEMS {
-        return Ok(0);
+    let smem = shared_bytes(&dims);
+    if !d.stack_fits(kernels::KernelId::DecodeStack, smem) {
+        return Err(refused("its shared memory"));
     }
     let scratch = Scratch::new(&dims);
     let buf = d.scratch(scratch.bytes)?;
@@ -266,31 +313,36 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let mut d_q6 = 0u32;
     for (i, l) in layers.iter().enumerate() {
         p.layer[i] = layer_ptrs(l, &mut uses)?;
-        if l[3].srcs[0].tensor.dtype == DType::Q6_K {
+        if l.srcs[ls::WV].tensor.dtype == DType::Q6_K {
             v_q6 |= 1 << i;
         }
-        if l[12].srcs[0].tensor.dtype == DType::Q6_K {
+        if l.srcs[ls::W_DOWN].tensor.dtype == DType::Q6_K {
             d_q6 |= 1 << i;
         }
     }
-    let first = layers[0];
-    let x_in = addr(&first[0].srcs[0])?;
-    let pos = addr(&first[4].srcs[1])?;
-    let ff = first[4].srcs.get(2).map(addr).transpose()?;
-    // Every node's destination counts as rewritten for the quantization cache (the kernel
-    // writes the last residual and the caches; the rest of those bytes are stale now).
+    let x_in = addr(&first.srcs[ls::X])?;
+    let pos = addr(&first.srcs[ls::POS])?;
+    let ff = first.srcs.get(ls::FREQ_FACTORS).map(addr).transpose()?;
+    // Every layer's residual counts as rewritten for the quantization cache (the kernel writes
+    // the last one; the others' bytes are stale now).
     let mut x_out = None;
-    for g in &group[..n_layer * STACK_LAYER_NODES] {
+    for g in layers {
         x_out = Some(rewritten(d, g)?);
     }
     let x_out = x_out.ok_or_else(|| gpu_err("decode_stack", "empty run"))?;
-    let (bar, sms, l2_bytes) = {
+    for l in layers {
+        for c in [ls::K, ls::V] {
+            let m = addr(&l.srcs[c])?;
+            d.inner.q8.lock().written(m.addr(), m.len());
+        }
+    }
+    let (bar, l2_bytes) = {
         let st = d.inner.stack.lock();
         let bar = st
             .bar
             .as_ref()
             .ok_or_else(|| gpu_err("decode_stack", "no barrier counter"))?;
-        (MemRange::of_buffer(bar).addr(), st.sms, st.l2_bytes)
+        (MemRange::of_buffer(bar).addr(), st.l2_bytes)
     };
     uses.extend([x_in, x_out, pos, q, xq, aq, hq, ss]);
     uses.extend(ff);
@@ -342,7 +394,23 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     // The scratch stays alive through the launch: a later, larger request waits for the
     // stream before it frees this one.
     drop(buf);
-    Ok(n_layer * STACK_LAYER_NODES)
+    Ok(n_layer)
+}
+
+/// Queues one decode layer `t` (a node [`takes`] accepted, launched on its own) as a
+/// `decode_stack` launch.
+pub(crate) fn launch_one(
+    d: &HipDevice,
+    t: &Tensor,
+    dst: TensorMem<'_>,
+    srcs: &[TensorMem<'_>],
+) -> Result<()> {
+    let g = GroupNode {
+        tensor: t,
+        dst,
+        srcs: srcs.to_vec(),
+    };
+    launch(d, std::slice::from_ref(&g)).map(|_| ())
 }
 
 /// Grid and dynamic shared memory of a `head_q6_k` launch for a Q6_K mat-vec of one vector over

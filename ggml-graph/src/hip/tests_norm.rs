@@ -290,7 +290,7 @@ fn grouped_projections_rope_kv_match_cpu() {
             assert_eq!(
                 h.set_qkv_rope(fused),
                 fused,
-                "ROCMFORGE_GPU_QKV_ROPE=0 is set"
+                "the device was opened with `HipOptions::qkv_rope` off"
             );
             let before = h.grouped_launches();
             res.push(run_on(

@@ -3,10 +3,6 @@
 use crate::graph::Graph;
 use crate::tensor::{Op, Tensor, TensorId};
 
-/// Launched nodes per layer of a llama-family decode step, in scheduled order (see
-/// [`stack_run`]).
-pub const STACK_LAYER_NODES: usize = 13;
-
 /// `id`, then each tensor it is a view of, down to its storage root.
 fn view_chain(nodes: &[Tensor], id: TensorId) -> impl Iterator<Item = TensorId> + '_ {
     std::iter::successors(Some(id), |&i| nodes[i.index()].view_of.map(|(p, _)| p))
@@ -32,7 +28,7 @@ fn operand_is(nodes: &[Tensor], id: TensorId, at: usize, x: TensorId) -> bool {
 /// after them, see [`rope_chain`]) or `set_rows` of the same indices (two: the K and V cache
 /// writes), a chain of `rms_norm * w`, the `add` reading it and the `rms_norm * w` of that sum (a
 /// post-norm, the residual add and the next norm), two independent `rms_norm * w` (q and k
-/// norms), or whole llama-family decode layers (see [`stack_run`]); 1 when the first node starts
+/// norms), or consecutive fused decode layers (see [`layer_chain`]); 1 when the first node starts
 /// no such run.
 pub(super) fn group_run(graph: &Graph, ids: &[TensorId]) -> usize {
     let nodes = graph.tensors();
@@ -40,12 +36,35 @@ pub(super) fn group_run(graph: &Graph, ids: &[TensorId]) -> usize {
         Op::MulMat => projection_chain(nodes, ids),
         Op::Rope(_) => rope_chain(nodes, ids),
         Op::SetRows => same_kind_run(nodes, ids, 2),
-        Op::RmsNormMul { .. } => match stack_run(graph, ids) {
-            0 => norm_chain(nodes, ids),
-            n => n,
-        },
+        Op::RmsNormMul { .. } => norm_chain(nodes, ids),
+        Op::DecodeLayer(_) => layer_chain(graph, ids),
         _ => 1,
     }
+}
+
+/// Length of the chain at the start of `ids` of decode layers, each reading the residual the one
+/// before it leaves as its input, that nothing else reads (no other node, no graph output): a
+/// device may run the chain as one kernel that keeps those residuals to itself.
+fn layer_chain(graph: &Graph, ids: &[TensorId]) -> usize {
+    let nodes = graph.tensors();
+    let needed = crate::plan::needed_nodes(graph);
+    // Only the next layer reads `prev`, through no view.
+    let private = |prev: TensorId, next: TensorId| {
+        !graph.outputs().contains(&prev)
+            && nodes.iter().enumerate().all(|(i, t)| {
+                let reads = t.src.contains(&prev) || t.view_of.is_some_and(|(p, _)| p == prev);
+                !needed[i] || !reads || TensorId::from_index(i) == next
+            })
+    };
+    1 + ids
+        .windows(2)
+        .take_while(|w| {
+            let t = &nodes[w[1].index()];
+            matches!(t.op, Op::DecodeLayer(_))
+                && t.src.first() == Some(&w[0])
+                && private(w[0], w[1])
+        })
+        .count()
 }
 
 /// Every run of `ids` a device may be offered as one group, with its position in `ids`: the one
@@ -179,171 +198,16 @@ fn norm_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
     }
 }
 
-/// True when `l` (13 ids) is one llama-family decode layer on the residual `x` (one token), in
-/// the order the optimizer leaves it: `rms_norm * w`; the q, k and v `mul_mat`s of it; the q and
-/// k ropes (one position vector); the K and V cache writes at those positions; the attention
-/// (no mask) over views of the caches; the o projection plus `x`; `rms_norm * w` of that sum;
-/// the gated FFN front (`mul_mat_swiglu`); the down projection plus the sum.
-fn decode_layer(nodes: &[Tensor], l: &[TensorId], x: Option<TensorId>) -> bool {
-    let t = |i: usize| &nodes[l[i].index()];
-    // Operand `k` of node `i` is node `j` or a view of it.
-    let from = |i: usize, k: usize, j: usize| operand_is(nodes, l[i], k, l[j]);
-    let src = |i: usize, k: usize| t(i).src.get(k).copied();
-    let (n0, r4, r5) = (t(0), t(4), t(5));
-    let Some(pos) = src(4, 1) else {
-        return false;
-    };
-    let x = x.or(src(0, 0));
-    matches!(n0.op, Op::RmsNormMul { .. })
-        && src(0, 0) == x
-        && n0.ne[1] * n0.ne[2] * n0.ne[3] == 1
-        && (1..4).all(|i| t(i).op == Op::MulMat && src(i, 1) == Some(l[0]))
-        && matches!(r4.op, Op::Rope(_))
-        && from(4, 0, 1)
-        && r5.op == r4.op
-        && from(5, 0, 2)
-        && r5.src[1..] == r4.src[1..]
-        && t(6).op == Op::SetRows
-        && from(6, 1, 5)
-        && src(6, 2) == Some(pos)
-        && t(7).op == Op::SetRows
-        && from(7, 1, 3)
-        && src(7, 2) == Some(pos)
-        && matches!(t(8).op, Op::Attention(_))
-        && t(8).src.len() == 4
-        && from(8, 0, 4)
-        && from(8, 1, 6)
-        && from(8, 2, 7)
-        && src(8, 3) == Some(pos)
-        && t(9).op == Op::MulMatAdd
-        && from(9, 1, 8)
-        && src(9, 2) == x
-        && matches!(t(10).op, Op::RmsNormMul { .. })
-        && src(10, 0) == Some(l[9])
-        && matches!(t(11).op, Op::MulMatGated(_))
-        && src(11, 2) == Some(l[10])
-        && t(12).op == Op::MulMatAdd
-        && src(12, 1) == Some(l[11])
-        && src(12, 2) == Some(l[9])
-}
-
-/// Length of the run at the start of `ids` made of whole llama-family decode layers (see
-/// [`decode_layer`]), each reading the residual the one before it leaves, [`STACK_LAYER_NODES`]
-/// nodes per layer; 0 when no layer starts there. A device takes as many whole layers as one
-/// launch of its persistent decode kernel holds; such a kernel keeps every result but the last
-/// residual and the cache writes on chip, so a run whose other results are read after it (by a
-/// node that runs, or as a graph output) is no run.
-fn stack_run(graph: &Graph, ids: &[TensorId]) -> usize {
-    let nodes = graph.tensors();
-    let mut layers = 0;
-    let mut x = None;
-    while let Some(l) = ids.get(layers * STACK_LAYER_NODES..(layers + 1) * STACK_LAYER_NODES) {
-        if !decode_layer(nodes, l, x) {
-            break;
-        }
-        x = Some(l[STACK_LAYER_NODES - 1]);
-        layers += 1;
-    }
-    if layers == 0 {
-        return 0;
-    }
-    let run = &ids[..layers * STACK_LAYER_NODES];
-    let last = run[run.len() - 1];
-    let mut in_run = vec![false; nodes.len()];
-    for id in run {
-        in_run[id.index()] = true;
-    }
-    // The cache writes alias persistent leaves, which the kernel does write.
-    let internal =
-        |id: TensorId| id != last && in_run[id.index()] && nodes[id.index()].op != Op::SetRows;
-    let needed = crate::plan::needed_nodes(graph);
-    let first = run[0].index();
-    let escapes = nodes.iter().enumerate().skip(first).any(|(i, t)| {
-        needed[i]
-            && !in_run[i]
-            && t.op != Op::View
-            && t.src.iter().any(|&s| internal(graph.storage_root(s).0))
-    }) || graph
-        .outputs()
-        .iter()
-        .any(|&o| internal(graph.storage_root(o).0));
-    if escapes {
-        0
-    } else {
-        run.len()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{Act, AttnParams, DType, Leaf, RopeMode, RopeParams};
+    use crate::opt::layer::tests::llama_decode;
+    use crate::tensor::Leaf;
 
-    /// `n_layer` llama-family decode layers (one token) as the model plans build them, then
-    /// optimized: the graph, the launched nodes in order, and each layer's q projection.
-    fn llama_decode(n_layer: usize) -> (Graph, Vec<TensorId>, Vec<TensorId>) {
-        let (e, hd, nh, nkv, ff, ctx) = (256, 64, 4, 2, 512, 32);
-        let mut g = Graph::new();
-        let pos = g.input("pos", DType::I32, &[1]).expect("pos");
-        let mut x = g.input("x", DType::F32, &[e, 1]).expect("x");
-        let mut qs = Vec::new();
-        let rope = RopeParams::new(RopeMode::Normal, hd, 10000.0, 1.0);
-        for il in 0..n_layer {
-            let w = |g: &mut Graph, n: &str, s: &[usize], t| g.weight(&format!("{n}.{il}"), t, s);
-            let an = w(&mut g, "attn_norm", &[e], DType::F32).expect("w");
-            let n = g.rms_norm(x, 1e-5).expect("norm");
-            let h = g.mul(n, an).expect("mul");
-            let wq = w(&mut g, "q", &[e, hd * nh], DType::Q4_K).expect("w");
-            let wk = w(&mut g, "k", &[e, hd * nkv], DType::Q4_K).expect("w");
-            let wv = w(&mut g, "v", &[e, hd * nkv], DType::Q6_K).expect("w");
-            let q = g.mul_mat(wq, h).expect("q");
-            let k = g.mul_mat(wk, h).expect("k");
-            let v = g.mul_mat(wv, h).expect("v");
-            qs.push(q);
-            let q3 = g.reshape(q, &[hd, nh, 1]).expect("r");
-            let k3 = g.reshape(k, &[hd, nkv, 1]).expect("r");
-            let qr = g.rope(q3, pos, rope, None).expect("rope");
-            let kr = g.rope(k3, pos, rope, None).expect("rope");
-            let kc = g
-                .persistent(&format!("ck.{il}"), DType::F16, &[hd * nkv, ctx])
-                .expect("c");
-            let vc = g
-                .persistent(&format!("cv.{il}"), DType::F16, &[hd * nkv, ctx])
-                .expect("c");
-            let k2 = g.reshape(kr, &[hd * nkv, 1]).expect("r");
-            let kw = g.set_rows(kc, k2, pos).expect("set");
-            let vw = g.set_rows(vc, v, pos).expect("set");
-            let nb = [hd * 2, hd * nkv * 2];
-            let ka = g.view(kw, &[hd, nkv, ctx], &nb, 0).expect("view");
-            let va = g.view(vw, &[hd, nkv, ctx], &nb, 0).expect("view");
-            let p = AttnParams {
-                scale: 0.125,
-                causal: true,
-                window: None,
-                softcap: None,
-            };
-            let o = g.attention(qr, ka, va, pos, None, p).expect("attn");
-            let o = g.reshape(o, &[hd * nh, 1]).expect("r");
-            let wo = w(&mut g, "o", &[hd * nh, e], DType::Q4_K).expect("w");
-            let o = g.mul_mat(wo, o).expect("o");
-            let x1 = g.add(o, x).expect("add");
-            let fnw = w(&mut g, "ffn_norm", &[e], DType::F32).expect("w");
-            let n = g.rms_norm(x1, 1e-5).expect("norm");
-            let h = g.mul(n, fnw).expect("mul");
-            let wg = w(&mut g, "gate", &[e, ff], DType::Q4_K).expect("w");
-            let wu = w(&mut g, "up", &[e, ff], DType::Q4_K).expect("w");
-            let wd = w(&mut g, "down", &[ff, e], DType::Q6_K).expect("w");
-            let gt = g.mul_mat(wg, h).expect("gate");
-            let up = g.mul_mat(wu, h).expect("up");
-            let a = g.gated(Act::Silu, gt, up).expect("act");
-            let d = g.mul_mat(wd, a).expect("down");
-            x = g.add(d, x1).expect("add");
-        }
-        g.mark_output(x).expect("out");
-        crate::opt::optimize(&mut g);
-        let needed = crate::plan::needed_nodes(&g);
-        let ids = g
-            .tensors()
+    /// The launched nodes of `g` a run needs, in order.
+    fn launched(g: &Graph) -> Vec<TensorId> {
+        let needed = crate::plan::needed_nodes(g);
+        g.tensors()
             .iter()
             .enumerate()
             .filter(|&(i, t)| {
@@ -354,37 +218,39 @@ mod tests {
                     )
             })
             .map(|(i, _)| TensorId::from_index(i))
-            .collect();
-        (g, ids, qs)
+            .collect()
     }
 
     #[test]
-    fn whole_decode_layers_form_one_run() {
-        let (g, ids, _) = llama_decode(3);
-        assert_eq!(ids.len(), 3 * STACK_LAYER_NODES, "{ids:?}");
-        assert_eq!(group_run(&g, &ids), 3 * STACK_LAYER_NODES);
-        // From the second layer on, and offered again after a device took one layer.
-        assert_eq!(
-            group_run(&g, &ids[STACK_LAYER_NODES..]),
-            2 * STACK_LAYER_NODES
-        );
-        // Half a layer is no run: the norm starts none of its own kinds either.
-        assert_eq!(group_run(&g, &ids[..STACK_LAYER_NODES - 1]), 1);
-        // Inside a layer: the q/k/v projections with their ropes and cache writes, the ropes
-        // with the cache writes.
+    fn groups_inside_a_decode_layer() {
+        let (g, _) = llama_decode(1);
+        let ids = launched(&g);
+        // The q/k/v projections with their ropes and cache writes, the ropes with the cache
+        // writes; the layer's first norm starts no chain of its own kinds.
         assert_eq!(group_run(&g, &ids[1..]), 7);
         assert_eq!(group_run(&g, &ids[4..]), 4);
+        assert_eq!(group_run(&g, &ids), 1);
     }
 
     #[test]
-    fn a_run_whose_results_are_read_later_is_no_run() {
-        let (mut g, ids, qs) = llama_decode(2);
-        // A q projection wanted as an output: a persistent kernel would not write it.
-        g.mark_output(qs[1]).expect("out");
-        assert_eq!(group_run(&g, &ids), 1);
-        // The last residual is the run's own output and may be read.
-        let (g, ids, _) = llama_decode(1);
-        assert!(g.outputs().contains(&ids[STACK_LAYER_NODES - 1]));
-        assert_eq!(group_run(&g, &ids), STACK_LAYER_NODES);
+    fn consecutive_fused_layers_form_one_run() {
+        let (mut g, _) = llama_decode(3);
+        assert_eq!(crate::opt::fuse_decode_layers(&mut g, &|_, _| true), 3);
+        let ids = launched(&g);
+        assert_eq!(ids.len(), 3);
+        assert_eq!(group_run(&g, &ids), 3);
+        // Offered again after a device took one layer.
+        assert_eq!(group_run(&g, &ids[1..]), 2);
+    }
+
+    #[test]
+    fn a_layer_whose_residual_is_read_elsewhere_ends_the_run() {
+        let (mut g, _) = llama_decode(3);
+        crate::opt::fuse_decode_layers(&mut g, &|_, _| true);
+        let ids = launched(&g);
+        // A kernel running the chain writes only the last residual.
+        g.mark_output(ids[1]).expect("out");
+        assert_eq!(group_run(&g, &ids), 2);
+        assert_eq!(group_run(&g, &ids[2..]), 1);
     }
 }

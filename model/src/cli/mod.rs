@@ -4,6 +4,7 @@
 mod batched_bench;
 mod bench;
 mod cache;
+mod env;
 mod run;
 
 use std::path::PathBuf;
@@ -24,6 +25,8 @@ use crate::text::TextModel;
 pub fn default_model() -> PathBuf {
     cache_dir().join(DEFAULT_MODEL_FILE)
 }
+
+pub use env::{get as env_value, API_KEY as API_KEY_VAR};
 
 /// The model commands; the binary flattens them into its own command list.
 #[derive(Subcommand, Debug)]
@@ -69,6 +72,8 @@ pub enum Cmd {
     },
     /// Write a synthetic GGUF model (seeded random weights at a real architecture's shapes).
     Synth(run::SynthArgs),
+    /// List the environment variables rocmforge reads, their meaning, defaults and values now.
+    Env,
 }
 
 /// Model and session settings shared by the commands that run a model (`serve` too).
@@ -98,7 +103,7 @@ pub struct ModelArgs {
     #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
     n_gpu_layers: Option<usize>,
     /// Caps the GPU memory used (bytes, or with a K/M/G suffix); also env
-    /// ROCMFORGE_GPU_MEM_LIMIT.
+    /// ROCMFORGE_GPU_MEM_LIMIT (see `rocmforge env`).
     #[arg(long)]
     gpu_mem_limit: Option<String>,
     /// Runs llama-family decode layers with the per-op GPU kernels instead of the persistent
@@ -125,10 +130,12 @@ impl ModelArgs {
         let max = tm.model().config().n_ctx_train;
         let limit = match &self.gpu_mem_limit {
             Some(s) => Some(s.clone()),
-            None => std::env::var("ROCMFORGE_GPU_MEM_LIMIT").ok(),
+            None => env::gpu_mem_limit(),
         };
         run::check_threads(self.threads)?;
-        Ok(SessionOptions {
+        // Before any session opens a GPU (`serve` comes here too).
+        env::choose_platform()?;
+        let mut opts = SessionOptions {
             n_ctx: self.ctx.unwrap_or(4096.min(max)),
             kv_type: if self.kv_f32 {
                 KvType::F32
@@ -141,7 +148,10 @@ impl ModelArgs {
             n_gpu_layers: self.n_gpu_layers,
             gpu_mem_limit: limit.as_deref().map(parse_bytes).transpose()?,
             gpu_stack: !self.no_gpu_stack,
-        })
+            ..SessionOptions::default()
+        };
+        env::apply(&mut opts);
+        Ok(opts)
     }
 
     /// A session with a progress bar for the weight upload; prints the device plan to stderr and,
@@ -341,7 +351,7 @@ pub fn args() -> impl Iterator<Item = std::ffi::OsString> {
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ROCMFORGE_LOG")
+            tracing_subscriber::EnvFilter::try_from_env(env::LOG)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
@@ -350,6 +360,7 @@ pub fn init_logging() {
 
 /// Runs one model command.
 pub fn run(cmd: Cmd) -> Result<(), ModelError> {
+    env::choose_platform()?;
     match cmd {
         Cmd::Devices => {
             gpu_mem::print_summary();
@@ -369,5 +380,9 @@ pub fn run(cmd: Cmd) -> Result<(), ModelError> {
         Cmd::Perplexity(a) => bench::perplexity(&a),
         Cmd::Demo { m, n_predict } => run::demo(&m, n_predict),
         Cmd::Synth(a) => run::synth(&a),
+        Cmd::Env => {
+            print!("{}", env::table());
+            Ok(())
+        }
     }
 }

@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "rocmforge",
     version,
-    about = "Run GGUF language models (llama, mistral, qwen2/3, gemma2/3)"
+    about = "Run GGUF language models (llama, mistral, qwen2/3, gemma2/3)",
+    after_help = "Environment variables: `rocmforge env` lists them with their meaning and defaults."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -1,0 +1,37 @@
+//! The switches of the HIP backend, a plain struct so that callers (the CLI's environment table,
+//! tests, benchmarks) choose them and the backend reads no environment.
+
+/// How a HIP device runs its nodes, fixed when it opens. Every default is the fast path; the
+/// alternatives exist to tell a fused or grouped kernel's numerics and speed from the plain
+/// kernels' (A/B comparisons), and to time nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HipOptions {
+    /// Launch groups: the q/k/v mat-vecs in one kernel, rope/cache-write and norm chains, whole
+    /// decode layers; false launches node by node.
+    pub group: bool,
+    /// Few-token attention as the one-launch decode kernel; false takes the split-key kernel.
+    pub attn_dec: bool,
+    /// The q/k/v mat-vec rotates and stores its rows itself; false leaves that to the rope launch.
+    pub qkv_rope: bool,
+    /// The persistent decode stack may run where the device can (sessions still turn it on with
+    /// `set_stack`); false vetoes it.
+    pub stack: bool,
+    /// Kernels may start while the one before them finishes, where every module's code waits
+    /// for its predecessors first.
+    pub early_launch: bool,
+    /// Per-node GPU times, logged when the device closes; graph capture is off while profiling.
+    pub profile: bool,
+}
+
+impl Default for HipOptions {
+    fn default() -> Self {
+        Self {
+            group: true,
+            attn_dec: true,
+            qkv_rope: true,
+            stack: true,
+            early_launch: true,
+            profile: false,
+        }
+    }
+}

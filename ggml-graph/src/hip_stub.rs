@@ -1,0 +1,102 @@
+//! The HIP backend's names in a build without the `hip` feature: opening a device reports that
+//! this build has no HIP support, so code above the graph compiles the same way in both builds
+//! and treats "no HIP" like "no GPU".
+
+use crate::backend::{BufferType, Device, Stream, TensorMem};
+use crate::error::{GraphError, Result};
+use crate::tensor::Tensor;
+
+pub use crate::hip_options::HipOptions;
+
+// The workspace arithmetic is the backend's own, and needs no GPU.
+#[path = "hip/workspace.rs"]
+mod workspace;
+
+/// No value: a device never opens in this build.
+#[derive(Clone, Copy)]
+enum Never {}
+
+/// A GPU as a graph [`Device`]; never opens in this build.
+#[derive(Clone)]
+pub struct HipDevice {
+    never: Never,
+}
+
+impl HipDevice {
+    /// Fails: this build has no HIP backend.
+    pub fn new(ordinal: i32) -> Result<Self> {
+        Self::with_options(ordinal, HipOptions::default())
+    }
+
+    /// Fails: this build has no HIP backend.
+    pub fn with_options(ordinal: i32, opts: HipOptions) -> Result<Self> {
+        let _ = (ordinal, opts);
+        Err(GraphError::Unsupported {
+            backend: "hip",
+            op: "open",
+            detail: "not compiled with HIP (the `hip` feature of ggml-graph)".into(),
+        })
+    }
+
+    /// See the HIP build's `set_stack`.
+    pub fn set_stack(&self, on: bool) -> bool {
+        let _ = on;
+        match self.never {}
+    }
+
+    /// See the HIP build's `budget_available`.
+    pub fn budget_available(&self) -> u64 {
+        match self.never {}
+    }
+
+    /// See the HIP build's `cap_budget`.
+    pub fn cap_budget(&self, bytes: u64) {
+        let _ = bytes;
+        match self.never {}
+    }
+
+    /// See the HIP build's `allocated_bytes`.
+    pub fn allocated_bytes(&self) -> u64 {
+        match self.never {}
+    }
+
+    /// See the HIP build's `copy_bandwidth`.
+    pub fn copy_bandwidth(&self, bytes: usize, reps: u32) -> Result<f64> {
+        let _ = (bytes, reps);
+        match self.never {}
+    }
+}
+
+impl Device for HipDevice {
+    fn name(&self) -> &str {
+        match self.never {}
+    }
+    fn buffer_type(&self) -> &dyn BufferType {
+        match self.never {}
+    }
+    fn supports_op(&self, _t: &Tensor, _srcs: &[&Tensor]) -> bool {
+        match self.never {}
+    }
+    fn new_stream(&self) -> Result<Box<dyn Stream>> {
+        match self.never {}
+    }
+    fn launch(
+        &self,
+        _stream: &dyn Stream,
+        _t: &Tensor,
+        _dst: TensorMem<'_>,
+        _srcs: &[TensorMem<'_>],
+    ) -> Result<()> {
+        match self.never {}
+    }
+}
+
+/// `decode_stack` launches so far: none in this build.
+pub fn stack_launches() -> usize {
+    0
+}
+
+/// `head_q6_k` launches so far: none in this build.
+pub fn head_launches() -> usize {
+    0
+}

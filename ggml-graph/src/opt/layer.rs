@@ -1,0 +1,315 @@
+//! The decode-layer pass: each llama-family decode layer of a one-token graph becomes one
+//! [`Op::DecodeLayer`] node, where the device that will run it says it takes the whole layer.
+//!
+//! The pattern is the 13 launched nodes that [`super::optimize`] leaves of a layer, in order:
+//! `rms_norm * w`; the q, k and v `mul_mat`s of it; the q and k ropes (one position vector); the K
+//! and V cache writes at those positions; the attention (no mask) over views of the caches; the o
+//! projection plus the residual `x`; `rms_norm * w` of that sum; the gated FFN front
+//! (`mul_mat_swiglu`); the down projection plus the sum. A fused layer keeps every intermediate to
+//! itself, so a layer whose intermediates something else reads (another node, a graph output) is
+//! left alone.
+
+use crate::graph::Graph;
+use crate::plan::needed_nodes;
+use crate::tensor::{layer_src, DecodeLayerParams, Op, Tensor, TensorId};
+
+/// Launched nodes per decode layer in the pattern.
+const LAYER_NODES: usize = 13;
+
+/// `id`, then each tensor it is a view of, down to its storage root.
+fn view_chain(nodes: &[Tensor], id: TensorId) -> impl Iterator<Item = TensorId> + '_ {
+    std::iter::successors(Some(id), |&i| nodes[i.index()].view_of.map(|(p, _)| p))
+}
+
+/// True when operand `at` of node `id` is `x` or a view of it.
+fn operand_is(nodes: &[Tensor], id: TensorId, at: usize, x: TensorId) -> bool {
+    nodes[id.index()]
+        .src
+        .get(at)
+        .is_some_and(|&s| view_chain(nodes, s).any(|v| v == x))
+}
+
+/// True when `l` (13 ids) is one decode layer of the pattern (see the module docs).
+fn is_layer(nodes: &[Tensor], l: &[TensorId]) -> bool {
+    let t = |i: usize| &nodes[l[i].index()];
+    // Operand `k` of node `i` is node `j` or a view of it.
+    let from = |i: usize, k: usize, j: usize| operand_is(nodes, l[i], k, l[j]);
+    let src = |i: usize, k: usize| t(i).src.get(k).copied();
+    let (n0, r4, r5) = (t(0), t(4), t(5));
+    let Some(pos) = src(4, 1) else {
+        return false;
+    };
+    let x = src(0, 0);
+    matches!(n0.op, Op::RmsNormMul { .. })
+        && n0.ne[1] * n0.ne[2] * n0.ne[3] == 1
+        && (1..4).all(|i| t(i).op == Op::MulMat && src(i, 1) == Some(l[0]))
+        && matches!(r4.op, Op::Rope(_))
+        && from(4, 0, 1)
+        && r5.op == r4.op
+        && from(5, 0, 2)
+        && r5.src[1..] == r4.src[1..]
+        && t(6).op == Op::SetRows
+        && from(6, 1, 5)
+        && src(6, 2) == Some(pos)
+        && t(7).op == Op::SetRows
+        && from(7, 1, 3)
+        && src(7, 2) == Some(pos)
+        && matches!(t(8).op, Op::Attention(_))
+        && t(8).src.len() == 4
+        && from(8, 0, 4)
+        && from(8, 1, 6)
+        && from(8, 2, 7)
+        && src(8, 3) == Some(pos)
+        && t(9).op == Op::MulMatAdd
+        && from(9, 1, 8)
+        && src(9, 2) == x
+        && matches!(t(10).op, Op::RmsNormMul { .. })
+        && src(10, 0) == Some(l[9])
+        && matches!(t(11).op, Op::MulMatGated(_))
+        && src(11, 2) == Some(l[10])
+        && t(12).op == Op::MulMatAdd
+        && src(12, 1) == Some(l[11])
+        && src(12, 2) == Some(l[9])
+}
+
+/// The fused node of layer `l` (see [`is_layer`]): the last node's tensor with the layer's op
+/// and operands; `None` where the attention reads its caches from other than their first row
+/// (the node writes row `pos` of what it reads).
+fn fused_node(g: &Graph, l: &[TensorId]) -> Option<Tensor> {
+    let nodes = g.tensors();
+    let t = |i: usize| &nodes[l[i].index()];
+    if [1, 2].iter().any(|&k| g.storage_root(t(8).src[k]).1 != 0) {
+        return None;
+    }
+    let (Op::RmsNormMul { eps: attn_eps }, Op::Rope(rope), Op::Attention(attn)) =
+        (&t(0).op, &t(4).op, &t(8).op)
+    else {
+        return None;
+    };
+    let (Op::RmsNormMul { eps: ffn_eps }, Op::MulMatGated(act)) = (&t(10).op, &t(11).op) else {
+        return None;
+    };
+    let q = &nodes[t(8).src[0].index()];
+    let mut src = vec![TensorId::from_index(0); layer_src::W_DOWN + 1];
+    src[layer_src::X] = t(0).src[0];
+    src[layer_src::ATTN_NORM] = t(0).src[1];
+    src[layer_src::WQ] = t(1).src[0];
+    src[layer_src::WK] = t(2).src[0];
+    src[layer_src::WV] = t(3).src[0];
+    src[layer_src::POS] = t(4).src[1];
+    src[layer_src::K] = t(8).src[1];
+    src[layer_src::V] = t(8).src[2];
+    src[layer_src::WO] = t(9).src[0];
+    src[layer_src::FFN_NORM] = t(10).src[1];
+    src[layer_src::W_GATE] = t(11).src[0];
+    src[layer_src::W_UP] = t(11).src[1];
+    src[layer_src::W_DOWN] = t(12).src[0];
+    if let Some(&ff) = t(4).src.get(2) {
+        src.push(ff);
+    }
+    let mut node = t(12).clone();
+    node.op = Op::DecodeLayer(DecodeLayerParams {
+        attn_eps: *attn_eps,
+        ffn_eps: *ffn_eps,
+        rope: *rope,
+        attn: *attn,
+        act: *act,
+        n_head: q.ne[1],
+        head_dim: q.ne[0],
+    });
+    node.src = src;
+    Some(node)
+}
+
+/// True when something outside layer `l` reads one of its results other than the last (its
+/// output residual): a needed node that is not a view (views count through their readers), or
+/// a graph output.
+fn escapes(g: &Graph, l: &[TensorId], needed: &[bool]) -> bool {
+    let nodes = g.tensors();
+    let last = l[LAYER_NODES - 1];
+    let internal = |id: TensorId| id != last && l.contains(&id);
+    nodes.iter().enumerate().skip(l[0].index()).any(|(i, t)| {
+        needed[i]
+            && !l.contains(&TensorId::from_index(i))
+            && t.op != Op::View
+            && t.src.iter().any(|&s| internal(g.storage_root(s).0))
+    }) || g.outputs().iter().any(|&o| internal(g.storage_root(o).0))
+}
+
+/// Replaces each decode layer of `g` (one token; see the module docs) that `accept` takes (the
+/// fused node and its operands, as a device's `supports_op` is asked) by one
+/// [`Op::DecodeLayer`] node in place of the layer's last node, keeping every `TensorId` valid:
+/// the cache writes become views of their caches (the fused node writes them) and the other
+/// nodes of the layer lose their readers. Returns the layers fused.
+pub fn fuse_decode_layers(g: &mut Graph, accept: &dyn Fn(&Tensor, &[&Tensor]) -> bool) -> usize {
+    let needed = needed_nodes(g);
+    let ids: Vec<TensorId> = g
+        .tensors()
+        .iter()
+        .enumerate()
+        .filter(|&(i, t)| needed[i] && !matches!(t.op, Op::Leaf(_) | Op::View))
+        .map(|(i, _)| TensorId::from_index(i))
+        .collect();
+    let mut fused = 0;
+    let mut j = 0;
+    while j + LAYER_NODES <= ids.len() {
+        let l = &ids[j..j + LAYER_NODES];
+        let nodes = g.tensors();
+        let node = (is_layer(nodes, l) && !escapes(g, l, &needed))
+            .then(|| fused_node(g, l))
+            .flatten()
+            .filter(|n| {
+                let srcs: Vec<&Tensor> = n.src.iter().map(|s| &nodes[s.index()]).collect();
+                accept(n, &srcs)
+            });
+        let Some(node) = node else {
+            j += 1;
+            continue;
+        };
+        // The cache writes: views of their caches now, with no side effect of their own.
+        for &w in &l[6..8] {
+            let t = &mut g.nodes[w.index()];
+            let cache = t.src[0];
+            t.op = Op::View;
+            t.src = vec![cache];
+            t.view_of = Some((cache, 0));
+        }
+        g.nodes[l[LAYER_NODES - 1].index()] = node;
+        fused += 1;
+        j += LAYER_NODES;
+    }
+    fused
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::tensor::{Act, AttnParams, DType, RopeMode, RopeParams};
+
+    /// `n_layer` llama-family decode layers (one token) as the model plans build them, then
+    /// optimized: the graph and each layer's q projection.
+    pub(crate) fn llama_decode(n_layer: usize) -> (Graph, Vec<TensorId>) {
+        let (e, hd, nh, nkv, ff, ctx) = (256, 64, 4, 2, 512, 32);
+        let mut g = Graph::new();
+        let pos = g.input("pos", DType::I32, &[1]).expect("pos");
+        let mut x = g.input("x", DType::F32, &[e, 1]).expect("x");
+        let mut qs = Vec::new();
+        let rope = RopeParams::new(RopeMode::Normal, hd, 10000.0, 1.0);
+        for il in 0..n_layer {
+            let w = |g: &mut Graph, n: &str, s: &[usize], t| g.weight(&format!("{n}.{il}"), t, s);
+            let an = w(&mut g, "attn_norm", &[e], DType::F32).expect("w");
+            let n = g.rms_norm(x, 1e-5).expect("norm");
+            let h = g.mul(n, an).expect("mul");
+            let wq = w(&mut g, "q", &[e, hd * nh], DType::Q4_K).expect("w");
+            let wk = w(&mut g, "k", &[e, hd * nkv], DType::Q4_K).expect("w");
+            let wv = w(&mut g, "v", &[e, hd * nkv], DType::Q6_K).expect("w");
+            let q = g.mul_mat(wq, h).expect("q");
+            let k = g.mul_mat(wk, h).expect("k");
+            let v = g.mul_mat(wv, h).expect("v");
+            qs.push(q);
+            let q3 = g.reshape(q, &[hd, nh, 1]).expect("r");
+            let k3 = g.reshape(k, &[hd, nkv, 1]).expect("r");
+            let qr = g.rope(q3, pos, rope, None).expect("rope");
+            let kr = g.rope(k3, pos, rope, None).expect("rope");
+            let kc = g
+                .persistent(&format!("ck.{il}"), DType::F16, &[hd * nkv, ctx])
+                .expect("c");
+            let vc = g
+                .persistent(&format!("cv.{il}"), DType::F16, &[hd * nkv, ctx])
+                .expect("c");
+            let k2 = g.reshape(kr, &[hd * nkv, 1]).expect("r");
+            let kw = g.set_rows(kc, k2, pos).expect("set");
+            let vw = g.set_rows(vc, v, pos).expect("set");
+            let nb = [hd * 2, hd * nkv * 2];
+            let ka = g.view(kw, &[hd, nkv, ctx], &nb, 0).expect("view");
+            let va = g.view(vw, &[hd, nkv, ctx], &nb, 0).expect("view");
+            let p = AttnParams {
+                scale: 0.125,
+                causal: true,
+                window: None,
+                softcap: None,
+            };
+            let o = g.attention(qr, ka, va, pos, None, p).expect("attn");
+            let o = g.reshape(o, &[hd * nh, 1]).expect("r");
+            let wo = w(&mut g, "o", &[hd * nh, e], DType::Q4_K).expect("w");
+            let o = g.mul_mat(wo, o).expect("o");
+            let x1 = g.add(o, x).expect("add");
+            let fnw = w(&mut g, "ffn_norm", &[e], DType::F32).expect("w");
+            let n = g.rms_norm(x1, 1e-5).expect("norm");
+            let h = g.mul(n, fnw).expect("mul");
+            let wg = w(&mut g, "gate", &[e, ff], DType::Q4_K).expect("w");
+            let wu = w(&mut g, "up", &[e, ff], DType::Q4_K).expect("w");
+            let wd = w(&mut g, "down", &[ff, e], DType::Q6_K).expect("w");
+            let gt = g.mul_mat(wg, h).expect("gate");
+            let up = g.mul_mat(wu, h).expect("up");
+            let a = g.gated(Act::Silu, gt, up).expect("act");
+            let d = g.mul_mat(wd, a).expect("down");
+            x = g.add(d, x1).expect("add");
+        }
+        g.mark_output(x).expect("out");
+        crate::opt::optimize(&mut g);
+        (g, qs)
+    }
+
+    /// The launched nodes of `g` that a run needs, by op name.
+    fn launched(g: &Graph) -> Vec<&'static str> {
+        let needed = needed_nodes(g);
+        g.tensors()
+            .iter()
+            .enumerate()
+            .filter(|&(i, t)| needed[i] && !matches!(t.op, Op::Leaf(_) | Op::View))
+            .map(|(_, t)| t.op.name())
+            .collect()
+    }
+
+    #[test]
+    fn each_decode_layer_becomes_one_node_that_writes_its_caches() {
+        let (mut g, _) = llama_decode(3);
+        assert_eq!(launched(&g).len(), 3 * LAYER_NODES);
+        assert_eq!(fuse_decode_layers(&mut g, &|_, _| true), 3);
+        assert_eq!(launched(&g), ["decode_layer"; 3]);
+        let nodes = g.tensors();
+        let ids: Vec<usize> = (0..nodes.len())
+            .filter(|&i| matches!(nodes[i].op, Op::DecodeLayer(_)))
+            .collect();
+        for (il, &i) in ids.iter().enumerate() {
+            let t = &nodes[i];
+            let name = |k: usize| &nodes[g.storage_root(t.src[k]).0.index()].name;
+            assert_eq!(name(layer_src::WQ), &format!("q.{il}"));
+            assert_eq!(name(layer_src::K), &format!("ck.{il}"));
+            assert_eq!(name(layer_src::V), &format!("cv.{il}"));
+            assert_eq!(name(layer_src::W_DOWN), &format!("down.{il}"));
+            assert_eq!(t.src.len(), layer_src::W_DOWN + 1);
+            assert!(g.writes_persistent(TensorId::from_index(i)));
+            let Op::DecodeLayer(p) = t.op else {
+                unreachable!("filtered above")
+            };
+            assert_eq!((p.n_head, p.head_dim, p.act), (4, 64, Act::Silu));
+        }
+        // Each layer reads the residual the one before it leaves; the last is the output.
+        assert_eq!(nodes[ids[1]].src[layer_src::X].index(), ids[0]);
+        assert_eq!(g.outputs()[0].index(), ids[2]);
+    }
+
+    #[test]
+    fn layers_the_device_refuses_or_whose_results_are_read_stay_apart() {
+        let (mut g, _) = llama_decode(2);
+        // Only the second layer's weights are on the device that takes the node.
+        let second = |t: &Tensor, s: &[&Tensor]| {
+            matches!(t.op, Op::DecodeLayer(_)) && s[layer_src::WQ].name == "q.1"
+        };
+        assert_eq!(fuse_decode_layers(&mut g, &second), 1);
+        let ops = launched(&g);
+        assert_eq!(ops.len(), LAYER_NODES + 1);
+        assert_eq!(ops[LAYER_NODES], "decode_layer");
+        // A q projection wanted as an output: a fused layer would not write it.
+        let (mut g, qs) = llama_decode(2);
+        g.mark_output(qs[1]).expect("out");
+        assert_eq!(fuse_decode_layers(&mut g, &|_, _| true), 1);
+        // A device that takes no layer leaves the graph as it was.
+        let (mut g, _) = llama_decode(1);
+        let before = launched(&g).len();
+        assert_eq!(fuse_decode_layers(&mut g, &|_, _| false), 0);
+        assert_eq!(launched(&g).len(), before);
+    }
+}
