@@ -595,7 +595,9 @@ RF_KERNEL void attn_softmax_f16(const float* __restrict__ s, __half* __restrict_
 // (query token, KV head); each warp takes query heads of the group in turn and makes attn_impl's
 // two passes over the keys (the row's exact max and sum, then probabilities normalized and
 // rounded to the cache type weighting V), so the roundings are those of the contiguous kernels
-// and of the CPU op. `p.n_kv` is unused (each token's range comes from its position).
+// and of the CPU op. `p.n_kv` is the pool's row count and `p.split_len` the tables' column
+// count: a token whose column or position lies outside the tables gets zeros, and a table entry
+// outside the pool hides its keys, so no input makes the kernel read outside its buffers.
 // ---------------------------------------------------------------------------------------------
 template <typename KV>
 static __device__ __forceinline__ void paged_impl(const float* __restrict__ q, const KV* __restrict__ k,
@@ -609,7 +611,16 @@ static __device__ __forceinline__ void paged_impl(const float* __restrict__ q, c
     const int nwarps = blockDim.x / RF_WARP;
     const int warp = threadIdx.x / RF_WARP, lane = threadIdx.x % RF_WARP;
     const int qpos = pos[tok];
-    const int* table = tables + (long long)seq[2 * tok] * max_blocks;
+    const int col = seq[2 * tok];
+    const int n_blocks = p.n_kv / block_size;
+    if (col < 0 || col >= p.split_len || qpos < 0 || qpos / block_size >= max_blocks) {
+        for (int i = threadIdx.x; i < gqa * D; i += blockDim.x) {
+            const int head = kvh * gqa + i / D;
+            out[(long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride + i % D] = 0.0f;
+        }
+        return;
+    }
+    const int* table = tables + (long long)col * max_blocks;
     const int hi = qpos + 1;
     const int lo = p.window > 0 ? max(0, qpos - p.window + 1) : 0;
     const KV* kb = k + (long long)kvh * p.k_head_stride;
@@ -626,7 +637,9 @@ static __device__ __forceinline__ void paged_impl(const float* __restrict__ q, c
         }
         float m = -INFINITY, l = 0.0f;
         for (int ps = lo; ps < hi; ++ps) {
-            const long long row = (long long)table[ps / block_size] * block_size + ps % block_size;
+            const int blk = table[ps / block_size];
+            if (blk < 0 || blk >= n_blocks) continue;
+            const long long row = (long long)blk * block_size + ps % block_size;
             const KV* kr = kb + row * p.k_pos_stride;
             float s = 0.0f;
 #pragma unroll
@@ -641,7 +654,9 @@ static __device__ __forceinline__ void paged_impl(const float* __restrict__ q, c
         }
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int ps = lo; ps < hi; ++ps) {
-            const long long row = (long long)table[ps / block_size] * block_size + ps % block_size;
+            const int blk = table[ps / block_size];
+            if (blk < 0 || blk >= n_blocks) continue;
+            const long long row = (long long)blk * block_size + ps % block_size;
             const KV* kr = kb + row * p.k_pos_stride;
             const KV* vr = vb + row * p.v_pos_stride;
             float s = 0.0f;

@@ -203,7 +203,8 @@ pub(super) fn paged_attention(
         n_kv: k.ne[2] as i32,
         causal: 1,
         window: p.window.unwrap_or(0) as i32,
-        split_len: k.ne[2] as i32,
+        // The tables' column count: the kernel bounds every token's column by it.
+        split_len: tables.ne[1] as i32,
         q_tok_stride: (q.nb[2] / 4) as i64,
         q_head_stride: (q.nb[1] / 4) as i64,
         k_pos_stride: (k.nb[2] / es) as i64,
@@ -229,12 +230,18 @@ pub(super) fn paged_attention(
         .push(block_size as i32)
         .push(tables.ne[0] as i32)
         .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
-    d.launch_kernel(
-        kid,
-        [n_tok as u32, n_kv_heads as u32, 1],
-        warps * warp,
-        &a.0,
-    )
+    // SAFETY: q, k, v, pos, seq, tables and the output are the node's tensors, sized by the
+    // scheduler for the shapes passed here (supports_op checked them dense where the kernel
+    // indexes them flat); the kernel bounds every column, position and table entry it reads by
+    // the table and pool sizes passed here (`n_kv` slots, `split_len` columns, `max_blocks`).
+    unsafe {
+        d.launch_kernel(
+            kid,
+            [n_tok as u32, n_kv_heads as u32, 1],
+            warps * warp,
+            &a.0,
+        )
+    }
 }
 
 /// Prefill attention with an f16 cache as two batched GEMMs per head-in-group and token chunk
