@@ -2,6 +2,11 @@
 //! columns gives each column the bits of the one-column product, and paged attention over a
 //! block pool gives each token the bits of the contiguous attention of its sequence alone.
 
+#![allow(
+    clippy::needless_range_loop,
+    reason = "the references index several arrays in lockstep"
+)]
+
 mod common;
 
 use common::*;

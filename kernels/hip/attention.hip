@@ -586,3 +586,110 @@ RF_KERNEL void attn_softmax_f16(const float* __restrict__ s, __half* __restrict_
     for (int j = threadIdx.x; j < n_kv; j += blockDim.x)
         pr[j] = __float2half(j >= lo && j < hi && mx != -INFINITY ? expf(sr[j] - mx) * inv : 0.0f);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Paged attention (continuous batching): every query token attends over its own sequence's
+// positions, read from a pool of KV blocks through the sequence's block table: position `j` of
+// the sequence in column `seq[2 t]` of `tables` sits in pool row `tables[col][j / block_size] *
+// block_size + j % block_size`. Always causal; the window applies as in attn_impl. One block per
+// (query token, KV head); each warp takes query heads of the group in turn and makes attn_impl's
+// two passes over the keys (the row's exact max and sum, then probabilities normalized and
+// rounded to the cache type weighting V), so the roundings are those of the contiguous kernels
+// and of the CPU op. `p.n_kv` is the pool's row count and `p.split_len` the tables' column
+// count: a token whose column or position lies outside the tables gets zeros, and a table entry
+// outside the pool hides its keys, so no input makes the kernel read outside its buffers.
+// ---------------------------------------------------------------------------------------------
+template <typename KV>
+static __device__ __forceinline__ void paged_impl(const float* __restrict__ q, const KV* __restrict__ k,
+                                                  const KV* __restrict__ v, const int* __restrict__ pos,
+                                                  const int* __restrict__ seq, const int* __restrict__ tables,
+                                                  float* __restrict__ out, const int block_size,
+                                                  const int max_blocks, const attn_params p) {
+    const int tok = blockIdx.x, kvh = blockIdx.y;
+    const int D = p.head_dim;
+    const int gqa = p.n_heads / p.n_kv_heads;
+    const int nwarps = blockDim.x / RF_WARP;
+    const int warp = threadIdx.x / RF_WARP, lane = threadIdx.x % RF_WARP;
+    const int qpos = pos[tok];
+    const int col = seq[2 * tok];
+    const int n_blocks = p.n_kv / block_size;
+    if (col < 0 || col >= p.split_len || qpos < 0 || qpos / block_size >= max_blocks) {
+        for (int i = threadIdx.x; i < gqa * D; i += blockDim.x) {
+            const int head = kvh * gqa + i / D;
+            out[(long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride + i % D] = 0.0f;
+        }
+        return;
+    }
+    const int* table = tables + (long long)col * max_blocks;
+    const int hi = qpos + 1;
+    const int lo = p.window > 0 ? max(0, qpos - p.window + 1) : 0;
+    const KV* kb = k + (long long)kvh * p.k_head_stride;
+    const KV* vb = v + (long long)kvh * p.v_head_stride;
+    for (int g = warp; g < gqa; g += nwarps) {
+        const int head = kvh * gqa + g;
+        const float* qp = q + (long long)tok * p.q_tok_stride + (long long)head * p.q_head_stride;
+        float qr[ATTN_DPL], acc[ATTN_DPL];
+#pragma unroll
+        for (int j = 0; j < ATTN_DPL; ++j) {
+            const int d = lane + j * RF_WARP;
+            qr[j] = d < D ? round_kv<KV>(qp[d]) : 0.0f;
+            acc[j] = 0.0f;
+        }
+        float m = -INFINITY, l = 0.0f;
+        for (int ps = lo; ps < hi; ++ps) {
+            const int blk = table[ps / block_size];
+            if (blk < 0 || blk >= n_blocks) continue;
+            const long long row = (long long)blk * block_size + ps % block_size;
+            const KV* kr = kb + row * p.k_pos_stride;
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATTN_DPL; ++j) {
+                const int d = lane + j * RF_WARP;
+                if (d < D) s += qr[j] * ld_kv(kr, d);
+            }
+            s = p.scale * warp_sum(s);
+            const float mn = fmaxf(m, s);
+            l = l * expf(m - mn) + expf(s - mn);
+            m = mn;
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int ps = lo; ps < hi; ++ps) {
+            const int blk = table[ps / block_size];
+            if (blk < 0 || blk >= n_blocks) continue;
+            const long long row = (long long)blk * block_size + ps % block_size;
+            const KV* kr = kb + row * p.k_pos_stride;
+            const KV* vr = vb + row * p.v_pos_stride;
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATTN_DPL; ++j) {
+                const int d = lane + j * RF_WARP;
+                if (d < D) s += qr[j] * ld_kv(kr, d);
+            }
+            s = p.scale * warp_sum(s);
+            const float w = round_kv<KV>(expf(s - m) * inv);
+#pragma unroll
+            for (int j = 0; j < ATTN_DPL; ++j) {
+                const int d = lane + j * RF_WARP;
+                if (d < D) acc[j] += w * ld_kv(vr, d);
+            }
+        }
+        float* op = out + (long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride;
+#pragma unroll
+        for (int j = 0; j < ATTN_DPL; ++j) {
+            const int d = lane + j * RF_WARP;
+            if (d < D) op[d] = acc[j];
+        }
+    }
+}
+
+RF_KERNEL void paged_attn_f16(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
+                              const int* tables, float* out, int block_size, int max_blocks, attn_params p) {
+    rf_entry();
+    paged_impl<__half>(q, k, v, pos, seq, tables, out, block_size, max_blocks, p);
+}
+
+RF_KERNEL void paged_attn_f32(const float* q, const float* k, const float* v, const int* pos, const int* seq,
+                              const int* tables, float* out, int block_size, int max_blocks, attn_params p) {
+    rf_entry();
+    paged_impl<float>(q, k, v, pos, seq, tables, out, block_size, max_blocks, p);
+}

@@ -458,6 +458,8 @@ kernel_ids! {
     AttnCombineF32 => Attention, "attn_combine_f32";
     AttnQF16 => Attention, "attn_q_f16";
     AttnSoftmaxF16 => Attention, "attn_softmax_f16";
+    PagedAttnF16 => Attention, "paged_attn_f16";
+    PagedAttnF32 => Attention, "paged_attn_f32";
 }
 
 fn params_of(k: KernelId) -> &'static [Param] {
@@ -600,5 +602,6 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnSoftmaxF16 => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32],
+        K::PagedAttnF16 | K::PagedAttnF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn],
     }
 }

@@ -63,16 +63,17 @@ fn gemma_prompts_together_give_their_tokens_alone() {
     let n = 16;
     let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&tm, p, n)).collect();
     let model = Arc::new(tm.model().clone());
-    // A pool of 10 blocks of 16 positions: less than the four sequences need at once, so some
-    // are preempted and recomputed.
+    // A pool of 6 blocks of 16 positions: less than the four sequences need at once (10), so
+    // some are preempted and recomputed.
     let opts = EngineOptions {
         session: session_opts(),
         max_seqs: 4,
         n_ctx_per_seq: 256,
         block_size: 16,
-        kv_blocks: Some(10),
+        kv_blocks: Some(6),
         step_tokens: 64,
         prefix_cache: true,
+        exact: true,
     };
     let e = BatchEngine::start(model, opts).expect("engine");
     let rxs: Vec<_> = prompts
@@ -107,4 +108,5 @@ fn gemma_prompts_together_give_their_tokens_alone() {
     };
     println!("engine stats: {s:?}");
     assert_eq!(s.kv_blocks_used, 0, "{s:?}");
+    assert!(s.preemptions > 0, "{s:?}");
 }

@@ -175,6 +175,75 @@ pub(super) fn attention(
     Ok(())
 }
 
+/// [`crate::Op::PagedAttention`]: one block per (query token, KV head), each token over its own
+/// sequence's blocks of the pool (`paged_attn_f16`/`paged_attn_f32`).
+pub(super) fn paged_attention(
+    d: &HipDevice,
+    t: &Tensor,
+    p: &crate::tensor::AttnParams,
+    block_size: usize,
+    srcs: &[TensorMem<'_>],
+    out: MemRange<'_>,
+    warp: u32,
+) -> Result<()> {
+    let (q, k, v, tables) = (
+        srcs[0].tensor,
+        srcs[1].tensor,
+        srcs[2].tensor,
+        srcs[5].tensor,
+    );
+    let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
+    let n_kv_heads = k.ne[1];
+    let es = k.dtype.type_size();
+    let params = AttnParams {
+        n_tokens: n_tok as i32,
+        n_heads: n_heads as i32,
+        n_kv_heads: n_kv_heads as i32,
+        head_dim: hd as i32,
+        n_kv: k.ne[2] as i32,
+        causal: 1,
+        window: p.window.unwrap_or(0) as i32,
+        // The tables' column count: the kernel bounds every token's column by it.
+        split_len: tables.ne[1] as i32,
+        q_tok_stride: (q.nb[2] / 4) as i64,
+        q_head_stride: (q.nb[1] / 4) as i64,
+        k_pos_stride: (k.nb[2] / es) as i64,
+        k_head_stride: (k.nb[1] / es) as i64,
+        v_pos_stride: (v.nb[2] / es) as i64,
+        v_head_stride: (v.nb[1] / es) as i64,
+        o_tok_stride: (t.nb[2] / 4) as i64,
+        o_head_stride: (t.nb[1] / 4) as i64,
+        scale: p.scale,
+        phase: 0,
+    };
+    let kid = if k.dtype == DType::F16 {
+        KernelId::PagedAttnF16
+    } else {
+        KernelId::PagedAttnF32
+    };
+    let warps = (n_heads / n_kv_heads).clamp(1, 8) as u32;
+    let mut a = Args::new();
+    for s in &srcs[..6] {
+        a.push(addr(s)?);
+    }
+    a.push(out)
+        .push(block_size as i32)
+        .push(tables.ne[0] as i32)
+        .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
+    // SAFETY: q, k, v, pos, seq, tables and the output are the node's tensors, sized by the
+    // scheduler for the shapes passed here (supports_op checked them dense where the kernel
+    // indexes them flat); the kernel bounds every column, position and table entry it reads by
+    // the table and pool sizes passed here (`n_kv` slots, `split_len` columns, `max_blocks`).
+    unsafe {
+        d.launch_kernel(
+            kid,
+            [n_tok as u32, n_kv_heads as u32, 1],
+            warps * warp,
+            &a.0,
+        )
+    }
+}
+
 /// Prefill attention with an f16 cache as two batched GEMMs per head-in-group and token chunk
 /// (scores = K^T q, output = V P, one batch entry per KV head) around a masked softmax that
 /// writes f16 probabilities: tensor cores do the products, rounded as the CPU op rounds.

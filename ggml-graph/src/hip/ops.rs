@@ -298,6 +298,26 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && pos.nelements() >= q.ne[2]
                 && out_f32
         }
+        (Op::PagedAttention { params, .. }, [q, k, v, pos, seq, tables]) => {
+            let d = q.ne[0];
+            params.softcap.is_none()
+                && q.dtype == DType::F32
+                && q.rows_contiguous()
+                && matches!(k.dtype, DType::F16 | DType::F32)
+                && v.dtype == k.dtype
+                && k.rows_contiguous()
+                && v.rows_contiguous()
+                && k.ne[0] == d
+                && v.ne[0] == d
+                && d <= kernels::ATTN_MAX_HEAD_DIM
+                && k.ne[1] > 0
+                && q.ne[1] % k.ne[1] == 0
+                && v.ne[1] == k.ne[1]
+                && dense(pos, DType::I32)
+                && dense(seq, DType::I32)
+                && dense(tables, DType::I32)
+                && out_f32
+        }
         _ => false,
     }
 }
@@ -625,6 +645,9 @@ pub(crate) fn launch(
             unsafe { d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0) }
         }
         Op::Attention(p) => super::attn::attention(d, t, p, srcs, out, warp),
+        Op::PagedAttention { params, block_size } => {
+            super::attn::paged_attention(d, t, params, *block_size, srcs, out, warp)
+        }
         _ => Err(GraphError::Unsupported {
             backend: "hip",
             op: t.op.name(),

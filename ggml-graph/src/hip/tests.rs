@@ -521,6 +521,98 @@ fn attention_matches_cpu_prefill_and_decode() {
     }
 }
 
+/// Paged attention over a pool shared by sequences of different lengths (a prefill chunk and
+/// decode tokens mixed, block tables in scrambled order), with GQA and sliding windows.
+#[test]
+fn paged_attention_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x1357_2468_9bdf_ace0);
+    // (head dim, heads, kv heads, window, kv type)
+    let cases = [
+        (256usize, 4usize, 1usize, Some(512usize), DType::F16),
+        (256, 4, 1, None, DType::F16),
+        (128, 32, 8, None, DType::F16),
+        (64, 8, 2, Some(7), DType::F32),
+    ];
+    let bs = 16;
+    let n_blocks = 64;
+    // Sequence columns: positions 0..=599 (a 40-token chunk at the end), 0..=20 and 0..=200
+    // (one decode token each).
+    let seqs: [(usize, usize); 3] = [(600, 40), (21, 1), (201, 1)];
+    let max_blocks = 40;
+    for (hd, nh, nkv, window, kt) in cases {
+        let mut order: Vec<i32> = (0..n_blocks as i32).collect();
+        for i in (1..order.len()).rev() {
+            let j = (rng.f32().abs() * (i + 1) as f32) as usize % (i + 1);
+            order.swap(i, j);
+        }
+        let mut tables = vec![0i32; max_blocks * seqs.len()];
+        let mut next = 0;
+        let mut pos = Vec::new();
+        let mut seq = Vec::new();
+        for (col, &(len, chunk)) in seqs.iter().enumerate() {
+            for b in 0..len.div_ceil(bs) {
+                tables[col * max_blocks + b] = order[next];
+                next += 1;
+            }
+            for p in len - chunk..len {
+                pos.push(p as i32);
+                seq.extend([col as i32, i32::from(chunk == 1)]);
+            }
+        }
+        let nt = pos.len();
+        let n_slots = n_blocks * bs;
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[hd, nh, nt]).expect("q");
+        let k = g.input("k", kt, &[hd, nkv, n_slots]).expect("k");
+        let v = g.input("v", kt, &[hd, nkv, n_slots]).expect("v");
+        let pi = g.input("pos", DType::I32, &[nt]).expect("pos");
+        let si = g.input("seq", DType::I32, &[2, nt]).expect("seq");
+        let ti = g
+            .input("tables", DType::I32, &[max_blocks, seqs.len()])
+            .expect("tables");
+        let p = AttnParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            causal: true,
+            window,
+            softcap: None,
+        };
+        let y = g
+            .paged_attention(q, k, v, pi, si, ti, p, bs)
+            .expect("paged attention");
+        g.mark_output(y).expect("out");
+        let kv = |rng: &mut Rng| -> Vec<u8> {
+            let vals = rng.vec(hd * nkv * n_slots);
+            if kt == DType::F16 {
+                vals.iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                    .collect()
+            } else {
+                f32_bytes(&vals)
+            }
+        };
+        let c = Case {
+            g,
+            weights: vec![],
+            inputs: vec![
+                (q, f32_bytes(&rng.vec(hd * nh * nt))),
+                (k, kv(&mut rng)),
+                (v, kv(&mut rng)),
+                (pi, bytemuck::cast_slice(&pos).to_vec()),
+                (si, bytemuck::cast_slice(&seq).to_vec()),
+                (ti, bytemuck::cast_slice(&tables).to_vec()),
+            ],
+            out: y,
+        };
+        check(
+            &h,
+            &format!("paged attention hd={hd} heads={nh}/{nkv} window={window:?} {kt}"),
+            &c,
+            1e-8,
+        );
+    }
+}
+
 #[test]
 fn set_rows_into_a_cache_matches_cpu() {
     let Some(h) = hip() else { return };

@@ -187,6 +187,9 @@ pub struct PagedBatch {
     pub n_seqs: usize,
     /// Tokens whose logits are computed.
     pub n_out: usize,
+    /// Output the normalized hidden states of those tokens (`[n_embd, n_out]`, the output
+    /// head's input) instead of logits: embeddings.
+    pub hidden: bool,
 }
 
 /// The graph of a paged pass and the ids callers feed and read.
@@ -207,7 +210,8 @@ pub struct PagedGraph {
     pub tables: TensorId,
     /// I32 `[n_out]` indices of the tokens whose logits are computed.
     pub out_rows: TensorId,
-    /// f32 `[n_vocab, n_out]` logits.
+    /// f32 `[n_vocab, n_out]` logits, or `[n_embd, n_out]` hidden states with
+    /// [`PagedBatch::hidden`].
     pub logits: TensorId,
 }
 
@@ -219,6 +223,7 @@ struct PagedInputs {
     seq: TensorId,
     tables: TensorId,
     out_rows: TensorId,
+    hidden: bool,
 }
 
 /// Builds one forward pass over several sequences with a paged KV cache for `cfg`'s
@@ -254,6 +259,7 @@ pub fn build_paged_forward(
         seq,
         tables,
         out_rows,
+        hidden: batch.hidden,
     });
     let hidden = match cfg.arch {
         Architecture::Llama => llama::build(&mut b)?,
@@ -601,6 +607,15 @@ impl<'a> Builder<'a> {
         };
         let x = self.rms_norm(x, "output_norm.weight")?;
         self.g.set_name(x, "result_norm")?;
+        if self.paged.is_some_and(|p| p.hidden) {
+            self.g.mark_output(x)?;
+            return Ok(ForwardGraph {
+                graph: self.g,
+                tokens: self.tokens,
+                pos: self.pos,
+                logits: x,
+            });
+        }
         let out = if self.weights.contains("output.weight") {
             self.weight_shaped("output.weight", &[n_embd, self.cfg.n_vocab])?
         } else {

@@ -44,6 +44,11 @@ pub struct EngineOptions {
     pub step_tokens: usize,
     /// Share the cache of equal prompt prefixes between requests.
     pub prefix_cache: bool,
+    /// On the CPU, sum every sequence's mat-muls in the order they get when the sequence runs
+    /// alone, so each request gives the bits of [`crate::generate::generate`] (the K-quant tile
+    /// kernels' order depends on the column count, as llama.cpp's). False: one order for the
+    /// whole step's product (faster for K-quant weights; outputs may differ in the last bits).
+    pub exact: bool,
 }
 
 impl Default for EngineOptions {
@@ -56,6 +61,7 @@ impl Default for EngineOptions {
             kv_blocks: None,
             step_tokens: 512,
             prefix_cache: true,
+            exact: true,
         }
     }
 }
@@ -196,6 +202,18 @@ pub struct EngineStats {
     pub steps: u64,
 }
 
+/// How [`BatchEngine::embed`] pools the hidden states of a text's tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over all tokens.
+    #[default]
+    Mean,
+    /// The last token's (what a causal model has read the whole text at).
+    Last,
+    /// The first token's.
+    First,
+}
+
 /// Where a request's events go; returning false (receiver gone) cancels the request.
 pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
 
@@ -208,6 +226,11 @@ enum Command {
         cancelled: Arc<AtomicBool>,
     },
     Cancel,
+    Embed {
+        tokens: Vec<u32>,
+        pooling: Pooling,
+        reply: Sender<Result<Vec<f32>, ModelError>>,
+    },
     Shutdown,
 }
 
@@ -357,6 +380,25 @@ impl BatchEngine {
         let (tx, rx) = mpsc::channel();
         let h = self.submit(req, Box::new(move |e| tx.send(e).is_ok()))?;
         Ok((h, rx))
+    }
+
+    /// The embedding of `tokens`: the model's normalized last hidden states (the output
+    /// head's input) pooled over the tokens and scaled to unit length. Runs between two steps
+    /// as a pass of its own (preempting the newest sequences when the pool has no room); at
+    /// most `step_tokens` tokens.
+    pub fn embed(&self, tokens: Vec<u32>, pooling: Pooling) -> Result<Vec<f32>, ModelError> {
+        let probe = Request::greedy(tokens, 0);
+        self.inner.limits.check(&probe)?;
+        self.inner.limits.check_embed(&probe.prompt)?;
+        let (reply, rx) = mpsc::channel();
+        let tx = self.inner.tx.lock().map_err(|_| stopped())?.clone();
+        tx.send(Command::Embed {
+            tokens: probe.prompt,
+            pooling,
+            reply,
+        })
+        .map_err(|_| stopped())?;
+        rx.recv().map_err(|_| stopped())?
     }
 
     /// Counters as of the last step.

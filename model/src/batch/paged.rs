@@ -8,7 +8,7 @@ use ggml_graph::CpuBackend;
 
 use super::kv::{block_hash, BlockPool};
 use super::EngineOptions;
-use crate::arch::{build_paged_forward, PagedBatch, PagedKvSpec};
+use crate::arch::{build_paged_forward, PagedBatch, PagedGraph, PagedKvSpec};
 use crate::engine::Engine;
 use crate::error::ModelError;
 use crate::session::{DevicePlan, Model};
@@ -25,6 +25,9 @@ pub(super) struct Item<'a> {
     /// Whether the last token's logits are wanted.
     pub logits: bool,
 }
+
+/// Pass shapes whose optimized graphs are kept.
+const GRAPH_CACHE: usize = 8;
 
 /// Blocks of the KV pool for these options.
 pub(super) fn pool_blocks(o: &EngineOptions) -> usize {
@@ -51,6 +54,10 @@ pub(super) struct Runner {
     spec: PagedKvSpec,
     pool: BlockPool,
     prefix_cache: bool,
+    /// Sum each sequence's products as it runs alone (see [`EngineOptions::exact`]).
+    exact: bool,
+    /// Optimized graphs of recent pass shapes (decode steps repeat one shape).
+    graphs: Vec<((usize, usize, usize, bool), PagedGraph)>,
     /// The prompt batch of a session alone (`generate` evaluates prompts in chunks of it).
     n_batch: usize,
     seqs: Vec<Option<SeqKv>>,
@@ -88,6 +95,7 @@ impl Runner {
             n_tok: o.step_tokens,
             n_seqs: o.max_seqs,
             n_out: o.max_seqs,
+            hidden: false,
         };
         let g = build_paged_forward(model.config(), model.weights(), &spec, worst)?;
         let backend = CpuBackend::new(o.session.n_threads)?;
@@ -108,7 +116,10 @@ impl Runner {
             pool: BlockPool::new(spec.n_blocks),
             prefix_cache: o.prefix_cache,
             n_batch: o.session.n_batch.min(o.n_ctx_per_seq).max(1),
-            seqs: (0..o.max_seqs).map(|_| None).collect(),
+            exact: o.exact,
+            graphs: Vec::new(),
+            // One slot more than requests use: embeddings run in the last.
+            seqs: (0..=o.max_seqs).map(|_| None).collect(),
         })
     }
 
@@ -136,7 +147,8 @@ impl Runner {
     /// of them are cached already (shared prefix blocks); `None` when no slot is free or the
     /// pool has no room for the rest of its tokens now.
     pub(super) fn acquire(&mut self, tokens: &[u32], prompt_len: usize) -> Option<(usize, usize)> {
-        let slot = self.seqs.iter().position(Option::is_none)?;
+        let n_slots = self.seqs.len() - 1;
+        let slot = self.seqs[..n_slots].iter().position(Option::is_none)?;
         let bs = self.spec.block_size;
         let mut kv = SeqKv {
             table: Vec::new(),
@@ -210,6 +222,48 @@ impl Runner {
         &mut self,
         items: &[Item<'_>],
     ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        self.pass(items, false)
+    }
+
+    /// The normalized last hidden state of every token of `tokens` (a sequence of its own,
+    /// `[n_embd]` per token, in order), run in the slot kept for it; its blocks are freed after.
+    /// `None` when the pool has no room for it now.
+    pub(super) fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<f32>, ModelError>> {
+        let slot = self.seqs.len() - 1;
+        if self.seqs[slot].is_some() || self.blocks_for(tokens.len()) > self.pool.available() {
+            return None;
+        }
+        self.seqs[slot] = Some(SeqKv {
+            table: Vec::new(),
+            prompt: tokens.to_vec(),
+            n_hashed: 0,
+            last_hash: 0,
+        });
+        let r = if self.reserve(slot, tokens.len()) {
+            let item = Item {
+                slot,
+                tokens,
+                n_past: 0,
+                logits: true,
+            };
+            self.pass(std::slice::from_ref(&item), true)
+                .map(|mut v| v.pop().flatten().unwrap_or_default())
+        } else {
+            Err(ModelError::InvalidArgument(
+                "no KV room for the embedding".into(),
+            ))
+        };
+        self.release(slot);
+        Some(r)
+    }
+
+    /// [`Runner::forward`]; with `hidden`, every token's normalized hidden state (all items'
+    /// rows, flat, as the first item's output) instead of logits.
+    fn pass(
+        &mut self,
+        items: &[Item<'_>],
+        hidden: bool,
+    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
         let bs = self.spec.block_size;
         let mb = self.spec.max_blocks;
         let n_tok: usize = items.iter().map(|it| it.tokens.len()).sum();
@@ -252,7 +306,9 @@ impl Runner {
                 seq.push(col as i32);
                 seq.push((c == 1) as i32);
             }
-            if it.logits {
+            if hidden {
+                out_rows.extend((ids.len() - it.tokens.len()..ids.len()).map(|r| r as i32));
+            } else if it.logits {
                 out_rows.push((ids.len() - 1) as i32);
             }
         }
@@ -265,10 +321,28 @@ impl Runner {
             n_tok,
             n_seqs: items.len(),
             n_out,
+            hidden,
         };
+        let key = (batch.n_tok, batch.n_seqs, batch.n_out, hidden);
+        let gi = match self.graphs.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let mut g = build_paged_forward(
+                    self.model.config(),
+                    self.model.weights(),
+                    &self.spec,
+                    batch,
+                )?;
+                self.engine.optimize(&mut g.graph);
+                if self.graphs.len() == GRAPH_CACHE {
+                    self.graphs.remove(0);
+                }
+                self.graphs.push((key, g));
+                self.graphs.len() - 1
+            }
+        };
+        let g = &self.graphs[gi].1;
         let cfg = self.model.config();
-        let mut g = build_paged_forward(cfg, self.model.weights(), &self.spec, batch)?;
-        self.engine.optimize(&mut g.graph);
         let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         let (ids_b, pos_b, slots_b, seq_b, tables_b, rows_b) = (
             bytes(&ids),
@@ -278,9 +352,16 @@ impl Runner {
             bytes(&tables),
             bytes(&out_rows),
         );
-        self.engine.set_column_layout(Some(layout));
+        self.engine.set_column_layout(self.exact.then_some(layout));
+        // Equal shapes are equal graphs: the GPU scheduler reuses the schedule and plan.
+        let run_key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            ("paged", key).hash(&mut h);
+            h.finish()
+        };
         self.engine.run(
-            None,
+            Some(run_key),
             &g.graph,
             &[
                 (g.tokens, &ids_b),
@@ -291,6 +372,10 @@ impl Runner {
                 (g.out_rows, &rows_b),
             ],
         )?;
+        if hidden {
+            let all = self.engine.with_output_f32(g.logits, <[f32]>::to_vec)?;
+            return Ok(vec![Some(all)]);
+        }
         let n_vocab = cfg.n_vocab;
         let mut rows = self.engine.with_output_f32(g.logits, |l| {
             l.chunks_exact(n_vocab)

@@ -49,6 +49,7 @@ fn engine_opts(max_seqs: usize) -> EngineOptions {
         kv_blocks: None,
         step_tokens: 32,
         prefix_cache: false,
+        exact: true,
     }
 }
 
@@ -316,4 +317,89 @@ fn shared_prompt_prefixes_are_computed_once() {
         other => panic!("{other:?}"),
     }
     assert_eq!(idle_stats(&e).kv_blocks_used, 0);
+}
+
+#[test]
+fn embeddings_are_pooled_unit_vectors_and_leave_the_pool_empty() {
+    let m = gemma();
+    let e = BatchEngine::start(Arc::clone(&m), engine_opts(2)).expect("engine");
+    // Running beside a request changes nothing.
+    let (_, rx) = e
+        .submit_channel(Request::greedy(prompt(15, 6), 8))
+        .expect("submit");
+    let t = prompt(16, 12);
+    let mean = e.embed(t.clone(), Pooling::Mean).expect("embed");
+    let last = e.embed(t.clone(), Pooling::Last).expect("embed");
+    assert_eq!(mean.len(), m.config().n_embd);
+    for v in [&mean, &last] {
+        let n: f64 = v.iter().map(|x| (*x as f64).powi(2)).sum();
+        assert!((n - 1.0).abs() < 1e-5, "norm {n}");
+    }
+    assert_ne!(mean, last);
+    assert_eq!(e.embed(t.clone(), Pooling::Mean).expect("again"), mean);
+    // A token's state does not depend on anything after it: a one-token text's state is the
+    // first state of the longer text (up to the summation orders of one token against twelve).
+    let one = e.embed(t[..1].to_vec(), Pooling::Last).expect("one token");
+    let first = e.embed(t.clone(), Pooling::First).expect("first");
+    let diff = one
+        .iter()
+        .zip(&first)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff < 1e-3, "max diff {diff}");
+    assert!(e.embed(vec![], Pooling::Mean).is_err());
+    assert!(e.embed(prompt(1, 33), Pooling::Mean).is_err());
+    collect(&rx);
+    assert_eq!(idle_stats(&e).kv_blocks_used, 0);
+}
+
+/// Allows only even token ids and completes after three tokens.
+struct EvenThree(usize);
+
+impl TokenConstraint for EvenThree {
+    fn mask(&mut self, logits: &mut [f32]) {
+        for (i, l) in logits.iter_mut().enumerate() {
+            if i % 2 == 1 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    fn accept(&mut self, _token: u32) -> bool {
+        self.0 += 1;
+        self.0 < 3
+    }
+}
+
+#[test]
+fn logprobs_and_constraints() {
+    let m = gemma();
+    let e = BatchEngine::start(Arc::clone(&m), engine_opts(2)).expect("engine");
+    let mut r = Request::greedy(prompt(17, 7), 5);
+    r.logprobs = Some(3);
+    let (_, rx) = e.submit_channel(r).expect("submit");
+    let mut n = 0;
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)).expect("event") {
+            Event::Token { id, logprob, .. } => {
+                let lp = logprob.expect("logprob asked for");
+                // Greedy: the chosen token is the most likely one.
+                assert_eq!(lp.top.len(), 3);
+                assert_eq!(lp.top[0].0, id);
+                assert_eq!(lp.top[0].1, lp.logprob);
+                assert!(lp.logprob <= 0.0 && lp.top[1].1 <= lp.top[0].1);
+                n += 1;
+            }
+            Event::Done { .. } => break,
+            Event::Error(err) => panic!("{err}"),
+        }
+    }
+    assert_eq!(n, 5);
+    let mut r = Request::greedy(prompt(18, 7), 10);
+    r.constraint = Some(Box::new(EvenThree(0)));
+    let (_, rx) = e.submit_channel(r).expect("submit");
+    let (toks, done) = collect(&rx);
+    assert_eq!(toks.len(), 3);
+    assert!(toks.iter().all(|t| t % 2 == 0), "{toks:?}");
+    assert!(matches!(done, Event::Done { reason: FinishReason::Stop, .. }), "{done:?}");
 }

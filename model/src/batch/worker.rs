@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use super::paged::{Item, Runner};
 use super::{
-    Command, EngineOptions, EngineStats, Event, FinishReason, Request, Sink, TokenLogprob, Usage,
+    Command, EngineOptions, EngineStats, Event, FinishReason, Pooling, Request, Sink, TokenLogprob,
+    Usage,
 };
 use crate::error::ModelError;
 use crate::sampling::Sampler;
@@ -24,6 +25,7 @@ pub(super) struct Limits {
     n_ctx: usize,
     /// Positions the whole KV pool holds.
     pool_positions: usize,
+    step_tokens: usize,
 }
 
 impl Limits {
@@ -33,7 +35,19 @@ impl Limits {
             n_vocab: model.config().n_vocab,
             n_ctx: opts.n_ctx_per_seq,
             pool_positions: super::paged::pool_blocks(opts) * opts.block_size,
+            step_tokens: opts.step_tokens,
         })
+    }
+
+    pub(super) fn check_embed(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        if tokens.len() > self.step_tokens {
+            return Err(ModelError::InvalidArgument(format!(
+                "{} tokens to embed, at most step_tokens ({}) in one pass",
+                tokens.len(),
+                self.step_tokens
+            )));
+        }
+        Ok(())
     }
 
     pub(super) fn check(&self, req: &Request) -> Result<(), ModelError> {
@@ -205,6 +219,15 @@ impl Worker {
                         cancelled,
                     } => self.enqueue(id, req, sink, cancelled),
                     Command::Cancel => {}
+                    Command::Embed {
+                        tokens,
+                        pooling,
+                        reply,
+                    } => {
+                        let r = self.embed(&tokens, pooling);
+                        // A caller that stopped waiting needs no answer.
+                        let _ = reply.send(r);
+                    }
                     Command::Shutdown => shutdown = true,
                 }
             }
@@ -302,6 +325,43 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Runs one embedding pass, preempting the newest sequences while the pool lacks room.
+    fn embed(&mut self, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>, ModelError> {
+        let states = loop {
+            if let Some(r) = self.runner.hidden_states(tokens) {
+                break r?;
+            }
+            if self.running.is_empty() {
+                return Err(ModelError::InvalidArgument(format!(
+                    "{} tokens to embed do not fit the KV pool",
+                    tokens.len()
+                )));
+            }
+            self.preempt_newest();
+        };
+        let n = tokens.len();
+        let d = states.len() / n.max(1);
+        let rows: Vec<&[f32]> = states.chunks_exact(d).collect();
+        let mut v: Vec<f32> = match pooling {
+            Pooling::Mean => {
+                let mut acc = vec![0f64; d];
+                for r in &rows {
+                    for (a, &x) in acc.iter_mut().zip(*r) {
+                        *a += x as f64;
+                    }
+                }
+                acc.iter().map(|a| (a / n as f64) as f32).collect()
+            }
+            Pooling::Last => rows[n - 1].to_vec(),
+            Pooling::First => rows[0].to_vec(),
+        };
+        let norm = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+        }
+        Ok(v)
     }
 
     /// Takes the cache of the newest running sequence (it recomputes it once readmitted, with

@@ -28,6 +28,10 @@ pub struct BatchedBenchArgs {
     /// Positions per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
+    /// Sum each step's mat-muls in the batched order of the whole step (faster on the CPU for
+    /// K-quant weights) instead of each sequence's own order (bit-exact with one sequence alone).
+    #[arg(long)]
+    batched_order: bool,
 }
 
 /// One row of the table.
@@ -104,6 +108,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
         kv_blocks: Some(kv_blocks),
         step_tokens: session.n_batch.max(max_b),
         prefix_cache: false,
+        exact: !a.batched_order,
     };
     let e = BatchEngine::start(Arc::clone(&model), opts)?;
     eprintln!("{}", e.device_plan());
