@@ -4,7 +4,8 @@
 //!
 //! ## Design choices
 //! - The type table ([`GgmlType`]) is the single source of block sizes for every other crate.
-//! - Files are memory-mapped; tensor bytes are borrowed from the mapping, never copied.
+//! - Files are memory-mapped ([`GgufFile::open`]; the file must not change while mapped) or read
+//!   into an aligned buffer ([`GgufFile::read`]); tensor bytes are borrowed from it, never copied.
 //! - Every count, length and offset is checked against the file size before anything is
 //!   allocated; errors are one enum ([`GgufError`]) that names the byte offset.
 //! - Dequantization is bit-identical to the `gguf` Python package (tests compare f32 bit

@@ -567,6 +567,17 @@ impl Session {
             return self.forward(tokens, mode, f);
         }
         let mut out = Vec::new();
+        let n_out = match mode {
+            LogitsMode::All => tokens.len(),
+            LogitsMode::Last => 1,
+        };
+        let n_logits = n_out.saturating_mul(n_vocab);
+        out.try_reserve_exact(n_logits).map_err(|_| {
+            ModelError::Graph(ggml_graph::GraphError::OutOfMemory {
+                what: format!("the logits of {n_out} positions"),
+                bytes: n_logits.saturating_mul(4),
+            })
+        })?;
         for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
             let last_chunk = ci + 1 == n_chunks;
             let want = match mode {

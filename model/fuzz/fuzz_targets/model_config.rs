@@ -1,0 +1,277 @@
+//! Fuzz target: a tiny synthetic model (llama, qwen2 or gemma3) with metadata and tensor shapes
+//! mutated as the input says, through load, configuration, tensor validation, a session and one
+//! token. Every mutation must end in a typed error or in finite work: no panic, no overflow (the
+//! profile keeps overflow checks on), no allocation beyond libFuzzer's malloc limit.
+
+#![no_main]
+
+use std::sync::{Arc, OnceLock};
+
+use gguf::{ArrayValue, GgmlType, GgufFile, Metadata, MetadataValue, TensorToWrite};
+use libfuzzer_sys::fuzz_target;
+use model::arch::LogitsMode;
+use model::session::{Model, Session, SessionOptions};
+use model::text::TextModel;
+
+struct Tensor {
+    name: String,
+    dims: Vec<u64>,
+    ty: GgmlType,
+    data: Vec<u8>,
+}
+
+struct Base {
+    arch: &'static str,
+    md: Metadata,
+    tensors: Vec<Tensor>,
+}
+
+const ARCHS: [&str; 3] = ["llama", "qwen2", "gemma3"];
+
+fn bases() -> &'static [Base] {
+    static BASES: OnceLock<Vec<Base>> = OnceLock::new();
+    BASES.get_or_init(|| {
+        ARCHS
+            .iter()
+            .map(|&arch| {
+                let path = std::env::temp_dir().join(format!(
+                    "rocmforge-fuzz-{arch}-{}.gguf",
+                    std::process::id()
+                ));
+                model::synth::write_model(arch, &path, 1).expect("write synthetic model");
+                let f = GgufFile::read(&path).expect("read synthetic model");
+                let _ = std::fs::remove_file(&path);
+                let tensors = f
+                    .tensors()
+                    .iter()
+                    .map(|t| Tensor {
+                        name: t.name.clone(),
+                        dims: t.dims.clone(),
+                        ty: t.ggml_type,
+                        data: f.tensor_data(t).to_vec(),
+                    })
+                    .collect();
+                Base {
+                    arch,
+                    md: f.metadata().clone(),
+                    tensors,
+                }
+            })
+            .collect()
+    })
+}
+
+/// Size keys the configuration reads (after the `{arch}.` prefix) and token id keys.
+const INT_KEYS: [&str; 16] = [
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "rope.dimension_count",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "vocab_size",
+    "rope.scaling.original_context_length",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.padding_token_id",
+];
+
+const FLOAT_KEYS: [&str; 7] = [
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "rope.freq_base_swa",
+    "rope.scaling.factor",
+    "rope.scaling.attn_factor",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+];
+
+const TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// Largest tensor the harness itself builds: the point is the loader's checks, not the
+/// harness's memory.
+const MAX_TENSOR_BYTES: u64 = 1 << 20;
+
+fn full_key(arch: &str, k: &str) -> String {
+    if k.starts_with("tokenizer.") || k.starts_with("general.") {
+        k.to_owned()
+    } else {
+        format!("{arch}.{k}")
+    }
+}
+
+fn int_value(kind: u8, v: u64) -> MetadataValue {
+    match kind % 6 {
+        0 | 1 => MetadataValue::U32(v as u32),
+        2 => MetadataValue::U64(v),
+        3 => MetadataValue::I32(v as i32),
+        4 => MetadataValue::F32(f32::from_bits(v as u32)),
+        _ => MetadataValue::String(format!("{v}")),
+    }
+}
+
+fn without(md: &Metadata, key: &str) -> Metadata {
+    let mut out = Metadata::new();
+    for (k, v) in md.iter() {
+        if k != key {
+            out.set(k, v.clone());
+        }
+    }
+    out
+}
+
+/// Resizes a tensor's data to what its dims and type need; false when that is not a whole
+/// number of blocks or too large for the harness.
+fn fit(t: &mut Tensor) -> bool {
+    let Some(&row) = t.dims.first() else {
+        return false;
+    };
+    let Some(row_bytes) = t.ty.row_bytes(row) else {
+        return false;
+    };
+    let bytes = t
+        .dims
+        .iter()
+        .skip(1)
+        .try_fold(row_bytes, |acc, &d| acc.checked_mul(d));
+    match bytes {
+        Some(b) if b <= MAX_TENSOR_BYTES => {
+            t.data.resize(b as usize, 0);
+            true
+        }
+        _ => false,
+    }
+}
+
+fn run(data: &[u8]) -> Option<()> {
+    let (&first, edits) = data.split_first()?;
+    let base = &bases()[first as usize % ARCHS.len()];
+    let arch = base.arch;
+    let mut md = base.md.clone();
+    let mut tensors: Vec<Tensor> = base
+        .tensors
+        .iter()
+        .map(|t| Tensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ty,
+            data: t.data.clone(),
+        })
+        .collect();
+    let mut n_ctx = 8usize;
+    let mut token = 1u32;
+    for e in edits.chunks_exact(10) {
+        let (op, sel) = (e[0], e[1] as usize);
+        let mut v8 = [0u8; 8];
+        v8.copy_from_slice(&e[2..10]);
+        let v = u64::from_le_bytes(v8);
+        match op % 9 {
+            0 => {
+                let k = full_key(arch, INT_KEYS[sel % INT_KEYS.len()]);
+                // Mostly small values, where the interesting boundaries are.
+                let v = if op & 0x80 == 0 { v % 4097 } else { v };
+                md.set(k, int_value(op >> 4, v));
+            }
+            1 => {
+                let k = full_key(arch, FLOAT_KEYS[sel % FLOAT_KEYS.len()]);
+                md.set(k, MetadataValue::F32(f32::from_bits(v as u32)));
+            }
+            2 => {
+                let keys: Vec<String> = md.keys().map(str::to_owned).collect();
+                if let Some(k) = keys.get(sel % keys.len().max(1)) {
+                    md = without(&md, k);
+                }
+            }
+            3 => {
+                let n = tensors.len().max(1);
+                if let Some(t) = tensors.get_mut(sel % n) {
+                    let d = (v as usize) % 4;
+                    let new = (v >> 8) % 4097;
+                    if d < t.dims.len() {
+                        t.dims[d] = new;
+                    } else {
+                        t.dims.push(new);
+                    }
+                    if !fit(t) {
+                        return None;
+                    }
+                }
+            }
+            4 => {
+                let n = tensors.len().max(1);
+                if let Some(t) = tensors.get_mut(sel % n) {
+                    t.ty = TYPES[v as usize % TYPES.len()];
+                    if !fit(t) {
+                        return None;
+                    }
+                }
+            }
+            5 => {
+                if !tensors.is_empty() {
+                    let i = sel % tensors.len();
+                    tensors.remove(i);
+                }
+            }
+            6 => {
+                let s = ["none", "linear", "yarn", "longrope"][v as usize % 4];
+                md.set(full_key(arch, "rope.scaling.type"), s);
+            }
+            7 => {
+                // Sliding-window pattern as a per-layer list of the input's bits.
+                let bits: Vec<bool> = (0..(sel % 8)).map(|i| v >> i & 1 == 1).collect();
+                md.set(
+                    full_key(arch, "attention.sliding_window_pattern"),
+                    MetadataValue::Array(ArrayValue::Bool(bits)),
+                );
+            }
+            _ => {
+                n_ctx = 1 + (v as usize % 64);
+                token = (v >> 32) as u32;
+            }
+        }
+    }
+    let tw: Vec<TensorToWrite<'_>> = tensors
+        .iter()
+        .map(|t| TensorToWrite {
+            name: &t.name,
+            dims: &t.dims,
+            ty: t.ty,
+            data: &t.data,
+        })
+        .collect();
+    let bytes = gguf::write_to_vec(&md, &tw).ok()?;
+    let file = GgufFile::from_bytes(bytes).ok()?;
+    let tm = TextModel::from_model(Model::from_file(Arc::new(file)).ok()?).ok()?;
+    let opts = SessionOptions {
+        n_ctx,
+        n_batch: 4,
+        n_threads: 1,
+        ..SessionOptions::default()
+    };
+    let mut session = Session::new(tm.model(), &opts).ok()?;
+    let n_vocab = tm.model().config().n_vocab as u32;
+    let logits = session
+        .eval(&[token % n_vocab], LogitsMode::Last)
+        .ok()?;
+    assert_eq!(logits.len(), n_vocab as usize);
+    let _ = tm.piece(token % n_vocab);
+    Some(())
+}
+
+fuzz_target!(|data: &[u8]| {
+    let _ = run(data);
+});
