@@ -1,5 +1,5 @@
 //! Memory budget, pressure levels and the allocation tracker, wrapped around any raw allocator
-//! by [`Accounted`] so the same accounting runs over device memory and the host test allocator.
+//! by `pool::Accounted` so the same accounting runs over device memory and the host test allocator.
 
 use std::collections::HashMap;
 use std::fmt;

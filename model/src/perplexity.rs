@@ -31,7 +31,7 @@ pub struct PplResult {
     pub scored: usize,
 }
 
-/// -log softmax(logits)[target], computed stably in f64.
+/// -log softmax(logits)\[target\], computed stably in f64.
 pub fn nll(logits: &[f32], target: u32) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();

@@ -28,7 +28,7 @@ commands:
   fuzz [SECS]   fuzz the gguf reader, model configuration and tokenizers (cargo-fuzz, installed
                 if missing) for SECS seconds (60) each
   demo          fetch the default model, build release and run the main job on the best device
-  test          everything CI checks: fmt, clippy, the Python oracle, the model, all tests";
+  test          everything CI checks: fmt, clippy, docs, the Python oracle, the model, all tests";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -128,8 +128,8 @@ fn ensure_python_oracle() -> Result<()> {
     run_cmd(&mut cmd)
 }
 
-/// Everything CI checks, in order of cost: formatting, lints, then the test suites with the real
-/// model and the Python oracle present.
+/// Everything CI checks, in order of cost: formatting, lints, the docs, then the test suites with
+/// the real model and the Python oracle present.
 fn test(extra: &[String]) -> Result<()> {
     run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
     run_cmd(cargo().args([
@@ -145,6 +145,12 @@ fn test(extra: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The crate docs (READMEs included) with no broken or private intra-doc links.
+    run_cmd(
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
     match kernels::missing_toolchain() {
         None => kernels::build().map(|_| ())?,
         Some(tool) => println!("kernels: skipped: {tool} not installed (`cargo xtask setup`)"),

@@ -27,7 +27,7 @@ pub fn act_type(w: DType) -> Option<DType> {
 }
 
 /// True for the quantized weight types mul_mat takes: the ones with kernels here and the
-/// ones dotted through their `gguf` decoding ([`generic`]).
+/// ones dotted through their `gguf` decoding (the `generic` module).
 pub fn is_supported(ty: DType) -> bool {
     blocks::is_supported(ty) || generic::act_type(ty).is_some()
 }

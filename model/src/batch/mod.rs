@@ -8,7 +8,7 @@
 //! - Iteration-level scheduling: every step feeds each running sequence its next token (or the
 //!   next chunk of its prompt, under a per-step token budget) and admits waiting requests as
 //!   slots free up; a request that ends or is cancelled gives its memory back at once.
-//! - Each request samples with its own [`Sampler`] in the same order as
+//! - Each request samples with its own [`Sampler`](crate::sampling::Sampler) in the same order as
 //!   [`crate::generate::generate`] (prompt tokens accepted first, stop tokens not emitted, the
 //!   stop string never shown), so a greedy request gives the tokens `generate` gives alone.
 
