@@ -69,6 +69,17 @@ pub struct ResponseFormat {
     /// `text`, `json_object` or `json_schema`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The schema of `json_schema`.
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The schema's name.
+    pub name: Option<String>,
+    /// The JSON schema the answer must follow.
+    pub schema: Option<Value>,
 }
 
 /// Sampling and length settings shared by chat and text completions.

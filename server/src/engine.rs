@@ -3,7 +3,7 @@
 //! engine's events to the async handlers over a tokio channel; dropping a [`Submitted`] cancels
 //! its request.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use model::batch::{self, BatchEngine, EngineOptions, FinishReason};
 use model::sampling::SamplerConfig;
@@ -12,7 +12,10 @@ use model::text::TextModel;
 use model::ModelError;
 use tokio::sync::mpsc;
 
+use crate::constraint::Grammars;
 use crate::metrics::EngineGauges;
+
+pub use model::batch::TokenConstraint;
 
 /// How the engine is set up.
 #[derive(Debug, Clone)]
@@ -31,10 +34,11 @@ pub struct Backend {
     engine: BatchEngine,
     text: TextModel,
     n_ctx: usize,
+    /// Built on the first structured-output request (a trie over the whole vocabulary).
+    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 /// What one generation asks for, already validated by the handler.
-#[derive(Debug, Clone)]
 pub struct Generation {
     /// Prompt token ids.
     pub prompt: Vec<u32>,
@@ -48,6 +52,19 @@ pub struct Generation {
     pub stop_strings: Vec<String>,
     /// `Some(n)`: log-probabilities with `n` alternatives.
     pub logprobs: Option<usize>,
+    /// Constrained decoding (structured output).
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the prompt itself: requests are logged without their text.
+        f.debug_struct("Generation")
+            .field("prompt_len", &self.prompt.len())
+            .field("max_tokens", &self.max_tokens)
+            .field("constraint", &self.constraint.is_some())
+            .finish()
+    }
 }
 
 /// Why a generation ended.
@@ -137,7 +154,16 @@ impl Backend {
             engine,
             text,
             n_ctx: opts.n_ctx_per_seq,
+            grammars: OnceLock::new(),
         })
+    }
+
+    /// The grammar compiler over this model's vocabulary.
+    pub fn grammars(&self) -> Result<&Grammars, String> {
+        self.grammars
+            .get_or_init(|| Grammars::new(Arc::new(self.text.tokenizer().clone())))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// The model, tokenizer and chat template.
@@ -164,7 +190,7 @@ impl Backend {
             stop_tokens,
             stop_strings: g.stop_strings,
             logprobs: g.logprobs,
-            constraint: None,
+            constraint: g.constraint,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let sink = Box::new(move |e: batch::Event| tx.send(convert(e)).is_ok());

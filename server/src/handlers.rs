@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::api::{self, Content, SamplingParams};
-use crate::engine::{Finish, Generation, Logprob, Out, Submitted};
+use crate::engine::{Backend, Finish, Generation, Logprob, Out, Submitted, TokenConstraint};
 use crate::error::ApiError;
 use crate::{unix_now, Admission, AppState};
 
@@ -296,7 +296,41 @@ fn generation(
         stop_at_eog: !s.ignore_eos,
         stop_strings: s.stop.clone(),
         logprobs,
+        constraint: None,
     })
+}
+
+/// The grammar of `response_format` (`None` for plain text).
+fn response_constraint(
+    b: &Backend,
+    f: Option<&api::ResponseFormat>,
+) -> Result<Option<Box<dyn TokenConstraint>>, ApiError> {
+    let schema = match f.map(|f| (f.kind.as_str(), f)) {
+        None | Some(("text", _)) => return Ok(None),
+        Some(("json_object", _)) => None,
+        Some(("json_schema", f)) => match f.json_schema.as_ref().and_then(|j| j.schema.clone()) {
+            Some(s) => Some(s),
+            None => {
+                return Err(ApiError::bad_param(
+                    "response_format",
+                    "`response_format.json_schema.schema` is missing",
+                ))
+            }
+        },
+        Some((other, _)) => {
+            return Err(ApiError::bad_param(
+                "response_format",
+                format!(
+                    "`response_format` type `{other}` is unknown (text, json_object, json_schema)"
+                ),
+            ))
+        }
+    };
+    let grammars = b.grammars().map_err(ApiError::internal)?;
+    let c = grammars
+        .json(schema)
+        .map_err(|e| ApiError::bad_param("response_format", format!("invalid JSON schema: {e}")))?;
+    Ok(Some(Box::new(c)))
 }
 
 fn message_text(m: &api::Message) -> Result<String, ApiError> {
@@ -565,17 +599,6 @@ async fn chat_inner(st: Arc<AppState>, body: Body) -> Result<Response, ApiError>
     let start = Instant::now();
     let req: api::ChatRequest = parse(body)?;
     check_model(&st, req.model.as_deref())?;
-    if let Some(f) = &req.response_format {
-        if f.kind != "text" {
-            return Err(ApiError::bad_param(
-                "response_format",
-                format!(
-                    "response_format `{}` is not supported by this server yet",
-                    f.kind
-                ),
-            ));
-        }
-    }
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::bad_param(
             "tools",
@@ -608,6 +631,7 @@ async fn chat_inner(st: Arc<AppState>, body: Body) -> Result<Response, ApiError>
     let prompt = b.text().encode_chat(&rendered)?;
     let mut g = generation(prompt, &s, b.n_ctx(), top)?;
     g.stop_strings.extend(template.stop_strings());
+    g.constraint = response_constraint(b, req.response_format.as_ref())?;
     let admission = st.admit()?;
     let n_prompt = g.prompt.len();
     let sub = b.submit(g)?;

@@ -19,6 +19,7 @@ pub mod bench;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod client;
+pub mod constraint;
 pub mod engine;
 pub mod error;
 mod handlers;
@@ -32,6 +33,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
+use tower_http::trace::{DefaultMakeSpan, DefaultOnFailure, DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 pub use engine::{Backend, BackendOptions};
 pub use error::{ApiError, ServerError};
@@ -182,7 +185,14 @@ impl Server {
                 handlers::auth,
             ))
             .layer(DefaultBodyLimit::max(st.opts.body_limit))
-            .layer(tower_http::trace::TraceLayer::new_for_http())
+            .layer(
+                // Method, path, status and latency at info (`ROCMFORGE_LOG=info`); bodies, and
+                // so prompts, are never logged. 4xx/5xx answers are the clients' business.
+                TraceLayer::new_for_http()
+                    .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                    .on_response(DefaultOnResponse::new().level(Level::INFO))
+                    .on_failure(DefaultOnFailure::new().level(Level::DEBUG)),
+            )
             .with_state(st)
     }
 

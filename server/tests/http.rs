@@ -371,6 +371,72 @@ fn errors_have_statuses_and_error_objects() {
 }
 
 #[test]
+fn json_schema_output_parses_and_validates() {
+    let path = synth_model();
+    let ts = start(&path, 2, ServerOptions::default());
+    let c = ts.client(None);
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "ok": {"type": "boolean"}
+        },
+        "required": ["color", "ok"],
+        "additionalProperties": false
+    });
+    let mut validated = 0;
+    for (format, seed) in [
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}),
+            1,
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}),
+            2,
+        ),
+        (json!({"type": "json_object"}), 3),
+    ] {
+        let body = json!({
+            "messages": [{"role": "user", "content": "Pick a color."}],
+            "max_tokens": 60, "seed": seed, "temperature": 1.0,
+            "response_format": format,
+        });
+        let r = ts
+            .rt
+            .block_on(c.post("/v1/chat/completions", &body))
+            .expect("chat");
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        let v = r.json().expect("json");
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("text");
+        let out: Value = match serde_json::from_str(text) {
+            Ok(o) => o,
+            // A random model may use up the budget inside an open string; what it wrote must
+            // still be a prefix of valid JSON, and the answer says it was cut off.
+            Err(e) if e.is_eof() => {
+                assert_eq!(v["choices"][0]["finish_reason"], "length", "{text}");
+                continue;
+            }
+            // JSON puts no bound on numbers (`1E0767`); serde_json's f64 does.
+            Err(e) if e.to_string().starts_with("number out of range") => continue,
+            Err(e) => panic!("not JSON ({e}): {text:?}"),
+        };
+        assert!(out.is_object(), "{text}");
+        if format["type"] == "json_schema" {
+            let color = out["color"].as_str().expect("color");
+            assert!(["red", "green", "blue"].contains(&color), "{text}");
+            assert!(out["ok"].is_boolean(), "{text}");
+            assert_eq!(out.as_object().map(|o| o.len()), Some(2), "{text}");
+            validated += 1;
+        }
+    }
+    // The schema leaves little to choose, so its answers finish well within the budget.
+    assert_eq!(validated, 2);
+    ts.wait_idle();
+}
+
+#[test]
 fn api_key_is_required() {
     let path = synth_model();
     let ts = start(

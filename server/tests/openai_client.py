@@ -5,6 +5,7 @@ Exits non-zero (with the failing check's traceback) when the server does not beh
 OpenAI API does for the client.
 """
 
+import json
 import sys
 
 import openai
@@ -65,6 +66,23 @@ def main() -> None:
         model=model, prompt="Once upon a time", max_tokens=8, temperature=0, echo=True
     )
     assert echo.choices[0].text == "Once upon a time" + comp.choices[0].text
+
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+        "required": ["answer", "sure"],
+        "additionalProperties": False,
+    }
+    structured = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Is water wet? Answer in JSON."}],
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    obj = json.loads(structured.choices[0].message.content)
+    assert set(obj) == {"answer", "sure"} and obj["answer"] in ("yes", "no"), obj
+    assert isinstance(obj["sure"], bool), obj
 
     try:
         client.chat.completions.create(model=model, messages=msgs, max_tokens=-5)
