@@ -1,10 +1,11 @@
 //! Building a [`Tokenizer`] from GGUF metadata with llama.cpp's defaults and fix-ups (special
 //! ids per tokenizer model, end-of-generation detection by token text, attribute overrides).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use gguf::{Metadata, MetadataValue};
 
+use super::pretok::PreFlags;
 use super::{attr, Kind, PreTokenizer, Tokenizer, TokenizerError};
 
 /// Raw vocabulary fields as GGUF stores them; [`Tokenizer::from_parts`] applies the rules.
@@ -152,16 +153,45 @@ impl Tokenizer {
         if n == 0 {
             return Err(TokenizerError::Empty);
         }
+        let mut no_bos = false;
+        let mut escape_whitespaces = false;
         let (kind, mut add_bos, mut add_space_prefix, clean_spaces, ignore_merges) =
             match p.model.as_str() {
                 "llama" => (Kind::Spm, true, true, false, false),
-                "gpt2" => {
-                    let pre = PreTokenizer::from_name(p.pre.as_deref()).ok_or_else(|| {
-                        TokenizerError::UnsupportedPre(p.pre.clone().unwrap_or_default())
-                    })?;
-                    let llama3 = pre == PreTokenizer::Llama3;
-                    let clean = pre != PreTokenizer::Qwen2;
-                    (Kind::Bpe(pre), llama3, false, clean, llama3)
+                "gpt2" | "gemma4" => {
+                    let name = if p.model == "gemma4" {
+                        Some("gemma4")
+                    } else {
+                        p.pre.as_deref()
+                    };
+                    let (pre, flags) = match PreTokenizer::lookup(name) {
+                        Some(found) => found,
+                        None => {
+                            // llama.cpp refuses unknown names; the default splitter still gives
+                            // usable (if not identical) tokens, so warn and go on.
+                            tracing::warn!(
+                                "tokenizer.ggml.pre `{}` is not known; using the default \
+                                 pre-tokenizer (tokens may differ from the model's training)",
+                                name.unwrap_or_default()
+                            );
+                            (PreTokenizer::Default, PreFlags::default())
+                        }
+                    };
+                    if name.is_none() {
+                        tracing::warn!(
+                            "tokenizer.ggml.pre is missing; using the default pre-tokenizer \
+                             (generation quality may be degraded)"
+                        );
+                    }
+                    no_bos = flags.no_bos;
+                    escape_whitespaces = flags.escape_whitespaces;
+                    (
+                        Kind::Bpe(pre),
+                        flags.add_bos,
+                        false,
+                        !flags.no_clean_spaces,
+                        flags.ignore_merges,
+                    )
                 }
                 other => return Err(TokenizerError::UnsupportedModel(other.to_owned())),
             };
@@ -190,7 +220,7 @@ impl Tokenizer {
         }
 
         let mut tokens = p.tokens;
-        let mut token_to_id = HashMap::with_capacity(n);
+        let mut token_to_id = super::fast_map(n);
         let mut attrs = vec![attr::NORMAL; n];
         for (i, text) in tokens.iter_mut().enumerate() {
             if text.is_empty() {
@@ -204,7 +234,7 @@ impl Tokenizer {
         }
         let scores = p.scores.unwrap_or_else(|| vec![0.0; n]);
 
-        let mut ranks: HashMap<String, HashMap<String, usize>> = HashMap::new();
+        let mut ranks: super::FastMap<String, super::FastMap<String, usize>> = super::fast_map(0);
         if matches!(kind, Kind::Bpe(_)) {
             for (i, m) in p.merges.iter().enumerate() {
                 // Split at the first space after the first byte (a merge may start with one).
@@ -215,7 +245,7 @@ impl Tokenizer {
                 };
                 ranks
                     .entry(a.to_owned())
-                    .or_default()
+                    .or_insert_with(|| super::fast_map(0))
                     .entry(b.to_owned())
                     .or_insert(i);
             }
@@ -224,8 +254,12 @@ impl Tokenizer {
         let in_range = |id: Option<u64>| id.filter(|&v| (v as usize) < n).map(|v| v as u32);
         let (mut bos, mut eos, mut unk) = match kind {
             Kind::Spm => (in_range(Some(1)), in_range(Some(2)), in_range(Some(0))),
+            Kind::Bpe(_) if p.model == "gemma4" => (None, None, None),
             Kind::Bpe(_) => (in_range(Some(11)), in_range(Some(11)), None),
         };
+        if no_bos {
+            bos = None;
+        }
         let (mut eot, mut eom, mut pad, mut fim) = (None, None, None, Vec::new());
         for (k, id) in &p.special_ids {
             let Some(id) = in_range(Some(*id)) else {
@@ -325,7 +359,9 @@ impl Tokenizer {
             add_space_prefix,
             clean_spaces,
             ignore_merges,
+            escape_whitespaces,
             special_cache,
+            specials: super::special::Specials::default(),
             pieces: Vec::new(),
             byte_char,
             char_byte,
@@ -354,6 +390,7 @@ impl Tokenizer {
                 }
             }
         }
+        tok.specials = super::special::Specials::new(&tok.tokens, &tok.attrs, &tok.special_cache);
         Ok(tok)
     }
 }

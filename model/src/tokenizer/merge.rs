@@ -3,7 +3,9 @@
 //! `llm_tokenizer_spm_session` / `llm_tokenizer_bpe_session` do, so ties break identically.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use super::{fast_map, FastMap};
 
 /// A span of the text being tokenized (byte offsets), linked to its neighbours.
 #[derive(Clone, Copy, Debug)]
@@ -80,13 +82,18 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
         return;
     }
     let mut heap = BinaryHeap::new();
-    let mut rev_merge: HashMap<&[u8], (usize, usize)> = HashMap::new();
+    let mut rev_merge: FastMap<&[u8], (usize, usize)> = fast_map(0);
+    // Lookups in the full vocabulary miss the CPU caches; text repeats its pieces, so a
+    // small per-call table answers most of them.
+    let mut seen: FastMap<&[u8], Option<f32>> = fast_map(0);
+    #[allow(clippy::too_many_arguments)]
     fn try_add<'t>(
         vocab: &impl SpmVocab,
         text: &'t [u8],
         syms: &[Symbol],
         heap: &mut BinaryHeap<SpmBigram>,
-        rev: &mut HashMap<&'t [u8], (usize, usize)>,
+        rev: &mut FastMap<&'t [u8], (usize, usize)>,
+        seen: &mut FastMap<&'t [u8], Option<f32>>,
         left: Option<usize>,
         right: Option<usize>,
     ) {
@@ -94,7 +101,10 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
             return;
         };
         let piece = &text[syms[l].start..syms[l].start + syms[l].len + syms[r].len];
-        if let Some((_, score)) = vocab.piece(piece) {
+        let found = *seen
+            .entry(piece)
+            .or_insert_with(|| vocab.piece(piece).map(|(_, score)| score));
+        if let Some(score) = found {
             heap.push(SpmBigram {
                 left: l,
                 right: r,
@@ -111,6 +121,7 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
             &syms,
             &mut heap,
             &mut rev_merge,
+            &mut seen,
             Some(i - 1),
             Some(i),
         );
@@ -134,6 +145,7 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
             &syms,
             &mut heap,
             &mut rev_merge,
+            &mut seen,
             prev,
             Some(b.left),
         );
@@ -143,6 +155,7 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
             &syms,
             &mut heap,
             &mut rev_merge,
+            &mut seen,
             Some(b.left),
             next,
         );
@@ -159,7 +172,7 @@ fn resegment(
     vocab: &impl SpmVocab,
     text: &[u8],
     syms: &[Symbol],
-    rev_merge: &HashMap<&[u8], (usize, usize)>,
+    rev_merge: &FastMap<&[u8], (usize, usize)>,
     start: usize,
     len: usize,
     out: &mut Vec<u32>,

@@ -14,6 +14,8 @@ mod error;
 mod load;
 mod merge;
 mod pretok;
+mod regex;
+mod special;
 mod stream;
 mod unicode;
 
@@ -24,6 +26,19 @@ pub use load::VocabParts;
 pub use pretok::PreTokenizer;
 pub use stream::StreamDecoder;
 pub(crate) use unicode::byte_to_char_table;
+
+/// Hash maps keyed by token text: Fx hashing (the SipHash default dominated encoding time)
+/// with a per-process random seed, so crafted text cannot aim at collisions.
+pub(crate) type FastMap<K, V> = HashMap<K, V, rustc_hash::FxSeededState>;
+
+/// An empty [`FastMap`] with room for `cap` entries.
+pub(crate) fn fast_map<K, V>(cap: usize) -> FastMap<K, V> {
+    use std::hash::{BuildHasher, Hasher};
+    let seed = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    HashMap::with_capacity_and_hasher(cap, rustc_hash::FxSeededState::with_seed(seed as usize))
+}
 
 /// Token attribute bits (llama.cpp's `llama_token_attr`).
 pub mod attr {
@@ -63,8 +78,8 @@ pub struct Tokenizer {
     tokens: Vec<String>,
     scores: Vec<f32>,
     attrs: Vec<u32>,
-    token_to_id: HashMap<String, u32>,
-    ranks: HashMap<String, HashMap<String, usize>>,
+    token_to_id: FastMap<String, u32>,
+    ranks: FastMap<String, FastMap<String, usize>>,
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
@@ -76,7 +91,9 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     clean_spaces: bool,
     ignore_merges: bool,
+    escape_whitespaces: bool,
     special_cache: Vec<u32>,
+    specials: special::Specials,
     pieces: Vec<Vec<u8>>,
     byte_char: [char; 256],
     char_byte: HashMap<char, u8>,
@@ -232,6 +249,14 @@ impl Tokenizer {
     /// `tokenizer_st_partition`). Control and unknown tokens count only with `parse_special`;
     /// user-defined tokens always do.
     fn partition(&self, text: &str, parse_special: bool) -> Vec<Frag> {
+        self.specials
+            .partition(text, &self.attrs, parse_special)
+            .unwrap_or_else(|| self.partition_scan(text, parse_special))
+    }
+
+    /// The same partition as llama.cpp computes it, one scan of the text per special token;
+    /// used when the automaton could not be built.
+    fn partition_scan(&self, text: &str, parse_special: bool) -> Vec<Frag> {
         let bytes = text.as_bytes();
         let mut frags = if text.is_empty() {
             Vec::new()
@@ -281,9 +306,22 @@ impl Tokenizer {
     }
 
     fn bpe_tokenize(&self, pre: PreTokenizer, text: &str, out: &mut Vec<u32>) {
+        let escaped;
+        let text = if self.escape_whitespaces {
+            escaped = text.replace(' ', "\u{2581}");
+            escaped.as_str()
+        } else {
+            text
+        };
+        let byte_encode = pre.byte_encode();
         for word in pre.split(text) {
-            let encoded: String = word.bytes().map(|b| self.byte_char[b as usize]).collect();
-            if self.ignore_merges {
+            let encoded: String = if byte_encode {
+                word.bytes().map(|b| self.byte_char[b as usize]).collect()
+            } else {
+                word
+            };
+            let whole_newlines = pre == PreTokenizer::Gemma4 && encoded.bytes().all(|b| b == b'\n');
+            if self.ignore_merges || whole_newlines {
                 if let Some(&id) = self.token_to_id.get(&encoded) {
                     out.push(id);
                     continue;
@@ -299,7 +337,7 @@ impl Tokenizer {
                 let piece = &encoded[s..e];
                 match self.token_to_id.get(piece) {
                     Some(&id) => out.push(id),
-                    None => {
+                    None if byte_encode => {
                         // llama.cpp looks each byte of the piece up as a one-byte string; only
                         // ASCII bytes can match, the rest are dropped.
                         for &b in piece.as_bytes() {
@@ -311,6 +349,13 @@ impl Tokenizer {
                                 {
                                     out.push(id);
                                 }
+                            }
+                        }
+                    }
+                    None => {
+                        for &b in piece.as_bytes() {
+                            if let Some(&id) = self.token_to_id.get(&format!("<0x{b:02X}>")) {
+                                out.push(id);
                             }
                         }
                     }
