@@ -201,26 +201,36 @@ impl Tokenizer {
         let mut out = Vec::new();
         match self.kind {
             Kind::Spm => {
+                // All fragments escaped first, so one piece cache serves the whole text.
+                let mut escaped = Vec::new();
                 let mut prev_special = true;
-                if add_special && self.add_bos {
-                    out.extend(self.bos);
-                }
-                for f in frags {
-                    match f {
+                for f in &frags {
+                    match *f {
                         Frag::Text(s, e) => {
                             let mut t = String::with_capacity(e - s + 1);
                             if self.add_space_prefix && prev_special {
                                 t.push(' ');
                             }
                             t.push_str(&text[s..e]);
-                            let escaped = t.replace(' ', "\u{2581}");
-                            merge::spm_tokenize(self, escaped.as_bytes(), &mut out);
+                            escaped.push(t.replace(' ', "\u{2581}"));
                             prev_special = false;
                         }
-                        Frag::Token(id) => {
-                            out.push(id);
-                            prev_special = true;
+                        Frag::Token(_) => prev_special = true,
+                    }
+                }
+                let mut seen = fast_map(0);
+                let mut texts = escaped.iter();
+                if add_special && self.add_bos {
+                    out.extend(self.bos);
+                }
+                for f in frags {
+                    match f {
+                        Frag::Text(..) => {
+                            if let Some(t) = texts.next() {
+                                merge::spm_tokenize(self, t.as_bytes(), &mut out, &mut seen);
+                            }
                         }
+                        Frag::Token(id) => out.push(id),
                     }
                 }
                 if add_special && self.add_eos {
