@@ -11,6 +11,7 @@ use model::tokenizer::Tokenizer;
 /// Every vocabulary of llama.cpp's test set that has `.inp`/`.out` cases (`cargo xtask
 /// fetch-vocabs` extracts them all).
 const VOCABS: &[&str] = &[
+    "bert-bge",
     "command-r",
     "deepseek-coder",
     "deepseek-llm",

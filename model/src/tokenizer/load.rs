@@ -33,6 +33,12 @@ pub struct VocabParts {
     pub add_space_prefix: Option<bool>,
     /// `general.name`
     pub name: Option<String>,
+    /// `tokenizer.ggml.add_sep_token`
+    pub add_sep: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece)
+    pub lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece)
+    pub strip_accents: Option<bool>,
 }
 
 const SPECIAL_KEYS: &[&str] = &[
@@ -42,6 +48,8 @@ const SPECIAL_KEYS: &[&str] = &[
     "eom_token_id",
     "unknown_token_id",
     "padding_token_id",
+    "seperator_token_id",
+    "mask_token_id",
     "fim_pad_token_id",
     "fim_rep_token_id",
     "fim_sep_token_id",
@@ -89,6 +97,9 @@ impl VocabParts {
             add_eos: md.get_bool_opt("tokenizer.ggml.add_eos_token")?,
             add_space_prefix: md.get_bool_opt("tokenizer.ggml.add_space_prefix")?,
             name: md.get_str_opt("general.name")?.map(str::to_owned),
+            add_sep: md.get_bool_opt("tokenizer.ggml.add_sep_token")?,
+            lowercase: md.get_bool_opt("tokenizer.ggml.normalizer.lowercase")?,
+            strip_accents: md.get_bool_opt("tokenizer.ggml.normalizer.strip_accents")?,
         })
     }
 }
@@ -158,6 +169,7 @@ impl Tokenizer {
         let (kind, mut add_bos, mut add_space_prefix, clean_spaces, ignore_merges) =
             match p.model.as_str() {
                 "llama" => (Kind::Spm, true, true, false, false),
+                "bert" => (Kind::Wpm, true, false, true, false),
                 "gpt2" | "gemma4" => {
                     let name = if p.model == "gemma4" {
                         Some("gemma4")
@@ -256,6 +268,11 @@ impl Tokenizer {
             Kind::Spm => (in_range(Some(1)), in_range(Some(2)), in_range(Some(0))),
             Kind::Bpe(_) if p.model == "gemma4" => (None, None, None),
             Kind::Bpe(_) => (in_range(Some(11)), in_range(Some(11)), None),
+            Kind::Wpm => (in_range(Some(101)), None, in_range(Some(100))),
+        };
+        let mut sep = match kind {
+            Kind::Wpm => in_range(Some(102)),
+            _ => None,
         };
         if no_bos {
             bos = None;
@@ -272,6 +289,8 @@ impl Tokenizer {
                 "eom_token_id" => eom = Some(id),
                 "unknown_token_id" => unk = Some(id),
                 "padding_token_id" => pad = Some(id),
+                "seperator_token_id" => sep = Some(id),
+                "mask_token_id" => {}
                 _ => fim.push(id),
             }
         }
@@ -341,6 +360,7 @@ impl Tokenizer {
             .map(|(b, &c)| (c, b as u8))
             .collect();
 
+        let max_token_len = tokens.iter().map(String::len).max().unwrap_or(0);
         let mut tok = Tokenizer {
             kind,
             tokens,
@@ -360,6 +380,11 @@ impl Tokenizer {
             clean_spaces,
             ignore_merges,
             escape_whitespaces,
+            sep,
+            add_sep: p.add_sep.unwrap_or(kind == Kind::Wpm),
+            lowercase: p.lowercase.unwrap_or(true),
+            strip_accents: p.strip_accents.or(p.lowercase).unwrap_or(true),
+            max_token_len,
             special_cache,
             specials: super::special::Specials::default(),
             pieces: Vec::new(),

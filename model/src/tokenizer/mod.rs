@@ -18,6 +18,7 @@ mod regex;
 mod special;
 mod stream;
 mod unicode;
+mod wpm;
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -69,6 +70,8 @@ pub enum Kind {
     Spm,
     /// Byte-level BPE with the given pre-tokenizer.
     Bpe(PreTokenizer),
+    /// WordPiece (`bert`): greedy longest pieces of normalised words.
+    Wpm,
 }
 
 /// A vocabulary and its encoding rules.
@@ -92,6 +95,11 @@ pub struct Tokenizer {
     clean_spaces: bool,
     ignore_merges: bool,
     escape_whitespaces: bool,
+    sep: Option<u32>,
+    add_sep: bool,
+    lowercase: bool,
+    strip_accents: bool,
+    max_token_len: usize,
     special_cache: Vec<u32>,
     specials: special::Specials,
     pieces: Vec<Vec<u8>>,
@@ -235,6 +243,32 @@ impl Tokenizer {
                 }
                 if add_special && self.add_eos {
                     out.extend(self.eos);
+                }
+            }
+            Kind::Wpm => {
+                // llama.cpp adds the BOS ([CLS]) and SEP ids whenever specials are asked for.
+                if add_special {
+                    out.extend(self.bos);
+                }
+                for f in frags {
+                    match f {
+                        Frag::Text(s, e) => {
+                            let lookup = |p: &str| self.token_to_id.get(p).copied();
+                            for w in wpm::words(&text[s..e], self.lowercase, self.strip_accents) {
+                                wpm::tokenize_word(
+                                    &w,
+                                    self.max_token_len,
+                                    lookup,
+                                    self.unk,
+                                    &mut out,
+                                );
+                            }
+                        }
+                        Frag::Token(id) => out.push(id),
+                    }
+                }
+                if add_special && self.add_sep {
+                    out.extend(self.sep);
                 }
             }
             Kind::Bpe(pre) => {
@@ -406,7 +440,7 @@ impl Tokenizer {
         }
         if a & attr::NORMAL != 0 {
             return match self.kind {
-                Kind::Spm => text.replace('\u{2581}', " ").into_bytes(),
+                Kind::Spm | Kind::Wpm => text.replace('\u{2581}', " ").into_bytes(),
                 Kind::Bpe(_) => self.decode_bpe_text(text),
             };
         }

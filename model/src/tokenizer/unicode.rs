@@ -22,6 +22,8 @@ pub(crate) struct Flags {
     pub mark: bool,
     /// `\p{S}`
     pub symbol: bool,
+    /// `\p{C}` (control, format, surrogate, private use, unassigned)
+    pub control: bool,
     /// `\s` in llama.cpp's sense (the `White_Space` property).
     pub space: bool,
 }
@@ -61,8 +63,13 @@ pub(crate) fn flags(c: char) -> Flags {
         cat,
         Gc::MathSymbol | Gc::CurrencySymbol | Gc::ModifierSymbol | Gc::OtherSymbol
     );
+    let control = matches!(
+        cat,
+        Gc::Control | Gc::Format | Gc::Surrogate | Gc::PrivateUse | Gc::Unassigned
+    );
     Flags {
         defined: true,
+        control,
         letter,
         number,
         punct,
