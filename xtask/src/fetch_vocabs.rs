@@ -13,8 +13,25 @@ const PACKAGE: &str = "llama-cpp-python";
 /// The release whose vendored llama.cpp (0c1e57098) is the project's reference.
 const VERSION: &str = "0.3.36";
 const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
-/// Vocabularies the tokenizer tests use.
-const VOCABS: &[&str] = &["llama-spm", "llama-bpe", "qwen2", "gpt-2", "phi-3"];
+/// Vocabularies the tokenizer tests use: every one of llama.cpp's test set that comes with
+/// `.inp`/`.out` cases.
+const VOCABS: &[&str] = &[
+    "bert-bge",
+    "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "gemma-4",
+    "gpt-2",
+    "llama-bpe",
+    "llama-spm",
+    "mpt",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "refact",
+    "starcoder",
+];
 const SUFFIXES: &[&str] = &["", ".inp", ".out"];
 
 /// `$ROCMFORGE_VOCAB_DIR`, else the `vocabs` folder beside the model cache.

@@ -1,10 +1,11 @@
 //! Building a [`Tokenizer`] from GGUF metadata with llama.cpp's defaults and fix-ups (special
 //! ids per tokenizer model, end-of-generation detection by token text, attribute overrides).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use gguf::{Metadata, MetadataValue};
 
+use super::pretok::PreFlags;
 use super::{attr, Kind, PreTokenizer, Tokenizer, TokenizerError};
 
 /// Raw vocabulary fields as GGUF stores them; [`Tokenizer::from_parts`] applies the rules.
@@ -32,6 +33,12 @@ pub struct VocabParts {
     pub add_space_prefix: Option<bool>,
     /// `general.name`
     pub name: Option<String>,
+    /// `tokenizer.ggml.add_sep_token`
+    pub add_sep: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece)
+    pub lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece)
+    pub strip_accents: Option<bool>,
 }
 
 const SPECIAL_KEYS: &[&str] = &[
@@ -41,6 +48,8 @@ const SPECIAL_KEYS: &[&str] = &[
     "eom_token_id",
     "unknown_token_id",
     "padding_token_id",
+    "seperator_token_id",
+    "mask_token_id",
     "fim_pad_token_id",
     "fim_rep_token_id",
     "fim_sep_token_id",
@@ -88,6 +97,9 @@ impl VocabParts {
             add_eos: md.get_bool_opt("tokenizer.ggml.add_eos_token")?,
             add_space_prefix: md.get_bool_opt("tokenizer.ggml.add_space_prefix")?,
             name: md.get_str_opt("general.name")?.map(str::to_owned),
+            add_sep: md.get_bool_opt("tokenizer.ggml.add_sep_token")?,
+            lowercase: md.get_bool_opt("tokenizer.ggml.normalizer.lowercase")?,
+            strip_accents: md.get_bool_opt("tokenizer.ggml.normalizer.strip_accents")?,
         })
     }
 }
@@ -152,16 +164,46 @@ impl Tokenizer {
         if n == 0 {
             return Err(TokenizerError::Empty);
         }
+        let mut no_bos = false;
+        let mut escape_whitespaces = false;
         let (kind, mut add_bos, mut add_space_prefix, clean_spaces, ignore_merges) =
             match p.model.as_str() {
                 "llama" => (Kind::Spm, true, true, false, false),
-                "gpt2" => {
-                    let pre = PreTokenizer::from_name(p.pre.as_deref()).ok_or_else(|| {
-                        TokenizerError::UnsupportedPre(p.pre.clone().unwrap_or_default())
-                    })?;
-                    let llama3 = pre == PreTokenizer::Llama3;
-                    let clean = pre != PreTokenizer::Qwen2;
-                    (Kind::Bpe(pre), llama3, false, clean, llama3)
+                "bert" => (Kind::Wpm, true, false, true, false),
+                "gpt2" | "gemma4" => {
+                    let name = if p.model == "gemma4" {
+                        Some("gemma4")
+                    } else {
+                        p.pre.as_deref()
+                    };
+                    let (pre, flags) = match PreTokenizer::lookup(name) {
+                        Some(found) => found,
+                        None => {
+                            // llama.cpp refuses unknown names; the default splitter still gives
+                            // usable (if not identical) tokens, so warn and go on.
+                            tracing::warn!(
+                                "tokenizer.ggml.pre `{}` is not known; using the default \
+                                 pre-tokenizer (tokens may differ from the model's training)",
+                                name.unwrap_or_default()
+                            );
+                            (PreTokenizer::Default, PreFlags::default())
+                        }
+                    };
+                    if name.is_none() {
+                        tracing::warn!(
+                            "tokenizer.ggml.pre is missing; using the default pre-tokenizer \
+                             (generation quality may be degraded)"
+                        );
+                    }
+                    no_bos = flags.no_bos;
+                    escape_whitespaces = flags.escape_whitespaces;
+                    (
+                        Kind::Bpe(pre),
+                        flags.add_bos,
+                        false,
+                        !flags.no_clean_spaces,
+                        flags.ignore_merges,
+                    )
                 }
                 other => return Err(TokenizerError::UnsupportedModel(other.to_owned())),
             };
@@ -190,7 +232,7 @@ impl Tokenizer {
         }
 
         let mut tokens = p.tokens;
-        let mut token_to_id = HashMap::with_capacity(n);
+        let mut token_to_id = super::fast_map(n);
         let mut attrs = vec![attr::NORMAL; n];
         for (i, text) in tokens.iter_mut().enumerate() {
             if text.is_empty() {
@@ -204,7 +246,7 @@ impl Tokenizer {
         }
         let scores = p.scores.unwrap_or_else(|| vec![0.0; n]);
 
-        let mut ranks: HashMap<String, HashMap<String, usize>> = HashMap::new();
+        let mut ranks: super::FastMap<String, super::FastMap<String, usize>> = super::fast_map(0);
         if matches!(kind, Kind::Bpe(_)) {
             for (i, m) in p.merges.iter().enumerate() {
                 // Split at the first space after the first byte (a merge may start with one).
@@ -215,7 +257,7 @@ impl Tokenizer {
                 };
                 ranks
                     .entry(a.to_owned())
-                    .or_default()
+                    .or_insert_with(|| super::fast_map(0))
                     .entry(b.to_owned())
                     .or_insert(i);
             }
@@ -224,8 +266,17 @@ impl Tokenizer {
         let in_range = |id: Option<u64>| id.filter(|&v| (v as usize) < n).map(|v| v as u32);
         let (mut bos, mut eos, mut unk) = match kind {
             Kind::Spm => (in_range(Some(1)), in_range(Some(2)), in_range(Some(0))),
+            Kind::Bpe(_) if p.model == "gemma4" => (None, None, None),
             Kind::Bpe(_) => (in_range(Some(11)), in_range(Some(11)), None),
+            Kind::Wpm => (in_range(Some(101)), None, in_range(Some(100))),
         };
+        let mut sep = match kind {
+            Kind::Wpm => in_range(Some(102)),
+            _ => None,
+        };
+        if no_bos {
+            bos = None;
+        }
         let (mut eot, mut eom, mut pad, mut fim) = (None, None, None, Vec::new());
         for (k, id) in &p.special_ids {
             let Some(id) = in_range(Some(*id)) else {
@@ -238,6 +289,8 @@ impl Tokenizer {
                 "eom_token_id" => eom = Some(id),
                 "unknown_token_id" => unk = Some(id),
                 "padding_token_id" => pad = Some(id),
+                "seperator_token_id" => sep = Some(id),
+                "mask_token_id" => {}
                 _ => fim.push(id),
             }
         }
@@ -307,6 +360,7 @@ impl Tokenizer {
             .map(|(b, &c)| (c, b as u8))
             .collect();
 
+        let max_token_len = tokens.iter().map(String::len).max().unwrap_or(0);
         let mut tok = Tokenizer {
             kind,
             tokens,
@@ -325,7 +379,14 @@ impl Tokenizer {
             add_space_prefix,
             clean_spaces,
             ignore_merges,
+            escape_whitespaces,
+            sep,
+            add_sep: p.add_sep.unwrap_or(kind == Kind::Wpm),
+            lowercase: p.lowercase.unwrap_or(true),
+            strip_accents: p.strip_accents.or(p.lowercase).unwrap_or(true),
+            max_token_len,
             special_cache,
+            specials: super::special::Specials::default(),
             pieces: Vec::new(),
             byte_char,
             char_byte,
@@ -354,6 +415,7 @@ impl Tokenizer {
                 }
             }
         }
+        tok.specials = super::special::Specials::new(&tok.tokens, &tok.attrs, &tok.special_cache);
         Ok(tok)
     }
 }

@@ -3,7 +3,9 @@
 //! `llm_tokenizer_spm_session` / `llm_tokenizer_bpe_session` do, so ties break identically.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use super::{fast_map, FastMap};
 
 /// A span of the text being tokenized (byte offsets), linked to its neighbours.
 #[derive(Clone, Copy, Debug)]
@@ -42,7 +44,8 @@ struct SpmBigram {
     left: usize,
     right: usize,
     score: f32,
-    size: usize,
+    // Pieces are vocabulary tokens, far shorter than 4 GiB.
+    size: u32,
 }
 
 impl PartialEq for SpmBigram {
@@ -73,20 +76,32 @@ pub(crate) trait SpmVocab {
     fn byte_token(&self, b: u8) -> Option<u32>;
 }
 
+/// Scores of pieces looked up so far (`None`: not in the vocabulary). Lookups in the full
+/// vocabulary miss the CPU caches; text repeats its pieces, so this small table, shared by
+/// all fragments of one text, answers most of them.
+pub(crate) type PieceCache<'t> = FastMap<&'t [u8], Option<(u32, f32)>>;
+
 /// Tokenizes already-escaped text with score-ordered merges, appending to `out`.
-pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32>) {
+pub(crate) fn spm_tokenize<'t>(
+    vocab: &impl SpmVocab,
+    text: &'t [u8],
+    out: &mut Vec<u32>,
+    seen: &mut PieceCache<'t>,
+) {
     let mut syms = symbols_of(text);
     if syms.is_empty() {
         return;
     }
     let mut heap = BinaryHeap::new();
-    let mut rev_merge: HashMap<&[u8], (usize, usize)> = HashMap::new();
+    let mut rev_merge: FastMap<&[u8], (usize, usize)> = fast_map(0);
+    #[allow(clippy::too_many_arguments)]
     fn try_add<'t>(
         vocab: &impl SpmVocab,
         text: &'t [u8],
         syms: &[Symbol],
         heap: &mut BinaryHeap<SpmBigram>,
-        rev: &mut HashMap<&'t [u8], (usize, usize)>,
+        rev: &mut FastMap<&'t [u8], (usize, usize)>,
+        seen: &mut PieceCache<'t>,
         left: Option<usize>,
         right: Option<usize>,
     ) {
@@ -94,12 +109,13 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
             return;
         };
         let piece = &text[syms[l].start..syms[l].start + syms[l].len + syms[r].len];
-        if let Some((_, score)) = vocab.piece(piece) {
+        let found = *seen.entry(piece).or_insert_with(|| vocab.piece(piece));
+        if let Some((_, score)) = found {
             heap.push(SpmBigram {
                 left: l,
                 right: r,
                 score,
-                size: piece.len(),
+                size: u32::try_from(piece.len()).unwrap_or(u32::MAX),
             });
             rev.insert(piece, (l, r));
         }
@@ -111,13 +127,14 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
             &syms,
             &mut heap,
             &mut rev_merge,
+            seen,
             Some(i - 1),
             Some(i),
         );
     }
     while let Some(b) = heap.pop() {
         let (l, r) = (syms[b.left], syms[b.right]);
-        if l.len == 0 || r.len == 0 || l.len + r.len != b.size {
+        if l.len == 0 || r.len == 0 || l.len + r.len != b.size as usize {
             continue;
         }
         syms[b.left].len += r.len;
@@ -134,6 +151,7 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
             &syms,
             &mut heap,
             &mut rev_merge,
+            seen,
             prev,
             Some(b.left),
         );
@@ -143,6 +161,7 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
             &syms,
             &mut heap,
             &mut rev_merge,
+            seen,
             Some(b.left),
             next,
         );
@@ -150,22 +169,24 @@ pub(crate) fn spm_tokenize(vocab: &impl SpmVocab, text: &[u8], out: &mut Vec<u32
     let mut i = Some(0);
     while let Some(idx) = i {
         let s = syms[idx];
-        resegment(vocab, text, &syms, &rev_merge, s.start, s.len, out);
+        resegment(vocab, text, &syms, &rev_merge, seen, s.start, s.len, out);
         i = s.next;
     }
 }
 
-fn resegment(
+#[allow(clippy::too_many_arguments)]
+fn resegment<'t>(
     vocab: &impl SpmVocab,
-    text: &[u8],
+    text: &'t [u8],
     syms: &[Symbol],
-    rev_merge: &HashMap<&[u8], (usize, usize)>,
+    rev_merge: &FastMap<&[u8], (usize, usize)>,
+    seen: &mut PieceCache<'t>,
     start: usize,
     len: usize,
     out: &mut Vec<u32>,
 ) {
     let piece = &text[start..start + len];
-    if let Some((id, _)) = vocab.piece(piece) {
+    if let Some((id, _)) = *seen.entry(piece).or_insert_with(|| vocab.piece(piece)) {
         out.push(id);
         return;
     }
@@ -175,8 +196,8 @@ fn resegment(
             // The recorded pair spans this piece; llama.cpp re-reads the symbols' current
             // lengths, which are those they had when the pair was formed.
             let (sl, sr) = (syms[l], syms[r]);
-            resegment(vocab, text, syms, rev_merge, sl.start, sl.len, out);
-            resegment(vocab, text, syms, rev_merge, sr.start, sr.len, out);
+            resegment(vocab, text, syms, rev_merge, seen, sl.start, sl.len, out);
+            resegment(vocab, text, syms, rev_merge, seen, sr.start, sr.len, out);
         }
     }
 }

@@ -14,8 +14,11 @@ mod error;
 mod load;
 mod merge;
 mod pretok;
+mod regex;
+mod special;
 mod stream;
 mod unicode;
+mod wpm;
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -24,6 +27,19 @@ pub use load::VocabParts;
 pub use pretok::PreTokenizer;
 pub use stream::StreamDecoder;
 pub(crate) use unicode::byte_to_char_table;
+
+/// Hash maps keyed by token text: Fx hashing (the SipHash default dominated encoding time)
+/// with a per-process random seed, so crafted text cannot aim at collisions.
+pub(crate) type FastMap<K, V> = HashMap<K, V, rustc_hash::FxSeededState>;
+
+/// An empty [`FastMap`] with room for `cap` entries.
+pub(crate) fn fast_map<K, V>(cap: usize) -> FastMap<K, V> {
+    use std::hash::{BuildHasher, Hasher};
+    let seed = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    HashMap::with_capacity_and_hasher(cap, rustc_hash::FxSeededState::with_seed(seed as usize))
+}
 
 /// Token attribute bits (llama.cpp's `llama_token_attr`).
 pub mod attr {
@@ -54,6 +70,8 @@ pub enum Kind {
     Spm,
     /// Byte-level BPE with the given pre-tokenizer.
     Bpe(PreTokenizer),
+    /// WordPiece (`bert`): greedy longest pieces of normalised words.
+    Wpm,
 }
 
 /// A vocabulary and its encoding rules.
@@ -63,8 +81,8 @@ pub struct Tokenizer {
     tokens: Vec<String>,
     scores: Vec<f32>,
     attrs: Vec<u32>,
-    token_to_id: HashMap<String, u32>,
-    ranks: HashMap<String, HashMap<String, usize>>,
+    token_to_id: FastMap<String, u32>,
+    ranks: FastMap<String, FastMap<String, usize>>,
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
@@ -76,7 +94,14 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     clean_spaces: bool,
     ignore_merges: bool,
+    escape_whitespaces: bool,
+    sep: Option<u32>,
+    add_sep: bool,
+    lowercase: bool,
+    strip_accents: bool,
+    max_token_len: usize,
     special_cache: Vec<u32>,
+    specials: special::Specials,
     pieces: Vec<Vec<u8>>,
     byte_char: [char; 256],
     char_byte: HashMap<char, u8>,
@@ -184,30 +209,66 @@ impl Tokenizer {
         let mut out = Vec::new();
         match self.kind {
             Kind::Spm => {
+                // All fragments escaped first, so one piece cache serves the whole text.
+                let mut escaped = Vec::new();
                 let mut prev_special = true;
-                if add_special && self.add_bos {
-                    out.extend(self.bos);
-                }
-                for f in frags {
-                    match f {
+                for f in &frags {
+                    match *f {
                         Frag::Text(s, e) => {
                             let mut t = String::with_capacity(e - s + 1);
                             if self.add_space_prefix && prev_special {
                                 t.push(' ');
                             }
                             t.push_str(&text[s..e]);
-                            let escaped = t.replace(' ', "\u{2581}");
-                            merge::spm_tokenize(self, escaped.as_bytes(), &mut out);
+                            escaped.push(t.replace(' ', "\u{2581}"));
                             prev_special = false;
                         }
-                        Frag::Token(id) => {
-                            out.push(id);
-                            prev_special = true;
+                        Frag::Token(_) => prev_special = true,
+                    }
+                }
+                let mut seen = fast_map(0);
+                let mut texts = escaped.iter();
+                if add_special && self.add_bos {
+                    out.extend(self.bos);
+                }
+                for f in frags {
+                    match f {
+                        Frag::Text(..) => {
+                            if let Some(t) = texts.next() {
+                                merge::spm_tokenize(self, t.as_bytes(), &mut out, &mut seen);
+                            }
                         }
+                        Frag::Token(id) => out.push(id),
                     }
                 }
                 if add_special && self.add_eos {
                     out.extend(self.eos);
+                }
+            }
+            Kind::Wpm => {
+                // llama.cpp adds the BOS ([CLS]) and SEP ids whenever specials are asked for.
+                if add_special {
+                    out.extend(self.bos);
+                }
+                for f in frags {
+                    match f {
+                        Frag::Text(s, e) => {
+                            let lookup = |p: &str| self.token_to_id.get(p).copied();
+                            for w in wpm::words(&text[s..e], self.lowercase, self.strip_accents) {
+                                wpm::tokenize_word(
+                                    &w,
+                                    self.max_token_len,
+                                    lookup,
+                                    self.unk,
+                                    &mut out,
+                                );
+                            }
+                        }
+                        Frag::Token(id) => out.push(id),
+                    }
+                }
+                if add_special && self.add_sep {
+                    out.extend(self.sep);
                 }
             }
             Kind::Bpe(pre) => {
@@ -232,6 +293,14 @@ impl Tokenizer {
     /// `tokenizer_st_partition`). Control and unknown tokens count only with `parse_special`;
     /// user-defined tokens always do.
     fn partition(&self, text: &str, parse_special: bool) -> Vec<Frag> {
+        self.specials
+            .partition(text, &self.attrs, parse_special)
+            .unwrap_or_else(|| self.partition_scan(text, parse_special))
+    }
+
+    /// The same partition as llama.cpp computes it, one scan of the text per special token;
+    /// used when the automaton could not be built.
+    fn partition_scan(&self, text: &str, parse_special: bool) -> Vec<Frag> {
         let bytes = text.as_bytes();
         let mut frags = if text.is_empty() {
             Vec::new()
@@ -281,9 +350,22 @@ impl Tokenizer {
     }
 
     fn bpe_tokenize(&self, pre: PreTokenizer, text: &str, out: &mut Vec<u32>) {
+        let escaped;
+        let text = if self.escape_whitespaces {
+            escaped = text.replace(' ', "\u{2581}");
+            escaped.as_str()
+        } else {
+            text
+        };
+        let byte_encode = pre.byte_encode();
         for word in pre.split(text) {
-            let encoded: String = word.bytes().map(|b| self.byte_char[b as usize]).collect();
-            if self.ignore_merges {
+            let encoded: String = if byte_encode {
+                word.bytes().map(|b| self.byte_char[b as usize]).collect()
+            } else {
+                word
+            };
+            let whole_newlines = pre == PreTokenizer::Gemma4 && encoded.bytes().all(|b| b == b'\n');
+            if self.ignore_merges || whole_newlines {
                 if let Some(&id) = self.token_to_id.get(&encoded) {
                     out.push(id);
                     continue;
@@ -299,7 +381,7 @@ impl Tokenizer {
                 let piece = &encoded[s..e];
                 match self.token_to_id.get(piece) {
                     Some(&id) => out.push(id),
-                    None => {
+                    None if byte_encode => {
                         // llama.cpp looks each byte of the piece up as a one-byte string; only
                         // ASCII bytes can match, the rest are dropped.
                         for &b in piece.as_bytes() {
@@ -311,6 +393,13 @@ impl Tokenizer {
                                 {
                                     out.push(id);
                                 }
+                            }
+                        }
+                    }
+                    None => {
+                        for &b in piece.as_bytes() {
+                            if let Some(&id) = self.token_to_id.get(&format!("<0x{b:02X}>")) {
+                                out.push(id);
                             }
                         }
                     }
@@ -351,7 +440,7 @@ impl Tokenizer {
         }
         if a & attr::NORMAL != 0 {
             return match self.kind {
-                Kind::Spm => text.replace('\u{2581}', " ").into_bytes(),
+                Kind::Spm | Kind::Wpm => text.replace('\u{2581}', " ").into_bytes(),
                 Kind::Bpe(_) => self.decode_bpe_text(text),
             };
         }

@@ -18,6 +18,12 @@ pub(crate) struct Flags {
     pub number: bool,
     /// `\p{P}`
     pub punct: bool,
+    /// `\p{M}`
+    pub mark: bool,
+    /// `\p{S}`
+    pub symbol: bool,
+    /// `\p{C}` (control, format, surrogate, private use, unassigned)
+    pub control: bool,
     /// `\s` in llama.cpp's sense (the `White_Space` property).
     pub space: bool,
 }
@@ -49,11 +55,26 @@ pub(crate) fn flags(c: char) -> Flags {
             | Gc::FinalPunctuation
             | Gc::OtherPunctuation
     );
+    let mark = matches!(
+        cat,
+        Gc::NonspacingMark | Gc::SpacingMark | Gc::EnclosingMark
+    );
+    let symbol = matches!(
+        cat,
+        Gc::MathSymbol | Gc::CurrencySymbol | Gc::ModifierSymbol | Gc::OtherSymbol
+    );
+    let control = matches!(
+        cat,
+        Gc::Control | Gc::Format | Gc::Surrogate | Gc::PrivateUse | Gc::Unassigned
+    );
     Flags {
         defined: true,
+        control,
         letter,
         number,
         punct,
+        mark,
+        symbol,
         space: WHITE_SPACE.contains(&u32::from(c)),
     }
 }
