@@ -401,5 +401,14 @@ fn logprobs_and_constraints() {
     let (toks, done) = collect(&rx);
     assert_eq!(toks.len(), 3);
     assert!(toks.iter().all(|t| t % 2 == 0), "{toks:?}");
-    assert!(matches!(done, Event::Done { reason: FinishReason::Stop, .. }), "{done:?}");
+    assert!(
+        matches!(
+            done,
+            Event::Done {
+                reason: FinishReason::Stop,
+                ..
+            }
+        ),
+        "{done:?}"
+    );
 }
