@@ -523,9 +523,9 @@ fn full_queue_answers_503_with_retry_after() {
 #[test]
 fn concurrent_streams_match_alone_and_cancel_frees_kv() {
     let path = synth_model();
-    let ts = start(&path, 4, ServerOptions::default());
+    let ts = start(&path, 8, ServerOptions::default());
     let c = ts.client(None);
-    let prompts: Vec<String> = (0..12).map(|i| format!("story {i}: once")).collect();
+    let prompts: Vec<String> = (0..32).map(|i| format!("story {i}: once")).collect();
     let body = |p: &str| {
         json!({"prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": true,
                "stream": true})

@@ -75,11 +75,12 @@ def main() -> None:
     }
     structured = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": "Is water wet? Answer in JSON."}],
-        max_tokens=40,
+        messages=[{"role": "user", "content": "Water is wet: JSON?"}],
+        max_tokens=60,
         temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
     )
+    assert structured.choices[0].finish_reason == "stop", structured
     obj = json.loads(structured.choices[0].message.content)
     assert set(obj) == {"answer", "sure"} and obj["answer"] in ("yes", "no"), obj
     assert isinstance(obj["sure"], bool), obj

@@ -17,7 +17,7 @@ use server::client::Client;
 use server::{Backend, BackendOptions, Server, ServerOptions};
 
 /// Context per request in the tests.
-pub const N_CTX: usize = 96;
+pub const N_CTX: usize = 160;
 
 /// The tiny synthetic llama model (written once per test binary).
 pub fn synth_model() -> PathBuf {
