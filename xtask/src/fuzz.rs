@@ -14,6 +14,11 @@ const FUZZ_DIR: &str = "gguf/fuzz";
 const CORPUS: &str = "gguf/fuzz/corpus/reader";
 const MODEL_FUZZ_DIR: &str = "model/fuzz";
 
+/// One edit of the model target's input.
+fn edit(op: u8, sel: u8, v: u64) -> Vec<u8> {
+    [&[op, sel][..], &v.to_le_bytes()].concat()
+}
+
 /// A named seed input.
 type Seed = (&'static str, Vec<u8>);
 
@@ -23,7 +28,24 @@ fn model_seeds() -> [(&'static str, Vec<Seed>); 2] {
     [
         (
             "model_config",
-            vec![("llama", vec![0]), ("qwen2", vec![1]), ("gemma3", vec![2])],
+            vec![
+                ("llama", vec![0]),
+                ("qwen2", vec![1]),
+                ("gemma3", vec![2]),
+                // Edits are 10 bytes: op, selector, u64 value (see the target).
+                (
+                    "gemma3-edits",
+                    [&[2u8][..], &edit(8, 0, 16), &edit(1, 0, 0x7fc0_0000)].concat(),
+                ),
+                (
+                    "llama-dims",
+                    [&[0u8][..], &edit(3, 5, 64 << 8), &edit(0, 0, 3)].concat(),
+                ),
+                (
+                    "qwen2-keys",
+                    [&[1u8][..], &edit(0, 1, 1 << 20), &edit(6, 0, 2)].concat(),
+                ),
+            ],
         ),
         (
             "tokenizer",
@@ -80,7 +102,7 @@ pub fn run(seconds: u64) -> Result<()> {
             ])
             .arg(CORPUS),
     )?;
-    fuzz(FUZZ_DIR, "reader", CORPUS, seconds)?;
+    fuzz(FUZZ_DIR, "reader", CORPUS, seconds, &[])?;
     let root = crate::workspace_root();
     for (target, seeds) in model_seeds() {
         let corpus = format!("{MODEL_FUZZ_DIR}/corpus/{target}");
@@ -90,13 +112,20 @@ pub fn run(seconds: u64) -> Result<()> {
             let p = dir.join(format!("seed-{name}"));
             std::fs::write(&p, bytes).map_err(|e| format!("{}: {e}", p.display()))?;
         }
-        fuzz(MODEL_FUZZ_DIR, target, &corpus, seconds)?;
+        // Inputs are sequences of edits: let them be long from the start.
+        fuzz(
+            MODEL_FUZZ_DIR,
+            target,
+            &corpus,
+            seconds,
+            &["-max_len=256", "-len_control=0"],
+        )?;
     }
     Ok(())
 }
 
 /// Runs one target for `seconds` with debug assertions (overflow checks) on.
-fn fuzz(dir: &str, target: &str, corpus: &str, seconds: u64) -> Result<()> {
+fn fuzz(dir: &str, target: &str, corpus: &str, seconds: u64, extra: &[&str]) -> Result<()> {
     let mut cmd: Command = cargo();
     cmd.args([
         "fuzz",
@@ -109,6 +138,7 @@ fn fuzz(dir: &str, target: &str, corpus: &str, seconds: u64) -> Result<()> {
         "--",
     ])
     .arg(format!("-max_total_time={seconds}"))
+    .args(extra)
     .env("RUSTC_BOOTSTRAP", "1");
     run_cmd(&mut cmd)
 }
