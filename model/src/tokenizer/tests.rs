@@ -98,3 +98,46 @@ fn clean_spaces_passes() {
     clean_up_spaces(&mut v);
     assert_eq!(v, b"a, b'c's d");
 }
+
+#[test]
+fn t5_unigram_through_the_tokenizer() {
+    let tokens: Vec<String> = [
+        "<pad>", "</s>", "<unk>", "▁", "▁hello", "▁he", "llo", "▁world",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let scores = vec![0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -3.0, -2.5];
+    let types = vec![3, 3, 2, 1, 1, 1, 1, 1];
+    let t = Tokenizer::from_parts(VocabParts {
+        model: "t5".into(),
+        tokens,
+        scores: Some(scores),
+        token_types: Some(types),
+        ..VocabParts::default()
+    })
+    .expect("valid vocab");
+    assert_eq!(t.kind(), Kind::Ugm);
+    // No BOS, EOS appended, as llama.cpp's defaults for t5.
+    assert_eq!(t.encode("hello world", true, false), vec![4, 7, 1]);
+    assert_eq!(t.decode(&[4, 7, 1]), "hello world");
+}
+
+#[test]
+fn unknown_pre_tokenizer_falls_back_to_default() {
+    let mut parts = VocabParts {
+        model: "gpt2".into(),
+        pre: Some("no-such-pre".into()),
+        tokens: unicode::byte_to_char_table()
+            .iter()
+            .map(|c| c.to_string())
+            .collect(),
+        ..VocabParts::default()
+    };
+    let t = Tokenizer::from_parts(parts.clone()).expect("unknown names are not an error");
+    assert_eq!(t.kind(), Kind::Bpe(PreTokenizer::Default));
+    parts.pre = Some("smollm".into());
+    let t = Tokenizer::from_parts(parts).expect("smollm");
+    assert_eq!(t.kind(), Kind::Bpe(PreTokenizer::Starcoder));
+    assert_eq!(t.encode("ab 12", false, false).len(), 5);
+}
