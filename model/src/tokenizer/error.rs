@@ -12,9 +12,6 @@ pub enum TokenizerError {
         "tokenizer.ggml.model `{0}` is not supported (supported: llama, gpt2, gemma4, bert, t5)"
     )]
     UnsupportedModel(String),
-    /// `tokenizer.ggml.pre` names a pre-tokenizer we do not implement.
-    #[error("tokenizer.ggml.pre `{0}` is not supported (supported: default, gpt-2, llama-bpe/llama3, qwen2)")]
-    UnsupportedPre(String),
     /// An array is shorter than the token list.
     #[error(
         "metadata key `{key}` has {found} entries, expected at least {expected} (one per token)"
