@@ -8,11 +8,10 @@ pub enum TokenizerError {
     #[error(transparent)]
     Gguf(#[from] gguf::GgufError),
     /// `tokenizer.ggml.model` names a tokenizer we do not implement.
-    #[error("tokenizer.ggml.model `{0}` is not supported (supported: llama, gpt2)")]
+    #[error(
+        "tokenizer.ggml.model `{0}` is not supported (supported: llama, gpt2, gemma4, bert, t5)"
+    )]
     UnsupportedModel(String),
-    /// `tokenizer.ggml.pre` names a pre-tokenizer we do not implement.
-    #[error("tokenizer.ggml.pre `{0}` is not supported (supported: default, gpt-2, llama-bpe/llama3, qwen2)")]
-    UnsupportedPre(String),
     /// An array is shorter than the token list.
     #[error(
         "metadata key `{key}` has {found} entries, expected at least {expected} (one per token)"
@@ -25,6 +24,9 @@ pub enum TokenizerError {
         /// Tokens in the vocabulary.
         expected: usize,
     },
+    /// `tokenizer.ggml.precompiled_charsmap` is malformed.
+    #[error("tokenizer.ggml.precompiled_charsmap: {0}")]
+    BadCharsmap(String),
     /// The vocabulary is empty.
     #[error("tokenizer.ggml.tokens is empty")]
     Empty,

@@ -39,6 +39,10 @@ pub struct VocabParts {
     pub lowercase: Option<bool>,
     /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece)
     pub strip_accents: Option<bool>,
+    /// `tokenizer.ggml.precompiled_charsmap` (Unigram)
+    pub precompiled_charsmap: Option<Vec<u8>>,
+    /// `tokenizer.ggml.remove_extra_whitespaces` (Unigram)
+    pub remove_extra_whitespaces: Option<bool>,
 }
 
 const SPECIAL_KEYS: &[&str] = &[
@@ -100,6 +104,22 @@ impl VocabParts {
             add_sep: md.get_bool_opt("tokenizer.ggml.add_sep_token")?,
             lowercase: md.get_bool_opt("tokenizer.ggml.normalizer.lowercase")?,
             strip_accents: md.get_bool_opt("tokenizer.ggml.normalizer.strip_accents")?,
+            precompiled_charsmap: match md.get("tokenizer.ggml.precompiled_charsmap") {
+                None => None,
+                Some(MetadataValue::Array(gguf::ArrayValue::U8(v))) => Some(v.clone()),
+                Some(MetadataValue::Array(gguf::ArrayValue::I8(v))) => {
+                    Some(v.iter().map(|&b| b as u8).collect())
+                }
+                Some(other) => {
+                    return Err(gguf::GgufError::WrongType {
+                        key: "tokenizer.ggml.precompiled_charsmap".to_owned(),
+                        expected: "uint8 or int8 array",
+                        found: other.type_description(),
+                    }
+                    .into())
+                }
+            },
+            remove_extra_whitespaces: md.get_bool_opt("tokenizer.ggml.remove_extra_whitespaces")?,
         })
     }
 }
@@ -170,6 +190,7 @@ impl Tokenizer {
             match p.model.as_str() {
                 "llama" => (Kind::Spm, true, true, false, false),
                 "bert" => (Kind::Wpm, true, false, true, false),
+                "t5" => (Kind::Ugm, false, true, false, false),
                 "gpt2" | "gemma4" => {
                     let name = if p.model == "gemma4" {
                         Some("gemma4")
@@ -210,7 +231,7 @@ impl Tokenizer {
         if let Some(v) = p.add_space_prefix {
             add_space_prefix = v;
         }
-        let mut add_eos = false;
+        let mut add_eos = kind == Kind::Ugm;
 
         if let Some(s) = &p.scores {
             if s.len() < n {
@@ -269,6 +290,7 @@ impl Tokenizer {
             Kind::Bpe(_) if p.model == "gemma4" => (None, None, None),
             Kind::Bpe(_) => (in_range(Some(11)), in_range(Some(11)), None),
             Kind::Wpm => (in_range(Some(101)), None, in_range(Some(100))),
+            Kind::Ugm => (None, in_range(Some(1)), in_range(Some(2))),
         };
         let mut sep = match kind {
             Kind::Wpm => in_range(Some(102)),
@@ -385,6 +407,7 @@ impl Tokenizer {
             lowercase: p.lowercase.unwrap_or(true),
             strip_accents: p.strip_accents.or(p.lowercase).unwrap_or(true),
             max_token_len,
+            ugm: None,
             special_cache,
             specials: super::special::Specials::default(),
             pieces: Vec::new(),
@@ -416,6 +439,20 @@ impl Tokenizer {
             }
         }
         tok.specials = super::special::Specials::new(&tok.tokens, &tok.attrs, &tok.special_cache);
+        if kind == Kind::Ugm {
+            let opts = super::ugm::UgmOptions {
+                escape_whitespaces: true,
+                add_space_prefix: tok.add_space_prefix,
+                remove_extra_whitespaces: p.remove_extra_whitespaces.unwrap_or(false),
+            };
+            tok.ugm = Some(Box::new(super::ugm::Ugm::new(
+                &tok.tokens,
+                &tok.scores,
+                &tok.attrs,
+                p.precompiled_charsmap.as_deref(),
+                opts,
+            )?));
+        }
         Ok(tok)
     }
 }

@@ -17,6 +17,7 @@ mod pretok;
 mod regex;
 mod special;
 mod stream;
+mod ugm;
 mod unicode;
 mod wpm;
 
@@ -72,6 +73,8 @@ pub enum Kind {
     Bpe(PreTokenizer),
     /// WordPiece (`bert`): greedy longest pieces of normalised words.
     Wpm,
+    /// Unigram (`t5`): SentencePiece normalisation and the best-scoring segmentation.
+    Ugm,
 }
 
 /// A vocabulary and its encoding rules.
@@ -100,6 +103,7 @@ pub struct Tokenizer {
     lowercase: bool,
     strip_accents: bool,
     max_token_len: usize,
+    ugm: Option<Box<ugm::Ugm>>,
     special_cache: Vec<u32>,
     specials: special::Specials,
     pieces: Vec<Vec<u8>>,
@@ -271,6 +275,30 @@ impl Tokenizer {
                     out.extend(self.sep);
                 }
             }
+            Kind::Ugm => {
+                if add_special && self.add_bos {
+                    out.extend(self.bos);
+                }
+                for f in frags {
+                    match f {
+                        Frag::Text(s, e) => {
+                            if let Some(u) = &self.ugm {
+                                u.tokenize(
+                                    &text[s..e],
+                                    &self.scores,
+                                    &self.attrs,
+                                    self.unk,
+                                    &mut out,
+                                );
+                            }
+                        }
+                        Frag::Token(id) => out.push(id),
+                    }
+                }
+                if add_special && self.add_eos {
+                    out.extend(self.eos);
+                }
+            }
             Kind::Bpe(pre) => {
                 if add_special && self.add_bos {
                     out.extend(self.bos);
@@ -440,7 +468,7 @@ impl Tokenizer {
         }
         if a & attr::NORMAL != 0 {
             return match self.kind {
-                Kind::Spm | Kind::Wpm => text.replace('\u{2581}', " ").into_bytes(),
+                Kind::Spm | Kind::Wpm | Kind::Ugm => text.replace('\u{2581}', " ").into_bytes(),
                 Kind::Bpe(_) => self.decode_bpe_text(text),
             };
         }

@@ -1035,6 +1035,87 @@ fn split_newlines(cpts: &[char], offsets: &[usize]) -> Vec<usize> {
 mod tests {
     use super::*;
 
+    const ALL: &[PreTokenizer] = &[
+        PreTokenizer::Default,
+        PreTokenizer::Gpt2,
+        PreTokenizer::Llama3,
+        PreTokenizer::Qwen2,
+        PreTokenizer::Qwen35,
+        PreTokenizer::DeepseekLlm,
+        PreTokenizer::DeepseekCoder,
+        PreTokenizer::Deepseek3,
+        PreTokenizer::Spark25,
+        PreTokenizer::Youtu,
+        PreTokenizer::Falcon,
+        PreTokenizer::Starcoder,
+        PreTokenizer::Bloom,
+        PreTokenizer::Viking,
+        PreTokenizer::Tekken,
+        PreTokenizer::Chameleon,
+        PreTokenizer::Gpt4o,
+        PreTokenizer::GraniteEmbMulti,
+        PreTokenizer::TinyAya,
+        PreTokenizer::KimiK2,
+        PreTokenizer::SuperBpe,
+        PreTokenizer::BailingMoe,
+        PreTokenizer::SeedCoder,
+        PreTokenizer::Ufakzeka,
+        PreTokenizer::Afmoe,
+        PreTokenizer::Laguna,
+        PreTokenizer::ExaoneMoe,
+        PreTokenizer::Jais2,
+        PreTokenizer::Gemma4,
+        PreTokenizer::SarvamMoe,
+        PreTokenizer::MiniCpm5,
+        PreTokenizer::Whitespace,
+    ];
+
+    #[test]
+    fn every_pattern_compiles_and_splits_losslessly() {
+        assert_eq!(ALL.len(), N_PRE);
+        let text =
+            "Hello World's 1234567 ÆØÅ été 中文字 ﾟ  \n\r\n tab\tend!!  <sentinel:12> IMGIMGABZ";
+        for &p in ALL {
+            for (k, step) in p.steps().iter().enumerate() {
+                if let Step::Re(pat) = step {
+                    assert!(compiled(p, k).is_some(), "{p:?}: `{pat}` does not compile");
+                }
+            }
+            let words = p.split(text);
+            assert_eq!(words.concat(), text, "{p:?} lost text");
+        }
+    }
+
+    #[test]
+    fn names_map_as_llama_cpp() {
+        for (name, want) in [
+            ("smollm", PreTokenizer::Starcoder),
+            ("deepseek-v3", PreTokenizer::Deepseek3),
+            ("llama4", PreTokenizer::Gpt4o),
+            ("pixtral", PreTokenizer::Llama3),
+            ("kimi-k2", PreTokenizer::KimiK2),
+            ("chatglm-bpe", PreTokenizer::Llama3),
+            ("poro-chat", PreTokenizer::Bloom),
+        ] {
+            assert_eq!(PreTokenizer::from_name(Some(name)), Some(want), "{name}");
+        }
+        assert_eq!(PreTokenizer::from_name(Some("nope")), None);
+    }
+
+    #[test]
+    fn regex_passes_match_the_hand_written_ones() {
+        // The falcon chain ends in a regex pass; superbpe's lookahead splits digit groups.
+        assert_eq!(
+            split(PreTokenizer::SuperBpe, "x 1234567"),
+            ["x ", "1", "", "234", "", "567"]
+        );
+        assert_eq!(
+            split(PreTokenizer::Tekken, "HelloWorld foo"),
+            ["Hello", "World", " foo"]
+        );
+        assert_eq!(split(PreTokenizer::Afmoe, "ab1234"), ["ab", "1", "234"]);
+    }
+
     fn split(p: PreTokenizer, s: &str) -> Vec<String> {
         p.split(s)
     }

@@ -98,3 +98,84 @@ fn clean_spaces_passes() {
     clean_up_spaces(&mut v);
     assert_eq!(v, b"a, b'c's d");
 }
+
+#[test]
+fn t5_unigram_through_the_tokenizer() {
+    let tokens: Vec<String> = [
+        "<pad>", "</s>", "<unk>", "▁", "▁hello", "▁he", "llo", "▁world",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let scores = vec![0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -3.0, -2.5];
+    let types = vec![3, 3, 2, 1, 1, 1, 1, 1];
+    let t = Tokenizer::from_parts(VocabParts {
+        model: "t5".into(),
+        tokens,
+        scores: Some(scores),
+        token_types: Some(types),
+        ..VocabParts::default()
+    })
+    .expect("valid vocab");
+    assert_eq!(t.kind(), Kind::Ugm);
+    // No BOS, EOS appended, as llama.cpp's defaults for t5.
+    assert_eq!(t.encode("hello world", true, false), vec![4, 7, 1]);
+    assert_eq!(t.decode(&[4, 7, 1]), "hello world");
+}
+
+#[test]
+fn unknown_pre_tokenizer_falls_back_to_default() {
+    let mut parts = VocabParts {
+        model: "gpt2".into(),
+        pre: Some("no-such-pre".into()),
+        tokens: unicode::byte_to_char_table()
+            .iter()
+            .map(|c| c.to_string())
+            .collect(),
+        ..VocabParts::default()
+    };
+    let t = Tokenizer::from_parts(parts.clone()).expect("unknown names are not an error");
+    assert_eq!(t.kind(), Kind::Bpe(PreTokenizer::Default));
+    parts.pre = Some("smollm".into());
+    let t = Tokenizer::from_parts(parts).expect("smollm");
+    assert_eq!(t.kind(), Kind::Bpe(PreTokenizer::Starcoder));
+    assert_eq!(t.encode("ab 12", false, false).len(), 5);
+}
+
+fn frags_key(f: &[Frag]) -> Vec<(bool, usize, usize)> {
+    f.iter()
+        .map(|x| match *x {
+            Frag::Text(s, e) => (true, s, e),
+            Frag::Token(id) => (false, id as usize, 0),
+        })
+        .collect()
+}
+
+proptest::proptest! {
+    /// The one-pass automaton partition equals llama.cpp's token-by-token scan, with
+    /// overlapping specials of equal and different lengths and whitespace stripping.
+    #[test]
+    fn automaton_partition_equals_sequential_scan(text in "[ab<> \n]{0,40}", parse in proptest::bool::ANY) {
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut types = vec![2, 3, 3];
+        for (w, ty) in [("a", 1), ("b", 1), ("<a>", 3), ("a>", 4), ("<ab", 4), ("b<", 3), ("ba", 4), ("ab", 3), (" <", 4), ("bb", 4)] {
+            tokens.push(w.into());
+            types.push(ty);
+        }
+        let mut t = Tokenizer::from_parts(VocabParts {
+            model: "llama".into(),
+            tokens,
+            token_types: Some(types),
+            ..VocabParts::default()
+        })
+        .expect("valid vocab");
+        for (w, bits) in [("a>", attr::LSTRIP), ("b<", attr::RSTRIP), (" <", attr::LSTRIP | attr::RSTRIP)] {
+            let id = t.token_id(w).expect("token");
+            t.attrs[id as usize] |= bits;
+        }
+        t.specials = special::Specials::new(&t.tokens, &t.attrs, &t.special_cache);
+        let fast = t.partition(&text, parse);
+        let slow = t.partition_scan(&text, parse);
+        proptest::prop_assert_eq!(frags_key(&fast), frags_key(&slow));
+    }
+}
