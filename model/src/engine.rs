@@ -205,10 +205,12 @@ mod gpu {
             ggml_graph::opt::fold_query_scale(g);
             if let Some((hip, split)) = layers {
                 ggml_graph::opt::fuse_decode_layers(g, &|t, srcs| {
+                    // Weights of no layer (Llama 3.1's `rope_freqs`) go where their readers
+                    // run; only a layer weight the split keeps on the CPU rules the layer out.
                     let on_gpu = srcs
                         .iter()
                         .filter(|s| s.op == Op::Leaf(Leaf::Weight))
-                        .all(|s| split.device_of(&s.name) == Some(GPU));
+                        .all(|s| split.device_of(&s.name) != Some(CPU));
                     on_gpu && hip.supports_op(t, srcs)
                 });
             }
