@@ -148,9 +148,9 @@ pub enum Prompt {
     Text(String),
     /// Token ids.
     Tokens(Vec<u32>),
-    /// Several texts (only one is served).
+    /// Several texts (completions serve only one).
     Texts(Vec<String>),
-    /// Several token lists (only one is served).
+    /// Several token lists (completions serve only one).
     TokenLists(Vec<Vec<u32>>),
 }
 
@@ -169,6 +169,19 @@ pub struct CompletionRequest {
     pub echo: bool,
     /// Alternatives per position (0..=5); the chosen token's log-probability is always given.
     pub logprobs: Option<i64>,
+}
+
+/// `POST /v1/embeddings`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EmbeddingRequest {
+    /// The model id.
+    pub model: Option<String>,
+    /// What to embed: one or several texts or token lists.
+    pub input: Prompt,
+    /// `float` (default) or `base64` (little-endian f32 bytes).
+    pub encoding_format: Option<String>,
+    /// Must equal the model's width when given (no truncation).
+    pub dimensions: Option<i64>,
 }
 
 /// `POST /tokenize` (llama.cpp's shape).

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use model::batch::{self, BatchEngine, EngineOptions, FinishReason};
+use model::batch::{self, BatchEngine, EngineOptions, FinishReason, Pooling};
 use model::sampling::SamplerConfig;
 use model::session::SessionOptions;
 use model::text::TextModel;
@@ -34,6 +34,8 @@ pub struct Backend {
     engine: BatchEngine,
     text: TextModel,
     n_ctx: usize,
+    /// How embeddings pool their tokens: the model's `{arch}.pooling_type`, else the mean.
+    pooling: Pooling,
     /// Built on the first structured-output request (a trie over the whole vocabulary).
     grammars: OnceLock<Result<Grammars, String>>,
 }
@@ -150,10 +152,18 @@ impl Backend {
             ..EngineOptions::default()
         };
         let engine = BatchEngine::start(Arc::new(text.model().clone()), eopts)?;
+        // GGUF's pooling types: 0 none, 1 mean, 2 cls (the first token), 3 last. "None" asks
+        // for per-token vectors, which the endpoint does not return, so it pools like mean.
+        let pooling = match text.model().file().arch_u32_opt("pooling_type") {
+            Ok(Some(2)) => Pooling::First,
+            Ok(Some(3)) => Pooling::Last,
+            _ => Pooling::Mean,
+        };
         Ok(Self {
             engine,
             text,
             n_ctx: opts.n_ctx_per_seq,
+            pooling,
             grammars: OnceLock::new(),
         })
     }
@@ -196,6 +206,12 @@ impl Backend {
         let sink = Box::new(move |e: batch::Event| tx.send(convert(e)).is_ok());
         let handle = self.engine.submit(req, sink)?;
         Ok(Submitted { events: rx, handle })
+    }
+
+    /// The unit-length embedding of `tokens`, pooled as the model asks. Blocks until the
+    /// engine ran it (call it off the async runtime).
+    pub fn embed(&self, tokens: Vec<u32>) -> Result<Vec<f32>, ModelError> {
+        self.engine.embed(tokens, self.pooling)
     }
 
     /// The engine's queue and KV-pool counters.

@@ -174,6 +174,7 @@ impl Server {
         Router::new()
             .route("/v1/chat/completions", post(handlers::chat))
             .route("/v1/completions", post(handlers::completions))
+            .route("/v1/embeddings", post(handlers::embeddings))
             .route("/v1/models", get(handlers::models))
             .route("/tokenize", post(handlers::tokenize))
             .route("/detokenize", post(handlers::detokenize))

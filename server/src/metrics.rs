@@ -66,7 +66,14 @@ const ITL_BOUNDS: &[f64] = &[
 ];
 
 /// Endpoints counted separately.
-pub const ENDPOINTS: &[&str] = &["chat", "completions", "tokenize", "detokenize", "models"];
+pub const ENDPOINTS: &[&str] = &[
+    "chat",
+    "completions",
+    "embeddings",
+    "tokenize",
+    "detokenize",
+    "models",
+];
 
 /// Counters the handlers update.
 #[derive(Debug)]

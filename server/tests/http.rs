@@ -709,3 +709,115 @@ mod bodies {
         ts.wait_idle();
     }
 }
+
+fn embeddings_of(v: &Value) -> Vec<Vec<f32>> {
+    v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["object"], "embedding");
+            assert_eq!(d["index"], i);
+            d["embedding"]
+                .as_array()
+                .expect("float embedding")
+                .iter()
+                .map(|x| x.as_f64().expect("number") as f32)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn embeddings_are_unit_vectors_of_the_model_width() {
+    let path = synth_model();
+    let width = model::session::Model::load(&path, |_, _| {})
+        .expect("load")
+        .config()
+        .n_embd;
+    let ts = start(&path, 2, ServerOptions::default());
+    let c = ts.client(None);
+    let url = "/v1/embeddings";
+    let bad = StatusCode::BAD_REQUEST;
+    ts.rt.block_on(async {
+        let post = |body: Value| {
+            let c = &c;
+            async move {
+                let r = c.post(url, &body).await.expect("embeddings");
+                assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+                r.json().expect("json")
+            }
+        };
+        let one = post(json!({"model": "test-model", "input": "hello world"})).await;
+        assert_eq!(one["object"], "list");
+        assert_eq!(one["model"], "test-model");
+        let n = one["usage"]["prompt_tokens"].as_u64().expect("usage");
+        assert!(n > 0);
+        assert_eq!(one["usage"]["total_tokens"], n);
+        let e = embeddings_of(&one);
+        assert_eq!(e.len(), 1);
+        let batch = post(json!({"input": ["hello world", "another text here"]})).await;
+        let b = embeddings_of(&batch);
+        assert_eq!(b.len(), 2);
+        for v in e.iter().chain(&b) {
+            assert_eq!(v.len(), width);
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
+        }
+        // The same text gives the same vector, alone or in a batch; another text does not.
+        assert_eq!(b[0], e[0]);
+        assert_ne!(b[1], e[0]);
+
+        let b64 = post(json!({"input": "hello world", "encoding_format": "base64"})).await;
+        let text = b64["data"][0]["embedding"].as_str().expect("base64 string");
+        let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, text)
+            .expect("valid base64");
+        let floats: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(floats, e[0]);
+
+        let t = c
+            .post(
+                "/tokenize",
+                &json!({"content": "hello world", "add_special": true}),
+            )
+            .await
+            .expect("tokenize")
+            .json()
+            .expect("json");
+        let ids: Vec<u64> = t["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .map(|x| x.as_u64().expect("id"))
+            .collect();
+        let by_ids = post(json!({"input": ids, "dimensions": width})).await;
+        assert_eq!(embeddings_of(&by_ids), e);
+        let lists = post(json!({"input": [ids, ids]})).await;
+        assert_eq!(embeddings_of(&lists), vec![e[0].clone(), e[0].clone()]);
+
+        for body in [
+            json!({"input": ""}),
+            json!({"input": []}),
+            json!({"input": [[]]}),
+            json!({"input": [1, 2, 99999999]}),
+            json!({"input": "hi", "encoding_format": "hex"}),
+            json!({"input": "hi", "dimensions": width + 1}),
+            json!({"input": "word ".repeat(400)}),
+        ] {
+            expect_error(&c, url, body.to_string().as_bytes(), bad).await;
+        }
+        let v = expect_error(
+            &c,
+            url,
+            br#"{"model": "gpt-9", "input": "hi"}"#,
+            StatusCode::NOT_FOUND,
+        )
+        .await;
+        assert_eq!(v["error"]["code"], "model_not_found");
+    });
+    ts.wait_idle();
+}
