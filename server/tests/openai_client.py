@@ -67,6 +67,17 @@ def main() -> None:
     )
     assert echo.choices[0].text == "Once upon a time" + comp.choices[0].text
 
+    # The client asks for base64 unless told otherwise; both encodings must agree.
+    emb = client.embeddings.create(model=model, input=["Once upon a time", "Once upon a time"])
+    assert [d.index for d in emb.data] == [0, 1]
+    a, b = emb.data[0].embedding, emb.data[1].embedding
+    assert a == b and abs(sum(x * x for x in a) - 1.0) < 1e-3, sum(x * x for x in a)
+    floats = client.embeddings.create(
+        model=model, input="Once upon a time", encoding_format="float"
+    )
+    assert floats.data[0].embedding == a
+    assert emb.usage.prompt_tokens == 2 * floats.usage.prompt_tokens > 0
+
     schema = {
         "type": "object",
         "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
