@@ -821,3 +821,62 @@ fn embeddings_are_unit_vectors_of_the_model_width() {
     });
     ts.wait_idle();
 }
+
+/// The synthetic model with `llama.pooling_type` set to `pooling`.
+fn with_pooling_type(path: &Path, pooling: u32) -> std::path::PathBuf {
+    let f = gguf::GgufFile::open(path).expect("open");
+    let out = path.with_extension(format!("pool{pooling}.gguf"));
+    let mut w = gguf::GgufWriter::create(&out).expect("create");
+    w.set_all(f.metadata()).expect("metadata");
+    w.set("llama.pooling_type", pooling).expect("pooling type");
+    for t in f.tensors() {
+        w.add_tensor_info(&t.name, &t.dims, t.ggml_type)
+            .expect("tensor");
+    }
+    w.write_header().expect("header");
+    for t in f.tensors() {
+        w.write_tensor_data(&t.name, f.tensor_data(t))
+            .expect("data");
+    }
+    w.finish().expect("finish");
+    out
+}
+
+async fn embed_ids(c: &Client, ids: &[u32]) -> Vec<f32> {
+    let r = c
+        .post("/v1/embeddings", &json!({ "input": ids }))
+        .await
+        .expect("embeddings");
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    embeddings_of(&r.json().expect("json")).remove(0)
+}
+
+#[test]
+fn embeddings_pool_as_the_model_file_says() {
+    let path = synth_model();
+    let ids = [5u32, 9, 13, 2];
+    let mean = start(&path, 1, ServerOptions::default());
+    let (mean_all, mean_first) = mean.rt.block_on(async {
+        let c = mean.client(None);
+        (embed_ids(&c, &ids).await, embed_ids(&c, &ids[..1]).await)
+    });
+    mean.wait_idle();
+    // A causal model's first token sees only itself: its state is the one-token text's.
+    let cls = start(&with_pooling_type(&path, 2), 1, ServerOptions::default());
+    let first = cls
+        .rt
+        .block_on(async { embed_ids(&cls.client(None), &ids).await });
+    cls.wait_idle();
+    assert_eq!(first.len(), mean_first.len());
+    for (a, b) in first.iter().zip(&mean_first) {
+        assert!((a - b).abs() < 1e-4, "cls {a} vs the first token's {b}");
+    }
+    assert_ne!(first, mean_all);
+    let last = start(&with_pooling_type(&path, 3), 1, ServerOptions::default());
+    let v = last
+        .rt
+        .block_on(async { embed_ids(&last.client(None), &ids).await });
+    last.wait_idle();
+    assert_ne!(v, mean_all);
+    assert_ne!(v, first);
+}
