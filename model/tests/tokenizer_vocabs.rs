@@ -10,23 +10,12 @@ use model::tokenizer::Tokenizer;
 
 /// Every vocabulary of llama.cpp's test set that has `.inp`/`.out` cases (`cargo xtask
 /// fetch-vocabs` extracts them all).
-const VOCABS: &[&str] = &[
-    "bert-bge",
-    "command-r",
-    "deepseek-coder",
-    "deepseek-llm",
-    "falcon",
-    "gemma-4",
-    "gpt-2",
-    "llama-bpe",
-    "llama-spm",
-    "mpt",
-    "phi-3",
-    "qwen2",
-    "qwen35",
-    "refact",
-    "starcoder",
-];
+/// One list, one name a line, shared by the tokenizer test and `cargo xtask fetch-vocabs`.
+const VOCAB_LIST: &str = include_str!("data/llama_cpp_vocabs.txt");
+
+fn vocab_names() -> impl Iterator<Item = &'static str> {
+    VOCAB_LIST.lines().map(str::trim).filter(|l| !l.is_empty())
+}
 
 fn vocab_dir() -> Option<PathBuf> {
     match std::env::var_os("ROCMFORGE_VOCAB_DIR") {
@@ -84,8 +73,8 @@ fn llama_cpp_vocab_tests() {
     let mut failures = Vec::new();
     let mut checked = 0;
     let only = std::env::var("ROCMFORGE_VOCAB_ONLY").ok();
-    for name in VOCABS {
-        if only.as_deref().is_some_and(|o| o != *name) {
+    for name in vocab_names() {
+        if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
         let path = dir.join(format!("ggml-vocab-{name}.gguf"));

@@ -15,23 +15,12 @@ const VERSION: &str = "0.3.36";
 const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
 /// Vocabularies the tokenizer tests use: every one of llama.cpp's test set that comes with
 /// `.inp`/`.out` cases.
-const VOCABS: &[&str] = &[
-    "bert-bge",
-    "command-r",
-    "deepseek-coder",
-    "deepseek-llm",
-    "falcon",
-    "gemma-4",
-    "gpt-2",
-    "llama-bpe",
-    "llama-spm",
-    "mpt",
-    "phi-3",
-    "qwen2",
-    "qwen35",
-    "refact",
-    "starcoder",
-];
+/// One list, one name a line, shared by the tokenizer test and `cargo xtask fetch-vocabs`.
+const VOCAB_LIST: &str = include_str!("../../model/tests/data/llama_cpp_vocabs.txt");
+
+fn vocab_names() -> impl Iterator<Item = &'static str> {
+    VOCAB_LIST.lines().map(str::trim).filter(|l| !l.is_empty())
+}
 const SUFFIXES: &[&str] = &["", ".inp", ".out"];
 
 /// `$ROCMFORGE_VOCAB_DIR`, else the `vocabs` folder beside the model cache.
@@ -47,8 +36,7 @@ pub fn cache_dir() -> PathBuf {
 }
 
 fn wanted() -> Vec<String> {
-    VOCABS
-        .iter()
+    vocab_names()
         .flat_map(|v| {
             SUFFIXES
                 .iter()
