@@ -85,6 +85,29 @@ impl GgufFile {
     /// The file must not change while the value lives: truncating it makes later reads of the
     /// mapping fail with SIGBUS, rewriting it changes the tensor bytes underneath. Use
     /// [`GgufFile::read`] where that cannot be promised.
+    ///
+    /// ```
+    /// use gguf::{dequantize_to_vec, write_to_vec, GgmlType, GgufFile, Metadata, TensorToWrite};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A file to open: one f32 tensor of 4 values.
+    /// let values = [1.0f32, -2.0, 0.5, 4.0];
+    /// let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    /// let t = TensorToWrite { name: "t", dims: &[4], ty: GgmlType::F32, data: &data };
+    /// let path = std::env::temp_dir().join(format!("gguf-open-doc-{}.gguf", std::process::id()));
+    /// std::fs::write(&path, write_to_vec(&Metadata::new(), &[t])?)?;
+    ///
+    /// let file = GgufFile::open(&path)?;
+    /// for info in file.tensors() {
+    ///     let values = dequantize_to_vec(info.ggml_type, file.tensor_data(info))?;
+    ///     println!("{} {:?} {:?}: first value {}", info.name, info.dims, info.ggml_type, values[0]);
+    /// }
+    /// assert_eq!(dequantize_to_vec(GgmlType::F32, file.tensor_data(file.require_tensor("t")?))?, values);
+    /// # drop(file);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let file = open_regular(path)?;

@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 //!
 //! Specification: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md>.
 //!

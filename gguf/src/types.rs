@@ -15,7 +15,10 @@ macro_rules! ggml_types {
         #[allow(non_camel_case_types, reason = "names match ggml's GGML_TYPE_* spelling")]
         #[repr(u32)]
         pub enum GgmlType {
-            $($variant = $id,)*
+            $(
+                #[doc = concat!("ggml's `", $name, "` (GGUF id ", stringify!($id), ").")]
+                $variant = $id,
+            )*
         }
 
         impl GgmlType {
