@@ -115,16 +115,27 @@ handle!(
 /// changes between releases).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceAttribute {
+    /// Compute units (AMD) or streaming multiprocessors (NVIDIA).
     MultiprocessorCount,
+    /// Threads per wavefront (32 or 64) or warp (32).
     WarpSize,
+    /// The most threads one block may have.
     MaxThreadsPerBlock,
+    /// Shared (LDS) memory per block in bytes, without opting in.
     MaxSharedMemoryPerBlock,
+    /// Compute capability major (NVIDIA); on AMD, HIP's `gfx` major (9 for gfx90a).
     ComputeCapabilityMajor,
+    /// Compute capability minor (NVIDIA); on AMD, HIP's `gfx` minor.
     ComputeCapabilityMinor,
+    /// Peak core clock in kHz.
     ClockRateKhz,
+    /// Peak memory clock in kHz.
     MemoryClockRateKhz,
+    /// Global memory bus width in bits.
     MemoryBusWidthBits,
+    /// L2 cache size in bytes.
     L2CacheBytes,
+    /// PCI bus number of the device.
     PciBusId,
     /// 1 when the device can run cooperative launches
     /// ([`HipApi::launch_kernel_cooperative`]), else 0.
@@ -139,8 +150,11 @@ pub enum DeviceAttribute {
 /// Stream-capture modes (`hipStreamCaptureMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CaptureMode {
+    /// Unsafe API calls from any thread fail while any thread captures (`hipStreamCaptureModeGlobal`).
     Global,
+    /// Only the capturing thread's unsafe calls fail (`hipStreamCaptureModeThreadLocal`).
     ThreadLocal,
+    /// No call is prohibited during capture (`hipStreamCaptureModeRelaxed`).
     Relaxed,
 }
 
@@ -156,15 +170,20 @@ pub enum Op {
 /// Element types of `gemmEx` operands; compute is always f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemmType {
+    /// IEEE single precision.
     F32,
+    /// IEEE half precision.
     F16,
+    /// bfloat16.
     BF16,
 }
 
 /// Where `alpha`/`beta` live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PointerMode {
+    /// `alpha`/`beta` are host pointers, read when the call is made.
     Host,
+    /// `alpha`/`beta` are device pointers, read when the kernel runs (graph-capture safe).
     Device,
 }
 
@@ -172,30 +191,50 @@ pub enum PointerMode {
 /// with f32 compute and `alpha`/`beta` f32 in the handle's pointer mode.
 #[derive(Debug, Clone, Copy)]
 pub struct GemmEx {
+    /// Whether A is used as stored or transposed.
     pub trans_a: Op,
+    /// Whether B is used as stored or transposed.
     pub trans_b: Op,
+    /// Rows of op(A) and C.
     pub m: i32,
+    /// Columns of op(B) and C.
     pub n: i32,
+    /// Columns of op(A), rows of op(B).
     pub k: i32,
+    /// The scale of A·B, in the handle's [`PointerMode`].
     pub alpha: *const f32,
+    /// Matrix A.
     pub a: DevicePtr,
+    /// Element type of A.
     pub a_type: GemmType,
+    /// Leading dimension of A (elements between columns as stored).
     pub lda: i32,
+    /// Matrix B.
     pub b: DevicePtr,
+    /// Element type of B.
     pub b_type: GemmType,
+    /// Leading dimension of B.
     pub ldb: i32,
+    /// The scale of C's previous contents, in the handle's [`PointerMode`].
     pub beta: *const f32,
+    /// Matrix C, read (when beta is not 0) and written.
     pub c: DevicePtr,
+    /// Element type of C.
     pub c_type: GemmType,
+    /// Leading dimension of C.
     pub ldc: i32,
 }
 
 /// Strides (in elements) and count for a strided-batched `gemmEx`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batch {
+    /// Elements from one A matrix to the next.
     pub stride_a: i64,
+    /// Elements from one B matrix to the next.
     pub stride_b: i64,
+    /// Elements from one C matrix to the next.
     pub stride_c: i64,
+    /// Number of products.
     pub count: i32,
 }
 

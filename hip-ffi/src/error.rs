@@ -10,15 +10,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub mod code {
     use crate::sys::hip::hipError_t as h;
 
+    /// `hipSuccess`.
     pub const SUCCESS: i32 = h::hipSuccess as i32;
+    /// `hipErrorInvalidValue`: an argument out of range.
     pub const INVALID_VALUE: i32 = h::hipErrorInvalidValue as i32;
+    /// `hipErrorOutOfMemory`: the allocation did not fit.
     pub const OUT_OF_MEMORY: i32 = h::hipErrorOutOfMemory as i32;
+    /// `hipErrorNotInitialized`: the runtime could not start.
     pub const NOT_INITIALIZED: i32 = h::hipErrorNotInitialized as i32;
+    /// `hipErrorNoDevice`: the driver sees no GPU.
     pub const NO_DEVICE: i32 = h::hipErrorNoDevice as i32;
+    /// `hipErrorInvalidDevice`: a device index out of range.
     pub const INVALID_DEVICE: i32 = h::hipErrorInvalidDevice as i32;
+    /// `hipErrorNotReady`: queried work has not finished (not a failure).
     pub const NOT_READY: i32 = h::hipErrorNotReady as i32;
+    /// `hipErrorNotSupported`: the device or runtime lacks the feature.
     pub const NOT_SUPPORTED: i32 = h::hipErrorNotSupported as i32;
+    /// `hipErrorCooperativeLaunchTooLarge`: more blocks than can be co-resident.
     pub const COOPERATIVE_LAUNCH_TOO_LARGE: i32 = h::hipErrorCooperativeLaunchTooLarge as i32;
+    /// `hipErrorUnknown`.
     pub const UNKNOWN: i32 = h::hipErrorUnknown as i32;
 }
 
@@ -119,10 +129,13 @@ impl std::error::Error for LoadError {}
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// A HIP (or mapped CUDA driver) call failed.
     #[error(transparent)]
     Hip(#[from] HipError),
+    /// A hipBLAS (or cuBLAS) call failed.
     #[error(transparent)]
     Blas(#[from] BlasError),
+    /// A vendor library could not be opened or lacks a symbol.
     #[error(transparent)]
     Load(#[from] LoadError),
     /// No provider offers a usable GPU; the reason says what each one found.
@@ -133,11 +146,18 @@ pub enum Error {
     BadPlatformVar(String),
     /// An argument the driver would reject or misread (too large for its integer type, ...).
     #[error("invalid argument to {call}: {what}")]
-    InvalidArgument { call: &'static str, what: String },
+    InvalidArgument {
+        /// The API call the argument was for.
+        call: &'static str,
+        /// What is wrong with it.
+        what: String,
+    },
     /// The platform lacks a feature (graph capture on an old runtime, ...).
     #[error("{what} is not supported by the {platform} provider")]
     Unsupported {
+        /// The missing feature.
         what: &'static str,
+        /// The provider (`amd` or `nvidia`).
         platform: &'static str,
     },
 }

@@ -68,6 +68,7 @@ fn with_rocm_dirs(names: &[&str]) -> Vec<String> {
 /// A library opened from one of the candidates.
 #[derive(Debug)]
 pub struct Loaded {
+    /// The open library; symbols are resolved from it.
     pub library: libloading::Library,
     /// The candidate that opened.
     pub name: String,
