@@ -27,13 +27,21 @@ impl GemmElem for half::bf16 {
 /// Shape of a column-major GEMM: C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmShape {
+    /// Whether A is used as stored or transposed.
     pub trans_a: Op,
+    /// Whether B is used as stored or transposed.
     pub trans_b: Op,
+    /// Rows of op(A) and C.
     pub m: usize,
+    /// Columns of op(B) and C.
     pub n: usize,
+    /// Columns of op(A), rows of op(B).
     pub k: usize,
+    /// Leading dimension of A (elements between columns as stored).
     pub lda: usize,
+    /// Leading dimension of B.
     pub ldb: usize,
+    /// Leading dimension of C.
     pub ldc: usize,
 }
 

@@ -177,9 +177,13 @@ impl Budget {
 /// One live allocation as the tracker saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrackedAllocation {
+    /// The id [`Tracker::record`] returned.
     pub id: u64,
+    /// What the allocation is for, as its owner named it.
     pub tag: String,
+    /// Its size in bytes.
     pub bytes: u64,
+    /// Time since it was recorded.
     pub age: Duration,
 }
 
@@ -242,6 +246,7 @@ impl Tracker {
 /// Allocations still live at a check point.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeakReport {
+    /// The live allocations, oldest first.
     pub entries: Vec<TrackedAllocation>,
 }
 

@@ -15,14 +15,21 @@ use crate::pool::{Accounted, RawAllocator};
 /// What discovery reports about one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// The device index on its platform.
     pub ordinal: i32,
+    /// AMD (HIP) or NVIDIA (CUDA driver).
     pub platform: Platform,
+    /// The marketing name the driver reports.
     pub name: String,
     /// `gfx90a`, `sm_90`, ...
     pub arch: String,
+    /// Compute units (AMD) or streaming multiprocessors (NVIDIA).
     pub compute_units: i32,
+    /// Threads per wavefront or warp.
     pub warp_size: i32,
+    /// Device memory in bytes.
     pub total_bytes: u64,
+    /// Device memory free when discovery ran.
     pub free_bytes: u64,
 }
 

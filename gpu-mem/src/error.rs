@@ -13,22 +13,41 @@ pub enum GpuError {
     /// The allocation would exceed the memory budget; no driver call was made.
     #[error("allocation of {requested} bytes ({tag}) exceeds the budget: {used} of {limit} bytes in use")]
     BudgetExceeded {
+        /// What the allocation was for.
         tag: String,
+        /// Bytes asked for.
         requested: u64,
+        /// Bytes the budget had in use.
         used: u64,
+        /// The budget's limit in bytes.
         limit: u64,
     },
     /// A range outside its parent, or offset arithmetic that overflowed.
     #[error("range {start}..{end} is out of bounds for a length of {len}")]
-    OutOfBounds { start: u64, end: u64, len: u64 },
+    OutOfBounds {
+        /// First element (or byte) of the range.
+        start: u64,
+        /// One past its last.
+        end: u64,
+        /// Length of the parent.
+        len: u64,
+    },
     /// Element counts of source and destination differ.
     #[error("length mismatch: source has {src} elements, destination {dst}")]
-    LengthMismatch { src: usize, dst: usize },
+    LengthMismatch {
+        /// Elements in the source.
+        src: usize,
+        /// Elements in the destination.
+        dst: usize,
+    },
     /// Two objects belong to different devices.
     #[error("{what} belongs to device {found}, expected device {expected}")]
     WrongDevice {
+        /// The object on the wrong device.
         what: &'static str,
+        /// The device the operation runs on.
         expected: i32,
+        /// The device the object belongs to.
         found: i32,
     },
     /// An argument out of its domain (zero alignment, size overflow, ...).

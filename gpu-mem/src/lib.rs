@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 //!
 //! ## Design choices
 //! - RAII for every handle; `Drop` never panics: failures are recorded on the [`Device`] and

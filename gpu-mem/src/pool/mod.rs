@@ -244,7 +244,9 @@ impl PoolStats {
 /// A block handed out by a pool: `addr..addr+bytes` (`bytes` >= the request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
+    /// Start address.
     pub addr: u64,
+    /// Usable bytes from `addr`.
     pub bytes: u64,
 }
 
