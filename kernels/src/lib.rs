@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 //!
 //! ## Design choices
 //! - Sources live in `kernels/hip/*.hip`; each file is one module (one code object per target).
