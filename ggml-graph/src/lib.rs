@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 //!
 //! ## Design choices
 //! - Tensors are metadata only ([`Tensor`]: type, `ne`/`nb` in ggml's convention, op, sources,
