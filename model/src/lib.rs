@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 //!
 //! ## Design choices
 //! - One module per architecture under [`arch`]; each builds a `ggml-graph` graph from a typed

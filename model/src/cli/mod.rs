@@ -41,8 +41,10 @@ pub enum Cmd {
     },
     /// Print the token ids (and pieces) of a text.
     Tokenize {
+        /// The model whose tokenizer to use.
         #[command(flatten)]
         m: ModelArgs,
+        /// The text.
         #[command(flatten)]
         prompt: PromptArgs,
         /// Do not add BOS/EOS even if the model asks for them.
@@ -64,6 +66,7 @@ pub enum Cmd {
     Perplexity(bench::PplArgs),
     /// Generate a short text from a fixed prompt with the default model.
     Demo {
+        /// The model (the default one when none is given).
         #[command(flatten)]
         m: ModelArgs,
         /// Tokens to generate.
@@ -299,6 +302,7 @@ pub struct PromptArgs {
     file: Option<PathBuf>,
 }
 
+/// The options of `rocmforge generate`.
 #[derive(Args, Debug)]
 pub struct GenArgs {
     #[command(flatten)]
@@ -318,6 +322,7 @@ pub struct GenArgs {
     stats: bool,
 }
 
+/// The options of `rocmforge chat`.
 #[derive(Args, Debug)]
 pub struct ChatArgs {
     #[command(flatten)]
