@@ -88,11 +88,13 @@ pub enum GraphError {
 }
 
 impl GraphError {
-    /// True when a device ran out of memory (its budget refused an allocation, or the driver had
-    /// none left), as opposed to a failed launch, copy or check: fewer GPU layers, a smaller
-    /// batch or a shorter context may then succeed where a retry as is would not.
+    /// True when memory ran out (a host buffer could not be allocated, a device's budget refused
+    /// an allocation, or its driver had none left), as opposed to a failed launch, copy or check:
+    /// fewer GPU layers, a smaller batch or a shorter context may then succeed where a retry as
+    /// is would not.
     pub fn is_out_of_memory(&self) -> bool {
         match self {
+            GraphError::OutOfMemory { .. } => true,
             GraphError::Device { source, .. } => device_out_of_memory(source.as_ref()),
             _ => false,
         }
@@ -131,6 +133,24 @@ pub(crate) fn shape_err(op: &'static str, msg: impl Into<String>) -> GraphError 
     GraphError::Shape {
         op,
         msg: msg.into(),
+    }
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::GraphError;
+
+    #[test]
+    fn a_refused_host_allocation_is_out_of_memory() {
+        let e = GraphError::OutOfMemory {
+            what: "arena".into(),
+            bytes: 1 << 40,
+        };
+        assert!(e.is_out_of_memory());
+        assert!(
+            e.to_string().contains("1099511627776 bytes for arena"),
+            "{e}"
+        );
     }
 }
 
@@ -186,5 +206,17 @@ mod tests {
         assert!(!gpu_err("rms_norm", bad).is_out_of_memory());
         assert!(!gpu_err("scratch", "scratch would grow during graph capture").is_out_of_memory());
         assert!(!GraphError::MissingInput("tokens".into()).is_out_of_memory());
+        // The driver's own refusal names what was asked for.
+        let driver = GpuError::DriverOutOfMemory {
+            tag: "graph buffer".into(),
+            requested: 1 << 40,
+            source: hip("hipMalloc", code::OUT_OF_MEMORY),
+        };
+        let e = gpu_err("alloc", driver);
+        assert!(e.is_out_of_memory());
+        assert!(
+            e.to_string().contains("1099511627776 bytes (graph buffer)"),
+            "{e}"
+        );
     }
 }

@@ -340,7 +340,11 @@ impl<T: Pod> PinnedHostBuffer<T> {
         let ptr = if bytes == 0 {
             std::ptr::NonNull::<T>::dangling().as_ptr()
         } else {
-            let p = device.api().host_malloc(bytes)?.cast::<T>();
+            let p = device
+                .api()
+                .host_malloc(bytes)
+                .map_err(|e| crate::error::alloc_err("pinned host buffer", bytes as u64, e))?
+                .cast::<T>();
             // SAFETY: `p` is a fresh allocation of `bytes` bytes; zero bytes are a valid T (Pod).
             unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
             p

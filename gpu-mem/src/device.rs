@@ -131,14 +131,17 @@ pub(crate) struct DeviceRaw {
 }
 
 impl RawAllocator for DeviceRaw {
-    fn allocate(&self, bytes: u64, _tag: &str) -> Result<u64> {
+    fn allocate(&self, bytes: u64, tag: &str) -> Result<u64> {
         self.api.set_device(self.ordinal)?;
         let n = usize::try_from(bytes)
             .map_err(|_| GpuError::InvalidArgument(format!("{bytes} bytes exceed usize")))?;
         let padded = n.checked_add(ALLOC_TAIL_SLACK).ok_or_else(|| {
             GpuError::InvalidArgument(format!("{bytes} bytes plus the tail slack exceed usize"))
         })?;
-        let p = self.api.malloc(padded)?;
+        let p = self
+            .api
+            .malloc(padded)
+            .map_err(|e| crate::error::alloc_err(tag, bytes, e))?;
         self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(p.0)
     }

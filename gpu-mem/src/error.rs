@@ -59,6 +59,16 @@ pub enum GpuError {
     /// The host allocator (test memory) failed.
     #[error("host allocation of {0} bytes failed")]
     HostAlloc(u64),
+    /// The driver had no memory left for an allocation the budget allowed.
+    #[error("out of memory: the driver could not allocate {requested} bytes ({tag}): {source}")]
+    DriverOutOfMemory {
+        /// What the allocation is for.
+        tag: String,
+        /// Bytes asked for.
+        requested: u64,
+        /// The driver's status.
+        source: hip_ffi::Error,
+    },
     /// A cooperative launch whose blocks cannot all be resident at once; nothing was queued.
     #[error(
         "{kernel}: a cooperative grid of {blocks} blocks cannot be resident at once: at most \
@@ -83,13 +93,29 @@ pub enum GpuError {
 }
 
 impl GpuError {
-    /// True when retrying after freeing cached memory could help.
+    /// True when retrying after freeing cached memory could help (the budget, the driver or the
+    /// host allocator refused an allocation).
     pub fn is_out_of_memory(&self) -> bool {
         match self {
-            GpuError::BudgetExceeded { .. } => true,
+            GpuError::BudgetExceeded { .. }
+            | GpuError::HostAlloc(_)
+            | GpuError::DriverOutOfMemory { .. } => true,
             GpuError::Ffi(hip_ffi::Error::Hip(e)) => e.is_out_of_memory(),
             _ => false,
         }
+    }
+}
+
+/// A failed driver allocation of `bytes` for `tag`: an out-of-memory status names what was
+/// asked for, any other passes as it is.
+pub(crate) fn alloc_err(tag: &str, bytes: u64, e: hip_ffi::Error) -> GpuError {
+    match e.as_hip() {
+        Some(h) if h.is_out_of_memory() => GpuError::DriverOutOfMemory {
+            tag: tag.to_owned(),
+            requested: bytes,
+            source: e,
+        },
+        _ => GpuError::Ffi(e),
     }
 }
 
@@ -120,4 +146,35 @@ pub(crate) fn align_up(v: u64, align: u64) -> Result<u64> {
     v.checked_add(align - 1)
         .map(|x| x & !(align - 1))
         .ok_or_else(|| GpuError::InvalidArgument(format!("{v} rounded up to {align} overflows")))
+}
+
+#[cfg(test)]
+mod tests {
+    use hip_ffi::error::code;
+    use hip_ffi::HipError;
+
+    use super::{alloc_err, GpuError};
+
+    fn hip(code: i32) -> hip_ffi::Error {
+        hip_ffi::Error::Hip(HipError {
+            call: "hipMalloc",
+            code,
+            native: None,
+            message: "from the test".into(),
+        })
+    }
+
+    #[test]
+    fn a_driver_out_of_memory_names_what_was_asked_for() {
+        let e = alloc_err("weights", 3 << 40, hip(code::OUT_OF_MEMORY));
+        assert!(e.is_out_of_memory());
+        let msg = e.to_string();
+        assert!(msg.contains("3298534883328 bytes (weights)"), "{msg}");
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+        // Any other driver failure stays what it was.
+        let other = alloc_err("weights", 8, hip(code::INVALID_VALUE));
+        assert_eq!(other, GpuError::Ffi(hip(code::INVALID_VALUE)));
+        assert!(!other.is_out_of_memory());
+        assert!(GpuError::HostAlloc(1 << 50).is_out_of_memory());
+    }
 }

@@ -53,7 +53,11 @@ impl MappedHostBuffer {
                 host_access: Mutex::new(()),
             });
         }
-        let host = device.api().host_malloc(bytes)?.cast::<u8>();
+        let host = device
+            .api()
+            .host_malloc(bytes)
+            .map_err(|e| crate::error::alloc_err("mapped host buffer", bytes as u64, e))?
+            .cast::<u8>();
         // SAFETY: `host` is a fresh allocation of `bytes` bytes from host_malloc.
         let dev = unsafe {
             std::ptr::write_bytes(host, 0, bytes);

@@ -5,7 +5,7 @@ use gpu_mem::{GemmShape, KernelArg, MemRange, Op as BlasOp};
 use kernels::{AttnParams, KernelId};
 
 use super::ops::{blocks, Args, ALIGN, MATVEC_MAX_COLS};
-use super::{addr, gpu_err, HipDevice};
+use super::{addr, bytes_of, gpu_err, HipDevice};
 use crate::backend::TensorMem;
 use crate::error::Result;
 use crate::tensor::{DType, Tensor};
@@ -113,7 +113,7 @@ pub(super) fn attention(
         n_kv.max(1)
     };
     let splits = n_kv.max(1).div_ceil(split_len);
-    let part_bytes = splits * n_tok * n_heads * (hd + 2) * 4;
+    let part_bytes = bytes_of("attention partials", &[splits, n_tok, n_heads, hd + 2, 4])?;
     let part_buf = if splits > 1 {
         Some(d.scratch(part_bytes)?)
     } else {
@@ -260,9 +260,11 @@ fn attention_gemm(
     let gqa = n_heads / n_kv_heads;
     let views = |e| gpu_err("attention", e);
     let chunk = (ATTN_GEMM_SCRATCH / (n_kv_heads * n_kv * 6)).clamp(1, ATTN_GEMM_CHUNK.min(n_tok));
-    let qh_bytes = (n_tok * n_heads * hd * 2).div_ceil(ALIGN) * ALIGN;
-    let s_bytes = (n_kv_heads * chunk * n_kv * 4).div_ceil(ALIGN) * ALIGN;
-    let p_bytes = n_kv_heads * chunk * n_kv * 2;
+    let qh_bytes =
+        bytes_of("attention f16 queries", &[n_tok, n_heads, hd, 2])?.next_multiple_of(ALIGN);
+    let s_bytes =
+        bytes_of("attention scores", &[n_kv_heads, chunk, n_kv, 4])?.next_multiple_of(ALIGN);
+    let p_bytes = bytes_of("attention probabilities", &[n_kv_heads, chunk, n_kv, 2])?;
     let scratch = d.scratch(qh_bytes + s_bytes + p_bytes)?;
     let base = MemRange::of_buffer(&scratch);
     let qh = base.sub(0, n_tok * n_heads * hd * 2).map_err(views)?;

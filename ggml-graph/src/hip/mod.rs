@@ -64,6 +64,24 @@ pub(crate) fn gpu_err(
     }
 }
 
+/// The product of `factors`, a byte count for `what` computed from tensor shapes. Above
+/// `isize::MAX / 8` it is more memory than any device has and is refused before the device is
+/// asked; below it, a few such counts rounded up to an alignment and added cannot overflow.
+pub(crate) fn bytes_of(what: &str, factors: &[usize]) -> Result<usize> {
+    const MAX: usize = isize::MAX as usize / 8;
+    factors
+        .iter()
+        .try_fold(1usize, |a, &f| a.checked_mul(f))
+        .filter(|&b| b <= MAX)
+        .ok_or_else(|| {
+            let dims: Vec<String> = factors.iter().map(ToString::to_string).collect();
+            GraphError::OutOfMemory {
+                what: format!("{what} ({} bytes)", dims.join(" x ")),
+                bytes: usize::MAX,
+            }
+        })
+}
+
 struct Inner {
     dev: gpu_mem::Device,
     /// The device's one stream and the BLAS handle bound to it.
@@ -485,7 +503,13 @@ impl HipDevice {
                 .synchronize()
                 .map_err(|e| gpu_err("scratch", e))?;
             *s = None;
-            let grown = bytes.next_power_of_two().max(1 << 20);
+            let grown = bytes
+                .checked_next_power_of_two()
+                .ok_or_else(|| GraphError::OutOfMemory {
+                    what: "the HIP backend's scratch".into(),
+                    bytes,
+                })?
+                .max(1 << 20);
             *s = Some(Arc::new(
                 DeviceBuffer::new(&self.inner.dev, grown, "hip-backend scratch")
                     .map_err(|e| gpu_err("scratch", e))?,

@@ -966,3 +966,17 @@ mod norm;
 
 #[path = "tests_io.rs"]
 mod io;
+
+#[test]
+fn byte_counts_past_any_device_are_refused_before_asking_it() {
+    assert_eq!(super::bytes_of("partials", &[3, 5, 4]).ok(), Some(60));
+    for factors in [
+        &[1usize << 40, 1 << 30, 4][..],
+        &[usize::MAX, 2],
+        &[isize::MAX as usize],
+    ] {
+        let e = super::bytes_of("attention partials", factors).expect_err("too large");
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(e.to_string().contains("attention partials"), "{e}");
+    }
+}

@@ -25,7 +25,12 @@ impl HipDevice {
     ) -> u64 {
         let (mut w_elems, mut max_k) = (0u64, row as u64);
         for dims in weights {
-            w_elems = w_elems.max(dims.iter().product());
+            // Shapes come from the file: a product past u64 is no size any device has.
+            let elems = dims
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d))
+                .unwrap_or(u64::MAX);
+            w_elems = w_elems.max(elems);
             max_k = max_k.max(dims.first().copied().unwrap_or(0));
         }
         let n_batch = n_batch as u64;
@@ -33,7 +38,7 @@ impl HipDevice {
             .saturating_mul(2)
             .saturating_add(n_batch.saturating_mul(max_k).saturating_mul(4))
             .max(MIN_SCRATCH);
-        let staging = 4 * read_back as u64;
+        let staging = (read_back as u64).saturating_mul(4);
         let copies = n_batch.saturating_mul(row as u64).saturating_mul(8);
         scratch
             .checked_next_power_of_two()
@@ -62,5 +67,16 @@ mod tests {
         // Nothing on the device still keeps the 1 MiB minimum scratch.
         let none = HipDevice::workspace_bytes([], 1, 8, 0);
         assert_eq!(none, (1 << 20) + 64 + (1 << 20));
+    }
+
+    #[test]
+    fn sizes_past_any_device_saturate_instead_of_wrapping() {
+        // Shapes and counts from a hostile file: the estimate is "more than any GPU has",
+        // never a small wrapped number that would pass a fit check.
+        let huge: [u64; 3] = [1 << 40, 1 << 40, 1 << 40];
+        let bytes = HipDevice::workspace_bytes([&huge[..]], usize::MAX, usize::MAX, usize::MAX);
+        assert_eq!(bytes, u64::MAX);
+        let wide: [u64; 2] = [u64::MAX, 2];
+        assert_eq!(HipDevice::workspace_bytes([&wide[..]], 1, 1, 1), u64::MAX);
     }
 }

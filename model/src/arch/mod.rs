@@ -80,9 +80,14 @@ impl KvCacheSpec {
 
     /// Bytes the whole cache takes for a model.
     pub fn bytes(&self, cfg: &ModelConfig) -> usize {
+        // Saturating: an estimate past usize is "more than any memory", never a wrapped size
+        // that would pass a fit check.
         let elt = self.dtype.dtype().type_size();
-        let per_pos = cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * elt;
-        cfg.n_layer * per_pos * self.n_ctx
+        [cfg.n_head_kv, elt, cfg.n_layer, self.n_ctx]
+            .iter()
+            .fold(cfg.head_dim.saturating_add(cfg.head_dim_v), |a, &f| {
+                a.saturating_mul(f)
+            })
     }
 }
 

@@ -56,7 +56,8 @@ pub enum Cmd {
     },
     /// Continue a prompt, streaming the text.
     Generate(GenArgs),
-    /// Interactive chat using the model's chat template (reads stdin line by line).
+    /// Interactive chat using the model's chat template (reads stdin line by line; a line of
+    /// more than 1 MiB is skipped with a message and the chat goes on).
     Chat(ChatArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench(bench::BenchArgs),

@@ -70,6 +70,70 @@ pub(super) fn prompt_text(p: &PromptArgs) -> Result<String, ModelError> {
     })
 }
 
+/// Longest line `chat` takes as one turn (bytes, without the newline): far above any context a
+/// turn fits in, small enough that a runaway pipe cannot fill the memory.
+pub(super) const MAX_CHAT_LINE_BYTES: usize = 1 << 20;
+
+/// One line of `chat`'s input.
+#[derive(Debug, PartialEq, Eq)]
+enum ChatLine {
+    /// A line of text, without its line ending.
+    Text(String),
+    /// A line longer than the cap: its length in bytes (it was read to its end, not kept).
+    TooLong(u64),
+    /// A line that is not UTF-8: the offset of its first bad byte.
+    NotUtf8(usize),
+    /// End of input.
+    End,
+}
+
+/// Reads one line of at most `max` bytes; the bytes of a longer line are consumed but not kept.
+fn read_chat_line(r: &mut impl BufRead, max: usize) -> std::io::Result<ChatLine> {
+    let mut kept = Vec::new();
+    let mut len = 0u64;
+    let mut last = None;
+    let mut seen_any = false;
+    loop {
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        seen_any = true;
+        let (take, ends) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let content = &chunk[..take - usize::from(ends)];
+        len += content.len() as u64;
+        last = content.last().copied().or(last);
+        // One byte past the cap tells a long line; `\r` of a CRLF ending may be that byte.
+        let room = (max + 1).saturating_sub(kept.len());
+        kept.extend_from_slice(&content[..content.len().min(room)]);
+        r.consume(take);
+        if ends {
+            break;
+        }
+    }
+    if !seen_any {
+        return Ok(ChatLine::End);
+    }
+    if last == Some(b'\r') {
+        len -= 1;
+        kept.truncate(len.min(kept.len() as u64) as usize);
+    }
+    if len > max as u64 {
+        return Ok(ChatLine::TooLong(len));
+    }
+    match String::from_utf8(kept) {
+        Ok(s) => Ok(ChatLine::Text(s)),
+        Err(e) => Ok(ChatLine::NotUtf8(e.utf8_error().valid_up_to())),
+    }
+}
+
 /// Refuses `-t` above [`crate::session::MAX_THREADS`] and warns above the core count.
 pub(super) fn check_threads(threads: usize) -> Result<(), ModelError> {
     let max = crate::session::MAX_THREADS;
@@ -202,14 +266,29 @@ pub(super) fn chat(a: &ChatArgs) -> Result<(), ModelError> {
     if interactive {
         eprintln!("chat with the model; an empty line or Ctrl-D ends the session");
     }
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut input = std::io::stdin().lock();
     loop {
         if interactive {
             eprint!("> ");
         }
-        let Some(line) = lines.next() else { break };
-        let line = line.map_err(|e| io_err(Path::new("<stdin>"), e))?;
+        let line = match read_chat_line(&mut input, MAX_CHAT_LINE_BYTES)
+            .map_err(|e| io_err(Path::new("<stdin>"), e))?
+        {
+            ChatLine::Text(t) => t,
+            ChatLine::End => break,
+            ChatLine::TooLong(n) => {
+                eprintln!(
+                    "chat: a line of {n} bytes was skipped: one turn is at most {} MiB \
+                     (for a longer text use `generate -f FILE`)",
+                    MAX_CHAT_LINE_BYTES >> 20
+                );
+                continue;
+            }
+            ChatLine::NotUtf8(at) => {
+                eprintln!("chat: a line that is not UTF-8 text (byte {at}) was skipped");
+                continue;
+            }
+        };
         let line = line.trim();
         if line.is_empty() {
             if interactive {
@@ -358,6 +437,46 @@ mod tests {
         // Exactly one of -p and -f.
         assert!(Cli::try_parse_from(["rocmforge", "generate"]).is_err());
         assert!(Cli::try_parse_from(["rocmforge", "generate", "-p", "a", "-f", "b"]).is_err());
+    }
+
+    #[test]
+    fn chat_lines_are_capped_and_the_session_goes_on() {
+        let long = "x".repeat(100);
+        let input = format!("hello\r\n{long}\nabc\n\u{e9}t\u{e9}\nlast");
+        let mut bytes = input.into_bytes();
+        bytes.extend_from_slice(b"\n\xff\xfe\nend");
+        // A small buffer so lines span many reads.
+        let mut r = std::io::BufReader::with_capacity(7, &bytes[..]);
+        let mut got = Vec::new();
+        loop {
+            let line = read_chat_line(&mut r, 10).expect("read");
+            if line == ChatLine::End {
+                break;
+            }
+            got.push(line);
+        }
+        assert_eq!(
+            got,
+            [
+                ChatLine::Text("hello".into()),
+                ChatLine::TooLong(100),
+                ChatLine::Text("abc".into()),
+                ChatLine::Text("\u{e9}t\u{e9}".into()),
+                ChatLine::Text("last".into()),
+                ChatLine::NotUtf8(0),
+                ChatLine::Text("end".into()),
+            ]
+        );
+        // At the cap exactly, with and without a CRLF ending; one past it is too long.
+        for (text, want) in [
+            ("0123456789\r\n", ChatLine::Text("0123456789".into())),
+            ("0123456789\n", ChatLine::Text("0123456789".into())),
+            ("0123456789a\r\n", ChatLine::TooLong(11)),
+            ("", ChatLine::End),
+        ] {
+            let mut r = text.as_bytes();
+            assert_eq!(read_chat_line(&mut r, 10).expect("read"), want, "{text:?}");
+        }
     }
 
     #[test]
