@@ -86,6 +86,21 @@ pub trait Buffer: Send + Sync {
         f(&v);
         Ok(())
     }
+    /// Copies `len` bytes of `src` from `src_offset` to `offset` in this buffer directly (GPU to
+    /// GPU over the peer link, host memory to host memory) and waits for the copy; `Ok(false)`
+    /// (the default) when the two buffers cannot, and the caller stages the bytes through
+    /// [`Buffer::read`] and [`Buffer::write`]. The caller has waited for the work that wrote the
+    /// source.
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &dyn Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<bool> {
+        let _ = (offset, src, src_offset, len);
+        Ok(false)
+    }
     /// For downcasting by the device that made the buffer.
     fn as_any(&self) -> &dyn Any;
 }
@@ -211,6 +226,33 @@ impl Buffer for HostBuffer {
         let end = end.ok_or_else(|| out_of_range("read", offset, len, self.size))?;
         f(&bytes[offset..end]);
         Ok(())
+    }
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &dyn Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<bool> {
+        let Some(src) = src.as_any().downcast_ref::<HostBuffer>() else {
+            return Ok(false);
+        };
+        let src_end = src_offset.checked_add(len).filter(|&e| e <= src.size);
+        let src_end = src_end.ok_or_else(|| out_of_range("read", src_offset, len, src.size))?;
+        let end = offset.checked_add(len).filter(|&e| e <= self.size);
+        let end = end.ok_or_else(|| out_of_range("write", offset, len, self.size))?;
+        if std::ptr::eq(self, src) {
+            let mut g = self.data.lock();
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(g.as_mut_slice());
+            bytes.copy_within(src_offset..src_end, offset);
+            return Ok(true);
+        }
+        let from = src.data.lock();
+        let mut to = self.data.lock();
+        let from: &[u8] = bytemuck::cast_slice(from.as_slice());
+        let to: &mut [u8] = bytemuck::cast_slice_mut(to.as_mut_slice());
+        to[offset..end].copy_from_slice(&from[src_offset..src_end]);
+        Ok(true)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -60,6 +60,17 @@ impl HipDevice {
         match self.never {}
     }
 
+    /// See the HIP build's `ordinal`.
+    pub fn ordinal(&self) -> i32 {
+        match self.never {}
+    }
+
+    /// See the HIP build's `enable_peer_access`.
+    pub fn enable_peer_access(&self, peer: &HipDevice) -> Result<bool> {
+        let _ = peer;
+        match self.never {}
+    }
+
     /// See the HIP build's `copy_bandwidth`.
     pub fn copy_bandwidth(&self, bytes: usize, reps: u32) -> Result<f64> {
         let _ = (bytes, reps);
@@ -89,6 +100,11 @@ impl Device for HipDevice {
     ) -> Result<()> {
         match self.never {}
     }
+}
+
+/// GPUs of the selected platform: none in this build.
+pub fn device_count() -> usize {
+    0
 }
 
 /// `decode_stack` launches so far: none in this build.

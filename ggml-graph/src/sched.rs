@@ -8,7 +8,8 @@
 //! read a placed leaf run on its device and the nodes in between follow their operands. Every device gets one arena laid out by the
 //! [`crate::plan`] planner plus slots for copies of tensors produced elsewhere. A copy is made
 //! right before its first reader on the other device and is refreshed after its source is
-//! rewritten.
+//! rewritten; between two GPUs it goes device to device ([`crate::backend::Buffer::copy_from`]),
+//! so a model split over several GPUs by layer passes its activations GPU to GPU.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -962,10 +963,14 @@ impl Scheduler {
                 if !std::mem::replace(&mut valid[r.index() * nd + d], true) {
                     let home = sched.device_of[r.index()].unwrap_or(0);
                     let (src_buf, src_off) = self.home_of(graph, prep, r, home)?;
-                    staging.resize(nodes[r.index()].extent(), 0);
+                    let len = nodes[r.index()].extent();
                     self.streams[home].synchronize()?;
-                    src_buf.read(src_off, staging)?;
-                    self.arena(d)?.write(off, staging)?;
+                    // Directly where the buffers can (GPU to GPU, host to host), else staged.
+                    if !self.arena(d)?.copy_from(off, src_buf, src_off, len)? {
+                        staging.resize(len, 0);
+                        src_buf.read(src_off, staging)?;
+                        self.arena(d)?.write(off, staging)?;
+                    }
                     self.copies_made += 1;
                 }
             }

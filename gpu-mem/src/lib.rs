@@ -15,6 +15,8 @@
 //!   offsets failed on ROCm).
 //! - Each stream keeps pinned host staging for small, frequent transfers ([`host_io`]): reads
 //!   through one reusable pinned buffer, small writes queued from a ring of pinned blocks.
+//! - Several devices: peer access and peer copies ([`peer`]); collectives over NCCL/RCCL through a
+//!   [`Communicator`] bound to one device, its calls queued on that device's streams ([`comm`]).
 //! - A result the host reads after every step can live in mapped page-locked memory
 //!   ([`MappedHostBuffer`]) that kernels write directly, so no copy follows the kernel.
 
@@ -22,12 +24,14 @@ pub mod bandwidth;
 pub mod blas;
 pub mod budget;
 pub mod buffer;
+pub mod comm;
 pub mod device;
 pub mod error;
 pub mod host_io;
 pub mod launch;
 pub mod mapped;
 pub mod module;
+pub mod peer;
 pub mod pool;
 pub mod stream;
 pub mod stream_blas;
@@ -38,14 +42,16 @@ pub mod upload;
 pub use blas::{Blas, GemmElem, GemmShape};
 pub use budget::{Budget, BudgetConfig, LeakReport, Pressure, Tracker};
 pub use buffer::{DeviceBuffer, DeviceView, DeviceViewMut, PinnedHostBuffer};
+pub use comm::{grouped, CollElem, Communicator};
 pub use device::{
     devices, gpu_available, gpu_unavailable_reason, print_summary, summary, Device, DeviceInfo,
 };
 pub use error::{GpuError, Result};
-pub use hip_ffi::{DeviceAttribute, Op, Platform};
+pub use hip_ffi::{CollType, DeviceAttribute, NcclOptions, Op, Platform, ReduceOp, UniqueId};
 pub use launch::{KernelArg, MemRange, ParamKind};
 pub use mapped::MappedHostBuffer;
 pub use module::{Function, KernelArgs, Module};
+pub use peer::enable_all_peers;
 pub use pool::{Lease, Pool, PoolStats, RawAllocator, WeightArena};
 pub use stream::{Event, Graph, GraphExec, Stream};
 pub use stream_blas::StreamBlas;

@@ -6,7 +6,9 @@ use std::sync::OnceLock;
 
 use crate::device::Device;
 
-pub use hip_ffi::testing::{gpu_required, or_skip, skip, REQUIRE_GPU_VAR};
+pub use hip_ffi::testing::{
+    gpu_required, gpus_required, need_gpus, or_skip, skip, REQUIRE_GPUS_VAR, REQUIRE_GPU_VAR,
+};
 
 static FIXTURE: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
 
@@ -22,6 +24,26 @@ pub fn gpu_or_skip() -> Option<Device> {
         Ok(d) => Some(d.clone()),
         Err(why) => skip(format_args!("no GPU ({why})")),
     }
+}
+
+/// The first `n` devices (the shared fixture as device 0), or `None` after printing why the
+/// test skips: no GPU (by [`skip`]'s rule) or fewer than `n` (by [`need_gpus`]'s).
+#[track_caller]
+pub fn gpus_or_skip(n: usize) -> Option<Vec<Device>> {
+    let first = gpu_or_skip()?;
+    let have = match crate::device::devices() {
+        Ok(list) => list.len(),
+        Err(e) => return skip(format_args!("no GPU list ({e})")),
+    };
+    need_gpus(have, n)?;
+    let mut out = vec![first];
+    for i in 1..n {
+        match Device::open(i as i32) {
+            Ok(d) => out.push(d),
+            Err(e) => return skip(format_args!("GPU {i} does not open ({e})")),
+        }
+    }
+    Some(out)
 }
 
 /// Free memory may drift by this much across a test (driver-internal caches, BLAS workspaces).

@@ -949,3 +949,166 @@ fn cooperative_launches_meet_at_grid_barriers() {
         );
     });
 }
+
+// ---- Several GPUs (skipped below two; `ROCMFORGE_REQUIRE_GPUS=2` makes that a failure) ----
+
+/// NCCL/RCCL as the machine has it, or `None` after printing why the test skips.
+fn collectives(dev: &Device) -> Option<std::sync::Arc<hip_ffi::Nccl>> {
+    testing::or_skip(gpu_mem::comm::load_library(dev, &NcclOptions::default()))
+}
+
+#[test]
+#[serial]
+fn peer_copy_round_trip_between_two_gpus() {
+    let Some(devs) = testing::gpus_or_skip(2) else {
+        return;
+    };
+    let (a, b) = (&devs[0], &devs[1]);
+    let direct = a.enable_peer_access(b).expect("peer access 0 -> 1");
+    b.enable_peer_access(a).expect("peer access 1 -> 0");
+    println!("peer access 0 <-> 1: {direct}");
+    let n = 1 << 20;
+    let host: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let sa = Stream::new(a).unwrap();
+    let sb = Stream::new(b).unwrap();
+    let mut x = DeviceBuffer::<f32>::new(a, n, "peer src").unwrap();
+    let mut y = DeviceBuffer::<f32>::new(b, n, "peer dst").unwrap();
+    let mut z = DeviceBuffer::<f32>::new(a, n, "peer back").unwrap();
+    sa.write(&host, &mut x.view_mut()).unwrap();
+    sa.synchronize().unwrap();
+    // a -> b on b's stream, then b -> a on a's stream after b's work is done.
+    sb.copy_peer(&x.view(), &mut y.view_mut()).unwrap();
+    let done = sb.record_event().unwrap();
+    sa.wait_event(&done).unwrap();
+    sa.copy_peer(&y.view(), &mut z.view_mut()).unwrap();
+    assert_eq!(sb.read_to_vec(&y.view()).unwrap(), host);
+    assert_eq!(sa.read_to_vec(&z.view()).unwrap(), host);
+    // A stream of neither device is refused.
+    let mut w = DeviceBuffer::<f32>::new(b, n, "peer other").unwrap();
+    let err = sa
+        .copy_peer(&y.view(), &mut w.view_mut())
+        .expect_err("a stream of neither device");
+    assert!(matches!(err, GpuError::WrongDevice { .. }), "{err}");
+}
+
+#[test]
+#[serial]
+fn all_reduce_all_gather_and_send_recv_across_two_gpus() {
+    let Some(devs) = testing::gpus_or_skip(2) else {
+        return;
+    };
+    let Some(nccl) = collectives(&devs[0]) else {
+        return;
+    };
+    println!("{} {}", nccl.library_name(), nccl.version_string().unwrap());
+    let comms = Communicator::init_all(&nccl, &devs).expect("comm init all");
+    assert_eq!((comms[1].rank(), comms[1].ranks()), (1, 2));
+    let streams: Vec<Stream> = devs.iter().map(|d| Stream::new(d).unwrap()).collect();
+    let n = 4097;
+    let vals = |r: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (i % 97) as f32 + 1000.0 * r as f32)
+            .collect()
+    };
+    // f32 sum, in place.
+    let mut bufs: Vec<DeviceBuffer<f32>> = devs
+        .iter()
+        .map(|d| DeviceBuffer::new(d, n, "allreduce").unwrap())
+        .collect();
+    for (r, b) in bufs.iter_mut().enumerate() {
+        streams[r].write(&vals(r), &mut b.view_mut()).unwrap();
+    }
+    grouped(&nccl, || {
+        for (r, b) in bufs.iter_mut().enumerate() {
+            comms[r].all_reduce_in_place(&mut b.view_mut(), ReduceOp::Sum, &streams[r])?;
+        }
+        Ok(())
+    })
+    .expect("all-reduce");
+    let want: Vec<f32> = (0..n).map(|i| 2.0 * (i % 97) as f32 + 1000.0).collect();
+    for (r, b) in bufs.iter().enumerate() {
+        assert_eq!(streams[r].read_to_vec(&b.view()).unwrap(), want, "rank {r}");
+    }
+    // f16 sum: small integers are exact in half precision.
+    let mut hb: Vec<DeviceBuffer<half::f16>> = devs
+        .iter()
+        .map(|d| DeviceBuffer::new(d, n, "allreduce f16").unwrap())
+        .collect();
+    for (r, b) in hb.iter_mut().enumerate() {
+        let v: Vec<half::f16> = (0..n)
+            .map(|i| half::f16::from_f32(((i + r) % 13) as f32))
+            .collect();
+        streams[r].write(&v, &mut b.view_mut()).unwrap();
+    }
+    grouped(&nccl, || {
+        for (r, b) in hb.iter_mut().enumerate() {
+            comms[r].all_reduce_in_place(&mut b.view_mut(), ReduceOp::Sum, &streams[r])?;
+        }
+        Ok(())
+    })
+    .expect("all-reduce f16");
+    let want16: Vec<f32> = (0..n).map(|i| ((i % 13) + ((i + 1) % 13)) as f32).collect();
+    for (r, b) in hb.iter().enumerate() {
+        let got: Vec<f32> = streams[r]
+            .read_to_vec(&b.view())
+            .unwrap()
+            .iter()
+            .map(|h| h.to_f32())
+            .collect();
+        assert_eq!(got, want16, "rank {r}");
+    }
+    // All-gather: rank order.
+    let mut gathered: Vec<DeviceBuffer<f32>> = devs
+        .iter()
+        .map(|d| DeviceBuffer::new(d, 2 * n, "gather").unwrap())
+        .collect();
+    let srcs: Vec<DeviceBuffer<f32>> = devs
+        .iter()
+        .enumerate()
+        .map(|(r, d)| {
+            let mut b = DeviceBuffer::new(d, n, "gather src").unwrap();
+            streams[r].write(&vals(r), &mut b.view_mut()).unwrap();
+            b
+        })
+        .collect();
+    grouped(&nccl, || {
+        for (r, g) in gathered.iter_mut().enumerate() {
+            comms[r].all_gather(&srcs[r].view(), &mut g.view_mut(), &streams[r])?;
+        }
+        Ok(())
+    })
+    .expect("all-gather");
+    let mut want_g = vals(0);
+    want_g.extend(vals(1));
+    for (r, g) in gathered.iter().enumerate() {
+        assert_eq!(
+            streams[r].read_to_vec(&g.view()).unwrap(),
+            want_g,
+            "rank {r}"
+        );
+    }
+    // Send rank 0's vector to rank 1.
+    let mut dst = DeviceBuffer::<f32>::new(&devs[1], n, "recv").unwrap();
+    grouped(&nccl, || {
+        comms[0].send(&srcs[0].view(), 1, &streams[0])?;
+        comms[1].recv(&mut dst.view_mut(), 0, &streams[1])
+    })
+    .expect("send/recv");
+    assert_eq!(streams[1].read_to_vec(&dst.view()).unwrap(), vals(0));
+    for c in &comms {
+        c.check().expect("no asynchronous error");
+    }
+    // Wrong-device streams and bad peers are refused before any call.
+    let mut b0 = DeviceBuffer::<f32>::new(&devs[0], 4, "x").unwrap();
+    assert!(comms[0]
+        .all_reduce_in_place(&mut b0.view_mut(), ReduceOp::Sum, &streams[1])
+        .is_err());
+    assert!(comms[0].send(&b0.view(), 0, &streams[0]).is_err());
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    drop(comms);
+    for d in &devs {
+        assert!(d.take_errors().is_empty());
+    }
+}

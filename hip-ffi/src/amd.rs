@@ -357,6 +357,46 @@ impl HipApi for AmdProvider {
         })
     }
 
+    fn device_can_access_peer(&self, device: i32, peer: i32) -> Result<bool> {
+        let mut can = 0;
+        // SAFETY: writes one int; the runtime validates the ordinals.
+        self.check("hipDeviceCanAccessPeer", unsafe {
+            self.hip.hipDeviceCanAccessPeer(&mut can, device, peer)
+        })?;
+        Ok(can != 0)
+    }
+
+    fn enable_peer_access(&self, peer: i32) -> Result<()> {
+        // SAFETY: plain C call; flags must be 0.
+        let s = unsafe { self.hip.hipDeviceEnablePeerAccess(peer, 0) };
+        if s == hipError_t::hipErrorPeerAccessAlreadyEnabled {
+            return Ok(());
+        }
+        self.check("hipDeviceEnablePeerAccess", s)
+    }
+
+    unsafe fn memcpy_peer_async(
+        &self,
+        dst: DevicePtr,
+        dst_device: i32,
+        src: DevicePtr,
+        src_device: i32,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges and their devices.
+        self.check("hipMemcpyPeerAsync", unsafe {
+            self.hip.hipMemcpyPeerAsync(
+                dst.as_raw(),
+                dst_device,
+                src.as_raw().cast_const(),
+                src_device,
+                bytes,
+                stream.0.cast(),
+            )
+        })
+    }
+
     unsafe fn memset_async(
         &self,
         dst: DevicePtr,

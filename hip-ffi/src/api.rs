@@ -324,6 +324,27 @@ pub trait HipApi: Send + Sync {
         bytes: usize,
         stream: StreamHandle,
     ) -> Result<()>;
+    /// Whether `device` can read and write `peer`'s memory directly (over NVLink, xGMI or PCIe).
+    fn device_can_access_peer(&self, device: i32, peer: i32) -> Result<bool>;
+    /// Lets the current device reach `peer`'s memory directly (copies and kernels); enabling
+    /// it again is no error.
+    fn enable_peer_access(&self, peer: i32) -> Result<()>;
+    /// Queues a copy from `src` on device `src_device` to `dst` on device `dst_device` on
+    /// `stream` (a stream of the current device, which is one of the two); direct where peer
+    /// access is enabled, staged by the driver otherwise.
+    ///
+    /// # Safety
+    /// `src..src+bytes` is memory of `src_device`, `dst..dst+bytes` of `dst_device`; neither is
+    /// touched by other work until the stream passes the copy.
+    unsafe fn memcpy_peer_async(
+        &self,
+        dst: DevicePtr,
+        dst_device: i32,
+        src: DevicePtr,
+        src_device: i32,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()>;
     /// Queues a byte fill on `stream`.
     ///
     /// # Safety

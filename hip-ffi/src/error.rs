@@ -121,6 +121,28 @@ impl fmt::Display for LoadError {
     }
 }
 
+/// A collective-library (NCCL/RCCL) call that returned an error status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclError {
+    /// The call (`ncclAllReduce`, ...).
+    pub call: &'static str,
+    /// The `ncclResult_t` value.
+    pub code: u32,
+    /// The library's description of the status.
+    pub message: String,
+}
+
+impl fmt::Display for NcclError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} failed: {} (ncclResult_t {})",
+            self.call, self.message, self.code
+        )
+    }
+}
+
+impl std::error::Error for NcclError {}
 impl std::error::Error for HipError {}
 impl std::error::Error for BlasError {}
 impl std::error::Error for LoadError {}
@@ -138,6 +160,8 @@ pub enum Error {
     /// A vendor library could not be opened or lacks a symbol.
     #[error(transparent)]
     Load(#[from] LoadError),
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
     /// No provider offers a usable GPU; the reason says what each one found.
     #[error("no usable GPU: {0}")]
     NoGpu(String),

@@ -10,6 +10,9 @@
 //!   HIP's, the way HIP's own CUDA platform does.
 //! - [`runtime`] picks the provider once per process; "no GPU" is an error value whose message
 //!   lists every library tried, never a panic.
+//! - [`nccl`] loads the collective library (NCCL on NVIDIA, RCCL on AMD: one C API) on demand,
+//!   from a path the caller gives, the loader path, ROCm's directory or Python's
+//!   `nvidia-nccl-cu13`/`-cu12` packages; its absence is an error value like a missing GPU.
 //! - Device properties come from `*DeviceGetAttribute`, never the property struct (its layout
 //!   changes between releases). There is no device-wide synchronisation in the API.
 
@@ -17,6 +20,7 @@ pub mod amd;
 pub mod api;
 pub mod error;
 pub mod loader;
+pub mod nccl;
 pub mod nvidia;
 pub mod platform;
 pub mod sys;
@@ -25,6 +29,7 @@ pub mod testing;
 
 pub use amd::AmdProvider;
 pub use api::*;
-pub use error::{BlasError, Error, HipError, LoadError, Result};
+pub use error::{BlasError, Error, HipError, LoadError, NcclError, Result};
+pub use nccl::{CollType, Nccl, NcclOptions, ReduceOp, UniqueId};
 pub use nvidia::NvidiaProvider;
 pub use platform::{parse_choice, runtime, select, set_choice, Choice, PLATFORM_VAR};

@@ -29,6 +29,35 @@ fn skip_unless<T>(required: bool, reason: impl Display) -> Option<T> {
     None
 }
 
+/// Set to a count `N` where that many GPUs must be present: a multi-GPU test that would skip
+/// for want of devices (it needs at most `N`) fails instead.
+pub const REQUIRE_GPUS_VAR: &str = "ROCMFORGE_REQUIRE_GPUS";
+
+/// GPUs that tests must find ([`REQUIRE_GPUS_VAR`]; 0 when unset or unreadable).
+pub fn gpus_required() -> usize {
+    std::env::var(REQUIRE_GPUS_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// For a test that needs `need` GPUs where `have` exist: `Some(())` to go on, or `None` after
+/// printing `skipped: ...`. A machine with fewer GPUs skips even where one GPU is required
+/// ([`REQUIRE_GPU_VAR`]), unless [`REQUIRE_GPUS_VAR`] asks for at least `need`.
+///
+/// # Panics
+/// When `have < need <= gpus_required()`.
+#[track_caller]
+pub fn need_gpus(have: usize, need: usize) -> Option<()> {
+    if have >= need {
+        return Some(());
+    }
+    skip_unless(
+        need <= gpus_required(),
+        format_args!("needs {need} GPUs, {have} present"),
+    )
+}
+
 /// The value of `r`, or [`skip`] with its error as the reason.
 #[track_caller]
 pub fn or_skip<T, E: Display>(r: Result<T, E>) -> Option<T> {
@@ -53,5 +82,9 @@ mod tests {
             assert_eq!(or_skip::<u32, _>(Err("no GPU (test)")), None);
         }
         assert_eq!(or_skip::<u32, &str>(Ok(7)), Some(7));
+        assert_eq!(need_gpus(2, 2), Some(()));
+        if gpus_required() < 2 {
+            assert_eq!(need_gpus(1, 2), None);
+        }
     }
 }

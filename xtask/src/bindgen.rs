@@ -28,7 +28,24 @@ struct Target {
     types: &'static [&'static str],
     /// Version macros read from the headers for the stamp.
     version_macros: &'static [&'static str],
+    /// Where the header comes from.
+    source: Source,
 }
+
+/// Where a target's header comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// `/usr/include`, from the Debian package named in the target.
+    Debian,
+    /// NCCL's `nccl.h`, from a pinned PyPI wheel ([`NCCL_WHEEL`]) unpacked under `target/`
+    /// (Debian has no NCCL); its `cuda_runtime.h` include comes from `/usr/include`.
+    NcclWheel,
+}
+
+/// The PyPI wheel whose `nccl.h` the NCCL bindings come from (RCCL keeps the same C API).
+const NCCL_WHEEL: (&str, &str) = ("nvidia-nccl-cu13", "2.32.3");
+/// The header's path inside the wheel.
+const NCCL_MEMBER: &str = "nvidia/nccl/include/nccl.h";
 
 const INCLUDE_DIR: &str = "/usr/include";
 
@@ -80,6 +97,9 @@ const HIP_FUNCTIONS: &[&str] = &[
     "hipGraphExecDestroy",
     "hipGetErrorString",
     "hipGetErrorName",
+    "hipDeviceCanAccessPeer",
+    "hipDeviceEnablePeerAccess",
+    "hipMemcpyPeerAsync",
 ];
 
 const HIP_TYPES: &[&str] = &[
@@ -140,6 +160,9 @@ const CUDA_FUNCTIONS: &[&str] = &[
     "cuGraphExecDestroy",
     "cuGetErrorString",
     "cuGetErrorName",
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
+    "cuMemcpyPeerAsync",
 ];
 
 const CUDA_TYPES: &[&str] = &[
@@ -176,6 +199,32 @@ const CUBLAS_TYPES: &[&str] = &[
     "cudaDataType_t",
 ];
 
+const NCCL_FUNCTIONS: &[&str] = &[
+    "ncclGetVersion",
+    "ncclGetUniqueId",
+    "ncclCommInitRank",
+    "ncclCommInitAll",
+    "ncclCommDestroy",
+    "ncclCommAbort",
+    "ncclCommGetAsyncError",
+    "ncclCommCount",
+    "ncclCommUserRank",
+    "ncclGetErrorString",
+    "ncclAllReduce",
+    "ncclAllGather",
+    "ncclSend",
+    "ncclRecv",
+    "ncclGroupStart",
+    "ncclGroupEnd",
+];
+
+const NCCL_TYPES: &[&str] = &[
+    "ncclResult_t",
+    "ncclDataType_t",
+    "ncclRedOp_t",
+    "ncclUniqueId",
+];
+
 const TARGETS: &[Target] = &[
     Target {
         file: "hip.rs",
@@ -190,6 +239,7 @@ const TARGETS: &[Target] = &[
             "HIP_VERSION_MINOR",
             "HIP_VERSION_PATCH",
         ],
+        source: Source::Debian,
     },
     Target {
         file: "cuda.rs",
@@ -200,6 +250,7 @@ const TARGETS: &[Target] = &[
         functions: CUDA_FUNCTIONS,
         types: CUDA_TYPES,
         version_macros: &["CUDA_VERSION"],
+        source: Source::Debian,
     },
     Target {
         file: "cublas.rs",
@@ -210,6 +261,18 @@ const TARGETS: &[Target] = &[
         functions: CUBLAS_FUNCTIONS,
         types: CUBLAS_TYPES,
         version_macros: &["CUBLAS_VER_MAJOR", "CUBLAS_VER_MINOR", "CUBLAS_VER_PATCH"],
+        source: Source::Debian,
+    },
+    Target {
+        file: "nccl.rs",
+        header: "nccl.h",
+        library: "NcclLib",
+        package: NCCL_WHEEL.0,
+        clang_args: &[],
+        functions: NCCL_FUNCTIONS,
+        types: NCCL_TYPES,
+        version_macros: &["NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"],
+        source: Source::NcclWheel,
     },
 ];
 
@@ -217,9 +280,52 @@ fn sys_dir() -> PathBuf {
     workspace_root().join("hip-ffi/src/sys")
 }
 
-/// Why regeneration is impossible here, or `None` when headers and libclang are present.
+/// The directory holding `t`'s header.
+fn include_dir(t: &Target) -> PathBuf {
+    match t.source {
+        Source::Debian => PathBuf::from(INCLUDE_DIR),
+        Source::NcclWheel => workspace_root().join("target/nccl-include"),
+    }
+}
+
+/// Unpacks `nccl.h` from the pinned wheel into `target/nccl-include` unless it is there.
+fn ensure_nccl_header(t: &Target) -> Result<()> {
+    let dir = include_dir(t);
+    let header = dir.join(t.header);
+    if header.exists() {
+        return Ok(());
+    }
+    let (package, version) = NCCL_WHEEL;
+    let (meta_url, meta) = crate::pypi::package_json(package)?;
+    let url = meta["releases"][version]
+        .as_array()
+        .and_then(|files| {
+            files
+                .iter()
+                .filter(|f| f["packagetype"] == "bdist_wheel")
+                .find(|f| f["filename"].as_str().is_some_and(|n| n.contains("x86_64")))
+                .and_then(|f| f["url"].as_str())
+        })
+        .ok_or_else(|| format!("{meta_url}: no x86_64 wheel of {package} {version}"))?;
+    eprintln!("bindgen: downloading {url} for {NCCL_MEMBER}");
+    let wheel = crate::pypi::download(url)?;
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(wheel))
+        .map_err(|e| format!("{package} {version}: not a wheel: {e}"))?;
+    let mut member = zip
+        .by_name(NCCL_MEMBER)
+        .map_err(|e| format!("{package} {version}: {NCCL_MEMBER}: {e}"))?;
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(&mut member, &mut text)
+        .map_err(|e| format!("{package} {version}: {NCCL_MEMBER}: {e}"))?;
+    fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    fs::write(&header, text).map_err(|e| format!("{}: {e}", header.display()))?;
+    Ok(())
+}
+
+/// Why regeneration is impossible here, or `None` when headers and libclang are present. The
+/// NCCL header is fetched on demand, so it is no prerequisite.
 pub fn missing_prerequisites() -> Option<String> {
-    for t in TARGETS {
+    for t in TARGETS.iter().filter(|t| t.source == Source::Debian) {
         let h = Path::new(INCLUDE_DIR).join(t.header);
         if !h.exists() {
             return Some(format!(
@@ -263,6 +369,17 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let mut stale = Vec::new();
     for t in TARGETS {
+        if t.source == Source::NcclWheel {
+            if check && !include_dir(t).join(t.header).exists() {
+                // A check never downloads the 300 MB wheel (CI runs it).
+                println!(
+                    "bindgen: {} not checked (run `cargo xtask bindgen` to fetch nccl.h)",
+                    t.file
+                );
+                continue;
+            }
+            ensure_nccl_header(t)?;
+        }
         let text = generate(t)?;
         let path = sys_dir().join(t.file);
         if check {
@@ -289,9 +406,10 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 fn generate(t: &Target) -> Result<String> {
-    let header = Path::new(INCLUDE_DIR).join(t.header);
+    let header = include_dir(t).join(t.header);
     let mut b = bindgen::Builder::default()
         .header(header.to_string_lossy())
+        .clang_arg(format!("-I{}", include_dir(t).display()))
         .clang_arg(format!("-I{INCLUDE_DIR}"))
         .clang_args(t.clang_args.iter().copied())
         .dynamic_library_name(t.library)
@@ -318,22 +436,28 @@ fn generate(t: &Target) -> Result<String> {
 }
 
 fn stamp(t: &Target) -> Result<String> {
-    let header_text = fs::read_to_string(Path::new(INCLUDE_DIR).join(version_header(t)))
+    let header_text = fs::read_to_string(include_dir(t).join(version_header(t)))
         .map_err(|e| format!("reading version header for {}: {e}", t.file))?;
     let versions: Vec<String> = t
         .version_macros
         .iter()
         .map(|m| format!("{m}={}", macro_value(&header_text, m).unwrap_or("?")))
         .collect();
+    let (inc, from, pv) = match t.source {
+        Source::Debian => (INCLUDE_DIR, "Debian package", package_version(t.package)),
+        Source::NcclWheel => (
+            NCCL_MEMBER.trim_end_matches("/nccl.h"),
+            "PyPI wheel",
+            NCCL_WHEEL.1.to_owned(),
+        ),
+    };
     Ok(format!(
         "// @generated by `cargo xtask bindgen` (bindgen {bg}); do not edit.\n\
-         // Header: {inc}/{h} from Debian package {pkg} {pv}; {vers}.\n\
+         // Header: {inc}/{h} from {from} {pkg} {pv}; {vers}.\n\
          // Allowlist: hip-ffi's API plus the enums it maps (see xtask/src/bindgen.rs).\n\n",
         bg = BINDGEN_VERSION,
-        inc = INCLUDE_DIR,
         h = t.header,
         pkg = t.package,
-        pv = package_version(t.package),
         vers = versions.join(", "),
     ))
 }

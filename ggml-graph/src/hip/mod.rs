@@ -36,6 +36,11 @@ mod workspace;
 pub use crate::hip_options::HipOptions;
 pub use stack::{head_launches, stack_launches};
 
+/// GPUs of the platform `hip-ffi` selects (0 without one).
+pub fn device_count() -> usize {
+    gpu_mem::devices().map_or(0, |d| d.len())
+}
+
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -300,6 +305,20 @@ impl HipDevice {
     /// The `gpu-mem` device (budget, tracker, leak report).
     pub fn gpu(&self) -> &gpu_mem::Device {
         &self.inner.dev
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.inner.dev.ordinal()
+    }
+
+    /// Lets this GPU reach `peer`'s memory directly (copies between them then go over
+    /// NVLink/xGMI/PCIe peer to peer); returns whether it can.
+    pub fn enable_peer_access(&self, peer: &HipDevice) -> Result<bool> {
+        self.inner
+            .dev
+            .enable_peer_access(&peer.inner.dev)
+            .map_err(|e| gpu_err("peer access", e))
     }
 
     /// Bytes the device's budget has left.
@@ -781,8 +800,56 @@ impl Buffer for HipBuffer {
         }
         .map_err(|e| gpu_err("read", e))
     }
+    fn copy_from(
+        &self,
+        offset: usize,
+        src: &dyn Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<bool> {
+        let Some(src) = src.as_any().downcast_ref::<HipBuffer>() else {
+            return Ok(false);
+        };
+        let (Some(from), Mem::Owned(to)) = (src.device_range(src_offset, len)?, &self.mem) else {
+            return Ok(false);
+        };
+        let r = self.range("copy", offset, len)?;
+        let to = MemRange::of_buffer(to)
+            .sub(r.start, r.len())
+            .map_err(|e| gpu_err("copy", e))?;
+        self.inner.q8.lock().written(to.addr(), to.len());
+        // Queued on this device's stream, behind the work that may still read the old bytes,
+        // and waited for: the source's device may overwrite them as soon as this returns.
+        let stream = self.inner.sb.stream();
+        let src_view = from.view::<u8>().map_err(|e| gpu_err("copy", e))?;
+        let mut dst_view = to.view_mut::<u8>().map_err(|e| gpu_err("copy", e))?;
+        stream
+            .copy_peer(&src_view, &mut dst_view)
+            .and_then(|()| stream.synchronize())
+            .map_err(|e| gpu_err("copy", e))?;
+        Ok(true)
+    }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl HipBuffer {
+    /// The device memory of `len` bytes at `offset`; `None` for host-mapped memory.
+    fn device_range(&self, offset: usize, len: usize) -> Result<Option<MemRange<'_>>> {
+        let r = self.range("copy", offset, len)?;
+        let whole = match &self.mem {
+            Mem::Owned(b) => MemRange::of_buffer(b),
+            Mem::Slot { arena, slot } => {
+                let v = arena.view::<u8>(slot).map_err(|e| gpu_err("copy", e))?;
+                MemRange::of_view(&v)
+            }
+            Mem::Mapped(_) => return Ok(None),
+        };
+        whole
+            .sub(r.start, r.len())
+            .map(Some)
+            .map_err(|e| gpu_err("copy", e))
     }
 }
 

@@ -119,6 +119,33 @@ impl NvidiaProvider {
         }))
     }
 
+    /// The primary context of `device` (index `idx`), retained on first use.
+    fn primary_ctx(&self, idx: usize, device: i32) -> Result<cu::CUcontext> {
+        let mut contexts = self.contexts.lock();
+        if contexts.len() <= idx {
+            contexts.resize(idx + 1, None);
+        }
+        let ctx = match contexts[idx] {
+            Some(c) => c as cu::CUcontext,
+            None => {
+                let mut dev: cu::CUdevice = 0;
+                // SAFETY: writes one int; the driver validates the ordinal.
+                self.check("hipSetDevice", unsafe {
+                    self.cuda.cuDeviceGet(&mut dev, device)
+                })?;
+                let mut c: cu::CUcontext = std::ptr::null_mut();
+                // SAFETY: writes one handle. The primary context is retained for the life of
+                // the process (HIP's device model has no release either).
+                self.check("hipSetDevice", unsafe {
+                    self.cuda.cuDevicePrimaryCtxRetain(&mut c, dev)
+                })?;
+                contexts[idx] = Some(c as usize);
+                c
+            }
+        };
+        Ok(ctx)
+    }
+
     /// Makes sure the calling thread has a current context (device 0 unless it chose one).
     fn ctx(&self) -> Result<()> {
         if CURRENT.with(Cell::get) >= 0 {
@@ -253,30 +280,7 @@ impl HipApi for NvidiaProvider {
                 message: format!("invalid device ordinal {device}"),
             })
         })?;
-        let ctx = {
-            let mut contexts = self.contexts.lock();
-            if contexts.len() <= idx {
-                contexts.resize(idx + 1, None);
-            }
-            match contexts[idx] {
-                Some(c) => c as cu::CUcontext,
-                None => {
-                    let mut dev: cu::CUdevice = 0;
-                    // SAFETY: writes one int; the driver validates the ordinal.
-                    self.check("hipSetDevice", unsafe {
-                        self.cuda.cuDeviceGet(&mut dev, device)
-                    })?;
-                    let mut c: cu::CUcontext = std::ptr::null_mut();
-                    // SAFETY: writes one handle. The primary context is retained for the life of
-                    // the process (HIP's device model has no release either).
-                    self.check("hipSetDevice", unsafe {
-                        self.cuda.cuDevicePrimaryCtxRetain(&mut c, dev)
-                    })?;
-                    contexts[idx] = Some(c as usize);
-                    c
-                }
-            }
-        };
+        let ctx = self.primary_ctx(idx, device)?;
         // SAFETY: `ctx` is a retained primary context.
         self.check("hipSetDevice", unsafe { self.cuda.cuCtxSetCurrent(ctx) })?;
         CURRENT.with(|c| c.set(device));
@@ -417,6 +421,65 @@ impl HipApi for NvidiaProvider {
         self.check("hipMemcpyDtoDAsync", unsafe {
             self.cuda
                 .cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream.0.cast())
+        })
+    }
+
+    fn device_can_access_peer(&self, device: i32, peer: i32) -> Result<bool> {
+        let (mut a, mut b): (cu::CUdevice, cu::CUdevice) = (0, 0);
+        // SAFETY: each call writes one int; the driver validates the ordinals.
+        self.check("hipDeviceCanAccessPeer", unsafe {
+            self.cuda.cuDeviceGet(&mut a, device)
+        })?;
+        // SAFETY: as above.
+        self.check("hipDeviceCanAccessPeer", unsafe {
+            self.cuda.cuDeviceGet(&mut b, peer)
+        })?;
+        let mut can = 0;
+        // SAFETY: writes one int.
+        self.check("hipDeviceCanAccessPeer", unsafe {
+            self.cuda.cuDeviceCanAccessPeer(&mut can, a, b)
+        })?;
+        Ok(can != 0)
+    }
+
+    fn enable_peer_access(&self, peer: i32) -> Result<()> {
+        self.ctx()?;
+        let idx = usize::try_from(peer).map_err(|_| Error::InvalidArgument {
+            call: "hipDeviceEnablePeerAccess",
+            what: format!("peer device {peer}"),
+        })?;
+        let peer_ctx = self.primary_ctx(idx, peer)?;
+        // SAFETY: `peer_ctx` is a retained primary context; flags must be 0.
+        let s = unsafe { self.cuda.cuCtxEnablePeerAccess(peer_ctx, 0) };
+        if s == ce::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        self.check("hipDeviceEnablePeerAccess", s)
+    }
+
+    unsafe fn memcpy_peer_async(
+        &self,
+        dst: DevicePtr,
+        dst_device: i32,
+        src: DevicePtr,
+        src_device: i32,
+        bytes: usize,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.ctx()?;
+        let ordinal = |d: i32| {
+            usize::try_from(d).map_err(|_| Error::InvalidArgument {
+                call: "hipMemcpyPeerAsync",
+                what: format!("device {d}"),
+            })
+        };
+        let dst_ctx = self.primary_ctx(ordinal(dst_device)?, dst_device)?;
+        let src_ctx = self.primary_ctx(ordinal(src_device)?, src_device)?;
+        // SAFETY: the caller guarantees both ranges and their devices; the contexts are the
+        // devices' retained primary contexts.
+        self.check("hipMemcpyPeerAsync", unsafe {
+            self.cuda
+                .cuMemcpyPeerAsync(dst.0, dst_ctx, src.0, src_ctx, bytes, stream.0.cast())
         })
     }
 

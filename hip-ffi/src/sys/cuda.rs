@@ -538,6 +538,14 @@ pub struct CudaLib {
         len: ::std::os::raw::c_int,
         dev: CUdevice,
     ) -> CUresult,
+    pub cuMemcpyPeerAsync: unsafe extern "C" fn(
+        dstDevice: CUdeviceptr,
+        dstContext: CUcontext,
+        srcDevice: CUdeviceptr,
+        srcContext: CUcontext,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) -> CUresult,
     pub cuMemcpyHtoDAsync_v2: unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         srcHost: *const ::std::os::raw::c_void,
@@ -634,6 +642,13 @@ pub struct CudaLib {
         blockSize: ::std::os::raw::c_int,
         dynamicSMemSize: usize,
     ) -> CUresult,
+    pub cuDeviceCanAccessPeer: unsafe extern "C" fn(
+        canAccessPeer: *mut ::std::os::raw::c_int,
+        dev: CUdevice,
+        peerDev: CUdevice,
+    ) -> CUresult,
+    pub cuCtxEnablePeerAccess:
+        unsafe extern "C" fn(peerContext: CUcontext, Flags: ::std::os::raw::c_uint) -> CUresult,
 }
 impl CudaLib {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -679,6 +694,7 @@ impl CudaLib {
             unsafe { __library.get(b"cuMemHostGetDevicePointer_v2\0") }.map(|sym| *sym)?;
         let cuDeviceGetPCIBusId =
             unsafe { __library.get(b"cuDeviceGetPCIBusId\0") }.map(|sym| *sym)?;
+        let cuMemcpyPeerAsync = unsafe { __library.get(b"cuMemcpyPeerAsync\0") }.map(|sym| *sym)?;
         let cuMemcpyHtoDAsync_v2 =
             unsafe { __library.get(b"cuMemcpyHtoDAsync_v2\0") }.map(|sym| *sym)?;
         let cuMemcpyDtoHAsync_v2 =
@@ -722,6 +738,10 @@ impl CudaLib {
         let cuOccupancyMaxActiveBlocksPerMultiprocessor =
             unsafe { __library.get(b"cuOccupancyMaxActiveBlocksPerMultiprocessor\0") }
                 .map(|sym| *sym)?;
+        let cuDeviceCanAccessPeer =
+            unsafe { __library.get(b"cuDeviceCanAccessPeer\0") }.map(|sym| *sym)?;
+        let cuCtxEnablePeerAccess =
+            unsafe { __library.get(b"cuCtxEnablePeerAccess\0") }.map(|sym| *sym)?;
         Ok(CudaLib {
             __library,
             cuGetErrorString,
@@ -747,6 +767,7 @@ impl CudaLib {
             cuMemFreeHost,
             cuMemHostGetDevicePointer_v2,
             cuDeviceGetPCIBusId,
+            cuMemcpyPeerAsync,
             cuMemcpyHtoDAsync_v2,
             cuMemcpyDtoHAsync_v2,
             cuMemcpyDtoDAsync_v2,
@@ -774,6 +795,8 @@ impl CudaLib {
             cuGraphExecDestroy,
             cuGraphDestroy,
             cuOccupancyMaxActiveBlocksPerMultiprocessor,
+            cuDeviceCanAccessPeer,
+            cuCtxEnablePeerAccess,
         })
     }
     pub unsafe fn cuGetErrorString(
@@ -889,6 +912,21 @@ impl CudaLib {
         dev: CUdevice,
     ) -> CUresult {
         unsafe { (self.cuDeviceGetPCIBusId)(pciBusId, len, dev) }
+    }
+    pub unsafe fn cuMemcpyPeerAsync(
+        &self,
+        dstDevice: CUdeviceptr,
+        dstContext: CUcontext,
+        srcDevice: CUdeviceptr,
+        srcContext: CUcontext,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) -> CUresult {
+        unsafe {
+            (self.cuMemcpyPeerAsync)(
+                dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream,
+            )
+        }
     }
     pub unsafe fn cuMemcpyHtoDAsync_v2(
         &self,
@@ -1084,5 +1122,20 @@ impl CudaLib {
                 dynamicSMemSize,
             )
         }
+    }
+    pub unsafe fn cuDeviceCanAccessPeer(
+        &self,
+        canAccessPeer: *mut ::std::os::raw::c_int,
+        dev: CUdevice,
+        peerDev: CUdevice,
+    ) -> CUresult {
+        unsafe { (self.cuDeviceCanAccessPeer)(canAccessPeer, dev, peerDev) }
+    }
+    pub unsafe fn cuCtxEnablePeerAccess(
+        &self,
+        peerContext: CUcontext,
+        Flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe { (self.cuCtxEnablePeerAccess)(peerContext, Flags) }
     }
 }

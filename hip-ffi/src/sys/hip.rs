@@ -374,6 +374,23 @@ pub struct HipLib {
     ) -> hipError_t::Type,
     pub hipMemGetInfo:
         unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> hipError_t::Type,
+    pub hipDeviceCanAccessPeer: unsafe extern "C" fn(
+        canAccessPeer: *mut ::std::os::raw::c_int,
+        deviceId: ::std::os::raw::c_int,
+        peerDeviceId: ::std::os::raw::c_int,
+    ) -> hipError_t::Type,
+    pub hipDeviceEnablePeerAccess: unsafe extern "C" fn(
+        peerDeviceId: ::std::os::raw::c_int,
+        flags: ::std::os::raw::c_uint,
+    ) -> hipError_t::Type,
+    pub hipMemcpyPeerAsync: unsafe extern "C" fn(
+        dst: *mut ::std::os::raw::c_void,
+        dstDeviceId: ::std::os::raw::c_int,
+        src: *const ::std::os::raw::c_void,
+        srcDevice: ::std::os::raw::c_int,
+        sizeBytes: usize,
+        stream: hipStream_t,
+    ) -> hipError_t::Type,
     pub hipModuleUnload: unsafe extern "C" fn(module: hipModule_t) -> hipError_t::Type,
     pub hipModuleGetFunction: unsafe extern "C" fn(
         function: *mut hipFunction_t,
@@ -486,6 +503,12 @@ impl HipLib {
         let hipMemsetD8Async = unsafe { __library.get(b"hipMemsetD8Async\0") }.map(|sym| *sym)?;
         let hipMemsetAsync = unsafe { __library.get(b"hipMemsetAsync\0") }.map(|sym| *sym)?;
         let hipMemGetInfo = unsafe { __library.get(b"hipMemGetInfo\0") }.map(|sym| *sym)?;
+        let hipDeviceCanAccessPeer =
+            unsafe { __library.get(b"hipDeviceCanAccessPeer\0") }.map(|sym| *sym)?;
+        let hipDeviceEnablePeerAccess =
+            unsafe { __library.get(b"hipDeviceEnablePeerAccess\0") }.map(|sym| *sym)?;
+        let hipMemcpyPeerAsync =
+            unsafe { __library.get(b"hipMemcpyPeerAsync\0") }.map(|sym| *sym)?;
         let hipModuleUnload = unsafe { __library.get(b"hipModuleUnload\0") }.map(|sym| *sym)?;
         let hipModuleGetFunction =
             unsafe { __library.get(b"hipModuleGetFunction\0") }.map(|sym| *sym)?;
@@ -543,6 +566,9 @@ impl HipLib {
             hipMemsetD8Async,
             hipMemsetAsync,
             hipMemGetInfo,
+            hipDeviceCanAccessPeer,
+            hipDeviceEnablePeerAccess,
+            hipMemcpyPeerAsync,
             hipModuleUnload,
             hipModuleGetFunction,
             hipModuleLoadData,
@@ -773,6 +799,32 @@ impl HipLib {
     }
     pub unsafe fn hipMemGetInfo(&self, free: *mut usize, total: *mut usize) -> hipError_t::Type {
         unsafe { (self.hipMemGetInfo)(free, total) }
+    }
+    pub unsafe fn hipDeviceCanAccessPeer(
+        &self,
+        canAccessPeer: *mut ::std::os::raw::c_int,
+        deviceId: ::std::os::raw::c_int,
+        peerDeviceId: ::std::os::raw::c_int,
+    ) -> hipError_t::Type {
+        unsafe { (self.hipDeviceCanAccessPeer)(canAccessPeer, deviceId, peerDeviceId) }
+    }
+    pub unsafe fn hipDeviceEnablePeerAccess(
+        &self,
+        peerDeviceId: ::std::os::raw::c_int,
+        flags: ::std::os::raw::c_uint,
+    ) -> hipError_t::Type {
+        unsafe { (self.hipDeviceEnablePeerAccess)(peerDeviceId, flags) }
+    }
+    pub unsafe fn hipMemcpyPeerAsync(
+        &self,
+        dst: *mut ::std::os::raw::c_void,
+        dstDeviceId: ::std::os::raw::c_int,
+        src: *const ::std::os::raw::c_void,
+        srcDevice: ::std::os::raw::c_int,
+        sizeBytes: usize,
+        stream: hipStream_t,
+    ) -> hipError_t::Type {
+        unsafe { (self.hipMemcpyPeerAsync)(dst, dstDeviceId, src, srcDevice, sizeBytes, stream) }
     }
     pub unsafe fn hipModuleUnload(&self, module: hipModule_t) -> hipError_t::Type {
         unsafe { (self.hipModuleUnload)(module) }
