@@ -100,11 +100,66 @@ impl ChatTemplate {
                 eos_token,
             } => render_jinja(
                 source,
-                messages,
+                Value::from(
+                    messages
+                        .iter()
+                        .map(|m| context! { role => m.role.clone(), content => m.content.clone() })
+                        .collect::<Vec<Value>>(),
+                ),
+                None,
                 add_generation_prompt,
                 bos_token,
                 eos_token,
             ),
+        }
+    }
+
+    /// Renders a conversation given in the OpenAI / Hugging Face JSON shape (objects with
+    /// `role`, `content` and, for tool use, `tool_calls`, `tool_call_id`, `name`), with tool
+    /// definitions exposed to the template as `tools` (none when `None`), as Hugging Face's
+    /// `apply_chat_template(messages, tools=...)` does.
+    ///
+    /// Built-in formats know no tools: they render each message's role and text content only.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        match self {
+            ChatTemplate::Builtin(_) => {
+                let plain: Vec<ChatMessage> = messages
+                    .iter()
+                    .map(|m| {
+                        ChatMessage::new(
+                            m["role"].as_str().unwrap_or(""),
+                            m["content"].as_str().unwrap_or(""),
+                        )
+                    })
+                    .collect();
+                self.render(&plain, add_generation_prompt)
+            }
+            ChatTemplate::Jinja {
+                source,
+                bos_token,
+                eos_token,
+            } => render_jinja(
+                source,
+                Value::from_serialize(messages),
+                tools.map(Value::from_serialize),
+                add_generation_prompt,
+                bos_token,
+                eos_token,
+            ),
+        }
+    }
+
+    /// The Jinja source of the model's template (`None` for a built-in format); servers read
+    /// it to tell which tool-call syntax the model was trained on.
+    pub fn source(&self) -> Option<&str> {
+        match self {
+            ChatTemplate::Jinja { source, .. } => Some(source),
+            ChatTemplate::Builtin(_) => None,
         }
     }
 
@@ -261,7 +316,8 @@ impl std::io::Write for Bounded {
 
 fn render_jinja(
     source: &str,
-    messages: &[ChatMessage],
+    messages: Value,
+    tools: Option<Value>,
     add_generation_prompt: bool,
     bos_token: &str,
     eos_token: &str,
@@ -276,14 +332,13 @@ fn render_jinja(
     let tmpl = env
         .template_from_str(source)
         .map_err(|e| ModelError::ChatTemplate(format!("{e:#}")))?;
-    let msgs: Vec<Value> = messages
-        .iter()
-        .map(|m| context! { role => m.role.clone(), content => m.content.clone() })
-        .collect();
     let mut out = Bounded(Vec::new());
     let rendered = tmpl.render_captured_to(
         context! {
-            messages => msgs,
+            messages => messages,
+            // Hugging Face passes `tools=None` when there are none; templates test `tools is
+            // not none`, which an undefined value would pass.
+            tools => tools.unwrap_or(Value::from(())),
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
@@ -422,6 +477,27 @@ mod tests {
             .render(&[ChatMessage::new("user", "x".repeat(1024))], true)
             .unwrap_err();
         assert!(err.to_string().contains("exceeds 64 MiB"), "{err}");
+    }
+
+    #[test]
+    fn json_messages_and_tools_reach_the_template() {
+        let src = "{% if tools is not none %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}\
+                   {% for m in messages %}{{ m.role }}:{{ m.content }}\
+                   {% for c in m.tool_calls or [] %}{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}\
+                   {% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %};{% endfor %}";
+        let t = ChatTemplate::for_model(Some(src), "qwen2", "", "");
+        let msgs = [
+            serde_json::json!({"role": "user", "content": "hi"}),
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}),
+            serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": "2"}),
+        ];
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f"}})];
+        let s = t.render_json(&msgs, Some(&tools), false).unwrap();
+        assert_eq!(s, "[f]user:hi;assistant:Nonef{\"x\":1};tool:2#c1;");
+        let s = t.render_json(&msgs[..1], None, false).unwrap();
+        assert_eq!(s, "user:hi;");
+        assert_eq!(t.source(), Some(src));
     }
 
     #[test]
