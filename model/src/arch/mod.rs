@@ -47,13 +47,66 @@ pub enum KvType {
     F16,
     /// Full precision.
     F32,
+    /// ggml Q8_0 blocks (32 values, an f16 scale and 32 signed bytes): half of f16's memory.
+    /// Keys and values are quantized as they are written and dequantized as attention reads
+    /// them; the head dimensions must be multiples of 32.
+    Q8_0,
 }
 
 impl KvType {
-    fn dtype(self) -> DType {
+    /// The graph element type of the cache tensors.
+    pub fn dtype(self) -> DType {
         match self {
             KvType::F16 => DType::F16,
             KvType::F32 => DType::F32,
+            KvType::Q8_0 => DType::Q8_0,
+        }
+    }
+
+    /// Bytes of `n` values (`n` a multiple of the type's block size).
+    pub fn row_bytes(self, n: usize) -> usize {
+        let t = self.dtype();
+        n / t.block_size() * t.type_size()
+    }
+
+    /// Refuses a model whose key or value head size is no whole number of this type's blocks.
+    pub fn check(self, cfg: &ModelConfig) -> Result<(), ModelError> {
+        let bs = self.dtype().block_size();
+        match [cfg.head_dim, cfg.head_dim_v]
+            .into_iter()
+            .find(|d| d % bs != 0)
+        {
+            Some(head_dim) => Err(ModelError::KvType {
+                kv_type: self.to_string(),
+                head_dim,
+                block: bs,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+            KvType::Q8_0 => "q8_0",
+        })
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            "q8_0" | "q8" => Ok(KvType::Q8_0),
+            _ => Err(ModelError::InvalidArgument(format!(
+                "KV cache type `{s}`: expected f16, f32 or q8_0"
+            ))),
         }
     }
 }
@@ -80,8 +133,8 @@ impl KvCacheSpec {
 
     /// Bytes the whole cache takes for a model.
     pub fn bytes(&self, cfg: &ModelConfig) -> usize {
-        let elt = self.dtype.dtype().type_size();
-        let per_pos = cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * elt;
+        let per_pos = cfg.n_head_kv
+            * (self.dtype.row_bytes(cfg.head_dim) + self.dtype.row_bytes(cfg.head_dim_v));
         cfg.n_layer * per_pos * self.n_ctx
     }
 }
@@ -317,6 +370,7 @@ impl<'a> Builder<'a> {
         kv: &'a KvCacheSpec,
         batch: BatchSpec,
     ) -> Result<Self, ModelError> {
+        kv.dtype.check(cfg)?;
         let mut g = Graph::new();
         let tokens = g.input("tokens", DType::I32, &[batch.n_tok])?;
         let pos = g.input("pos", DType::I32, &[batch.n_tok])?;
@@ -489,13 +543,9 @@ impl<'a> Builder<'a> {
             let v_rows = self.g.reshape(v, &[hdv * nkv, nt])?;
             let kc = self.g.set_rows(cache_k, k_rows, pg.slots)?;
             let vc = self.g.set_rows(cache_v, v_rows, pg.slots)?;
-            let elt = kv_dtype.type_size();
-            let k_all = self
-                .g
-                .view(kc, &[hd, nkv, n_slots], &[hd * elt, hd * nkv * elt], 0)?;
-            let v_all = self
-                .g
-                .view(vc, &[hdv, nkv, n_slots], &[hdv * elt, hdv * nkv * elt], 0)?;
+            let (kr, vr) = (self.kv.dtype.row_bytes(hd), self.kv.dtype.row_bytes(hdv));
+            let k_all = self.g.view(kc, &[hd, nkv, n_slots], &[kr, kr * nkv], 0)?;
+            let v_all = self.g.view(vc, &[hdv, nkv, n_slots], &[vr, vr * nkv], 0)?;
             self.g.paged_attention(
                 q,
                 k_all,
@@ -540,13 +590,9 @@ impl<'a> Builder<'a> {
         let v_rows = self.g.reshape(v, &[hdv * nkv, nt])?;
         let kc = self.g.set_rows(cache_k, k_rows, self.pos)?;
         let vc = self.g.set_rows(cache_v, v_rows, self.pos)?;
-        let elt = kv_dtype.type_size();
-        let k_all = self
-            .g
-            .view(kc, &[hd, nkv, n_kv], &[hd * elt, hd * nkv * elt], 0)?;
-        let v_all = self
-            .g
-            .view(vc, &[hdv, nkv, n_kv], &[hdv * elt, hdv * nkv * elt], 0)?;
+        let (kr, vr) = (self.kv.dtype.row_bytes(hd), self.kv.dtype.row_bytes(hdv));
+        let k_all = self.g.view(kc, &[hd, nkv, n_kv], &[kr, kr * nkv], 0)?;
+        let v_all = self.g.view(vc, &[hdv, nkv, n_kv], &[vr, vr * nkv], 0)?;
         Ok(self.g.attention(q, k_all, v_all, self.pos, None, params)?)
     }
 
