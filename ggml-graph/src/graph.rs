@@ -379,13 +379,11 @@ impl Graph {
     ) -> Result<TensorId> {
         let qt = self.need_f32("attention", q)?;
         let (kt, vt, pt) = (self.t(k)?, self.t(v)?, self.t(pos)?);
-        let kv_ok = |t: &Tensor| {
-            matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) && t.rows_contiguous()
-        };
+        let kv_ok = kv_cache_ok;
         if !kv_ok(kt) || !kv_ok(vt) {
             return Err(shape_err(
                 "attention",
-                "k and v must be f32/f16/bf16 with contiguous rows",
+                "k and v must be f32/f16/bf16 with contiguous rows or q8_0 rows of whole blocks",
             ));
         }
         if kt.ne[0] != qt.ne[0] || kt.ne[1] != vt.ne[1] || kt.ne[2] != vt.ne[2] {
@@ -443,13 +441,11 @@ impl Graph {
             self.t(seq)?,
             self.t(tables)?,
         );
-        let kv_ok = |t: &Tensor| {
-            matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) && t.rows_contiguous()
-        };
+        let kv_ok = kv_cache_ok;
         if !kv_ok(kt) || !kv_ok(vt) {
             return Err(shape_err(
                 op,
-                "k and v must be f32/f16/bf16 with contiguous rows",
+                "k and v must be f32/f16/bf16 with contiguous rows or q8_0 rows of whole blocks",
             ));
         }
         if kt.ne[0] != qt.ne[0] || kt.ne[1] != vt.ne[1] || kt.ne[2] != vt.ne[2] {
@@ -671,11 +667,13 @@ impl Graph {
         if st.dtype != DType::F32 || !st.rows_contiguous() || !dt.rows_contiguous() {
             return Err(shape_err("set_rows", "src must be f32 and rows contiguous"));
         }
-        if !matches!(dt.dtype, DType::F32 | DType::F16 | DType::BF16) || dt.ne[2] * dt.ne[3] != 1 {
+        let dst_ok = matches!(dt.dtype, DType::F32 | DType::F16 | DType::BF16)
+            || (dt.dtype == DType::Q8_0 && dt.ne[0] % DType::Q8_0.block_size() == 0);
+        if !dst_ok || dt.ne[2] * dt.ne[3] != 1 {
             return Err(shape_err(
                 "set_rows",
                 format!(
-                    "dst must be a 2-d f32/f16/bf16 matrix, got {} {:?}",
+                    "dst must be a 2-d f32/f16/bf16 (or q8_0, whole blocks per row) matrix, got {} {:?}",
                     dt.dtype, dt.ne
                 ),
             ));
@@ -761,4 +759,12 @@ fn checked_extent(t: &Tensor) -> Option<usize> {
         end = end.checked_add((t.ne[d] - 1).checked_mul(t.nb[d])?)?;
     }
     Some(end)
+}
+
+/// A KV cache operand the attention ops read: float rows with dense elements, or Q8_0 rows of
+/// whole blocks (dequantized as they are read).
+fn kv_cache_ok(t: &Tensor) -> bool {
+    let float = matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16);
+    let q8 = t.dtype == DType::Q8_0 && t.ne[0] % DType::Q8_0.block_size() == 0;
+    (float || q8) && t.rows_contiguous()
 }

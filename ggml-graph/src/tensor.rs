@@ -182,13 +182,14 @@ pub enum Op {
     /// `[gate, up]`: `act(gate) * up` (swiglu with Silu, geglu with Gelu).
     Gated(Act),
     /// `[q, k, v, pos]` or `[q, k, v, pos, mask]`: q `[d, n_head, n_tok]` f32, k `[d, n_kv_head,
-    /// n_kv]`, v `[dv, n_kv_head, n_kv]` (f32/f16/bf16; key `j` has position `j`), pos I32
+    /// n_kv]`, v `[dv, n_kv_head, n_kv]` (f32/f16/bf16, or q8_0 rows dequantized as read; key
+    /// `j` has position `j`), pos I32
     /// `[n_tok]` (query positions), optional additive f32 mask `[n_kv, n_tok]`.
     /// Result `[dv, n_head, n_tok]` f32. Query head `h` reads kv head `h / (n_head / n_kv_head)`.
     Attention(AttnParams),
     /// `[q, k, v, pos, seq, tables]`: attention of every query token over the cached positions
     /// of its own sequence in a paged KV pool. q `[d, n_head, n_tok]` f32; k `[d, n_kv_head,
-    /// n_slots]` and v `[dv, n_kv_head, n_slots]` (f32/f16/bf16) pools in blocks of `block_size`
+    /// n_slots]` and v `[dv, n_kv_head, n_slots]` (f32/f16/bf16/q8_0) pools in blocks of `block_size`
     /// slots (slot `b * block_size + i` holds position `i` of the block with id `b`); pos I32
     /// `[n_tok]` (query positions); seq I32 `[2, n_tok]`: per token its sequence's column of
     /// `tables` and 1 when the token is its sequence's only one in the pass (a decode step: the
@@ -214,7 +215,8 @@ pub enum Op {
         /// Dimension joined.
         dim: usize,
     },
-    /// `[dst, src, idx]`: `dst` row `idx[i]` := `src` row `i`, converted to `dst`'s type; the
+    /// `[dst, src, idx]`: `dst` row `idx[i]` := `src` row `i`, converted to `dst`'s type (q8_0
+    /// rows quantized block by block); the
     /// result aliases `dst` (take views of the result to read what was written).
     SetRows,
     /// `[a]`: I32 index of the largest value of each row.

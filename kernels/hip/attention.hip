@@ -37,12 +37,26 @@ struct attn_params {
     int phase;         // 0: whole range; split-K: 1 = per-split max and sum, 2 = per-split output
 };
 
+// A ggml Q8_0 block: f16 scale and 32 signed bytes. A Q8_0 cache is addressed in blocks (its
+// strides count blocks; a row pointer plus a value index `i` reads value i % 32 of block i / 32),
+// which works because head sizes are whole blocks.
+struct blk_q8_0 {
+    unsigned short d;
+    signed char qs[32];
+};
+static_assert(sizeof(blk_q8_0) == 34, "ggml's Q8_0 block is 34 bytes");
+
 template <typename KV>
 static __device__ __forceinline__ float ld_kv(const KV* p, long long i);
 template <>
 __device__ __forceinline__ float ld_kv<float>(const float* p, long long i) { return p[i]; }
 template <>
 __device__ __forceinline__ float ld_kv<__half>(const __half* p, long long i) { return __half2float(p[i]); }
+template <>
+__device__ __forceinline__ float ld_kv<blk_q8_0>(const blk_q8_0* p, long long i) {
+    const blk_q8_0* b = p + (i >> 5);
+    return __half2float(__ushort_as_half(b->d)) * (float)b->qs[i & 31];
+}
 
 // A value rounded to the cache's precision (what the CPU converts q and probabilities to).
 template <typename KV>
@@ -51,6 +65,9 @@ template <>
 __device__ __forceinline__ float round_kv<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ float round_kv<__half>(float x) { return __half2float(__float2half(x)); }
+// Against a Q8_0 cache queries and probabilities stay f32 (as the CPU op keeps them).
+template <>
+__device__ __forceinline__ float round_kv<blk_q8_0>(float x) { return x; }
 
 // `part` (split-K only): per split and row (token * n_heads + head): [m, l, out[head_dim]].
 template <typename KV>
@@ -110,7 +127,7 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
             __syncthreads();
             for (int i = threadIdx.x; i < tn * D; i += blockDim.x) {
                 const int pp = i / D, d = i % D;
-                ks[pp * ATTN_DMAX + d] = ld_kv(kb, (long long)(t0 + pp) * p.k_pos_stride + d);
+                ks[pp * ATTN_DMAX + d] = ld_kv(kb + (long long)(t0 + pp) * p.k_pos_stride, d);
             }
             __syncthreads();
             if (!active) continue;
@@ -154,8 +171,8 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
         __syncthreads();
         for (int i = threadIdx.x; i < tn * D; i += blockDim.x) {
             const int pp = i / D, d = i % D;
-            ks[pp * ATTN_DMAX + d] = ld_kv(kb, (long long)(t0 + pp) * p.k_pos_stride + d);
-            vs[pp * ATTN_DMAX + d] = ld_kv(vb, (long long)(t0 + pp) * p.v_pos_stride + d);
+            ks[pp * ATTN_DMAX + d] = ld_kv(kb + (long long)(t0 + pp) * p.k_pos_stride, d);
+            vs[pp * ATTN_DMAX + d] = ld_kv(vb + (long long)(t0 + pp) * p.v_pos_stride, d);
         }
         __syncthreads();
         if (!active) continue;
@@ -199,6 +216,13 @@ RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, const in
                         float* part, attn_params p) {
     rf_entry();
     attn_impl<float>(q, k, v, pos, out, part, p);
+}
+
+// Q8_0 cache (strides in blocks): the rows are dequantized into the shared tiles.
+RF_KERNEL void attn_q8_0(const float* q, const blk_q8_0* k, const blk_q8_0* v, const int* pos, float* out,
+                         float* part, attn_params p) {
+    rf_entry();
+    attn_impl<blk_q8_0>(q, k, v, pos, out, part, p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -692,4 +716,11 @@ RF_KERNEL void paged_attn_f32(const float* q, const float* k, const float* v, co
                               const int* tables, float* out, int block_size, int max_blocks, attn_params p) {
     rf_entry();
     paged_impl<float>(q, k, v, pos, seq, tables, out, block_size, max_blocks, p);
+}
+
+RF_KERNEL void paged_attn_q8_0(const float* q, const blk_q8_0* k, const blk_q8_0* v, const int* pos,
+                               const int* seq, const int* tables, float* out, int block_size, int max_blocks,
+                               attn_params p) {
+    rf_entry();
+    paged_impl<blk_q8_0>(q, k, v, pos, seq, tables, out, block_size, max_blocks, p);
 }

@@ -450,6 +450,28 @@ RF_KERNEL void set_rows_f32(const float* src, const int* idx, float* dst, int nc
     set_rows<float>(src, idx, dst, ncols, nrows, src_stride, dst_stride);
 }
 
+// set_rows into a Q8_0 cache: one thread per 32-value block, quantized as ggml's reference
+// quantize_row_q8_0 (scale amax / 127, values rounded half away from zero). `dst_stride` counts
+// blocks of 34 bytes; ncols is a multiple of 32.
+RF_KERNEL void set_rows_q8_0(const float* src, const int* idx, unsigned char* dst, int ncols, int nrows,
+                             long long src_stride, long long dst_stride) {
+    rf_entry();
+    const int nb = ncols / 32;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)nb * nrows) return;
+    const long long r = t / nb, b = t % nb;
+    const float* x = src + r * src_stride + b * 32;
+    unsigned char* o = dst + ((long long)idx[r] * dst_stride + b) * 34;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __half h = __float2half(d);
+    *(unsigned short*)o = *(const unsigned short*)&h;
+    signed char* q = (signed char*)(o + 2);
+    for (int i = 0; i < 32; ++i) q[i] = (signed char)roundf(x[i] * id);
+}
+
 // Two `set_rows` of one index vector (a layer's K and V rows) in one launch: threads
 // [0, ncols0 * nrows) write dst0, the rest dst1.
 template <typename O>

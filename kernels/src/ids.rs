@@ -444,6 +444,7 @@ kernel_ids! {
     KvWriteF32 => Ops, "kv_write_f32";
     SetRowsF16 => Ops, "set_rows_f16";
     SetRowsF32 => Ops, "set_rows_f32";
+    SetRowsQ8_0 => Ops, "set_rows_q8_0";
     SetRows2F16 => Ops, "set_rows2_f16";
     SetRows2F32 => Ops, "set_rows2_f32";
     RopeKvF16 => Ops, "rope_kv_f16";
@@ -453,6 +454,7 @@ kernel_ids! {
     ArgmaxF32 => Ops, "argmax_f32";
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";
+    AttnQ8_0 => Attention, "attn_q8_0";
     AttnDecF16 => Attention, "attn_dec_f16";
     AttnDecF32 => Attention, "attn_dec_f32";
     AttnCombineF32 => Attention, "attn_combine_f32";
@@ -460,6 +462,7 @@ kernel_ids! {
     AttnSoftmaxF16 => Attention, "attn_softmax_f16";
     PagedAttnF16 => Attention, "paged_attn_f16";
     PagedAttnF32 => Attention, "paged_attn_f32";
+    PagedAttnQ8_0 => Attention, "paged_attn_q8_0";
 }
 
 fn params_of(k: KernelId) -> &'static [Param] {
@@ -595,13 +598,15 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::BinaryF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, I32, I32, I32],
         K::ScaleF32 => &[Ptr, Ptr, I64, F32, F32],
         K::KvWriteF16 | K::KvWriteF32 => &[Ptr, Ptr, I32, I32, I32, I64, I32, I64, I64],
-        K::SetRowsF16 | K::SetRowsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64],
+        K::SetRowsF16 | K::SetRowsF32 | K::SetRowsQ8_0 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64],
         K::ArgmaxF32 => &[Ptr, Ptr, I32, I64],
-        K::AttnF16 | K::AttnF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
+        K::AttnF16 | K::AttnF32 | K::AttnQ8_0 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnSoftmaxF16 => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32],
-        K::PagedAttnF16 | K::PagedAttnF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn],
+        K::PagedAttnF16 | K::PagedAttnF32 | K::PagedAttnQ8_0 => {
+            &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
+        }
     }
 }

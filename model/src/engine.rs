@@ -9,9 +9,10 @@ use ggml_graph::hip::HipDevice;
 use ggml_graph::sched::PlacementRule;
 use ggml_graph::{CpuBackend, Graph, GraphError, Scheduler, TensorId};
 
+use crate::arch::KvCacheSpec;
 use crate::error::ModelError;
 use crate::placement::LayerSplit;
-use crate::session::{weight_views, DeviceMemory, DevicePlan, Model, SessionOptions};
+use crate::session::{weight_views, DeviceMemory, DevicePlan, KvPlan, Model, SessionOptions};
 
 pub(crate) use gpu::place;
 
@@ -102,6 +103,7 @@ impl Engine {
 fn cpu_only(
     model: &Model,
     opts: &SessionOptions,
+    kv: &KvCacheSpec,
     backend: CpuBackend,
     worst: Graph,
     reason: String,
@@ -119,7 +121,11 @@ fn cpu_only(
     sched.set_placement(rule);
     sched.upload_placed_weights(&mut |_, _| {})?;
     sched.reserve(&worst)?;
-    let plan = DevicePlan::cpu(model.config().n_layer, reason);
+    let plan = DevicePlan::cpu(
+        model.config().n_layer,
+        KvPlan::of(kv, model.config()),
+        reason,
+    );
     let engine = Engine {
         sched,
         hip: None,
@@ -144,6 +150,7 @@ mod gpu {
     use crate::placement::{fit_layers, layer_of, mib, weights_by_layer, DeviceChoice};
     use crate::placement::{LayerSplit, Needs};
     use crate::placement::{CPU, GPU};
+    use crate::session::KvPlan;
     use crate::session::{DeviceMemory, DevicePlan, Model, SessionOptions};
 
     /// See `Engine::gpu_copy_bandwidth`. Below 64 MiB per buffer the copies would mostly
@@ -280,16 +287,16 @@ mod gpu {
     ) -> Result<(Engine, DevicePlan), ModelError> {
         let n_layer = model.config().n_layer;
         if opts.device == DeviceChoice::Cpu {
-            return cpu_only(model, opts, backend, worst, "--device cpu".into());
+            return cpu_only(model, opts, kv, backend, worst, "--device cpu".into());
         }
         if opts.n_gpu_layers == Some(0) {
-            return cpu_only(model, opts, backend, worst, "-ngl 0".into());
+            return cpu_only(model, opts, kv, backend, worst, "-ngl 0".into());
         }
         let hip = match open_gpu(opts) {
             Ok(h) => h,
             Err(e) if opts.device == DeviceChoice::Auto => {
                 tracing::info!("no GPU, running on the CPU: {e}");
-                return cpu_only(model, opts, backend, worst, format!("no GPU: {e}"));
+                return cpu_only(model, opts, kv, backend, worst, format!("no GPU: {e}"));
             }
             Err(e) => return Err(e),
         };
@@ -326,7 +333,7 @@ mod gpu {
             if opts.device == DeviceChoice::Gpu {
                 return Err(ModelError::Device(why));
             }
-            return cpu_only(model, opts, backend, g, why);
+            return cpu_only(model, opts, kv, backend, g, why);
         }
         let plan = DevicePlan {
             device: hip.name().to_string(),
@@ -334,6 +341,7 @@ mod gpu {
             estimate: needs.gpu_estimate(&split),
             available: Some(available),
             reason: format!("{reason}{}", if fuse { "" } else { "; unfused graph" }),
+            kv: KvPlan::of(kv, model.config()),
         };
         // Device order is the placement's: GPU first, then the CPU.
         const { assert!(GPU == 0 && CPU == 1) };

@@ -66,6 +66,16 @@ pub enum ModelError {
     /// A caller-provided setting is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The KV cache type cannot store this model's heads.
+    #[error("KV cache type {kv_type} stores blocks of {block} values, but the model's head size is {head_dim}: use --kv-type f16")]
+    KvType {
+        /// The requested type.
+        kv_type: String,
+        /// The key or value head size that is no multiple of the block.
+        head_dim: usize,
+        /// Values per block of the type.
+        block: usize,
+    },
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken {

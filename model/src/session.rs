@@ -206,16 +206,61 @@ pub struct DevicePlan {
     pub available: Option<u64>,
     /// Why this plan (device choice, fit, `-ngl`, missing GPU).
     pub reason: String,
+    /// The KV cache of every layer, wherever it lives.
+    pub kv: KvPlan,
+}
+
+/// The KV cache a session or engine holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvPlan {
+    /// Element type.
+    pub dtype: KvType,
+    /// Positions (tokens) it holds, per layer.
+    pub positions: usize,
+    /// Bytes of all layers.
+    pub bytes: u64,
+    /// The batching engine's block size (its pool holds `positions / block_size` blocks).
+    pub block_size: Option<usize>,
+}
+
+impl KvPlan {
+    /// The plan of a contiguous cache of `kv`'s shape for `cfg`.
+    pub fn of(kv: &KvCacheSpec, cfg: &crate::config::ModelConfig) -> Self {
+        Self {
+            dtype: kv.dtype,
+            positions: kv.n_ctx,
+            bytes: kv.bytes(cfg) as u64,
+            block_size: None,
+        }
+    }
+}
+
+impl fmt::Display for KvPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KV cache: {} positions", self.positions)?;
+        if let Some(bs) = self.block_size {
+            write!(f, " ({} blocks of {bs})", self.positions / bs.max(1))?;
+        }
+        write!(f, ", {}, {}", self.dtype, mib(self.bytes))?;
+        if self.dtype != KvType::F16 {
+            // What the default type would take, so the saving (or the cost) is visible.
+            let f16 = self.bytes as u128 * KvType::F16.row_bytes(256) as u128
+                / self.dtype.row_bytes(256) as u128;
+            write!(f, " (f16: {})", mib(f16 as u64))?;
+        }
+        Ok(())
+    }
 }
 
 impl DevicePlan {
-    pub(crate) fn cpu(n_layer: usize, reason: String) -> Self {
+    pub(crate) fn cpu(n_layer: usize, kv: KvPlan, reason: String) -> Self {
         Self {
             device: "cpu".into(),
             split: LayerSplit::new(n_layer, 0),
             estimate: GpuEstimate::default(),
             available: None,
             reason,
+            kv,
         }
     }
 
@@ -231,8 +276,8 @@ impl fmt::Display for DevicePlan {
         if !self.uses_gpu() {
             return write!(
                 f,
-                "device: cpu; all {} layers on the CPU ({})",
-                s.n_layer, self.reason
+                "device: cpu; all {} layers on the CPU ({})\n{}",
+                s.n_layer, self.reason, self.kv
             );
         }
         let gpu_range = if s.gpu_layers() == 0 {
@@ -260,7 +305,7 @@ impl fmt::Display for DevicePlan {
         if let Some(a) = self.available {
             write!(f, " of {} available", mib(a))?;
         }
-        Ok(())
+        write!(f, "\n{}", self.kv)
     }
 }
 

@@ -20,7 +20,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use model::arch::LogitsMode;
+use model::arch::{KvType, LogitsMode};
 use model::perplexity::{perplexity, PplOptions};
 use model::sampling::argmax;
 use model::session::{Session, SessionOptions};
@@ -300,4 +300,56 @@ fn same_seed_same_text_and_context_limit() {
     );
     let err = s.eval(&[u32::MAX], LogitsMode::Last).unwrap_err();
     assert!(matches!(err, model::ModelError::BadToken { .. }), "{err}");
+}
+
+/// Greedy tokens with a q8_0 KV cache equal those with the f16 cache up to the first step where
+/// the f16 run's two best logits are within [`Q8_TIE`] (a q8_0 cache moves Gemma's logits by
+/// a few tenths; llama.cpp's `-ctk q8_0 -ctv q8_0` rounds the same rows the same way).
+#[test]
+#[serial]
+fn q8_0_kv_greedy_equals_f16_until_a_near_tie() {
+    const Q8_TIE: f32 = 0.5;
+    let Some(tm) = load() else {
+        return;
+    };
+    let greedy = |kv: KvType, prompt: &[u32], n: usize| {
+        let opts = SessionOptions {
+            n_ctx: 128,
+            n_threads: 2,
+            kv_type: kv,
+            ..SessionOptions::default()
+        };
+        let mut s = Session::new(tm.model(), &opts).expect("session");
+        assert_eq!(s.device_plan().kv.dtype, kv);
+        let mut logits = s.eval(prompt, LogitsMode::Last).expect("prompt");
+        let (mut toks, mut gaps) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let t = argmax(&logits);
+            let mut sorted = logits.clone();
+            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+            gaps.push(sorted[0] - sorted[1]);
+            toks.push(t);
+            logits = s.eval(&[t], LogitsMode::Last).expect("step");
+        }
+        (toks, gaps)
+    };
+    let mut compared = 0;
+    for text in [
+        "The capital of France is",
+        "def fibonacci(n):\n",
+        "Once upon a time, in a small village by the sea,",
+    ] {
+        let prompt = tm.encode(text, true).expect("encode");
+        let (f16, gaps) = greedy(KvType::F16, &prompt, 24);
+        let (q8, _) = greedy(KvType::Q8_0, &prompt, 24);
+        let n = gaps.iter().position(|&g| g < Q8_TIE).unwrap_or(gaps.len());
+        assert_eq!(
+            q8[..n],
+            f16[..n],
+            "{text:?}: q8_0 KV parts from f16 before a near-tie"
+        );
+        compared += n;
+    }
+    println!("{compared} greedy steps compared (q8_0 vs f16 KV)");
+    assert!(compared >= 5, "too few steps before a near-tie: {compared}");
 }

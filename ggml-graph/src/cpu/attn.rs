@@ -648,7 +648,8 @@ fn ggml_expf(x: f32) -> f32 {
     (j as f64 * two_n) as f32
 }
 
-/// Rounds `x` to the precision of `ty` (F16 or BF16; F32 leaves it as is).
+/// Rounds `x` to the precision of `ty` (F16 or BF16; F32 leaves it as is, and so does Q8_0: the
+/// queries and probabilities stay f32 against a Q8_0 cache, whose rows are dequantized).
 fn round_to(ty: DType, x: &mut [f32]) {
     match ty {
         DType::F16 => {
@@ -668,9 +669,17 @@ fn round_to(ty: DType, x: &mut [f32]) {
     }
 }
 
-/// Converts a float row (F32/F16/BF16 bytes) to f32.
+/// Converts a KV row (F32/F16/BF16 bytes or Q8_0 blocks) to f32.
 fn to_f32_row(simd: crate::quant::Simd, ty: DType, src: &[u8], dst: &mut [f32]) {
-    if !crate::quant::convert_row(simd, ty, src, dst) {
+    if crate::quant::convert_row(simd, ty, src, dst) {
+        return;
+    }
+    if ty.is_quantized() {
+        // The graph admits only whole Q8_0 blocks per row, so the sizes always agree.
+        let _ = gguf::quants::dequantize_row(ty, src, dst);
+        return;
+    }
+    {
         for (d, c) in dst.iter_mut().zip(src.chunks_exact(ty.type_size())) {
             *d = super::ops::load_scalar(ty, c);
         }

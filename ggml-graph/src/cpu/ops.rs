@@ -375,9 +375,12 @@ pub(crate) fn set_rows(
             .ok()
             .filter(|&r| r < rows)
             .ok_or_else(|| unsupported(t, format!("row index {r} outside {rows} rows")))?;
-        let dst = &mut out[r * t.nb[1]..r * t.nb[1] + t.ne[0] * es];
+        let dst = &mut out[r * t.nb[1]..r * t.nb[1] + t.row_bytes()];
         let s = src.row(sa, i, 0, 0);
         match t.dtype {
+            // Q8_0 KV cache rows: quantized on write, block by block as ggml's reference does.
+            DType::Q8_0 => gguf::quants::quantize_row(DType::Q8_0, &s[..t.ne[0]], dst)
+                .map_err(|e| unsupported(t, e.to_string()))?,
             DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(s)),
             // KV cache rows: converted with F16C where the CPU has it (the same rounding, to
             // nearest even, as the scalar conversion).

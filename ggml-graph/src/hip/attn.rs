@@ -39,7 +39,9 @@ pub(super) fn attention(
     // per (head, token).
     let vec = if k.dtype == DType::F16 { 8 } else { 4 };
     let (k_addr, v_addr) = (addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr());
+    // A Q8_0 cache takes `attn_q8_0` (its strides count blocks; see `ld_kv` there).
     let dec_ok = d.inner.opts.attn_dec
+        && k.dtype != DType::Q8_0
         && n_kv <= kernels::ATTN_DEC_MAX_KV
         && hd % vec == 0
         && [k.nb[1], k.nb[2], v.nb[1], v.nb[2]]
@@ -130,10 +132,10 @@ pub(super) fn attention(
     let params = attn_params(split_len);
     let nw = 4u32;
     let rows = (n_tok * (n_heads / n_kv_heads)) as u32;
-    let kid = if k.dtype == DType::F16 {
-        KernelId::AttnF16
-    } else {
-        KernelId::AttnF32
+    let kid = match k.dtype {
+        DType::F16 => KernelId::AttnF16,
+        DType::Q8_0 => KernelId::AttnQ8_0,
+        _ => KernelId::AttnF32,
     };
     // Split-K takes two launches (see `AttnParams::phase`): split maxima and sums, then outputs.
     let phases: &[i32] = if splits > 1 { &[1, 2] } else { &[0] };
@@ -216,10 +218,10 @@ pub(super) fn paged_attention(
         scale: p.scale,
         phase: 0,
     };
-    let kid = if k.dtype == DType::F16 {
-        KernelId::PagedAttnF16
-    } else {
-        KernelId::PagedAttnF32
+    let kid = match k.dtype {
+        DType::F16 => KernelId::PagedAttnF16,
+        DType::Q8_0 => KernelId::PagedAttnQ8_0,
+        _ => KernelId::PagedAttnF32,
     };
     let warps = (n_heads / n_kv_heads).clamp(1, 8) as u32;
     let mut a = Args::new();

@@ -234,6 +234,7 @@ fn set_rows(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         && supported(a)
         && supported(b)
         && a.tensor.dtype == b.tensor.dtype
+        && matches!(a.tensor.dtype, DType::F16 | DType::F32)
         && sa.ne[1] == sb.ne[1]
         && std::ptr::eq(a.srcs[1].buffer, b.srcs[1].buffer)
         && a.srcs[1].offset == b.srcs[1].offset;

@@ -263,7 +263,8 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
         // The scheduler asks with every source ([dst, src, idx]); launches pass the sources
         // minus the written destination ([src, idx]). `t` describes the destination either way.
         (Op::SetRows, [.., src, idx]) if srcs.len() <= 3 => {
-            matches!(t.dtype, DType::F16 | DType::F32)
+            (matches!(t.dtype, DType::F16 | DType::F32)
+                || (t.dtype == DType::Q8_0 && t.ne[0] % 32 == 0))
                 && t.rows_contiguous()
                 && t.ne[2] * t.ne[3] == 1
                 && src.dtype == DType::F32
@@ -281,7 +282,7 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && q.dtype == DType::F32
                 && q.rows_contiguous()
                 && q.ne[3] == 1
-                && matches!(k.dtype, DType::F16 | DType::F32)
+                && kv_cache_type(k, d)
                 && v.dtype == k.dtype
                 && k.rows_contiguous()
                 && v.rows_contiguous()
@@ -303,7 +304,7 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
             params.softcap.is_none()
                 && q.dtype == DType::F32
                 && q.rows_contiguous()
-                && matches!(k.dtype, DType::F16 | DType::F32)
+                && kv_cache_type(k, d)
                 && v.dtype == k.dtype
                 && k.rows_contiguous()
                 && v.rows_contiguous()
@@ -320,6 +321,11 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
         }
         _ => false,
     }
+}
+
+/// A KV cache the attention kernels read: f16, f32, or Q8_0 rows of whole blocks.
+fn kv_cache_type(k: &Tensor, d: usize) -> bool {
+    matches!(k.dtype, DType::F16 | DType::F32) || (k.dtype == DType::Q8_0 && d % 32 == 0)
 }
 
 /// `t` seen as the plain `mul_mat` a fused mat-mul node extends (same result layout).
@@ -619,20 +625,22 @@ pub(crate) fn launch(
         Op::SetRows => {
             let src = srcs[0].tensor;
             let n = src.ne[1];
-            let kid = if t.dtype == DType::F16 {
-                KernelId::SetRowsF16
-            } else {
-                KernelId::SetRowsF32
+            let kid = match t.dtype {
+                DType::F16 => KernelId::SetRowsF16,
+                DType::Q8_0 => KernelId::SetRowsQ8_0,
+                _ => KernelId::SetRowsF32,
             };
             a.push(addr(&srcs[0])?)
                 .push(addr(&srcs[1])?)
                 .push(out)
                 .push(src.ne[0] as i32)
                 .push(n as i32);
+            // A Q8_0 destination's stride counts 34-byte blocks, one thread quantizing each.
             a.push(elems(src.nb[1], src)).push(elems(t.nb[1], t));
+            let threads = n * src.ne[0] / t.dtype.block_size();
             // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
             // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
-            unsafe { d.launch_kernel(kid, [blocks(n * src.ne[0], 256), 1, 1], 256, &a.0) }
+            unsafe { d.launch_kernel(kid, [blocks(threads, 256), 1, 1], 256, &a.0) }
         }
         Op::Argmax => {
             let x = srcs[0].tensor;

@@ -473,6 +473,10 @@ fn attention_matches_cpu_prefill_and_decode() {
         (256, 4, 1, 1, 300, Some(128), DType::F16),
         (128, 8, 2, 3, 70, None, DType::F32),
         (128, 8, 2, 1, 5000, None, DType::F16),
+        // A Q8_0 cache (`attn_q8_0`): decode, a windowed prefill chunk, split-K.
+        (128, 32, 8, 1, 300, None, DType::Q8_0),
+        (256, 4, 1, 20, 60, Some(16), DType::Q8_0),
+        (128, 8, 2, 1, 5000, None, DType::Q8_0),
     ];
     for (hd, nh, nkv, nt, nk, window, kt) in cases {
         let mut g = Graph::new();
@@ -488,16 +492,7 @@ fn attention_matches_cpu_prefill_and_decode() {
         };
         let y = g.attention(q, k, v, pos, None, p).expect("attention");
         g.mark_output(y).expect("out");
-        let kv = |rng: &mut Rng| -> Vec<u8> {
-            let vals = rng.vec(hd * nkv * nk);
-            if kt == DType::F16 {
-                vals.iter()
-                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                    .collect()
-            } else {
-                f32_bytes(&vals)
-            }
-        };
+        let kv = |rng: &mut Rng| -> Vec<u8> { cache_bytes(kt, &rng.vec(hd * nkv * nk)) };
         let positions: Vec<i32> = (0..nt).map(|t| (nk - nt + t) as i32).collect();
         let c = Case {
             g,
@@ -521,6 +516,18 @@ fn attention_matches_cpu_prefill_and_decode() {
     }
 }
 
+/// Cache bytes of `vals` in `kt` (f16, f32 or Q8_0 blocks).
+fn cache_bytes(kt: DType, vals: &[f32]) -> Vec<u8> {
+    match kt {
+        DType::F16 => vals
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+        DType::F32 => f32_bytes(vals),
+        _ => gguf::quantize(kt, vals).expect("quantize"),
+    }
+}
+
 /// Paged attention over a pool shared by sequences of different lengths (a prefill chunk and
 /// decode tokens mixed, block tables in scrambled order), with GQA and sliding windows.
 #[test]
@@ -533,6 +540,8 @@ fn paged_attention_matches_cpu() {
         (256, 4, 1, None, DType::F16),
         (128, 32, 8, None, DType::F16),
         (64, 8, 2, Some(7), DType::F32),
+        (256, 4, 1, Some(512), DType::Q8_0),
+        (128, 32, 8, None, DType::Q8_0),
     ];
     let bs = 16;
     let n_blocks = 64;
@@ -581,16 +590,7 @@ fn paged_attention_matches_cpu() {
             .paged_attention(q, k, v, pi, si, ti, p, bs)
             .expect("paged attention");
         g.mark_output(y).expect("out");
-        let kv = |rng: &mut Rng| -> Vec<u8> {
-            let vals = rng.vec(hd * nkv * n_slots);
-            if kt == DType::F16 {
-                vals.iter()
-                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                    .collect()
-            } else {
-                f32_bytes(&vals)
-            }
-        };
+        let kv = |rng: &mut Rng| -> Vec<u8> { cache_bytes(kt, &rng.vec(hd * nkv * n_slots)) };
         let c = Case {
             g,
             weights: vec![],
@@ -646,6 +646,39 @@ fn set_rows_into_a_cache_matches_cpu() {
         let (gpu, cpu) = run_both(&h, &c);
         assert_eq!(gpu, cpu, "set_rows into {dt}");
     }
+}
+
+/// `set_rows` into a Q8_0 cache quantizes each row as the CPU does (read back dequantized
+/// through `get_rows`, bit for bit).
+#[test]
+fn set_rows_into_a_q8_0_cache_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x0a0b_0c0d_1357_2468);
+    let (ncols, slots, n) = (256usize, 12usize, 4usize);
+    let mut g = Graph::new();
+    let cache = g
+        .input("cache", DType::Q8_0, &[ncols, slots])
+        .expect("cache");
+    let src = g.input("src", DType::F32, &[ncols, n]).expect("src");
+    let idx = g.input("idx", DType::I32, &[n]).expect("idx");
+    let all = g.input("all", DType::I32, &[slots]).expect("all");
+    let w = g.set_rows(cache, src, idx).expect("set_rows");
+    let y = g.get_rows(w, all).expect("get_rows");
+    g.mark_output(y).expect("out");
+    let every: Vec<i32> = (0..slots as i32).collect();
+    let c = Case {
+        g,
+        weights: vec![],
+        inputs: vec![
+            (cache, cache_bytes(DType::Q8_0, &rng.vec(ncols * slots))),
+            (src, f32_bytes(&rng.vec(ncols * n))),
+            (idx, bytemuck::cast_slice(&[11i32, 0, 5, 6]).to_vec()),
+            (all, bytemuck::cast_slice(&every).to_vec()),
+        ],
+        out: y,
+    };
+    let (gpu, cpu) = run_both(&h, &c);
+    assert_eq!(gpu, cpu, "set_rows into q8_0");
 }
 
 /// One attention block the way the model crate builds it (projections, q/k norms, NeoX rope,

@@ -445,7 +445,8 @@ pub fn dot_float(simd: Simd, ty: DType, w: &[u8], a: &[f32]) -> f32 {
     acc
 }
 
-/// Converts a float row (F32/F16/BF16) to f32 with SIMD; false when no SIMD path applies.
+/// Converts a float row (F32/F16/BF16) or a row of Q8_0 blocks to f32 with SIMD; false when no
+/// SIMD path applies.
 pub fn convert_row(simd: Simd, ty: DType, src: &[u8], dst: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if simd != Simd::Scalar {

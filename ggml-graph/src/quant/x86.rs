@@ -767,15 +767,45 @@ pub(super) fn has_vnni() -> bool {
         && std::is_x86_feature_detected!("avx512vnni")
 }
 
-/// F16/BF16/F32 bytes to f32, eight at a time; false for other types or short buffers.
+/// F16/BF16/F32 bytes (or Q8_0 blocks) to f32, eight at a time; false for other types or short
+/// buffers.
 pub(super) fn convert_row(ty: DType, src: &[u8], dst: &mut [f32]) -> bool {
     let n = dst.len();
+    if ty == DType::Q8_0 {
+        if n % QK != 0 || src.len() < n / QK * ty.type_size() {
+            return false;
+        }
+        // SAFETY: detection reported avx2/fma/f16c; `src` holds `n / 32` blocks, `dst` `n` values.
+        unsafe { dequant_q8_0_avx2(n / QK, src.as_ptr(), dst.as_mut_ptr()) };
+        return true;
+    }
     if !matches!(ty, DType::F32 | DType::F16 | DType::BF16) || src.len() < n * ty.type_size() {
         return false;
     }
     // SAFETY: detection reported avx2/fma/f16c; `src` holds `n` elements, `dst` has room for `n`.
     unsafe { convert_row_avx2(ty, n, src.as_ptr(), dst.as_mut_ptr()) };
     true
+}
+
+/// Q8_0 blocks to f32 (`d * q`, one rounding, as ggml's `dequantize_row_q8_0`).
+///
+/// # Safety
+/// AVX2/FMA/F16C; `nb` 34-byte blocks readable at `src`, `32 nb` f32 writable at `dst`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequant_q8_0_avx2(nb: usize, src: *const u8, dst: *mut f32) {
+    // SAFETY: block `b` spans bytes 34 b..34 b + 34 of `src` and values 32 b..32 b + 32 of `dst`,
+    // both in bounds per the caller.
+    unsafe {
+        for b in 0..nb {
+            let blk = src.add(34 * b);
+            let d = _mm256_set1_ps(f16_load(blk));
+            for c in 0..4 {
+                let q = _mm_loadl_epi64(blk.add(2 + 8 * c) as *const __m128i);
+                let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                _mm256_storeu_ps(dst.add(32 * b + 8 * c), _mm256_mul_ps(v, d));
+            }
+        }
+    }
 }
 
 /// # Safety

@@ -47,13 +47,66 @@ pub enum KvType {
     F16,
     /// Full precision.
     F32,
+    /// ggml Q8_0 blocks (32 values, an f16 scale and 32 signed bytes): half of f16's memory.
+    /// Keys and values are quantized as they are written and dequantized as attention reads
+    /// them; the head dimensions must be multiples of 32.
+    Q8_0,
 }
 
 impl KvType {
-    fn dtype(self) -> DType {
+    /// The graph element type of the cache tensors.
+    pub fn dtype(self) -> DType {
         match self {
             KvType::F16 => DType::F16,
             KvType::F32 => DType::F32,
+            KvType::Q8_0 => DType::Q8_0,
+        }
+    }
+
+    /// Bytes of `n` values (`n` a multiple of the type's block size).
+    pub fn row_bytes(self, n: usize) -> usize {
+        let t = self.dtype();
+        n / t.block_size() * t.type_size()
+    }
+
+    /// Refuses a model whose key or value head size is no whole number of this type's blocks.
+    pub fn check(self, cfg: &ModelConfig) -> Result<(), ModelError> {
+        let bs = self.dtype().block_size();
+        match [cfg.head_dim, cfg.head_dim_v]
+            .into_iter()
+            .find(|d| d % bs != 0)
+        {
+            Some(head_dim) => Err(ModelError::KvType {
+                kv_type: self.to_string(),
+                head_dim,
+                block: bs,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+            KvType::Q8_0 => "q8_0",
+        })
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            "q8_0" | "q8" => Ok(KvType::Q8_0),
+            _ => Err(ModelError::InvalidArgument(format!(
+                "KV cache type `{s}`: expected f16, f32 or q8_0"
+            ))),
         }
     }
 }
@@ -82,12 +135,14 @@ impl KvCacheSpec {
     pub fn bytes(&self, cfg: &ModelConfig) -> usize {
         // Saturating: an estimate past usize is "more than any memory", never a wrapped size
         // that would pass a fit check.
-        let elt = self.dtype.dtype().type_size();
-        [cfg.n_head_kv, elt, cfg.n_layer, self.n_ctx]
+        let per_pos = cfg.n_head_kv.saturating_mul(
+            self.dtype
+                .row_bytes(cfg.head_dim)
+                .saturating_add(self.dtype.row_bytes(cfg.head_dim_v)),
+        );
+        [cfg.n_layer, self.n_ctx]
             .iter()
-            .fold(cfg.head_dim.saturating_add(cfg.head_dim_v), |a, &f| {
-                a.saturating_mul(f)
-            })
+            .fold(per_pos, |a, &f| a.saturating_mul(f))
     }
 }
 
@@ -322,6 +377,7 @@ impl<'a> Builder<'a> {
         kv: &'a KvCacheSpec,
         batch: BatchSpec,
     ) -> Result<Self, ModelError> {
+        kv.dtype.check(cfg)?;
         let mut g = Graph::new();
         let tokens = g.input("tokens", DType::I32, &[batch.n_tok])?;
         let pos = g.input("pos", DType::I32, &[batch.n_tok])?;
@@ -494,13 +550,9 @@ impl<'a> Builder<'a> {
             let v_rows = self.g.reshape(v, &[hdv * nkv, nt])?;
             let kc = self.g.set_rows(cache_k, k_rows, pg.slots)?;
             let vc = self.g.set_rows(cache_v, v_rows, pg.slots)?;
-            let elt = kv_dtype.type_size();
-            let k_all = self
-                .g
-                .view(kc, &[hd, nkv, n_slots], &[hd * elt, hd * nkv * elt], 0)?;
-            let v_all = self
-                .g
-                .view(vc, &[hdv, nkv, n_slots], &[hdv * elt, hdv * nkv * elt], 0)?;
+            let (kr, vr) = (self.kv.dtype.row_bytes(hd), self.kv.dtype.row_bytes(hdv));
+            let k_all = self.g.view(kc, &[hd, nkv, n_slots], &[kr, kr * nkv], 0)?;
+            let v_all = self.g.view(vc, &[hdv, nkv, n_slots], &[vr, vr * nkv], 0)?;
             self.g.paged_attention(
                 q,
                 k_all,
@@ -545,13 +597,9 @@ impl<'a> Builder<'a> {
         let v_rows = self.g.reshape(v, &[hdv * nkv, nt])?;
         let kc = self.g.set_rows(cache_k, k_rows, self.pos)?;
         let vc = self.g.set_rows(cache_v, v_rows, self.pos)?;
-        let elt = kv_dtype.type_size();
-        let k_all = self
-            .g
-            .view(kc, &[hd, nkv, n_kv], &[hd * elt, hd * nkv * elt], 0)?;
-        let v_all = self
-            .g
-            .view(vc, &[hdv, nkv, n_kv], &[hdv * elt, hdv * nkv * elt], 0)?;
+        let (kr, vr) = (self.kv.dtype.row_bytes(hd), self.kv.dtype.row_bytes(hdv));
+        let k_all = self.g.view(kc, &[hd, nkv, n_kv], &[kr, kr * nkv], 0)?;
+        let v_all = self.g.view(vc, &[hdv, nkv, n_kv], &[vr, vr * nkv], 0)?;
         Ok(self.g.attention(q, k_all, v_all, self.pos, None, params)?)
     }
 

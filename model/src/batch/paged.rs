@@ -107,6 +107,8 @@ impl Runner {
             backend,
             &mut |_, _| {},
         )?;
+        let mut plan = plan;
+        plan.kv.block_size = Some(o.block_size);
         tracing::info!("batching engine: {plan}");
         Ok(Self {
             model,

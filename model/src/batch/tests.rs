@@ -10,7 +10,7 @@ use super::*;
 use crate::generate::{generate, GenerateOptions};
 use crate::placement::DeviceChoice;
 use crate::sampling::Sampler;
-use crate::session::Session;
+use crate::session::{KvPlan, Session};
 use crate::synth::SynthOptions;
 use crate::text::TextModel;
 
@@ -55,8 +55,13 @@ fn engine_opts(max_seqs: usize) -> EngineOptions {
 
 /// Greedy tokens of `generate` alone on a fresh session.
 fn alone(m: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    alone_with(m, &session_opts(), prompt, n)
+}
+
+/// [`alone`] with other session options.
+fn alone_with(m: &Model, opts: &SessionOptions, prompt: &[u32], n: usize) -> Vec<u32> {
     let tm = TextModel::from_model(m.clone()).expect("text model");
-    let mut s = Session::new(m, &session_opts()).expect("session");
+    let mut s = Session::new(m, opts).expect("session");
     let mut sampler = Sampler::new(SamplerConfig::greedy());
     let o = GenerateOptions {
         max_tokens: n,
@@ -411,4 +416,47 @@ fn logprobs_and_constraints() {
         ),
         "{done:?}"
     );
+}
+
+#[test]
+fn q8_0_kv_requests_together_give_the_tokens_of_each_alone() {
+    let m = gemma();
+    let sopts = SessionOptions {
+        kv_type: crate::arch::KvType::Q8_0,
+        ..session_opts()
+    };
+    let prompts = [prompt(5, 9), prompt(6, 30), prompt(7, 3)];
+    let n = 16;
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| alone_with(&m, &sopts, p, n))
+        .collect();
+    let mut o = engine_opts(3);
+    o.session = sopts;
+    let e = BatchEngine::start(Arc::clone(&m), o).expect("engine");
+    assert_eq!(e.device_plan().kv.dtype, crate::arch::KvType::Q8_0);
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            e.submit_channel(Request::greedy(p.clone(), n))
+                .expect("submit")
+                .1
+        })
+        .collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        let (toks, _) = collect(rx);
+        assert_eq!(toks, want[i], "request {i}");
+    }
+    // 34 bytes per 32 values against f16's 64: the pool takes 17/32 of the f16 pool's bytes.
+    let p = e.device_plan().kv;
+    let f16 = KvPlan::of(
+        &crate::arch::KvCacheSpec {
+            dtype: crate::arch::KvType::F16,
+            n_ctx: p.positions,
+        },
+        m.config(),
+    );
+    assert_eq!(p.bytes * 32, f16.bytes * 17);
+    let s = idle_stats(&e);
+    assert_eq!(s.kv_blocks_used, 0);
 }

@@ -95,8 +95,12 @@ pub struct ModelArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch: usize,
-    /// KV cache in f32 instead of f16.
-    #[arg(long)]
+    /// KV cache element type: f16, f32 or q8_0 (half of f16's memory; the model's head size
+    /// must be a multiple of 32).
+    #[arg(long = "kv-type", default_value = "f16")]
+    kv_type: KvType,
+    /// Same as `--kv-type f32`.
+    #[arg(long, conflicts_with = "kv_type")]
     kv_f32: bool,
     /// Where to run: auto (the GPU when present, as many layers as fit), gpu or cpu.
     #[arg(long, default_value = "auto")]
@@ -144,7 +148,7 @@ impl ModelArgs {
             kv_type: if self.kv_f32 {
                 KvType::F32
             } else {
-                KvType::F16
+                self.kv_type
             },
             n_batch: self.batch,
             n_threads: self.threads,
