@@ -765,6 +765,6 @@ fn checked_extent(t: &Tensor) -> Option<usize> {
 /// whole blocks (dequantized as they are read).
 fn kv_cache_ok(t: &Tensor) -> bool {
     let float = matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16);
-    let q8 = t.dtype == DType::Q8_0 && t.ne[0] % DType::Q8_0.block_size() == 0;
+    let q8 = t.dtype == DType::Q8_0 && t.ne[0].is_multiple_of(DType::Q8_0.block_size());
     (float || q8) && t.rows_contiguous()
 }

@@ -160,6 +160,7 @@ pub enum Error {
     /// A vendor library could not be opened or lacks a symbol.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// An NCCL or RCCL call failed, or the library is missing.
     #[error(transparent)]
     Nccl(#[from] NcclError),
     /// No provider offers a usable GPU; the reason says what each one found.

@@ -83,10 +83,15 @@ fn python_site_dirs() -> Vec<PathBuf> {
 /// Element types of collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CollType {
+    /// 32-bit float.
     F32,
+    /// 16-bit IEEE float.
     F16,
+    /// bfloat16.
     BF16,
+    /// 32-bit signed integer.
     I32,
+    /// Unsigned byte.
     U8,
 }
 
@@ -114,8 +119,11 @@ impl CollType {
 /// Reductions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// Element-wise sum.
     Sum,
+    /// Element-wise maximum.
     Max,
+    /// Element-wise minimum.
     Min,
 }
 

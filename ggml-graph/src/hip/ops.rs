@@ -264,7 +264,7 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
         // minus the written destination ([src, idx]). `t` describes the destination either way.
         (Op::SetRows, [.., src, idx]) if srcs.len() <= 3 => {
             (matches!(t.dtype, DType::F16 | DType::F32)
-                || (t.dtype == DType::Q8_0 && t.ne[0] % 32 == 0))
+                || (t.dtype == DType::Q8_0 && t.ne[0].is_multiple_of(32)))
                 && t.rows_contiguous()
                 && t.ne[2] * t.ne[3] == 1
                 && src.dtype == DType::F32
@@ -325,7 +325,7 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
 
 /// A KV cache the attention kernels read: f16, f32, or Q8_0 rows of whole blocks.
 fn kv_cache_type(k: &Tensor, d: usize) -> bool {
-    matches!(k.dtype, DType::F16 | DType::F32) || (k.dtype == DType::Q8_0 && d % 32 == 0)
+    matches!(k.dtype, DType::F16 | DType::F32) || (k.dtype == DType::Q8_0 && d.is_multiple_of(32))
 }
 
 /// `t` seen as the plain `mul_mat` a fused mat-mul node extends (same result layout).

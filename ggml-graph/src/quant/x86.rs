@@ -772,7 +772,7 @@ pub(super) fn has_vnni() -> bool {
 pub(super) fn convert_row(ty: DType, src: &[u8], dst: &mut [f32]) -> bool {
     let n = dst.len();
     if ty == DType::Q8_0 {
-        if n % QK != 0 || src.len() < n / QK * ty.type_size() {
+        if !n.is_multiple_of(QK) || src.len() < n / QK * ty.type_size() {
             return false;
         }
         // SAFETY: detection reported avx2/fma/f16c; `src` holds `n / 32` blocks, `dst` `n` values.

@@ -51,6 +51,7 @@ pub mod hip;
     non_camel_case_types,
     non_snake_case,
     non_upper_case_globals,
+    missing_docs,
     dead_code,
     unused_qualifications,
     clippy::all,
