@@ -108,11 +108,13 @@ pub fn device_count() -> usize {
 }
 
 /// `decode_stack` launches so far: none in this build.
+#[cfg(feature = "testing")]
 pub fn stack_launches() -> usize {
     0
 }
 
 /// `head_q6_k` launches so far: none in this build.
+#[cfg(feature = "testing")]
 pub fn head_launches() -> usize {
     0
 }

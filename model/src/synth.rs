@@ -254,9 +254,9 @@ fn matrix_type(ft: FileType, name: &str, layer: Option<(u64, u64)>, row: u64) ->
         }
     };
     // Rows that do not fill whole blocks fall back as llama.cpp's quantizer does (to Q8_0).
-    if row % ty.block_size() as u64 == 0 {
+    if row.is_multiple_of(ty.block_size() as u64) {
         ty
-    } else if row % 32 == 0 {
+    } else if row.is_multiple_of(32) {
         GgmlType::Q8_0
     } else {
         GgmlType::F16

@@ -7,6 +7,7 @@ mod fetch_model;
 mod fetch_vocabs;
 mod fuzz;
 mod kernels;
+mod layers;
 mod pypi;
 mod setup;
 
@@ -27,8 +28,10 @@ commands:
   fetch-vocabs  extract llama.cpp's tokenizer test vocabularies from PyPI's llama-cpp-python sdist
   fuzz [SECS]   fuzz the gguf reader, model configuration and tokenizers (cargo-fuzz, installed
                 if missing) for SECS seconds (60) each
+  layers        the downstream crates, the declared MSRVs and `cargo package` of every library
   demo          fetch the default model, build release and run the main job on the best device
-  test          everything CI checks: fmt, clippy, docs, the Python oracle, the model, all tests";
+  test          everything CI checks: fmt, clippy, docs, the layers (downstream crates, MSRV,
+                cargo package), the Python oracle, the model, all tests";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         "fetch-vocabs" => fetch_vocabs::run().map(|p| println!("vocabs: {}", p.display())),
         "fuzz" => fuzz::seconds_arg(rest).and_then(fuzz::run),
         "demo" => demo(rest),
+        "layers" => layers::run(),
         "test" => test(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -163,6 +167,9 @@ fn test(extra: &[String]) -> Result<()> {
             .args(["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
+    // Each layer as a downstream author takes it: built from its package, alone, and with the
+    // Rust version it declares.
+    layers::run()?;
     match kernels::missing_toolchain() {
         None => kernels::build().map(|_| ())?,
         Some(tool) => println!("kernels: skipped: {tool} not installed (`cargo xtask setup`)"),

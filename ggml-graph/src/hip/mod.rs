@@ -34,6 +34,7 @@ mod stack;
 mod workspace;
 
 pub use crate::hip_options::HipOptions;
+#[cfg(any(test, feature = "testing"))]
 pub use stack::{head_launches, stack_launches};
 
 /// GPUs of the platform `hip-ffi` selects (0 without one).

@@ -16,25 +16,31 @@ use crate::error::{GraphError, Result};
 use crate::tensor::{layer_src as ls, Act, AttnParams, DType, Op, RopeMode, RopeParams, Tensor};
 
 /// `decode_stack` launches queued by every device of this process (see [`stack_launches`]).
+#[cfg(any(test, feature = "testing"))]
 static LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// `decode_stack` launches queued so far by every device of this process (for tests and logs:
-/// a whole-model run shows whether its layers took the persistent kernel).
+/// `decode_stack` launches queued so far by every device of this process (for tests: a
+/// whole-model run shows whether its layers took the persistent kernel). Only with the `testing`
+/// feature: a process-wide count is no API for a library.
+#[cfg(any(test, feature = "testing"))]
 pub fn stack_launches() -> usize {
     LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// `head_q6_k` launches queued by every device of this process (see [`head_launches`]).
+#[cfg(any(test, feature = "testing"))]
 static HEAD_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// `head_q6_k` launches queued so far by every device of this process (tests and logs: whether
-/// an output head took the ring kernel).
+/// `head_q6_k` launches queued so far by every device of this process (tests: whether an output
+/// head took the ring kernel). Only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 pub fn head_launches() -> usize {
     HEAD_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Counts a queued `head_q6_k` launch.
 pub(crate) fn head_launched() {
+    #[cfg(any(test, feature = "testing"))]
     HEAD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -390,6 +396,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
             &uses,
         )?
     };
+    #[cfg(any(test, feature = "testing"))]
     LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // The scratch stays alive through the launch: a later, larger request waits for the
     // stream before it frees this one.

@@ -228,7 +228,14 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
     let lines = (R * wstride).div_ceil(64 * nb.max(1));
     for i in 0..nb {
         for l in 0..lines {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((i * lines + l) * 64) as *const i8);
+            #[allow(
+                unused_unsafe,
+                reason = "`_mm_prefetch` is safe to call in newer Rust, unsafe in 1.89 (our MSRV)"
+            )]
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((i * lines + l) * 64) as *const i8)
+            };
         }
         for r in 0..R {
             // SAFETY: super-block `i` of every row and of every activation row is in bounds

@@ -1,0 +1,208 @@
+//! The checks that the library crates can be taken one layer at a time, as a downstream author
+//! would: each packages and builds from its package alone, the downstream crates under
+//! `tests/downstream/` build on one layer without pulling in a GPU crate or a higher layer, and
+//! each crate builds with the Rust version it declares.
+
+use std::collections::BTreeMap;
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::{cargo, run_cmd, workspace_root, Result};
+
+/// The library crates, lowest layer first.
+pub const LIBRARIES: &[&str] = &[
+    "gguf",
+    "hip-ffi",
+    "gpu-mem",
+    "kernels",
+    "ggml-graph",
+    "model",
+];
+
+/// Crates that a downstream build of the lower layers must not contain.
+const GPU_AND_HIGHER: &[&str] = &["hip-ffi", "gpu-mem", "kernels", "model", "server"];
+
+/// Downstream crates (directories under `tests/downstream/`) and what each one takes.
+const DOWNSTREAM: &[(&str, &str)] = &[
+    ("gguf-only", "gguf alone"),
+    ("graph-cpu", "ggml-graph without features"),
+];
+
+/// Every check of this module, cheapest first.
+pub fn run() -> Result<()> {
+    downstream()?;
+    msrv()?;
+    package()
+}
+
+fn target_dir() -> PathBuf {
+    env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// `cargo package` of every library crate, each verified by building the packaged sources
+/// against its siblings' packages (cargo's local registry overlay for workspace packages).
+pub fn package() -> Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["package", "--allow-dirty"]);
+    for lib in LIBRARIES {
+        cmd.args(["-p", lib]);
+    }
+    run_cmd(&mut cmd)
+}
+
+/// Builds and runs each downstream crate and fails if its dependency tree holds a GPU crate or a
+/// higher layer.
+pub fn downstream() -> Result<()> {
+    let root = workspace_root();
+    for (dir, what) in DOWNSTREAM {
+        let crate_dir = root.join("tests/downstream").join(dir);
+        let manifest = crate_dir.join("Cargo.toml");
+        // The workspace's lock file, so the downstream build uses the versions CI tested (cargo
+        // drops what the crate does not use).
+        std::fs::copy(root.join("Cargo.lock"), crate_dir.join("Cargo.lock"))
+            .map_err(|e| format!("copying Cargo.lock to {}: {e}", crate_dir.display()))?;
+        // Outside the workspace, so `cargo fmt --all` does not reach it.
+        run_cmd(
+            cargo()
+                .args(["fmt", "--check", "--manifest-path"])
+                .arg(&manifest),
+        )?;
+        run_cmd(
+            cargo()
+                .args(["run", "--quiet", "--manifest-path"])
+                .arg(&manifest)
+                .env("CARGO_TARGET_DIR", target_dir()),
+        )?;
+        let out = cargo()
+            .args([
+                "tree",
+                "-e",
+                "normal",
+                "--prefix",
+                "none",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .current_dir(&root)
+            .output()
+            .map_err(|e| format!("could not start cargo tree: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "cargo tree for tests/downstream/{dir} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let tree = String::from_utf8_lossy(&out.stdout);
+        let pulled: Vec<&str> = GPU_AND_HIGHER
+            .iter()
+            .copied()
+            .filter(|name| {
+                tree.lines()
+                    .any(|l| l.split_whitespace().next() == Some(*name))
+            })
+            .collect();
+        if !pulled.is_empty() {
+            return Err(format!(
+                "tests/downstream/{dir} takes {what} but its dependency tree holds {}",
+                pulled.join(", ")
+            ));
+        }
+        println!("downstream {dir}: {what}, no GPU crate or higher layer in its tree");
+    }
+    Ok(())
+}
+
+/// The library crates grouped by the `rust-version` each declares.
+fn declared_msrvs() -> Result<BTreeMap<String, Vec<String>>> {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(workspace_root())
+        .output()
+        .map_err(|e| format!("could not start cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata output: {e}"))?;
+    let mut by_version: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pkg in meta["packages"].as_array().into_iter().flatten() {
+        let Some(name) = pkg["name"].as_str() else {
+            continue;
+        };
+        if !LIBRARIES.contains(&name) {
+            continue;
+        }
+        let Some(v) = pkg["rust_version"].as_str() else {
+            return Err(format!("{name} declares no rust-version"));
+        };
+        // `1.85` means 1.85.0, the toolchain to check with.
+        let v = if v.matches('.').count() == 1 {
+            format!("{v}.0")
+        } else {
+            v.to_owned()
+        };
+        by_version.entry(v).or_default().push(name.to_owned());
+    }
+    Ok(by_version)
+}
+
+fn installed_toolchains() -> Vec<String> {
+    Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Checks each library crate (default features, plus `hip` where a crate has it) with the
+/// toolchain of the Rust version it declares, where rustup has that toolchain; says what is
+/// missing otherwise.
+pub fn msrv() -> Result<()> {
+    let installed = installed_toolchains();
+    for (version, crates) in declared_msrvs()? {
+        let host_suffix = format!("{version}-");
+        if !installed
+            .iter()
+            .any(|t| t == &version || t.starts_with(&host_suffix))
+        {
+            println!(
+                "msrv: skipped for {} (rust-version {version}): toolchain not installed \
+                 (`rustup toolchain install {version} --profile minimal`)",
+                crates.join(", ")
+            );
+            continue;
+        }
+        let mut cmd = Command::new("rustup");
+        cmd.args(["run", &version, "cargo", "check", "--quiet", "--lib"])
+            // A toolchain of its own would rebuild the shared dependencies in turn with every
+            // compiler; its own directory keeps each one's artifacts for the next run.
+            .arg("--target-dir")
+            .arg(target_dir().join(format!("msrv-{version}")));
+        for c in &crates {
+            cmd.args(["-p", c]);
+            if c == "ggml-graph" || c == "model" {
+                cmd.args(["--features", &format!("{c}/hip")]);
+            }
+        }
+        // `cargo xtask` runs under the current toolchain, whose choice must not leak in.
+        cmd.env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("CARGO")
+            .env_remove("RUSTC");
+        run_cmd(&mut cmd)?;
+        println!("msrv: {} build with Rust {version}", crates.join(", "));
+    }
+    Ok(())
+}
