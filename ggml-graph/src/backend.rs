@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use crate::cpu::{self, CpuBackend, SrcView};
 use crate::error::{GraphError, Result};
-use crate::exec::{lines, with_io, Line, Loc, WeightBytes};
+use crate::exec::{lines, with_io, Lines, Loc, WeightBytes};
 use crate::tensor::{Op, Tensor};
 
 /// Allocates buffers of one kind of memory.
@@ -193,9 +193,9 @@ fn out_of_range(what: &str, offset: usize, len: usize, size: usize) -> GraphErro
     }
 }
 
-/// Host memory in 64-byte lines.
+/// Host memory, 64-byte aligned.
 pub struct HostBuffer {
-    data: Mutex<Vec<Line>>,
+    data: Mutex<Lines>,
     size: usize,
 }
 
@@ -205,7 +205,7 @@ impl Buffer for HostBuffer {
     }
     fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         let mut g = self.data.lock();
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(g.as_mut_slice());
+        let bytes = g.bytes_mut();
         let end = offset.checked_add(data.len()).filter(|&e| e <= self.size);
         let end = end.ok_or_else(|| out_of_range("write", offset, data.len(), self.size))?;
         bytes[offset..end].copy_from_slice(data);
@@ -213,7 +213,7 @@ impl Buffer for HostBuffer {
     }
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let g = self.data.lock();
-        let bytes: &[u8] = bytemuck::cast_slice(g.as_slice());
+        let bytes = g.bytes();
         let end = offset.checked_add(out.len()).filter(|&e| e <= self.size);
         let end = end.ok_or_else(|| out_of_range("read", offset, out.len(), self.size))?;
         out.copy_from_slice(&bytes[offset..end]);
@@ -221,7 +221,7 @@ impl Buffer for HostBuffer {
     }
     fn read_with(&self, offset: usize, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<()> {
         let g = self.data.lock();
-        let bytes: &[u8] = bytemuck::cast_slice(g.as_slice());
+        let bytes = g.bytes();
         let end = offset.checked_add(len).filter(|&e| e <= self.size);
         let end = end.ok_or_else(|| out_of_range("read", offset, len, self.size))?;
         f(&bytes[offset..end]);

@@ -16,19 +16,47 @@ use crate::graph::Graph;
 use crate::plan::{plan, Plan};
 use crate::tensor::{DType, Leaf, Op, Tensor, TensorId};
 
-/// One cache line of storage; arenas are vectors of these so every range is 64-byte aligned.
-#[repr(C, align(64))]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct Line([u8; 64]);
+/// Zeroed host storage whose bytes start on a 64-byte boundary (a cache line; the planner's
+/// offsets keep every tensor there).
+#[derive(Default)]
+pub(crate) struct Lines {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Lines {
+    /// The bytes (a multiple of 64).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+
+    /// The bytes, writable.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+
+    /// Size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
 
 /// `bytes` of zeroed, 64-byte aligned storage for `what`; failing to get it is an
-/// [`GraphError::OutOfMemory`], never an abort. The zero pages come from the allocator, so a
-/// large buffer (a long context's KV cache) costs memory only as it is written.
-pub(crate) fn lines(bytes: usize, what: &str) -> Result<Vec<Line>> {
-    bytemuck::allocation::try_zeroed_vec(bytes.div_ceil(64)).map_err(|()| GraphError::OutOfMemory {
+/// [`GraphError::OutOfMemory`], never an abort. The bytes are asked for with byte alignment,
+/// which the system allocator serves from `calloc`: a large buffer (a long context's KV cache)
+/// comes as fresh zero pages and costs memory only as it is written, where a cache-line aligned
+/// request would be zeroed by hand, page by page, before the first use.
+pub(crate) fn lines(bytes: usize, what: &str) -> Result<Lines> {
+    let oom = || GraphError::OutOfMemory {
         what: what.to_owned(),
         bytes,
-    })
+    };
+    let len = bytes.div_ceil(64).checked_mul(64).ok_or_else(oom)?;
+    let raw = bytemuck::allocation::try_zeroed_vec::<u8>(len.checked_add(63).ok_or_else(oom)?)
+        .map_err(|()| oom())?;
+    let start = raw.as_ptr().align_offset(64).min(63);
+    Ok(Lines { raw, start, len })
 }
 
 /// Read-only bytes of a weight: a shared owner (a mmap, a `Vec<u8>`...) and a byte range in it.
@@ -94,7 +122,7 @@ pub struct Executor {
     weights: HashMap<String, Bound>,
     persistent: HashMap<String, PersistentBuf>,
     /// Pool 0 is the arena; the others are persistent buffers.
-    pools: Vec<Vec<Line>>,
+    pools: Vec<Lines>,
     outputs: HashMap<TensorId, (Tensor, Loc)>,
     last_plan: Plan,
 }
@@ -106,7 +134,7 @@ impl Executor {
             backend,
             weights: HashMap::new(),
             persistent: HashMap::new(),
-            pools: vec![Vec::new()],
+            pools: vec![Lines::default()],
             outputs: HashMap::new(),
             last_plan: Plan::default(),
         }
@@ -146,10 +174,9 @@ impl Executor {
     /// Grows the arena to fit `graph` (a worst-case graph), so later runs do not allocate.
     pub fn reserve(&mut self, graph: &Graph) -> Result<usize> {
         let p = plan(graph);
-        let need = p.peak.div_ceil(64);
-        if self.pools[0].len() < need {
+        if self.pools[0].len() < p.peak {
             // Free the old arena first: both at once may not fit.
-            self.pools[0] = Vec::new();
+            self.pools[0] = Lines::default();
             self.pools[0] = lines(p.peak, "the activation arena")?;
         }
         Ok(p.peak)
@@ -157,7 +184,7 @@ impl Executor {
 
     /// Arena size in bytes.
     pub fn arena_bytes(&self) -> usize {
-        self.pools[0].len() * 64
+        self.pools[0].len()
     }
 
     /// The plan of the last run.
@@ -169,13 +196,13 @@ impl Executor {
     pub fn persistent_bytes(&self, name: &str) -> Option<&[u8]> {
         let p = self.persistent.get(name)?;
         let len = crate::tensor::row_bytes(p.dtype, p.ne[0]) * p.ne[1] * p.ne[2] * p.ne[3];
-        Some(&bytemuck::cast_slice::<Line, u8>(&self.pools[p.pool])[..len])
+        Some(&self.pools[p.pool].bytes()[..len])
     }
 
     /// Sets every persistent buffer to zero (e.g. a new conversation).
     pub fn clear_persistent(&mut self) {
         for p in self.persistent.values() {
-            self.pools[p.pool].fill(Line([0; 64]));
+            self.pools[p.pool].bytes_mut().fill(0);
         }
     }
 
@@ -243,9 +270,9 @@ impl Executor {
         let p = plan(graph);
         let mut weight_list = Vec::new();
         let mut locs = self.resolve_leaves(graph, &mut weight_list)?;
-        if self.pools[0].len() * 64 < p.peak {
+        if self.pools[0].len() < p.peak {
             tracing::debug!(bytes = p.peak, "growing arena");
-            self.pools[0] = Vec::new();
+            self.pools[0] = Lines::default();
             self.pools[0] = lines(p.peak, "the activation arena")?;
         }
         for i in 0..graph.len() {
@@ -280,8 +307,7 @@ impl Executor {
                 });
             }
             let off = p.offset[i].unwrap_or(0);
-            bytemuck::cast_slice_mut::<Line, u8>(&mut self.pools[0])[off..off + need]
-                .copy_from_slice(data);
+            self.pools[0].bytes_mut()[off..off + need].copy_from_slice(data);
         }
         let weights: Vec<&[u8]> = weight_list.iter().map(|w| w.bytes()).collect();
         let backend = &self.backend;
@@ -344,9 +370,7 @@ impl Executor {
             .get(&id)
             .ok_or_else(|| GraphError::NotOutput(format!("{id:?}")))?;
         let bytes = match *loc {
-            Loc::Pool { pool, off } => {
-                &bytemuck::cast_slice::<Line, u8>(&self.pools[pool])[off..off + t.extent()]
-            }
+            Loc::Pool { pool, off } => &self.pools[pool].bytes()[off..off + t.extent()],
             Loc::Weight { .. } => return Err(GraphError::NotOutput(t.name.clone())),
         };
         Ok((t, bytes))
@@ -403,25 +427,25 @@ impl Executor {
 /// `f`. Inputs overlapping the output are rejected (the planner never places them so).
 /// Storage the executors split into output and inputs: an owned vector or a locked one.
 pub(crate) trait Pool {
-    fn lines(&self) -> &[Line];
-    fn lines_mut(&mut self) -> &mut [Line];
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
 }
 
-impl Pool for Vec<Line> {
-    fn lines(&self) -> &[Line] {
-        self
+impl Pool for Lines {
+    fn bytes(&self) -> &[u8] {
+        Lines::bytes(self)
     }
-    fn lines_mut(&mut self) -> &mut [Line] {
-        self
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        Lines::bytes_mut(self)
     }
 }
 
-impl Pool for parking_lot::MutexGuard<'_, Vec<Line>> {
-    fn lines(&self) -> &[Line] {
-        self
+impl Pool for parking_lot::MutexGuard<'_, Lines> {
+    fn bytes(&self) -> &[u8] {
+        Lines::bytes(self)
     }
-    fn lines_mut(&mut self) -> &mut [Line] {
-        self
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        Lines::bytes_mut(self)
     }
 }
 
@@ -440,7 +464,7 @@ pub(crate) fn with_io<P: Pool, R>(
     let (mid, right) = rest
         .split_first_mut()
         .ok_or_else(|| GraphError::Misaligned("bad pool".into()))?;
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(mid.lines_mut());
+    let bytes: &mut [u8] = mid.bytes_mut();
     let (before, rest) = bytes.split_at_mut(start);
     let (out, after) = rest.split_at_mut(len);
     let (before, after): (&[u8], &[u8]) = (before, after);
@@ -450,12 +474,8 @@ pub(crate) fn with_io<P: Pool, R>(
         let n = t.extent();
         let data: &[u8] = match loc {
             Loc::Weight { idx, off } => &weights[idx][off..off + n],
-            Loc::Pool { pool: q, off } if q < pool => {
-                &bytemuck::cast_slice::<Line, u8>(left[q].lines())[off..off + n]
-            }
-            Loc::Pool { pool: q, off } if q > pool => {
-                &bytemuck::cast_slice::<Line, u8>(right[q - pool - 1].lines())[off..off + n]
-            }
+            Loc::Pool { pool: q, off } if q < pool => &left[q].bytes()[off..off + n],
+            Loc::Pool { pool: q, off } if q > pool => &right[q - pool - 1].bytes()[off..off + n],
             Loc::Pool { off, .. } => {
                 if off + n <= start {
                     &before[off..off + n]

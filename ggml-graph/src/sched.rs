@@ -236,6 +236,23 @@ struct Persistent {
     buf: Box<dyn Buffer>,
 }
 
+/// A buffer of `size` bytes for `what` on `device`; running out of memory there (the host's
+/// allocator, a GPU's budget or driver) is an [`GraphError::OutOfMemory`] naming both.
+fn alloc_for(device: &Arc<dyn Device>, size: usize, what: &str) -> Result<Box<dyn Buffer>> {
+    let bt = device.buffer_type();
+    bt.alloc(size).map_err(|e| match e {
+        GraphError::OutOfMemory { bytes, .. } => GraphError::OutOfMemory {
+            what: format!("{what} ({} memory)", bt.name()),
+            bytes,
+        },
+        e if e.is_out_of_memory() => GraphError::OutOfMemory {
+            what: format!("{what} ({} memory: {e})", bt.name()),
+            bytes: size,
+        },
+        e => e,
+    })
+}
+
 /// Runs graphs over several devices; the multi-device counterpart of [`crate::Executor`].
 pub struct Scheduler {
     devices: Vec<Arc<dyn Device>>,
@@ -579,7 +596,11 @@ impl Scheduler {
                 }
                 self.streams[d].synchronize()?;
                 self.arenas[d] = None;
-                self.arenas[d] = Some(self.devices[d].buffer_type().alloc(prep.arena_size[d])?);
+                self.arenas[d] = Some(alloc_for(
+                    &self.devices[d],
+                    prep.arena_size[d],
+                    "the activation arena",
+                )?);
             }
         }
         Ok(())
@@ -629,7 +650,11 @@ impl Scheduler {
                 // A replay is not waited for: finish it before freeing the memory it uses.
                 self.streams[d].synchronize()?;
                 self.arenas[d] = None;
-                self.arenas[d] = Some(self.devices[d].buffer_type().alloc(prep.arena_size[d])?);
+                self.arenas[d] = Some(alloc_for(
+                    &self.devices[d],
+                    prep.arena_size[d],
+                    "the activation arena",
+                )?);
             }
         }
         self.ensure_mapped(&mut prep)?;
@@ -811,7 +836,7 @@ impl Scheduler {
                     }
                     for u in users {
                         if self.uploaded_buf(&t.name, u).is_none() {
-                            let buf = self.devices[u].buffer_type().alloc(bytes.bytes().len())?;
+                            let buf = alloc_for(&self.devices[u], bytes.bytes().len(), &t.name)?;
                             buf.write(0, bytes.bytes())?;
                             put_uploaded(&mut self.uploaded, nd, &t.name, u, buf);
                         }
@@ -827,7 +852,7 @@ impl Scheduler {
                     }
                     Some(_) => {}
                     None => {
-                        let buf = self.devices[d].buffer_type().alloc(t.dense_bytes())?;
+                        let buf = alloc_for(&self.devices[d], t.dense_bytes(), &t.name)?;
                         self.persistent.insert(
                             t.name.clone(),
                             Persistent {
