@@ -98,6 +98,28 @@ impl Engine {
     }
 }
 
+/// A KV pool whose size the placement picks: at least `min_blocks` (one whole sequence), at most
+/// `max_blocks` (every sequence at full length), as many as the GPU budget leaves room for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KvPool {
+    /// Positions per block.
+    pub block_size: usize,
+    /// Blocks the pool needs at least.
+    pub min_blocks: usize,
+    /// Blocks the pool never exceeds.
+    pub max_blocks: usize,
+}
+
+impl KvPool {
+    /// Blocks for a GPU part whose estimate with `min_blocks` left `spare` bytes of the budget,
+    /// each block taking `block_bytes` on the GPU: the minimum plus what fits, capped.
+    pub(crate) fn blocks(&self, spare: u64, block_bytes: u64) -> usize {
+        let extra = spare.checked_div(block_bytes).unwrap_or(u64::MAX);
+        let room = self.max_blocks.saturating_sub(self.min_blocks) as u64;
+        self.min_blocks + extra.min(room) as usize
+    }
+}
+
 /// The CPU alone: every weight bound zero-copy, the arena sized for the unoptimized graph `worst`
 /// of the largest batch (optimized here), with `reason` in its plan.
 fn cpu_only(
@@ -144,7 +166,7 @@ mod gpu {
     use ggml_graph::sched::PlacementRule;
     use ggml_graph::{CpuBackend, Graph, Leaf, Op, Scheduler};
 
-    use super::{cpu_only, Engine};
+    use super::{cpu_only, Engine, KvPool};
     use crate::arch::KvCacheSpec;
     use crate::error::ModelError;
     use crate::placement::{fit_layers, layer_of, mib, weights_by_layer, DeviceChoice};
@@ -277,10 +299,14 @@ mod gpu {
 
     /// Chooses the device and layer split and builds the engine that runs it. `worst` is the
     /// unoptimized graph of the largest batch.
+    /// With `pool`, `kv` is the pool at its largest (`pool.max_blocks`): the CPU keeps that
+    /// size, the GPU part takes what its budget leaves (see [`KvPool`]); the plan's `kv` says
+    /// which.
     pub(crate) fn place(
         model: &Model,
         opts: &SessionOptions,
         kv: &KvCacheSpec,
+        pool: Option<KvPool>,
         worst: Graph,
         backend: CpuBackend,
         progress: &mut dyn FnMut(u64, u64),
@@ -312,7 +338,15 @@ mod gpu {
             .iter()
             .find(|t| t.name == "tokens")
             .map_or(1, |t| t.ne[0]);
-        let needs = needs(model, kv, n_batch, activations);
+        // A sized pool is placed at its minimum; what the split leaves of the budget grows it.
+        let kv_min = match pool {
+            Some(p) => KvCacheSpec {
+                n_ctx: p.min_blocks * p.block_size,
+                ..*kv
+            },
+            None => *kv,
+        };
+        let needs = needs(model, &kv_min, n_batch, activations);
         let (ngl, reason) = match opts.n_gpu_layers {
             Some(n) => (n, format!("-ngl {n}")),
             None => {
@@ -335,13 +369,32 @@ mod gpu {
             }
             return cpu_only(model, opts, kv, backend, g, why);
         }
+        let (kv, estimate) = match pool {
+            Some(p) => {
+                let est = needs.gpu_estimate(&split);
+                let block_bytes = (kv_min.bytes(model.config()) / n_layer.max(1)) as u64
+                    / p.min_blocks.max(1) as u64
+                    * split.gpu_layers() as u64;
+                let blocks = p.blocks(available.saturating_sub(est.total()), block_bytes);
+                let kv = KvCacheSpec {
+                    n_ctx: blocks * p.block_size,
+                    ..*kv
+                };
+                let sized = Needs {
+                    kv_per_layer: (kv.bytes(model.config()) / n_layer.max(1)) as u64,
+                    ..needs
+                };
+                (kv, sized.gpu_estimate(&split))
+            }
+            None => (*kv, needs.gpu_estimate(&split)),
+        };
         let plan = DevicePlan {
             device: hip.name().to_string(),
             split,
-            estimate: needs.gpu_estimate(&split),
+            estimate,
             available: Some(available),
             reason: format!("{reason}{}", if fuse { "" } else { "; unfused graph" }),
-            kv: KvPlan::of(kv, model.config()),
+            kv: KvPlan::of(&kv, model.config()),
         };
         // Device order is the placement's: GPU first, then the CPU.
         const { assert!(GPU == 0 && CPU == 1) };
@@ -373,5 +426,25 @@ mod gpu {
             hip.cap_budget(l);
         }
         Ok(Arc::new(hip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvPool;
+
+    #[test]
+    fn a_sized_pool_takes_the_spare_budget_between_its_bounds() {
+        let p = KvPool {
+            block_size: 16,
+            min_blocks: 8,
+            max_blocks: 64,
+        };
+        // 1000 spare bytes at 100 per block: 10 more than the minimum.
+        assert_eq!(p.blocks(1000, 100), 18);
+        assert_eq!(p.blocks(99, 100), 8);
+        assert_eq!(p.blocks(1 << 40, 100), 64);
+        // No KV on the GPU (every layer on the CPU): the largest pool.
+        assert_eq!(p.blocks(0, 0), 64);
     }
 }

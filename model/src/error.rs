@@ -66,6 +66,16 @@ pub enum ModelError {
     /// A caller-provided setting is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The batching engine's KV pool does not fit the host memory allowed for it.
+    #[error("the KV pool's host part needs {bytes} bytes ({positions} positions per layer), more than the {limit} bytes allowed: lower the parallel sequences or the context, or use --kv-type q8_0")]
+    KvPool {
+        /// Bytes of the KV rows of the layers on the CPU.
+        bytes: u64,
+        /// The host limit.
+        limit: u64,
+        /// Positions the pool holds per layer.
+        positions: usize,
+    },
     /// The KV cache type cannot store this model's heads.
     #[error("KV cache type {kv_type} stores blocks of {block} values, but the model's head size is {head_dim}: use --kv-type f16")]
     KvType {

@@ -466,7 +466,8 @@ impl Session {
         }
         let backend = CpuBackend::new(opts.n_threads)?;
         let n_threads = backend.n_threads();
-        let (engine, plan) = crate::engine::place(model, opts, &kv, fg.graph, backend, progress)?;
+        let (engine, plan) =
+            crate::engine::place(model, opts, &kv, None, fg.graph, backend, progress)?;
         Ok(Self {
             model: model.clone(),
             engine,

@@ -71,6 +71,7 @@ fn gemma_prompts_together_give_their_tokens_alone() {
         n_ctx_per_seq: 256,
         block_size: 16,
         kv_blocks: Some(6),
+        host_kv_limit: None,
         step_tokens: 64,
         prefix_cache: true,
         exact: true,

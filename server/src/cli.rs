@@ -144,6 +144,7 @@ pub fn serve(a: ServeArgs) -> Result<(), ServerError> {
                 };
                 let b = Backend::start(tm, &opts)?;
                 let g = b.gauges();
+                eprintln!("{}", b.device_plan());
                 eprintln!(
                     "memory plan: {} sequences x {} tokens of context; KV cache {} blocks ({} free)",
                     parallel,

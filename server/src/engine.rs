@@ -214,6 +214,11 @@ impl Backend {
         self.engine.embed(tokens, self.pooling)
     }
 
+    /// Where the model's layers run and the KV pool the placement sized.
+    pub fn device_plan(&self) -> &model::session::DevicePlan {
+        self.engine.device_plan()
+    }
+
     /// The engine's queue and KV-pool counters.
     pub fn gauges(&self) -> EngineGauges {
         let s = self.engine.stats();

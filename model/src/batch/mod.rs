@@ -38,8 +38,13 @@ pub struct EngineOptions {
     pub n_ctx_per_seq: usize,
     /// KV positions per cache block.
     pub block_size: usize,
-    /// Blocks in the KV pool; `None`: enough for `max_seqs` full contexts.
+    /// Blocks in the KV pool. `None`: on the CPU enough for `max_seqs` full contexts; on the
+    /// GPU what its budget leaves after the weights, workspace and activations of the split
+    /// (at least one full context, at most `max_seqs` of them). The device plan says how many.
     pub kv_blocks: Option<usize>,
+    /// Host bytes the KV rows of layers on the CPU may take; `None`: the memory the system
+    /// reports available. A larger pool is refused at start.
+    pub host_kv_limit: Option<u64>,
     /// Tokens fed per step at most (decode tokens plus prompt chunks).
     pub step_tokens: usize,
     /// Share the cache of equal prompt prefixes between requests.
@@ -59,6 +64,7 @@ impl Default for EngineOptions {
             n_ctx_per_seq: 4096,
             block_size: 16,
             kv_blocks: None,
+            host_kv_limit: None,
             step_tokens: 512,
             prefix_cache: true,
             exact: true,
@@ -341,6 +347,8 @@ impl BatchEngine {
                 return Err(e);
             }
         };
+        let mut limits = limits;
+        limits.set_pool_positions(plan.kv.positions);
         Ok(Self {
             inner: Arc::new(Inner {
                 tx: Mutex::new(tx),

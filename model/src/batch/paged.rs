@@ -9,7 +9,7 @@ use ggml_graph::CpuBackend;
 use super::kv::{block_hash, BlockPool};
 use super::EngineOptions;
 use crate::arch::{build_paged_forward, PagedBatch, PagedGraph, PagedKvSpec};
-use crate::engine::Engine;
+use crate::engine::{Engine, KvPool};
 use crate::error::ModelError;
 use crate::session::{DevicePlan, Model};
 
@@ -29,10 +29,33 @@ pub(super) struct Item<'a> {
 /// Pass shapes whose optimized graphs are kept.
 const GRAPH_CACHE: usize = 8;
 
-/// Blocks of the KV pool for these options.
+/// Blocks of the KV pool for these options at most: `kv_blocks`, else every sequence at its
+/// full context (the GPU may take fewer, see [`KvPool`]).
 pub(super) fn pool_blocks(o: &EngineOptions) -> usize {
     o.kv_blocks
         .unwrap_or_else(|| o.max_seqs * o.n_ctx_per_seq.div_ceil(o.block_size))
+}
+
+/// Memory the host can still give (Linux's `MemAvailable`); `None` where unknown.
+fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// Refuses a pool whose host part (the KV rows of the layers on the CPU) exceeds `limit`.
+fn check_host_kv(plan: &DevicePlan, limit: Option<u64>) -> Result<(), ModelError> {
+    let s = plan.split;
+    let host = plan.kv.bytes / s.n_layer.max(1) as u64 * (s.n_layer - s.gpu_layers()) as u64;
+    match limit {
+        Some(limit) if host > limit => Err(ModelError::KvPool {
+            bytes: host,
+            limit,
+            positions: plan.kv.positions,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A running sequence's cache: its block table and what of its prompt is registered.
@@ -84,12 +107,18 @@ fn stable(p: usize, plen: usize, n_batch: usize) -> bool {
 
 impl Runner {
     pub(super) fn new(model: Arc<Model>, o: &EngineOptions) -> Result<Self, ModelError> {
-        let spec = PagedKvSpec {
+        let mut spec = PagedKvSpec {
             dtype: o.session.kv_type,
             n_blocks: pool_blocks(o),
             block_size: o.block_size,
             max_blocks: o.n_ctx_per_seq.div_ceil(o.block_size),
         };
+        // Unless the caller fixed it, the pool holds at least one sequence at full length.
+        let pool = o.kv_blocks.is_none().then_some(KvPool {
+            block_size: o.block_size,
+            min_blocks: spec.max_blocks.min(spec.n_blocks),
+            max_blocks: spec.n_blocks,
+        });
         // The largest pass: a full step budget from every slot, logits for each.
         let worst = PagedBatch {
             n_tok: o.step_tokens,
@@ -103,12 +132,15 @@ impl Runner {
             &model,
             &o.session,
             &spec.as_cache(),
+            pool,
             g.graph,
             backend,
             &mut |_, _| {},
         )?;
         let mut plan = plan;
         plan.kv.block_size = Some(o.block_size);
+        spec.n_blocks = plan.kv.positions / o.block_size;
+        check_host_kv(&plan, o.host_kv_limit.or_else(host_available))?;
         tracing::info!("batching engine: {plan}");
         Ok(Self {
             model,

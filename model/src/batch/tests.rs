@@ -47,6 +47,7 @@ fn engine_opts(max_seqs: usize) -> EngineOptions {
         n_ctx_per_seq: 128,
         block_size: 16,
         kv_blocks: None,
+        host_kv_limit: None,
         step_tokens: 32,
         prefix_cache: false,
         exact: true,
@@ -459,4 +460,25 @@ fn q8_0_kv_requests_together_give_the_tokens_of_each_alone() {
     assert_eq!(p.bytes * 32, f16.bytes * 17);
     let s = idle_stats(&e);
     assert_eq!(s.kv_blocks_used, 0);
+}
+
+#[test]
+fn the_pool_holds_every_sequence_on_the_cpu_within_the_host_cap() {
+    let m = gemma();
+    let mut o = engine_opts(2);
+    let e = BatchEngine::start(Arc::clone(&m), o.clone()).expect("engine");
+    let kv = e.device_plan().kv;
+    assert_eq!((kv.positions, kv.block_size), (2 * 128, Some(16)));
+    let shown = e.device_plan().to_string();
+    assert!(
+        shown.contains("KV cache: 256 positions (16 blocks of 16)"),
+        "{shown}"
+    );
+    assert_eq!(e.stats().kv_blocks_total, 16);
+    e.shutdown();
+    o.host_kv_limit = Some(kv.bytes - 1);
+    match BatchEngine::start(m, o) {
+        Err(ModelError::KvPool { bytes, limit, .. }) => assert!(bytes > limit),
+        other => panic!("expected a KV pool error, got {other:?}"),
+    }
 }

@@ -39,6 +39,11 @@ impl Limits {
         })
     }
 
+    /// The pool's size as the placement chose it.
+    pub(super) fn set_pool_positions(&mut self, positions: usize) {
+        self.pool_positions = positions;
+    }
+
     pub(super) fn check_embed(&self, tokens: &[u32]) -> Result<(), ModelError> {
         if tokens.len() > self.step_tokens {
             return Err(ModelError::InvalidArgument(format!(

@@ -106,6 +106,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
         n_ctx_per_seq,
         block_size: a.block_size,
         kv_blocks: Some(kv_blocks),
+        host_kv_limit: None,
         step_tokens: session.n_batch.max(max_b),
         prefix_cache: false,
         exact: !a.batched_order,
