@@ -53,6 +53,16 @@ pub struct Message {
     /// The message text (absent for assistant turns that only call tools).
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls (`{"id", "type": "function", "function": {"name",
+    /// "arguments"}}`).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn: the function's name (some templates show it).
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// `stream_options`.
@@ -136,8 +146,13 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     /// Structured output.
     pub response_format: Option<ResponseFormat>,
-    /// Tool definitions.
+    /// Tool definitions (`{"type": "function", "function": {"name", "description",
+    /// "parameters"}}`).
     pub tools: Option<Vec<Value>>,
+    /// `none`, `auto` (default), `required`, or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<Value>,
+    /// With `tool_choice` required or named: allow several calls (default: exactly one).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// A completion prompt: text, token ids, or a batch of one of them.
@@ -257,13 +272,62 @@ pub struct ChatLogprobs {
     pub content: Vec<ChatLogprob>,
 }
 
+/// A function call of an answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments, a JSON text.
+    pub arguments: String,
+}
+
+/// One tool call of an answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    /// `call_N` (or the id the model wrote).
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The call.
+    pub function: FunctionCall,
+}
+
 /// The assistant's message of a chat answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The text.
-    pub content: String,
+    /// The text (null when the answer is only tool calls).
+    pub content: Option<String>,
+    /// The calls, when the model made any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// `function` of a streamed tool-call delta.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    /// The name, in a call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next piece of the arguments' JSON text.
+    pub arguments: String,
+}
+
+/// One streamed tool-call delta.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    /// Which call of the answer (0, 1, ..).
+    pub index: usize,
+    /// The id, in a call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, in a call's first delta.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The call's part.
+    pub function: FunctionDelta,
 }
 
 /// One choice of a chat answer.
@@ -275,7 +339,7 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     /// Log-probabilities, when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
 }
 
@@ -305,6 +369,9 @@ pub struct Delta {
     /// The new text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool-call pieces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chat chunk.

@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     body_limit: usize,
+    /// Log each request's prompt text (at info level, `ROCMFORGE_LOG=info`); prompts are
+    /// never logged without it.
+    #[arg(long)]
+    log_prompts: bool,
 }
 
 /// `rocmforge bench-serve`.
@@ -114,6 +118,7 @@ pub fn serve(a: ServeArgs) -> Result<(), ServerError> {
         max_queue: a.queue,
         parallel: a.parallel,
         body_limit: a.body_limit,
+        log_prompts: a.log_prompts,
     });
     let rt = runtime()?;
     let addr = format!("{}:{}", a.host, a.port);

@@ -75,7 +75,7 @@ impl Grammars {
 
     /// A constraint for a JSON schema (`None`: any JSON object); an invalid schema is an error
     /// the client caused.
-    pub fn json(&self, schema: Option<Value>) -> Result<JsonConstraint, String> {
+    pub fn json(&self, schema: Option<Value>) -> Result<GrammarConstraint, String> {
         let mut schema = schema.unwrap_or_else(|| serde_json::json!({"type": "object"}));
         // Fixed separators instead of free whitespace: small models otherwise spend their
         // budget on blanks between tokens. A schema's own `x-guidance` options win.
@@ -83,24 +83,33 @@ impl Grammars {
             obj.entry("x-guidance")
                 .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
         }
+        self.compile(TopLevelGrammar::from_json_schema(schema))
+    }
+
+    /// A constraint for a llguidance Lark grammar (tool calls); an invalid grammar is an error.
+    pub fn lark(&self, grammar: String) -> Result<GrammarConstraint, String> {
+        self.compile(TopLevelGrammar::from_lark(grammar))
+    }
+
+    fn compile(&self, grammar: TopLevelGrammar) -> Result<GrammarConstraint, String> {
         let parser = self
             .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
+            .create_parser(grammar)
             .map_err(|e| e.to_string())?;
         let m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
             return Err(e);
         }
-        Ok(JsonConstraint { m })
+        Ok(GrammarConstraint { m })
     }
 }
 
-/// One request's grammar state.
-pub struct JsonConstraint {
+/// One request's grammar state (a JSON schema or a Lark grammar).
+pub struct GrammarConstraint {
     m: Matcher,
 }
 
-impl TokenConstraint for JsonConstraint {
+impl TokenConstraint for GrammarConstraint {
     fn mask(&mut self, logits: &mut [f32]) {
         match self.m.compute_mask() {
             Ok(allowed) => {

@@ -24,6 +24,7 @@ pub mod engine;
 pub mod error;
 mod handlers;
 pub mod metrics;
+pub mod tools;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -52,6 +53,8 @@ pub struct ServerOptions {
     pub parallel: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
+    /// Log each request's prompt text (at info); off by default, prompts are private.
+    pub log_prompts: bool,
 }
 
 impl Default for ServerOptions {
@@ -62,6 +65,7 @@ impl Default for ServerOptions {
             max_queue: 64,
             parallel: 4,
             body_limit: 4 << 20,
+            log_prompts: false,
         }
     }
 }

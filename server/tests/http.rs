@@ -822,24 +822,13 @@ fn embeddings_are_unit_vectors_of_the_model_width() {
     ts.wait_idle();
 }
 
-/// The synthetic model with `llama.pooling_type` set to `pooling`.
 fn with_pooling_type(path: &Path, pooling: u32) -> std::path::PathBuf {
-    let f = gguf::GgufFile::open(path).expect("open");
-    let out = path.with_extension(format!("pool{pooling}.gguf"));
-    let mut w = gguf::GgufWriter::create(&out).expect("create");
-    w.set_all(f.metadata()).expect("metadata");
-    w.set("llama.pooling_type", pooling).expect("pooling type");
-    for t in f.tensors() {
-        w.add_tensor_info(&t.name, &t.dims, t.ggml_type)
-            .expect("tensor");
-    }
-    w.write_header().expect("header");
-    for t in f.tensors() {
-        w.write_tensor_data(&t.name, f.tensor_data(t))
-            .expect("data");
-    }
-    w.finish().expect("finish");
-    out
+    common::with_metadata(
+        path,
+        &format!("pool{pooling}"),
+        "llama.pooling_type",
+        pooling,
+    )
 }
 
 async fn embed_ids(c: &Client, ids: &[u32]) -> Vec<f32> {
@@ -879,4 +868,230 @@ fn embeddings_pool_as_the_model_file_says() {
     last.wait_idle();
     assert_ne!(v, mean_all);
     assert_ne!(v, first);
+}
+
+/// Posts `body` to `path`, checks the answer's status and returns its JSON.
+async fn call(c: &Client, path: &str, body: &Value, status: StatusCode) -> Value {
+    let r = c.post(path, body).await.expect("request");
+    assert_eq!(r.status, status, "{path} {body}: {:?}", r.body);
+    r.json().expect("JSON answer")
+}
+
+/// A Hermes-style template (Qwen's markers) short enough for the synthetic model's
+/// byte-level vocabulary: the tool names, then the turns with their calls and results.
+const TOOL_TEMPLATE: &str =
+    "{% if tools %}T:{% for t in tools %}{{ t.function.name }},{% endfor %}\n{% endif %}\
+{% for m in messages %}{{ m.role }}:{{ m.content if m.content is string else '' }}\
+{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}\
+{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}\n{% endfor %}\
+{% if add_generation_prompt %}A:{% endif %}";
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "celsius": {"type": "boolean"}},
+            "required": ["city", "celsius"],
+            "additionalProperties": false,
+        },
+    }})
+}
+
+/// The call's arguments follow the tool's schema.
+fn check_weather_arguments(call: &Value) {
+    assert_eq!(call["type"], "function", "{call}");
+    assert!(call["id"].as_str().is_some_and(|s| !s.is_empty()), "{call}");
+    assert_eq!(call["function"]["name"], "get_weather", "{call}");
+    let text = call["function"]["arguments"]
+        .as_str()
+        .expect("arguments text");
+    let args: Value = serde_json::from_str(text).expect("arguments are JSON");
+    assert!(
+        ["Paris", "Oslo"].contains(&args["city"].as_str().expect("city")),
+        "{args}"
+    );
+    assert!(args["celsius"].is_boolean(), "{args}");
+    assert_eq!(args.as_object().map(|o| o.len()), Some(2), "{args}");
+}
+
+#[test]
+fn tools_reach_the_template_and_forced_calls_follow_the_schema() {
+    let path = common::with_metadata(
+        &synth_model(),
+        "tools",
+        "tokenizer.chat_template",
+        TOOL_TEMPLATE,
+    );
+    let ts = start(&path, 2, ServerOptions::default());
+    let c = ts.client(None);
+    let url = "/v1/chat/completions";
+    let tm = model::text::TextModel::load(&path, |_, _| {}).expect("load");
+    let prompt_len = |msgs: &[Value], tools: Option<&[Value]>| {
+        let text = tm
+            .chat_template()
+            .render_json(msgs, tools, true)
+            .expect("render");
+        tm.encode_chat(&text).expect("encode").len()
+    };
+    let user = json!({"role": "user", "content": "Weather?"});
+    let tools = [weather_tool()];
+    ts.rt.block_on(async {
+        // The template gets the tools, and the conversation's calls and results.
+        let history = vec![
+            user.clone(),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_9",
+                   "type": "function", "function": {"name": "get_weather",
+                   "arguments": "{\"city\":\"Oslo\",\"celsius\":true}"}}]}),
+            json!({"role": "tool", "tool_call_id": "call_9", "content": "-3"}),
+        ];
+        let mut hist_for_template = history.clone();
+        hist_for_template[1]["tool_calls"][0]["function"]["arguments"] =
+            json!({"city": "Oslo", "celsius": true});
+        for (msgs, want) in [
+            (
+                vec![user.clone()],
+                prompt_len(&[user.clone()], Some(&tools)),
+            ),
+            (history, prompt_len(&hist_for_template, Some(&tools))),
+        ] {
+            let v = call(
+                &c,
+                url,
+                &json!({"messages": msgs, "tools": tools, "max_tokens": 1}),
+                StatusCode::OK,
+            )
+            .await;
+            assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
+        }
+        // `tool_choice: none` offers no tools.
+        let v = call(
+            &c,
+            url,
+            &json!({"messages": [user], "tools": tools, "tool_choice": "none", "max_tokens": 1}),
+            StatusCode::OK,
+        )
+        .await;
+        assert_eq!(
+            v["usage"]["prompt_tokens"],
+            prompt_len(&[user.clone()], None)
+        );
+
+        // A named call, sampled: the grammar makes every answer a valid call.
+        for seed in [1, 2, 3] {
+            let v = call(
+                &c,
+                url,
+                &json!({"messages": [user], "tools": tools, "seed": seed, "temperature": 1.0,
+                        "max_tokens": 110,
+                        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+                StatusCode::OK,
+            )
+            .await;
+            let choice = &v["choices"][0];
+            assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+            assert!(choice["message"]["content"].is_null(), "{v}");
+            let calls = choice["message"]["tool_calls"].as_array().expect("calls");
+            assert_eq!(calls.len(), 1, "{v}");
+            check_weather_arguments(&calls[0]);
+        }
+
+        // Streamed, greedy: the deltas add up to the whole answer's call.
+        let body = json!({"messages": [user], "tools": tools, "temperature": 0,
+                          "max_tokens": 110, "tool_choice": "required"});
+        let whole = call(&c, url, &body, StatusCode::OK).await;
+        let want = &whole["choices"][0]["message"]["tool_calls"][0];
+        check_weather_arguments(want);
+        let mut body = body;
+        body["stream"] = json!(true);
+        let (mut id, mut name, mut args, mut finish) = (None, String::new(), String::new(), None);
+        c.stream(url, &body, |d| {
+            if d == "[DONE]" {
+                return true;
+            }
+            let v: Value = serde_json::from_str(d).expect("chunk JSON");
+            let ch = &v["choices"][0];
+            assert!(
+                ch["delta"]["content"].as_str().unwrap_or("").is_empty(),
+                "{v}"
+            );
+            for tc in ch["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                assert_eq!(tc["index"], 0);
+                if let Some(i) = tc["id"].as_str() {
+                    id = Some(i.to_owned());
+                    assert_eq!(tc["type"], "function");
+                }
+                name.push_str(tc["function"]["name"].as_str().unwrap_or(""));
+                args.push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
+            }
+            if let Some(f) = ch["finish_reason"].as_str() {
+                finish = Some(f.to_owned());
+            }
+            true
+        })
+        .await
+        .expect("stream");
+        assert!(id.is_some());
+        assert_eq!(name, "get_weather");
+        assert_eq!(args, want["function"]["arguments"].as_str().expect("args"));
+        assert_eq!(finish.as_deref(), Some("tool_calls"));
+
+        // Bad tool requests are 400s naming the parameter.
+        for (body, param) in [
+            (
+                json!({"messages": [user], "tools": [{"type": "function"}]}),
+                "tools",
+            ),
+            (
+                json!({"messages": [user], "tools": tools, "tool_choice": "always"}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": [user], "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": [user], "tools": tools,
+                       "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": [user], "tools": [weather_tool(), weather_tool()]}),
+                "tools",
+            ),
+        ] {
+            let v = call(&c, url, &body, StatusCode::BAD_REQUEST).await;
+            assert_eq!(v["error"]["param"], param, "{body}: {v}");
+        }
+    });
+    ts.wait_idle();
+}
+
+#[test]
+fn tool_call_grammars_compile_for_every_format() {
+    use server::tools::{call_grammar, MarkerToken, Tool, ToolFormat};
+    let tm = model::text::TextModel::load(&synth_model(), |_, _| {}).expect("load");
+    let g = server::constraint::Grammars::new(std::sync::Arc::new(tm.tokenizer().clone()))
+        .expect("grammars");
+    let weather = Tool::from_value(&weather_tool()).expect("tool");
+    let other =
+        Tool::from_value(&json!({"type": "function", "function": {"name": "now"}})).expect("tool");
+    let eos = tm.tokenizer().eos().expect("eos");
+    for f in [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3,
+        ToolFormat::Mistral,
+        ToolFormat::Generic,
+    ] {
+        for (marker, parallel) in [
+            (MarkerToken::Text, false),
+            (MarkerToken::Special(eos), true),
+        ] {
+            let grammar = call_grammar(f, &[&weather, &other], marker, parallel);
+            if let Err(e) = g.lark(grammar.clone()) {
+                panic!("{f:?}: {e}\n{grammar}");
+            }
+        }
+    }
 }

@@ -92,6 +92,9 @@ async fn completions_inner(st: Arc<AppState>, body: Body) -> Result<Response, Ap
     let created = unix_now();
     let model = st.opts.model_id.clone();
     tracing::info!(%id, prompt_tokens = n_prompt, stream = s.stream, "completion request");
+    if st.opts.log_prompts {
+        tracing::info!(%id, prompt = %prompt_text, "completion prompt");
+    }
     let echo = req.echo.then_some(prompt_text);
     if s.stream {
         let include_usage = s.include_usage;

@@ -98,13 +98,23 @@ impl Drop for TestServer {
 
 /// Starts a server on `path` with `opts` (its model id is `test-model`).
 pub fn start(path: &Path, parallel: usize, opts: ServerOptions) -> TestServer {
+    start_with_ctx(path, parallel, opts, N_CTX)
+}
+
+/// [`start`] with `n_ctx` tokens of context per request.
+pub fn start_with_ctx(
+    path: &Path,
+    parallel: usize,
+    opts: ServerOptions,
+    n_ctx: usize,
+) -> TestServer {
     let tm = TextModel::load(path, |_, _| {}).expect("load model");
     let backend = Backend::start(
         tm,
         &BackendOptions {
-            session: session_options(N_CTX),
+            session: session_options(n_ctx),
             parallel,
-            n_ctx_per_seq: N_CTX,
+            n_ctx_per_seq: n_ctx,
         },
     )
     .expect("start engine");
@@ -138,6 +148,32 @@ pub fn start(path: &Path, parallel: usize, opts: ServerOptions) -> TestServer {
         rt,
         stop: Some(stop),
     }
+}
+
+/// A copy of the model at `path` with the metadata `key` set to `value` (written next to it
+/// as `*.{suffix}.gguf`).
+pub fn with_metadata(
+    path: &Path,
+    suffix: &str,
+    key: &str,
+    value: impl Into<gguf::MetadataValue>,
+) -> PathBuf {
+    let f = gguf::GgufFile::open(path).expect("open");
+    let out = path.with_extension(format!("{suffix}.gguf"));
+    let mut w = gguf::GgufWriter::create(&out).expect("create");
+    w.set_all(f.metadata()).expect("metadata");
+    w.set(key, value).expect("set");
+    for t in f.tensors() {
+        w.add_tensor_info(&t.name, &t.dims, t.ggml_type)
+            .expect("tensor");
+    }
+    w.write_header().expect("header");
+    for t in f.tensors() {
+        w.write_tensor_data(&t.name, f.tensor_data(t))
+            .expect("data");
+    }
+    w.finish().expect("finish");
+    out
 }
 
 /// What `rocmforge generate --temp 0` prints for `prompt` tokens (the library call behind it).
