@@ -242,16 +242,15 @@ impl Buffer for HostBuffer {
         let end = offset.checked_add(len).filter(|&e| e <= self.size);
         let end = end.ok_or_else(|| out_of_range("write", offset, len, self.size))?;
         if std::ptr::eq(self, src) {
-            let mut g = self.data.lock();
-            let bytes: &mut [u8] = bytemuck::cast_slice_mut(g.as_mut_slice());
-            bytes.copy_within(src_offset..src_end, offset);
+            self.data
+                .lock()
+                .bytes_mut()
+                .copy_within(src_offset..src_end, offset);
             return Ok(true);
         }
         let from = src.data.lock();
         let mut to = self.data.lock();
-        let from: &[u8] = bytemuck::cast_slice(from.as_slice());
-        let to: &mut [u8] = bytemuck::cast_slice_mut(to.as_mut_slice());
-        to[offset..end].copy_from_slice(&from[src_offset..src_end]);
+        to.bytes_mut()[offset..end].copy_from_slice(&from.bytes()[src_offset..src_end]);
         Ok(true)
     }
     fn as_any(&self) -> &dyn Any {

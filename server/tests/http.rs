@@ -952,7 +952,7 @@ fn tools_reach_the_template_and_forced_calls_follow_the_schema() {
         for (msgs, want) in [
             (
                 vec![user.clone()],
-                prompt_len(&[user.clone()], Some(&tools)),
+                prompt_len(std::slice::from_ref(&user), Some(&tools)),
             ),
             (history, prompt_len(&hist_for_template, Some(&tools))),
         ] {
@@ -975,7 +975,7 @@ fn tools_reach_the_template_and_forced_calls_follow_the_schema() {
         .await;
         assert_eq!(
             v["usage"]["prompt_tokens"],
-            prompt_len(&[user.clone()], None)
+            prompt_len(std::slice::from_ref(&user), None)
         );
 
         // A named call, sampled: the grammar makes every answer a valid call.
@@ -1071,7 +1071,7 @@ fn tools_reach_the_template_and_forced_calls_follow_the_schema() {
 #[test]
 fn tool_call_grammars_compile_for_every_format() {
     use server::tools::{call_grammar, MarkerToken, Tool, ToolFormat};
-    let tm = model::text::TextModel::load(&synth_model(), |_, _| {}).expect("load");
+    let tm = model::text::TextModel::load(synth_model(), |_, _| {}).expect("load");
     let g = server::constraint::Grammars::new(std::sync::Arc::new(tm.tokenizer().clone()))
         .expect("grammars");
     let weather = Tool::from_value(&weather_tool()).expect("tool");
