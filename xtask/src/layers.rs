@@ -1,7 +1,8 @@
 //! The checks that the library crates can be taken one layer at a time, as a downstream author
 //! would: each packages and builds from its package alone, the downstream crates under
 //! `tests/downstream/` build on one layer without pulling in a GPU crate or a higher layer, and
-//! each crate builds with the Rust version it declares.
+//! each crate builds with the Rust version it declares; once a version is tagged, the public API
+//! is compared with it.
 
 use std::collections::BTreeMap;
 use std::env;
@@ -33,7 +34,8 @@ const DOWNSTREAM: &[(&str, &str)] = &[
 pub fn run() -> Result<()> {
     downstream()?;
     msrv()?;
-    package()
+    package()?;
+    semver()
 }
 
 fn target_dir() -> PathBuf {
@@ -205,4 +207,42 @@ pub fn msrv() -> Result<()> {
         println!("msrv: {} build with Rust {version}", crates.join(", "));
     }
     Ok(())
+}
+
+/// The newest tag reachable from `HEAD`, if any.
+fn last_tag() -> Option<String> {
+    let out = Command::new("git")
+        .args(["describe", "--tags", "--abbrev=0"])
+        .current_dir(workspace_root())
+        .output()
+        .ok()?;
+    let tag = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (out.status.success() && !tag.is_empty()).then_some(tag)
+}
+
+/// `cargo semver-checks` of every library crate against the last tag: a change that needs a
+/// new major (0.x: minor) version fails. Says why it does nothing while there is no tag or the
+/// tool is not installed (building it takes longer than the rest of this module on CI).
+pub fn semver() -> Result<()> {
+    let Some(tag) = last_tag() else {
+        println!("semver: no tagged version yet: nothing to compare the public API with");
+        return Ok(());
+    };
+    let installed = cargo()
+        .args(["semver-checks", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        println!(
+            "semver: skipped: cargo-semver-checks is not installed \
+             (`cargo install cargo-semver-checks --locked`) to compare with {tag}"
+        );
+        return Ok(());
+    }
+    let mut cmd = cargo();
+    cmd.args(["semver-checks", "--baseline-rev", &tag]);
+    for lib in LIBRARIES {
+        cmd.args(["-p", lib]);
+    }
+    run_cmd(&mut cmd)
 }

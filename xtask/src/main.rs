@@ -28,10 +28,11 @@ commands:
   fetch-vocabs  extract llama.cpp's tokenizer test vocabularies from PyPI's llama-cpp-python sdist
   fuzz [SECS]   fuzz the gguf reader, model configuration and tokenizers (cargo-fuzz, installed
                 if missing) for SECS seconds (60) each
-  layers        the downstream crates, the declared MSRVs and `cargo package` of every library
+  layers        the downstream crates, the declared MSRVs, `cargo package` of every library and
+                cargo semver-checks against the last tag
   demo          fetch the default model, build release and run the main job on the best device
   test          everything CI checks: fmt, clippy, docs, the layers (downstream crates, MSRV,
-                cargo package), the Python oracle, the model, all tests";
+                cargo package, semver), the Python oracle, the model, all tests";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
