@@ -32,6 +32,7 @@ const DOWNSTREAM: &[(&str, &str)] = &[
 
 /// Every check of this module, cheapest first.
 pub fn run() -> Result<()> {
+    readme_trees()?;
     downstream()?;
     msrv()?;
     package()?;
@@ -44,15 +45,119 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
+/// Where the downstream crates and the packages build (dev profile, shared dependencies),
+/// apart from the workspace's own builds: [`package`] cleans the library crates there.
+fn layers_target_dir() -> PathBuf {
+    target_dir().join("layers")
+}
+
 /// `cargo package` of every library crate, each verified by building the packaged sources
 /// against its siblings' packages (cargo's local registry overlay for workspace packages).
 pub fn package() -> Result<()> {
+    forget_unpacked_packages()?;
+    // Registry packages are assumed immutable, so cargo would also reuse what it compiled from
+    // an earlier run's packages of the same version.
+    let mut clean = cargo();
+    clean
+        .args(["clean", "--quiet", "--target-dir"])
+        .arg(layers_target_dir());
+    for lib in LIBRARIES {
+        clean.args(["-p", lib]);
+    }
+    run_cmd(&mut clean)?;
     let mut cmd = cargo();
-    cmd.args(["package", "--allow-dirty"]);
+    cmd.args(["package", "--allow-dirty", "--target-dir"])
+        .arg(layers_target_dir());
     for lib in LIBRARIES {
         cmd.args(["-p", lib]);
     }
     run_cmd(&mut cmd)
+}
+
+/// Removes the copies of the library packages that an earlier `cargo package` unpacked from its
+/// local registry overlay. Cargo unpacks a registry package once per name and version (into
+/// `$CARGO_HOME/registry/src/-HASH/`, the `-` of a registry without a host) and reuses that copy
+/// even when the package changed since, as local registries are assumed immutable: without
+/// this, a second run verifies against the first run's sources.
+fn forget_unpacked_packages() -> Result<()> {
+    let home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry").join("src")) else {
+        return Ok(());
+    };
+    let Ok(registries) = std::fs::read_dir(&src) else {
+        return Ok(());
+    };
+    for reg in registries.flatten() {
+        if !reg.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        let Ok(unpacked) = std::fs::read_dir(reg.path()) else {
+            continue;
+        };
+        for dir in unpacked.flatten() {
+            let name = dir.file_name().to_string_lossy().into_owned();
+            let ours = LIBRARIES.iter().any(|lib| {
+                name.strip_prefix(lib)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            if ours {
+                std::fs::remove_dir_all(dir.path())
+                    .map_err(|e| format!("removing {}: {e}", dir.path().display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fails where a library's README shows a dependency list (`cargo tree -e normal --depth 1 -p
+/// CRATE`) other than the one cargo prints now.
+pub fn readme_trees() -> Result<()> {
+    let root = workspace_root();
+    for lib in LIBRARIES {
+        let readme_path = root.join(lib).join("README.md");
+        let readme = std::fs::read_to_string(&readme_path)
+            .map_err(|e| format!("{}: {e}", readme_path.display()))?;
+        let cmd = format!("cargo tree -e normal --depth 1 -p {lib}");
+        let Some(shown) = readme
+            .split_once(&format!("(`{cmd}"))
+            .and_then(|(_, rest)| rest.split_once("```text\n"))
+            .and_then(|(_, rest)| rest.split_once("```"))
+            .map(|(tree, _)| tree)
+        else {
+            return Err(format!("{lib}/README.md shows no `{cmd}` output"));
+        };
+        let out = cargo()
+            .args(["tree", "-e", "normal", "--depth", "1", "-p", lib])
+            .current_dir(&root)
+            .output()
+            .map_err(|e| format!("could not start cargo tree: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{cmd} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        // Workspace crates print their path, which depends on the checkout.
+        let actual: String = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| match l.find(" (/") {
+                Some(i) => &l[..i],
+                None => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if actual.trim_end() != shown.trim_end() {
+            return Err(format!(
+                "{lib}/README.md shows other dependencies than `{cmd}` prints now; \
+                 replace its list with:\n{actual}"
+            ));
+        }
+    }
+    println!("README dependency lists: as cargo tree prints them");
+    Ok(())
 }
 
 /// Builds and runs each downstream crate and fails if its dependency tree holds a GPU crate or a
@@ -76,7 +181,8 @@ pub fn downstream() -> Result<()> {
             cargo()
                 .args(["run", "--quiet", "--manifest-path"])
                 .arg(&manifest)
-                .env("CARGO_TARGET_DIR", target_dir()),
+                .arg("--target-dir")
+                .arg(layers_target_dir()),
         )?;
         let out = cargo()
             .args([
