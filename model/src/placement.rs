@@ -235,12 +235,14 @@ pub fn parse_bytes(s: &str) -> Result<u64, ModelError> {
     let v: f64 = num
         .parse()
         .map_err(|_| ModelError::InvalidArgument(format!("byte count `{s}` is not a number")))?;
-    if !v.is_finite() || v < 0.0 {
+    let bytes = v * mult as f64;
+    // 2^64 as f64: the first value a u64 cannot hold (the cast would saturate silently).
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= 18_446_744_073_709_551_616.0 {
         return Err(ModelError::InvalidArgument(format!(
-            "byte count `{s}` is out of range"
+            "byte count `{s}` is out of range (at most 16 EiB)"
         )));
     }
-    Ok((v * mult as f64) as u64)
+    Ok(bytes as u64)
 }
 
 /// Formats bytes as MiB with two decimals.
@@ -398,6 +400,10 @@ mod tests {
         assert_eq!(parse_bytes("2g").unwrap(), 2 << 30);
         assert!(parse_bytes("12X").is_err());
         assert!(parse_bytes("M").is_err());
+        // Past u64: refused, not saturated to 16 EiB.
+        let e = parse_bytes("99999999999T").expect_err("past u64");
+        assert!(e.to_string().contains("out of range"), "{e}");
+        assert!(parse_bytes("16777215T").is_ok());
         assert_eq!("gpu".parse::<DeviceChoice>().unwrap(), DeviceChoice::Gpu);
         assert!("tpu".parse::<DeviceChoice>().is_err());
     }

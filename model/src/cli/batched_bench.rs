@@ -22,7 +22,7 @@ pub struct BatchedBenchArgs {
     /// Tokens generated per sequence (comma-separated).
     #[arg(long = "ntg", value_delimiter = ',', default_value = "128")]
     ntg: Vec<usize>,
-    /// Parallel sequences (comma-separated).
+    /// Parallel sequences (comma-separated; at most 4096).
     #[arg(long = "npl", value_delimiter = ',', default_value = "1,2,4,8")]
     npl: Vec<usize>,
     /// Positions per KV block.
@@ -86,9 +86,45 @@ fn run_one(
     })
 }
 
+/// Most positions per KV block `--block-size` takes.
+const MAX_BLOCK_SIZE: usize = 1 << 16;
+/// Most parallel sequences `-npl` takes (far beyond what fits any GPU's KV cache at useful
+/// lengths; a typo cannot ask for billions).
+const MAX_PARALLEL: usize = 4096;
+
+/// Refuses lists and sizes no run can use, before the model is loaded: a test needs a prompt
+/// and a sequence, and the totals must stay countable.
+fn check_args(a: &BatchedBenchArgs, n_ctx_train: usize) -> Result<(), ModelError> {
+    let bad = |m: String| Err(ModelError::InvalidArgument(m));
+    if a.block_size == 0 || a.block_size > MAX_BLOCK_SIZE {
+        return bad(format!(
+            "--block-size {}: give 1 to {MAX_BLOCK_SIZE} positions per block",
+            a.block_size
+        ));
+    }
+    let over = |flag: &str, v: &[usize], max: usize| {
+        v.iter()
+            .find(|&&n| n > max)
+            .map(|n| format!("{flag} {n}: at most {max}"))
+    };
+    let too_large = over("-npp", &a.npp, n_ctx_train)
+        .or_else(|| over("-ntg", &a.ntg, n_ctx_train))
+        .or_else(|| over("-npl", &a.npl, MAX_PARALLEL));
+    if let Some(m) = too_large {
+        return bad(format!(
+            "{m} (the model's context is {n_ctx_train} positions)"
+        ));
+    }
+    if !a.npp.iter().any(|&n| n > 0) || !a.npl.iter().any(|&n| n > 0) {
+        return bad("-npp and -npl need at least one value above 0".into());
+    }
+    Ok(())
+}
+
 pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
     let tm = a.m.load()?;
     let model = Arc::new(tm.model().clone());
+    check_args(a, model.config().n_ctx_train)?;
     let mut session = a.m.session_options(&tm)?;
     let max_b = a.npl.iter().copied().max().unwrap_or(1).max(1);
     let longest =
@@ -129,7 +165,15 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
     let n_vocab = model.config().n_vocab;
     let mut rng = Rng::new(1234);
     // One short warm-up request: page faults and first-pass allocations are not measured.
-    run_one(&e, &mut rng, n_vocab, 8.min(n_ctx_per_seq - 2).max(1), 1, 1)?;
+    run_one(
+        &e,
+        &mut rng,
+        n_vocab,
+        8.min(n_ctx_per_seq.saturating_sub(2)).max(1),
+        1,
+        1,
+    )?;
+    let mut rows = 0usize;
     for &pp in &a.npp {
         for &tg in &a.ntg {
             for &b in &a.npl {
@@ -138,6 +182,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
                     continue;
                 }
                 let r = run_one(&e, &mut rng, n_vocab, pp, tg, b)?;
+                rows += 1;
                 let t = r.t_pp + r.t_tg;
                 println!(
                     "| {pp:5} | {tg:6} | {b:4} | {n_kv:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {t:8.3} | {:8.2} |",
@@ -152,10 +197,53 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
     }
     let s = e.stats();
     e.shutdown();
+    if rows == 0 {
+        return Err(ModelError::InvalidArgument(format!(
+            "no -npp/-ntg/-npl combination fits the KV cache of {} positions (B x (PP + TG) \
+             must fit; -c sets it)",
+            kv_blocks * a.block_size
+        )));
+    }
     eprintln!(
         "\n{} forward steps, {} preemptions; S_TG counts the TG tokens each sequence makes after \
          its first (which the prompt phase samples)",
         s.steps, s.preemptions
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{check_args, BatchedBenchArgs};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: BatchedBenchArgs,
+    }
+
+    fn args(v: &[&str]) -> BatchedBenchArgs {
+        let argv = ["batched-bench"].iter().chain(v).copied();
+        Cli::try_parse_from(argv).expect("parse").a
+    }
+
+    #[test]
+    fn lists_and_sizes_no_run_can_use_are_refused() {
+        assert!(check_args(&args(&[]), 2048).is_ok());
+        for (v, words) in [
+            (
+                &["--npp", "0", "--ntg", "0", "--npl", "0"][..],
+                "at least one value above 0",
+            ),
+            (&["--block-size", "0"], "--block-size 0"),
+            (&["--npp", "99999999"], "-npp 99999999: at most 2048"),
+            (&["--ntg", "18446744073709551615"], "at most 2048"),
+            (&["--npl", "100000"], "-npl 100000: at most 4096"),
+        ] {
+            let e = check_args(&args(v), 2048).expect_err("refused");
+            assert!(e.to_string().contains(words), "{v:?}: {e}");
+        }
+    }
 }

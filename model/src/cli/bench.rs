@@ -188,6 +188,15 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
         .max()
         .unwrap_or(0);
     opts.n_ctx = opts.n_ctx.max(longest).min(cfg.n_ctx_train);
+    // Refused before any work: a test longer than the context would first make its tokens
+    // (gigabytes for a mistyped count) and only then find the context full.
+    if longest > opts.n_ctx {
+        return Err(ModelError::InvalidArgument(format!(
+            "a test of {longest} tokens does not fit the context of {} positions (the model's \
+             maximum is {})",
+            opts.n_ctx, cfg.n_ctx_train
+        )));
+    }
     opts.n_batch = opts
         .n_batch
         .max(a.n_prompt.iter().copied().max().unwrap_or(1));
@@ -236,7 +245,7 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
         // workspaces and kernels), a few tokens for tg (every step has the same shapes).
         let warm = if gen { n.min(16) } else { n };
         run_once(&mut session, &mut rng, cfg.n_vocab, warm, gen)?;
-        let mut speeds = Vec::with_capacity(a.reps);
+        let mut speeds = Vec::new();
         for _ in 0..a.reps.max(1) {
             speeds.push(run_once(&mut session, &mut rng, cfg.n_vocab, n, gen)?);
         }
@@ -347,5 +356,28 @@ mod tests {
         assert!(gemma.tensor("output.weight").is_none());
         let all: u64 = gemma.tensors().iter().map(|t| t.size).sum();
         assert_eq!(weight_bytes_per_token(&gemma), all);
+    }
+
+    #[test]
+    fn a_test_longer_than_the_context_is_refused_before_it_runs() {
+        use clap::Parser;
+
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: super::BenchArgs,
+        }
+        let path =
+            std::env::temp_dir().join(format!("rocmforge-bench-long-{}.gguf", std::process::id()));
+        crate::synth::write_model("llama", &path, 3).expect("write synthetic model");
+        let m = path.to_str().expect("utf-8 path");
+        // A mistyped count: refused at once, not after making a billion prompt tokens.
+        let argv = ["bench", "-m", m, "-p", "999999999", "-n", "1", "-t", "1"];
+        let a = Cli::try_parse_from(argv).expect("parse").a;
+        let e = super::bench(&a).expect_err("longer than the context");
+        let _ = std::fs::remove_file(&path);
+        let msg = e.to_string();
+        assert!(msg.contains("999999999 tokens does not fit"), "{msg}");
+        assert!(msg.contains("maximum is 2048"), "{msg}");
     }
 }
