@@ -60,6 +60,11 @@ impl HipDevice {
         match self.never {}
     }
 
+    /// See the HIP build's `runtime_bytes`.
+    pub fn runtime_bytes(&self) -> u64 {
+        match self.never {}
+    }
+
     /// See the HIP build's `ordinal`.
     pub fn ordinal(&self) -> i32 {
         match self.never {}

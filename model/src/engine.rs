@@ -164,7 +164,7 @@ mod gpu {
     use ggml_graph::backend::{CpuDevice, Device};
     use ggml_graph::hip::HipDevice;
     use ggml_graph::sched::PlacementRule;
-    use ggml_graph::{CpuBackend, Graph, Leaf, Op, Scheduler};
+    use ggml_graph::{CpuBackend, Graph, Leaf, Op, Scheduler, Tensor};
 
     use super::{cpu_only, Engine, KvPool};
     use crate::arch::KvCacheSpec;
@@ -264,22 +264,30 @@ mod gpu {
         })
     }
 
-    /// The HIP backend's workspace for `n_batch` tokens (see [`HipDevice::workspace_bytes`]),
-    /// with the weights of the repeating layers and, when `head`, of the output head too.
-    fn workspace(model: &Model, n_batch: usize, head: bool) -> u64 {
-        let cfg = model.config();
-        let weights = model
-            .file()
-            .tensors()
-            .iter()
-            .filter(|t| head || layer_of(&t.name).is_some())
-            .map(|t| t.dims.as_slice());
-        HipDevice::workspace_bytes(weights, n_batch, cfg.n_embd, cfg.n_vocab)
+    /// The HIP backend's workspace for the optimized graph `g` of the largest batch (see
+    /// [`HipDevice::workspace_for`]): with only the repeating layers on the GPU (the head's
+    /// nodes on the CPU, `n_batch` activation rows crossing over) or with everything there.
+    fn workspace(model: &Model, g: &Graph, n_batch: usize, attn_dec: bool, head: bool) -> u64 {
+        let on_gpu = |_: &Tensor, srcs: &[&Tensor]| {
+            head || srcs
+                .iter()
+                .filter(|s| s.op == Op::Leaf(Leaf::Weight))
+                .all(|s| layer_of(&s.name).is_some())
+        };
+        let copy_rows = if head { 0 } else { n_batch };
+        HipDevice::workspace_for(g, &on_gpu, attn_dec, copy_rows, model.config().n_embd).total()
     }
 
     /// What the GPU part of a session needs: weights by layer, KV rows per layer, the
-    /// planner's activation arena for the worst-case batch, and the backend's workspace.
-    fn needs(model: &Model, kv: &KvCacheSpec, n_batch: usize, activations: u64) -> Needs {
+    /// planner's activation arena for the worst-case batch, and the backend's workspace for it.
+    fn needs(
+        opts: &SessionOptions,
+        model: &Model,
+        kv: &KvCacheSpec,
+        g: &Graph,
+        n_batch: usize,
+        activations: u64,
+    ) -> Needs {
         let cfg = model.config();
         let sizes = model
             .file()
@@ -292,8 +300,8 @@ mod gpu {
             other_weights,
             kv_per_layer: kv.bytes(cfg).checked_div(cfg.n_layer).unwrap_or(0) as u64,
             activations,
-            workspace_layers: workspace(model, n_batch, false),
-            workspace_head: workspace(model, n_batch, true),
+            workspace_layers: workspace(model, g, n_batch, opts.hip.attn_dec, false),
+            workspace_head: workspace(model, g, n_batch, opts.hip.attn_dec, true),
         }
     }
 
@@ -346,7 +354,7 @@ mod gpu {
             },
             None => *kv,
         };
-        let needs = needs(model, &kv_min, n_batch, activations);
+        let needs = needs(opts, model, &kv_min, &g, n_batch, activations);
         let (ngl, reason) = match opts.n_gpu_layers {
             Some(n) => (n, format!("-ngl {n}")),
             None => {
@@ -395,6 +403,7 @@ mod gpu {
             available: Some(available),
             reason: format!("{reason}{}", if fuse { "" } else { "; unfused graph" }),
             kv: KvPlan::of(&kv, model.config()),
+            runtime: Some(hip.runtime_bytes()),
         };
         // Device order is the placement's: GPU first, then the CPU.
         const { assert!(GPU == 0 && CPU == 1) };
@@ -423,7 +432,9 @@ mod gpu {
     fn open_gpu(opts: &SessionOptions) -> Result<Arc<HipDevice>, ModelError> {
         let hip = HipDevice::with_options(0, opts.hip)?;
         if let Some(l) = opts.gpu_mem_limit {
-            hip.cap_budget(l);
+            // The limit bounds what the process holds on the card, the runtime's own share
+            // included.
+            hip.cap_budget(l.saturating_sub(hip.runtime_bytes()));
         }
         Ok(Arc::new(hip))
     }

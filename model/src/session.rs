@@ -208,6 +208,10 @@ pub struct DevicePlan {
     pub reason: String,
     /// The KV cache of every layer, wherever it lives.
     pub kv: KvPlan,
+    /// Device bytes of the GPU runtime's context and library handles (measured when the
+    /// process opened the device; counted against `--gpu-mem-limit`); `None`: no GPU, or not
+    /// measured.
+    pub runtime: Option<u64>,
 }
 
 /// The KV cache a session or engine holds.
@@ -261,6 +265,7 @@ impl DevicePlan {
             available: None,
             reason,
             kv,
+            runtime: None,
         }
     }
 
@@ -304,6 +309,9 @@ impl fmt::Display for DevicePlan {
         )?;
         if let Some(a) = self.available {
             write!(f, " of {} available", mib(a))?;
+        }
+        if let Some(r) = self.runtime {
+            write!(f, "; runtime context and handles {} (measured)", mib(r))?;
         }
         write!(f, "\n{}", self.kv)
     }

@@ -11,14 +11,14 @@ use crate::error::Result;
 use crate::tensor::{DType, Tensor};
 
 /// KV length from which single-token attention splits the keys across blocks.
-const SPLIT_K_FROM: usize = 512;
-const SPLIT_LEN: usize = 256;
+pub(super) const SPLIT_K_FROM: usize = 512;
+pub(super) const SPLIT_LEN: usize = 256;
 /// Query tokens from which f16-cache attention runs as GEMMs (`attention_gemm`).
-const ATTN_GEMM_FROM: usize = 16;
+pub(super) const ATTN_GEMM_FROM: usize = 16;
 /// Query tokens per `attention_gemm` chunk, at most (fewer when scores would pass the scratch cap).
-const ATTN_GEMM_CHUNK: usize = 512;
+pub(super) const ATTN_GEMM_CHUNK: usize = 512;
 /// Scratch for one chunk's scores (f32) and probabilities (f16), at most.
-const ATTN_GEMM_SCRATCH: usize = 64 << 20;
+pub(super) const ATTN_GEMM_SCRATCH: usize = 64 << 20;
 
 pub(super) fn attention(
     d: &HipDevice,

@@ -115,6 +115,30 @@ struct Inner {
     /// The persistent decode stack (`stack`); off without `HipOptions::stack` and where the
     /// device cannot run it.
     stack: Mutex<stack::State>,
+    /// Device bytes of the runtime's context and library handles (see `runtime_bytes`).
+    runtime: u64,
+}
+
+/// Device bytes the runtime holds for this process before it allocates anything itself, by
+/// ordinal, measured when the process first opens the device (a later open would see this
+/// process's own allocations too).
+fn runtime_bytes_of(dev: &gpu_mem::Device) -> u64 {
+    static SEEN: std::sync::OnceLock<Mutex<HashMap<i32, u64>>> = std::sync::OnceLock::new();
+    let mut seen = SEEN.get_or_init(|| Mutex::new(HashMap::new())).lock();
+    *seen.entry(dev.ordinal()).or_insert_with(|| {
+        // The context exists (the device is open) and the BLAS handle too: what the card has
+        // in use beyond our own tracked allocations is theirs (and other processes', which a
+        // dedicated card has none of).
+        match dev.api().mem_get_info() {
+            Ok((free, total)) => total
+                .saturating_sub(free)
+                .saturating_sub(dev.tracker().live_bytes()),
+            Err(e) => {
+                tracing::warn!("cannot measure the GPU runtime's memory: {e}");
+                0
+            }
+        }
+    })
 }
 
 impl Drop for Inner {
@@ -185,7 +209,9 @@ impl HipDevice {
         let early = sb.stream().set_early_launch(early);
         tracing::debug!("hip backend: early kernel launches {early}");
         let stack = Self::stack_state(&dev, &sb, &target, ordinal, opts.stack)?;
+        let runtime = runtime_bytes_of(&dev);
         let inner = Arc::new(Inner {
+            runtime,
             dev,
             sb,
             target,
@@ -331,6 +357,13 @@ impl HipDevice {
     pub fn cap_budget(&self, bytes: u64) {
         let b = self.inner.dev.budget();
         b.set_limit(b.limit().min(bytes));
+    }
+
+    /// Device bytes the runtime's context and library handles (the BLAS handle and its
+    /// workspace) hold for this process, measured when the process first opened the device:
+    /// what `nvidia-smi` / `rocm-smi` count for the process beyond [`HipDevice::allocated_bytes`].
+    pub fn runtime_bytes(&self) -> u64 {
+        self.inner.runtime
     }
 
     /// Device bytes allocated now (every tracked allocation).

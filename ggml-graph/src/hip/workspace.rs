@@ -1,82 +1,292 @@
 //! The HIP backend's own memory besides weights, KV cache and the planned activation arena, as
-//! a byte count that a placement can budget for before anything is allocated.
+//! byte counts that a placement can budget for before anything is allocated, derived from the
+//! graph the device will run: each node asks for what its launch asks the backend for.
+//!
+//! The launch code grows one scratch buffer (f16 copies for GEMM products, attention partials
+//! and probabilities) to the next power of two of the largest request, and one buffer of Q8_1
+//! activations for the mat-vecs; this module walks a graph with the same size rules. This file
+//! also builds without the `hip` feature (the `fit` command plans without a GPU), so the rules'
+//! constants are repeated here and checked against the launch code's where that is compiled.
 
 use super::HipDevice;
+use crate::plan::needed_nodes;
+use crate::tensor::{DType, Op, Tensor};
+use crate::Graph;
 
-/// The scratch never starts below this (small graphs still quantize and combine through it).
+/// The scratch never starts below this (`HipDevice::scratch`).
 const MIN_SCRATCH: u64 = 1 << 20;
-/// Headroom for the small buffers that come and go (Q8 caches, stack tables).
+/// The Q8_1 activation buffer never starts below this (`Q8Cache`).
+const MIN_Q8: u64 = 1 << 16;
+/// Headroom for the small buffers that come and go (decode-stack tables and scratch, graph
+/// capture parameters).
 const SLACK: u64 = 1 << 20;
+/// Columns up to which products run as mat-vecs on Q8_1 activations (`ops::MATVEC_MAX_COLS`).
+const MATVEC_MAX_COLS: usize = 8;
+/// Alignment of the areas inside the scratch (`ops::ALIGN`).
+const ALIGN: usize = 256;
+/// Attention (`attn.rs`): single-token key splits, the GEMM prefill and its chunking.
+const SPLIT_K_FROM: usize = 512;
+const SPLIT_LEN: usize = 256;
+const ATTN_GEMM_FROM: usize = 16;
+const ATTN_GEMM_CHUNK: usize = 512;
+const ATTN_GEMM_SCRATCH: usize = 64 << 20;
+/// Most keys the one-launch decode attention takes (`kernels::ATTN_DEC_MAX_KV`).
+const ATTN_DEC_MAX_KV: usize = 4096;
+
+#[cfg(feature = "hip")]
+const _: () = {
+    assert!(MATVEC_MAX_COLS == super::ops::MATVEC_MAX_COLS);
+    assert!(ALIGN == super::ops::ALIGN);
+    assert!(ATTN_DEC_MAX_KV == kernels::ATTN_DEC_MAX_KV);
+    assert!(SPLIT_K_FROM == super::attn::SPLIT_K_FROM);
+    assert!(SPLIT_LEN == super::attn::SPLIT_LEN);
+    assert!(ATTN_GEMM_FROM == super::attn::ATTN_GEMM_FROM);
+    assert!(ATTN_GEMM_CHUNK == super::attn::ATTN_GEMM_CHUNK);
+    assert!(ATTN_GEMM_SCRATCH == super::attn::ATTN_GEMM_SCRATCH);
+};
+
+/// Bytes of `ncols` values quantized to Q8_1 (`kernels::q8_1_vector_bytes`).
+fn q8_1_vector_bytes(ncols: usize) -> usize {
+    (ncols / 32 * 36).div_ceil(16) * 16
+}
+
+fn align(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// The backend's memory for a graph, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Workspace {
+    /// The scratch buffer as it grows: the largest request rounded up to a power of two.
+    pub scratch: u64,
+    /// The Q8_1 activation buffer of the mat-vecs.
+    pub q8: u64,
+    /// The scheduler's copy slots for activations crossing devices.
+    pub copies: u64,
+    /// Headroom for small buffers.
+    pub slack: u64,
+}
+
+impl Workspace {
+    /// Device bytes in all.
+    pub fn total(&self) -> u64 {
+        self.scratch
+            .saturating_add(self.q8)
+            .saturating_add(self.copies)
+            .saturating_add(self.slack)
+    }
+}
+
+/// Scratch and Q8_1 bytes one node asks for, as its launch does.
+fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool) -> (usize, usize) {
+    match (&t.op, srcs) {
+        (Op::MulMat | Op::MulMatAdd, [w, x, ..]) | (Op::MulMatGated(_), [w, _, x]) => {
+            let (k, n, m) = (w.ne[0], w.ne[1], x.nrows());
+            let gated = matches!(t.op, Op::MulMatGated(_));
+            // Mat-vecs quantize the activations; a decode pass (one column) always does.
+            let q8 = if w.dtype.is_quantized() {
+                m.min(MATVEC_MAX_COLS).max(1) * q8_1_vector_bytes(k)
+            } else {
+                0
+            };
+            if m <= MATVEC_MAX_COLS || w.dtype == DType::F32 {
+                return (0, q8);
+            }
+            // GEMM: f16 copies of the activations and (unless f16 already) of the weight; a
+            // gated product keeps the up product after them.
+            let x_bytes = align(m * k * 2);
+            let w_bytes = if w.dtype == DType::F16 { 0 } else { n * k * 2 };
+            let scratch = if gated {
+                x_bytes + align(n * k * 2) + n * m * 4
+            } else {
+                x_bytes + w_bytes
+            };
+            (scratch, q8)
+        }
+        (Op::RmsNormMul { .. }, [x, ..]) if x.nrows() <= MATVEC_MAX_COLS => {
+            (0, x.nrows() * q8_1_vector_bytes(x.ne[0]))
+        }
+        (Op::Attention(_), [q, k, ..]) => {
+            let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
+            let (n_kv_heads, n_kv) = (k.ne[1], k.ne[2]);
+            let dec = attn_dec && n_kv <= ATTN_DEC_MAX_KV && k.dtype != DType::Q8_0;
+            let q8 = if dec && n_tok <= MATVEC_MAX_COLS && hd % 32 == 0 {
+                n_tok * q8_1_vector_bytes(n_heads * hd)
+            } else {
+                0
+            };
+            // A one-token pass over the same cache (decode at this depth) splits the keys.
+            let splits = n_kv.div_ceil(SPLIT_LEN);
+            let partials = if !dec && n_kv >= SPLIT_K_FROM && splits > 1 {
+                splits * n_heads * (hd + 2) * 4
+            } else {
+                0
+            };
+            let gemm = if n_tok >= ATTN_GEMM_FROM && k.dtype == DType::F16 && n_kv > 0 {
+                let chunk = (ATTN_GEMM_SCRATCH / (n_kv_heads * n_kv * 6).max(1))
+                    .clamp(1, ATTN_GEMM_CHUNK.min(n_tok));
+                align(n_tok * n_heads * hd * 2)
+                    + align(n_kv_heads * chunk * n_kv * 4)
+                    + n_kv_heads * chunk * n_kv * 2
+            } else {
+                0
+            };
+            (partials.max(gemm), q8)
+        }
+        _ => (0, 0),
+    }
+}
 
 impl HipDevice {
-    /// Bytes this backend allocates for a run besides weights, KV cache and the planned arena:
-    /// its scratch (f16 copies of one weight and of the activations for batched mat-muls,
-    /// quantized activations, attention partials; grown to a power of two, at least 1 MiB), the
-    /// pinned staging of the f32 read-back of `read_back` elements, and the scheduler's copy
-    /// slots for `n_batch` rows of `row` elements crossing devices.
-    ///
-    /// `weights` are the shapes (ggml order: row length first) of the weights the device holds;
-    /// `row` is the activation row width, which every mat-mul input reaches at least.
-    pub fn workspace_bytes<'a>(
-        weights: impl IntoIterator<Item = &'a [u64]>,
-        n_batch: usize,
-        row: usize,
-        read_back: usize,
-    ) -> u64 {
-        let (mut w_elems, mut max_k) = (0u64, row as u64);
-        for dims in weights {
-            // Shapes come from the file: a product past u64 is no size any device has.
-            let elems = dims
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .unwrap_or(u64::MAX);
-            w_elems = w_elems.max(elems);
-            max_k = max_k.max(dims.first().copied().unwrap_or(0));
+    /// What this backend allocates to run `graph` (optimized as the device runs it) besides
+    /// weights, KV cache and the planned arena, counting the nodes `on_device` accepts: the
+    /// scratch and Q8_1 buffers its launches ask for, `copy_rows` rows of `row_width` f32
+    /// values crossing devices (zero when nothing does), and small headroom. `attn_dec`: the
+    /// one-launch decode attention is on ([`crate::HipOptions::attn_dec`]).
+    pub fn workspace_for(
+        graph: &Graph,
+        on_device: &dyn Fn(&Tensor, &[&Tensor]) -> bool,
+        attn_dec: bool,
+        copy_rows: usize,
+        row_width: usize,
+    ) -> Workspace {
+        let nodes = graph.tensors();
+        let needed = needed_nodes(graph);
+        let (mut scratch, mut q8) = (0usize, 0usize);
+        for (i, t) in nodes.iter().enumerate() {
+            if !needed[i] {
+                continue;
+            }
+            let srcs: Vec<&Tensor> = t.src.iter().map(|s| &nodes[s.index()]).collect();
+            if !on_device(t, &srcs) {
+                continue;
+            }
+            let (s, q) = node_needs(t, &srcs, attn_dec);
+            scratch = scratch.max(s);
+            q8 = q8.max(q);
         }
-        let n_batch = n_batch as u64;
-        let scratch = w_elems
-            .saturating_mul(2)
-            .saturating_add(n_batch.saturating_mul(max_k).saturating_mul(4))
-            .max(MIN_SCRATCH);
-        let staging = (read_back as u64).saturating_mul(4);
-        let copies = n_batch.saturating_mul(row as u64).saturating_mul(8);
-        scratch
+        let scratch = (scratch as u64)
             .checked_next_power_of_two()
             .unwrap_or(u64::MAX)
-            .saturating_add(staging)
-            .saturating_add(copies)
-            .saturating_add(SLACK)
+            .max(MIN_SCRATCH);
+        Workspace {
+            scratch,
+            q8: (q8 as u64).max(MIN_Q8),
+            copies: (copy_rows as u64)
+                .saturating_mul(row_width as u64)
+                .saturating_mul(8),
+            slack: SLACK,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::{contiguous_strides, Act, AttnParams, Leaf};
 
-    #[test]
-    fn workspace_counts_scratch_staging_and_copies() {
-        // A 4096 x 4096 weight and 64 rows of 4096: 32 MiB + 1 MiB of scratch, grown to 64 MiB.
-        let w: [u64; 2] = [4096, 4096];
-        let bytes = HipDevice::workspace_bytes([&w[..]], 64, 4096, 1000);
-        assert_eq!(bytes, (64 << 20) + 4000 + 8 * 64 * 4096 + (1 << 20));
-        // A wider input row (an FFN down matrix) counts for the scratch, not for the copies:
-        // 128 MiB of f16 weight + 4 MiB of f16 activations, grown to 256 MiB.
-        let down: [u64; 2] = [16384, 4096];
-        let more = HipDevice::workspace_bytes([&w[..], &down[..]], 64, 4096, 1000);
-        assert_eq!(more, (256 << 20) + 4000 + 8 * 64 * 4096 + (1 << 20));
-        // Nothing on the device still keeps the 1 MiB minimum scratch.
-        let none = HipDevice::workspace_bytes([], 1, 8, 0);
-        assert_eq!(none, (1 << 20) + 64 + (1 << 20));
+    fn tensor(dtype: DType, ne: [usize; 4], op: Op) -> Tensor {
+        Tensor {
+            name: String::new(),
+            dtype,
+            ne,
+            nb: contiguous_strides(dtype, &ne),
+            op,
+            src: Vec::new(),
+            view_of: None,
+        }
+    }
+
+    fn graph(n_tok: usize, head: usize) -> (Graph, usize) {
+        // One llama-like layer's products (8B shapes) and its attention, then the head on
+        // `head` columns.
+        let (e, ff, voc, nkv) = (4096, 14336, 128256, 1024);
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[e, n_tok]).unwrap();
+        let wq = g
+            .weight("blk.0.attn_q.weight", DType::Q4_K, &[e, e])
+            .unwrap();
+        let wg = g
+            .weight("blk.0.ffn_gate.weight", DType::Q4_K, &[e, ff])
+            .unwrap();
+        let wu = g
+            .weight("blk.0.ffn_up.weight", DType::Q4_K, &[e, ff])
+            .unwrap();
+        let wo = g.weight("output.weight", DType::Q6_K, &[e, voc]).unwrap();
+        let q = g.mul_mat(wq, x).unwrap();
+        let gate = g.mul_mat(wg, x).unwrap();
+        let up = g.mul_mat(wu, x).unwrap();
+        let h = g.gated(Act::Silu, gate, up).unwrap();
+        let q3 = g.reshape(q, &[128, 32, n_tok]).unwrap();
+        let k = g.input("k", DType::F16, &[128, 8, nkv]).unwrap();
+        let pos = g.input("pos", DType::I32, &[n_tok]).unwrap();
+        let p = AttnParams {
+            scale: 1.0,
+            causal: true,
+            window: None,
+            softcap: None,
+        };
+        let a = g.attention(q3, k, k, pos, None, p).unwrap();
+        let last = g
+            .view(x, &[e, head], &[e * 4], (n_tok - head) * e * 4)
+            .unwrap();
+        let logits = g.mul_mat(wo, last).unwrap();
+        for o in [h, a, logits] {
+            g.mark_output(o).unwrap();
+        }
+        (g, ff)
     }
 
     #[test]
-    fn sizes_past_any_device_saturate_instead_of_wrapping() {
-        // Shapes and counts from a hostile file: the estimate is "more than any GPU has",
-        // never a small wrapped number that would pass a fit check.
-        let huge: [u64; 3] = [1 << 40, 1 << 40, 1 << 40];
-        let bytes = HipDevice::workspace_bytes([&huge[..]], usize::MAX, usize::MAX, usize::MAX);
-        assert_eq!(bytes, u64::MAX);
-        let wide: [u64; 2] = [u64::MAX, 2];
-        assert_eq!(HipDevice::workspace_bytes([&wide[..]], 1, 1, 1), u64::MAX);
+    fn workspace_follows_the_graph_not_the_largest_weight() {
+        // A 512-token prompt: the gate/up product's f16 weight copy (112 MiB) and activations,
+        // and (fused) the gated product's up rows, rounded to 256 MiB; the 1-column head adds
+        // only its Q8_1 vector, never an f16 copy of its 1 GiB matrix.
+        let (mut g, ff) = graph(512, 1);
+        let all = |_: &Tensor, _: &[&Tensor]| true;
+        // Unfused gate: the plain product's f16 copies only (x 4 MiB + w 112 MiB -> 128 MiB).
+        let w = HipDevice::workspace_for(&g, &all, true, 0, 4096);
+        let need = align(512 * 4096 * 2) + ff * 4096 * 2;
+        assert!(need > 64 << 20 && need <= 128 << 20);
+        assert_eq!(w.scratch, 128 << 20);
+        crate::opt::optimize(&mut g);
+        let w = HipDevice::workspace_for(&g, &all, true, 0, 4096);
+        assert_eq!(w.scratch, 256 << 20);
+        // The widest mat-vec row (the FFN's 14336 values) still fits the buffer's minimum.
+        assert!(q8_1_vector_bytes(ff) < MIN_Q8 as usize);
+        assert_eq!(w.q8, MIN_Q8);
+        assert_eq!(w.copies, 0);
+        assert_eq!(w.total(), (256 << 20) + MIN_Q8 + SLACK);
+        // Decode (one column): no scratch beyond the minimum, the Q8_1 vector of the widest k.
+        let (g1, _) = graph(1, 1);
+        let w1 = HipDevice::workspace_for(&g1, &all, true, 0, 4096);
+        assert_eq!(w1.scratch, MIN_SCRATCH);
+        assert_eq!(w1.q8, MIN_Q8);
+        // Nodes off the device count nothing; copies count 8 bytes per crossing value.
+        let none = |_: &Tensor, _: &[&Tensor]| false;
+        let w0 = HipDevice::workspace_for(&g, &none, true, 512, 4096);
+        assert_eq!((w0.scratch, w0.q8), (MIN_SCRATCH, MIN_Q8));
+        assert_eq!(w0.copies, 512 * 4096 * 8);
+    }
+
+    #[test]
+    fn attention_partials_and_gemm_scratch() {
+        let input = Op::Leaf(Leaf::Input);
+        let q = tensor(DType::F32, [128, 32, 1, 1], input.clone());
+        let k = tensor(DType::F16, [128, 8, 8192, 1], input.clone());
+        let p = AttnParams {
+            scale: 1.0,
+            causal: true,
+            window: None,
+            softcap: None,
+        };
+        let t = tensor(DType::F32, [128, 32, 1, 1], Op::Attention(p));
+        // Past the decode kernel's 4096 keys: 32 splits of partials.
+        assert_eq!(node_needs(&t, &[&q, &k], true).0, 32 * 32 * 130 * 4);
+        // Prefill of 512 tokens over 8192 f16 keys: the GEMM path's chunked scratch.
+        let q = tensor(DType::F32, [128, 32, 512, 1], input);
+        let chunk = (64usize << 20) / (8 * 8192 * 6);
+        let want = align(512 * 32 * 128 * 2) + align(8 * chunk * 8192 * 4) + 8 * chunk * 8192 * 2;
+        assert_eq!(node_needs(&t, &[&q, &k], true).0, want);
     }
 }
