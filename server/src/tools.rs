@@ -472,7 +472,7 @@ pub fn generic_system_prompt(tools: &[Tool], choice: &Choice) -> String {
     format!(
         "You can call these tools:\n{}\n\nTo call a tool, answer with JSON only, in the form \
          {{\"tool_call\": {{\"name\": \"<tool name>\", \"arguments\": {{...}}}}}}. {must}",
-        serde_json::to_string_pretty(&defs).unwrap_or_default()
+        serde_json::to_string(&defs).unwrap_or_default()
     )
 }
 

@@ -1,4 +1,5 @@
-"""The official `openai` Python client against a running `rocmforge serve`.
+"""The official `openai` Python client against a running `rocmforge serve`: chat, streaming,
+logprobs, completions, embeddings, structured output, tool calls and error classes.
 
 Usage: python3 openai_client.py BASE_URL API_KEY MODEL_ID
 Exits non-zero (with the failing check's traceback) when the server does not behave as the
@@ -95,6 +96,54 @@ def main() -> None:
     obj = json.loads(structured.choices[0].message.content)
     assert set(obj) == {"answer", "sure"} and obj["answer"] in ("yes", "no"), obj
     assert isinstance(obj["sure"], bool), obj
+
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    called = client.chat.completions.create(
+        model=model,
+        messages=ask,
+        tools=[weather],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=80,
+        temperature=0,
+    )
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls", called
+    (tc,) = choice.message.tool_calls
+    assert tc.type == "function" and tc.id and tc.function.name == "get_weather", tc
+    assert json.loads(tc.function.arguments)["city"] in ("Paris", "Oslo"), tc
+    # The call and its result go back through the template; the model answers or calls again.
+    ask += [choice.message, {"role": "tool", "tool_call_id": tc.id, "content": "22 C, sunny"}]
+    after = client.chat.completions.create(
+        model=model, messages=ask, tools=[weather], max_tokens=8, temperature=0
+    )
+    assert after.choices[0].finish_reason in ("stop", "length", "tool_calls"), after
+    streamed_args = ""
+    for chunk in client.chat.completions.create(
+        model=model,
+        messages=ask[:1],
+        tools=[weather],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
+        stream=True,
+    ):
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                streamed_args += d.function.arguments or ""
+    assert streamed_args == tc.function.arguments, (streamed_args, tc.function.arguments)
 
     try:
         client.chat.completions.create(model=model, messages=msgs, max_tokens=-5)

@@ -1,5 +1,6 @@
 //! The official `openai` Python package (PyPI) against the server: chat (whole and streamed),
-//! logprobs, completions with echo, models, and its error classes for 400, 404 and 401. Skipped
+//! logprobs, completions with echo, embeddings, structured output, a tool call, models, and its
+//! error classes for 400, 404 and 401. Skipped
 //! with a reason when python3 or the package is missing (`cargo xtask test` installs it).
 
 mod common;
@@ -25,13 +26,15 @@ fn openai_python_client() {
     let path = std::env::var_os("ROCMFORGE_TEST_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(common::synth_model);
-    let ts = common::start(
+    // Room for the tool descriptions the prompt carries in the tool-call case.
+    let ts = common::start_with_ctx(
         &path,
         2,
         ServerOptions {
             api_key: Some("test-key".into()),
             ..ServerOptions::default()
         },
+        1024,
     );
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
     let out = Command::new("python3")
