@@ -123,3 +123,9 @@ pub fn stack_launches() -> usize {
 pub fn head_launches() -> usize {
     0
 }
+
+/// `mmq_*` tile-kernel launches so far: none in this build.
+#[cfg(feature = "testing")]
+pub fn mmq_launches() -> usize {
+    0
+}

@@ -3,7 +3,8 @@
 //! and dequantize + gemmEx (TFLOP/s), at Llama-3-8B and Gemma-3-270M projection shapes. Timed
 //! with stream events over many launches; the weights rotate over copies that together exceed
 //! the L2 cache several times, so every launch reads its weights from device memory.
-//! Without a GPU or built kernels it prints why and exits.
+//! Without a GPU or built kernels it prints why and exits. `DECODE_BATCHED=1` runs only the
+//! batched products (mat-vec, integer tiles, dequantize + gemmEx at 1 to 256 vectors).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -11,7 +12,7 @@ mod common;
 use common::{gpu, Arg, DevBuf, Gpu, Rng};
 use gpu_mem::{Blas, DeviceAttribute, Event, GemmShape, MemRange, Op};
 use half::f16;
-use kernels::{q8_1_vector_bytes, KernelId, WeightType, MATVEC_WARPS};
+use kernels::{q8_1_vector_bytes, KernelId, MmqPlan, WeightType, MATVEC_WARPS, MMQ_THREADS};
 
 const ITERS: u32 = 200;
 
@@ -134,6 +135,10 @@ fn main() {
     let bw = gpu_mem::bandwidth::copy_bandwidth(&g.device, 1 << 30, 20).expect("copy bandwidth");
     println!("device-to-device copy: {:.0} GB/s (read + write)", bw / 1e9);
     let mut rng = Rng::new(7);
+    if std::env::var_os("DECODE_BATCHED").is_some() {
+        batched(&g, &mut rng, l2, bw, sms as usize);
+        return;
+    }
     println!(
         "matvec: us per call (back-to-back launches; replayed graph), weight GB/s and % of copy \
          bandwidth from the graph time (weights rotate over >= 4x L2)"
@@ -367,5 +372,178 @@ fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
             gbs / 1e9,
             100.0 * gbs / bw
         );
+    }
+}
+
+/// Batched products at the 8B's projection shapes: the mat-vec (one grid row per vector), the
+/// integer tile kernels (`mmq_*`, plus `mmq_combine` where the plan splits) and dequantization to
+/// f16 + gemmEx (with the activations' f16 conversion), per column count; times from replayed
+/// graphs, and each one's weight bytes per second as a share of the copy bandwidth `bw` (the
+/// weights' bandwidth limit; weights rotate over >= 4x L2).
+fn batched(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64, sms: usize) {
+    const COLS: &[usize] = &[1, 2, 4, 8, 16, 32, 64, 128, 256];
+    let blas = Blas::new(&g.stream).expect("blas");
+    println!(
+        "batched products: us per call (graph replay) and % of copy bandwidth for the weight bytes \
+         (matvec / mmq / dequant + gemmEx)"
+    );
+    for t in [
+        WeightType::Q4_K,
+        WeightType::Q6_K,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+    ] {
+        for (what, rows, cols) in [
+            ("4096x4096", 4096usize, 4096usize),
+            ("14336x4096", 14336, 4096),
+            ("4096x14336", 4096, 14336),
+        ] {
+            let row_bytes = cols / t.block_values() * t.block_bytes();
+            let wbytes = rows * row_bytes;
+            let n = copies(wbytes, l2);
+            let w = g.upload(&rng.bytes(n * wbytes));
+            let mmax = *COLS.last().unwrap_or(&1);
+            let x = g.upload(&rng.vec(cols * mmax));
+            let vb = q8_1_vector_bytes(cols);
+            let y = g.alloc(vb * mmax);
+            let out = g.alloc(rows * mmax * 4);
+            let part = g.alloc(rows * mmax * 4 * kernels::MMQ_MAX_SPLITS);
+            let wh = g.alloc(rows * cols * 2);
+            let xh = g.alloc(cols * mmax * 2);
+            // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+            unsafe {
+                g.launch(
+                    KernelId::QuantizeQ8_1,
+                    [(cols as u32).div_ceil(256), mmax as u32, 1],
+                    256,
+                    &[
+                        x.arg(),
+                        y.arg(),
+                        Arg::I32(cols as i32),
+                        Arg::I64(cols as i64),
+                    ],
+                )
+            };
+            for &m in COLS {
+                let wsub = |i: u32| w.sub((i as usize % n) * wbytes, wbytes);
+                let matvec = |i: u32| {
+                    // SAFETY: the buffers were allocated above for the shapes and counts passed
+                    // here.
+                    unsafe {
+                        g.launch(
+                            t.matvec(),
+                            [kernels::matvec_grid(t, rows), m as u32, 1],
+                            MATVEC_WARPS * g.warp,
+                            &matvec_args(wsub(i), &y, &out, rows, cols, row_bytes),
+                        )
+                    };
+                };
+                let plan = MmqPlan::new(rows, m, cols, 1, sms);
+                let mmq = |i: u32| {
+                    let p = plan.partial.then(|| part.range());
+                    // SAFETY: the buffers were allocated above for the shapes and counts passed
+                    // here (`part` holds MMQ_MAX_SPLITS results).
+                    unsafe {
+                        g.launch(
+                            t.mmq(plan.nt),
+                            plan.grid,
+                            MMQ_THREADS,
+                            &[
+                                Arg::Mem(wsub(i)),
+                                Arg::Null,
+                                Arg::Null,
+                                y.arg(),
+                                out.arg(),
+                                p.map_or(Arg::Null, Arg::Mem),
+                                Arg::I32(cols as i32),
+                                Arg::I64(row_bytes as i64),
+                                Arg::I32(rows as i32),
+                                Arg::I32(rows as i32),
+                                Arg::I32(m as i32),
+                                Arg::I32(plan.splits as i32),
+                            ],
+                        );
+                        if plan.partial {
+                            g.launch(
+                                KernelId::MmqCombine,
+                                kernels::mmq_combine_grid(rows, m),
+                                MMQ_THREADS,
+                                &[
+                                    part.arg(),
+                                    Arg::Null,
+                                    out.arg(),
+                                    Arg::I32(rows as i32),
+                                    Arg::I32(m as i32),
+                                    Arg::I32(rows as i32),
+                                    Arg::I32(plan.splits as i32),
+                                    Arg::I32(0),
+                                    Arg::I32(0),
+                                ],
+                            );
+                        }
+                    }
+                };
+                let shape = GemmShape {
+                    trans_a: Op::T,
+                    trans_b: Op::N,
+                    m: rows,
+                    n: m,
+                    k: cols,
+                    lda: cols,
+                    ldb: cols,
+                    ldc: rows,
+                };
+                let gemm = |i: u32| {
+                    // SAFETY: the buffers were allocated above for the shapes and counts passed
+                    // here.
+                    unsafe {
+                        g.launch(
+                            KernelId::ConvertF32F16,
+                            [((cols * m) as u32).div_ceil(256), 1, 1],
+                            256,
+                            &[x.arg(), xh.arg(), Arg::I64((cols * m) as i64)],
+                        );
+                        g.launch(
+                            t.dequant_f16(),
+                            [(cols as u32 / 32).div_ceil(64), rows as u32, 1],
+                            64,
+                            &[
+                                Arg::Mem(wsub(i)),
+                                wh.arg(),
+                                Arg::I32(cols as i32),
+                                Arg::I64(row_bytes as i64),
+                                Arg::I64(cols as i64),
+                            ],
+                        )
+                    };
+                    let a = wh.range().view::<f16>().expect("f16 weights");
+                    let b = xh
+                        .sub(0, cols * m * 2)
+                        .view::<f16>()
+                        .expect("f16 activations");
+                    let mut c = out
+                        .sub(0, rows * m * 4)
+                        .view_mut::<f32>()
+                        .expect("f32 result");
+                    blas.gemm_ex(&shape, 1.0, &a, &b, 0.0, &mut c)
+                        .expect("gemm_ex");
+                };
+                let share = |ms: f64| 100.0 * wbytes as f64 / (ms * 1e-3) / bw;
+                let mut line = format!("  {:5} {what:11} m={m:3}", t.ggml_name());
+                for (name, ms) in [
+                    ("matvec", (m <= 32).then(|| graph_ms(g, ITERS / 4, matvec))),
+                    ("mmq", (m >= 2).then(|| graph_ms(g, ITERS / 4, mmq))),
+                    ("dq+gemm", (m >= 8).then(|| time_ms(g, 20, gemm))),
+                ] {
+                    if let Some(ms) = ms {
+                        line += &format!("  {name} {:7.1} us {:5.1}%", ms * 1e3, share(ms));
+                    }
+                }
+                if plan.splits > 1 {
+                    line += &format!("  (mmq nt {} splits {})", plan.nt, plan.splits);
+                }
+                println!("{line}");
+            }
+        }
     }
 }

@@ -13,6 +13,8 @@ pub enum Module {
     Attention,
     /// `stack.hip`: the persistent decode stack (every layer of a decode step in one launch).
     Stack,
+    /// `mmq.hip`: batched quantized matrix products on integer tiles, and their split combine.
+    Mmq,
 }
 
 impl Module {
@@ -23,6 +25,7 @@ impl Module {
         Module::Ops,
         Module::Attention,
         Module::Stack,
+        Module::Mmq,
     ];
 
     /// The source file stem (`kernels/hip/<stem>.hip`).
@@ -33,6 +36,7 @@ impl Module {
             Module::Ops => "ops",
             Module::Attention => "attention",
             Module::Stack => "stack",
+            Module::Mmq => "mmq",
         }
     }
 }
@@ -233,6 +237,31 @@ impl WeightType {
         match self {
             WeightType::Q4_K => 2 * crate::MATVEC_WARPS as usize,
             _ => self.matvec_rows_per_block(),
+        }
+    }
+
+    /// The batched product on integer tiles of `nt` (16, 32 or 64; others take 64) activation
+    /// vectors (`w0`, `w1`, `bias`, `y`, `out`, `part`, `k`, `row_bytes`, `out_stride`,
+    /// `nrows`, `m`, `splits`; `hip/mmq.hip`), launched as [`crate::MmqPlan`] says with
+    /// [`crate::MMQ_THREADS`] threads per block.
+    pub fn mmq(self, nt: usize) -> KernelId {
+        use KernelId as K;
+        let ids = match self {
+            WeightType::Q4_0 => [K::MmqQ4_0x16, K::MmqQ4_0x32, K::MmqQ4_0x64],
+            WeightType::Q4_1 => [K::MmqQ4_1x16, K::MmqQ4_1x32, K::MmqQ4_1x64],
+            WeightType::Q5_0 => [K::MmqQ5_0x16, K::MmqQ5_0x32, K::MmqQ5_0x64],
+            WeightType::Q5_1 => [K::MmqQ5_1x16, K::MmqQ5_1x32, K::MmqQ5_1x64],
+            WeightType::Q8_0 => [K::MmqQ8_0x16, K::MmqQ8_0x32, K::MmqQ8_0x64],
+            WeightType::Q2_K => [K::MmqQ2_Kx16, K::MmqQ2_Kx32, K::MmqQ2_Kx64],
+            WeightType::Q3_K => [K::MmqQ3_Kx16, K::MmqQ3_Kx32, K::MmqQ3_Kx64],
+            WeightType::Q4_K => [K::MmqQ4_Kx16, K::MmqQ4_Kx32, K::MmqQ4_Kx64],
+            WeightType::Q5_K => [K::MmqQ5_Kx16, K::MmqQ5_Kx32, K::MmqQ5_Kx64],
+            WeightType::Q6_K => [K::MmqQ6_Kx16, K::MmqQ6_Kx32, K::MmqQ6_Kx64],
+        };
+        match nt {
+            16 => ids[0],
+            32 => ids[1],
+            _ => ids[2],
         }
     }
 
@@ -463,6 +492,37 @@ kernel_ids! {
     PagedAttnF16 => Attention, "paged_attn_f16";
     PagedAttnF32 => Attention, "paged_attn_f32";
     PagedAttnQ8_0 => Attention, "paged_attn_q8_0";
+    MmqQ4_0x16 => Mmq, "mmq_q4_0_16";
+    MmqQ4_0x32 => Mmq, "mmq_q4_0_32";
+    MmqQ4_0x64 => Mmq, "mmq_q4_0_64";
+    MmqQ4_1x16 => Mmq, "mmq_q4_1_16";
+    MmqQ4_1x32 => Mmq, "mmq_q4_1_32";
+    MmqQ4_1x64 => Mmq, "mmq_q4_1_64";
+    MmqQ5_0x16 => Mmq, "mmq_q5_0_16";
+    MmqQ5_0x32 => Mmq, "mmq_q5_0_32";
+    MmqQ5_0x64 => Mmq, "mmq_q5_0_64";
+    MmqQ5_1x16 => Mmq, "mmq_q5_1_16";
+    MmqQ5_1x32 => Mmq, "mmq_q5_1_32";
+    MmqQ5_1x64 => Mmq, "mmq_q5_1_64";
+    MmqQ8_0x16 => Mmq, "mmq_q8_0_16";
+    MmqQ8_0x32 => Mmq, "mmq_q8_0_32";
+    MmqQ8_0x64 => Mmq, "mmq_q8_0_64";
+    MmqQ2_Kx16 => Mmq, "mmq_q2_k_16";
+    MmqQ2_Kx32 => Mmq, "mmq_q2_k_32";
+    MmqQ2_Kx64 => Mmq, "mmq_q2_k_64";
+    MmqQ3_Kx16 => Mmq, "mmq_q3_k_16";
+    MmqQ3_Kx32 => Mmq, "mmq_q3_k_32";
+    MmqQ3_Kx64 => Mmq, "mmq_q3_k_64";
+    MmqQ4_Kx16 => Mmq, "mmq_q4_k_16";
+    MmqQ4_Kx32 => Mmq, "mmq_q4_k_32";
+    MmqQ4_Kx64 => Mmq, "mmq_q4_k_64";
+    MmqQ5_Kx16 => Mmq, "mmq_q5_k_16";
+    MmqQ5_Kx32 => Mmq, "mmq_q5_k_32";
+    MmqQ5_Kx64 => Mmq, "mmq_q5_k_64";
+    MmqQ6_Kx16 => Mmq, "mmq_q6_k_16";
+    MmqQ6_Kx32 => Mmq, "mmq_q6_k_32";
+    MmqQ6_Kx64 => Mmq, "mmq_q6_k_64";
+    MmqCombine => Mmq, "mmq_combine";
 }
 
 fn params_of(k: KernelId) -> &'static [Param] {
@@ -605,6 +665,37 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnSoftmaxF16 => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32],
+        K::MmqQ4_0x16
+        | K::MmqQ4_0x32
+        | K::MmqQ4_0x64
+        | K::MmqQ4_1x16
+        | K::MmqQ4_1x32
+        | K::MmqQ4_1x64
+        | K::MmqQ5_0x16
+        | K::MmqQ5_0x32
+        | K::MmqQ5_0x64
+        | K::MmqQ5_1x16
+        | K::MmqQ5_1x32
+        | K::MmqQ5_1x64
+        | K::MmqQ8_0x16
+        | K::MmqQ8_0x32
+        | K::MmqQ8_0x64
+        | K::MmqQ2_Kx16
+        | K::MmqQ2_Kx32
+        | K::MmqQ2_Kx64
+        | K::MmqQ3_Kx16
+        | K::MmqQ3_Kx32
+        | K::MmqQ3_Kx64
+        | K::MmqQ4_Kx16
+        | K::MmqQ4_Kx32
+        | K::MmqQ4_Kx64
+        | K::MmqQ5_Kx16
+        | K::MmqQ5_Kx32
+        | K::MmqQ5_Kx64
+        | K::MmqQ6_Kx16
+        | K::MmqQ6_Kx32
+        | K::MmqQ6_Kx64 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
+        K::MmqCombine => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32, I32],
         K::PagedAttnF16 | K::PagedAttnF32 | K::PagedAttnQ8_0 => {
             &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
         }

@@ -221,6 +221,89 @@ pub fn matvec_gated_grid(t: WeightType, nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(t.matvec_gated_rows_per_block()).max(1)).unwrap_or(u32::MAX)
 }
 
+/// Threads per block of the `mmq_*` kernels (`MMQ_THREADS` in `hip/mmq.hip`) and of
+/// `mmq_combine`.
+pub const MMQ_THREADS: u32 = 256;
+/// Weight rows per block of the `mmq_*` kernels (`MMQ_ROWS`).
+pub const MMQ_ROWS: usize = 64;
+/// Values of each row per step of the `mmq_*` kernels (`MMQ_KT`); splits divide the steps.
+pub const MMQ_STEP: usize = 256;
+/// Most shares of a row's steps one `mmq_*` launch is split into.
+pub const MMQ_MAX_SPLITS: usize = 8;
+/// Blocks per multiprocessor the `mmq_*` kernels of 16, 32 and 64 vectors per tile keep their
+/// registers for (`MMQ_MIN_BLOCKS_16/32/64`).
+pub const MMQ_BLOCKS_PER_SM: [(usize, usize); 3] = [(16, 4), (32, 3), (64, 2)];
+
+/// How a batched product on integer tiles ([`WeightType::mmq`]) is launched: `mats` matrices
+/// (1, or 2 for a gated product: gate and up) of `nrows` rows of `k` values times `m` vectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmqPlan {
+    /// Vectors per tile (16, 32 or 64: the kernel [`WeightType::mmq`] picks).
+    pub nt: usize,
+    /// Shares each row's steps are split into (`splits`).
+    pub splits: usize,
+    /// Grid: vector tiles, row tiles, matrices times splits.
+    pub grid: [u32; 3],
+    /// Whether the blocks write partial results (`part`) that `mmq_combine` adds up: for two
+    /// matrices or more than one split; otherwise they write `out` (plus the bias) themselves.
+    pub partial: bool,
+}
+
+impl MmqPlan {
+    /// The plan for a device with `sms` multiprocessors (0 when unknown: no split). A launch
+    /// with fewer blocks than the multiprocessors keep resident ([`MMQ_BLOCKS_PER_SM`]) splits
+    /// the steps, up to [`MMQ_MAX_SPLITS`] shares of at least two steps each.
+    pub fn new(nrows: usize, m: usize, k: usize, mats: usize, sms: usize) -> Self {
+        let nt = match m {
+            0..=16 => 16,
+            17..=32 => 32,
+            _ => 64,
+        };
+        let (col_tiles, row_tiles) = (m.div_ceil(nt).max(1), nrows.div_ceil(MMQ_ROWS).max(1));
+        let tiles = col_tiles * row_tiles * mats;
+        let steps = k.div_ceil(MMQ_STEP);
+        let per_sm = MMQ_BLOCKS_PER_SM
+            .iter()
+            .find(|&&(w, _)| w == nt)
+            .map_or(1, |&(_, b)| b);
+        let target = per_sm * sms;
+        let splits = if tiles >= target {
+            1
+        } else {
+            target
+                .div_ceil(tiles)
+                .min((steps / 2).max(1))
+                .min(MMQ_MAX_SPLITS)
+        };
+        let u = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Self {
+            nt,
+            splits,
+            grid: [u(col_tiles), u(row_tiles), u(mats * splits)],
+            partial: mats > 1 || splits > 1,
+        }
+    }
+
+    /// f32 values of partial results the launch writes to `part` (0 when it writes `out`).
+    pub fn partial_values(&self, nrows: usize, m: usize) -> usize {
+        if self.partial {
+            self.grid[2] as usize * m * nrows
+        } else {
+            0
+        }
+    }
+}
+
+/// Grid of `mmq_combine` (blocks of [`MMQ_THREADS`]) for `nrows` rows of `m` vectors.
+pub fn mmq_combine_grid(nrows: usize, m: usize) -> [u32; 3] {
+    let u = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    [
+        u(nrows.div_ceil(MMQ_THREADS as usize).max(1)),
+        u(m.max(1)),
+        1,
+    ]
+}
+
 /// Bytes between consecutive activation vectors of `ncols` values (a multiple of 32) quantized
 /// by `quantize_q8_1`: `ncols` int8 values, then `ncols / 32` half2 (d, d * sum) scales, rounded
 /// up to 16 bytes so that every vector starts 16-byte aligned (`q8_vec_bytes` in `common.h`).

@@ -22,11 +22,15 @@ fn every_kernel_symbol_is_in_its_sources() {
 /// `_ks_add` is not taken for `_add`).
 const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_multi", "_add", "_ks"];
 
-/// True when a `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)` (for `base_gated`) or
-/// `RF_DEQUANT(suffix, T)` line defines `name`.
+/// True when a `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)` (for `base_gated`),
+/// `RF_MMQ(name, T)` or `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
     if src.contains(&format!("RF_MATVEC_FAST({name},"))
+        || ["_16", "_32", "_64"].iter().any(|sfx| {
+            name.strip_suffix(sfx)
+                .is_some_and(|b| src.contains(&format!("RF_MMQ({b},")))
+        })
         || name.strip_suffix("_gated").is_some_and(gated)
     {
         return true;
@@ -54,6 +58,10 @@ fn weight_types_map_to_kernels_of_the_right_module() {
         assert_eq!(t.matvec().module(), Module::Matvec);
         assert_eq!(t.dequant_f16().module(), Module::Dequant);
         assert_eq!(t.get_rows().module(), Module::Dequant);
+        for nt in [16, 32, 64] {
+            assert_eq!(t.mmq(nt).module(), Module::Mmq);
+            assert!(t.mmq(nt).name().ends_with(&format!("_{nt}")));
+        }
         assert_eq!(WeightType::from_ggml_name(t.ggml_name()), Some(*t));
         assert!(t
             .matvec()
@@ -147,7 +155,7 @@ fn own_definition(src: &str, name: &str) -> Option<usize> {
 }
 
 /// The C parameter list of kernel `name` in `src`: its own definition, or the one of the macro
-/// that defines it (`RF_MATVEC_FAST`, `RF_MATVEC_GATED`, `RF_DEQUANT`).
+/// that defines it (`RF_MATVEC_FAST`, `RF_MATVEC_GATED`, `RF_MMQ`, `RF_DEQUANT`).
 fn c_params(src: &str, name: &str) -> Option<String> {
     let list_after = |at: usize| -> Option<String> {
         let open = at + src[at..].find('(')?;
@@ -160,6 +168,14 @@ fn c_params(src: &str, name: &str) -> Option<String> {
     if src.contains(&format!("RF_MATVEC_FAST({name},")) {
         let def = src.find("#define RF_MATVEC_FAST(")?;
         return list_after(def + src[def..].find(" name(")?);
+    }
+    for sfx in ["_16", "_32", "_64"] {
+        if let Some(base) = name.strip_suffix(sfx) {
+            if src.contains(&format!("RF_MMQ({base},")) {
+                let def = src.find("#define RF_MMQ_NT(")?;
+                return list_after(def + src[def..].find(" name##_##NT(")?);
+            }
+        }
     }
     if let Some(base) = name.strip_suffix("_gated") {
         if src.contains(&format!("RF_MATVEC_GATED({base},")) {
@@ -434,4 +450,43 @@ fn decode_attention_constants_mirror_the_source() {
     );
     assert_eq!(source_define(f, "ATTN_DEC_MAX_KV"), ATTN_DEC_MAX_KV);
     assert_eq!(source_define(f, "ATTN_DMAX"), ATTN_MAX_HEAD_DIM);
+}
+
+#[test]
+fn mmq_constants_mirror_the_source() {
+    assert_eq!(
+        source_define("mmq.hip", "MMQ_THREADS"),
+        MMQ_THREADS as usize
+    );
+    assert_eq!(source_define("mmq.hip", "MMQ_ROWS"), MMQ_ROWS);
+    assert_eq!(source_define("mmq.hip", "MMQ_KT"), MMQ_STEP);
+    for (nt, blocks) in MMQ_BLOCKS_PER_SM {
+        assert_eq!(
+            source_define("mmq.hip", &format!("MMQ_MIN_BLOCKS_{nt}")),
+            blocks
+        );
+    }
+}
+
+#[test]
+fn mmq_plans_split_only_small_grids() {
+    // 8B q/o projection, 32 vectors, 132 multiprocessors (3 blocks each): 64 tiles split to
+    // fill the device.
+    let p = MmqPlan::new(4096, 32, 4096, 1, 132);
+    assert_eq!((p.nt, p.splits, p.grid), (32, 7, [1, 64, 7]));
+    assert!(p.partial);
+    assert_eq!(p.partial_values(4096, 32), 7 * 32 * 4096);
+    // At most MMQ_MAX_SPLITS shares.
+    assert_eq!(MmqPlan::new(4096, 16, 4096, 1, 132).splits, MMQ_MAX_SPLITS);
+    // Enough tiles: one share, written directly.
+    let p = MmqPlan::new(14336, 256, 4096, 1, 132);
+    assert_eq!((p.nt, p.splits, p.grid), (64, 1, [4, 224, 1]));
+    assert!(!p.partial);
+    assert_eq!(p.partial_values(14336, 256), 0);
+    // Gated (two matrices) always combines; short rows cap the split (two steps per share).
+    let p = MmqPlan::new(100, 9, 512, 2, 132);
+    assert_eq!((p.nt, p.splits, p.grid), (16, 1, [1, 2, 2]));
+    assert!(p.partial);
+    // Unknown multiprocessor count: no split.
+    assert_eq!(MmqPlan::new(4096, 7, 4096, 1, 0).splits, 1);
 }

@@ -10,7 +10,8 @@
 use gpu_mem::MemRange;
 
 use super::ops::{
-    launch_matvec, supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS, RMS_Q8_STEPS,
+    launch_matvec, mmq_takes, supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS,
+    RMS_Q8_STEPS,
 };
 use super::{addr, rewritten, same_mem, HipDevice};
 use crate::backend::GroupNode;
@@ -278,8 +279,10 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         return Ok(0);
     };
     let kid = wt.matvec_multi();
-    // Rows the plain path would split across a block's warps stay on it.
-    if m > MATVEC_MAX_COLS || (k >= K_SPLIT_FROM && wt == kernels::WeightType::Q8_0) {
+    // Rows the plain path would split across a block's warps stay on it, and batches the tile
+    // kernels take go to them.
+    if m > MATVEC_MAX_COLS || mmq_takes(m) || (k >= K_SPLIT_FROM && wt == kernels::WeightType::Q8_0)
+    {
         return Ok(0);
     }
     let n = group
@@ -375,6 +378,7 @@ fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> 
     let v_q6 = mv.srcs[0].tensor.dtype == DType::Q6_K;
     let mats_ok = w0.tensor.dtype == DType::Q4_K
         && m <= MATVEC_MAX_COLS
+        && !mmq_takes(m)
         && joins(mq, mk)
         && if v_q6 {
             joins_rows(mq, mv)

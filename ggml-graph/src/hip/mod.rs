@@ -35,6 +35,8 @@ mod workspace;
 
 pub use crate::hip_options::HipOptions;
 #[cfg(any(test, feature = "testing"))]
+pub use ops::mmq_launches;
+#[cfg(any(test, feature = "testing"))]
 pub use stack::{head_launches, stack_launches};
 
 /// GPUs of the platform `hip-ffi` selects (0 without one).

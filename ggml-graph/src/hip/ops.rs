@@ -13,6 +13,12 @@ use crate::tensor::{Act, DType, Op, Tensor};
 
 /// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx.
 pub(super) const MATVEC_MAX_COLS: usize = 8;
+/// Columns from which `mul_mat` and the gated product take the integer tile kernels (`mmq.hip`)
+/// for quantized weights instead of the mat-vecs, grouped or not (kernels/PERF.md, "Batched
+/// products: thresholds").
+pub(super) const MMQ_MIN_COLS: usize = 8;
+/// Columns up to which they take them instead of dequantization to f16 + gemmEx (the same).
+pub(super) const MMQ_MAX_COLS: usize = 32;
 /// Threads per block of `rms_norm_q8_split_f32` (four values each per block slice).
 const RMS_Q8_SPLIT_THREADS: u32 = 256;
 /// Value steps of four per thread the one-block RMS norm kernels take (`RMS_Q8_STEPS` in ops.hip).
@@ -400,8 +406,9 @@ pub(crate) fn launch(
                 None => None,
             };
             let (k, m) = (x.ne[0], x.nrows());
-            if m <= MATVEC_MAX_COLS && k % 32 == 0 && t.is_contiguous() {
-                // Decode: the rows also go out quantized for the mat-vecs that read them.
+            if m <= MATVEC_MAX_COLS.max(MMQ_MAX_COLS) && k % 32 == 0 && t.is_contiguous() {
+                // Decode: the rows also go out quantized for the mat-vecs (or tile kernels)
+                // that read them.
                 let mut cache = d.inner.q8.lock();
                 let q8 = cache.ensure(d, k, m)?;
                 a.push(addr(&srcs[0])?)
@@ -713,6 +720,19 @@ fn mul_mat_bias(
     let (k, n, m) = (wt_.ne[0], wt_.ne[1], xt.nrows());
     let (wp, xp) = (addr(w)?, addr(x)?);
     let warp = d.inner.warp;
+    if let (true, Some(wt)) = (mmq_takes(m), weight_type(wt_.dtype)) {
+        let ws = [wp];
+        let p = MmqProduct {
+            wt,
+            ws: &ws,
+            row_bytes: wt_.nb[1],
+            k,
+            n,
+            m,
+            act: None,
+        };
+        return mmq(d, &p, bias, xp, out).map(|()| bias.is_some());
+    }
     if m <= MATVEC_MAX_COLS {
         if let Some(wt) = weight_type(wt_.dtype) {
             let k_split = k >= K_SPLIT_FROM && wt == kernels::WeightType::Q8_0;
@@ -885,6 +905,22 @@ fn mul_mat_gated(
     let (wg, wu, x) = (&srcs[0], &srcs[1], &srcs[2]);
     let (k, n, m) = (wg.tensor.ne[0], wg.tensor.ne[1], x.tensor.nrows());
     let gated = weight_type(wg.tensor.dtype).map(|wt| (wt, wt.matvec_gated()));
+    if let (true, Some((wt, _))) = (
+        mmq_takes(m) && wu.tensor.dtype == wg.tensor.dtype && wu.tensor.nb[1] == wg.tensor.nb[1],
+        gated,
+    ) {
+        let ws = [addr(wg)?, addr(wu)?];
+        let p = MmqProduct {
+            wt,
+            ws: &ws,
+            row_bytes: wg.tensor.nb[1],
+            k,
+            n,
+            m,
+            act: Some(act_kind(kind)),
+        };
+        return mmq(d, &p, None, addr(x)?, out);
+    }
     if let (true, Some((wt, kid))) = (m <= MATVEC_MAX_COLS, gated) {
         let mut cache = d.inner.q8.lock();
         let q8 = cache.quantized(d, addr(x)?, k, m)?;
@@ -928,4 +964,107 @@ fn mul_mat_gated(
     // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
     // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
     unsafe { d.launch_kernel(KernelId::ActF32, [blocks(n * m, 256), 1, 1], 256, &a.0) }
+}
+
+/// `mmq_*` launches queued by every device of this process (see [`mmq_launches`]).
+#[cfg(any(test, feature = "testing"))]
+static MMQ_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `mmq_*` tile-kernel launches queued so far by every device of this process (tests: whether
+/// batched products took the tile kernels). Only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
+pub fn mmq_launches() -> usize {
+    MMQ_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether a product of `m` activation vectors with quantized weights takes the tile kernels.
+pub(super) fn mmq_takes(m: usize) -> bool {
+    (MMQ_MIN_COLS..=MMQ_MAX_COLS).contains(&m)
+}
+
+/// One batched product on integer tiles: `ws` (one matrix, or gate and up for a gated product
+/// with activation `act`) of `n` rows of `k` values (`row_bytes` apart) in format `wt`, times `m`
+/// vectors.
+struct MmqProduct<'a, 'b> {
+    wt: WeightType,
+    ws: &'a [MemRange<'b>],
+    row_bytes: usize,
+    k: usize,
+    n: usize,
+    m: usize,
+    act: Option<i32>,
+}
+
+/// `out` (`m` rows of `n`) = the product `p` of `x` (`m` dense f32 vectors, quantized to Q8_1
+/// through the activation cache), plus `bias` (a row of `n`) when given: one `mmq_*` launch, and
+/// `mmq_combine` where the plan splits the rows' steps or multiplies two matrices.
+fn mmq(
+    d: &HipDevice,
+    p: &MmqProduct<'_, '_>,
+    bias: Option<MemRange<'_>>,
+    x: MemRange<'_>,
+    out: MemRange<'_>,
+) -> Result<()> {
+    let (k, n, m) = (p.k, p.n, p.m);
+    let sms = usize::try_from(d.inner.dev.info().compute_units).unwrap_or(0);
+    let plan = kernels::MmqPlan::new(n, m, k, p.ws.len(), sms);
+    let mut cache = d.inner.q8.lock();
+    let q8 = cache.quantized(d, x, k, m)?;
+    let part_bytes = plan.partial_values(n, m) * 4;
+    let scratch = if plan.partial {
+        Some(d.scratch(part_bytes)?)
+    } else {
+        None
+    };
+    let part = match &scratch {
+        Some(s) => Some(
+            MemRange::of_buffer(s)
+                .sub(0, part_bytes)
+                .map_err(|e| gpu_err("mmq", e))?,
+        ),
+        None => None,
+    };
+    let mut a = Args::new();
+    a.push(p.ws[0])
+        .push(p.ws.get(1).copied())
+        .push(if plan.partial { None } else { bias })
+        .push(MemRange::of_buffer(&q8))
+        .push(out)
+        .push(part)
+        .push(k as i32)
+        .push(p.row_bytes as i64)
+        .push(n as i32)
+        .push(n as i32)
+        .push(m as i32)
+        .push(plan.splits as i32);
+    // SAFETY: the weights are the node's `n` rows of `row_bytes`, `q8` holds `m` quantized
+    // vectors of `k` values (`quantized` above), `out` the node's `m` rows of `n` f32 and `part`
+    // the plan's partial values; the grid and block are the plan's.
+    unsafe { d.launch_kernel(p.wt.mmq(plan.nt), plan.grid, kernels::MMQ_THREADS, &a.0)? };
+    #[cfg(any(test, feature = "testing"))]
+    MMQ_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(part) = part {
+        let mut c = Args::new();
+        c.push(part)
+            .push(bias)
+            .push(out)
+            .push(n as i32)
+            .push(m as i32)
+            .push(n as i32)
+            .push(plan.splits as i32)
+            .push(i32::from(p.act.is_some()))
+            .push(p.act.unwrap_or(act::SILU));
+        // SAFETY: `part` holds the partial results of the launch above (matrices times splits
+        // times `m` rows of `n`), `bias` a row of `n` and `out` `m` rows of `n` f32.
+        unsafe {
+            d.launch_kernel(
+                KernelId::MmqCombine,
+                kernels::mmq_combine_grid(n, m),
+                kernels::MMQ_THREADS,
+                &c.0,
+            )?
+        };
+    }
+    drop(cache);
+    Ok(())
 }

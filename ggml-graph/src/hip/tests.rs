@@ -1013,3 +1013,6 @@ fn byte_counts_past_any_device_are_refused_before_asking_it() {
         assert!(e.to_string().contains("attention partials"), "{e}");
     }
 }
+
+#[path = "tests_mmq.rs"]
+mod mmq;

@@ -1,0 +1,459 @@
+// Batched quantized matrix products ("MMQ"): a weight matrix in a ggml block format times 2..256
+// activation vectors quantized to planar Q8_1 (the mat-vecs' layout, see common.h), with integer
+// dot products on tiles staged in shared memory.
+//
+// A block computes a tile of MMQ_ROWS weight rows x NT activation vectors (NT = 16, 32 or 64: one
+// kernel each, `mmq_<type>_<NT>`) over a range of 256-value steps of the rows. Per step it
+//   - converts each row's 256 values into a common form in shared memory: signed 8-bit values
+//     with one float scale `dw` per group of G values (G = 32, or 16 for the K-quants whose
+//     sub-scales cover 16 values), plus for the types whose values carry an additive minimum a
+//     float `mw` per group, which multiplies the activations' sums of that group;
+//   - copies the NT vectors' 256 quantized values and their scales (and group sums) next to it;
+//   - each thread accumulates MMQ_RM rows x NT / 16 vectors: per group, the 8-bit dot products
+//     (dot4_i8: dp4a on NVIDIA, sdot4 or a byte loop on AMD) of G values, then
+//     dw * d_act * dot (+ mw * sum_act) in f32.
+// Staged vectors are MMQ_LD words apart (16-byte aligned, 4 mod 32 words), so lanes read 4 words
+// at once and the 8 vectors that a quarter-warp's 16-byte reads at one offset touch fall in 8
+// different 4-bank groups; the lanes of a quarter-warp read one staged weight row. Nothing
+// depends on the warp size: the block's 256 threads split the tile by thread index and
+// synchronize with __syncthreads.
+//
+// Grid: x = tiles of NT vectors (fastest, so the blocks sharing a weight tile run together and
+// read it from L2), y = tiles of MMQ_ROWS rows, z = matrix x split: with `part` null the block
+// covers all steps of `w0` and writes out (+ bias); otherwise blocks z = mat * splits + s cover
+// the s-th share of the steps of matrix mat (w0 or w1) and write f32 partial results to
+// part[(z * m + vector) * nrows + row], which `mmq_combine` adds up (in split order, so every
+// run gives the same sums) with the bias or the gated activation.
+#include "qdot.h"
+
+#define MMQ_THREADS 256
+#define MMQ_ROWS 64
+#define MMQ_KT 256
+#define MMQ_TN 16                          // threads across a tile's vectors
+#define MMQ_TM (MMQ_THREADS / MMQ_TN)      // threads across its rows
+#define MMQ_RM (MMQ_ROWS / MMQ_TM)         // rows per thread
+#define MMQ_LD (MMQ_KT / 4 + 4)            // words per staged vector (see above)
+
+// A register budget of MINB resident blocks per multiprocessor; on AMD only the block size is
+// bounded, as the second argument of __launch_bounds__ means something else there.
+#if defined(RF_NVIDIA)
+#define MMQ_LB(minb) __launch_bounds__(MMQ_THREADS, minb)
+#else
+#define MMQ_LB(minb) __launch_bounds__(MMQ_THREADS)
+#endif
+
+// Bytes minus c in every byte, for bytes >= c (no borrow crosses a byte).
+static __device__ __forceinline__ int mmq_sub_bytes(uint32_t v, uint32_t c) {
+    return (int)(((v | 0x80808080u) - c * 0x01010101u) ^ 0x80808080u);
+}
+
+static __device__ __forceinline__ uint32_t ld4_a2(const uint8_t* p) { return (uint32_t)ld_i32_a2(p); }
+static __device__ __forceinline__ uint32_t ld4_a4(const uint8_t* p) { return (uint32_t)ld_i32_a4(p); }
+
+// Per type: QK values per block, BYTES per block, G values per scale group, MIN whether groups
+// carry a minimum. `unit(blk, j, q, d, m)` converts sub-block j (32 values; j = 0 for 32-value
+// blocks, 0..7 of a 256-value super-block) into 8 words of signed bytes `q` (values 4w..4w+3 in
+// word w), its 32 / G group scales `d` and (MIN) minimums `m`: value i = d[g] q[i] + m[g].
+
+struct mq_q4_0 {
+    static constexpr int QK = 32, BYTES = Q4_0_BYTES, G = 32;
+    static constexpr bool MIN = false;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int, int* q, float* d, float*) {
+        d[0] = ld_f16(b);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const uint32_t x = ld4_a2(b + 2 + 4 * w);
+            q[w] = mmq_sub_bytes(x & 0x0F0F0F0Fu, 8);
+            q[w + 4] = mmq_sub_bytes((x >> 4) & 0x0F0F0F0Fu, 8);
+        }
+    }
+};
+
+struct mq_q4_1 {
+    static constexpr int QK = 32, BYTES = Q4_1_BYTES, G = 32;
+    static constexpr bool MIN = true;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int, int* q, float* d, float* m) {
+        d[0] = ld_f16(b);
+        m[0] = ld_f16(b + 2);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const uint32_t x = ld4_a4(b + 4 + 4 * w);
+            q[w] = (int)(x & 0x0F0F0F0Fu);
+            q[w + 4] = (int)((x >> 4) & 0x0F0F0F0Fu);
+        }
+    }
+};
+
+// The 5-bit values of a Q5_0/Q5_1 block: `qh` bit i is the fifth bit of value i.
+static __device__ __forceinline__ void mmq_nib5(const uint8_t* qs, uint32_t qh, uint32_t off, int* q) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const uint32_t x = ld4_a2(qs + 4 * w);
+        const uint32_t lo = (x & 0x0F0F0F0Fu) | (uint32_t)spread_bit4((qh >> (4 * w)) & 0xF);
+        const uint32_t hi = ((x >> 4) & 0x0F0F0F0Fu) | (uint32_t)spread_bit4((qh >> (16 + 4 * w)) & 0xF);
+        q[w] = mmq_sub_bytes(lo, off);
+        q[w + 4] = mmq_sub_bytes(hi, off);
+    }
+}
+
+struct mq_q5_0 {
+    static constexpr int QK = 32, BYTES = Q5_0_BYTES, G = 32;
+    static constexpr bool MIN = false;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int, int* q, float* d, float*) {
+        d[0] = ld_f16(b);
+        mmq_nib5(b + 6, ld4_a2(b + 2), 16, q);
+    }
+};
+
+struct mq_q5_1 {
+    static constexpr int QK = 32, BYTES = Q5_1_BYTES, G = 32;
+    static constexpr bool MIN = true;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int, int* q, float* d, float* m) {
+        d[0] = ld_f16(b);
+        m[0] = ld_f16(b + 2);
+        mmq_nib5(b + 8, ld4_a4(b + 4), 0, q);
+    }
+};
+
+struct mq_q8_0 {
+    static constexpr int QK = 32, BYTES = Q8_0_BYTES, G = 32;
+    static constexpr bool MIN = false;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int, int* q, float* d, float*) {
+        d[0] = ld_f16(b);
+#pragma unroll
+        for (int w = 0; w < 8; ++w) q[w] = (int)ld4_a2(b + 2 + 4 * w);
+    }
+};
+
+// Q2_K: sub-block j = 4n + jj is bits 2jj of qs[32n + l] (l = 0..31); group h of it (16
+// values) has scale/min byte 8n + 2jj + h (scale low nibble, min high nibble).
+struct mq_q2_k {
+    static constexpr int QK = QK_K, BYTES = Q2_K_BYTES, G = 16;
+    static constexpr bool MIN = true;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int j, int* q, float* d, float* m) {
+        const int n = j >> 2, jj = j & 3;
+        const float dd = ld_f16(b + 80), dm = ld_f16(b + 82);
+#pragma unroll
+        for (int w = 0; w < 8; ++w) q[w] = (int)((ld4_a4(b + 16 + 32 * n + 4 * w) >> (2 * jj)) & 0x03030303u);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int s = b[8 * n + 2 * jj + h];
+            d[h] = dd * (float)(s & 0xF);
+            m[h] = -dm * (float)(s >> 4);
+        }
+    }
+};
+
+// Q3_K: sub-block j = 4n + jj: low bits 2jj of qs[32n + l] (from byte 32), high bit 4n + jj of
+// hmask[l] (set: no -4); signed 6-bit scale 8n + 2jj + h per 16 values; d at 108.
+struct mq_q3_k {
+    static constexpr int QK = QK_K, BYTES = Q3_K_BYTES, G = 16;
+    static constexpr bool MIN = false;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int j, int* q, float* d, float*) {
+        const int n = j >> 2, jj = j & 3;
+        const float dd = ld_f16(b + 108);
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            const uint32_t lo = (ld4_a2(b + 32 + 32 * n + 4 * w) >> (2 * jj)) & 0x03030303u;
+            const uint32_t hb = (ld4_a2(b + 4 * w) >> (4 * n + jj)) & 0x01010101u;
+            q[w] = mmq_sub_bytes(lo | (hb << 2), 4);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) d[h] = dd * (float)scale_q3_k(b + 96, 8 * n + 2 * jj + h);
+    }
+};
+
+// Q4_K: sub-block j is the low (j even) or high nibbles of qs[32 (j / 2) + l]; 6-bit scale and
+// min per sub-block.
+struct mq_q4_k {
+    static constexpr int QK = QK_K, BYTES = Q4_K_BYTES, G = 32;
+    static constexpr bool MIN = true;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int j, int* q, float* d, float* m) {
+        int sc, mn;
+        scale_min_k4(j, b + 4, sc, mn);
+        d[0] = ld_f16(b) * (float)sc;
+        m[0] = -ld_f16(b + 2) * (float)mn;
+        const int sh = 4 * (j & 1);
+        // 144-byte blocks: 16-byte aligned (as the mat-vecs read them).
+        const int4 v0 = ld_b128(b + 16 + 32 * (j >> 1)), v1 = ld_b128(b + 32 + 32 * (j >> 1));
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            q[w] = (int)(((uint32_t)word(v0, w) >> sh) & 0x0F0F0F0Fu);
+            q[w + 4] = (int)(((uint32_t)word(v1, w) >> sh) & 0x0F0F0F0Fu);
+        }
+    }
+};
+
+// Q5_K: as Q4_K (nibbles from byte 48) with the fifth bit j of qh[l] (from byte 16).
+struct mq_q5_k {
+    static constexpr int QK = QK_K, BYTES = Q5_K_BYTES, G = 32;
+    static constexpr bool MIN = true;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int j, int* q, float* d, float* m) {
+        int sc, mn;
+        scale_min_k4(j, b + 4, sc, mn);
+        d[0] = ld_f16(b) * (float)sc;
+        m[0] = -ld_f16(b + 2) * (float)mn;
+        const int sh = 4 * (j & 1);
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            const uint32_t lo = (ld4_a4(b + 48 + 32 * (j >> 1) + 4 * w) >> sh) & 0x0F0F0F0Fu;
+            const uint32_t hb = (ld4_a4(b + 16 + 4 * w) >> j) & 0x01010101u;
+            q[w] = (int)(lo | (hb << 4));
+        }
+    }
+};
+
+// Q6_K: sub-block j = 4n + jj: the low (jj < 2) or high nibbles of ql[64n + 32 (jj & 1) + l], two
+// bits 2jj of qh[32n + l] (from byte 128) on top, minus 32; signed 8-bit scale 8n + 2jj + h per
+// 16 values (from byte 192); d at 208.
+struct mq_q6_k {
+    static constexpr int QK = QK_K, BYTES = Q6_K_BYTES, G = 16;
+    static constexpr bool MIN = false;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int j, int* q, float* d, float*) {
+        const int n = j >> 2, jj = j & 3;
+        const float dd = ld_f16(b + 208);
+        const int sh = 4 * (jj >> 1);
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            const uint32_t lo = (ld4_a2(b + 64 * n + 32 * (jj & 1) + 4 * w) >> sh) & 0x0F0F0F0Fu;
+            const uint32_t hi = (ld4_a2(b + 128 + 32 * n + 4 * w) >> (2 * jj)) & 0x03030303u;
+            q[w] = mmq_sub_bytes(lo | (hi << 4), 32);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) d[h] = dd * (float)(int8_t)b[192 + 8 * n + 2 * jj + h];
+    }
+};
+
+// Shared memory of one block for type T (47.5 KB at most: Q2_K).
+template <typename T, int NT>
+struct __align__(16) mmq_smem {
+    static constexpr int NG = MMQ_KT / T::G;  // scale groups per step
+    int qw[MMQ_ROWS][MMQ_KT / 4];  // read by at most one row per quarter-warp: no padding
+    float dw[MMQ_ROWS][NG];
+    float mw[MMQ_ROWS][T::MIN ? NG : 1];
+    int qa[NT][MMQ_LD];
+    float da[NT][MMQ_KT / 32 + 1];
+    float sa[NT][T::MIN ? NG + 1 : 1];
+};
+
+// Stages step `kc` of rows row0.. of `w` and of vectors col0.. of `y` (NT of them).
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_stage(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w,
+                                                 const uint8_t* __restrict__ y, int kc, int k, long long row_bytes,
+                                                 int nrows, int m, int row0, int col0) {
+    constexpr int NG = mmq_smem<T, NT>::NG;
+    constexpr int GPS = 32 / T::G;  // groups per sub-block
+    const int tid = threadIdx.x;
+    const int nblk = k / T::QK;
+    // Weights: MMQ_ROWS rows x 8 sub-blocks of 32 values.
+#pragma unroll
+    for (int i = 0; i < MMQ_ROWS * 8 / MMQ_THREADS; ++i) {
+        const int u = tid + i * MMQ_THREADS;
+        const int r = u >> 3, j = u & 7;
+        const uint8_t* wr = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
+        int q[8];
+        float d[GPS], mn[GPS];
+        bool ok;
+        if (T::QK == 32) {
+            const int blk = kc * 8 + j;
+            ok = blk < nblk;
+            if (ok) T::unit(wr + (long long)blk * T::BYTES, 0, q, d, mn);
+        } else {
+            ok = true;
+            T::unit(wr + (long long)kc * T::BYTES, j, q, d, mn);
+        }
+        int4* dst = reinterpret_cast<int4*>(&s.qw[r][8 * j]);
+        dst[0] = ok ? make_int4(q[0], q[1], q[2], q[3]) : make_int4(0, 0, 0, 0);
+        dst[1] = ok ? make_int4(q[4], q[5], q[6], q[7]) : make_int4(0, 0, 0, 0);
+#pragma unroll
+        for (int h = 0; h < GPS; ++h) {
+            s.dw[r][GPS * j + h] = ok ? d[h] : 0.0f;
+            if (T::MIN) s.mw[r][GPS * j + h] = ok ? mn[h] : 0.0f;
+        }
+    }
+    // Activations: NT vectors x 16 pieces of 16 values.
+    const size_t vb = q8_vec_bytes(k);
+#pragma unroll
+    for (int i = 0; i < (NT * 16 + MMQ_THREADS - 1) / MMQ_THREADS; ++i) {
+        const int p = tid + i * MMQ_THREADS;
+        if (p >= NT * 16) break;
+        const int c = p >> 4, piece = p & 15;
+        const int v0 = kc * MMQ_KT + 16 * piece;  // first value
+        const bool ok = col0 + c < m && v0 < k;
+        int4 a = make_int4(0, 0, 0, 0);
+        float d = 0.0f, sum = 0.0f;
+        if (ok) {
+            const uint8_t* yv = y + (size_t)(col0 + c) * vb;
+            a = ld_b128(yv + v0);
+            const uint32_t ds = *reinterpret_cast<const uint32_t*>(yv + k + 4 * (v0 / 32));
+            d = lo_f16(ds);
+            sum = hi_f16(ds);
+        }
+        *reinterpret_cast<int4*>(&s.qa[c][4 * piece]) = a;
+        if ((piece & 1) == 0) s.da[c][piece >> 1] = d;
+        if (T::MIN) {
+            if (T::G == 16) {
+                int t = dot4_i8(a.x, 0x01010101, 0);
+                t = dot4_i8(a.y, 0x01010101, t);
+                t = dot4_i8(a.z, 0x01010101, t);
+                t = dot4_i8(a.w, 0x01010101, t);
+                s.sa[c][piece] = d * (float)t;
+            } else if ((piece & 1) == 0) {
+                s.sa[c][piece >> 1] = sum;
+            }
+        }
+    }
+    (void)NG;
+}
+
+// One tile: RN = NT / 16 vectors per thread.
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_tile(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w,
+                                                const float* __restrict__ bias, const uint8_t* __restrict__ y,
+                                                float* __restrict__ out, float* __restrict__ part, int k,
+                                                long long row_bytes, int out_stride, int nrows, int m,
+                                                int splits) {
+    constexpr int RN = NT / MMQ_TN;
+    constexpr int NG = mmq_smem<T, NT>::NG;
+    constexpr int GW = T::G / 4;  // words per group
+    const int tr = threadIdx.x / MMQ_TN, tc = threadIdx.x % MMQ_TN;
+    const int col0 = blockIdx.x * NT, row0 = blockIdx.y * MMQ_ROWS;
+    const int nch = (k + MMQ_KT - 1) / MMQ_KT;
+    int kc0 = 0, kc1 = nch;
+    if (part) {
+        const int sp = blockIdx.z % splits, per = (nch + splits - 1) / splits;
+        kc0 = min(nch, sp * per);
+        kc1 = min(nch, kc0 + per);
+    }
+    float acc[MMQ_RM][RN];
+#pragma unroll
+    for (int r = 0; r < MMQ_RM; ++r)
+#pragma unroll
+        for (int c = 0; c < RN; ++c) acc[r][c] = 0.0f;
+    for (int kc = kc0; kc < kc1; ++kc) {
+        __syncthreads();  // the previous step's reads are done
+        mmq_stage<T, NT>(s, w, y, kc, k, row_bytes, nrows, m, row0, col0);
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+            int is[MMQ_RM][RN];
+#pragma unroll
+            for (int r = 0; r < MMQ_RM; ++r)
+#pragma unroll
+                for (int c = 0; c < RN; ++c) is[r][c] = 0;
+#pragma unroll
+            for (int x = 0; x < GW; x += 4) {
+                int4 a[RN];
+#pragma unroll
+                for (int c = 0; c < RN; ++c) a[c] = *reinterpret_cast<const int4*>(&s.qa[tc + MMQ_TN * c][GW * g + x]);
+#pragma unroll
+                for (int r = 0; r < MMQ_RM; ++r) {
+                    const int4 b = *reinterpret_cast<const int4*>(&s.qw[tr + MMQ_TM * r][GW * g + x]);
+#pragma unroll
+                    for (int c = 0; c < RN; ++c) {
+                        int t = dot4_i8(b.x, a[c].x, is[r][c]);
+                        t = dot4_i8(b.y, a[c].y, t);
+                        t = dot4_i8(b.z, a[c].z, t);
+                        is[r][c] = dot4_i8(b.w, a[c].w, t);
+                    }
+                }
+            }
+            float dac[RN], sac[RN];
+#pragma unroll
+            for (int c = 0; c < RN; ++c) {
+                dac[c] = s.da[tc + MMQ_TN * c][(g * T::G) / 32];
+                sac[c] = T::MIN ? s.sa[tc + MMQ_TN * c][g] : 0.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < MMQ_RM; ++r) {
+                const float dwr = s.dw[tr + MMQ_TM * r][g];
+                const float mwr = T::MIN ? s.mw[tr + MMQ_TM * r][g] : 0.0f;
+#pragma unroll
+                for (int c = 0; c < RN; ++c) {
+                    acc[r][c] += dwr * dac[c] * (float)is[r][c];
+                    if (T::MIN) acc[r][c] += mwr * sac[c];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < RN; ++c) {
+        const int col = col0 + tc + MMQ_TN * c;
+        if (col >= m) continue;
+#pragma unroll
+        for (int r = 0; r < MMQ_RM; ++r) {
+            const int row = row0 + tr + MMQ_TM * r;
+            if (row >= nrows) continue;
+            if (part) {
+                part[((size_t)blockIdx.z * m + col) * nrows + row] = acc[r][c];
+            } else {
+                out[(size_t)col * out_stride + row] = acc[r][c] + (bias ? bias[row] : 0.0f);
+            }
+        }
+    }
+}
+
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t* w1, const float* bias,
+                                                const uint8_t* y, float* out, float* part, int k,
+                                                long long row_bytes, int out_stride, int nrows, int m,
+                                                int splits) {
+    __shared__ mmq_smem<T, NT> s;
+    const uint8_t* w = (part && (int)blockIdx.z >= splits) ? w1 : w0;
+    mmq_tile<T, NT>(s, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
+}
+
+// Register budgets per tile width (resident blocks per multiprocessor): narrow tiles need few
+// registers, so more blocks overlap one another's staging loads and products (kernels/PERF.md,
+// "Batched products").
+#ifndef MMQ_MIN_BLOCKS_16
+#define MMQ_MIN_BLOCKS_16 4
+#endif
+#ifndef MMQ_MIN_BLOCKS_32
+#define MMQ_MIN_BLOCKS_32 3
+#endif
+#ifndef MMQ_MIN_BLOCKS_64
+#define MMQ_MIN_BLOCKS_64 2
+#endif
+
+// name_16, name_32, name_64: tiles of 16, 32 or 64 vectors, each with (w0, w1, bias, y, out,
+// part, k, row_bytes, out_stride, nrows, m, splits): see the top of the file; w1 is read only
+// with `part` and blockIdx.z >= splits, bias only without `part`.
+#define RF_MMQ_NT(name, T, NT)                                                                                  \
+    RF_KERNEL void MMQ_LB(MMQ_MIN_BLOCKS_##NT)                                                                  \
+        name##_##NT(const uint8_t* w0, const uint8_t* w1, const float* bias, const uint8_t* y, float* out,       \
+                    float* part, int k, long long row_bytes, int out_stride, int nrows, int m, int splits) {     \
+        rf_entry();                                                                                            \
+        mmq_body<T, NT>(w0, w1, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);             \
+    }
+#define RF_MMQ(name, T) RF_MMQ_NT(name, T, 16) RF_MMQ_NT(name, T, 32) RF_MMQ_NT(name, T, 64)
+
+RF_MMQ(mmq_q4_0, mq_q4_0)
+RF_MMQ(mmq_q4_1, mq_q4_1)
+RF_MMQ(mmq_q5_0, mq_q5_0)
+RF_MMQ(mmq_q5_1, mq_q5_1)
+RF_MMQ(mmq_q8_0, mq_q8_0)
+RF_MMQ(mmq_q2_k, mq_q2_k)
+RF_MMQ(mmq_q3_k, mq_q3_k)
+RF_MMQ(mmq_q4_k, mq_q4_k)
+RF_MMQ(mmq_q5_k, mq_q5_k)
+RF_MMQ(mmq_q6_k, mq_q6_k)
+
+// Sums the partial results of `splits` shares (in order) for vector blockIdx.y, rows
+// blockIdx.x * blockDim.x + threadIdx.x: out = sum (gated 0) or act(gate sum) * (up sum), the up
+// partials following the gate ones (gated 1), plus bias[row] when given.
+RF_KERNEL void mmq_combine(const float* __restrict__ part, const float* __restrict__ bias, float* __restrict__ out,
+                           int nrows, int m, int out_stride, int splits, int gated, int act_kind) {
+    rf_entry();
+    const int row = blockIdx.x * blockDim.x + threadIdx.x, col = blockIdx.y;
+    if (row >= nrows) return;
+    float v = 0.0f;
+    for (int s = 0; s < splits; ++s) v += part[((size_t)s * m + col) * nrows + row];
+    if (gated) {
+        float u = 0.0f;
+        for (int s = 0; s < splits; ++s) u += part[((size_t)(splits + s) * m + col) * nrows + row];
+        v = act_fn(act_kind, v) * u;
+    }
+    if (bias) v += bias[row];
+    out[(size_t)col * out_stride + row] = v;
+}
