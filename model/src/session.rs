@@ -159,8 +159,11 @@ pub struct SessionOptions {
     /// llama.cpp's `-ngl`: the last N repeating layers on the GPU (N > layers: the output head
     /// too); `None`: as many as fit the GPU's budget.
     pub n_gpu_layers: Option<usize>,
-    /// Caps the GPU memory the session may use (bytes), below the budget from free memory.
+    /// Caps the GPU memory the session may use (bytes), below the budget from free memory
+    /// (on each GPU of a split).
     pub gpu_mem_limit: Option<u64>,
+    /// Which GPUs, and how layers spread over several ([`crate::gpus`]).
+    pub gpus: crate::gpus::GpuSelection,
     /// Runs whole llama-family decode layers as one persistent GPU kernel per step where the
     /// device (NVIDIA, compute capability 8.0 and later) and the layers (Q4_K weights with Q6_K
     /// v and down allowed, head size 128) fit it; `hip.stack` off vetoes it. On by default: on
@@ -185,6 +188,7 @@ impl Default for SessionOptions {
             device: DeviceChoice::Auto,
             n_gpu_layers: None,
             gpu_mem_limit: None,
+            gpus: crate::gpus::GpuSelection::default(),
             gpu_stack: true,
             gpu_fuse: true,
             hip: HipOptions::default(),
@@ -206,6 +210,8 @@ pub struct DevicePlan {
     pub available: Option<u64>,
     /// Why this plan (device choice, fit, `-ngl`, missing GPU).
     pub reason: String,
+    /// Each GPU's part when the layers are split over several (empty otherwise).
+    pub gpus: Vec<crate::gpus::GpuShare>,
 }
 
 impl DevicePlan {
@@ -216,6 +222,7 @@ impl DevicePlan {
             estimate: GpuEstimate::default(),
             available: None,
             reason,
+            gpus: Vec::new(),
         }
     }
 
@@ -259,6 +266,9 @@ impl fmt::Display for DevicePlan {
         )?;
         if let Some(a) = self.available {
             write!(f, " of {} available", mib(a))?;
+        }
+        for g in &self.gpus {
+            write!(f, "\n  {g}")?;
         }
         Ok(())
     }
