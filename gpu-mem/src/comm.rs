@@ -50,8 +50,11 @@ pub fn grouped<R>(nccl: &Nccl, issue: impl FnOnce() -> Result<R>) -> Result<R> {
     nccl.group_start()?;
     let r = issue();
     let end = nccl.group_end();
+    // The library may leave another device current after launching on each rank's.
+    let rebind = hip_ffi::runtime().and_then(|api| api.rebind_current());
     let v = r?;
     end?;
+    rebind?;
     Ok(v)
 }
 
@@ -88,7 +91,10 @@ impl Communicator {
                 "a communicator needs distinct devices, got {ordinals:?}"
             )));
         }
-        let comms = nccl.comm_init_all(&ordinals)?;
+        let comms = nccl.comm_init_all(&ordinals);
+        // The library sets each device current in turn while it builds the ranks.
+        devices[0].api().rebind_current()?;
+        let comms = comms?;
         Ok(comms
             .into_iter()
             .zip(devices)
@@ -120,7 +126,9 @@ impl Communicator {
         }
         device.bind()?;
         // SAFETY: the device this rank drives was just made current.
-        let comm = unsafe { nccl.comm_init_rank(ranks, id, rank) }?;
+        let comm = unsafe { nccl.comm_init_rank(ranks, id, rank) };
+        device.api().rebind_current()?;
+        let comm = comm?;
         Ok(Communicator {
             nccl: Arc::clone(nccl),
             comm,
@@ -158,7 +166,9 @@ impl Communicator {
             self.device.expect_same(d, "collective buffer")?;
         }
         stream.note_unknown("a collective");
-        self.device.bind()
+        self.device.bind()?;
+        // A collective issued outside a group may run on a device the library switched to.
+        Ok(self.device.api().rebind_current()?)
     }
 
     /// Queues an in-place all-reduce of `buf` on `stream` (every rank queues one of the same

@@ -225,6 +225,15 @@ impl HipApi for AmdProvider {
         Ok(())
     }
 
+    fn rebind_current(&self) -> Result<()> {
+        let d = CURRENT.with(Cell::get);
+        if d < 0 {
+            return Ok(());
+        }
+        // SAFETY: plain C call with an ordinal that was valid when it was chosen.
+        self.check("hipSetDevice", unsafe { self.hip.hipSetDevice(d) })
+    }
+
     fn current_device(&self) -> Result<i32> {
         let mut d = 0;
         // SAFETY: writes one int.

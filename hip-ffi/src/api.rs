@@ -256,6 +256,10 @@ pub trait HipApi: Send + Sync {
     fn set_device(&self, device: i32) -> Result<()>;
     /// The calling thread's current device.
     fn current_device(&self) -> Result<i32>;
+    /// Makes the device this provider last made current on the calling thread current again, in
+    /// case a library that shares the runtime (NCCL/RCCL) switched devices behind its back; a
+    /// no-op for a thread that never chose one.
+    fn rebind_current(&self) -> Result<()>;
     /// Marketing name of `device`.
     fn device_name(&self, device: i32) -> Result<String>;
     /// One integer attribute of `device`.

@@ -1,5 +1,6 @@
-//! What runs a session's graphs: one multi-device scheduler, over the CPU alone or over a GPU
-//! and the CPU with a `-ngl`-style layer split, and the choice between them. Builds without the
+//! What runs a session's graphs: one multi-device scheduler, over the CPU alone, over a GPU
+//! and the CPU with a `-ngl`-style layer split, or over several GPUs (and the CPU) with a layer
+//! split ([`crate::gpus`]), and the choice between them. Builds without the
 //! `hip` feature go the same way: their HIP backend never opens, which reads as "no GPU".
 
 use std::sync::Arc;
@@ -21,6 +22,8 @@ pub(crate) struct Engine {
     sched: Scheduler,
     /// The GPU (the scheduler's first device) when layers run there; `None`: the CPU alone.
     hip: Option<Arc<HipDevice>>,
+    /// Every GPU, in the scheduler's order (the CPU follows them); empty on the CPU alone.
+    gpus: Vec<Arc<HipDevice>>,
     /// The CPU backend, whose thread pool a CPU-only run enters once.
     cpu: Arc<CpuBackend>,
     /// Whether GPU graphs keep the optimizer's fused nodes (only when the GPU runs them all).
@@ -88,7 +91,9 @@ impl Engine {
 
     /// GPU memory in use and where the last pass ran; `None` on the CPU.
     pub(crate) fn device_memory(&self) -> Option<DeviceMemory> {
-        self.hip.as_ref().map(|h| gpu::memory(&self.sched, h))
+        self.hip
+            .as_ref()
+            .map(|_| gpu::memory(&self.sched, &self.gpus))
     }
 
     /// The GPU's device-to-device copy bandwidth (bytes read + written per second) over two
@@ -151,6 +156,7 @@ fn cpu_only(
     let engine = Engine {
         sched,
         hip: None,
+        gpus: Vec::new(),
         cpu,
         fuse: true,
         split: plan.split,
@@ -169,9 +175,10 @@ mod gpu {
     use super::{cpu_only, Engine, KvPool};
     use crate::arch::KvCacheSpec;
     use crate::error::ModelError;
+    use crate::gpus::{fit_multi, GpuShare, SplitMode};
     use crate::placement::{fit_layers, layer_of, mib, weights_by_layer, DeviceChoice};
+    use crate::placement::{GpuEstimate, CPU, GPU};
     use crate::placement::{LayerSplit, Needs};
-    use crate::placement::{CPU, GPU};
     use crate::session::KvPlan;
     use crate::session::{DeviceMemory, DevicePlan, Model, SessionOptions};
 
@@ -192,14 +199,16 @@ mod gpu {
             .map_err(ModelError::from)
     }
 
-    /// GPU memory in use and where the last pass ran.
-    pub(super) fn memory(sched: &Scheduler, hip: &HipDevice) -> DeviceMemory {
+    /// GPU memory in use (summed over the GPUs) and where the last pass ran.
+    pub(super) fn memory(sched: &Scheduler, gpus: &[Arc<HipDevice>]) -> DeviceMemory {
         let usage = sched.usage();
-        let gpu = usage.get(GPU).copied().unwrap_or_default();
+        // The GPUs are the scheduler's first devices.
+        const { assert!(GPU == 0) };
+        let on_gpus = &usage[..gpus.len().min(usage.len())];
         let (mut gpu_nodes, mut cpu_nodes) = (0, 0);
         if let Some(s) = sched.last_schedule() {
             for (d, ids) in &s.splits {
-                if *d == GPU {
+                if *d < gpus.len() {
                     gpu_nodes += ids.len();
                 } else {
                     cpu_nodes += ids.len();
@@ -207,10 +216,10 @@ mod gpu {
             }
         }
         DeviceMemory {
-            allocated: hip.allocated_bytes(),
-            weights: gpu.weights,
-            kv: gpu.persistent,
-            activations: gpu.arena,
+            allocated: gpus.iter().map(|h| h.allocated_bytes()).sum(),
+            weights: on_gpus.iter().map(|u| u.weights).sum(),
+            kv: on_gpus.iter().map(|u| u.persistent).sum(),
+            activations: on_gpus.iter().map(|u| u.arena).sum(),
             gpu_nodes,
             cpu_nodes,
             copies: sched.copies_made(),
@@ -326,7 +335,21 @@ mod gpu {
         if opts.n_gpu_layers == Some(0) {
             return cpu_only(model, opts, kv, backend, worst, "-ngl 0".into());
         }
-        let hip = match open_gpu(opts) {
+        // The GPUs the flags allow; the session opens the one it would use alone first.
+        let count = ggml_graph::hip::device_count();
+        let ordinals = if count == 0 {
+            // Opening GPU 0 below reports why there is none.
+            vec![0]
+        } else {
+            opts.gpus.ordinals(count)?
+        };
+        let layer_mode = opts.gpus.split_mode != Some(SplitMode::None);
+        let first = if layer_mode && opts.gpus.wants_several() {
+            ordinals[0]
+        } else {
+            ordinals[opts.gpus.single().min(ordinals.len() - 1)]
+        };
+        let hip = match open_gpu(opts, first) {
             Ok(h) => h,
             Err(e) if opts.device == DeviceChoice::Auto => {
                 tracing::info!("no GPU, running on the CPU: {e}");
@@ -355,6 +378,21 @@ mod gpu {
             None => *kv,
         };
         let needs = needs(opts, model, &kv_min, &g, n_batch, activations);
+        // Several GPUs when the flags ask for them, or when the model does not fit this one.
+        let several = layer_mode
+            && ordinals.len() > 1
+            && (opts.gpus.wants_several()
+                || (opts.n_gpu_layers.is_none() && fit_layers(&needs, available) <= n_layer));
+        if several {
+            let parts = Parts {
+                first: hip,
+                ordinals: &ordinals,
+                needs: &needs,
+                kv: &kv_min,
+                fuse,
+            };
+            return multi(model, opts, parts, g, backend, progress);
+        }
         let (ngl, reason) = match opts.n_gpu_layers {
             Some(n) => (n, format!("-ngl {n}")),
             None => {
@@ -404,6 +442,7 @@ mod gpu {
             reason: format!("{reason}{}", if fuse { "" } else { "; unfused graph" }),
             kv: KvPlan::of(&kv, model.config()),
             runtime: Some(hip.runtime_bytes()),
+            gpus: Vec::new(),
         };
         // Device order is the placement's: GPU first, then the CPU.
         const { assert!(GPU == 0 && CPU == 1) };
@@ -419,7 +458,8 @@ mod gpu {
         sched.upload_placed_weights(progress)?;
         let engine = Engine {
             sched,
-            hip: Some(hip),
+            hip: Some(hip.clone()),
+            gpus: vec![hip],
             cpu,
             fuse,
             split,
@@ -427,10 +467,150 @@ mod gpu {
         Ok((engine, plan))
     }
 
-    /// Opens GPU 0 with the session's backend options, its budget capped at the session's limit
-    /// (when given).
-    fn open_gpu(opts: &SessionOptions) -> Result<Arc<HipDevice>, ModelError> {
-        let hip = HipDevice::with_options(0, opts.hip)?;
+    /// What [`place`] found before it chose several GPUs.
+    struct Parts<'a> {
+        /// The GPU opened first (one of `ordinals`).
+        first: Arc<HipDevice>,
+        /// The GPUs to split over, in order.
+        ordinals: &'a [usize],
+        /// The session's needs (the same on every GPU but for the layers).
+        needs: &'a Needs,
+        /// The KV cache the needs count (a batching pool at its minimum size).
+        kv: &'a KvCacheSpec,
+        /// Whether graphs keep fused nodes.
+        fuse: bool,
+    }
+
+    /// A layer split over several GPUs (and the CPU for layers that fit none): opens the other
+    /// GPUs, lets each reach the others' memory, chooses the split and builds the engine.
+    fn multi(
+        model: &Model,
+        opts: &SessionOptions,
+        parts: Parts<'_>,
+        worst: Graph,
+        backend: CpuBackend,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(Engine, DevicePlan), ModelError> {
+        let Parts {
+            first,
+            ordinals,
+            needs,
+            kv,
+            fuse,
+        } = parts;
+        let mut gpus = Vec::with_capacity(ordinals.len());
+        for &o in ordinals {
+            if o as i32 == first.ordinal() {
+                gpus.push(first.clone());
+            } else {
+                let h = open_gpu(opts, o)?;
+                h.set_stack(opts.gpu_stack);
+                gpus.push(h);
+            }
+        }
+        for a in &gpus {
+            for b in gpus.iter().filter(|b| b.ordinal() != a.ordinal()) {
+                match a.enable_peer_access(b) {
+                    Ok(true) => {}
+                    Ok(false) => tracing::info!(
+                        "{} cannot reach {} directly; copies between them are staged by the driver",
+                        a.name(),
+                        b.name()
+                    ),
+                    Err(e) => tracing::warn!("peer access {} -> {}: {e}", a.name(), b.name()),
+                }
+            }
+        }
+        let available: Vec<u64> = gpus.iter().map(|h| h.budget_available()).collect();
+        let ms = fit_multi(
+            needs,
+            &available,
+            opts.gpus.tensor_split.as_deref(),
+            opts.gpus.main_gpu,
+            opts.n_gpu_layers,
+        );
+        let n_layer = ms.split.n_layer;
+        if ms.split.is_cpu_only() {
+            let why = format!(
+                "not even one layer fits the GPUs: {} needed on one, {} available",
+                mib(needs.gpu_estimate(&LayerSplit::new(n_layer, 1)).total()),
+                available
+                    .iter()
+                    .map(|&a| mib(a))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if opts.device == DeviceChoice::Gpu {
+                return Err(ModelError::Device(why));
+            }
+            return cpu_only(model, opts, kv, backend, worst, why);
+        }
+        let estimates = ms.estimates(needs);
+        let shares: Vec<GpuShare> = (0..ms.n_gpus())
+            .map(|k| GpuShare {
+                device: gpus[k].name().to_string(),
+                layers: ms.range(k),
+                output: k == ms.head && ms.split.output_on_gpu(),
+                estimate: estimates[k],
+                available: available[k],
+            })
+            .collect();
+        let total = estimates
+            .iter()
+            .fold(GpuEstimate::default(), |a, e| GpuEstimate {
+                weights: a.weights + e.weights,
+                kv: a.kv + e.kv,
+                activations: a.activations + e.activations,
+            });
+        let how = match (&opts.gpus.tensor_split, opts.n_gpu_layers) {
+            (_, Some(n)) => format!("-ngl {n}"),
+            (Some(ts), None) => format!("--tensor-split {ts:?}"),
+            (None, None) => "layers in proportion to free memory".to_owned(),
+        };
+        let plan = DevicePlan {
+            device: format!("{} GPUs", gpus.len()),
+            split: ms.split,
+            estimate: total,
+            available: Some(available.iter().sum()),
+            reason: format!(
+                "split mode layer over GPUs {ordinals:?}, {how}{}",
+                if fuse { "" } else { "; unfused graph" }
+            ),
+            kv: KvPlan::of(kv, model.config()),
+            runtime: Some(gpus.iter().map(|h| h.runtime_bytes()).sum()),
+            gpus: shares,
+        };
+        let cpu = Arc::new(backend);
+        let mut devices: Vec<Arc<dyn Device>> = Vec::with_capacity(gpus.len() + 1);
+        for h in &gpus {
+            devices.push(h.clone());
+        }
+        devices.push(Arc::new(CpuDevice::new(cpu.clone())));
+        let mut sched = Scheduler::with_options(devices, opts.scheduler)?;
+        for (name, dtype, dims, bytes) in crate::session::weight_views(model)? {
+            sched.bind_weight(&name, dtype, &dims, bytes)?;
+        }
+        let split = ms.split;
+        let rule: PlacementRule = Arc::new(move |name: &str| ms.device_of(name));
+        sched.set_placement(rule);
+        sched.upload_placed_weights(progress)?;
+        let engine = Engine {
+            sched,
+            hip: Some(gpus[0].clone()),
+            gpus,
+            cpu,
+            fuse,
+            split,
+        };
+        Ok((engine, plan))
+    }
+
+    /// Opens GPU `ordinal` with the session's backend options, its budget capped at the
+    /// session's limit (when given).
+    fn open_gpu(opts: &SessionOptions, ordinal: usize) -> Result<Arc<HipDevice>, ModelError> {
+        let ordinal = i32::try_from(ordinal)
+            .map_err(|_| ModelError::InvalidArgument(format!("GPU {ordinal}")))?;
+        let hip = HipDevice::with_options(ordinal, opts.hip)?;
         if let Some(l) = opts.gpu_mem_limit {
             // The limit bounds what the process holds on the card, the runtime's own share
             // included.

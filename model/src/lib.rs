@@ -20,6 +20,7 @@ pub mod config;
 mod engine;
 pub mod error;
 pub mod generate;
+pub mod gpus;
 pub mod perplexity;
 pub mod placement;
 pub mod sampling;

@@ -237,7 +237,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, ModelError> {
         .map_err(|_| ModelError::InvalidArgument(format!("byte count `{s}` is not a number")))?;
     let bytes = v * mult as f64;
     // 2^64 as f64: the first value a u64 cannot hold (the cast would saturate silently).
-    if !bytes.is_finite() || bytes < 0.0 || bytes >= 18_446_744_073_709_551_616.0 {
+    if !bytes.is_finite() || !(0.0..18_446_744_073_709_551_616.0).contains(&bytes) {
         return Err(ModelError::InvalidArgument(format!(
             "byte count `{s}` is out of range (at most 16 EiB)"
         )));

@@ -159,8 +159,11 @@ pub struct SessionOptions {
     /// llama.cpp's `-ngl`: the last N repeating layers on the GPU (N > layers: the output head
     /// too); `None`: as many as fit the GPU's budget.
     pub n_gpu_layers: Option<usize>,
-    /// Caps the GPU memory the session may use (bytes), below the budget from free memory.
+    /// Caps the GPU memory the session may use (bytes), below the budget from free memory
+    /// (on each GPU of a split).
     pub gpu_mem_limit: Option<u64>,
+    /// Which GPUs, and how layers spread over several ([`crate::gpus`]).
+    pub gpus: crate::gpus::GpuSelection,
     /// Runs whole llama-family decode layers as one persistent GPU kernel per step where the
     /// device (NVIDIA, compute capability 8.0 and later) and the layers (Q4_K weights with Q6_K
     /// v and down allowed, head size 128) fit it; `hip.stack` off vetoes it. On by default: on
@@ -185,6 +188,7 @@ impl Default for SessionOptions {
             device: DeviceChoice::Auto,
             n_gpu_layers: None,
             gpu_mem_limit: None,
+            gpus: crate::gpus::GpuSelection::default(),
             gpu_stack: true,
             gpu_fuse: true,
             hip: HipOptions::default(),
@@ -212,6 +216,8 @@ pub struct DevicePlan {
     /// process opened the device; counted against `--gpu-mem-limit`); `None`: no GPU, or not
     /// measured.
     pub runtime: Option<u64>,
+    /// Each GPU's part when the layers are split over several (empty otherwise).
+    pub gpus: Vec<crate::gpus::GpuShare>,
 }
 
 /// The KV cache a session or engine holds.
@@ -266,6 +272,7 @@ impl DevicePlan {
             reason,
             kv,
             runtime: None,
+            gpus: Vec::new(),
         }
     }
 
@@ -312,6 +319,9 @@ impl fmt::Display for DevicePlan {
         }
         if let Some(r) = self.runtime {
             write!(f, "; runtime context and handles {} (measured)", mib(r))?;
+        }
+        for g in &self.gpus {
+            write!(f, "\n  {g}")?;
         }
         write!(f, "\n{}", self.kv)
     }

@@ -2,8 +2,12 @@
 //! mode and copies them, with a runner script, into the git-ignored `.device/` folder that the GPU
 //! machine receives (it has no Rust toolchain).
 //!
-//! The bundle also holds the model's whole-model GPU tests (`model/tests/gpu_model.rs`) and the
-//! release `rocmforge` binary.
+//! The bundle also holds the model's whole-model GPU tests (`model/tests/gpu_model.rs`), its
+//! two-GPU tests (`model/tests/multi_gpu.rs`) and the release `rocmforge` binary.
+//!
+//! On a machine with two or more GPUs the script also sets `ROCMFORGE_REQUIRE_GPUS=2` (the
+//! two-GPU tests must run there, not skip) and runs `rocmforge` split over the GPUs by layer.
+//! `NCCL_NVLS_ENABLE=0` is always set (NVLink multicast is forbidden on those machines).
 //!
 //! On the GPU machine run `bash .device/run.sh` from the repository root: every test binary runs
 //! serially with `ROCMFORGE_REQUIRE_GPU=1`, which turns each "skipped: no GPU" into a failure, then
@@ -25,7 +29,7 @@ const CRATES: &[&str] = &["hip-ffi", "gpu-mem"];
 /// check the sources in the checkout and run in CI) and the HIP backend's op-by-op checks against
 /// the CPU (unit tests behind ggml-graph's `hip`).
 const GPU_TEST_TARGETS: &[(&str, &[&str])] = &[
-    ("model", &["--test", "gpu_model"]),
+    ("model", &["--test", "gpu_model", "--test", "multi_gpu"]),
     ("kernels", &["--test", "gpu_ops", "--test", "gpu_quant"]),
     ("ggml-graph", &["--lib", "--features", "hip"]),
 ];
@@ -239,6 +243,12 @@ done
 chmod +x "$bin"/*
 export ROCMFORGE_REQUIRE_GPU=1
 export RUST_BACKTRACE=1
+# NVLink multicast is forbidden on the multi-GPU machines; NCCL reads this in every process.
+export NCCL_NVLS_ENABLE=0
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${ngpu:-0}" -ge 2 ]; then
+  export ROCMFORGE_REQUIRE_GPUS=2
+fi
 if [ -f .device/model-tensors.tsv ]; then
   export ROCMFORGE_TENSOR_TABLE="$PWD/.device/model-tensors.tsv"
 fi
@@ -285,6 +295,20 @@ if [ -x "$rf" ]; then
     echo "=== rocmforge bench $dev"
     "$rf" bench -m "$m" $dev -p 512 -n 128 -r 3 --bandwidth || fail=1
   done
+  if [ "${ngpu:-0}" -ge 2 ]; then
+    echo "=== rocmforge devices (peer access, collectives)"
+    "$rf" devices || fail=1
+    for split in "--split-mode layer" "--devices 0,1 --tensor-split 3,1 --main-gpu 0" "--split-mode layer -ngl 9"; do
+      echo "=== rocmforge generate $split"
+      "$rf" generate -m "$m" --device gpu $split -p "hello" -n 32 --temp 0 --stats || fail=1
+      echo "=== rocmforge bench $split"
+      "$rf" bench -m "$m" --device gpu $split -p 512 -n 128 -r 3 || fail=1
+    done
+    for split in "--split-mode none" "--split-mode layer"; do
+      echo "=== rocmforge perplexity $split"
+      "$rf" perplexity -m "$m" --device gpu $split -f README.md --chunks 4 -c 256 || fail=1
+    done
+  fi
 fi
 echo "device run: $([ $fail = 0 ] && echo ALL PASSED || echo FAILURES)"
 exit $fail

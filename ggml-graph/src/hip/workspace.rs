@@ -22,6 +22,13 @@ const MIN_Q8: u64 = 1 << 16;
 const SLACK: u64 = 1 << 20;
 /// Columns up to which products run as mat-vecs on Q8_1 activations (`ops::MATVEC_MAX_COLS`).
 const MATVEC_MAX_COLS: usize = 8;
+/// Columns the integer tile products take (`ops::MMQ_MIN_COLS..=ops::MMQ_MAX_COLS`): their
+/// activations go through the Q8_1 buffer too, and split launches write partial sums to the
+/// scratch.
+const MMQ_MIN_COLS: usize = 8;
+const MMQ_MAX_COLS: usize = 32;
+/// Most shares a tile product splits its steps into (`kernels::MMQ_MAX_SPLITS`).
+const MMQ_MAX_SPLITS: usize = 8;
 /// Alignment of the areas inside the scratch (`ops::ALIGN`).
 const ALIGN: usize = 256;
 /// Attention (`attn.rs`): single-token key splits, the GEMM prefill and its chunking.
@@ -36,6 +43,9 @@ const ATTN_DEC_MAX_KV: usize = 4096;
 #[cfg(feature = "hip")]
 const _: () = {
     assert!(MATVEC_MAX_COLS == super::ops::MATVEC_MAX_COLS);
+    assert!(MMQ_MIN_COLS == super::ops::MMQ_MIN_COLS);
+    assert!(MMQ_MAX_COLS == super::ops::MMQ_MAX_COLS);
+    assert!(MMQ_MAX_SPLITS == kernels::MMQ_MAX_SPLITS);
     assert!(ALIGN == super::ops::ALIGN);
     assert!(ATTN_DEC_MAX_KV == kernels::ATTN_DEC_MAX_KV);
     assert!(SPLIT_K_FROM == super::attn::SPLIT_K_FROM);
@@ -84,11 +94,18 @@ fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool) -> (usize, usize) {
             let (k, n, m) = (w.ne[0], w.ne[1], x.nrows());
             let gated = matches!(t.op, Op::MulMatGated(_));
             // Mat-vecs quantize the activations; a decode pass (one column) always does.
+            let mmq = w.dtype.is_quantized() && (MMQ_MIN_COLS..=MMQ_MAX_COLS).contains(&m);
             let q8 = if w.dtype.is_quantized() {
-                m.min(MATVEC_MAX_COLS).max(1) * q8_1_vector_bytes(k)
+                m.clamp(1, MATVEC_MAX_COLS.max(MMQ_MAX_COLS)) * q8_1_vector_bytes(k)
             } else {
                 0
             };
+            if mmq {
+                // At most every split of both matrices writes its partial sums (the plan
+                // depends on the device's multiprocessors; this is its bound).
+                let mats = if gated { 2 } else { 1 };
+                return (mats * MMQ_MAX_SPLITS * m * n * 4, q8);
+            }
             if m <= MATVEC_MAX_COLS || w.dtype == DType::F32 {
                 return (0, q8);
             }

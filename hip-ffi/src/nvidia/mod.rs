@@ -287,6 +287,16 @@ impl HipApi for NvidiaProvider {
         Ok(())
     }
 
+    fn rebind_current(&self) -> Result<()> {
+        let d = CURRENT.with(Cell::get);
+        let Ok(idx) = usize::try_from(d) else {
+            return Ok(());
+        };
+        let ctx = self.primary_ctx(idx, d)?;
+        // SAFETY: `ctx` is a retained primary context.
+        self.check("hipSetDevice", unsafe { self.cuda.cuCtxSetCurrent(ctx) })
+    }
+
     fn current_device(&self) -> Result<i32> {
         self.ctx()?;
         Ok(CURRENT.with(Cell::get))

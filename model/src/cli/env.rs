@@ -42,6 +42,7 @@ pub(super) const LOG: &str = "ROCMFORGE_LOG";
 const CACHE: &str = "ROCMFORGE_CACHE";
 const PLATFORM: &str = hip_ffi::PLATFORM_VAR;
 const GPU_MEM_LIMIT: &str = "ROCMFORGE_GPU_MEM_LIMIT";
+const NCCL: &str = "ROCMFORGE_NCCL";
 /// The server's bearer key (`serve`, `bench-serve`).
 pub const API_KEY: &str = "ROCMFORGE_API_KEY";
 const GPU_STACK: &str = "ROCMFORGE_GPU_STACK";
@@ -75,6 +76,11 @@ pub(super) const VARS: &[Var] = &[
         GPU_MEM_LIMIT,
         "none",
         "caps the GPU memory used (bytes, or with a K/M/G suffix); --gpu-mem-limit wins",
+    ),
+    var(
+        NCCL,
+        "search",
+        "the NCCL/RCCL library file to load first (else the loader path, ROCm's lib folder, pip's nvidia-nccl-cu13/-cu12)",
     ),
     var(
         API_KEY,
@@ -140,6 +146,14 @@ fn on_unless(name: &str, off_value: &str) -> bool {
 /// The GPU memory cap from the environment (unset: none).
 pub(super) fn gpu_mem_limit() -> Option<String> {
     get(GPU_MEM_LIMIT)
+}
+
+/// Where to look for the collective library (`ROCMFORGE_NCCL` first, when set).
+pub(super) fn nccl_options() -> gpu_mem::NcclOptions {
+    gpu_mem::NcclOptions {
+        library: get(NCCL).filter(|v| !v.is_empty()).map(Into::into),
+        skip_python: false,
+    }
 }
 
 /// Applies the table to `opts` (which holds the defaults and the command-line flags).

@@ -16,6 +16,7 @@ pub use cache::{cache_dir, DEFAULT_MODEL_FILE};
 
 use crate::arch::KvType;
 use crate::error::ModelError;
+use crate::gpus::{GpuSelection, SplitMode};
 use crate::placement::{parse_bytes, DeviceChoice};
 use crate::sampling::SamplerConfig;
 use crate::session::{Session, SessionOptions};
@@ -114,6 +115,23 @@ pub struct ModelArgs {
     /// ROCMFORGE_GPU_MEM_LIMIT (see `rocmforge env`).
     #[arg(long)]
     gpu_mem_limit: Option<String>,
+    /// How a model spreads over several GPUs: layer (consecutive layers per GPU) or none (one
+    /// GPU, `--main-gpu`). Default: one GPU when the model fits it, else layer over all.
+    /// (`-sm` is accepted as in llama.cpp.)
+    #[arg(long)]
+    split_mode: Option<String>,
+    /// GPUs to use, in split order (`0,2`); default: all.
+    #[arg(long)]
+    devices: Option<String>,
+    /// Share of the layers per GPU (`3,1`); default: in proportion to free memory.
+    /// (`-ts` is accepted as in llama.cpp.)
+    #[arg(long)]
+    tensor_split: Option<String>,
+    /// The GPU (index into the GPUs used) holding the output head with `--split-mode layer`
+    /// (default: the last), or the one GPU used with `--split-mode none` (default: the first).
+    /// (`-mg` is accepted as in llama.cpp.)
+    #[arg(long)]
+    main_gpu: Option<usize>,
     /// Runs llama-family decode layers with the per-op GPU kernels instead of the persistent
     /// decode stack (one cooperative kernel per step; NVIDIA, compute capability 8.0 and
     /// later), which they use by default where the layers fit it.
@@ -155,11 +173,34 @@ impl ModelArgs {
             device: self.device,
             n_gpu_layers: self.n_gpu_layers,
             gpu_mem_limit: limit.as_deref().map(parse_bytes).transpose()?,
+            gpus: self.gpu_selection()?,
             gpu_stack: !self.no_gpu_stack,
             ..SessionOptions::default()
         };
         env::apply(&mut opts);
         Ok(opts)
+    }
+
+    /// The GPUs and split the flags ask for.
+    fn gpu_selection(&self) -> Result<GpuSelection, ModelError> {
+        Ok(GpuSelection {
+            devices: self
+                .devices
+                .as_deref()
+                .map(GpuSelection::parse_devices)
+                .transpose()?,
+            split_mode: self
+                .split_mode
+                .as_deref()
+                .map(str::parse::<SplitMode>)
+                .transpose()?,
+            tensor_split: self
+                .tensor_split
+                .as_deref()
+                .map(GpuSelection::parse_tensor_split)
+                .transpose()?,
+            main_gpu: self.main_gpu,
+        })
     }
 
     /// A session with a progress bar for the weight upload; prints the device plan to stderr and,
@@ -344,11 +385,17 @@ pub struct ChatArgs {
 
 /// The process arguments, with llama.cpp's spellings made clap's.
 pub fn args() -> impl Iterator<Item = std::ffi::OsString> {
-    // llama.cpp spells the layer count `-ngl` (and batched-bench's lists `-npp`, `-ntg`,
+    // llama.cpp spells the layer count `-ngl`, the split flags `-sm`, `-ts`, `-mg` (and batched-bench's lists `-npp`, `-ntg`,
     // `-npl`), which are not one-letter flags for clap.
     std::env::args_os().map(|a| {
         if a == "-ngl" {
             "--n-gpu-layers".into()
+        } else if a == "-sm" {
+            "--split-mode".into()
+        } else if a == "-ts" {
+            "--tensor-split".into()
+        } else if a == "-mg" {
+            "--main-gpu".into()
         } else if a == "-npp" || a == "-ntg" || a == "-npl" {
             format!("-{}", a.to_string_lossy()).into()
         } else {
@@ -374,6 +421,7 @@ pub fn run(cmd: Cmd) -> Result<(), ModelError> {
     match cmd {
         Cmd::Devices => {
             gpu_mem::print_summary();
+            print!("{}", run::several_gpus_summary(&env::nccl_options()));
             Ok(())
         }
         Cmd::Info { model } => run::info(&model.unwrap_or_else(default_model)),

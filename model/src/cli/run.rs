@@ -373,6 +373,53 @@ pub(super) fn synth(a: &SynthArgs) -> Result<(), ModelError> {
     Ok(())
 }
 
+/// What `rocmforge devices` adds for several GPUs: which pairs reach each other directly
+/// (peer access), and the collective library (NCCL/RCCL) found with `opts`, or why none.
+pub(super) fn several_gpus_summary(opts: &gpu_mem::NcclOptions) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let Ok(list) = gpu_mem::devices() else {
+        return s;
+    };
+    let opened: Vec<gpu_mem::Device> = list
+        .iter()
+        .filter_map(|d| gpu_mem::Device::open(d.ordinal).ok())
+        .collect();
+    for a in &opened {
+        for b in opened.iter().filter(|b| b.ordinal() > a.ordinal()) {
+            let yes = |x: &gpu_mem::Device, y: &gpu_mem::Device| match x.can_access_peer(y) {
+                Ok(true) => "yes".to_owned(),
+                Ok(false) => "no".to_owned(),
+                Err(e) => format!("unknown ({e})"),
+            };
+            let _ = writeln!(
+                s,
+                "peer access [{}] -> [{}]: {}, [{}] -> [{}]: {}",
+                a.ordinal(),
+                b.ordinal(),
+                yes(a, b),
+                b.ordinal(),
+                a.ordinal(),
+                yes(b, a)
+            );
+        }
+    }
+    if let Some(first) = opened.first() {
+        match gpu_mem::comm::load_library(first, opts) {
+            Ok(n) => {
+                let v = n
+                    .version_string()
+                    .unwrap_or_else(|e| format!("version unknown: {e}"));
+                let _ = writeln!(s, "collectives: {} {v}", n.library_name());
+            }
+            Err(e) => {
+                let _ = writeln!(s, "collectives: none ({e})");
+            }
+        }
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
