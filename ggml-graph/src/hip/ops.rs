@@ -11,7 +11,8 @@ use crate::backend::TensorMem;
 use crate::error::{GraphError, Result};
 use crate::tensor::{Act, DType, Op, Tensor};
 
-/// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx.
+/// Columns up to which `mul_mat` uses the integer mat-vec kernels instead of dequant + gemmEx
+/// (for quantized weights only below `MMQ_MIN_COLS`).
 pub(super) const MATVEC_MAX_COLS: usize = 8;
 /// Columns from which `mul_mat` and the gated product take the integer tile kernels (`mmq.hip`)
 /// for quantized weights instead of the mat-vecs, grouped or not (kernels/PERF.md, "Batched
