@@ -522,7 +522,8 @@ pub fn write_model(arch: &str, out: &Path, seed: u64) -> Result<(), ModelError> 
 
 /// The synthetic files the llama.cpp goldens were computed on (`model/tests/data/synth_*.json`):
 /// name -> (options, vocabulary file in `ROCMFORGE_VOCAB_DIR`). Regenerating with these gives
-/// the same bytes (the goldens record the sha256).
+/// the same bytes (the goldens record the sha256). Test data: only with the `testing` feature.
+#[cfg(feature = "testing")]
 pub fn golden_spec(name: &str) -> Option<(SynthOptions, &'static str)> {
     let (arch, ftype, vocab) = match name {
         "llama" => ("llama", "q4_k_m", "ggml-vocab-llama-bpe.gguf"),
@@ -559,6 +560,7 @@ pub fn golden_spec(name: &str) -> Option<(SynthOptions, &'static str)> {
 }
 
 /// Names accepted by [`golden_spec`].
+#[cfg(feature = "testing")]
 pub const GOLDEN_NAMES: &[&str] = &[
     "llama",
     "mistral",
