@@ -303,9 +303,16 @@ impl ModelConfig {
         const ARCH_KEY: &str = "general.architecture";
         let arch_name = md.get_str(ARCH_KEY).map_err(|e| {
             if md.contains_key(ARCH_KEY) {
+                // The key is named once, by `BadKey`: say only what it holds.
+                let held = match e {
+                    gguf::GgufError::WrongType { found, .. } => format!("found {found}"),
+                    e => e.to_string(),
+                };
                 ModelError::BadKey {
                     key: ARCH_KEY.into(),
-                    reason: format!("{e} (it must name the architecture, e.g. `llama`)"),
+                    reason: format!(
+                        "expected a string naming the architecture (e.g. `llama`), {held}"
+                    ),
                 }
             } else {
                 ModelError::MissingKey(ARCH_KEY.into())

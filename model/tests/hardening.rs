@@ -155,6 +155,12 @@ fn a_wrong_typed_architecture_key_is_not_reported_missing() {
     let msg = e.to_string();
     assert!(msg.contains("general.architecture"), "{msg}");
     assert!(!msg.contains("missing"), "{msg}");
+    // Named once, with what it holds and what it must hold.
+    assert_eq!(msg.matches("general.architecture").count(), 1, "{msg}");
+    assert!(
+        msg.contains("expected a string") && msg.contains("uint32"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -377,4 +383,67 @@ fn a_directory_is_not_a_model() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let e = Model::load(&dir, |_, _| {}).expect_err("a directory");
     assert!(e.to_string().contains("is a directory"), "{e}");
+}
+
+/// Resident memory of this process in bytes (Linux).
+#[cfg(target_os = "linux")]
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("resident pages");
+    pages * 4096
+}
+
+/// `-c 0` on a file whose trained context is 4M positions: the 4 GiB KV cache of the tiny
+/// model is either refused as out of memory (naming the cache) or taken lazily, so a token costs
+/// the rows it writes, not gigabytes of zeroing before the first one.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_long_trained_context_costs_memory_only_as_it_is_used() {
+    let tm = load(set(
+        &tiny("llama"),
+        "llama.context_length",
+        MetadataValue::U32(1 << 22),
+    ))
+    .expect("loads");
+    let opts = SessionOptions {
+        n_ctx: 0,
+        n_batch: 8,
+        n_threads: 1,
+        device: model::placement::DeviceChoice::Cpu,
+        ..SessionOptions::default()
+    };
+    let before = rss();
+    match Session::new(tm.model(), &opts) {
+        Ok(mut s) => {
+            assert_eq!(s.n_ctx(), 1 << 22);
+            s.eval(&[1, 2, 3], LogitsMode::Last).expect("a few tokens");
+            let grown = rss().saturating_sub(before);
+            assert!(grown < 1 << 30, "{grown} bytes resident for 3 tokens");
+        }
+        Err(e) => {
+            assert!(e.is_out_of_memory(), "{e:?}");
+            assert!(e.to_string().contains("cache_"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn kv_cache_estimates_saturate_instead_of_wrapping() {
+    let tm = load(tiny("llama")).expect("loads");
+    let cfg = tm.model().config();
+    let huge = model::arch::KvCacheSpec {
+        dtype: model::arch::KvType::F32,
+        n_ctx: usize::MAX / 2,
+    };
+    assert_eq!(huge.bytes(cfg), usize::MAX);
+    let small = model::arch::KvCacheSpec {
+        dtype: model::arch::KvType::F16,
+        n_ctx: 16,
+    };
+    let per_pos = cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 2;
+    assert_eq!(small.bytes(cfg), cfg.n_layer * per_pos * 16);
 }

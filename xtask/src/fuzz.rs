@@ -23,7 +23,8 @@ fn edit(op: u8, sel: u8, v: u64) -> Vec<u8> {
 type Seed = (&'static str, Vec<u8>);
 
 /// Seeds of the targets above the reader: `(target, [(file name, bytes)])`. The model target's
-/// first byte picks llama, qwen2 or gemma3 unchanged; the tokenizer's picks SPM or BPE.
+/// first byte picks llama, qwen2 or gemma3 unchanged (0..3: micro Q8_0 shapes, 3..6: Q4_K_M);
+/// the tokenizer's picks SPM or BPE.
 fn model_seeds() -> [(&'static str, Vec<Seed>); 2] {
     [
         (
@@ -32,6 +33,14 @@ fn model_seeds() -> [(&'static str, Vec<Seed>); 2] {
                 ("llama", vec![0]),
                 ("qwen2", vec![1]),
                 ("gemma3", vec![2]),
+                ("llama-q4k", vec![3]),
+                ("qwen2-q4k", vec![4]),
+                ("gemma3-q4k", vec![5]),
+                // The model's trained context (`-c 0`) of 2^24 positions: planned, not run.
+                (
+                    "llama-ctx0",
+                    [&[0u8][..], &edit(0x80, 1, 1 << 24), &edit(8, 0, 0)].concat(),
+                ),
                 // Edits are 10 bytes: op, selector, u64 value (see the target).
                 (
                     "gemma3-edits",

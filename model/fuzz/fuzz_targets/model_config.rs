@@ -1,54 +1,89 @@
-//! Fuzz target: a tiny synthetic model (llama, qwen2 or gemma3) with metadata and tensor shapes
-//! mutated as the input says, through load, configuration, tensor validation, a session and one
-//! token. Every mutation must end in a typed error or in finite work: no panic, no overflow (the
-//! profile keeps overflow checks on), no allocation beyond libFuzzer's malloc limit.
+//! Fuzz target: a small synthetic model (llama, qwen2 or gemma3; a micro Q8_0 shape or a
+//! one-layer Q4_K_M shape) with metadata and tensor shapes mutated as the input says, through
+//! parsing, configuration, tensor validation, the tokenizer and chat template, the worst-case
+//! graph of a session at the asked context (`0`: the model's trained maximum, as `-c 0`) with
+//! its memory plan, and, for models small enough to run in well under a millisecond, a session
+//! and one token. Every mutation must end in a typed error or in finite work: no panic, no
+//! overflow (the profile keeps overflow checks on), no allocation beyond libFuzzer's malloc
+//! limit.
 
 #![no_main]
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use gguf::{ArrayValue, GgmlType, GgufFile, Metadata, MetadataValue, TensorToWrite};
 use libfuzzer_sys::fuzz_target;
-use model::arch::LogitsMode;
+use model::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode};
 use model::session::{Model, Session, SessionOptions};
+use model::synth::{Arch, FileType, Shape, SynthOptions};
 use model::text::TextModel;
 
 struct Tensor {
     name: String,
     dims: Vec<u64>,
     ty: GgmlType,
-    data: Vec<u8>,
+    data: Cow<'static, [u8]>,
 }
 
 struct Base {
     arch: &'static str,
     md: Metadata,
-    tensors: Vec<Tensor>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
 }
 
 const ARCHS: [&str; 3] = ["llama", "qwen2", "gemma3"];
 
+/// The micro shape (Q8_0 rows of 64) and the smallest shape with whole Q4_K blocks.
+fn shape(k_quants: bool) -> (Shape, FileType) {
+    let s = |n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff| Shape {
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv,
+        head_dim,
+        n_ff,
+        n_ctx: 128,
+        rope_base: 10000.0,
+        eps: 1e-5,
+    };
+    if k_quants {
+        (s(256, 1, 2, 1, 128, 256), FileType::Q4KM)
+    } else {
+        (s(64, 2, 4, 2, 16, 64), FileType::All(GgmlType::Q8_0))
+    }
+}
+
+/// Bases `0..3` are the micro shapes of [`ARCHS`], `3..6` the Q4_K_M ones.
 fn bases() -> &'static [Base] {
     static BASES: OnceLock<Vec<Base>> = OnceLock::new();
     BASES.get_or_init(|| {
-        ARCHS
+        [false, true]
             .iter()
-            .map(|&arch| {
+            .flat_map(|&k| ARCHS.iter().map(move |&a| (a, k)))
+            .map(|(arch, k_quants)| {
                 let path = std::env::temp_dir().join(format!(
-                    "rocmforge-fuzz-{arch}-{}.gguf",
+                    "rocmforge-fuzz-{arch}-{k_quants}-{}.gguf",
                     std::process::id()
                 ));
-                model::synth::write_model(arch, &path, 1).expect("write synthetic model");
+                let (shape, ftype) = shape(k_quants);
+                let o = SynthOptions {
+                    arch: Arch::parse(arch).expect("known architecture"),
+                    preset: "fuzz".into(),
+                    shape,
+                    ftype,
+                    seed: 1,
+                    extras: Default::default(),
+                };
+                model::synth::write(&o, None, &path).expect("write synthetic model");
                 let f = GgufFile::read(&path).expect("read synthetic model");
                 let _ = std::fs::remove_file(&path);
                 let tensors = f
                     .tensors()
                     .iter()
-                    .map(|t| Tensor {
-                        name: t.name.clone(),
-                        dims: t.dims.clone(),
-                        ty: t.ggml_type,
-                        data: f.tensor_data(t).to_vec(),
+                    .map(|t| {
+                        let data = f.tensor_data(t).to_vec();
+                        (t.name.clone(), t.dims.clone(), t.ggml_type, data)
                     })
                     .collect();
                 Base {
@@ -150,29 +185,40 @@ fn fit(t: &mut Tensor) -> bool {
         .try_fold(row_bytes, |acc, &d| acc.checked_mul(d));
     match bytes {
         Some(b) if b <= MAX_TENSOR_BYTES => {
-            t.data.resize(b as usize, 0);
+            t.data.to_mut().resize(b as usize, 0);
             true
         }
         _ => false,
     }
 }
 
+/// Prompt batch of the session the target builds.
+const N_BATCH: usize = 4;
+
+/// The largest model the target runs a token through: every one of the micro and Q4_K_M bases
+/// and what small edits make of them, while a mutated model of some thousand rows or a long
+/// context only goes as far as its graph and memory plan.
+const RUN_MAX_WEIGHT_BYTES: usize = 1 << 19;
+const RUN_MAX_CTX: usize = 64;
+
 fn run(data: &[u8]) -> Option<()> {
     let (&first, edits) = data.split_first()?;
-    let base = &bases()[first as usize % ARCHS.len()];
+    let all = bases();
+    let base = &all[first as usize % all.len()];
     let arch = base.arch;
     let mut md = base.md.clone();
     let mut tensors: Vec<Tensor> = base
         .tensors
         .iter()
-        .map(|t| Tensor {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            ty: t.ty,
-            data: t.data.clone(),
+        .map(|(name, dims, ty, data)| Tensor {
+            name: name.clone(),
+            dims: dims.clone(),
+            ty: *ty,
+            data: Cow::Borrowed(data.as_slice()),
         })
         .collect();
     let mut n_ctx = 8usize;
+    let mut kv_type = KvType::F16;
     let mut token = 1u32;
     for e in edits.chunks_exact(10) {
         let (op, sel) = (e[0], e[1] as usize);
@@ -239,7 +285,13 @@ fn run(data: &[u8]) -> Option<()> {
                 );
             }
             _ => {
-                n_ctx = 1 + (v as usize % 64);
+                // 0 is the model's trained context, as `-c 0`.
+                n_ctx = v as usize % 65;
+                kv_type = if sel & 1 == 0 {
+                    KvType::F16
+                } else {
+                    KvType::F32
+                };
                 token = (v >> 32) as u32;
             }
         }
@@ -256,19 +308,48 @@ fn run(data: &[u8]) -> Option<()> {
     let bytes = gguf::write_to_vec(&md, &tw).ok()?;
     let file = GgufFile::from_bytes(bytes).ok()?;
     let tm = TextModel::from_model(Model::from_file(Arc::new(file)).ok()?).ok()?;
+    let model = tm.model();
+    let cfg = model.config();
+    let n_vocab = cfg.n_vocab as u32;
+    let _ = tm.piece(token % n_vocab);
+
+    let n_ctx = if n_ctx == 0 { cfg.n_ctx_train } else { n_ctx };
+    if n_ctx == 0 || n_ctx > cfg.n_ctx_train {
+        return None;
+    }
+    let weight_bytes: usize = tensors.iter().map(|t| t.data.len()).sum();
+    if n_ctx > RUN_MAX_CTX || weight_bytes > RUN_MAX_WEIGHT_BYTES {
+        // What a session at this context would build and plan, without its memory: the
+        // worst-case prompt batch at the end of the context and a decode step at the last
+        // position (a session that runs builds and plans the same two itself).
+        let kv = KvCacheSpec {
+            dtype: kv_type,
+            n_ctx,
+        };
+        let n_batch = N_BATCH.min(n_ctx);
+        for (n_tok, n_past) in [(n_batch, n_ctx - n_batch), (1, n_ctx - 1)] {
+            let batch = BatchSpec {
+                n_tok,
+                n_past,
+                logits: LogitsMode::Last,
+            };
+            let mut g = build_forward(cfg, model.weights(), &kv, batch).ok()?.graph;
+            ggml_graph::opt::optimize(&mut g);
+            let _ = ggml_graph::plan::plan(&g).peak;
+        }
+        let _ = kv.bytes(cfg);
+        return None;
+    }
     let opts = SessionOptions {
         n_ctx,
-        n_batch: 4,
+        kv_type,
+        n_batch: N_BATCH,
         n_threads: 1,
         ..SessionOptions::default()
     };
-    let mut session = Session::new(tm.model(), &opts).ok()?;
-    let n_vocab = tm.model().config().n_vocab as u32;
-    let logits = session
-        .eval(&[token % n_vocab], LogitsMode::Last)
-        .ok()?;
+    let mut session = Session::new(model, &opts).ok()?;
+    let logits = session.eval(&[token % n_vocab], LogitsMode::Last).ok()?;
     assert_eq!(logits.len(), n_vocab as usize);
-    let _ = tm.piece(token % n_vocab);
     Some(())
 }
 
