@@ -1095,3 +1095,119 @@ fn tool_call_grammars_compile_for_every_format() {
         }
     }
 }
+
+/// The same alternatives up to the noise between a prefill and one-token decode steps (the
+/// quantized kernels round activations per batch shape): the best log-probability agrees, and
+/// so does every token both maps name (near-ties may swap which tokens make the list).
+fn close_maps(a: &Value, b: &Value) -> bool {
+    let (a, b) = (a.as_object().expect("map"), b.as_object().expect("map"));
+    let close =
+        |x: &Value, y: &Value| (x.as_f64().expect("lp") - y.as_f64().expect("lp")).abs() < 1e-2;
+    let best = |m: &serde_json::Map<String, Value>| {
+        m.values()
+            .map(|v| v.as_f64().expect("lp"))
+            .fold(f64::NEG_INFINITY, f64::max)
+    };
+    (best(a) - best(b)).abs() < 1e-2 && a.iter().all(|(k, v)| b.get(k).is_none_or(|w| close(v, w)))
+}
+
+#[test]
+fn echo_with_logprobs_scores_the_prompt() {
+    let path = synth_model();
+    let ts = start(&path, 2, ServerOptions::default());
+    let c = ts.client(None);
+    let url = "/v1/completions";
+    ts.rt.block_on(async {
+        let ids: Vec<u64> = call(
+            &c,
+            "/tokenize",
+            &json!({"content": "hello world", "add_special": true}),
+            StatusCode::OK,
+        )
+        .await["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .map(|x| x.as_u64().expect("id"))
+            .collect();
+        let n = ids.len();
+        let body = |echo: bool, stream: bool| {
+            json!({"prompt": ids, "max_tokens": 6, "temperature": 0, "logprobs": 2,
+                   "echo": echo, "stream": stream})
+        };
+        let plain = call(&c, url, &body(false, false), StatusCode::OK).await;
+        let echoed = call(&c, url, &body(true, false), StatusCode::OK).await;
+        let (p, e) = (&plain["choices"][0], &echoed["choices"][0]);
+        let prompt_text = "hello world";
+        assert_eq!(
+            e["text"].as_str().expect("text"),
+            format!("{prompt_text}{}", p["text"].as_str().expect("text"))
+        );
+        assert_eq!(echoed["usage"], plain["usage"]);
+        let (pl, el) = (&p["logprobs"], &e["logprobs"]);
+        let gen = pl["tokens"].as_array().expect("tokens").len();
+        assert_eq!(el["tokens"].as_array().expect("tokens").len(), n + gen);
+        assert!(el["token_logprobs"][0].is_null() && el["top_logprobs"][0].is_null());
+        for i in 1..n {
+            let lp = el["token_logprobs"][i].as_f64().expect("prompt logprob");
+            assert!(lp <= 0.0 && lp.is_finite(), "{lp}");
+        }
+        // The generated part is what the plain request gave, offsets shifted by the echo.
+        for j in 0..gen {
+            assert_eq!(el["tokens"][n + j], pl["tokens"][j]);
+            let (a, b) = (
+                el["token_logprobs"][n + j].as_f64().expect("lp"),
+                pl["token_logprobs"][j].as_f64().expect("lp"),
+            );
+            assert!((a - b).abs() < 1e-2, "{a} vs {b}");
+            assert!(
+                close_maps(&el["top_logprobs"][n + j], &pl["top_logprobs"][j]),
+                "{} vs {}",
+                el["top_logprobs"][n + j],
+                pl["top_logprobs"][j]
+            );
+            assert_eq!(
+                el["text_offset"][n + j].as_u64().expect("offset"),
+                pl["text_offset"][j].as_u64().expect("offset") + prompt_text.len() as u64
+            );
+        }
+        // A prompt position's distribution is the one the model has after the tokens before it.
+        for i in 1..n {
+            let next = call(
+                &c,
+                url,
+                &json!({"prompt": &ids[..i], "max_tokens": 1, "temperature": 0, "logprobs": 2}),
+                StatusCode::OK,
+            )
+            .await;
+            let want = &next["choices"][0]["logprobs"]["top_logprobs"][0];
+            assert!(close_maps(&el["top_logprobs"][i], want), "position {i}");
+        }
+        // Streamed: the same text, the echo's chunk carrying the prompt's logprobs.
+        let mut text = String::new();
+        let mut tokens = 0;
+        c.stream(url, &body(true, true), |d| {
+            if d != "[DONE]" {
+                let v: Value = serde_json::from_str(d).expect("chunk");
+                text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+                tokens += v["choices"][0]["logprobs"]["tokens"]
+                    .as_array()
+                    .map_or(0, Vec::len);
+            }
+            true
+        })
+        .await
+        .expect("stream");
+        assert_eq!(text, e["text"].as_str().expect("text"));
+        assert_eq!(tokens, n + gen);
+        let v = call(
+            &c,
+            url,
+            &json!({"prompt": "hi", "echo": true, "logprobs": 1, "stop": ["x"]}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+        assert_eq!(v["error"]["param"], "stop");
+    });
+    ts.wait_idle();
+}
