@@ -263,9 +263,23 @@ fn endpoints() {
             "rocmforge_inter_token_latency_seconds_bucket",
             "rocmforge_queue_length 0",
             "rocmforge_kv_blocks_free",
+            "rocmforge_resident_bytes",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+        // The CPU holds every weight and the whole KV pool of a CPU-only model.
+        let gauge = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+        };
+        let file = gguf::GgufFile::open(&path).expect("open");
+        let weights: u64 = file.tensors().iter().map(|t| t.size).sum();
+        assert_eq!(
+            gauge("rocmforge_memory_used_bytes{device=\"cpu\",use=\"weights\"}"),
+            weights
+        );
+        assert!(gauge("rocmforge_memory_used_bytes{device=\"cpu\",use=\"kv\"}") > 0);
     });
     ts.wait_idle();
 }
