@@ -410,10 +410,10 @@ pub struct ChatChunk {
 pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,
-    /// Their log-probabilities.
-    pub token_logprobs: Vec<f32>,
-    /// Alternatives per position, token text -> log-probability.
-    pub top_logprobs: Vec<serde_json::Map<String, Value>>,
+    /// Their log-probabilities (null for the prompt's first token, which nothing predicts).
+    pub token_logprobs: Vec<Option<f32>>,
+    /// Alternatives per position, token text -> log-probability (null where the logprob is).
+    pub top_logprobs: Vec<Option<serde_json::Map<String, Value>>>,
     /// Character offset of each token in the choice's text.
     pub text_offset: Vec<usize>,
 }

@@ -157,6 +157,19 @@ pub fn serve(a: ServeArgs) -> Result<(), ServerError> {
                     g.kv_blocks_used + g.kv_blocks_free,
                     g.kv_blocks_free
                 );
+                for m in b.memory() {
+                    eprintln!(
+                        "  {}: weights {}, KV cache {}, activations {}{}",
+                        m.device,
+                        model::placement::mib(m.weights),
+                        model::placement::mib(m.kv),
+                        model::placement::mib(m.activations),
+                        m.limit.map_or(String::new(), |l| format!(
+                            " (budget {})",
+                            model::placement::mib(l)
+                        ))
+                    );
+                }
                 Ok(b)
             })();
             match r {

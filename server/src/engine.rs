@@ -5,15 +5,18 @@
 
 use std::sync::{Arc, OnceLock};
 
+use model::arch::{KvCacheSpec, KvType};
 use model::batch::{self, BatchEngine, EngineOptions, FinishReason, Pooling};
+use model::placement;
 use model::sampling::SamplerConfig;
+use model::session::Model;
 use model::session::SessionOptions;
 use model::text::TextModel;
 use model::ModelError;
 use tokio::sync::mpsc;
 
 use crate::constraint::Grammars;
-use crate::metrics::EngineGauges;
+use crate::metrics::{DeviceMemory, EngineGauges};
 
 pub use model::batch::TokenConstraint;
 
@@ -38,6 +41,8 @@ pub struct Backend {
     pooling: Pooling,
     /// Built on the first structured-output request (a trie over the whole vocabulary).
     grammars: OnceLock<Result<Grammars, String>>,
+    /// Where the model's memory went, per device.
+    memory: Vec<DeviceMemory>,
 }
 
 /// What one generation asks for, already validated by the handler.
@@ -151,7 +156,10 @@ impl Backend {
             step_tokens: opts.session.n_batch.max(opts.parallel),
             ..EngineOptions::default()
         };
+        let block_size = eopts.block_size;
+        let kv_type = eopts.session.kv_type;
         let engine = BatchEngine::start(Arc::new(text.model().clone()), eopts)?;
+        let memory = memory_plan(&engine, text.model(), block_size, kv_type);
         // GGUF's pooling types: 0 none, 1 mean, 2 cls (the first token), 3 last. "None" asks
         // for per-token vectors, which the endpoint does not return, so it pools like mean.
         let pooling = match text.model().file().arch_u32_opt("pooling_type") {
@@ -165,6 +173,7 @@ impl Backend {
             n_ctx: opts.n_ctx_per_seq,
             pooling,
             grammars: OnceLock::new(),
+            memory,
         })
     }
 
@@ -230,10 +239,60 @@ impl Backend {
         }
     }
 
+    /// The memory the model takes on each device.
+    pub fn memory(&self) -> &[DeviceMemory] {
+        &self.memory
+    }
+
     /// Stops the engine (requests still running end cancelled).
     pub fn shutdown(&self) {
         self.engine.shutdown();
     }
+}
+
+/// The memory of the engine's plan: the GPU's from its estimate and budget, the CPU's from
+/// the weights and KV layers the split leaves there.
+fn memory_plan(
+    engine: &BatchEngine,
+    model: &Model,
+    block_size: usize,
+    kv_type: KvType,
+) -> Vec<DeviceMemory> {
+    let plan = engine.device_plan();
+    let split = &plan.split;
+    let cfg = model.config();
+    let cpu_weights: u64 = model
+        .file()
+        .tensors()
+        .iter()
+        .filter(|t| split.device_of(&t.name) != Some(placement::GPU))
+        .map(|t| t.size)
+        .sum();
+    let positions = engine.stats().kv_blocks_total * block_size;
+    let kv_all = KvCacheSpec {
+        dtype: kv_type,
+        n_ctx: positions,
+    }
+    .bytes(cfg) as u64;
+    let per_layer = kv_all.checked_div(cfg.n_layer as u64).unwrap_or(0);
+    let cpu_layers = (split.n_layer - split.gpu_layers()) as u64;
+    let mut out = vec![DeviceMemory {
+        device: "cpu".into(),
+        weights: cpu_weights,
+        kv: per_layer * cpu_layers,
+        activations: 0,
+        limit: None,
+    }];
+    if plan.uses_gpu() {
+        out.push(DeviceMemory {
+            device: plan.device.clone(),
+            weights: plan.estimate.weights,
+            kv: plan.estimate.kv,
+            activations: plan.estimate.activations,
+            limit: plan.available,
+        });
+    }
+    out
 }
 
 fn convert(e: batch::Event) -> Out {

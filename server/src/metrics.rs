@@ -118,6 +118,103 @@ pub struct EngineGauges {
     pub kv_blocks_free: usize,
 }
 
+/// Memory one device holds for the model, as the engine's plan placed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// `cpu`, or the GPU's name.
+    pub device: String,
+    /// Weight bytes on the device.
+    pub weights: u64,
+    /// KV-cache bytes on the device (the whole block pool).
+    pub kv: u64,
+    /// Activation arena and backend workspace (GPU only; the CPU's are allocated per step).
+    pub activations: u64,
+    /// The memory budget the plan had to fit (`--gpu-mem-limit` or the free memory at start);
+    /// `None` for the CPU.
+    pub limit: Option<u64>,
+}
+
+impl DeviceMemory {
+    /// Everything the plan puts on the device.
+    pub fn used(&self) -> u64 {
+        self.weights
+            .saturating_add(self.kv)
+            .saturating_add(self.activations)
+    }
+}
+
+/// The process's resident set in bytes (Linux's `/proc/self/status`; `None` elsewhere).
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn render_memory(out: &mut String, memory: &[DeviceMemory]) {
+    let _ = writeln!(
+        out,
+        "# HELP rocmforge_memory_used_bytes Memory the model takes by device and use, as planned at load.
+# TYPE rocmforge_memory_used_bytes gauge"
+    );
+    for m in memory {
+        for (what, v) in [
+            ("weights", m.weights),
+            ("kv", m.kv),
+            ("activations", m.activations),
+        ] {
+            let _ = writeln!(
+                out,
+                "rocmforge_memory_used_bytes{{device=\"{}\",use=\"{what}\"}} {v}",
+                m.device
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP rocmforge_memory_limit_bytes The memory budget of a GPU the plan had to fit.
+# TYPE rocmforge_memory_limit_bytes gauge"
+    );
+    for m in memory {
+        if let Some(l) = m.limit {
+            let _ = writeln!(
+                out,
+                "rocmforge_memory_limit_bytes{{device=\"{}\"}} {l}",
+                m.device
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP rocmforge_memory_budget_use_ratio Planned bytes over the budget, per GPU.
+# TYPE rocmforge_memory_budget_use_ratio gauge"
+    );
+    for m in memory {
+        if let Some(l) = m.limit.filter(|&l| l > 0) {
+            let _ = writeln!(
+                out,
+                "rocmforge_memory_budget_use_ratio{{device=\"{}\"}} {}",
+                m.device,
+                m.used() as f64 / l as f64
+            );
+        }
+    }
+    if let Some(rss) = resident_bytes() {
+        let _ = writeln!(
+            out,
+            "# HELP rocmforge_resident_bytes The process's resident memory (mapped weights it touched, the CPU's KV cache, everything else).
+# TYPE rocmforge_resident_bytes gauge
+rocmforge_resident_bytes {rss}"
+        );
+    }
+}
+
 impl Metrics {
     /// Counts a finished request of `endpoint` (one of [`ENDPOINTS`]).
     pub fn request(&self, endpoint: &str, ok: bool) {
@@ -149,8 +246,13 @@ impl Metrics {
             .fetch_add(generated as u64, Ordering::Relaxed);
     }
 
-    /// The exposition text; `engine` is `None` while the model loads.
-    pub fn render(&self, engine: Option<EngineGauges>, in_flight: usize) -> String {
+    /// The exposition text; `engine` and `memory` are `None` while the model loads.
+    pub fn render(
+        &self,
+        engine: Option<EngineGauges>,
+        memory: Option<&[DeviceMemory]>,
+        in_flight: usize,
+    ) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -238,6 +340,9 @@ impl Metrics {
                 "KV-cache blocks free.",
                 g.kv_blocks_free,
             );
+        }
+        if let Some(m) = memory {
+            render_memory(&mut out, m);
         }
         out
     }

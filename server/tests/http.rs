@@ -16,6 +16,24 @@ use server::ServerOptions;
 
 use common::{chat_prompt, greedy_reference, start, synth_model, TestServer};
 
+/// Sends a request (POST with a body, GET without), checks the answer's status and returns its
+/// JSON.
+async fn call<'a>(
+    c: &Client,
+    path: &str,
+    body: impl Into<Option<&'a Value>>,
+    status: StatusCode,
+) -> Value {
+    let body = body.into();
+    let r = match body {
+        Some(b) => c.post(path, b).await,
+        None => c.get(path).await,
+    }
+    .expect("request");
+    assert_eq!(r.status, status, "{path} {body:?}: {:?}", r.body);
+    r.json().expect("JSON answer")
+}
+
 /// Streams a request and returns the concatenated text of its chunks (chat deltas or
 /// completion texts), the finish reason and the number of `[DONE]` markers.
 async fn stream_text(c: &Client, path: &str, body: Value) -> (String, Option<String>, usize) {
@@ -60,12 +78,12 @@ fn check_greedy_chat(ts: &TestServer, path: &Path, user: &str, n: usize) {
     let (prompt, stops) = chat_prompt(path, user);
     let want = greedy_reference(path, &prompt, n, &stops);
     let c = ts.client(None);
-    let r = ts
-        .rt
-        .block_on(c.post("/v1/chat/completions", &chat_body(user, n, false)))
-        .expect("chat");
-    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
-    let v = r.json().expect("json");
+    let v = ts.rt.block_on(call(
+        &c,
+        "/v1/chat/completions",
+        &chat_body(user, n, false),
+        StatusCode::OK,
+    ));
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
     assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
@@ -110,28 +128,20 @@ fn endpoints() {
     let ts = start(&path, 2, ServerOptions::default());
     let c = ts.client(None);
     ts.rt.block_on(async {
-        let h = c.get("/health").await.expect("health");
-        assert_eq!(h.status, StatusCode::OK);
-        assert_eq!(h.json().expect("json")["status"], "ok");
+        let h = call(&c, "/health", None, StatusCode::OK).await;
+        assert_eq!(h["status"], "ok");
 
-        let m = c
-            .get("/v1/models")
-            .await
-            .expect("models")
-            .json()
-            .expect("json");
+        let m = call(&c, "/v1/models", None, StatusCode::OK).await;
         assert_eq!(m["object"], "list");
         assert_eq!(m["data"][0]["id"], "test-model");
 
-        let t = c
-            .post(
-                "/tokenize",
-                &json!({"content": "hello world", "add_special": false}),
-            )
-            .await
-            .expect("tokenize")
-            .json()
-            .expect("json");
+        let t = call(
+            &c,
+            "/tokenize",
+            &json!({"content": "hello world", "add_special": false}),
+            StatusCode::OK,
+        )
+        .await;
         let ids: Vec<u32> = t["tokens"]
             .as_array()
             .expect("tokens")
@@ -139,12 +149,7 @@ fn endpoints() {
             .map(|x| x.as_u64().expect("id") as u32)
             .collect();
         assert!(!ids.is_empty());
-        let d = c
-            .post("/detokenize", &json!({"tokens": ids}))
-            .await
-            .expect("detokenize")
-            .json()
-            .expect("json");
+        let d = call(&c, "/detokenize", &json!({"tokens": ids}), StatusCode::OK).await;
         assert_eq!(d["content"], "hello world");
 
         // Text and token-id prompts give the same greedy completion; echo repeats the prompt.
@@ -152,12 +157,13 @@ fn endpoints() {
             json!({"model": "test-model", "prompt": prompt, "max_tokens": 8,
                    "temperature": 0, "echo": echo, "logprobs": 2})
         };
-        let a = c
-            .post("/v1/completions", &body(json!("hello world"), false))
-            .await
-            .expect("completion")
-            .json()
-            .expect("json");
+        let a = call(
+            &c,
+            "/v1/completions",
+            &body(json!("hello world"), false),
+            StatusCode::OK,
+        )
+        .await;
         assert_eq!(a["object"], "text_completion");
         let text = a["choices"][0]["text"].as_str().expect("text").to_owned();
         let lp = &a["choices"][0]["logprobs"];
@@ -182,24 +188,23 @@ fn endpoints() {
             assert!(best <= l + 1e-5, "{best} vs {l}");
         }
         let mut with_bos = vec![];
-        let tk = c
-            .post(
-                "/tokenize",
-                &json!({"content": "hello world", "add_special": true}),
-            )
-            .await
-            .expect("tokenize")
-            .json()
-            .expect("json");
+        let tk = call(
+            &c,
+            "/tokenize",
+            &json!({"content": "hello world", "add_special": true}),
+            StatusCode::OK,
+        )
+        .await;
         for x in tk["tokens"].as_array().expect("tokens") {
             with_bos.push(x.as_u64().expect("id"));
         }
-        let b = c
-            .post("/v1/completions", &body(json!(with_bos), true))
-            .await
-            .expect("completion")
-            .json()
-            .expect("json");
+        let b = call(
+            &c,
+            "/v1/completions",
+            &body(json!(with_bos), true),
+            StatusCode::OK,
+        )
+        .await;
         let echoed = b["choices"][0]["text"].as_str().expect("text");
         assert!(echoed.ends_with(&text), "{echoed:?} vs {text:?}");
         assert!(echoed.contains("hello world"), "{echoed:?}");
@@ -214,16 +219,14 @@ fn endpoints() {
         assert!(finish.is_some());
 
         // Chat logprobs and the usage chunk.
-        let v = c
-            .post(
-                "/v1/chat/completions",
-                &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        let v = call(
+            &c,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                         "temperature": 0, "logprobs": true, "top_logprobs": 3}),
-            )
-            .await
-            .expect("chat")
-            .json()
-            .expect("json");
+            StatusCode::OK,
+        )
+        .await;
         let content = v["choices"][0]["logprobs"]["content"]
             .as_array()
             .expect("lp");
@@ -263,9 +266,23 @@ fn endpoints() {
             "rocmforge_inter_token_latency_seconds_bucket",
             "rocmforge_queue_length 0",
             "rocmforge_kv_blocks_free",
+            "rocmforge_resident_bytes",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+        // The CPU holds every weight and the whole KV pool of a CPU-only model.
+        let gauge = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+        };
+        let file = gguf::GgufFile::open(&path).expect("open");
+        let weights: u64 = file.tensors().iter().map(|t| t.size).sum();
+        assert_eq!(
+            gauge("rocmforge_memory_used_bytes{device=\"cpu\",use=\"weights\"}"),
+            weights
+        );
+        assert!(gauge("rocmforge_memory_used_bytes{device=\"cpu\",use=\"kv\"}") > 0);
     });
     ts.wait_idle();
 }
@@ -357,15 +374,10 @@ fn errors_have_statuses_and_error_objects() {
         expect_error(&c, "/detokenize", br#"{"tokens": [99999999]}"#, bad).await;
         let huge = vec![b' '; 100 << 10];
         expect_error(&c, chat, &huge, StatusCode::PAYLOAD_TOO_LARGE).await;
-        let r = c.get("/v1/nothing").await.expect("get");
-        assert_eq!(r.status, StatusCode::NOT_FOUND);
-        assert!(r.json().expect("json")["error"]["message"].is_string());
+        let v = call(&c, "/v1/nothing", None, StatusCode::NOT_FOUND).await;
+        assert!(v["error"]["message"].is_string());
         // The server still answers after all that.
-        let ok = c
-            .post(chat, &chat_body("hi", 2, false))
-            .await
-            .expect("chat");
-        assert_eq!(ok.status, StatusCode::OK);
+        call(&c, chat, &chat_body("hi", 2, false), StatusCode::OK).await;
     });
     ts.wait_idle();
 }
@@ -401,12 +413,9 @@ fn json_schema_output_parses_and_validates() {
             "max_tokens": 60, "seed": seed, "temperature": 1.0,
             "response_format": format,
         });
-        let r = ts
+        let v = ts
             .rt
-            .block_on(c.post("/v1/chat/completions", &body))
-            .expect("chat");
-        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
-        let v = r.json().expect("json");
+            .block_on(call(&c, "/v1/chat/completions", &body, StatusCode::OK));
         let text = v["choices"][0]["message"]["content"]
             .as_str()
             .expect("text");
@@ -451,25 +460,15 @@ fn api_key_is_required() {
         let none = ts.client(None);
         let wrong = ts.client(Some("guess"));
         let right = ts.client(Some("sekrit"));
-        assert_eq!(
-            none.get("/health").await.expect("health").status,
-            StatusCode::OK
-        );
+        let chat = "/v1/chat/completions";
+        call(&none, "/health", None, StatusCode::OK).await;
         for c in [&none, &wrong] {
-            let r = c.get("/v1/models").await.expect("models");
-            assert_eq!(r.status, StatusCode::UNAUTHORIZED);
-            assert_eq!(r.json().expect("json")["error"]["code"], "invalid_api_key");
-            let r = c
-                .post("/v1/chat/completions", &chat_body("hi", 2, false))
-                .await
-                .expect("chat");
-            assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+            let v = call(c, "/v1/models", None, StatusCode::UNAUTHORIZED).await;
+            assert_eq!(v["error"]["code"], "invalid_api_key");
+            let body = chat_body("hi", 2, false);
+            call(c, chat, &body, StatusCode::UNAUTHORIZED).await;
         }
-        let r = right
-            .post("/v1/chat/completions", &chat_body("hi", 2, false))
-            .await
-            .expect("chat");
-        assert_eq!(r.status, StatusCode::OK);
+        call(&right, chat, &chat_body("hi", 2, false), StatusCode::OK).await;
     });
 }
 
@@ -743,11 +742,7 @@ fn embeddings_are_unit_vectors_of_the_model_width() {
     ts.rt.block_on(async {
         let post = |body: Value| {
             let c = &c;
-            async move {
-                let r = c.post(url, &body).await.expect("embeddings");
-                assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
-                r.json().expect("json")
-            }
+            async move { call(c, url, &body, StatusCode::OK).await }
         };
         let one = post(json!({"model": "test-model", "input": "hello world"})).await;
         assert_eq!(one["object"], "list");
@@ -779,15 +774,13 @@ fn embeddings_are_unit_vectors_of_the_model_width() {
             .collect();
         assert_eq!(floats, e[0]);
 
-        let t = c
-            .post(
-                "/tokenize",
-                &json!({"content": "hello world", "add_special": true}),
-            )
-            .await
-            .expect("tokenize")
-            .json()
-            .expect("json");
+        let t = call(
+            &c,
+            "/tokenize",
+            &json!({"content": "hello world", "add_special": true}),
+            StatusCode::OK,
+        )
+        .await;
         let ids: Vec<u64> = t["tokens"]
             .as_array()
             .expect("tokens")
@@ -832,12 +825,8 @@ fn with_pooling_type(path: &Path, pooling: u32) -> std::path::PathBuf {
 }
 
 async fn embed_ids(c: &Client, ids: &[u32]) -> Vec<f32> {
-    let r = c
-        .post("/v1/embeddings", &json!({ "input": ids }))
-        .await
-        .expect("embeddings");
-    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
-    embeddings_of(&r.json().expect("json")).remove(0)
+    let body = json!({ "input": ids });
+    embeddings_of(&call(c, "/v1/embeddings", &body, StatusCode::OK).await).remove(0)
 }
 
 #[test]
@@ -868,13 +857,6 @@ fn embeddings_pool_as_the_model_file_says() {
     last.wait_idle();
     assert_ne!(v, mean_all);
     assert_ne!(v, first);
-}
-
-/// Posts `body` to `path`, checks the answer's status and returns its JSON.
-async fn call(c: &Client, path: &str, body: &Value, status: StatusCode) -> Value {
-    let r = c.post(path, body).await.expect("request");
-    assert_eq!(r.status, status, "{path} {body}: {:?}", r.body);
-    r.json().expect("JSON answer")
 }
 
 /// A Hermes-style template (Qwen's markers) short enough for the synthetic model's
@@ -1094,4 +1076,120 @@ fn tool_call_grammars_compile_for_every_format() {
             }
         }
     }
+}
+
+/// The same alternatives up to the noise between a prefill and one-token decode steps (the
+/// quantized kernels round activations per batch shape): the best log-probability agrees, and
+/// so does every token both maps name (near-ties may swap which tokens make the list).
+fn close_maps(a: &Value, b: &Value) -> bool {
+    let (a, b) = (a.as_object().expect("map"), b.as_object().expect("map"));
+    let close =
+        |x: &Value, y: &Value| (x.as_f64().expect("lp") - y.as_f64().expect("lp")).abs() < 1e-2;
+    let best = |m: &serde_json::Map<String, Value>| {
+        m.values()
+            .map(|v| v.as_f64().expect("lp"))
+            .fold(f64::NEG_INFINITY, f64::max)
+    };
+    (best(a) - best(b)).abs() < 1e-2 && a.iter().all(|(k, v)| b.get(k).is_none_or(|w| close(v, w)))
+}
+
+#[test]
+fn echo_with_logprobs_scores_the_prompt() {
+    let path = synth_model();
+    let ts = start(&path, 2, ServerOptions::default());
+    let c = ts.client(None);
+    let url = "/v1/completions";
+    ts.rt.block_on(async {
+        let ids: Vec<u64> = call(
+            &c,
+            "/tokenize",
+            &json!({"content": "hello world", "add_special": true}),
+            StatusCode::OK,
+        )
+        .await["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .map(|x| x.as_u64().expect("id"))
+            .collect();
+        let n = ids.len();
+        let body = |echo: bool, stream: bool| {
+            json!({"prompt": ids, "max_tokens": 6, "temperature": 0, "logprobs": 2,
+                   "echo": echo, "stream": stream})
+        };
+        let plain = call(&c, url, &body(false, false), StatusCode::OK).await;
+        let echoed = call(&c, url, &body(true, false), StatusCode::OK).await;
+        let (p, e) = (&plain["choices"][0], &echoed["choices"][0]);
+        let prompt_text = "hello world";
+        assert_eq!(
+            e["text"].as_str().expect("text"),
+            format!("{prompt_text}{}", p["text"].as_str().expect("text"))
+        );
+        assert_eq!(echoed["usage"], plain["usage"]);
+        let (pl, el) = (&p["logprobs"], &e["logprobs"]);
+        let gen = pl["tokens"].as_array().expect("tokens").len();
+        assert_eq!(el["tokens"].as_array().expect("tokens").len(), n + gen);
+        assert!(el["token_logprobs"][0].is_null() && el["top_logprobs"][0].is_null());
+        for i in 1..n {
+            let lp = el["token_logprobs"][i].as_f64().expect("prompt logprob");
+            assert!(lp <= 0.0 && lp.is_finite(), "{lp}");
+        }
+        // The generated part is what the plain request gave, offsets shifted by the echo.
+        for j in 0..gen {
+            assert_eq!(el["tokens"][n + j], pl["tokens"][j]);
+            let (a, b) = (
+                el["token_logprobs"][n + j].as_f64().expect("lp"),
+                pl["token_logprobs"][j].as_f64().expect("lp"),
+            );
+            assert!((a - b).abs() < 1e-2, "{a} vs {b}");
+            assert!(
+                close_maps(&el["top_logprobs"][n + j], &pl["top_logprobs"][j]),
+                "{} vs {}",
+                el["top_logprobs"][n + j],
+                pl["top_logprobs"][j]
+            );
+            assert_eq!(
+                el["text_offset"][n + j].as_u64().expect("offset"),
+                pl["text_offset"][j].as_u64().expect("offset") + prompt_text.len() as u64
+            );
+        }
+        // A prompt position's distribution is the one the model has after the tokens before it.
+        for i in 1..n {
+            let next = call(
+                &c,
+                url,
+                &json!({"prompt": &ids[..i], "max_tokens": 1, "temperature": 0, "logprobs": 2}),
+                StatusCode::OK,
+            )
+            .await;
+            let want = &next["choices"][0]["logprobs"]["top_logprobs"][0];
+            assert!(close_maps(&el["top_logprobs"][i], want), "position {i}");
+        }
+        // Streamed: the same text, the echo's chunk carrying the prompt's logprobs.
+        let mut text = String::new();
+        let mut tokens = 0;
+        c.stream(url, &body(true, true), |d| {
+            if d != "[DONE]" {
+                let v: Value = serde_json::from_str(d).expect("chunk");
+                text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+                tokens += v["choices"][0]["logprobs"]["tokens"]
+                    .as_array()
+                    .map_or(0, Vec::len);
+            }
+            true
+        })
+        .await
+        .expect("stream");
+        assert_eq!(text, e["text"].as_str().expect("text"));
+        assert_eq!(tokens, n + gen);
+        let v = call(
+            &c,
+            url,
+            &json!({"prompt": "hi", "echo": true, "logprobs": 1, "stop": ["x"]}),
+            StatusCode::BAD_REQUEST,
+        )
+        .await;
+        assert_eq!(v["error"]["param"], "stop");
+    });
+    ts.wait_idle();
 }

@@ -52,7 +52,8 @@ pub(crate) async fn metrics(State(st): St) -> Response {
     let in_flight = st.in_flight.load(std::sync::atomic::Ordering::Relaxed);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.metrics.render(gauges, in_flight),
+        st.metrics
+            .render(gauges, st.backend.get().map(|b| b.memory()), in_flight),
     )
         .into_response()
 }
