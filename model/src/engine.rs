@@ -175,7 +175,7 @@ mod gpu {
     use super::{cpu_only, Engine, KvPool};
     use crate::arch::KvCacheSpec;
     use crate::error::ModelError;
-    use crate::gpus::{fit_multi, GpuShare, SplitMode};
+    use crate::gpus::{fit_multi, GpuShare, MultiSplit, SplitMode};
     use crate::placement::{fit_layers, layer_of, mib, weights_by_layer, DeviceChoice};
     use crate::placement::{GpuEstimate, CPU, GPU};
     use crate::placement::{LayerSplit, Needs};
@@ -388,8 +388,10 @@ mod gpu {
                 first: hip,
                 ordinals: &ordinals,
                 needs: &needs,
-                kv: &kv_min,
                 fuse,
+                kv,
+                kv_min: &kv_min,
+                pool,
             };
             return multi(model, opts, parts, g, backend, progress);
         }
@@ -473,16 +475,22 @@ mod gpu {
         first: Arc<HipDevice>,
         /// The GPUs to split over, in order.
         ordinals: &'a [usize],
-        /// The session's needs (the same on every GPU but for the layers).
+        /// The session's needs with the KV cache at `kv_min` (the same on every GPU but for
+        /// the layers).
         needs: &'a Needs,
-        /// The KV cache the needs count (a batching pool at its minimum size).
-        kv: &'a KvCacheSpec,
         /// Whether graphs keep fused nodes.
         fuse: bool,
+        /// The KV cache asked for (a sized pool at its largest).
+        kv: &'a KvCacheSpec,
+        /// The KV cache the needs count (a sized pool at its smallest).
+        kv_min: &'a KvCacheSpec,
+        /// The sized pool, if any.
+        pool: Option<KvPool>,
     }
 
     /// A layer split over several GPUs (and the CPU for layers that fit none): opens the other
-    /// GPUs, lets each reach the others' memory, chooses the split and builds the engine.
+    /// GPUs, lets each reach the others' memory, chooses the split, sizes a KV pool by what
+    /// every GPU has left, and builds the engine.
     fn multi(
         model: &Model,
         opts: &SessionOptions,
@@ -495,8 +503,10 @@ mod gpu {
             first,
             ordinals,
             needs,
-            kv,
             fuse,
+            kv,
+            kv_min,
+            pool,
         } = parts;
         let mut gpus = Vec::with_capacity(ordinals.len());
         for &o in ordinals {
@@ -545,7 +555,7 @@ mod gpu {
             }
             return cpu_only(model, opts, kv, backend, worst, why);
         }
-        let estimates = ms.estimates(needs);
+        let (kv, estimates) = pool_over_gpus(model, &ms, needs, &available, kv, kv_min, pool);
         let shares: Vec<GpuShare> = (0..ms.n_gpus())
             .map(|k| GpuShare {
                 device: gpus[k].name().to_string(),
@@ -576,7 +586,7 @@ mod gpu {
                 "split mode layer over GPUs {ordinals:?}, {how}{}",
                 if fuse { "" } else { "; unfused graph" }
             ),
-            kv: KvPlan::of(kv, model.config()),
+            kv: KvPlan::of(&kv, model.config()),
             runtime: Some(gpus.iter().map(|h| h.runtime_bytes()).sum()),
             gpus: shares,
         };
@@ -603,6 +613,46 @@ mod gpu {
             split,
         };
         Ok((engine, plan))
+    }
+
+    /// The KV cache of a split over GPUs and each GPU's estimate with it: `kv` as asked, or a
+    /// sized pool with as many blocks as the fullest GPU leaves room for (every block holds
+    /// every layer, so each GPU stores its layers' share of each block).
+    fn pool_over_gpus(
+        model: &Model,
+        ms: &MultiSplit,
+        needs: &Needs,
+        available: &[u64],
+        kv: &KvCacheSpec,
+        kv_min: &KvCacheSpec,
+        pool: Option<KvPool>,
+    ) -> (KvCacheSpec, Vec<GpuEstimate>) {
+        let Some(p) = pool else {
+            return (*kv, ms.estimates(needs));
+        };
+        let cfg = model.config();
+        let n_layer = ms.split.n_layer.max(1);
+        let layer_block = (kv_min.bytes(cfg) / n_layer) as u64 / p.min_blocks.max(1) as u64;
+        let blocks = ms
+            .estimates(needs)
+            .iter()
+            .zip(available)
+            .enumerate()
+            .map(|(k, (e, &a))| {
+                let block_bytes = layer_block * ms.range(k).len() as u64;
+                p.blocks(a.saturating_sub(e.total()), block_bytes)
+            })
+            .min()
+            .unwrap_or(p.min_blocks);
+        let kv = KvCacheSpec {
+            n_ctx: blocks * p.block_size,
+            ..*kv
+        };
+        let sized = Needs {
+            kv_per_layer: (kv.bytes(cfg) / n_layer) as u64,
+            ..needs.clone()
+        };
+        (kv, ms.estimates(&sized))
     }
 
     /// Opens GPU `ordinal` with the session's backend options, its budget capped at the

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use model::arch::LogitsMode;
+use model::gpus::{GpuSelection, SplitMode};
 use model::placement::DeviceChoice;
 use model::sampling::argmax;
 use model::session::{DeviceMemory, Model, Session, SessionOptions};
@@ -55,6 +56,12 @@ fn opts(device: DeviceChoice, ngl: Option<usize>, limit: Option<u64>) -> Session
         device,
         n_gpu_layers: ngl,
         gpu_mem_limit: limit,
+        // One GPU even on a machine with several (a capped budget would otherwise spread the
+        // model over them); `multi_gpu.rs` tests the splits.
+        gpus: GpuSelection {
+            split_mode: Some(SplitMode::None),
+            ..GpuSelection::default()
+        },
         ..SessionOptions::default()
     }
 }

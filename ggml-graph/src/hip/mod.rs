@@ -39,9 +39,11 @@ pub use ops::mmq_launches;
 #[cfg(any(test, feature = "testing"))]
 pub use stack::{head_launches, stack_launches};
 
-/// GPUs of the platform `hip-ffi` selects (0 without one).
+/// GPUs of the platform `hip-ffi` selects (0 without one); opens no device.
 pub fn device_count() -> usize {
-    gpu_mem::devices().map_or(0, |d| d.len())
+    hip_ffi::runtime()
+        .and_then(|api| api.device_count())
+        .map_or(0, |n| usize::try_from(n).unwrap_or(0))
 }
 
 use std::any::Any;

@@ -1000,6 +1000,9 @@ mod norm;
 #[path = "tests_io.rs"]
 mod io;
 
+#[path = "tests_multi.rs"]
+mod multi;
+
 #[test]
 fn byte_counts_past_any_device_are_refused_before_asking_it() {
     assert_eq!(super::bytes_of("partials", &[3, 5, 4]).ok(), Some(60));

@@ -1,0 +1,89 @@
+//! Two GPUs in one scheduler, as a layer split uses them: each "layer" of a small graph reads
+//! weights placed on its own GPU, so the activations cross from the first GPU to the second by a
+//! device-to-device copy every run, and the outputs must match the CPU's. Skipped below two GPUs
+//! (`ROCMFORGE_REQUIRE_GPUS=2` makes that a failure).
+
+use std::sync::Arc;
+
+use super::{f32_bytes, hip, nmse, weight, Rng};
+use crate::backend::{CpuDevice, Device};
+use crate::cpu::CpuBackend;
+use crate::exec::WeightBytes;
+use crate::graph::Graph;
+use crate::hip::HipDevice;
+use crate::sched::{PlacementRule, Scheduler};
+use crate::tensor::DType;
+
+#[test]
+fn two_gpus_pass_activations_device_to_device() {
+    let Some(h0) = hip() else {
+        return;
+    };
+    if hip_ffi::testing::need_gpus(super::super::device_count(), 2).is_none() {
+        return;
+    }
+    let h1 = Arc::new(HipDevice::new(1).expect("GPU 1"));
+    let peer = h0.enable_peer_access(&h1).expect("peer access 0 -> 1");
+    h1.enable_peer_access(&h0).expect("peer access 1 -> 0");
+    println!("peer access between GPU 0 and 1: {peer}");
+    let mut rng = Rng(0x2_6bu64 << 20 | 0x51);
+    let k = 512usize;
+    let mut g = Graph::new();
+    let w0 = g.weight("blk.0.w", DType::Q8_0, &[k, k]).expect("w0");
+    let w1 = g.weight("blk.1.w", DType::Q8_0, &[k, k]).expect("w1");
+    let x = g.input("x", DType::F32, &[k, 1]).expect("x");
+    let y0 = g.mul_mat(w0, x).expect("y0");
+    let a = g.add(y0, x).expect("a");
+    let y1 = g.mul_mat(w1, a).expect("y1");
+    let out = g.add(y1, a).expect("out");
+    g.mark_output(out).expect("mark");
+    let weights = [
+        weight("blk.0.w", DType::Q8_0, k, k, &mut rng),
+        weight("blk.1.w", DType::Q8_0, k, k, &mut rng),
+    ];
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    let mut two = Scheduler::new(vec![
+        h0.clone() as Arc<dyn Device>,
+        h1.clone() as Arc<dyn Device>,
+        cpu.clone(),
+    ])
+    .expect("two-GPU scheduler");
+    let rule: PlacementRule = Arc::new(|name: &str| match name {
+        "blk.0.w" => Some(0),
+        "blk.1.w" => Some(1),
+        _ => None,
+    });
+    two.set_placement(rule);
+    let mut one = Scheduler::new(vec![cpu]).expect("CPU scheduler");
+    for s in [&mut two, &mut one] {
+        for (name, dt, shape, bytes) in &weights {
+            s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                .expect("bind");
+        }
+    }
+    two.upload_placed_weights(&mut |_, _| {}).expect("upload");
+    for step in 0..3 {
+        let xb = f32_bytes(&rng.vec(k));
+        two.run(&g, &[(x, &xb)]).expect("two-GPU run");
+        one.run(&g, &[(x, &xb)]).expect("CPU run");
+        let got = two.output_f32(out).expect("two-GPU output");
+        let want = one.output_f32(out).expect("CPU output");
+        let e = nmse(&got, &want);
+        println!("step {step}: NMSE {e:.3e}");
+        assert!(e <= 2e-3, "step {step}: NMSE {e:.3e}");
+    }
+    let sched = two.last_schedule().expect("schedule");
+    let on: Vec<usize> = g
+        .tensors()
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.op.name() == "mul_mat")
+        .filter_map(|(i, _)| sched.device_of[i])
+        .collect();
+    assert_eq!(on, vec![0, 1], "each layer on its GPU");
+    assert!(two.copies_made() >= 3, "one crossing per run at least");
+    let usage = two.usage();
+    assert!(usage[0].weights > 0 && usage[1].weights > 0, "{usage:?}");
+}
