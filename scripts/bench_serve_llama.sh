@@ -6,9 +6,11 @@
 # Usage: scripts/bench_serve_llama.sh MODEL.gguf [cpu|cuda]
 # Env: CONC (concurrency levels, default 1,8,32,64), REQUESTS (per level, 64), PROMPT (128),
 #      OUTPUT (128), PARALLEL (server slots, default the largest level), CTX (per slot, 1024),
-#      THREADS (CPU threads, default all), MIXED=1 (mixed lengths), WORK (build dir,
-#      ~/.cache/rocmforge/llama-server), ROCMFORGE (binary, default target/release/rocmforge).
+#      THREADS (CPU threads, default all), MIXED=1 (mixed lengths), LLAMA_DIR (llama.cpp build
+#      of scripts/llamacpp.sh, default /tmp/llama-DEVICE), ROCMFORGE (binary, default
+#      target/release/rocmforge).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 model=${1:?usage: $0 MODEL.gguf [cpu|cuda]}
 device=${2:-cpu}
@@ -19,24 +21,20 @@ output=${OUTPUT:-128}
 parallel=${PARALLEL:-$(tr ',' '\n' <<<"$conc" | sort -n | tail -1)}
 ctx=${CTX:-1024}
 threads=${THREADS:-$(nproc)}
-work=${WORK:-$HOME/.cache/rocmforge/llama-server}
 rf=${ROCMFORGE:-target/release/rocmforge}
 mixed=()
 [[ ${MIXED:-0} == 1 ]] && mixed=(--mixed)
 
-version=0.3.36
-mkdir -p "$work"
-server_bin=$work/build-$device/bin/llama-server
+# llama.cpp from scripts/llamacpp.sh (the sdist prepared here, built where the benchmark runs).
+llama=${LLAMA_DIR:-/tmp/llama-$device}
+server_bin=$llama/build/bin/llama-server
 if [[ ! -x $server_bin ]]; then
-  if [[ ! -d $work/llama_cpp_python-$version ]]; then
-    python3 -m pip download "llama-cpp-python==$version" --no-binary :all: --no-deps -d "$work"
-    tar -xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
+  [[ -f .device/llama/src.tar.xz ]] || bash scripts/llamacpp.sh prepare
+  if [[ $device == cuda ]]; then
+    bash scripts/llamacpp.sh build "$llama"
+  else
+    bash scripts/llamacpp.sh build-cpu "$llama"
   fi
-  src=$work/llama_cpp_python-$version/vendor/llama.cpp
-  flags=(-DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release)
-  [[ $device == cuda ]] && flags+=(-DGGML_CUDA=ON)
-  cmake -S "$src" -B "$work/build-$device" "${flags[@]}"
-  cmake --build "$work/build-$device" --target llama-server -j "$(nproc)"
 fi
 
 if [[ ! -x $rf ]]; then
