@@ -95,8 +95,9 @@ fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool) -> (usize, usize) {
             let gated = matches!(t.op, Op::MulMatGated(_));
             // Mat-vecs quantize the activations; a decode pass (one column) always does.
             let mmq = w.dtype.is_quantized() && (MMQ_MIN_COLS..=MMQ_MAX_COLS).contains(&m);
-            let q8 = if w.dtype.is_quantized() {
-                m.clamp(1, MATVEC_MAX_COLS.max(MMQ_MAX_COLS)) * q8_1_vector_bytes(k)
+            // Mat-vecs and tile products read Q8_1 activations; GEMM products do not.
+            let q8 = if w.dtype.is_quantized() && (mmq || m <= MATVEC_MAX_COLS) {
+                m.max(1) * q8_1_vector_bytes(k)
             } else {
                 0
             };
