@@ -26,6 +26,9 @@ pub(super) struct Item<'a> {
     pub logits: bool,
 }
 
+/// A pass's shape: tokens, sequences, outputs, hidden states or logits, rows copied.
+type PassShape = (usize, usize, usize, bool, usize);
+
 /// Pass shapes whose optimized graphs are kept.
 const GRAPH_CACHE: usize = 8;
 
@@ -106,7 +109,7 @@ pub(super) struct Runner {
     /// Sum each sequence's products as it runs alone (see [`EngineOptions::exact`]).
     exact: bool,
     /// Optimized graphs of recent pass shapes (decode steps repeat one shape).
-    graphs: Vec<((usize, usize, usize, bool, usize), PagedGraph)>,
+    graphs: Vec<(PassShape, PagedGraph)>,
     /// The prompt batch of a session alone (`generate` evaluates prompts in chunks of it).
     n_batch: usize,
     seqs: Vec<Option<SeqKv>>,
