@@ -15,7 +15,7 @@ use crate::error::ModelError;
 use crate::placement::LayerSplit;
 use crate::session::{weight_views, DeviceMemory, DevicePlan, KvPlan, Model, SessionOptions};
 
-pub(crate) use gpu::place;
+pub(crate) use gpu::{gpu_runs_fused_nodes, open_gpu, optimize, place, split_for};
 
 /// The executor of a session: a scheduler over its devices.
 pub(crate) struct Engine {
@@ -237,7 +237,7 @@ mod gpu {
     /// the GPU cannot run would go to the CPU with a copy each way, in every layer. Fused GPU
     /// graphs also fold Gemma's query scale into the attention, and (given the GPU and the
     /// split) whole decode layers on the GPU into the nodes it runs as one kernel.
-    pub(super) fn optimize(g: &mut Graph, fuse: bool, layers: Option<(&HipDevice, &LayerSplit)>) {
+    pub(crate) fn optimize(g: &mut Graph, fuse: bool, layers: Option<(&HipDevice, &LayerSplit)>) {
         if fuse {
             ggml_graph::opt::optimize(g);
             ggml_graph::opt::fold_query_scale(g);
@@ -259,7 +259,7 @@ mod gpu {
     }
 
     /// True when the GPU runs every fused node the optimizer makes of `worst`.
-    fn gpu_runs_fused_nodes(hip: &HipDevice, worst: &Graph) -> bool {
+    pub(crate) fn gpu_runs_fused_nodes(hip: &HipDevice, worst: &Graph) -> bool {
         let mut g = worst.clone();
         ggml_graph::opt::optimize(&mut g);
         let nodes = g.tensors();
@@ -328,7 +328,6 @@ mod gpu {
         backend: CpuBackend,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<(Engine, DevicePlan), ModelError> {
-        let n_layer = model.config().n_layer;
         if opts.device == DeviceChoice::Cpu {
             return cpu_only(model, opts, kv, backend, worst, "--device cpu".into());
         }
@@ -363,31 +362,19 @@ mod gpu {
         let mut g = worst;
         optimize(&mut g, fuse, None);
         let available = hip.budget_available();
-        let activations = ggml_graph::plan::plan(&g).peak as u64;
-        let n_batch = g
-            .tensors()
-            .iter()
-            .find(|t| t.name == "tokens")
-            .map_or(1, |t| t.ne[0]);
-        // A sized pool is placed at its minimum; what the split leaves of the budget grows it.
-        let kv_min = match pool {
-            Some(p) => KvCacheSpec {
-                n_ctx: p.min_blocks * p.block_size,
-                ..*kv
-            },
-            None => *kv,
-        };
-        let needs = needs(opts, model, &kv_min, &g, n_batch, activations);
+        let fit = split_for(model, opts, kv, pool, &g, available)?;
+        let n_layer = model.config().n_layer;
         // Several GPUs when the flags ask for them, or when the model does not fit this one.
         let several = layer_mode
             && ordinals.len() > 1
             && (opts.gpus.wants_several()
-                || (opts.n_gpu_layers.is_none() && fit_layers(&needs, available) <= n_layer));
+                || (opts.n_gpu_layers.is_none() && fit_layers(&fit.needs, available) <= n_layer));
         if several {
+            let kv_min = fit.kv_min;
             let parts = Parts {
                 first: hip,
                 ordinals: &ordinals,
-                needs: &needs,
+                needs: &fit.needs,
                 fuse,
                 kv,
                 kv_min: &kv_min,
@@ -395,46 +382,11 @@ mod gpu {
             };
             return multi(model, opts, parts, g, backend, progress);
         }
-        let (ngl, reason) = match opts.n_gpu_layers {
-            Some(n) => (n, format!("-ngl {n}")),
-            None => {
-                let n = fit_layers(&needs, available);
-                (
-                    n,
-                    format!("--device {}: as many layers as fit", opts.device),
-                )
-            }
-        };
-        let split = LayerSplit::new(n_layer, ngl);
-        if split.is_cpu_only() {
-            let why = format!(
-                "not even one layer fits the GPU: {} needed, {} available",
-                mib(needs.gpu_estimate(&LayerSplit::new(n_layer, 1)).total()),
-                mib(available)
-            );
+        let Some((split, reason, kv, estimate)) = fit.gpu else {
             if opts.device == DeviceChoice::Gpu {
-                return Err(ModelError::Device(why));
+                return Err(ModelError::Device(fit.reason));
             }
-            return cpu_only(model, opts, kv, backend, g, why);
-        }
-        let (kv, estimate) = match pool {
-            Some(p) => {
-                let est = needs.gpu_estimate(&split);
-                let block_bytes = (kv_min.bytes(model.config()) / n_layer.max(1)) as u64
-                    / p.min_blocks.max(1) as u64
-                    * split.gpu_layers() as u64;
-                let blocks = p.blocks(available.saturating_sub(est.total()), block_bytes);
-                let kv = KvCacheSpec {
-                    n_ctx: blocks * p.block_size,
-                    ..*kv
-                };
-                let sized = Needs {
-                    kv_per_layer: (kv.bytes(model.config()) / n_layer.max(1)) as u64,
-                    ..needs
-                };
-                (kv, sized.gpu_estimate(&split))
-            }
-            None => (*kv, needs.gpu_estimate(&split)),
+            return cpu_only(model, opts, kv, backend, g, fit.reason);
         };
         let plan = DevicePlan {
             device: hip.name().to_string(),
@@ -655,9 +607,107 @@ mod gpu {
         (kv, ms.estimates(&sized))
     }
 
+    /// What the GPU part of a placement comes to: the split, why, the KV cache (a sized pool
+    /// grown to what the budget leaves) and the estimate; `gpu: None` with the reason when not
+    /// even one layer fits.
+    pub(crate) struct SplitFit {
+        /// `(split, reason, KV cache, estimate)`.
+        pub gpu: Option<(LayerSplit, String, KvCacheSpec, GpuEstimate)>,
+        /// Why no layer goes to the GPU (when `gpu` is `None`).
+        pub reason: String,
+        /// The bytes behind the estimate (the pool at its minimum).
+        pub needs: Needs,
+        /// Tokens of the largest batch.
+        pub n_batch: usize,
+        /// The KV cache the needs count (a sized pool at its smallest).
+        pub kv_min: KvCacheSpec,
+    }
+
+    /// The split and estimate for the optimized graph `g` of the largest batch under
+    /// `available` GPU bytes: the arithmetic of [`place`], without a device.
+    pub(crate) fn split_for(
+        model: &Model,
+        opts: &SessionOptions,
+        kv: &KvCacheSpec,
+        pool: Option<KvPool>,
+        g: &Graph,
+        available: u64,
+    ) -> Result<SplitFit, ModelError> {
+        let n_layer = model.config().n_layer;
+        let activations = ggml_graph::plan::plan(g).peak as u64;
+        let n_batch = g
+            .tensors()
+            .iter()
+            .find(|t| t.name == "tokens")
+            .map_or(1, |t| t.ne[0]);
+        // A sized pool is placed at its minimum; what the split leaves of the budget grows it.
+        let kv_min = match pool {
+            Some(p) => KvCacheSpec {
+                n_ctx: p.min_blocks * p.block_size,
+                ..*kv
+            },
+            None => *kv,
+        };
+        let needs = needs(opts, model, &kv_min, g, n_batch, activations);
+        let (ngl, reason) = match opts.n_gpu_layers {
+            Some(n) => (n, format!("-ngl {n}")),
+            None => {
+                let n = fit_layers(&needs, available);
+                (
+                    n,
+                    format!("--device {}: as many layers as fit", opts.device),
+                )
+            }
+        };
+        let split = LayerSplit::new(n_layer, ngl);
+        if split.is_cpu_only() {
+            let why = format!(
+                "not even one layer fits the GPU: {} needed, {} available",
+                mib(needs.gpu_estimate(&LayerSplit::new(n_layer, 1)).total()),
+                mib(available)
+            );
+            return Ok(SplitFit {
+                gpu: None,
+                reason: why,
+                needs,
+                n_batch,
+                kv_min,
+            });
+        }
+        let (kv, estimate) = match pool {
+            Some(p) => {
+                let est = needs.gpu_estimate(&split);
+                let block_bytes = (kv_min.bytes(model.config()) / n_layer.max(1)) as u64
+                    / p.min_blocks.max(1) as u64
+                    * split.gpu_layers() as u64;
+                let blocks = p.blocks(available.saturating_sub(est.total()), block_bytes);
+                let kv = KvCacheSpec {
+                    n_ctx: blocks * p.block_size,
+                    ..*kv
+                };
+                let sized = Needs {
+                    kv_per_layer: (kv.bytes(model.config()) / n_layer.max(1)) as u64,
+                    ..needs.clone()
+                };
+                (kv, sized.gpu_estimate(&split))
+            }
+            None => (*kv, needs.gpu_estimate(&split)),
+        };
+        Ok(SplitFit {
+            gpu: Some((split, reason, kv, estimate)),
+            reason: String::new(),
+            needs,
+            n_batch,
+            kv_min,
+        })
+    }
+
     /// Opens GPU `ordinal` with the session's backend options, its budget capped at the
     /// session's limit (when given).
-    fn open_gpu(opts: &SessionOptions, ordinal: usize) -> Result<Arc<HipDevice>, ModelError> {
+    pub(crate) fn open_gpu(
+        opts: &SessionOptions,
+        ordinal: usize,
+    ) -> Result<Arc<HipDevice>, ModelError> {
         let ordinal = i32::try_from(ordinal)
             .map_err(|_| ModelError::InvalidArgument(format!("GPU {ordinal}")))?;
         let hip = HipDevice::with_options(ordinal, opts.hip)?;

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod config;
 mod engine;
 pub mod error;
+pub mod fit;
 pub mod generate;
 pub mod gpus;
 pub mod perplexity;

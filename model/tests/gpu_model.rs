@@ -863,3 +863,83 @@ fn captured_decode_graphs_equal_plain_launches() {
         assert!(same, "step {i}: replayed logits differ from plain launches");
     }
 }
+
+/// The placement's estimate is what the run allocates (issue 44): after a first pass of a full
+/// batch and a decode step, the GPU's tracked allocations are within 5% of the estimated total
+/// (plus the estimate's fixed minimum buffers and headroom, 2 MiB, which dominate tiny models),
+/// for the tiny synthetic llama, qwen2 and gemma3 and a 2048-wide llama, with f16 and q8_0 KV.
+#[test]
+#[serial]
+fn estimated_gpu_bytes_match_the_allocated_bytes() {
+    if !have_gpu() {
+        return;
+    }
+    let wide = stack_shaped_llama("estimate-llama.gguf", 44, 5632, 4);
+    let models = [
+        ("llama", synth("llama")),
+        ("qwen2", synth("qwen2")),
+        ("gemma3", synth("gemma3")),
+        ("llama 2048 wide", wide),
+    ];
+    for (name, m) in &models {
+        for kv in [model::arch::KvType::F16, model::arch::KvType::Q8_0] {
+            let o = SessionOptions {
+                kv_type: kv,
+                ..opts(DeviceChoice::Gpu, None, None)
+            };
+            let mut s = Session::new(m, &o).expect("session");
+            let plan = s.device_plan().clone();
+            assert!(plan.split.output_on_gpu(), "{name}: {plan}");
+            let n_vocab = m.config().n_vocab as u32;
+            let prompt: Vec<u32> = (0..o.n_batch as u32)
+                .map(|i| (i * 13 + 7) % n_vocab)
+                .collect();
+            let logits = s.eval(&prompt, LogitsMode::Last).expect("prompt");
+            s.eval(&[argmax(&logits)], LogitsMode::Last)
+                .expect("decode");
+            let mem = s.device_memory().expect("GPU memory");
+            let (est, got) = (plan.estimate.total() as f64, mem.allocated as f64);
+            println!("{name} {kv}: estimated {est:.0} B, allocated {got:.0} B ({mem})");
+            assert!(
+                est >= got * 0.95 && est <= got * 1.05 + (2u64 << 20) as f64,
+                "{name} {kv}: estimated {est:.0} bytes, allocated {got:.0}\n{plan}\n{mem}"
+            );
+            assert_eq!(mem.kv, plan.estimate.kv, "{name} {kv}: KV bytes");
+        }
+    }
+}
+
+/// The batching engine's KV pool takes what the GPU budget leaves: under a limit too small for
+/// every sequence at full length it holds fewer positions (but at least one full sequence), and
+/// the plan's estimate stays within the budget.
+#[test]
+#[serial]
+fn the_engine_pool_takes_what_the_gpu_budget_leaves() {
+    if !have_gpu() {
+        return;
+    }
+    use model::batch::{BatchEngine, EngineOptions};
+    let m = Arc::new(stack_shaped_llama("pool-llama.gguf", 45, 5632, 4));
+    let base = EngineOptions {
+        session: opts(DeviceChoice::Gpu, None, None),
+        max_seqs: 64,
+        n_ctx_per_seq: 2048,
+        step_tokens: 256,
+        ..EngineOptions::default()
+    };
+    let free = BatchEngine::start(Arc::clone(&m), base.clone()).expect("engine");
+    let full = free.device_plan().clone();
+    free.shutdown();
+    // 64 sequences of 2048 positions: 131072 positions of 4 layers x 1024 KV values x 2 bytes
+    // x 2 (K and V) = 2 GiB of f16 KV; a limit of the rest plus 256 MiB cannot hold them.
+    let rest = full.estimate.total() - full.estimate.kv + full.runtime.unwrap_or(0);
+    let mut small = base.clone();
+    small.session.gpu_mem_limit = Some(rest + (256 << 20));
+    let e = BatchEngine::start(Arc::clone(&m), small).expect("engine under a limit");
+    let p = e.device_plan();
+    println!("{p}");
+    assert!(p.split.output_on_gpu(), "{p}");
+    assert!(p.kv.positions >= 2048 && p.kv.positions < 64 * 2048, "{p}");
+    assert!(p.estimate.total() <= p.available.unwrap_or(0), "{p}");
+    assert_eq!(e.stats().kv_blocks_total * 16, p.kv.positions);
+}

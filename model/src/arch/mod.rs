@@ -250,6 +250,9 @@ pub struct PagedBatch {
     /// Output the normalized hidden states of those tokens (`[n_embd, n_out]`, the output
     /// head's input) instead of logits: embeddings.
     pub hidden: bool,
+    /// Pool rows copied before the pass writes (copy-on-write of shared blocks), in every
+    /// layer's K and V pool; 0 for none.
+    pub n_copy: usize,
 }
 
 /// The graph of a paged pass and the ids callers feed and read.
@@ -270,6 +273,9 @@ pub struct PagedGraph {
     pub tables: TensorId,
     /// I32 `[n_out]` indices of the tokens whose logits are computed.
     pub out_rows: TensorId,
+    /// I32 `[n_copy]` source and destination pool rows of the copies made before the writes
+    /// (with [`PagedBatch::n_copy`] > 0).
+    pub copy: Option<(TensorId, TensorId)>,
     /// f32 `[n_vocab, n_out]` logits, or `[n_embd, n_out]` hidden states with
     /// [`PagedBatch::hidden`].
     pub logits: TensorId,
@@ -284,6 +290,7 @@ struct PagedInputs {
     tables: TensorId,
     out_rows: TensorId,
     hidden: bool,
+    copy: Option<(TensorId, TensorId)>,
 }
 
 /// Builds one forward pass over several sequences with a paged KV cache for `cfg`'s
@@ -313,6 +320,14 @@ pub fn build_paged_forward(
     let tables =
         b.g.input("block_tables", DType::I32, &[kv.max_blocks, batch.n_seqs])?;
     let out_rows = b.g.input("out_rows", DType::I32, &[batch.n_out])?;
+    let copy = if batch.n_copy > 0 {
+        Some((
+            b.g.input("copy_src", DType::I32, &[batch.n_copy])?,
+            b.g.input("copy_dst", DType::I32, &[batch.n_copy])?,
+        ))
+    } else {
+        None
+    };
     b.paged = Some(PagedInputs {
         spec: *kv,
         slots,
@@ -320,6 +335,7 @@ pub fn build_paged_forward(
         tables,
         out_rows,
         hidden: batch.hidden,
+        copy,
     });
     let hidden = match cfg.arch {
         Architecture::Llama => llama::build(&mut b)?,
@@ -337,6 +353,7 @@ pub fn build_paged_forward(
         seq,
         tables,
         out_rows,
+        copy,
         logits: fg.logits,
     })
 }
@@ -546,6 +563,18 @@ impl<'a> Builder<'a> {
             let cache_v =
                 self.g
                     .persistent(&KvCacheSpec::v_name(il), kv_dtype, &[hdv * nkv, n_slots])?;
+            // Shared blocks a sequence writes into are copied to its own blocks first.
+            let (cache_k, cache_v) = match pg.copy {
+                Some((src, dst)) => {
+                    let kr = self.g.get_rows(cache_k, src)?;
+                    let vr = self.g.get_rows(cache_v, src)?;
+                    (
+                        self.g.set_rows(cache_k, kr, dst)?,
+                        self.g.set_rows(cache_v, vr, dst)?,
+                    )
+                }
+                None => (cache_k, cache_v),
+            };
             let k_rows = self.g.reshape(k, &[hd * nkv, nt])?;
             let v_rows = self.g.reshape(v, &[hdv * nkv, nt])?;
             let kc = self.g.set_rows(cache_k, k_rows, pg.slots)?;

@@ -1,12 +1,14 @@
 //! The paged KV cache's bookkeeping: a pool of fixed-size blocks with reference counts, and the
 //! prefix cache of full prompt blocks keyed by chained hashes of their tokens.
 //!
-//! A block's id is its index in the pool tensors (rows `id * block_size..`). Full prompt blocks
-//! are registered under `hash(parent hash, tokens)`; a later prompt starting with the same
-//! tokens takes them by reference instead of computing them. Shared blocks are full and never
-//! written again (a sequence writes only past its shared prefix, into blocks of its own), so
-//! sharing needs no copies. Unreferenced registered blocks stay cached until the pool needs
-//! them, oldest first.
+//! A block's id is its index in the pool tensors (rows `id * block_size..`). Prompt blocks are
+//! registered under `hash(parent hash, tokens)` (the prompt's last block with the tokens it
+//! holds); a later prompt starting with the same tokens takes them by reference instead of
+//! computing them. Full shared blocks are never written again. A shared last block (a repeated
+//! prompt) is copied to a block of the sharer's own before the sharer writes into it
+//! (copy-on-write, see `paged.rs`); its owner writes only past the registered tokens, which no
+//! sharer reads. Unreferenced registered blocks stay cached until the pool needs them, oldest
+//! first.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};

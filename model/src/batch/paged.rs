@@ -26,6 +26,9 @@ pub(super) struct Item<'a> {
     pub logits: bool,
 }
 
+/// A pass's shape: tokens, sequences, outputs, hidden states or logits, rows copied.
+type PassShape = (usize, usize, usize, bool, usize);
+
 /// Pass shapes whose optimized graphs are kept.
 const GRAPH_CACHE: usize = 8;
 
@@ -67,6 +70,32 @@ struct SeqKv {
     /// hash.
     n_hashed: usize,
     last_hash: u64,
+    /// The prompt's last, partly filled block is registered too.
+    tail_hashed: bool,
+    /// A block taken from the prefix cache that the sequence will write into: its index in the
+    /// table and the positions of the sequence it holds. Before the sequence writes past them,
+    /// the block is copied to one of its own (copy-on-write).
+    cow: Option<(usize, usize)>,
+}
+
+impl SeqKv {
+    fn new(prompt: &[u32]) -> Self {
+        Self {
+            table: Vec::new(),
+            prompt: prompt.to_vec(),
+            n_hashed: 0,
+            last_hash: 0,
+            tail_hashed: false,
+            cow: None,
+        }
+    }
+
+    /// Blocks the sequence still has to take to cover `n` positions (a block to copy into
+    /// included).
+    fn blocks_to_take(&self, n: usize, bs: usize) -> usize {
+        let copy = self.cow.is_some_and(|(_, held)| n > held);
+        (n.div_ceil(bs) + usize::from(copy)).saturating_sub(self.table.len())
+    }
 }
 
 /// The executor, the pool and the sequences' block tables by slot.
@@ -80,10 +109,12 @@ pub(super) struct Runner {
     /// Sum each sequence's products as it runs alone (see [`EngineOptions::exact`]).
     exact: bool,
     /// Optimized graphs of recent pass shapes (decode steps repeat one shape).
-    graphs: Vec<((usize, usize, usize, bool), PagedGraph)>,
+    graphs: Vec<(PassShape, PagedGraph)>,
     /// The prompt batch of a session alone (`generate` evaluates prompts in chunks of it).
     n_batch: usize,
     seqs: Vec<Option<SeqKv>>,
+    /// Block copies `(from, to, slot)` the next pass makes before it writes.
+    copies: Vec<(u32, u32, usize)>,
 }
 
 /// Where position `p` of a prompt of `plen` tokens sits when a session alone evaluates the
@@ -125,6 +156,8 @@ impl Runner {
             n_seqs: o.max_seqs,
             n_out: o.max_seqs,
             hidden: false,
+            // Every sequence copying a shared block.
+            n_copy: o.max_seqs * o.block_size,
         };
         let g = build_paged_forward(model.config(), model.weights(), &spec, worst)?;
         let backend = CpuBackend::new(o.session.n_threads)?;
@@ -154,6 +187,7 @@ impl Runner {
             graphs: Vec::new(),
             // One slot more than requests use: embeddings run in the last.
             seqs: (0..=o.max_seqs).map(|_| None).collect(),
+            copies: Vec::new(),
         })
     }
 
@@ -184,12 +218,7 @@ impl Runner {
         let n_slots = self.seqs.len() - 1;
         let slot = self.seqs[..n_slots].iter().position(Option::is_none)?;
         let bs = self.spec.block_size;
-        let mut kv = SeqKv {
-            table: Vec::new(),
-            prompt: tokens[..prompt_len].to_vec(),
-            n_hashed: 0,
-            last_hash: 0,
-        };
+        let mut kv = SeqKv::new(&tokens[..prompt_len]);
         if self.prefix_cache {
             // Whole prompt blocks, always leaving a token to compute (its logits are needed).
             let nb = self.n_batch;
@@ -206,9 +235,23 @@ impl Runner {
                 kv.n_hashed += 1;
                 kv.last_hash = h;
             }
+            // The block of the prompt's last token, cached with the same prompt tokens (a
+            // repeated prompt, or one ending where a cached one did): shared up to the last
+            // token, which is computed again into a copy of the block.
+            let i = shareable;
+            if kv.n_hashed == i && (i * bs..prompt_len).all(|p| stable(p, prompt_len, nb)) {
+                let h = block_hash(kv.last_hash, &kv.prompt[i * bs..prompt_len]);
+                if let Some(b) = self.pool.lookup(h) {
+                    kv.table.push(b);
+                    kv.cow = Some((i, prompt_len - 1));
+                }
+            }
         }
-        let cached = kv.table.len() * bs;
-        if self.blocks_for(tokens.len()) - kv.table.len() > self.pool.available() {
+        let cached = match kv.cow {
+            Some((_, held)) => held,
+            None => kv.table.len() * bs,
+        };
+        if kv.blocks_to_take(tokens.len(), bs) > self.pool.available() {
             for b in kv.table {
                 self.pool.release(b);
             }
@@ -225,21 +268,34 @@ impl Runner {
             for b in kv.table {
                 self.pool.release(b);
             }
+            // A copy into a block given back would write a block someone else may take.
+            self.copies.retain(|&(_, _, s)| s != slot);
         }
     }
 
     /// Grows `slot`'s block table to cover `n` positions; false (nothing taken) when the pool
     /// cannot.
     pub(super) fn reserve(&mut self, slot: usize, n: usize) -> bool {
+        let bs = self.spec.block_size;
         let need = self.blocks_for(n);
         let Some(kv) = self.seqs.get_mut(slot).and_then(Option::as_mut) else {
             return false;
         };
-        if need <= kv.table.len() {
-            return true;
-        }
-        if need - kv.table.len() > self.pool.available() {
+        if kv.blocks_to_take(n, bs) > self.pool.available() {
             return false;
+        }
+        if let Some((i, held)) = kv.cow {
+            if n > held {
+                // Copy-on-write: the next pass copies the shared block into one of the
+                // sequence's own before it writes there.
+                let Some(own) = self.pool.alloc() else {
+                    return false;
+                };
+                let shared = std::mem::replace(&mut kv.table[i], own);
+                self.copies.push((shared, own, slot));
+                self.pool.release(shared);
+                kv.cow = None;
+            }
         }
         while kv.table.len() < need {
             match self.pool.alloc() {
@@ -267,12 +323,7 @@ impl Runner {
         if self.seqs[slot].is_some() || self.blocks_for(tokens.len()) > self.pool.available() {
             return None;
         }
-        self.seqs[slot] = Some(SeqKv {
-            table: Vec::new(),
-            prompt: tokens.to_vec(),
-            n_hashed: 0,
-            last_hash: 0,
-        });
+        self.seqs[slot] = Some(SeqKv::new(tokens));
         let r = if self.reserve(slot, tokens.len()) {
             let item = Item {
                 slot,
@@ -351,13 +402,22 @@ impl Runner {
             // The graph always ends in logits; one row is computed and dropped.
             out_rows.push((n_tok - 1) as i32);
         }
+        let copies = std::mem::take(&mut self.copies);
+        let (mut copy_src, mut copy_dst) = (Vec::new(), Vec::new());
+        for &(from, to, _) in &copies {
+            for r in 0..bs {
+                copy_src.push((from as usize * bs + r) as i32);
+                copy_dst.push((to as usize * bs + r) as i32);
+            }
+        }
         let batch = PagedBatch {
             n_tok,
             n_seqs: items.len(),
             n_out,
             hidden,
+            n_copy: copy_src.len(),
         };
-        let key = (batch.n_tok, batch.n_seqs, batch.n_out, hidden);
+        let key = (batch.n_tok, batch.n_seqs, batch.n_out, hidden, batch.n_copy);
         let gi = match self.graphs.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {
@@ -394,18 +454,20 @@ impl Runner {
             ("paged", key).hash(&mut h);
             h.finish()
         };
-        self.engine.run(
-            Some(run_key),
-            &g.graph,
-            &[
-                (g.tokens, &ids_b),
-                (g.pos, &pos_b),
-                (g.slots, &slots_b),
-                (g.seq, &seq_b),
-                (g.tables, &tables_b),
-                (g.out_rows, &rows_b),
-            ],
-        )?;
+        let (src_b, dst_b) = (bytes(&copy_src), bytes(&copy_dst));
+        let mut inputs: Vec<(ggml_graph::TensorId, &[u8])> = vec![
+            (g.tokens, &ids_b),
+            (g.pos, &pos_b),
+            (g.slots, &slots_b),
+            (g.seq, &seq_b),
+            (g.tables, &tables_b),
+            (g.out_rows, &rows_b),
+        ];
+        if let Some((src, dst)) = g.copy {
+            inputs.push((src, &src_b));
+            inputs.push((dst, &dst_b));
+        }
+        self.engine.run(Some(run_key), &g.graph, &inputs)?;
         if hidden {
             let all = self.engine.with_output_f32(g.logits, <[f32]>::to_vec)?;
             return Ok(vec![Some(all)]);
@@ -445,6 +507,20 @@ impl Runner {
             self.pool.register(kv.table[i], h);
             kv.last_hash = h;
             kv.n_hashed += 1;
+        }
+        // The partly filled last prompt block, once the whole prompt is computed: a later
+        // request with this prompt shares it (copy-on-write, see `acquire`).
+        let i = plen / bs;
+        if n_cached >= plen
+            && plen % bs != 0
+            && !kv.tail_hashed
+            && kv.n_hashed == i
+            && kv.cow.is_none()
+            && (i * bs..plen).all(|p| stable(p, plen, self.n_batch))
+        {
+            let h = block_hash(kv.last_hash, &kv.prompt[i * bs..plen]);
+            self.pool.register(kv.table[i], h);
+            kv.tail_hashed = true;
         }
     }
 }

@@ -482,3 +482,69 @@ fn the_pool_holds_every_sequence_on_the_cpu_within_the_host_cap() {
         other => panic!("expected a KV pool error, got {other:?}"),
     }
 }
+
+/// The same 40-token prompt twice (blocks of 16): the second request shares the two full
+/// blocks and the partly filled third one, computes only the last prompt token into a copy of
+/// that block, and gives the tokens of the prompt alone; also while the first request is still
+/// writing its own tokens into the shared block. The pool ends empty.
+#[test]
+fn a_repeated_prompt_shares_its_partial_block_copy_on_write() {
+    let m = gemma();
+    let mut o = engine_opts(2);
+    o.prefix_cache = true;
+    // One prompt chunk of 40 positions: every one of them is shareable.
+    o.session.n_batch = 64;
+    o.step_tokens = 64;
+    let e = BatchEngine::start(Arc::clone(&m), o.clone()).expect("engine");
+    let p = prompt(21, 40);
+    let n = 12;
+    let want = alone_with(&m, &o.session, &p, n);
+    let run = |e: &BatchEngine| {
+        let (_, rx) = e
+            .submit_channel(Request::greedy(p.clone(), n))
+            .expect("submit");
+        rx
+    };
+    let cached = |done: Event| match done {
+        Event::Done { usage, .. } => usage.cached_tokens,
+        other => panic!("{other:?}"),
+    };
+    let (first, done) = collect(&run(&e));
+    assert_eq!(first, want);
+    assert_eq!(cached(done), 0);
+    // After the first one ended: 2 full blocks and 7 of the third one's 8 positions.
+    let (second, done) = collect(&run(&e));
+    assert_eq!(second, want);
+    assert_eq!(cached(done), 39);
+    assert_eq!(idle_stats(&e).kv_blocks_used, 0);
+    // Forked while running: a sampled request with the same prompt arrives once the first has
+    // its first token (its prompt is cached) and writes other tokens than the first does into
+    // its copy of the block both held; each gives the tokens it gives alone.
+    let sampled = || Request {
+        sampling: SamplerConfig {
+            temperature: 1.5,
+            seed: 3,
+            ..SamplerConfig::greedy()
+        },
+        ..Request::greedy(p.clone(), n)
+    };
+    let plain = EngineOptions {
+        prefix_cache: false,
+        ..o.clone()
+    };
+    let reference = BatchEngine::start(Arc::clone(&m), plain).expect("engine");
+    let (want2, _) = collect(&reference.submit_channel(sampled()).expect("submit").1);
+    assert_ne!(want2, want, "the sampled run must write other rows");
+    let rx1 = run(&e);
+    let Event::Token { id, .. } = rx1.recv_timeout(Duration::from_secs(60)).expect("token") else {
+        panic!("no first token");
+    };
+    let (_, rx2) = e.submit_channel(sampled()).expect("submit");
+    let (rest, _) = collect(&rx1);
+    let (toks2, done2) = collect(&rx2);
+    assert_eq!([vec![id], rest].concat(), want);
+    assert_eq!(toks2, want2);
+    assert_eq!(cached(done2), 39);
+    let s = idle_stats(&e);
+    assert_eq!((s.kv_blocks_used, s.running, s.waiting), (0, 0, 0), "{s:?}");
+}

@@ -75,6 +75,9 @@ pub enum Cmd {
         #[arg(short = 'n', long, default_value_t = 96)]
         n_predict: usize,
     },
+    /// The GPU/CPU split and the GPU bytes a run would use, without running the model (on
+    /// GPU 0, or without a GPU for `--gpu-mem` bytes).
+    Fit(FitArgs),
     /// Write a synthetic GGUF model (seeded random weights at a real architecture's shapes).
     Synth(run::SynthArgs),
     /// List the environment variables rocmforge reads, their meaning, defaults and values now.
@@ -415,6 +418,54 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// Arguments of `rocmforge fit`.
+#[derive(Args, Debug)]
+pub struct FitArgs {
+    /// Model, context, batch, KV type, `-ngl`, `--gpu-mem-limit`.
+    #[command(flatten)]
+    m: ModelArgs,
+    /// Plan for a GPU of this many bytes (K/M/G suffix) instead of GPU 0: works without a
+    /// GPU; the runtime context's share is then unknown and not counted.
+    #[arg(long)]
+    gpu_mem: Option<String>,
+}
+
+/// `rocmforge fit`: the plan and its byte breakdown.
+fn fit(a: &FitArgs) -> Result<(), ModelError> {
+    let tm = a.m.load()?;
+    let opts = a.m.session_options(&tm)?;
+    let target = match &a.gpu_mem {
+        Some(s) => {
+            let total = parse_bytes(s)?;
+            // The run's budget from a card's free memory, under the limit when given.
+            let budget = gpu_mem::BudgetConfig::inference().limit_for(total);
+            let available = opts.gpu_mem_limit.map_or(budget, |l| budget.min(l));
+            crate::fit::FitTarget::Budget {
+                available,
+                note: format!(
+                    "{} of a {} card{}",
+                    crate::placement::mib(available),
+                    crate::placement::mib(total),
+                    if opts.gpu_mem_limit.is_some() {
+                        ", --gpu-mem-limit"
+                    } else {
+                        ""
+                    }
+                ),
+            }
+        }
+        None => crate::fit::FitTarget::Device,
+    };
+    let r = crate::fit::fit(tm.model(), &opts, &target).map_err(|e| match (&target, e) {
+        (crate::fit::FitTarget::Device, ModelError::Graph(g)) => ModelError::Device(format!(
+            "{g}; give --gpu-mem BYTES to plan for a GPU without one"
+        )),
+        (_, e) => e,
+    })?;
+    println!("{r}");
+    Ok(())
+}
+
 /// Runs one model command.
 pub fn run(cmd: Cmd) -> Result<(), ModelError> {
     env::choose_platform()?;
@@ -438,6 +489,7 @@ pub fn run(cmd: Cmd) -> Result<(), ModelError> {
         Cmd::Perplexity(a) => bench::perplexity(&a),
         Cmd::Demo { m, n_predict } => run::demo(&m, n_predict),
         Cmd::Synth(a) => run::synth(&a),
+        Cmd::Fit(a) => fit(&a),
         Cmd::Env => {
             print!("{}", env::table());
             Ok(())
