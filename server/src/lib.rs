@@ -1,18 +1,5 @@
-//! `server`: rocmforge's OpenAI-compatible HTTP server over the batching engine, its load
-//! generator, and the `rocmforge` binary (every model command plus `serve` and `bench-serve`); the
-//! top layer of rocmforge.
-//!
-//! Design choices:
-//! - The engine ([`model::batch`]) runs on its own thread and owns the devices; axum handlers
-//!   on tokio talk to it through [`engine::Backend`], the only module that names the engine, over
-//!   channels. Dropping a request's receiver (a client that went away) cancels it.
-//! - The server listens before the model is loaded: `/health` answers 503 "loading" until the
-//!   engine is ready, so orchestrators can wait on it.
-//! - Request and response bodies are our own lenient serde structs ([`api`]); every bad input is
-//!   answered with an OpenAI-style error object and a 4xx status, never a panic or a dropped
-//!   connection.
-//! - Admission is bounded: `--parallel` sequences decode together, a bounded number wait, and
-//!   the rest get 503 with Retry-After at once.
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 
 pub mod api;
 pub mod bench;

@@ -27,6 +27,7 @@ use model::sampling::SamplerConfig;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::api::{self, SamplingParams};
 use crate::engine::{Backend, Finish, Generation, Logprob, Out, Submitted, TokenConstraint};
@@ -294,6 +295,13 @@ async fn collect(st: &AppState, mut sub: Submitted, start: Instant) -> Result<Co
                 c.finish = Some(finish);
                 c.prompt_tokens = prompt_tokens;
                 c.completion_tokens = completion_tokens;
+                tracing::info!(
+                    prompt_tokens,
+                    completion_tokens,
+                    finish = finish.as_str(),
+                    ms = start.elapsed().as_millis() as u64,
+                    "generation finished"
+                );
                 st.metrics.tokens(prompt_tokens, completion_tokens);
                 return Ok(c);
             }
@@ -325,12 +333,15 @@ where
     F: FnMut(StreamItem<'_>) -> Vec<SseEvent> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<SseEvent>(64);
-    tokio::spawn(async move {
+    // The stream outlives the handler: keep its request's span for the logs.
+    let span = tracing::Span::current();
+    let task = async move {
         let _admission = admission;
         let mut sub = sub;
         let mut timing = Timing { start, last: None };
         if !send_all(&tx, make(StreamItem::Start)).await {
             st.metrics.cancelled();
+            tracing::info!("the client went away: generation cancelled");
             return;
         }
         loop {
@@ -338,6 +349,7 @@ where
                 ev = sub.events.recv() => ev,
                 () = tx.closed() => {
                     st.metrics.cancelled();
+                    tracing::info!("the client went away: generation cancelled");
                     return;
                 }
             };
@@ -361,6 +373,13 @@ where
                 }) => {
                     st.metrics.tokens(prompt_tokens, completion_tokens);
                     st.metrics.request(endpoint, true);
+                    tracing::info!(
+                        prompt_tokens,
+                        completion_tokens,
+                        finish = finish.as_str(),
+                        ms = start.elapsed().as_millis() as u64,
+                        "generation finished"
+                    );
                     (
                         make(StreamItem::Done {
                             text: &text,
@@ -382,6 +401,7 @@ where
             };
             if !send_all(&tx, events).await {
                 st.metrics.cancelled();
+                tracing::info!("the client went away: generation cancelled");
                 return;
             }
             if end {
@@ -389,7 +409,8 @@ where
                 return;
             }
         }
-    });
+    };
+    tokio::spawn(task.instrument(span));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
