@@ -237,6 +237,9 @@ enum Command {
         pooling: Pooling,
         reply: Sender<Result<Vec<f32>, ModelError>>,
     },
+    Bandwidth {
+        reply: Sender<Option<Result<f64, ModelError>>>,
+    },
     Shutdown,
 }
 
@@ -407,6 +410,22 @@ impl BatchEngine {
         })
         .map_err(|_| stopped())?;
         rx.recv().map_err(|_| stopped())?
+    }
+
+    /// The GPU's device-to-device copy bandwidth (bytes read + written per second), measured
+    /// now between two steps; `None` when the engine runs on the CPU.
+    pub fn gpu_copy_bandwidth(&self) -> Option<Result<f64, ModelError>> {
+        let (reply, rx) = mpsc::channel();
+        let sent = self
+            .inner
+            .tx
+            .lock()
+            .map_err(|_| stopped())
+            .and_then(|tx| tx.send(Command::Bandwidth { reply }).map_err(|_| stopped()));
+        if let Err(e) = sent {
+            return Some(Err(e));
+        }
+        rx.recv().unwrap_or_else(|_| Some(Err(stopped())))
     }
 
     /// Counters as of the last step.

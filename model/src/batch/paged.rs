@@ -196,6 +196,11 @@ impl Runner {
         &self.plan
     }
 
+    /// The GPU's device-to-device copy bandwidth; `None` on the CPU.
+    pub(super) fn gpu_copy_bandwidth(&self) -> Option<Result<f64, ModelError>> {
+        self.engine.gpu_copy_bandwidth()
+    }
+
     /// Blocks in use and in the pool.
     pub(super) fn blocks(&self) -> (usize, usize) {
         (self.pool.used(), self.pool.total())

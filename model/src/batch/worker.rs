@@ -233,6 +233,9 @@ impl Worker {
                         // A caller that stopped waiting needs no answer.
                         let _ = reply.send(r);
                     }
+                    Command::Bandwidth { reply } => {
+                        let _ = reply.send(self.runner.gpu_copy_bandwidth());
+                    }
                     Command::Shutdown => shutdown = true,
                 }
             }
