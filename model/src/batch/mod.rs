@@ -206,6 +206,15 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Forward steps so far.
     pub steps: u64,
+    /// Host time of those steps, microseconds in all: graphs built and optimized for new pass
+    /// shapes.
+    pub build_us: u64,
+    /// Host time: inputs uploaded and the pass launched (or replayed).
+    pub run_us: u64,
+    /// Host time: waiting for the pass's logits and copying them out.
+    pub output_us: u64,
+    /// Host time: sampling and streaming the tokens.
+    pub sample_us: u64,
 }
 
 /// How [`BatchEngine::embed`] pools the hidden states of a text's tokens.

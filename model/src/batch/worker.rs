@@ -470,6 +470,7 @@ impl Worker {
                 return;
             }
         };
+        let t_sample = std::time::Instant::now();
         let mut done = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
             let n = take[i];
@@ -493,6 +494,7 @@ impl Worker {
             let s = self.running.remove(i);
             self.end(s, reason);
         }
+        self.counters.sample_us += t_sample.elapsed().as_micros() as u64;
     }
 
     fn publish(&mut self) {
@@ -503,6 +505,8 @@ impl Worker {
         c.kv_blocks_used = used;
         c.kv_blocks_total = total;
         c.kv_blocks_free = total - used;
+        let t = self.runner.times();
+        (c.build_us, c.run_us, c.output_us) = (t.build_us, t.run_us, t.output_us);
         if let Ok(mut s) = self.stats.lock() {
             *s = *c;
         }

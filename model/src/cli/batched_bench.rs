@@ -214,6 +214,15 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
          its first (which the prompt phase samples)",
         s.steps, s.preemptions
     );
+    let per_step = |us: u64| us as f64 / 1e3 / s.steps.max(1) as f64;
+    eprintln!(
+        "host time per step: graph build {:.3} ms, inputs + launch {:.3} ms, logits wait + copy \
+         {:.3} ms, sampling {:.3} ms",
+        per_step(s.build_us),
+        per_step(s.run_us),
+        per_step(s.output_us),
+        per_step(s.sample_us)
+    );
     Ok(())
 }
 
