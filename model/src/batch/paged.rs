@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use ggml_graph::CpuBackend;
+use rayon::prelude::*;
 
 use super::kv::{block_hash, BlockPool};
 use super::EngineOptions;
@@ -505,8 +506,9 @@ impl Runner {
             return Ok(vec![Some(all)]);
         }
         let n_vocab = cfg.n_vocab;
+        // Rows copied out in parallel: a large batch's logits are tens of megabytes.
         let mut rows = self.engine.with_output_f32(g.logits, |l| {
-            l.chunks_exact(n_vocab)
+            l.par_chunks_exact(n_vocab)
                 .map(<[f32]>::to_vec)
                 .collect::<Vec<_>>()
         })?;

@@ -7,6 +7,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rayon::prelude::*;
+
 use super::paged::{Item, Runner};
 use super::{
     Command, EngineOptions, EngineStats, Event, FinishReason, Pooling, Request, Sink, TokenLogprob,
@@ -471,7 +473,7 @@ impl Worker {
             }
         };
         let t_sample = std::time::Instant::now();
-        let mut done = Vec::new();
+        let mut jobs = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
             let n = take[i];
             if n == 0 {
@@ -481,14 +483,28 @@ impl Worker {
                 self.counters.prompt_tokens += n.min(s.req.prompt.len() - s.n_cached) as u64;
             }
             s.n_cached += n;
-            let Some(Some(l)) = logits.next() else {
-                continue;
-            };
-            let before = s.n_generated;
-            if let Some(reason) = sample_one(s, &self.tokenizer, l, self.opts.n_ctx_per_seq) {
+            if let Some(Some(l)) = logits.next() {
+                jobs.push((i, s, l));
+            }
+        }
+        // Each sequence samples with its own sampler and streams to its own sink, so the
+        // sequences of a step sample in parallel (a 128k-entry vocabulary costs a large batch
+        // milliseconds per step on one thread).
+        let (tokenizer, n_ctx) = (&self.tokenizer, self.opts.n_ctx_per_seq);
+        let sampled: Vec<(usize, usize, Option<FinishReason>)> = jobs
+            .into_par_iter()
+            .map(|(i, s, l)| {
+                let before = s.n_generated;
+                let reason = sample_one(s, tokenizer, l, n_ctx);
+                (i, s.n_generated - before, reason)
+            })
+            .collect();
+        let mut done = Vec::new();
+        for (i, generated, reason) in sampled {
+            self.counters.generated_tokens += generated as u64;
+            if let Some(reason) = reason {
                 done.push((i, reason));
             }
-            self.counters.generated_tokens += (s.n_generated - before) as u64;
         }
         for &(i, reason) in done.iter().rev() {
             let s = self.running.remove(i);
