@@ -1022,6 +1022,7 @@ fn batch_engine_on_gpu_together_equals_alone() {
             n_ctx_per_seq: 256,
             block_size: 16,
             kv_blocks: None,
+            host_kv_limit: None,
             step_tokens: 64,
             prefix_cache: false,
             exact: false,

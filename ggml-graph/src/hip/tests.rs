@@ -528,6 +528,15 @@ fn cache_bytes(kt: DType, vals: &[f32]) -> Vec<u8> {
     }
 }
 
+/// A paged attention case: (head dim, heads, kv heads), window, kv type, block size, sequences.
+type PagedSpec<'a> = (
+    (usize, usize, usize),
+    Option<usize>,
+    DType,
+    usize,
+    &'a [(usize, usize)],
+);
+
 /// One paged attention case against the CPU: sequences `(length, tokens fed)` (one token: a
 /// decode step; more: the last `tokens` positions of a prompt chunk) over a pool of blocks of
 /// `bs` positions handed out in scrambled order.
@@ -633,13 +642,7 @@ fn paged_attention_matches_cpu() {
     let decode: &[(usize, usize)] = &[(1, 1), (17, 1), (160, 1), (999, 1), (64, 1)];
     let many: Vec<(usize, usize)> = (0..24).map(|i| (5 + 37 * i, 1 + (i % 3) * 7)).collect();
     // (head dim, heads, kv heads), window, kv type, block size, sequences
-    let cases: Vec<(
-        (usize, usize, usize),
-        Option<usize>,
-        DType,
-        usize,
-        &[(usize, usize)],
-    )> = vec![
+    let cases: Vec<PagedSpec<'_>> = vec![
         ((256, 4, 1), Some(512), DType::F16, 16, mixed),
         ((256, 4, 1), None, DType::F16, 16, decode),
         ((128, 32, 8), None, DType::F16, 16, mixed),
