@@ -989,17 +989,33 @@ static __device__ __forceinline__ void paged_dec_impl(const float* __restrict__ 
     }
 }
 
-#define PAGED_DEC(NAME, KV, HPB)                                                                            \
-    RF_KERNEL void NAME(const float* q, const KV* k, const KV* v, const int* pos, const int* seq,         \
-                        const int* tables, float* out, float* part, int block_size, int max_blocks,        \
-                        int split_min, attn_params p) {                                                    \
-        rf_entry();                                                                                        \
-        paged_dec_impl<KV, HPB>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p); \
-    }
-PAGED_DEC(paged_dec_f16_h4, __half, 4)
-PAGED_DEC(paged_dec_f16_h8, __half, 8)
-PAGED_DEC(paged_dec_f32_h4, float, 4)
-PAGED_DEC(paged_dec_f32_h8, float, 8)
+RF_KERNEL void paged_dec_f16_h4(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
+                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
+                                 int split_min, attn_params p) {
+    rf_entry();
+    paged_dec_impl<__half, 4>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+}
+
+RF_KERNEL void paged_dec_f16_h8(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
+                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
+                                 int split_min, attn_params p) {
+    rf_entry();
+    paged_dec_impl<__half, 8>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+}
+
+RF_KERNEL void paged_dec_f32_h4(const float* q, const float* k, const float* v, const int* pos, const int* seq,
+                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
+                                 int split_min, attn_params p) {
+    rf_entry();
+    paged_dec_impl<float, 4>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+}
+
+RF_KERNEL void paged_dec_f32_h8(const float* q, const float* k, const float* v, const int* pos, const int* seq,
+                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
+                                 int split_min, attn_params p) {
+    rf_entry();
+    paged_dec_impl<float, 8>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+}
 
 // Merges the splits of `paged_dec_*`: per row (token * n_heads + head, one block each) the splits'
 // maxima, sums and unnormalized outputs into the normalized output (zeros when no split saw a key).
