@@ -219,8 +219,8 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
     // (gigabytes for a mistyped count) and only then find the context full.
     if longest + deepest > opts.n_ctx {
         return Err(ModelError::InvalidArgument(format!(
-            "a test of {longest} tokens at depth {deepest} does not fit the context of {} \
-             positions (the model's maximum is {})",
+            "a test of {longest} tokens does not fit the context of {} positions after a depth \
+             of {deepest} (the model's maximum is {})",
             opts.n_ctx, cfg.n_ctx_train
         )));
     }
