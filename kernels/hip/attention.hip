@@ -724,3 +724,320 @@ RF_KERNEL void paged_attn_q8_0(const float* q, const blk_q8_0* k, const blk_q8_0
     rf_entry();
     paged_impl<blk_q8_0>(q, k, v, pos, seq, tables, out, block_size, max_blocks, p);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Paged attention, flash-decoding style: the path `paged_attn_*` above stays for shapes this one
+// does not take (head dims whose 16-byte chunks are not a power of two, unaligned caches).
+// Grid: x = query token, y = (KV head, group of up to HPB of its query heads), z = splits of the
+// token's visible key range. Lanes work in groups of G, G * CPL 16-byte chunks being one key
+// row; every group walks its share of the split's keys PD_KU at a time (all K and V loads of a
+// step in flight together) with an online softmax kept for all the block's query heads, so each
+// K/V row is loaded once for the whole GQA group. The groups' states merge through shuffles
+// inside a warp and through shared memory across warps. With one split the block writes the
+// output; with several, each writes its (max, sum, unnormalized output) to `part` and
+// `paged_combine_f32` merges them. The block table entries of a split are staged in shared memory
+// once, PD_TBL at a time. Keys, masks and bounds are paged_impl's: always causal, the window as in
+// attn_impl, a token whose column or position lies outside the tables gets zeros, a table entry
+// outside the pool hides its keys. Rounding: queries are rounded to the cache type as above, but
+// the probabilities weight V unrounded: one pass never knows the row's final sum before it
+// weights V (GPU and CPU differ by about the f16 rounding of the probabilities).
+// The K/V row load is one function (`pd_load`), so another cache type is one more specialization.
+// ---------------------------------------------------------------------------------------------
+#define PD_THREADS 128
+#define PD_KU 4
+#define PD_TBL 256
+
+// One lane's chunks of a cache row: CPL pieces of VEC values, `c0 + i * G` for i < CPL (those
+// past `chunks` read nothing).
+template <typename KV, int CPL>
+static __device__ __forceinline__ void pd_load(const KV* __restrict__ row, int c0, int G, int chunks, int4* r) {
+    constexpr int VEC = kv_vec<KV>::VEC;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        const int c = c0 + i * G;
+        r[i] = c < chunks ? *reinterpret_cast<const int4*>(row + c * VEC) : make_int4(0, 0, 0, 0);
+    }
+}
+
+// Merges a softmax state (m2, l2, acc2) into (m, l, acc); -inf maxima mean "no key yet".
+static __device__ __forceinline__ void pd_merge_scales(float m, float m2, float& a1, float& a2, float& mm) {
+    mm = fmaxf(m, m2);
+    a1 = m == -INFINITY ? 0.0f : expf(m - mm);
+    a2 = m2 == -INFINITY ? 0.0f : expf(m2 - mm);
+}
+
+template <typename KV, int HPB>
+static __device__ __forceinline__ void paged_dec_impl(const float* __restrict__ q, const KV* __restrict__ k,
+                                                      const KV* __restrict__ v, const int* __restrict__ pos,
+                                                      const int* __restrict__ seq, const int* __restrict__ tables,
+                                                      float* __restrict__ out, float* __restrict__ part,
+                                                      const int block_size, const int max_blocks,
+                                                      const int split_min, const attn_params p) {
+    constexpr int VEC = kv_vec<KV>::VEC;
+    constexpr int CPL = (ATTN_DMAX / VEC + RF_WARP - 1) / RF_WARP;
+    constexpr int NT = PD_THREADS, NW = NT / RF_WARP;
+    __shared__ float qs[HPB * ATTN_DMAX];
+    __shared__ int tbl[PD_TBL];
+    __shared__ float red[NW * HPB * (ATTN_DMAX + 2)];
+    const int D = p.head_dim, chunks = D / VEC;
+    const int gqa = p.n_heads / p.n_kv_heads;
+    const int hgroups = (gqa + HPB - 1) / HPB;
+    const int kvh = blockIdx.y / hgroups, h0 = (blockIdx.y % hgroups) * HPB;
+    const int nh = min(HPB, gqa - h0);
+    const int head0 = kvh * gqa + h0;
+    const int tok = blockIdx.x;
+    const int split = blockIdx.z, n_splits = gridDim.z;
+    const long long nrows = (long long)p.n_tokens * p.n_heads;
+    const int qpos = pos[tok];
+    const int col = seq[2 * tok];
+    // This block's keys [a, b): its split of the token's visible range.
+    int a = 0, b = 0;
+    if (col >= 0 && col < p.split_len && qpos >= 0 && qpos / block_size < max_blocks) {
+        const int hi = qpos + 1;
+        const int lo = p.window > 0 ? max(0, qpos - p.window + 1) : 0;
+        const int len = max(split_min, (hi - lo + n_splits - 1) / n_splits);
+        if ((long long)split * len < hi - lo) {
+            a = lo + split * len;
+            b = min(a + len, hi);
+        }
+    }
+    if (a >= b) {
+        for (int i = threadIdx.x; i < nh * D; i += NT) {
+            const long long row = (long long)tok * p.n_heads + head0 + i / D;
+            if (n_splits == 1) {
+                out[(long long)tok * p.o_tok_stride + (long long)(head0 + i / D) * p.o_head_stride + i % D] = 0.0f;
+            } else if (i % D == 0) {
+                float* pp = part + ((long long)split * nrows + row) * (D + 2);
+                pp[0] = -INFINITY;
+                pp[1] = 0.0f;
+            }
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < HPB * D; i += NT) {
+        const int h = i / D;
+        qs[i] = h < nh ? round_kv<KV>(q[(long long)tok * p.q_tok_stride + (long long)(head0 + h) * p.q_head_stride + i % D])
+                       : 0.0f;
+    }
+    const int G = min(chunks, RF_WARP);
+    const int lane = threadIdx.x % RF_WARP, wid = threadIdx.x / RF_WARP;
+    const int gl = lane % G, grp = threadIdx.x / G, ngrp = NT / G;
+    const KV* kb = k + (long long)kvh * p.k_head_stride;
+    const KV* vb = v + (long long)kvh * p.v_head_stride;
+    const int n_pool = p.n_kv / block_size;
+
+    float m[HPB], l[HPB], acc[HPB][CPL][VEC];
+#pragma unroll
+    for (int h = 0; h < HPB; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CPL; ++i)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[h][i][e] = 0.0f;
+    }
+    const int last_blk = (b - 1) / block_size;
+    for (int sb = a / block_size; sb <= last_blk; sb += PD_TBL) {
+        __syncthreads();  // the previous stage's entries are read; first time: qs written
+        for (int i = threadIdx.x; i < PD_TBL && sb + i <= last_blk; i += NT) {
+            const int e = tables[(long long)col * max_blocks + sb + i];
+            tbl[i] = e >= 0 && e < n_pool ? e : -1;
+        }
+        __syncthreads();
+        const int s0 = max(a, sb * block_size);
+        const int s1 = min(b, (sb + PD_TBL) * block_size);
+        for (int t0 = s0; t0 < s1; t0 += ngrp * PD_KU) {
+            int4 kr[PD_KU][CPL], vr[PD_KU][CPL];
+            bool ok[PD_KU];
+#pragma unroll
+            for (int u = 0; u < PD_KU; ++u) {
+                const int j = t0 + u * ngrp + grp;
+                const int blk = j < s1 ? tbl[j / block_size - sb] : -1;
+                ok[u] = blk >= 0;
+                const long long row = (long long)blk * block_size + j % block_size;
+                if (ok[u]) {
+                    pd_load<KV, CPL>(kb + row * p.k_pos_stride, gl, G, chunks, kr[u]);
+                    pd_load<KV, CPL>(vb + row * p.v_pos_stride, gl, G, chunks, vr[u]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < CPL; ++i) kr[u][i] = vr[u][i] = make_int4(0, 0, 0, 0);
+                }
+            }
+            float s[HPB][PD_KU];
+#pragma unroll
+            for (int h = 0; h < HPB; ++h)
+#pragma unroll
+                for (int u = 0; u < PD_KU; ++u) s[h][u] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CPL; ++i) {
+                const int c = gl + i * G;
+                if (c >= chunks) break;
+                float kf[PD_KU][VEC];
+#pragma unroll
+                for (int u = 0; u < PD_KU; ++u) kv_vec<KV>::unpack(kr[u][i], kf[u]);
+#pragma unroll
+                for (int h = 0; h < HPB; ++h) {
+                    if (h >= nh) break;
+                    float qv[VEC];
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) qv[e] = qs[h * D + c * VEC + e];
+#pragma unroll
+                    for (int u = 0; u < PD_KU; ++u)
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e) s[h][u] += qv[e] * kf[u][e];
+                }
+            }
+            // Group sums (the whole warp takes part; xor partners stay inside a group).
+#pragma unroll
+            for (int h = 0; h < HPB; ++h)
+#pragma unroll
+                for (int u = 0; u < PD_KU; ++u) {
+                    for (int o = G / 2; o > 0; o >>= 1) s[h][u] += rf_shfl_xor(s[h][u], o);
+                    s[h][u] = ok[u] ? s[h][u] * p.scale : -INFINITY;
+                }
+            float vf[PD_KU][CPL][VEC];
+#pragma unroll
+            for (int u = 0; u < PD_KU; ++u)
+#pragma unroll
+                for (int i = 0; i < CPL; ++i) kv_vec<KV>::unpack(vr[u][i], vf[u][i]);
+#pragma unroll
+            for (int h = 0; h < HPB; ++h) {
+                if (h >= nh) break;
+                float mt = m[h];
+#pragma unroll
+                for (int u = 0; u < PD_KU; ++u) mt = fmaxf(mt, s[h][u]);
+                if (mt == -INFINITY) continue;
+                const float sc = m[h] == -INFINITY ? 0.0f : expf(m[h] - mt);
+                l[h] *= sc;
+#pragma unroll
+                for (int i = 0; i < CPL; ++i)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) acc[h][i][e] *= sc;
+#pragma unroll
+                for (int u = 0; u < PD_KU; ++u) {
+                    if (s[h][u] == -INFINITY) continue;
+                    const float w = expf(s[h][u] - mt);
+                    l[h] += w;
+#pragma unroll
+                    for (int i = 0; i < CPL; ++i)
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e) acc[h][i][e] += w * vf[u][i][e];
+                }
+                m[h] = mt;
+            }
+        }
+    }
+    // The warp's groups into its first group, then the warps through shared memory.
+#pragma unroll
+    for (int h = 0; h < HPB; ++h) {
+        for (int o = G; o < RF_WARP; o <<= 1) {
+            const float m2 = rf_shfl_xor(m[h], o), l2 = rf_shfl_xor(l[h], o);
+            float a1, a2, mm;
+            pd_merge_scales(m[h], m2, a1, a2, mm);
+            l[h] = l[h] * a1 + l2 * a2;
+#pragma unroll
+            for (int i = 0; i < CPL; ++i)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc[h][i][e] = acc[h][i][e] * a1 + rf_shfl_xor(acc[h][i][e], o) * a2;
+            m[h] = mm;
+        }
+    }
+    if (lane < G) {
+#pragma unroll
+        for (int h = 0; h < HPB; ++h) {
+            if (h >= nh) break;
+            float* r = red + (wid * HPB + h) * (ATTN_DMAX + 2);
+            if (lane == 0) {
+                r[0] = m[h];
+                r[1] = l[h];
+            }
+#pragma unroll
+            for (int i = 0; i < CPL; ++i) {
+                const int c = gl + i * G;
+                if (c < chunks)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) r[2 + c * VEC + e] = acc[h][i][e];
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nh * D; i += NT) {
+        const int h = i / D, d = i % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, red[(w * HPB + h) * (ATTN_DMAX + 2)]);
+        float L = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float* r = red + (w * HPB + h) * (ATTN_DMAX + 2);
+            if (r[0] == -INFINITY) continue;
+            const float sc = expf(r[0] - M);
+            L += r[1] * sc;
+            A += r[2 + d] * sc;
+        }
+        const long long row = (long long)tok * p.n_heads + head0 + h;
+        if (n_splits == 1) {
+            out[(long long)tok * p.o_tok_stride + (long long)(head0 + h) * p.o_head_stride + d] = L > 0.0f ? A / L : 0.0f;
+        } else {
+            float* pp = part + ((long long)split * nrows + row) * (D + 2);
+            if (d == 0) {
+                pp[0] = M;
+                pp[1] = L;
+            }
+            pp[2 + d] = A;
+        }
+    }
+}
+
+RF_KERNEL void paged_dec_f16_h4(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
+                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
+                                 int split_min, attn_params p) {
+    rf_entry();
+    paged_dec_impl<__half, 4>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+}
+
+RF_KERNEL void paged_dec_f16_h8(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
+                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
+                                 int split_min, attn_params p) {
+    rf_entry();
+    paged_dec_impl<__half, 8>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+}
+
+RF_KERNEL void paged_dec_f32_h4(const float* q, const float* k, const float* v, const int* pos, const int* seq,
+                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
+                                 int split_min, attn_params p) {
+    rf_entry();
+    paged_dec_impl<float, 4>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+}
+
+RF_KERNEL void paged_dec_f32_h8(const float* q, const float* k, const float* v, const int* pos, const int* seq,
+                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
+                                 int split_min, attn_params p) {
+    rf_entry();
+    paged_dec_impl<float, 8>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+}
+
+// Merges the splits of `paged_dec_*`: per row (token * n_heads + head, one block each) the splits'
+// maxima, sums and unnormalized outputs into the normalized output (zeros when no split saw a key).
+RF_KERNEL void paged_combine_f32(const float* __restrict__ part, float* __restrict__ out, int n_splits,
+                                 int n_heads, int n_rows, int head_dim, long long o_tok_stride,
+                                 long long o_head_stride) {
+    rf_entry();
+    const long long grow = blockIdx.x;
+    const int tok = (int)(grow / n_heads), head = (int)(grow % n_heads);
+    const long long ps = (long long)head_dim + 2;
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, part[((long long)s * n_rows + grow) * ps]);
+    float* op = out + (long long)tok * o_tok_stride + (long long)head * o_head_stride;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float L = 0.0f, A = 0.0f;
+        for (int s = 0; s < n_splits; ++s) {
+            const float* pp = part + ((long long)s * n_rows + grow) * ps;
+            if (pp[0] == -INFINITY) continue;
+            const float sc = expf(pp[0] - M);
+            L += pp[1] * sc;
+            A += pp[2 + d] * sc;
+        }
+        op[d] = L > 0.0f ? A / L : 0.0f;
+    }
+}

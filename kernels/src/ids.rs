@@ -523,6 +523,11 @@ kernel_ids! {
     MmqQ6_Kx32 => Mmq, "mmq_q6_k_32";
     MmqQ6_Kx64 => Mmq, "mmq_q6_k_64";
     MmqCombine => Mmq, "mmq_combine";
+    PagedDecF16H4 => Attention, "paged_dec_f16_h4";
+    PagedDecF16H8 => Attention, "paged_dec_f16_h8";
+    PagedDecF32H4 => Attention, "paged_dec_f32_h4";
+    PagedDecF32H8 => Attention, "paged_dec_f32_h8";
+    PagedCombineF32 => Attention, "paged_combine_f32";
 }
 
 fn params_of(k: KernelId) -> &'static [Param] {
@@ -699,5 +704,9 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::PagedAttnF16 | K::PagedAttnF32 | K::PagedAttnQ8_0 => {
             &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
         }
+        K::PagedDecF16H4 | K::PagedDecF16H8 | K::PagedDecF32H4 | K::PagedDecF32H8 => {
+            &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, Attn]
+        }
+        K::PagedCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
     }
 }

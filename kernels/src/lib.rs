@@ -322,6 +322,8 @@ pub const ATTN_MAX_HEAD_DIM: usize = 256;
 pub const ATTN_DEC_MAX_KV: usize = 4096;
 /// Threads per block of `attn_dec_f16`/`attn_dec_f32`.
 pub const ATTN_DEC_THREADS: u32 = 512;
+/// Threads per block of the flash-decoding paged attention (`paged_dec_*`).
+pub const PAGED_DEC_THREADS: u32 = 128;
 
 /// `attn_f16`/`attn_f32`'s parameter block, passed by value (layout mirrors `attn_params` in
 /// `hip/attention.hip`: eight 32-bit ints, eight 64-bit strides in elements, a float, an int).

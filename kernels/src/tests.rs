@@ -450,6 +450,7 @@ fn decode_attention_constants_mirror_the_source() {
     );
     assert_eq!(source_define(f, "ATTN_DEC_MAX_KV"), ATTN_DEC_MAX_KV);
     assert_eq!(source_define(f, "ATTN_DMAX"), ATTN_MAX_HEAD_DIM);
+    assert_eq!(source_define(f, "PD_THREADS"), PAGED_DEC_THREADS as usize);
 }
 
 #[test]

@@ -177,8 +177,9 @@ pub(super) fn attention(
     Ok(())
 }
 
-/// [`crate::Op::PagedAttention`]: one block per (query token, KV head), each token over its own
-/// sequence's blocks of the pool (`paged_attn_f16`/`paged_attn_f32`).
+/// [`crate::Op::PagedAttention`]: [`paged_decode`] for f16/f32 caches of the shapes it takes;
+/// otherwise one block per (query token, KV head), each token over its own sequence's blocks of
+/// the pool (`paged_attn_f16`/`paged_attn_f32`/`paged_attn_q8_0`).
 pub(super) fn paged_attention(
     d: &HipDevice,
     t: &Tensor,
@@ -218,12 +219,27 @@ pub(super) fn paged_attention(
         scale: p.scale,
         phase: 0,
     };
+    let gqa = n_heads / n_kv_heads;
+    // The flash-decoding kernel reads 16-byte chunks of each f16/f32 row, a power of two of
+    // them (a q8_0 cache takes `paged_attn_q8_0`).
+    let vec = 16 / es;
+    let addrs = [addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr()];
+    if matches!(k.dtype, DType::F16 | DType::F32)
+        && hd % vec == 0
+        && (hd / vec).is_power_of_two()
+        && [k.nb[1], k.nb[2], v.nb[1], v.nb[2]]
+            .iter()
+            .all(|&b| b % 16 == 0)
+        && addrs.iter().all(|&a| a % 16 == 0)
+    {
+        return paged_decode(d, &params, gqa, block_size, srcs, out);
+    }
     let kid = match k.dtype {
         DType::F16 => KernelId::PagedAttnF16,
         DType::Q8_0 => KernelId::PagedAttnQ8_0,
         _ => KernelId::PagedAttnF32,
     };
-    let warps = (n_heads / n_kv_heads).clamp(1, 8) as u32;
+    let warps = gqa.clamp(1, 8) as u32;
     let mut a = Args::new();
     for s in &srcs[..6] {
         a.push(addr(s)?);
@@ -244,6 +260,101 @@ pub(super) fn paged_attention(
             &a.0,
         )
     }
+}
+
+/// Blocks a paged attention launch aims for: splits of the key range are added until the tokens'
+/// (token, KV head) pairs make this many (a few per multiprocessor of a large GPU).
+const PAGED_TARGET_BLOCKS: usize = 512;
+/// Fewest keys per split.
+const PAGED_SPLIT_MIN: usize = 64;
+/// Most splits of one token's keys.
+const PAGED_MAX_SPLITS: usize = 64;
+
+/// [`paged_attention`] through `paged_dec_*` (flash decoding: each token's keys split over
+/// blocks, one online-softmax pass, all query heads of a KV head per block) and, for several
+/// splits, `paged_combine_f32`. Splits are counted from the tables' capacity (the graph does not
+/// know the sequences' lengths); each token divides its own visible range among them, so splits
+/// past a short sequence's end return at once.
+fn paged_decode(
+    d: &HipDevice,
+    params: &AttnParams,
+    gqa: usize,
+    block_size: usize,
+    srcs: &[TensorMem<'_>],
+    out: MemRange<'_>,
+) -> Result<()> {
+    let (k, tables) = (srcs[1].tensor, srcs[5].tensor);
+    let (hd, n_heads, n_tok) = (
+        params.head_dim as usize,
+        params.n_heads as usize,
+        params.n_tokens as usize,
+    );
+    let n_kv_heads = params.n_kv_heads as usize;
+    let hpb = if gqa <= 4 { 4 } else { 8 };
+    let kid = match (k.dtype == DType::F16, hpb) {
+        (true, 4) => KernelId::PagedDecF16H4,
+        (true, _) => KernelId::PagedDecF16H8,
+        (false, 4) => KernelId::PagedDecF32H4,
+        (false, _) => KernelId::PagedDecF32H8,
+    };
+    let groups = n_kv_heads * gqa.div_ceil(hpb);
+    let capacity = tables.ne[0] * block_size;
+    let splits = PAGED_TARGET_BLOCKS
+        .div_ceil((n_tok * groups).max(1))
+        .min(capacity.div_ceil(PAGED_SPLIT_MIN))
+        .clamp(1, PAGED_MAX_SPLITS);
+    let n_rows = n_tok * n_heads;
+    let part_bytes = splits * n_rows * (hd + 2) * 4;
+    let part_buf = if splits > 1 {
+        Some(d.scratch(part_bytes)?)
+    } else {
+        None
+    };
+    let part = match &part_buf {
+        Some(b) => Some(
+            MemRange::of_buffer(b)
+                .sub(0, part_bytes)
+                .map_err(|e| gpu_err("paged attention", e))?,
+        ),
+        None => None,
+    };
+    let mut a = Args::new();
+    for s in &srcs[..6] {
+        a.push(addr(s)?);
+    }
+    a.push(out)
+        .push(part)
+        .push(block_size as i32)
+        .push(tables.ne[0] as i32)
+        .push(PAGED_SPLIT_MIN as i32)
+        .push(KernelArg::Bytes(bytemuck::bytes_of(params)));
+    // SAFETY: q, k, v, pos, seq, tables and the output are the node's tensors, sized by the
+    // scheduler for the shapes passed here (supports_op checked them dense where the kernel
+    // indexes them flat, the caller their 16-byte alignment); the kernel bounds every column,
+    // position and table entry it reads by the table and pool sizes passed here; the partials
+    // are sized above for `splits` splits of every (token, head) row.
+    unsafe {
+        d.launch_kernel(
+            kid,
+            [n_tok as u32, groups as u32, splits as u32],
+            kernels::PAGED_DEC_THREADS,
+            &a.0,
+        )?
+    };
+    if splits > 1 {
+        let mut c = Args::new();
+        c.push(part)
+            .push(out)
+            .push(splits as i32)
+            .push(n_heads as i32)
+            .push(n_rows as i32)
+            .push(hd as i32);
+        c.push(params.o_tok_stride).push(params.o_head_stride);
+        // SAFETY: the partials were written above for `splits` splits of `n_rows` rows; the
+        // output is the node's tensor with the strides passed here.
+        unsafe { d.launch_kernel(KernelId::PagedCombineF32, [n_rows as u32, 1, 1], 128, &c.0)? };
+    }
+    Ok(())
 }
 
 /// Prefill attention with an f16 cache as two batched GEMMs per head-in-group and token chunk

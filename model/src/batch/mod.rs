@@ -206,6 +206,15 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Forward steps so far.
     pub steps: u64,
+    /// Host time of those steps, microseconds in all: graphs built and optimized for new pass
+    /// shapes.
+    pub build_us: u64,
+    /// Host time: inputs uploaded and the pass launched (or replayed).
+    pub run_us: u64,
+    /// Host time: waiting for the pass's logits and copying them out.
+    pub output_us: u64,
+    /// Host time: sampling and streaming the tokens.
+    pub sample_us: u64,
 }
 
 /// How [`BatchEngine::embed`] pools the hidden states of a text's tokens.
@@ -236,6 +245,9 @@ enum Command {
         tokens: Vec<u32>,
         pooling: Pooling,
         reply: Sender<Result<Vec<f32>, ModelError>>,
+    },
+    Bandwidth {
+        reply: Sender<Option<Result<f64, ModelError>>>,
     },
     Shutdown,
 }
@@ -407,6 +419,22 @@ impl BatchEngine {
         })
         .map_err(|_| stopped())?;
         rx.recv().map_err(|_| stopped())?
+    }
+
+    /// The GPU's device-to-device copy bandwidth (bytes read + written per second), measured
+    /// now between two steps; `None` when the engine runs on the CPU.
+    pub fn gpu_copy_bandwidth(&self) -> Option<Result<f64, ModelError>> {
+        let (reply, rx) = mpsc::channel();
+        let sent = self
+            .inner
+            .tx
+            .lock()
+            .map_err(|_| stopped())
+            .and_then(|tx| tx.send(Command::Bandwidth { reply }).map_err(|_| stopped()));
+        if let Err(e) = sent {
+            return Some(Err(e));
+        }
+        rx.recv().unwrap_or_else(|_| Some(Err(stopped())))
     }
 
     /// Counters as of the last step.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use ggml_graph::CpuBackend;
+use rayon::prelude::*;
 
 use super::kv::{block_hash, BlockPool};
 use super::EngineOptions;
@@ -115,6 +116,21 @@ pub(super) struct Runner {
     seqs: Vec<Option<SeqKv>>,
     /// Block copies `(from, to, slot)` the next pass makes before it writes.
     copies: Vec<(u32, u32, usize)>,
+    /// Host time of the passes so far (see [`StepTimes`]).
+    times: StepTimes,
+}
+
+/// Host time spent in the passes, in microseconds: building graphs for new shapes, uploading
+/// inputs and launching, waiting for and copying out the outputs.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StepTimes {
+    pub build_us: u64,
+    pub run_us: u64,
+    pub output_us: u64,
+}
+
+fn micros(t: std::time::Instant) -> u64 {
+    t.elapsed().as_micros() as u64
 }
 
 /// Where position `p` of a prompt of `plen` tokens sits when a session alone evaluates the
@@ -188,12 +204,23 @@ impl Runner {
             // One slot more than requests use: embeddings run in the last.
             seqs: (0..=o.max_seqs).map(|_| None).collect(),
             copies: Vec::new(),
+            times: StepTimes::default(),
         })
     }
 
     /// Where the layers run.
     pub(super) fn plan(&self) -> &DevicePlan {
         &self.plan
+    }
+
+    /// The GPU's device-to-device copy bandwidth; `None` on the CPU.
+    pub(super) fn gpu_copy_bandwidth(&self) -> Option<Result<f64, ModelError>> {
+        self.engine.gpu_copy_bandwidth()
+    }
+
+    /// Host time of the passes so far.
+    pub(super) fn times(&self) -> StepTimes {
+        self.times
     }
 
     /// Blocks in use and in the pool.
@@ -418,6 +445,7 @@ impl Runner {
             n_copy: copy_src.len(),
         };
         let key = (batch.n_tok, batch.n_seqs, batch.n_out, hidden, batch.n_copy);
+        let t_build = std::time::Instant::now();
         let gi = match self.graphs.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {
@@ -435,6 +463,8 @@ impl Runner {
                 self.graphs.len() - 1
             }
         };
+        self.times.build_us += micros(t_build);
+        let t_run = std::time::Instant::now();
         let g = &self.graphs[gi].1;
         let cfg = self.model.config();
         let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
@@ -468,16 +498,21 @@ impl Runner {
             inputs.push((dst, &dst_b));
         }
         self.engine.run(Some(run_key), &g.graph, &inputs)?;
+        self.times.run_us += micros(t_run);
+        let t_out = std::time::Instant::now();
         if hidden {
             let all = self.engine.with_output_f32(g.logits, <[f32]>::to_vec)?;
+            self.times.output_us += micros(t_out);
             return Ok(vec![Some(all)]);
         }
         let n_vocab = cfg.n_vocab;
+        // Rows copied out in parallel: a large batch's logits are tens of megabytes.
         let mut rows = self.engine.with_output_f32(g.logits, |l| {
-            l.chunks_exact(n_vocab)
+            l.par_chunks_exact(n_vocab)
                 .map(<[f32]>::to_vec)
                 .collect::<Vec<_>>()
         })?;
+        self.times.output_us += micros(t_out);
         let mut out = Vec::with_capacity(items.len());
         let mut next = rows.drain(..);
         for it in items {

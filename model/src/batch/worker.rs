@@ -7,6 +7,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rayon::prelude::*;
+
 use super::paged::{Item, Runner};
 use super::{
     Command, EngineOptions, EngineStats, Event, FinishReason, Pooling, Request, Sink, TokenLogprob,
@@ -232,6 +234,9 @@ impl Worker {
                         let r = self.embed(&tokens, pooling);
                         // A caller that stopped waiting needs no answer.
                         let _ = reply.send(r);
+                    }
+                    Command::Bandwidth { reply } => {
+                        let _ = reply.send(self.runner.gpu_copy_bandwidth());
                     }
                     Command::Shutdown => shutdown = true,
                 }
@@ -467,7 +472,8 @@ impl Worker {
                 return;
             }
         };
-        let mut done = Vec::new();
+        let t_sample = std::time::Instant::now();
+        let mut jobs = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
             let n = take[i];
             if n == 0 {
@@ -477,19 +483,34 @@ impl Worker {
                 self.counters.prompt_tokens += n.min(s.req.prompt.len() - s.n_cached) as u64;
             }
             s.n_cached += n;
-            let Some(Some(l)) = logits.next() else {
-                continue;
-            };
-            let before = s.n_generated;
-            if let Some(reason) = sample_one(s, &self.tokenizer, l, self.opts.n_ctx_per_seq) {
+            if let Some(Some(l)) = logits.next() {
+                jobs.push((i, s, l));
+            }
+        }
+        // Each sequence samples with its own sampler and streams to its own sink, so the
+        // sequences of a step sample in parallel (a 128k-entry vocabulary costs a large batch
+        // milliseconds per step on one thread).
+        let (tokenizer, n_ctx) = (&self.tokenizer, self.opts.n_ctx_per_seq);
+        let sampled: Vec<(usize, usize, Option<FinishReason>)> = jobs
+            .into_par_iter()
+            .map(|(i, s, l)| {
+                let before = s.n_generated;
+                let reason = sample_one(s, tokenizer, l, n_ctx);
+                (i, s.n_generated - before, reason)
+            })
+            .collect();
+        let mut done = Vec::new();
+        for (i, generated, reason) in sampled {
+            self.counters.generated_tokens += generated as u64;
+            if let Some(reason) = reason {
                 done.push((i, reason));
             }
-            self.counters.generated_tokens += (s.n_generated - before) as u64;
         }
         for &(i, reason) in done.iter().rev() {
             let s = self.running.remove(i);
             self.end(s, reason);
         }
+        self.counters.sample_us += t_sample.elapsed().as_micros() as u64;
     }
 
     fn publish(&mut self) {
@@ -500,6 +521,8 @@ impl Worker {
         c.kv_blocks_used = used;
         c.kv_blocks_total = total;
         c.kv_blocks_free = total - used;
+        let t = self.runner.times();
+        (c.build_us, c.run_us, c.output_us) = (t.build_us, t.run_us, t.output_us);
         if let Ok(mut s) = self.stats.lock() {
             *s = *c;
         }

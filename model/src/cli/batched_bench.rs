@@ -164,6 +164,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
     );
     let n_vocab = model.config().n_vocab;
     let mut rng = Rng::new(1234);
+    let mut decode = Vec::new();
     // One short warm-up request: page faults and first-pass allocations are not measured.
     run_one(
         &e,
@@ -184,6 +185,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
                 let r = run_one(&e, &mut rng, n_vocab, pp, tg, b)?;
                 rows += 1;
                 let t = r.t_pp + r.t_tg;
+                decode.push((pp, tg, b, (b * tg) as f64 / r.t_tg));
                 println!(
                     "| {pp:5} | {tg:6} | {b:4} | {n_kv:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {t:8.3} | {:8.2} |",
                     r.t_pp,
@@ -194,6 +196,9 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
                 );
             }
         }
+    }
+    if rows > 0 {
+        report_bandwidth(&e, tm.model().file(), &decode)?;
     }
     let s = e.stats();
     e.shutdown();
@@ -209,6 +214,54 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
          its first (which the prompt phase samples)",
         s.steps, s.preemptions
     );
+    let per_step = |us: u64| us as f64 / 1e3 / s.steps.max(1) as f64;
+    eprintln!(
+        "host time per step: graph build {:.3} ms, inputs + launch {:.3} ms, logits wait + copy \
+         {:.3} ms, sampling {:.3} ms",
+        per_step(s.build_us),
+        per_step(s.run_us),
+        per_step(s.output_us),
+        per_step(s.sample_us)
+    );
+    Ok(())
+}
+
+/// Prints each row's aggregate decode speed against the bandwidth limit of one step: a step
+/// reads every weight once whatever the batch, so `S_TG / B` steps per second read `S_TG / B`
+/// times the weight bytes of a token; the limit is the GPU's device-to-device copy bandwidth
+/// (measured now) over those bytes. Only when every layer and the output head are on the GPU.
+fn report_bandwidth(
+    e: &BatchEngine,
+    file: &gguf::GgufFile,
+    decode: &[(usize, usize, usize, f64)],
+) -> Result<(), ModelError> {
+    let split = &e.device_plan().split;
+    if !split.output_on_gpu() || split.gpu_layers() < split.n_layer {
+        eprintln!("bandwidth: not measured, the model is not all on the GPU");
+        return Ok(());
+    }
+    let Some(bw) = e.gpu_copy_bandwidth() else {
+        eprintln!("bandwidth: not measured, the engine runs on the CPU");
+        return Ok(());
+    };
+    let bw = bw?;
+    let bytes = super::bench::weight_bytes_per_token(file) as f64;
+    let limit = bw / bytes;
+    println!(
+        "\nbandwidth limit: {limit:.1} steps/s ({:.3} GB of weights per step over the {:.0} GB/s \
+         device-to-device copy bandwidth measured now)",
+        bytes / 1e9,
+        bw / 1e9
+    );
+    for &(pp, tg, b, s_tg) in decode {
+        let steps = s_tg / b as f64;
+        println!(
+            "PP {pp} TG {tg} B {b}: S_TG {s_tg:.2} t/s = {steps:.1} steps/s, {:.1}% of the \
+             bandwidth limit ({:.0} GB/s of weights)",
+            100.0 * steps / limit,
+            steps * bytes / 1e9
+        );
+    }
     Ok(())
 }
 

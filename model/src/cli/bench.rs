@@ -33,6 +33,15 @@ pub struct BenchArgs {
         default_value = "128"
     )]
     n_gen: Vec<usize>,
+    /// Context depths (comma-separated): each test runs after this many random tokens are in
+    /// the context (filled once per depth, untimed), as llama-bench's `-d`.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
     /// Repetitions per test.
     #[arg(short = 'r', long, default_value_t = 5)]
     reps: usize,
@@ -83,7 +92,7 @@ fn file_type_name(ft: u32) -> &'static str {
 /// Weight bytes one decode step reads: every tensor of the file once, except the token
 /// embedding table, of which it reads one row per token (all of it when the output head is tied
 /// to the table, as in Gemma).
-fn weight_bytes_per_token(file: &gguf::GgufFile) -> u64 {
+pub(super) fn weight_bytes_per_token(file: &gguf::GgufFile) -> u64 {
     let tied = file.tensor("output.weight").is_none();
     file.tensors()
         .iter()
@@ -154,15 +163,17 @@ fn random_tokens(rng: &mut Rng, n: usize, n_vocab: usize) -> Vec<u32> {
 }
 
 /// Tokens per second of one run: `pp` feeds `n` tokens as one batch, `tg` feeds them one at a
-/// time, both on an empty context (as llama-bench does).
+/// time, both after the first `depth` positions of the context (as llama-bench does; the
+/// session already holds them, see [`fill_depth`]).
 fn run_once(
     session: &mut Session,
     rng: &mut Rng,
     n_vocab: usize,
     n: usize,
     gen: bool,
+    depth: usize,
 ) -> Result<f64, ModelError> {
-    session.reset();
+    session.truncate(depth);
     let toks = random_tokens(rng, n, n_vocab);
     let t0 = Instant::now();
     if gen {
@@ -176,6 +187,21 @@ fn run_once(
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// Fills the context with `depth` random tokens (in prompt batches), untimed.
+fn fill_depth(
+    session: &mut Session,
+    rng: &mut Rng,
+    n_vocab: usize,
+    depth: usize,
+) -> Result<(), ModelError> {
+    session.reset();
+    if depth > 0 {
+        let toks = random_tokens(rng, depth, n_vocab);
+        session.eval_with(&toks, LogitsMode::Last, |_| ())?;
+    }
+    Ok(())
+}
+
 pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
     let tm = a.m.load()?;
     let cfg = tm.model().config().clone();
@@ -187,13 +213,14 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
         .copied()
         .max()
         .unwrap_or(0);
-    opts.n_ctx = opts.n_ctx.max(longest).min(cfg.n_ctx_train);
+    let deepest = a.n_depth.iter().copied().max().unwrap_or(0);
+    opts.n_ctx = opts.n_ctx.max(longest + deepest).min(cfg.n_ctx_train);
     // Refused before any work: a test longer than the context would first make its tokens
     // (gigabytes for a mistyped count) and only then find the context full.
-    if longest > opts.n_ctx {
+    if longest + deepest > opts.n_ctx {
         return Err(ModelError::InvalidArgument(format!(
-            "a test of {longest} tokens does not fit the context of {} positions (the model's \
-             maximum is {})",
+            "a test of {longest} tokens does not fit the context of {} positions after a depth \
+             of {deepest} (the model's maximum is {})",
             opts.n_ctx, cfg.n_ctx_train
         )));
     }
@@ -239,22 +266,34 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
         .chain(a.n_gen.iter().filter(|&&n| n > 0).map(|&n| (n, true)))
         .collect();
     let mut gen_speeds = Vec::new();
-    for (n, gen) in tests {
-        // One untimed warm-up run, as llama-bench does: the whole prompt for pp (a shorter batch
-        // would leave the first timed run to build and allocate the n-token graph, its GEMM
-        // workspaces and kernels), a few tokens for tg (every step has the same shapes).
-        let warm = if gen { n.min(16) } else { n };
-        run_once(&mut session, &mut rng, cfg.n_vocab, warm, gen)?;
-        let mut speeds = Vec::new();
-        for _ in 0..a.reps.max(1) {
-            speeds.push(run_once(&mut session, &mut rng, cfg.n_vocab, n, gen)?);
-        }
-        let (mean, sd) = mean_sd(&speeds);
-        if gen {
-            gen_speeds.push((n, mean));
-        }
-        let test = format!("{}{}", if gen { "tg" } else { "pp" }, n);
-        println!(
+    for &depth in &a.n_depth {
+        fill_depth(&mut session, &mut rng, cfg.n_vocab, depth)?;
+        for &(n, gen) in &tests {
+            // One untimed warm-up run, as llama-bench does: the whole prompt for pp (a shorter batch
+            // would leave the first timed run to build and allocate the n-token graph, its GEMM
+            // workspaces and kernels), a few tokens for tg (every step has the same shapes).
+            let warm = if gen { n.min(16) } else { n };
+            run_once(&mut session, &mut rng, cfg.n_vocab, warm, gen, depth)?;
+            let mut speeds = Vec::new();
+            for _ in 0..a.reps.max(1) {
+                speeds.push(run_once(
+                    &mut session,
+                    &mut rng,
+                    cfg.n_vocab,
+                    n,
+                    gen,
+                    depth,
+                )?);
+            }
+            let (mean, sd) = mean_sd(&speeds);
+            if gen && depth == 0 {
+                gen_speeds.push((n, mean));
+            }
+            let mut test = format!("{}{}", if gen { "tg" } else { "pp" }, n);
+            if depth > 0 {
+                test = format!("{test} @ d{depth}");
+            }
+            println!(
             "| {:<30} | {:>6.2} MiB | {:>8.2} M | {:<10} | {:>7} | {:>15} | {:>11.2} ± {:>6.2} |",
             name,
             size as f64 / (1024.0 * 1024.0),
@@ -265,6 +304,7 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
             mean,
             sd
         );
+        }
     }
     if a.bandwidth {
         report_bandwidth(&session, file, &gen_speeds)?;
