@@ -714,6 +714,80 @@ impl Graph {
         Ok(self.push_op(Op::Argmax, DType::I32, ne, vec![a]))
     }
 
+    /// I32 indices of the `k` largest values of each row of an f32 `[n, M]` tensor, largest
+    /// first, as `[k, M]` (mixture-of-experts routing; `1 <= k <= n`).
+    pub fn arg_top_k(&mut self, a: TensorId, k: usize) -> Result<TensorId> {
+        let at = self.need_f32("argsort_top_k", a)?;
+        if at.ne[2] * at.ne[3] != 1 || k == 0 || k > at.ne[0] {
+            return Err(shape_err(
+                "argsort_top_k",
+                format!("top {k} of rows {:?} (2-d, 1 <= k <= row length)", at.ne),
+            ));
+        }
+        let ne = [k, at.ne[1], 1, 1];
+        Ok(self.push_op(Op::ArgTopK(k), DType::I32, ne, vec![a]))
+    }
+
+    /// The values of f32 `probs` `[n, M]` at I32 `ids` `[k, M]` (each row its own indices), as
+    /// f32 `[k, M]`; `norm` divides each row by its sum (mixture-of-experts weights).
+    pub fn expert_weights(
+        &mut self,
+        probs: TensorId,
+        ids: TensorId,
+        norm: bool,
+    ) -> Result<TensorId> {
+        let op = Op::ExpertWeights { norm };
+        let pt = self.need_f32(op.name(), probs)?;
+        let it = self.t(ids)?;
+        if it.dtype != DType::I32
+            || !it.is_contiguous()
+            || pt.ne[2] * pt.ne[3] != 1
+            || it.ne[2] * it.ne[3] != 1
+            || it.ne[1] != pt.ne[1]
+        {
+            return Err(shape_err(
+                op.name(),
+                format!(
+                    "probs {:?} and ids {} {:?} (2-d, ids I32 with one row per probs row)",
+                    pt.ne, it.dtype, it.ne
+                ),
+            ));
+        }
+        let ne = [it.ne[0], it.ne[1], 1, 1];
+        Ok(self.push_op(op, DType::F32, ne, vec![probs, ids]))
+    }
+
+    /// llama.cpp's `mul_mat_id`: matrix `ids[i, t]` of the stack `w` `[K, N, n_mat]` times column
+    /// `x[:, i % n_x, t]` of `x` `[K, n_x, n_tok]` (`n_x` 1 or `n_used`), for ids I32 `[n_used,
+    /// n_tok]`, as f32 `[N, n_used, n_tok]`.
+    pub fn mul_mat_id(&mut self, w: TensorId, x: TensorId, ids: TensorId) -> Result<TensorId> {
+        let (wt, xt, it) = (self.t(w)?, self.t(x)?, self.t(ids)?);
+        let bad = |d: String| shape_err("mul_mat_id", d);
+        if it.dtype != DType::I32 || !it.is_contiguous() || it.ne[2] * it.ne[3] != 1 {
+            return Err(bad(format!(
+                "ids must be dense I32 [n_used, n_tok], got {} {:?}",
+                it.dtype, it.ne
+            )));
+        }
+        let (n_used, n_tok) = (it.ne[0], it.ne[1]);
+        if wt.ne[0] != xt.ne[0]
+            || wt.ne[3] != 1
+            || xt.ne[3] != 1
+            || xt.ne[2] != n_tok
+            || !(xt.ne[1] == 1 || xt.ne[1] == n_used)
+        {
+            return Err(bad(format!(
+                "w {:?}, x {:?} and ids {:?} do not match",
+                wt.ne, xt.ne, it.ne
+            )));
+        }
+        if !wt.rows_contiguous() || !xt.rows_contiguous() || xt.dtype != DType::F32 {
+            return Err(bad("operand rows must be contiguous, x f32".into()));
+        }
+        let ne = [wt.ne[1], n_used, n_tok, 1];
+        Ok(self.push_op(Op::MulMatId, DType::F32, ne, vec![w, x, ids]))
+    }
+
     /// Leaf kind of the storage root of `id`, if that root is a leaf.
     pub fn root_leaf(&self, id: TensorId) -> Option<Leaf> {
         match self.nodes[self.storage_root(id).0.index()].op {

@@ -221,6 +221,21 @@ pub enum Op {
     SetRows,
     /// `[a]`: I32 index of the largest value of each row.
     Argmax,
+    /// `[a]`: I32 `[k, rows]`: per row of f32 `a` the indices of its `k` largest values, largest
+    /// first, the lower index first among equal values (mixture-of-experts routing).
+    ArgTopK(usize),
+    /// `[probs, ids]`: f32 `[k, rows]`: per row the values of f32 `probs` `[n, rows]` at the
+    /// I32 indices `ids` `[k, rows]`; with `norm` divided by their sum (at least 2^-14), as
+    /// llama.cpp's `build_moe_ffn` normalises the chosen experts' weights.
+    ExpertWeights {
+        /// Divide the picked values by their sum.
+        norm: bool,
+    },
+    /// `[w, x, ids]`: llama.cpp's `mul_mat_id`. `w` is a stack of matrices `[k, n, n_mat]`, x f32
+    /// `[k, n_x, n_tok]` with `n_x` 1 or `ids.ne0`, ids I32 `[n_used, n_tok]`. Result f32
+    /// `[n, n_used, n_tok]`: `out[:, i, t] = w[:, :, ids[i, t]] . x[:, i % n_x, t]`. Only the
+    /// chosen matrices are read; every column is summed as a one-column product.
+    MulMatId,
     /// Fused `[x, w]`: `rms_norm(x, eps) * w` (`w` broadcast), made by the optimizer.
     RmsNormMul {
         /// Epsilon inside the square root.
@@ -318,6 +333,9 @@ impl Op {
             Op::Concat { .. } => "concat",
             Op::SetRows => "set_rows",
             Op::Argmax => "argmax",
+            Op::ArgTopK(_) => "argsort_top_k",
+            Op::ExpertWeights { .. } => "expert_weights",
+            Op::MulMatId => "mul_mat_id",
             Op::RmsNormMul { .. } => "rms_norm_mul",
             Op::MulMatAdd => "mul_mat_add",
             Op::MulMatGated(Act::Silu) => "mul_mat_swiglu",

@@ -2,6 +2,7 @@
 
 mod attn;
 mod matmul;
+mod moe;
 mod ops;
 
 use parking_lot::Mutex;
@@ -78,7 +79,7 @@ impl CpuBackend {
     pub fn supports(&self, t: &Tensor, srcs: &[&Tensor]) -> bool {
         match t.op {
             Op::MulMatGated(_) if srcs[0].dtype != srcs[1].dtype => false,
-            Op::MulMat | Op::MulMatAdd | Op::MulMatGated(_) => {
+            Op::MulMat | Op::MulMatAdd | Op::MulMatGated(_) | Op::MulMatId => {
                 let w = srcs[0].dtype;
                 matches!(w, DType::F32 | DType::F16 | DType::BF16) || crate::quant::is_supported(w)
             }
@@ -239,6 +240,9 @@ pub(crate) fn compute(
         Op::Concat { dim } => ops::concat(t, out, &srcs[0], &srcs[1], *dim),
         Op::SetRows => ops::set_rows(t, out, &srcs[0], &srcs[1]),
         Op::Argmax => ops::argmax(t, out, &srcs[0]),
+        Op::ArgTopK(k) => moe::arg_top_k(t, out, &srcs[0], *k),
+        Op::ExpertWeights { norm } => moe::expert_weights(t, out, &srcs[0], &srcs[1], *norm),
+        Op::MulMatId => moe::mul_mat_id(be, t, out, &srcs[0], &srcs[1], &srcs[2]),
     }
 }
 
