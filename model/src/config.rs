@@ -24,6 +24,9 @@ pub const MAX_HEAD_DIM: usize = 4096;
 pub const MAX_CONTEXT: usize = 1 << 24;
 /// Largest vocabulary (embedding rows); published vocabularies stay below 300 000.
 pub const MAX_VOCAB: usize = 1 << 22;
+/// Most experts per mixture-of-experts layer (llama.cpp's `LLAMA_MAX_EXPERTS`; published models
+/// have at most 512).
+pub const MAX_EXPERTS: usize = 512;
 
 /// The architectures this crate has execution plans for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +37,8 @@ pub enum Architecture {
     Qwen2,
     /// `qwen3`: llama-like with per-head q/k RMS norms.
     Qwen3,
+    /// `qwen3moe`: Qwen3 attention with a mixture-of-experts feed-forward in every layer.
+    Qwen3Moe,
     /// `gemma2`: post-norms, GELU-gated FFN, every other layer sliding-window, soft-capped
     /// attention scores and logits.
     Gemma2,
@@ -48,6 +53,7 @@ impl Architecture {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
+            "qwen3moe" => Ok(Self::Qwen3Moe),
             "gemma2" => Ok(Self::Gemma2),
             "gemma3" => Ok(Self::Gemma3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
@@ -60,6 +66,7 @@ impl Architecture {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Qwen3Moe => "qwen3moe",
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
         }
@@ -70,7 +77,9 @@ impl Architecture {
     pub fn rope_mode(self) -> RopeMode {
         match self {
             Self::Llama => RopeMode::Normal,
-            Self::Qwen2 | Self::Qwen3 | Self::Gemma2 | Self::Gemma3 => RopeMode::Neox,
+            Self::Qwen2 | Self::Qwen3 | Self::Qwen3Moe | Self::Gemma2 | Self::Gemma3 => {
+                RopeMode::Neox
+            }
         }
     }
 }
@@ -136,6 +145,54 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Same on the final logits.
     pub final_softcap: Option<f32>,
+    /// The mixture-of-experts feed-forward (`None`: a dense one).
+    pub moe: Option<Moe>,
+}
+
+/// A mixture-of-experts feed-forward: a softmax router over `n_expert` experts, of which each
+/// token uses the `n_used` with the highest probability, their outputs summed with those
+/// probabilities as weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Moe {
+    /// Experts per layer (`{arch}.expert_count`).
+    pub n_expert: usize,
+    /// Experts each token uses (`{arch}.expert_used_count`), `1..=n_expert`.
+    pub n_used: usize,
+    /// Inner size of one expert (`qwen3moe.expert_feed_forward_length`; Mixtral-style llama
+    /// files use `feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// Divide the chosen experts' probabilities by their sum. llama.cpp does for both families
+    /// whatever `expert_weights_norm` says (Mixtral and Qwen3-MoE are trained that way).
+    pub norm_weights: bool,
+}
+
+/// The mixture-of-experts settings of `arch`: required for `qwen3moe`, present for `llama` when
+/// `llama.expert_count` is above 0 (Mixtral).
+fn moe_config(md: &Metadata, arch: Architecture, n_ff: usize) -> Result<Option<Moe>, ModelError> {
+    let count_key = key(arch, "expert_count");
+    let n_expert = match arch {
+        Architecture::Qwen3Moe => req_size(md, &count_key, MAX_EXPERTS)?,
+        Architecture::Llama => match opt_u(md, &count_key)? {
+            None | Some(0) => return Ok(None),
+            Some(n) => {
+                check_size(&count_key, n, MAX_EXPERTS)?;
+                n
+            }
+        },
+        _ => return Ok(None),
+    };
+    let used_key = key(arch, "expert_used_count");
+    let n_used = req_size(md, &used_key, n_expert)?;
+    let n_ff_exp = match arch {
+        Architecture::Qwen3Moe => req_size(md, &key(arch, "expert_feed_forward_length"), MAX_FF)?,
+        _ => n_ff,
+    };
+    Ok(Some(Moe {
+        n_expert,
+        n_used,
+        n_ff_exp,
+        norm_weights: true,
+    }))
 }
 
 /// YaRN rope parameters as llama.cpp derives them from `{arch}.rope.scaling.*`.
@@ -384,6 +441,7 @@ impl ModelConfig {
         let rope_base = opt_f(md, &base_key)?.unwrap_or(10_000.0);
         check_positive(&base_key, rope_base, "rope base")?;
         let (rope_freq_scale, yarn) = rope_scaling(md, arch, n_ctx_train)?;
+        let moe = moe_config(md, arch, n_ff)?;
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
         let mut embd_scale = 1.0;
         let global = LayerAttention {
@@ -483,6 +541,7 @@ impl ModelConfig {
             yarn,
             attn_softcap,
             final_softcap,
+            moe,
         })
     }
 
@@ -673,5 +732,61 @@ mod tests {
         g3.set("gemma3.final_logit_softcapping", MetadataValue::F32(30.0));
         let c = ModelConfig::from_metadata(&g3, 10).unwrap();
         assert_eq!(c.final_softcap, Some(30.0));
+    }
+
+    #[test]
+    fn experts_are_read_and_bounded() {
+        // Dense llama: no experts; an expert count of 0 is dense too (llama.cpp's reading).
+        assert_eq!(
+            ModelConfig::from_metadata(&llama_md(), 10).unwrap().moe,
+            None
+        );
+        let mut md = llama_md();
+        md.set("llama.expert_count", MetadataValue::U32(0));
+        assert_eq!(ModelConfig::from_metadata(&md, 10).unwrap().moe, None);
+        // Mixtral: the expert size is the feed-forward length.
+        md.set("llama.expert_count", MetadataValue::U32(8));
+        md.set("llama.expert_used_count", MetadataValue::U32(2));
+        let m = ModelConfig::from_metadata(&md, 10).unwrap().moe.unwrap();
+        assert_eq!(
+            (m.n_expert, m.n_used, m.n_ff_exp, m.norm_weights),
+            (8, 2, 512, true)
+        );
+        let bad = |md: &Metadata, key: &str| {
+            let err = ModelConfig::from_metadata(md, 10).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        };
+        md.set("llama.expert_used_count", MetadataValue::U32(9));
+        bad(&md, "llama.expert_used_count");
+        md.set("llama.expert_used_count", MetadataValue::U32(0));
+        bad(&md, "llama.expert_used_count");
+        md.set(
+            "llama.expert_count",
+            MetadataValue::U32(MAX_EXPERTS as u32 + 1),
+        );
+        bad(&md, "llama.expert_count");
+        // Qwen3-MoE needs all three keys.
+        let mut q = Metadata::new();
+        for (k, v) in llama_md().iter() {
+            let k = k.replace("llama.", "qwen3moe.");
+            q.set(k.as_str(), v.clone());
+        }
+        q.set(
+            "general.architecture",
+            MetadataValue::String("qwen3moe".into()),
+        );
+        bad(&q, "qwen3moe.expert_count");
+        q.set("qwen3moe.expert_count", MetadataValue::U32(128));
+        q.set("qwen3moe.expert_used_count", MetadataValue::U32(8));
+        bad(&q, "qwen3moe.expert_feed_forward_length");
+        q.set(
+            "qwen3moe.expert_feed_forward_length",
+            MetadataValue::U32(768),
+        );
+        let c = ModelConfig::from_metadata(&q, 10).unwrap();
+        assert_eq!(c.arch, Architecture::Qwen3Moe);
+        assert_eq!(c.rope_mode, RopeMode::Neox);
+        let m = c.moe.unwrap();
+        assert_eq!((m.n_expert, m.n_used, m.n_ff_exp), (128, 8, 768));
     }
 }

@@ -32,10 +32,14 @@ pub enum Arch {
     Gemma2,
     /// Gemma 3 (q/k norms, post-attention/FFN norms, tied output, sliding window).
     Gemma3,
+    /// Mixtral (llama architecture with a mixture-of-experts feed-forward).
+    Mixtral,
+    /// Qwen3-MoE (Qwen3 attention, mixture-of-experts feed-forward).
+    Qwen3Moe,
 }
 
 impl Arch {
-    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3`.
+    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe`.
     pub fn parse(s: &str) -> Result<Self, ModelError> {
         Ok(match s {
             "llama" => Self::Llama,
@@ -44,18 +48,26 @@ impl Arch {
             "qwen3" => Self::Qwen3,
             "gemma2" => Self::Gemma2,
             "gemma3" => Self::Gemma3,
+            "mixtral" => Self::Mixtral,
+            "qwen3moe" => Self::Qwen3Moe,
             _ => return Err(ModelError::UnsupportedArchitecture(s.to_owned())),
         })
     }
 
     fn gguf_name(self) -> &'static str {
         match self {
-            Self::Llama | Self::Mistral => "llama",
+            Self::Llama | Self::Mistral | Self::Mixtral => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
+            Self::Qwen3Moe => "qwen3moe",
         }
+    }
+
+    /// True for the mixture-of-experts architectures (their presets give the experts).
+    fn is_moe(self) -> bool {
+        matches!(self, Self::Mixtral | Self::Qwen3Moe)
     }
 }
 
@@ -80,6 +92,20 @@ pub struct Shape {
     pub rope_base: f32,
     /// RMS norm epsilon.
     pub eps: f32,
+    /// Mixture-of-experts presets: the experts per layer, those each token uses and one
+    /// expert's inner size.
+    pub experts: Option<Experts>,
+}
+
+/// The experts of a mixture-of-experts shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    /// Experts per layer.
+    pub n_expert: u64,
+    /// Experts each token uses.
+    pub n_used: u64,
+    /// Inner size of one expert.
+    pub n_ff_exp: u64,
 }
 
 /// Named shapes: `tiny` (fast tests) and real models' shapes.
@@ -94,6 +120,15 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         n_ctx,
         rope_base,
         eps,
+        experts: None,
+    };
+    let moe = |sh: Shape, n_expert, n_used, n_ff_exp| Shape {
+        experts: Some(Experts {
+            n_expert,
+            n_used,
+            n_ff_exp,
+        }),
+        ..sh
     };
     Ok(match name {
         "tiny" => s(256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5),
@@ -102,9 +137,24 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         "qwen2-7b" => s(3584, 28, 28, 4, 128, 18944, 32768, 1000000.0, 1e-6),
         "qwen3-0.6b" => s(1024, 28, 16, 8, 128, 3072, 40960, 1000000.0, 1e-6),
         "gemma3-270m" => s(640, 18, 4, 1, 256, 2048, 32768, 1000000.0, 1e-6),
+        // Mixture-of-experts shapes (for `mixtral` and `qwen3moe`).
+        "tiny-moe" => moe(s(256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5), 8, 2, 256),
+        "mixtral-8x7b" => moe(
+            s(4096, 32, 32, 8, 128, 14336, 32768, 1000000.0, 1e-5),
+            8,
+            2,
+            14336,
+        ),
+        "qwen3-30b-a3b" => moe(
+            s(2048, 48, 32, 4, 128, 6144, 40960, 1000000.0, 1e-6),
+            128,
+            8,
+            768,
+        ),
         _ => {
             return Err(ModelError::InvalidArgument(format!(
-                "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, gemma3-270m)"
+                "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
+                 gemma3-270m; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b)"
             )))
         }
     })
@@ -175,10 +225,26 @@ impl SynthOptions {
         ftype: &str,
         seed: u64,
     ) -> Result<Self, ModelError> {
+        let (arch_v, shape) = (Arch::parse(arch)?, preset(preset_name)?);
+        if arch_v.is_moe() != shape.experts.is_some() {
+            return Err(ModelError::InvalidArgument(format!(
+                "preset `{preset_name}` {} experts and `{arch}` {} them",
+                if shape.experts.is_some() {
+                    "has"
+                } else {
+                    "has no"
+                },
+                if arch_v.is_moe() {
+                    "needs"
+                } else {
+                    "has no use for"
+                }
+            )));
+        }
         Ok(Self {
-            arch: Arch::parse(arch)?,
+            arch: arch_v,
             preset: preset_name.to_owned(),
-            shape: preset(preset_name)?,
+            shape,
             ftype: FileType::parse(ftype)?,
             seed,
             extras: Extras::default(),
@@ -245,7 +311,7 @@ fn matrix_type(ft: FileType, name: &str, layer: Option<(u64, u64)>, row: u64) ->
         FileType::All(t) => t,
         FileType::Q4KM => {
             let hi = name == "output.weight"
-                || matches!(layer, Some((i, n)) if (name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight")) && more_bits(i, n));
+                || matches!(layer, Some((i, n)) if (name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight") || name.ends_with("ffn_down_exps.weight")) && more_bits(i, n));
             if hi {
                 GgmlType::Q6_K
             } else {
@@ -286,15 +352,19 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
     for i in 0..s.n_layer {
         let l = Some((i, s.n_layer));
         let b = |t: &str| format!("blk.{i}.{t}");
-        let m = vec![
+        let mut m = vec![
             (b("attn_q.weight"), e, q, l),
             (b("attn_k.weight"), e, kv, l),
             (b("attn_v.weight"), e, kv, l),
             (b("attn_output.weight"), q, e, l),
-            (b("ffn_gate.weight"), e, s.n_ff, l),
-            (b("ffn_up.weight"), e, s.n_ff, l),
-            (b("ffn_down.weight"), s.n_ff, e, l),
         ];
+        if s.experts.is_none() {
+            m.extend([
+                (b("ffn_gate.weight"), e, s.n_ff, l),
+                (b("ffn_up.weight"), e, s.n_ff, l),
+                (b("ffn_down.weight"), s.n_ff, e, l),
+            ]);
+        }
         let mut n = vec![(b("attn_norm.weight"), e), (b("ffn_norm.weight"), e)];
         match o.arch {
             Arch::Qwen2 => {
@@ -302,7 +372,7 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 n.push((b("attn_k.bias"), kv));
                 n.push((b("attn_v.bias"), kv));
             }
-            Arch::Qwen3 => {
+            Arch::Qwen3 | Arch::Qwen3Moe => {
                 n.push((b("attn_q_norm.weight"), hd));
                 n.push((b("attn_k_norm.weight"), hd));
             }
@@ -316,13 +386,39 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 n.push((b("post_attention_norm.weight"), e));
                 n.push((b("post_ffw_norm.weight"), e));
             }
-            Arch::Llama | Arch::Mistral => {}
+            Arch::Llama | Arch::Mistral | Arch::Mixtral => {}
         }
-        layers.push((m, n));
+        layers.push((i, m, n));
     }
-    for (m, n) in layers {
+    for (i, m, n) in layers {
         for (name, cols, rows, l) in m {
             mat(&mut v, name, cols, rows, l);
+        }
+        if let Some(x) = s.experts {
+            let b = |t: &str| format!("blk.{i}.{t}");
+            let l = Some((i, s.n_layer));
+            // The router stays f32, as llama.cpp's quantizer leaves it.
+            v.push(Spec {
+                name: b("ffn_gate_inp.weight"),
+                dims: vec![e, x.n_expert],
+                ty: GgmlType::F32,
+                norm: false,
+                std: 0.02,
+            });
+            for (name, cols, rows) in [
+                (b("ffn_gate_exps.weight"), e, x.n_ff_exp),
+                (b("ffn_up_exps.weight"), e, x.n_ff_exp),
+                (b("ffn_down_exps.weight"), x.n_ff_exp, e),
+            ] {
+                let ty = matrix_type(o.ftype, &name, l, cols);
+                v.push(Spec {
+                    name,
+                    dims: vec![cols, rows, x.n_expert],
+                    ty,
+                    norm: false,
+                    std: 0.02,
+                });
+            }
         }
         for (name, len) in n {
             v.push(Spec {
@@ -394,7 +490,8 @@ fn normal_row(seed: u64, name: &str, row: u64, mean: f32, std: f32, out: &mut [f
 
 fn tensor_bytes(seed: u64, t: &Spec) -> Result<Vec<u8>, ModelError> {
     let cols = t.dims[0] as usize;
-    let rows = t.dims.get(1).copied().unwrap_or(1) as usize;
+    // Rows of every matrix of a stack (expert tensors are 3-d).
+    let rows = t.dims[1..].iter().product::<u64>() as usize;
     let row_bytes = t.ty.row_bytes(cols as u64).ok_or_else(|| {
         ModelError::InvalidArgument(format!("{}: {cols} columns do not fit {}", t.name, t.ty))
     })? as usize;
@@ -470,6 +567,21 @@ pub fn write(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), M
     if matches!(o.arch, Arch::Gemma2 | Arch::Gemma3) {
         let w = o.extras.window.unwrap_or(512);
         md.set(k("attention.sliding_window"), MetadataValue::U32(w));
+    }
+    if let Some(x) = s.experts {
+        md.set(k("expert_count"), MetadataValue::U32(x.n_expert as u32));
+        md.set(k("expert_used_count"), MetadataValue::U32(x.n_used as u32));
+        match o.arch {
+            Arch::Qwen3Moe => md.set(
+                k("expert_feed_forward_length"),
+                MetadataValue::U32(x.n_ff_exp as u32),
+            ),
+            // Mixtral files give the expert size as the feed-forward length.
+            _ => md.set(
+                k("feed_forward_length"),
+                MetadataValue::U32(x.n_ff_exp as u32),
+            ),
+        }
     }
     if let Some((attn, fin)) = o.extras.softcap {
         md.set(k("attn_logit_softcapping"), MetadataValue::F32(attn));

@@ -1,5 +1,6 @@
 //! Llama 2/3 and Mistral: pre-norm blocks of RMS norm, rotary attention (adjacent-pair rope,
-//! optional `rope_freqs` factors for Llama 3.1) and a SwiGLU feed-forward.
+//! optional `rope_freqs` factors for Llama 3.1) and a SwiGLU feed-forward, dense or (Mixtral) a
+//! mixture of experts.
 
 use ggml_graph::{Act, TensorId};
 
@@ -17,7 +18,7 @@ pub(crate) fn blocks(b: &mut Builder<'_>, qk_norm: bool) -> Result<TensorId, Mod
         x = b.keep_needed_rows(il, x)?;
         let x1 = b.g.add(a, x)?;
         let h = b.rms_norm(x1, &format!("blk.{il}.ffn_norm.weight"))?;
-        let f = b.gated_ffn(il, h, Act::Silu)?;
+        let f = b.ffn(il, h, Act::Silu)?;
         x = b.g.add(f, x1)?;
     }
     Ok(x)

@@ -206,7 +206,7 @@ pub fn build_forward(
     let hidden = match cfg.arch {
         Architecture::Llama => llama::build(&mut b)?,
         Architecture::Qwen2 => qwen2::build(&mut b)?,
-        Architecture::Qwen3 => qwen3::build(&mut b)?,
+        Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::build(&mut b)?,
         Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
     };
@@ -340,7 +340,7 @@ pub fn build_paged_forward(
     let hidden = match cfg.arch {
         Architecture::Llama => llama::build(&mut b)?,
         Architecture::Qwen2 => qwen2::build(&mut b)?,
-        Architecture::Qwen3 => qwen3::build(&mut b)?,
+        Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::build(&mut b)?,
         Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
     };
@@ -647,6 +647,78 @@ impl<'a> Builder<'a> {
         self.tag(h, "ffn_act", il)?;
         let f = self.linear(h, &format!("blk.{il}.ffn_down"))?;
         self.tag(f, "ffn_out", il)
+    }
+
+    /// The feed-forward of layer `il` on the normalized input `x` `[n_embd, n_tok]`: the
+    /// mixture of experts when the model has one, else the dense gated one.
+    pub fn ffn(
+        &mut self,
+        il: usize,
+        x: TensorId,
+        act: ggml_graph::Act,
+    ) -> Result<TensorId, ModelError> {
+        match self.cfg.moe {
+            Some(moe) => self.moe_ffn(il, x, act, moe),
+            None => self.gated_ffn(il, x, act),
+        }
+    }
+
+    /// Mixture-of-experts feed-forward of layer `il` as llama.cpp's `build_moe_ffn` with
+    /// softmax gating: router logits `ffn_gate_inp x`, softmax, the `n_used` most probable
+    /// experts, each expert's gated FFN (`ffn_{gate,up,down}_exps` stacks), the outputs scaled
+    /// by the (normalized) probabilities and summed in slot order.
+    pub fn moe_ffn(
+        &mut self,
+        il: usize,
+        x: TensorId,
+        act: ggml_graph::Act,
+        moe: crate::config::Moe,
+    ) -> Result<TensorId, ModelError> {
+        let n_embd = self.cfg.n_embd;
+        let nt = self.g.tensor(x)?.ne[1];
+        let w = |s: &str| format!("blk.{il}.{s}.weight");
+        let router = self.weight(&w("ffn_gate_inp"))?;
+        let logits = self.g.mul_mat(router, x)?;
+        self.tag(logits, "ffn_moe_logits", il)?;
+        let probs = self.g.soft_max_ext(logits, None, 1.0)?;
+        self.tag(probs, "ffn_moe_probs", il)?;
+        let ids = self.g.arg_top_k(probs, moe.n_used)?;
+        self.tag(ids, "ffn_moe_topk", il)?;
+        let weights = self.g.expert_weights(probs, ids, moe.norm_weights)?;
+        self.tag(weights, "ffn_moe_weights", il)?;
+        let xr = self.g.reshape(x, &[n_embd, 1, nt])?;
+        let up_w = self.weight(&w("ffn_up_exps"))?;
+        let gate_w = self.weight(&w("ffn_gate_exps"))?;
+        let down_w = self.weight(&w("ffn_down_exps"))?;
+        let up = self.g.mul_mat_id(up_w, xr, ids)?;
+        self.tag(up, "ffn_moe_up", il)?;
+        let gate = self.g.mul_mat_id(gate_w, xr, ids)?;
+        self.tag(gate, "ffn_moe_gate", il)?;
+        let h = self.g.gated(act, gate, up)?;
+        let experts = self.g.mul_mat_id(down_w, h, ids)?;
+        self.tag(experts, "ffn_moe_down", il)?;
+        let wr = self.g.reshape(weights, &[1, moe.n_used, nt])?;
+        let experts = self.g.mul(experts, wr)?;
+        self.tag(experts, "ffn_moe_weighted", il)?;
+        // Slot i of every token: `[n_embd, nt]` with a stride of the token's `n_used` outputs.
+        let f = DType::F32.type_size();
+        let slot = |g: &mut Graph, i: usize| {
+            g.view(
+                experts,
+                &[n_embd, nt],
+                &[n_embd * moe.n_used * f],
+                i * n_embd * f,
+            )
+        };
+        let mut out = slot(&mut self.g, 0)?;
+        for i in 1..moe.n_used {
+            let s = slot(&mut self.g, i)?;
+            out = self.g.add(out, s)?;
+        }
+        if moe.n_used == 1 {
+            out = self.g.cont(out)?;
+        }
+        self.tag(out, "ffn_moe_out", il)
     }
 
     /// In the last layer, when only the last position's logits are wanted, keeps only that

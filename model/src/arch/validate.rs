@@ -66,7 +66,10 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
     check(weights, "output_norm.weight", &[e], Required)?;
     check(weights, "output.weight", &[e, v], Optional)?;
     check(weights, "rope_freqs.weight", &[cfg.n_rot / 2], Optional)?;
-    let qk_norm = matches!(cfg.arch, Architecture::Qwen3 | Architecture::Gemma3);
+    let qk_norm = matches!(
+        cfg.arch,
+        Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+    );
     let post_norms = matches!(cfg.arch, Architecture::Gemma2 | Architecture::Gemma3);
     let qkv_bias = if cfg.arch == Architecture::Qwen2 {
         Required
@@ -85,13 +88,22 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
         check(weights, &t("attn_output.weight"), &[o, e], Required)?;
         check(weights, &t("attn_output.bias"), &[e], Optional)?;
         check(weights, &t("ffn_norm.weight"), &[e], Required)?;
-        check(weights, &t("ffn_gate.weight"), &[e, cfg.n_ff], Required)?;
-        check(weights, &t("ffn_up.weight"), &[e, cfg.n_ff], Required)?;
-        check(weights, &t("ffn_down.weight"), &[cfg.n_ff, e], Required)?;
-        for b in ["ffn_gate.bias", "ffn_up.bias"] {
-            check(weights, &t(b), &[cfg.n_ff], Optional)?;
+        if let Some(m) = cfg.moe {
+            // The router and the expert stacks, one matrix per expert along the last dim.
+            let (x, f) = (m.n_expert, m.n_ff_exp);
+            check(weights, &t("ffn_gate_inp.weight"), &[e, x], Required)?;
+            check(weights, &t("ffn_gate_exps.weight"), &[e, f, x], Required)?;
+            check(weights, &t("ffn_up_exps.weight"), &[e, f, x], Required)?;
+            check(weights, &t("ffn_down_exps.weight"), &[f, e, x], Required)?;
+        } else {
+            check(weights, &t("ffn_gate.weight"), &[e, cfg.n_ff], Required)?;
+            check(weights, &t("ffn_up.weight"), &[e, cfg.n_ff], Required)?;
+            check(weights, &t("ffn_down.weight"), &[cfg.n_ff, e], Required)?;
+            for b in ["ffn_gate.bias", "ffn_up.bias"] {
+                check(weights, &t(b), &[cfg.n_ff], Optional)?;
+            }
+            check(weights, &t("ffn_down.bias"), &[e], Optional)?;
         }
-        check(weights, &t("ffn_down.bias"), &[e], Optional)?;
         if qk_norm {
             check(weights, &t("attn_q_norm.weight"), &[cfg.head_dim], Required)?;
             check(weights, &t("attn_k_norm.weight"), &[cfg.head_dim], Required)?;

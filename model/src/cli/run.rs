@@ -346,10 +346,12 @@ pub(super) fn demo(m: &ModelArgs, n_predict: usize) -> Result<(), ModelError> {
 /// `synth` arguments.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture: llama, mistral, qwen2, qwen3 or gemma3.
+    /// Architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, or with experts mixtral or
+    /// qwen3moe.
     #[arg(long)]
     arch: String,
-    /// Shape preset (tiny ... llama3-8b; see `model::synth::preset`).
+    /// Shape preset (tiny ... llama3-8b; with experts tiny-moe, mixtral-8x7b, qwen3-30b-a3b;
+    /// see `model::synth::preset`).
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// Weight types: q4_k_m, or one type such as q8_0 or f16.
