@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Mixture-of-experts models on the CPU against llama.cpp's CPU build, on the same synthetic GGUFs
+# (`rocmforge synth --preset tiny-moe`, seed 42): greedy continuations (--temp 0) and
+# perplexity (non-flash-attention path, 2 threads, 128-token chunks).
+#
+#   scripts/compare_moe_llama.sh [LLAMA_BIN] [ROCMFORGE] [OUT_DIR]
+#
+# LLAMA_BIN: llama.cpp's binaries (default /tmp/llama-cpu/build/bin) with llama-completion and
+# llama-perplexity: `scripts/llamacpp.sh build-cpu /tmp/llama-cpu` then
+# `cmake --build /tmp/llama-cpu/build --target llama-completion llama-perplexity`.
+# ROCMFORGE: the CLI (default target/ci/rocmforge: `cargo build -p server --profile ci`).
+# Prints one line per model and check; exits 1 when a greedy continuation differs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${1:-/tmp/llama-cpu/build/bin}
+RF=${2:-target/ci/rocmforge}
+OUT=${3:-$(mktemp -d)}
+PROMPT="The quick brown fox jumps over the lazy dog"
+N=32
+CTX=128
+CHUNKS=4
+TEXT=README.md
+mkdir -p "$OUT"
+fail=0
+
+for arch in mixtral qwen3moe; do
+  for ftype in q4_k_m q8_0; do
+    m="$OUT/$arch-$ftype.gguf"
+    "$RF" synth --arch "$arch" --preset tiny-moe --ftype "$ftype" --seed 42 -o "$m" >/dev/null
+    # Greedy continuations: the generated text after the prompt.
+    "$BIN/llama-completion" -m "$m" -p "$PROMPT" -n "$N" --temp 0 -t 2 -c 256 -fa off \
+      -no-cnv --no-warmup --simple-io 2>/dev/null </dev/null >"$OUT/$arch-$ftype.llama.txt" || true
+    "$RF" generate -m "$m" -p "$PROMPT" -n "$N" --temp 0 -t 2 -c 256 --device cpu \
+      2>/dev/null >"$OUT/$arch-$ftype.rf.txt"
+    if cmp -s <(head -c 4096 "$OUT/$arch-$ftype.llama.txt" | od -An -tx1) \
+              <(head -c 4096 "$OUT/$arch-$ftype.rf.txt" | od -An -tx1); then
+      echo "$arch $ftype greedy: equal"
+    else
+      echo "$arch $ftype greedy: DIFFERENT"
+      od -c "$OUT/$arch-$ftype.llama.txt" | head -5
+      od -c "$OUT/$arch-$ftype.rf.txt" | head -5
+      fail=1
+    fi
+    lp=$("$BIN/llama-perplexity" -m "$m" -f "$TEXT" -c "$CTX" --chunks "$CHUNKS" -t 2 -fa off \
+      2>&1 | sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p')
+    rp=$("$RF" perplexity -m "$m" -f "$TEXT" -c "$CTX" --chunks "$CHUNKS" -t 2 --device cpu \
+      2>/dev/null | sed -n 's/^perplexity: \([0-9.]*\).*/\1/p')
+    echo "$arch $ftype perplexity: llama.cpp $lp rocmforge $rp"
+  done
+done
+exit $fail
