@@ -96,3 +96,65 @@ fn moe_requests_together_give_the_tokens_of_each_alone() {
         }
     }
 }
+
+/// Greedy tokens of `tiny-moe` files (seed 42, built-in vocabulary) after BOS and the prompt
+/// text, as llama.cpp's CPU build (llama-completion `--temp 0 -fa off -t 2`, from
+/// `scripts/compare_moe_llama.sh`) generates them: its raw output bytes, which are the token ids
+/// of the byte-level vocabulary.
+const LLAMA_CPP_GREEDY: &[(&str, &str, &[u32])] = &[
+    (
+        "mixtral",
+        "q4_k_m",
+        &[
+            48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 163,
+            163, 163, 163, 163, 163, 163, 163, 163, 163, 163, 163,
+        ],
+    ),
+    (
+        "mixtral",
+        "q8_0",
+        &[
+            48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 163, 163,
+            163, 163, 163, 163, 163, 163, 163, 163, 163, 163, 163,
+        ],
+    ),
+    (
+        "qwen3moe",
+        "q4_k_m",
+        &[
+            48, 122, 173, 48, 122, 173, 96, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 164, 48,
+            164, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48,
+        ],
+    ),
+    (
+        "qwen3moe",
+        "q8_0",
+        &[
+            48, 122, 96, 48, 122, 173, 96, 48, 122, 48, 48, 164, 48, 48, 48, 48, 122, 48, 122, 48,
+            48, 48, 48, 48, 48, 164, 48, 48, 48, 164, 48, 48,
+        ],
+    ),
+];
+
+#[test]
+fn moe_greedy_tokens_equal_llama_cpp() {
+    let text = "The quick brown fox jumps over the lazy dog";
+    let mut got_all = Vec::new();
+    for (arch, ftype) in [
+        ("mixtral", "q4_k_m"),
+        ("mixtral", "q8_0"),
+        ("qwen3moe", "q4_k_m"),
+        ("qwen3moe", "q8_0"),
+    ] {
+        let tm = synth(arch, ftype);
+        let p = tm.encode(text, true).expect("encode");
+        got_all.push((arch, ftype, alone(&tm, &p, 32)));
+    }
+    for (arch, ftype, got) in &got_all {
+        let want = LLAMA_CPP_GREEDY
+            .iter()
+            .find(|(a, f, _)| a == arch && f == ftype)
+            .map(|(_, _, t)| *t);
+        assert_eq!(Some(&got[..]), want, "{arch} {ftype}; all: {got_all:?}");
+    }
+}
