@@ -200,10 +200,10 @@ fn synthetic_llama_on_two_gpus_equals_one_gpu() {
         let plan = two.device_plan().clone();
         println!("{what}: {plan}");
         assert_eq!(plan.gpus.len(), 2, "{what}: {plan}");
-        assert!(
-            plan.gpus.iter().all(|g| !g.layers.is_empty()),
-            "{what}: {plan}"
-        );
+        // Every GPU holds layers when there are enough of them (the 2-layer model with one
+        // layer on the GPUs leaves the second empty).
+        let used = plan.gpus.iter().filter(|g| !g.layers.is_empty()).count();
+        assert_eq!(used, 2.min(ngl.unwrap_or(n_layer)), "{what}: {plan}");
         assert_eq!(
             plan.gpus[0].layers.end, plan.gpus[1].layers.start,
             "{what}: consecutive layers"
