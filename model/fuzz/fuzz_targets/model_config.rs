@@ -46,6 +46,7 @@ fn shape(k_quants: bool) -> (Shape, FileType) {
         n_ctx: 128,
         rope_base: 10000.0,
         eps: 1e-5,
+        experts: None,
     };
     if k_quants {
         (s(256, 1, 2, 1, 128, 256), FileType::Q4KM)
