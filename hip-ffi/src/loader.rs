@@ -50,7 +50,9 @@ pub fn cublas_candidates() -> Vec<String> {
     v
 }
 
-fn with_rocm_dirs(names: &[&str]) -> Vec<String> {
+/// `names` as the loader finds them, then in ROCm's library directories (`$ROCM_PATH/lib`,
+/// `/opt/rocm/lib`).
+pub(crate) fn with_rocm_dirs(names: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
     let mut dirs = Vec::new();
     if let Some(r) = std::env::var_os("ROCM_PATH") {

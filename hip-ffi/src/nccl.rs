@@ -46,20 +46,7 @@ pub fn candidates(platform: Platform, opts: &NcclOptions) -> Vec<String> {
                 }
             }
         }
-        Platform::Amd => {
-            let names = ["librccl.so.1", "librccl.so"];
-            v.extend(names.map(String::from));
-            let mut dirs = Vec::new();
-            if let Some(r) = std::env::var_os("ROCM_PATH") {
-                dirs.push(PathBuf::from(r).join("lib"));
-            }
-            dirs.push(PathBuf::from("/opt/rocm/lib"));
-            for d in dirs {
-                for n in names {
-                    v.push(d.join(n).to_string_lossy().into_owned());
-                }
-            }
-        }
+        Platform::Amd => v.extend(loader::with_rocm_dirs(&["librccl.so.1", "librccl.so"])),
     }
     v
 }
