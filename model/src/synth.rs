@@ -524,7 +524,27 @@ fn tensor_bytes(seed: u64, t: &Spec) -> Result<Vec<u8>, ModelError> {
 
 /// Writes a synthetic model to `out`; the tokenizer is copied from `vocab` (every
 /// `tokenizer.*` key) or, without one, a minimal byte-level BPE vocabulary.
+///
+/// The file is written beside `out` and renamed over it at the end, so a process that has
+/// `out` mapped (a server, a concurrent test) keeps reading the old bytes instead of taking a
+/// SIGBUS when the file is truncated under it.
 pub fn write(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), ModelError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = out.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}-{n}", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let written = write_to(o, vocab, &tmp).and_then(|()| {
+        std::fs::rename(&tmp, out).map_err(|e| ModelError::from(gguf::GgufError::io(out, e)))
+    });
+    if written.is_err() {
+        // Best effort: the error being returned is the one that matters.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), ModelError> {
     let mut md = gguf::Metadata::new();
     let arch = o.arch.gguf_name();
     let s = o.shape;
