@@ -150,6 +150,46 @@ fn run_both(hip: &Arc<HipDevice>, c: &Case) -> (Vec<f32>, Vec<f32>) {
     (gpu_out, cpu_out)
 }
 
+/// `w x + b` with `w` of `dt` (`[k, n]`) and `m` vectors, fused into one `MulMatAdd` node.
+fn mul_mat_add_case(dt: DType, k: usize, n: usize, m: usize, rng: &mut Rng) -> Case {
+    let mut g = Graph::new();
+    let w = g.weight("w", dt, &[k, n]).expect("w");
+    let b = g.input("b", DType::F32, &[n]).expect("b");
+    let x = g.input("x", DType::F32, &[k, m]).expect("x");
+    let mm = g.mul_mat(w, x).expect("mm");
+    let y = g.add(mm, b).expect("add");
+    g.mark_output(y).expect("out");
+    assert_eq!(crate::opt::fuse(&mut g), 1);
+    assert_eq!(g.tensors()[y.index()].op, Op::MulMatAdd);
+    Case {
+        g,
+        weights: vec![weight("w", dt, k, n, rng)],
+        inputs: vec![(b, f32_bytes(&rng.vec(n))), (x, f32_bytes(&rng.vec(k * m)))],
+        out: y,
+    }
+}
+
+/// `act(w_gate x) * (w_up x)` with both weights of `dt` (`[k, n]`) and `m` vectors, fused into
+/// one `MulMatGated` node.
+fn gated_case(act: Act, dt: DType, k: usize, n: usize, m: usize, rng: &mut Rng) -> Case {
+    let mut g = Graph::new();
+    let wg = g.weight("wg", dt, &[k, n]).expect("wg");
+    let wu = g.weight("wu", dt, &[k, n]).expect("wu");
+    let x = g.input("x", DType::F32, &[k, m]).expect("x");
+    let gt = g.mul_mat(wg, x).expect("gate");
+    let up = g.mul_mat(wu, x).expect("up");
+    let y = g.gated(act, gt, up).expect("gated");
+    g.mark_output(y).expect("out");
+    assert_eq!(crate::opt::fuse(&mut g), 1);
+    assert_eq!(g.tensors()[y.index()].op, Op::MulMatGated(act));
+    Case {
+        g,
+        weights: vec![weight("wg", dt, k, n, rng), weight("wu", dt, k, n, rng)],
+        inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
+        out: y,
+    }
+}
+
 fn nmse(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let (mut e, mut n) = (0.0f64, 0.0f64);
@@ -936,21 +976,7 @@ fn fused_nodes_match_cpu() {
 
         // mul_mat + bias
         let dt = DType::Q8_0;
-        let mut g = Graph::new();
-        let w = g.weight("w", dt, &[k, n]).expect("w");
-        let b = g.input("b", DType::F32, &[n]).expect("b");
-        let x = g.input("x", DType::F32, &[k, m]).expect("x");
-        let mm = g.mul_mat(w, x).expect("mm");
-        let y = g.add(mm, b).expect("add");
-        g.mark_output(y).expect("out");
-        assert_eq!(crate::opt::fuse(&mut g), 1);
-        assert_eq!(g.tensors()[y.index()].op, Op::MulMatAdd);
-        let c = Case {
-            g,
-            weights: vec![weight("w", dt, k, n, &mut rng)],
-            inputs: vec![(b, f32_bytes(&rng.vec(n))), (x, f32_bytes(&rng.vec(k * m)))],
-            out: y,
-        };
+        let c = mul_mat_add_case(dt, k, n, m, &mut rng);
         check(&h, &format!("mul_mat_add {dt} m={m}"), &c, 2e-3);
 
         // act(w_gate x) * (w_up x)
@@ -968,25 +994,7 @@ fn fused_nodes_match_cpu() {
             DType::F16,
         ] {
             for act in [Act::Silu, Act::Gelu] {
-                let mut g = Graph::new();
-                let wg = g.weight("wg", dt, &[k, n]).expect("wg");
-                let wu = g.weight("wu", dt, &[k, n]).expect("wu");
-                let x = g.input("x", DType::F32, &[k, m]).expect("x");
-                let gt = g.mul_mat(wg, x).expect("gate");
-                let up = g.mul_mat(wu, x).expect("up");
-                let y = g.gated(act, gt, up).expect("gated");
-                g.mark_output(y).expect("out");
-                assert_eq!(crate::opt::fuse(&mut g), 1);
-                assert_eq!(g.tensors()[y.index()].op, Op::MulMatGated(act));
-                let c = Case {
-                    g,
-                    weights: vec![
-                        weight("wg", dt, k, n, &mut rng),
-                        weight("wu", dt, k, n, &mut rng),
-                    ],
-                    inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
-                    out: y,
-                };
+                let c = gated_case(act, dt, k, n, m, &mut rng);
                 check(&h, &format!("mul_mat_gated {act:?} {dt} m={m}"), &c, 4e-3);
             }
         }

@@ -6,9 +6,9 @@
 //! the gated product.
 
 use super::super::ops::{MMQ_MAX_COLS, MMQ_MIN_COLS};
-use super::{check, f32_bytes, hip, weight, Case, Rng};
+use super::{check, f32_bytes, gated_case, hip, mul_mat_add_case, weight, Case, Rng};
 use crate::graph::Graph;
-use crate::tensor::{Act, DType, Op};
+use crate::tensor::{Act, DType};
 
 const TYPES: [DType; 10] = [
     DType::Q4_0,
@@ -79,21 +79,7 @@ fn mmq_bias_and_gated_match_cpu() {
     for dt in TYPES {
         for k in [512usize, 2048] {
             for m in [8usize, 20, 32] {
-                let mut g = Graph::new();
-                let w = g.weight("w", dt, &[k, n]).expect("w");
-                let b = g.input("b", DType::F32, &[n]).expect("b");
-                let x = g.input("x", DType::F32, &[k, m]).expect("x");
-                let mm = g.mul_mat(w, x).expect("mm");
-                let y = g.add(mm, b).expect("add");
-                g.mark_output(y).expect("out");
-                assert_eq!(crate::opt::fuse(&mut g), 1);
-                assert_eq!(g.tensors()[y.index()].op, Op::MulMatAdd);
-                let c = Case {
-                    g,
-                    weights: vec![weight("w", dt, k, n, &mut rng)],
-                    inputs: vec![(b, f32_bytes(&rng.vec(n))), (x, f32_bytes(&rng.vec(k * m)))],
-                    out: y,
-                };
+                let c = mul_mat_add_case(dt, k, n, m, &mut rng);
                 let before = crate::hip::mmq_launches();
                 check(&h, &format!("mmq mul_mat_add {dt} k={k} m={m}"), &c, 2e-3);
                 assert!(
@@ -102,25 +88,7 @@ fn mmq_bias_and_gated_match_cpu() {
                 );
 
                 for act in [Act::Silu, Act::Gelu] {
-                    let mut g = Graph::new();
-                    let wg = g.weight("wg", dt, &[k, n]).expect("wg");
-                    let wu = g.weight("wu", dt, &[k, n]).expect("wu");
-                    let x = g.input("x", DType::F32, &[k, m]).expect("x");
-                    let gt = g.mul_mat(wg, x).expect("gate");
-                    let up = g.mul_mat(wu, x).expect("up");
-                    let y = g.gated(act, gt, up).expect("gated");
-                    g.mark_output(y).expect("out");
-                    assert_eq!(crate::opt::fuse(&mut g), 1);
-                    assert_eq!(g.tensors()[y.index()].op, Op::MulMatGated(act));
-                    let c = Case {
-                        g,
-                        weights: vec![
-                            weight("wg", dt, k, n, &mut rng),
-                            weight("wu", dt, k, n, &mut rng),
-                        ],
-                        inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
-                        out: y,
-                    };
+                    let c = gated_case(act, dt, k, n, m, &mut rng);
                     let before = crate::hip::mmq_launches();
                     check(
                         &h,
