@@ -576,6 +576,37 @@ impl Scheduler {
         self.last.as_ref().map(|l| l.sched.as_ref())
     }
 
+    /// The persistent buffers created so far (a KV cache's layers): name, element type and
+    /// dims, by name.
+    pub fn persistent_leaves(&self) -> Vec<(String, DType, [usize; 4])> {
+        let mut v: Vec<_> = self
+            .persistent
+            .iter()
+            .map(|(n, p)| (n.clone(), p.dtype, p.ne))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    fn persistent_buf(&self, name: &str) -> Result<&dyn Buffer> {
+        self.persistent
+            .get(name)
+            .map(|p| p.buf.as_ref())
+            .ok_or_else(|| GraphError::UnboundWeight(name.to_string()))
+    }
+
+    /// Copies `out.len()` bytes of the persistent buffer `name` from byte `offset` to the host,
+    /// after the work queued before on its device (a preempted sequence's KV rows).
+    pub fn read_persistent(&self, name: &str, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.persistent_buf(name)?.read(offset, out)
+    }
+
+    /// Writes `data` into the persistent buffer `name` at byte `offset`, ordered before the
+    /// next run's work on its device.
+    pub fn write_persistent(&self, name: &str, offset: usize, data: &[u8]) -> Result<()> {
+        self.persistent_buf(name)?.write(offset, data)
+    }
+
     fn uploaded_buf(&self, name: &str, d: usize) -> Option<&dyn Buffer> {
         self.uploaded
             .get(name)

@@ -89,6 +89,35 @@ impl Engine {
         }
     }
 
+    /// The KV cache's persistent buffers created so far: name and bytes per row (position).
+    pub(crate) fn kv_buffers(&self) -> Vec<(String, usize)> {
+        self.sched
+            .persistent_leaves()
+            .into_iter()
+            .map(|(name, dtype, ne)| (name, ggml_graph::tensor::row_bytes(dtype, ne[0])))
+            .collect()
+    }
+
+    /// Copies bytes of a KV buffer to the host (from a GPU through gpu-mem's stream).
+    pub(crate) fn read_kv(
+        &self,
+        name: &str,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<(), GraphError> {
+        self.sched.read_persistent(name, offset, out)
+    }
+
+    /// Writes bytes into a KV buffer, before the next pass's work.
+    pub(crate) fn write_kv(
+        &self,
+        name: &str,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), GraphError> {
+        self.sched.write_persistent(name, offset, data)
+    }
+
     /// GPU memory in use and where the last pass ran; `None` on the CPU.
     pub(crate) fn device_memory(&self) -> Option<DeviceMemory> {
         self.hip

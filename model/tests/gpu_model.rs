@@ -1028,6 +1028,7 @@ fn batch_engine_on_gpu_together_equals_alone() {
             step_tokens: 64,
             prefix_cache: false,
             exact: false,
+            swap: Default::default(),
         };
         let e = model::batch::BatchEngine::start(Arc::new(m), opts).expect("engine");
         let alone: Vec<_> = prompts

@@ -73,6 +73,7 @@ fn moe_requests_together_give_the_tokens_of_each_alone() {
             step_tokens: 32,
             prefix_cache: false,
             exact: true,
+            swap: Default::default(),
         };
         let e = BatchEngine::start(Arc::new(tm.model().clone()), opts).expect("engine");
         let rxs: Vec<_> = prompts

@@ -54,6 +54,37 @@ pub struct EngineOptions {
     /// kernels' order depends on the column count, as llama.cpp's). False: one order for the
     /// whole step's product (faster for K-quant weights; outputs may differ in the last bits).
     pub exact: bool,
+    /// How a preempted sequence's cache is kept: copied to host memory, or recomputed.
+    pub swap: SwapOptions,
+}
+
+/// When the pool runs out of blocks, the newest sequence is preempted. Its cache is either
+/// copied to host memory and copied back when it resumes (swap), or dropped and computed again
+/// from its tokens (recompute); both give the same bits, so the output is the same either way.
+///
+/// The engine swaps when the sequence holds at least `min_positions` cached positions and the
+/// swapped caches fit `host_bytes`; otherwise it recomputes. Why: recomputing costs a prefill
+/// of the sequence's positions (compute that grows with its length, and attention that grows
+/// with its square) but no memory; swapping costs two copies of its cache rows (one way over
+/// the bus on a GPU, a memory copy on the CPU) whatever the model's size, and holds host
+/// memory while the sequence waits. A short sequence recomputes in a fraction of one step,
+/// riding along with the decode batch whose weights the step reads anyway; a long one would
+/// take whole steps of prefill, while its copies take far less time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwapOptions {
+    /// Host bytes all swapped-out caches may take together; 0: always recompute.
+    pub host_bytes: u64,
+    /// Sequences with fewer cached positions are recomputed.
+    pub min_positions: usize,
+}
+
+impl Default for SwapOptions {
+    fn default() -> Self {
+        Self {
+            host_bytes: 1 << 30,
+            min_positions: 64,
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -68,6 +99,7 @@ impl Default for EngineOptions {
             step_tokens: 512,
             prefix_cache: true,
             exact: true,
+            swap: SwapOptions::default(),
         }
     }
 }
@@ -204,6 +236,10 @@ pub struct EngineStats {
     pub generated_tokens: u64,
     /// Sequences preempted so far.
     pub preemptions: u64,
+    /// Of those, the ones whose cache was swapped to host memory (the others recompute it).
+    pub swapped_out: u64,
+    /// Host bytes the swapped-out caches hold now.
+    pub swap_bytes: u64,
     /// Forward steps so far.
     pub steps: u64,
     /// Host time of those steps, microseconds in all: graphs built and optimized for new pass

@@ -118,6 +118,40 @@ pub(super) struct Runner {
     copies: Vec<(u32, u32, usize)>,
     /// Host time of the passes so far (see [`StepTimes`]).
     times: StepTimes,
+    /// Host bytes the swapped-out caches hold (see [`SwappedKv`]).
+    swap_used: u64,
+}
+
+/// A preempted sequence's cache in host memory, taken by [`Runner::swap_out`] and written back
+/// into fresh blocks by [`Runner::swap_in`]. Every swapped cache ends in `swap_in` or
+/// [`Runner::discard_swapped`], which keep the runner's count of swapped bytes.
+#[derive(Debug)]
+pub(super) struct SwappedKv {
+    prompt: Vec<u32>,
+    /// Positions held.
+    n_pos: usize,
+    /// Per KV buffer (in [`Engine::kv_buffers`] order): the rows of the sequence's blocks, in
+    /// block-table order.
+    rows: Vec<Vec<u8>>,
+}
+
+impl SwappedKv {
+    fn bytes(&self) -> u64 {
+        self.rows.iter().map(|r| r.len() as u64).sum()
+    }
+}
+
+/// Runs of consecutive block ids in `blocks`: `(index of the run's first entry, first block,
+/// length)`; a run's rows are contiguous in every KV buffer, so it moves in one copy.
+fn block_runs(blocks: &[u32]) -> Vec<(usize, usize, usize)> {
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, &b) in blocks.iter().enumerate() {
+        match runs.last_mut() {
+            Some((_, first, len)) if *first + *len == b as usize => *len += 1,
+            _ => runs.push((i, b as usize, 1)),
+        }
+    }
+    runs
 }
 
 /// Host time spent in the passes, in microseconds: building graphs for new shapes, uploading
@@ -205,6 +239,7 @@ impl Runner {
             seqs: (0..=o.max_seqs).map(|_| None).collect(),
             copies: Vec::new(),
             times: StepTimes::default(),
+            swap_used: 0,
         })
     }
 
@@ -331,6 +366,136 @@ impl Runner {
             }
         }
         true
+    }
+
+    /// Host bytes a swapped cache of `n` positions takes.
+    pub(super) fn swap_bytes_for(&self, n: usize) -> u64 {
+        let rows = self.blocks_for(n) * self.spec.block_size;
+        self.engine
+            .kv_buffers()
+            .iter()
+            .map(|(_, row)| (row * rows) as u64)
+            .sum()
+    }
+
+    /// Host bytes the swapped-out caches hold now.
+    pub(super) fn swap_used(&self) -> u64 {
+        self.swap_used
+    }
+
+    /// Copies the cache of `slot`'s first `n` positions to host memory and gives the slot
+    /// back (also when a copy fails).
+    pub(super) fn swap_out(&mut self, slot: usize, n: usize) -> Result<SwappedKv, ModelError> {
+        let r = self.read_blocks(slot, n);
+        self.release(slot);
+        let swapped = r?;
+        self.swap_used += swapped.bytes();
+        Ok(swapped)
+    }
+
+    fn read_blocks(&self, slot: usize, n: usize) -> Result<SwappedKv, ModelError> {
+        let kv = self
+            .seqs
+            .get(slot)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| ModelError::InvalidArgument(format!("no sequence in slot {slot}")))?;
+        let nb = self.blocks_for(n);
+        if nb > kv.table.len() {
+            return Err(ModelError::ContextFull {
+                needed: n,
+                n_ctx: kv.table.len() * self.spec.block_size,
+            });
+        }
+        // A block whose copy-on-write has not run yet still holds nothing: its rows are in
+        // the shared block the copy reads.
+        let src: Vec<u32> = kv.table[..nb]
+            .iter()
+            .map(|&b| {
+                self.copies
+                    .iter()
+                    .find(|&&(_, to, s)| s == slot && to == b)
+                    .map_or(b, |&(from, _, _)| from)
+            })
+            .collect();
+        let bs = self.spec.block_size;
+        let runs = block_runs(&src);
+        let mut rows = Vec::new();
+        for (name, row) in self.engine.kv_buffers() {
+            let block = row * bs;
+            let mut data = vec![0u8; nb * block];
+            for &(i, first, len) in &runs {
+                self.engine.read_kv(
+                    &name,
+                    first * block,
+                    &mut data[i * block..(i + len) * block],
+                )?;
+            }
+            rows.push(data);
+        }
+        Ok(SwappedKv {
+            prompt: kv.prompt.clone(),
+            n_pos: n,
+            rows,
+        })
+    }
+
+    /// A free slot with `swapped` written back into blocks of its own, room left for
+    /// `n_tokens` positions in all; `None` when no slot is free or the pool has no room now
+    /// (the cache stays swapped). After `Some`, the cache is no longer needed: give it to
+    /// [`Runner::discard_swapped`] (on an error the sequence recomputes).
+    pub(super) fn swap_in(
+        &mut self,
+        swapped: &SwappedKv,
+        n_tokens: usize,
+    ) -> Option<Result<usize, ModelError>> {
+        let n_slots = self.seqs.len() - 1;
+        let slot = self.seqs[..n_slots].iter().position(Option::is_none)?;
+        let nb = self.blocks_for(swapped.n_pos);
+        if self.blocks_for(n_tokens.max(swapped.n_pos)) > self.pool.available() {
+            return None;
+        }
+        let mut kv = SeqKv::new(&swapped.prompt);
+        for _ in 0..nb {
+            // Cannot fail: the room was checked.
+            kv.table.extend(self.pool.alloc());
+        }
+        let table = kv.table.clone();
+        self.seqs[slot] = Some(kv);
+        let r = self.write_blocks(&table, swapped);
+        if let Err(e) = r {
+            self.release(slot);
+            return Some(Err(e));
+        }
+        Some(Ok(slot))
+    }
+
+    fn write_blocks(&self, table: &[u32], swapped: &SwappedKv) -> Result<(), ModelError> {
+        let bufs = self.engine.kv_buffers();
+        if table.len() != self.blocks_for(swapped.n_pos) || bufs.len() != swapped.rows.len() {
+            return Err(ModelError::Device(format!(
+                "a swapped cache of {} buffers and {} positions does not fit {} buffers and {} \
+                 blocks",
+                swapped.rows.len(),
+                swapped.n_pos,
+                bufs.len(),
+                table.len()
+            )));
+        }
+        let bs = self.spec.block_size;
+        let runs = block_runs(table);
+        for ((name, row), data) in bufs.iter().zip(&swapped.rows) {
+            let block = row * bs;
+            for &(i, first, len) in &runs {
+                self.engine
+                    .write_kv(name, first * block, &data[i * block..(i + len) * block])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets a swapped cache (resumed, or its request ended while swapped out).
+    pub(super) fn discard_swapped(&mut self, swapped: SwappedKv) {
+        self.swap_used = self.swap_used.saturating_sub(swapped.bytes());
     }
 
     /// Runs every item in one forward pass; the last-token logits of those that ask for them,

@@ -51,6 +51,7 @@ fn engine_opts(max_seqs: usize) -> EngineOptions {
         step_tokens: 32,
         prefix_cache: false,
         exact: true,
+        swap: Default::default(),
     }
 }
 
@@ -259,8 +260,10 @@ fn bad_requests_are_refused() {
     assert_eq!(collect(&rx).0.len(), 2);
 }
 
-#[test]
-fn preempted_sequences_resume_with_identical_tokens() {
+/// Three prompts under a pool that holds less than half of what they need at the end, with
+/// preempted caches kept as `swap` says; every request gives its tokens alone, and the pool and
+/// the swap space are empty at the end.
+fn preempted_resume(swap: SwapOptions, prefix_cache: bool) -> EngineStats {
     let m = gemma();
     let prompts = [prompt(9, 10), prompt(10, 14), prompt(11, 6)];
     let n = 24;
@@ -269,6 +272,8 @@ fn preempted_sequences_resume_with_identical_tokens() {
     let mut o = engine_opts(3);
     o.block_size = 4;
     o.kv_blocks = Some(12);
+    o.swap = swap;
+    o.prefix_cache = prefix_cache;
     let e = BatchEngine::start(Arc::clone(&m), o).expect("engine");
     let rxs: Vec<_> = prompts
         .iter()
@@ -280,7 +285,7 @@ fn preempted_sequences_resume_with_identical_tokens() {
         .collect();
     for (i, rx) in rxs.iter().enumerate() {
         let (toks, done) = collect(rx);
-        assert_eq!(toks, want[i], "prompt {i}");
+        assert_eq!(toks, want[i], "prompt {i}, {swap:?}");
         assert!(
             matches!(
                 done,
@@ -294,7 +299,37 @@ fn preempted_sequences_resume_with_identical_tokens() {
     }
     let s = idle_stats(&e);
     assert!(s.preemptions > 0, "{s:?}");
-    assert_eq!(s.kv_blocks_used, 0, "{s:?}");
+    assert_eq!((s.kv_blocks_used, s.swap_bytes), (0, 0), "{s:?}");
+    s
+}
+
+#[test]
+fn preempted_sequences_resume_with_identical_tokens() {
+    let recompute = SwapOptions {
+        host_bytes: 0,
+        min_positions: 1,
+    };
+    let s = preempted_resume(recompute, false);
+    assert_eq!(s.swapped_out, 0, "{s:?}");
+}
+
+#[test]
+fn swapped_out_sequences_resume_with_identical_tokens() {
+    let swap = SwapOptions {
+        host_bytes: u64::MAX,
+        min_positions: 1,
+    };
+    for prefix_cache in [false, true] {
+        let s = preempted_resume(swap, prefix_cache);
+        assert_eq!(s.swapped_out, s.preemptions, "{s:?}");
+    }
+    // Caches under 24 positions recompute, longer ones swap.
+    let mixed = SwapOptions {
+        host_bytes: u64::MAX,
+        min_positions: 24,
+    };
+    let s = preempted_resume(mixed, false);
+    assert!(s.swapped_out > 0 && s.swapped_out < s.preemptions, "{s:?}");
 }
 
 #[test]

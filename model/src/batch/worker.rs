@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rayon::prelude::*;
 
-use super::paged::{Item, Runner};
+use super::paged::{Item, Runner, SwappedKv};
 use super::{
     Command, EngineOptions, EngineStats, Event, FinishReason, Pooling, Request, Sink, TokenLogprob,
     Usage,
@@ -127,6 +127,8 @@ struct Seq {
     cached_prompt: usize,
     /// The runner's slot while running.
     slot: Option<usize>,
+    /// The cache of the first `n_cached` tokens in host memory while preempted (swapped).
+    swapped: Option<SwappedKv>,
 }
 
 impl Seq {
@@ -253,6 +255,9 @@ impl Worker {
             if let Some(slot) = s.slot.take() {
                 self.runner.release(slot);
             }
+            if let Some(kv) = s.swapped.take() {
+                self.runner.discard_swapped(kv);
+            }
             s.finish(FinishReason::Cancelled);
         }
         self.counters.running = 0;
@@ -279,6 +284,7 @@ impl Worker {
             n_generated: 0,
             cached_prompt: 0,
             slot: None,
+            swapped: None,
         });
     }
 
@@ -305,6 +311,9 @@ impl Worker {
         if let Some(slot) = s.slot.take() {
             self.runner.release(slot);
         }
+        if let Some(kv) = s.swapped.take() {
+            self.runner.discard_swapped(kv);
+        }
         tracing::debug!(id = s.id, ?reason, "request done");
         s.finish(reason);
     }
@@ -319,6 +328,31 @@ impl Worker {
                 // Only a preempted sequence can have grown past the pool.
                 self.end(s, FinishReason::Length);
                 continue;
+            }
+            if let Some(kv) = s.swapped.take() {
+                match self.runner.swap_in(&kv, s.tokens.len()) {
+                    None => {
+                        s.swapped = Some(kv);
+                        self.waiting.push_front(s);
+                        break;
+                    }
+                    Some(r) => {
+                        self.runner.discard_swapped(kv);
+                        match r {
+                            Ok(slot) => {
+                                tracing::debug!(id = s.id, "swapped in");
+                                s.slot = Some(slot);
+                                self.running.push(s);
+                                continue;
+                            }
+                            // The cache is lost; the sequence computes it again.
+                            Err(e) => {
+                                tracing::warn!(id = s.id, "swap-in failed, recomputing: {e}");
+                                s.n_cached = 0;
+                            }
+                        }
+                    }
+                }
             }
             match self.runner.acquire(&s.tokens, s.req.prompt.len()) {
                 Some((slot, cached)) => {
@@ -374,18 +408,36 @@ impl Worker {
         Ok(v)
     }
 
-    /// Takes the cache of the newest running sequence (it recomputes it once readmitted, with
-    /// the same result) to make room for older ones.
+    /// Takes the cache of the newest running sequence to make room for older ones: swapped to
+    /// host memory or dropped to be recomputed once readmitted (see [`super::SwapOptions`]),
+    /// either way with the same result.
     fn preempt_newest(&mut self) {
-        if let Some(mut s) = self.running.pop() {
-            if let Some(slot) = s.slot.take() {
+        let Some(mut s) = self.running.pop() else {
+            return;
+        };
+        if let Some(slot) = s.slot.take() {
+            let swap = &self.opts.swap;
+            let n = s.n_cached;
+            let room = swap.host_bytes.saturating_sub(self.runner.swap_used());
+            if n > 0 && n >= swap.min_positions && self.runner.swap_bytes_for(n) <= room {
+                match self.runner.swap_out(slot, n) {
+                    Ok(kv) => {
+                        s.swapped = Some(kv);
+                        self.counters.swapped_out += 1;
+                    }
+                    Err(e) => {
+                        tracing::warn!(id = s.id, "swap-out failed, recomputing: {e}");
+                        s.n_cached = 0;
+                    }
+                }
+            } else {
                 self.runner.release(slot);
+                s.n_cached = 0;
             }
-            tracing::debug!(id = s.id, "preempted");
-            s.n_cached = 0;
-            self.counters.preemptions += 1;
-            self.waiting.push_front(s);
         }
+        tracing::debug!(id = s.id, swapped = s.swapped.is_some(), "preempted");
+        self.counters.preemptions += 1;
+        self.waiting.push_front(s);
     }
 
     /// One forward pass over every running sequence, then sampling.
@@ -521,6 +573,7 @@ impl Worker {
         c.kv_blocks_used = used;
         c.kv_blocks_total = total;
         c.kv_blocks_free = total - used;
+        c.swap_bytes = self.runner.swap_used();
         let t = self.runner.times();
         (c.build_us, c.run_us, c.output_us) = (t.build_us, t.run_us, t.output_us);
         if let Ok(mut s) = self.stats.lock() {

@@ -146,6 +146,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
         step_tokens: session.n_batch.max(max_b),
         prefix_cache: false,
         exact: !a.batched_order,
+        swap: Default::default(),
     };
     let e = BatchEngine::start(Arc::clone(&model), opts)?;
     eprintln!("{}", e.device_plan());
