@@ -4,9 +4,12 @@
 # each measured by `rocmforge bench-serve` with the same load.
 #
 # Usage: scripts/bench_serve_llama.sh MODEL.gguf [cpu|cuda]
+# The issue's CPU comparison (Gemma 3 270M, 4 slots, 2 threads, concurrency 4):
+#   CONC=4 PARALLEL=4 THREADS=2 scripts/bench_serve_llama.sh gemma-3-270m-q4_k_m.gguf cpu
 # Env: CONC (concurrency levels, default 1,8,32,64), REQUESTS (per level, 64), PROMPT (128),
 #      OUTPUT (128), PARALLEL (server slots, default the largest level), CTX (per slot, 1024),
-#      THREADS (CPU threads, default all), MIXED=1 (mixed lengths), LLAMA_DIR (llama.cpp build
+#      THREADS (CPU threads, default all), RANGE_RATIO (mixed lengths as vLLM's random dataset:
+#      uniform in mean*(1-R)..mean*(1+R); MIXED=1 is 0.5), SEED (1), LLAMA_DIR (llama.cpp build
 #      of scripts/llamacpp.sh, default /tmp/llama-DEVICE), ROCMFORGE (binary, default
 #      target/release/rocmforge).
 set -euo pipefail
@@ -22,8 +25,9 @@ parallel=${PARALLEL:-$(tr ',' '\n' <<<"$conc" | sort -n | tail -1)}
 ctx=${CTX:-1024}
 threads=${THREADS:-$(nproc)}
 rf=${ROCMFORGE:-target/release/rocmforge}
-mixed=()
-[[ ${MIXED:-0} == 1 ]] && mixed=(--mixed)
+ratio=${RANGE_RATIO:-0}
+[[ ${MIXED:-0} == 1 ]] && ratio=0.5
+mixed=(--range-ratio "$ratio" --seed "${SEED:-1}")
 
 # llama.cpp from scripts/llamacpp.sh (the sdist prepared here, built where the benchmark runs).
 llama=${LLAMA_DIR:-/tmp/llama-$device}

@@ -75,6 +75,7 @@ fn gemma_prompts_together_give_their_tokens_alone() {
         step_tokens: 64,
         prefix_cache: true,
         exact: true,
+        swap: Default::default(),
     };
     let e = BatchEngine::start(model, opts).expect("engine");
     let rxs: Vec<_> = prompts

@@ -1061,3 +1061,76 @@ fn batch_engine_on_gpu_together_equals_alone() {
         e.shutdown();
     }
 }
+
+/// Preemption by swapping on the GPU: under a pool of 14 blocks (224 positions) for four
+/// sequences that reach 370, the newest ones' KV blocks are copied to host memory (gpu-mem
+/// reads) and back (writes) when they resume; each prompt gives the tokens it gives alone in
+/// an engine with room for all, up to the first near-tie, and the pool and the swap space are
+/// empty at the end.
+#[test]
+#[serial]
+fn batch_engine_on_gpu_swaps_preempted_sequences() {
+    if !have_gpu() {
+        return;
+    }
+    use model::batch::{BatchEngine, EngineOptions, SwapOptions};
+    let m = Arc::new(synth("gemma3"));
+    let nv = m.config().n_vocab as u32;
+    let prompts: Vec<Vec<u32>> = [5usize, 40, 77, 130]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            (0..len as u32)
+                .map(|j| (j * 7919 + 31 * i as u32 + 1) % nv)
+                .collect()
+        })
+        .collect();
+    let n = 24;
+    let base = EngineOptions {
+        session: opts(DeviceChoice::Gpu, None, None),
+        max_seqs: 4,
+        n_ctx_per_seq: 256,
+        block_size: 16,
+        step_tokens: 64,
+        prefix_cache: false,
+        exact: false,
+        ..EngineOptions::default()
+    };
+    let roomy = BatchEngine::start(Arc::clone(&m), base.clone()).expect("engine");
+    let alone: Vec<_> = prompts
+        .iter()
+        .map(|p| engine_run(&roomy, std::slice::from_ref(p), n).remove(0))
+        .collect();
+    roomy.shutdown();
+    let tight = EngineOptions {
+        kv_blocks: Some(14),
+        swap: SwapOptions {
+            host_bytes: u64::MAX,
+            min_positions: 1,
+        },
+        ..base
+    };
+    let e = BatchEngine::start(Arc::clone(&m), tight).expect("engine");
+    let together = engine_run(&e, &prompts, n);
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(t.len(), n, "prompt {i}");
+        for (s, (x, y)) in a.iter().zip(t).enumerate() {
+            if x.2 < BATCH_TIE {
+                break;
+            }
+            assert_eq!(x.0, y.0, "prompt {i} step {s}: alone {a:?}\nswapped {t:?}");
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let s = loop {
+        let s = e.stats();
+        if (s.running == 0 && s.waiting == 0) || t0.elapsed().as_secs() > 30 {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    println!("{s:?}");
+    assert!(s.swapped_out > 0, "{s:?}");
+    assert_eq!((s.kv_blocks_used, s.swap_bytes), (0, 0), "{s:?}");
+    e.shutdown();
+}

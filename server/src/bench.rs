@@ -20,13 +20,15 @@ pub struct BenchOptions {
     pub concurrency: Vec<usize>,
     /// Requests per level (at least the level's concurrency).
     pub requests: usize,
-    /// Prompt tokens per request (the mean with `mixed`).
+    /// Prompt tokens per request (the mean with a range ratio).
     pub prompt_tokens: usize,
-    /// Output tokens per request (the mean with `mixed`); end-of-generation is ignored.
+    /// Output tokens per request (the mean with a range ratio); end-of-generation is ignored.
     pub output_tokens: usize,
-    /// Lengths drawn uniformly from half to 1.5 times the means instead of fixed ones.
-    pub mixed: bool,
-    /// Seed of the mixed lengths and prompt choice.
+    /// Mixed lengths as vLLM's `bench serve` random dataset: each request's prompt and output
+    /// lengths drawn uniformly from `mean * (1 - r) ..= mean * (1 + r)` (at least 1); 0: fixed
+    /// lengths. In `0.0..1.0`.
+    pub range_ratio: f64,
+    /// Seed of the lengths and prompt choice.
     pub seed: u64,
     /// The model id sent with each request (`None`: the server's first model).
     pub model: Option<String>,
@@ -53,6 +55,13 @@ pub struct LevelReport {
     pub ttft_ms: (f64, f64),
     /// Inter-token latency, p50 and p99 (ms).
     pub itl_ms: (f64, f64),
+}
+
+/// A length drawn uniformly from `mean * (1 - ratio) ..= mean * (1 + ratio)`, at least 1.
+fn draw_len(rng: &mut Rng, mean: usize, ratio: f64) -> usize {
+    let lo = ((mean as f64 * (1.0 - ratio)).floor() as usize).max(1);
+    let hi = ((mean as f64 * (1.0 + ratio)).ceil() as usize).max(lo);
+    lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize
 }
 
 /// The `q`-quantile (0..=1) of sorted values, nearest rank.
@@ -91,7 +100,7 @@ async fn prepare(client: &Client, opts: &BenchOptions) -> Result<(String, Vec<u3
         consumed enormous power, yet could only perform simple arithmetic. Over decades, \
         transistors, integrated circuits and microprocessors shrank those machines to fit in a \
         pocket, while software grew from hand-written machine code to vast systems. ";
-    let want = opts.prompt_tokens * 3 / 2 + 1;
+    let want = (opts.prompt_tokens as f64 * (1.0 + opts.range_ratio)).ceil() as usize + 1;
     let mut text = String::new();
     let mut ids = Vec::new();
     while ids.len() < want {
@@ -153,6 +162,12 @@ pub async fn run(client: &Client, opts: &BenchOptions) -> Result<Vec<LevelReport
             "prompt and output lengths must be at least 1".into(),
         ));
     }
+    if !(0.0..1.0).contains(&opts.range_ratio) {
+        return Err(ServerError::InvalidArgument(format!(
+            "range ratio {} must be in [0, 1)",
+            opts.range_ratio
+        )));
+    }
     let (model, pool) = prepare(client, opts).await?;
     let pool = Arc::new(pool);
     let mut reports = Vec::new();
@@ -162,16 +177,8 @@ pub async fn run(client: &Client, opts: &BenchOptions) -> Result<Vec<LevelReport
         let mut rng = Rng::new(opts.seed ^ conc as u64);
         let mut bodies = Vec::with_capacity(n);
         for _ in 0..n {
-            let draw = |rng: &mut Rng, mean: usize| {
-                if opts.mixed {
-                    let lo = (mean / 2).max(1);
-                    lo + (rng.next_u64() % (mean as u64 + 1)) as usize
-                } else {
-                    mean
-                }
-            };
-            let p = draw(&mut rng, opts.prompt_tokens).min(pool.len());
-            let o = draw(&mut rng, opts.output_tokens);
+            let p = draw_len(&mut rng, opts.prompt_tokens, opts.range_ratio).min(pool.len());
+            let o = draw_len(&mut rng, opts.output_tokens, opts.range_ratio);
             let off = (rng.next_u64() % (pool.len() - p + 1) as u64) as usize;
             bodies.push(json!({
                 "model": model,
@@ -275,5 +282,17 @@ mod tests {
         assert_eq!(quantile(&v, 0.99), 99.0);
         assert_eq!(quantile(&v[..1], 0.99), 1.0);
         assert!(quantile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn lengths_span_the_range_ratio() {
+        let mut rng = Rng::new(7);
+        let v: Vec<usize> = (0..2000).map(|_| draw_len(&mut rng, 100, 0.5)).collect();
+        assert_eq!(v.iter().min(), Some(&50));
+        assert_eq!(v.iter().max(), Some(&150));
+        let mean = v.iter().sum::<usize>() as f64 / v.len() as f64;
+        assert!((mean - 100.0).abs() < 3.0, "{mean}");
+        assert!((0..50).all(|_| draw_len(&mut rng, 100, 0.0) == 100));
+        assert!((0..50).all(|_| draw_len(&mut rng, 1, 0.9) >= 1));
     }
 }

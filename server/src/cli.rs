@@ -64,8 +64,12 @@ pub struct BenchServeArgs {
     /// Output tokens per request.
     #[arg(long, default_value_t = 128)]
     output_tokens: usize,
-    /// Lengths uniform in 0.5..1.5 times the means instead of fixed.
-    #[arg(long)]
+    /// Mixed lengths as vLLM's random dataset: prompt and output lengths uniform in
+    /// `mean * (1 - R) ..= mean * (1 + R)` (0: fixed lengths).
+    #[arg(long, default_value_t = 0.0)]
+    range_ratio: f64,
+    /// Mixed lengths with a range ratio of 0.5.
+    #[arg(long, conflicts_with = "range_ratio")]
     mixed: bool,
     /// Seed of the mixed lengths.
     #[arg(long, default_value_t = 1)]
@@ -207,17 +211,19 @@ pub fn bench_serve(a: BenchServeArgs) -> Result<(), ServerError> {
         requests: a.requests,
         prompt_tokens: a.prompt_tokens,
         output_tokens: a.output_tokens,
-        mixed: a.mixed,
+        range_ratio: if a.mixed { 0.5 } else { a.range_ratio },
         seed: a.seed,
         model: a.model.clone(),
     };
     let reports = runtime()?.block_on(bench::run(&client, &opts))?;
+    let mixed = if opts.range_ratio > 0.0 {
+        format!(" (means, range ratio {})", opts.range_ratio)
+    } else {
+        String::new()
+    };
     println!(
-        "{} prompt tokens, {} output tokens{} per request, against {}",
-        a.prompt_tokens,
-        a.output_tokens,
-        if a.mixed { " (means, mixed)" } else { "" },
-        a.url
+        "{} prompt tokens, {} output tokens{mixed} per request, seed {}, against {}",
+        a.prompt_tokens, a.output_tokens, a.seed, a.url
     );
     print!("{}", bench::table(&reports));
     Ok(())
