@@ -211,9 +211,9 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
         )));
     }
     eprintln!(
-        "\n{} forward steps, {} preemptions; S_TG counts the TG tokens each sequence makes after \
-         its first (which the prompt phase samples)",
-        s.steps, s.preemptions
+        "\n{} forward steps, {} preemptions ({} swapped to host memory); S_TG counts the TG \
+         tokens each sequence makes after its first (which the prompt phase samples)",
+        s.steps, s.preemptions, s.swapped_out
     );
     let per_step = |us: u64| us as f64 / 1e3 / s.steps.max(1) as f64;
     eprintln!(
