@@ -44,6 +44,8 @@ pub enum Architecture {
     Gemma2,
     /// `gemma3`: q/k norms, post-norms, GELU-gated FFN, sliding-window layers.
     Gemma3,
+    /// `phi3`: fused q/k/v and gate/up projections, LongRoPE frequency factors.
+    Phi3,
 }
 
 impl Architecture {
@@ -56,6 +58,7 @@ impl Architecture {
             "qwen3moe" => Ok(Self::Qwen3Moe),
             "gemma2" => Ok(Self::Gemma2),
             "gemma3" => Ok(Self::Gemma3),
+            "phi3" => Ok(Self::Phi3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -69,6 +72,7 @@ impl Architecture {
             Self::Qwen3Moe => "qwen3moe",
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
+            Self::Phi3 => "phi3",
         }
     }
 
@@ -77,9 +81,12 @@ impl Architecture {
     pub fn rope_mode(self) -> RopeMode {
         match self {
             Self::Llama => RopeMode::Normal,
-            Self::Qwen2 | Self::Qwen3 | Self::Qwen3Moe | Self::Gemma2 | Self::Gemma3 => {
-                RopeMode::Neox
-            }
+            Self::Qwen2
+            | Self::Qwen3
+            | Self::Qwen3Moe
+            | Self::Gemma2
+            | Self::Gemma3
+            | Self::Phi3 => RopeMode::Neox,
         }
     }
 }

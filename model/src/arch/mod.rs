@@ -8,6 +8,7 @@
 pub mod gemma2;
 pub mod gemma3;
 pub mod llama;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod validate;
@@ -209,6 +210,7 @@ pub fn build_forward(
         Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::build(&mut b)?,
         Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
+        Architecture::Phi3 => phi3::build(&mut b)?,
     };
     b.finish(hidden)
 }
@@ -343,6 +345,7 @@ pub fn build_paged_forward(
         Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::build(&mut b)?,
         Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
+        Architecture::Phi3 => phi3::build(&mut b)?,
     };
     let fg = b.finish(hidden)?;
     Ok(PagedGraph {
@@ -520,9 +523,7 @@ impl<'a> Builder<'a> {
             self.batch.n_tok,
         );
         let la = c.layers[il];
-        let q = self.linear(x, &format!("blk.{il}.attn_q"))?;
-        let k = self.linear(x, &format!("blk.{il}.attn_k"))?;
-        let v = self.linear(x, &format!("blk.{il}.attn_v"))?;
+        let (q, k, v) = self.qkv_projections(il, x)?;
         let mut q = self.g.reshape(q, &[hd, nh, nt])?;
         let mut k = self.g.reshape(k, &[hd, nkv, nt])?;
         if qk_norm {
@@ -532,16 +533,19 @@ impl<'a> Builder<'a> {
             self.tag(k, "Kcur_normed", il)?;
         }
         let rp = self.rope_params(&la);
-        let freq_factors = self.weight_opt("rope_freqs.weight")?;
+        let freq_factors = self.rope_factors()?;
         let q = self.g.rope(q, self.pos, rp, freq_factors)?;
         let k = self.g.rope(k, self.pos, rp, freq_factors)?;
         self.tag(q, "Qcur", il)?;
         self.tag(k, "Kcur", il)?;
         self.tag(v, "Vcur", il)?;
 
-        // Gemma scales the queries before attention (llama.cpp too, before rounding them to the
-        // cache type), the others scale the scores.
-        let (q, scale) = if matches!(c.arch, Architecture::Gemma2 | Architecture::Gemma3) {
+        // Gemma and Phi-3 scale the queries before attention (llama.cpp too, before rounding
+        // them to the cache type), the others scale the scores.
+        let (q, scale) = if matches!(
+            c.arch,
+            Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Phi3
+        ) {
             (self.g.scale(q, c.attn_scale)?, 1.0)
         } else {
             (q, c.attn_scale)
@@ -601,6 +605,61 @@ impl<'a> Builder<'a> {
         self.tag(o, "attn_out", il)
     }
 
+    /// The query, key and value projections of layer `il` (`[n_head * head_dim, n_tok]`,
+    /// `[n_head_kv * head_dim, n_tok]`, `[n_head_kv * head_dim_v, n_tok]`), from separate
+    /// `attn_{q,k,v}` weights or from one fused `attn_qkv` (Phi-3), whose output rows hold q,
+    /// k and v one after the other.
+    fn qkv_projections(
+        &mut self,
+        il: usize,
+        x: TensorId,
+    ) -> Result<(TensorId, TensorId, TensorId), ModelError> {
+        let c = self.cfg;
+        let fused = format!("blk.{il}.attn_qkv");
+        if !self.weights.contains(&format!("{fused}.weight")) {
+            let q = self.linear(x, &format!("blk.{il}.attn_q"))?;
+            let k = self.linear(x, &format!("blk.{il}.attn_k"))?;
+            let v = self.linear(x, &format!("blk.{il}.attn_v"))?;
+            return Ok((q, k, v));
+        }
+        let qkv = self.linear(x, &fused)?;
+        self.tag(qkv, "wqkv", il)?;
+        let nt = self.g.tensor(qkv)?.ne[1];
+        let (nq, nk, nv) = (
+            c.n_head * c.head_dim,
+            c.n_head_kv * c.head_dim,
+            c.n_head_kv * c.head_dim_v,
+        );
+        let f = DType::F32.type_size();
+        let row = (nq + nk + nv) * f;
+        let mut part = |off: usize, n: usize| -> Result<TensorId, ModelError> {
+            let v = self.g.view(qkv, &[n, nt], &[row], off * f)?;
+            Ok(self.g.cont(v)?)
+        };
+        Ok((part(0, nq)?, part(nq, nk)?, part(nq + nk, nv)?))
+    }
+
+    /// The rope frequency factors, as llama.cpp's `get_rope_factors` picks them: `rope_freqs`
+    /// (Llama 3.1) when the file has it, else LongRoPE's (Phi-3) `rope_factors_long` when a
+    /// sequence may be longer than the original training context, else `rope_factors_short`.
+    fn rope_factors(&mut self) -> Result<Option<TensorId>, ModelError> {
+        if let Some(f) = self.weight_opt("rope_freqs.weight")? {
+            return Ok(Some(f));
+        }
+        // The longest sequence this pass belongs to: a paged sequence's block table, else the
+        // whole cache.
+        let n_ctx_seq = match self.paged {
+            Some(pg) => pg.spec.max_blocks * pg.spec.block_size,
+            None => self.kv.n_ctx,
+        };
+        if n_ctx_seq > self.cfg.yarn.n_ctx_orig {
+            if let Some(f) = self.weight_opt("rope_factors_long.weight")? {
+                return Ok(Some(f));
+            }
+        }
+        self.weight_opt("rope_factors_short.weight")
+    }
+
     /// Writes the batch's keys and values at their positions in the contiguous cache, then
     /// attends over every filled position: rows 0..n_past + n_tok of the cache.
     fn contiguous_attention(
@@ -639,8 +698,22 @@ impl<'a> Builder<'a> {
         x: TensorId,
         act: ggml_graph::Act,
     ) -> Result<TensorId, ModelError> {
-        let gate = self.linear(x, &format!("blk.{il}.ffn_gate"))?;
-        let up = self.linear(x, &format!("blk.{il}.ffn_up"))?;
+        let (gate, up) = if self.weights.contains(&format!("blk.{il}.ffn_gate.weight")) {
+            let gate = self.linear(x, &format!("blk.{il}.ffn_gate"))?;
+            (gate, self.linear(x, &format!("blk.{il}.ffn_up"))?)
+        } else {
+            // Fused (Phi-3): `ffn_up` gives `[2 n_ff, n_tok]`, the gate in the first half of
+            // each row and the up projection in the second (llama.cpp's one-operand swiglu).
+            let both = self.linear(x, &format!("blk.{il}.ffn_up"))?;
+            let nt = self.g.tensor(both)?.ne[1];
+            let n_ff = self.cfg.n_ff;
+            let f = DType::F32.type_size();
+            let row = 2 * n_ff * f;
+            (
+                self.g.view(both, &[n_ff, nt], &[row], 0)?,
+                self.g.view(both, &[n_ff, nt], &[row], n_ff * f)?,
+            )
+        };
         self.tag(gate, "ffn_gate", il)?;
         self.tag(up, "ffn_up", il)?;
         let h = self.g.gated(act, gate, up)?;

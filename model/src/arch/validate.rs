@@ -66,6 +66,19 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
     check(weights, "output_norm.weight", &[e], Required)?;
     check(weights, "output.weight", &[e, v], Optional)?;
     check(weights, "rope_freqs.weight", &[cfg.n_rot / 2], Optional)?;
+    check(
+        weights,
+        "rope_factors_long.weight",
+        &[cfg.n_rot / 2],
+        Optional,
+    )?;
+    check(
+        weights,
+        "rope_factors_short.weight",
+        &[cfg.n_rot / 2],
+        Optional,
+    )?;
+    let phi3 = cfg.arch == Architecture::Phi3;
     let qk_norm = matches!(
         cfg.arch,
         Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
@@ -79,9 +92,13 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
     for il in 0..cfg.n_layer {
         let t = |s: &str| format!("blk.{il}.{s}");
         check(weights, &t("attn_norm.weight"), &[e], Required)?;
-        check(weights, &t("attn_q.weight"), &[e, q], Required)?;
-        check(weights, &t("attn_k.weight"), &[e, k], Required)?;
-        check(weights, &t("attn_v.weight"), &[e, kv_v], Required)?;
+        // Phi-3 files fuse q, k and v into one matrix (llama.cpp also reads separate ones).
+        let fused = phi3 && weights.contains(&t("attn_qkv.weight"));
+        let sep = if fused { Optional } else { Required };
+        check(weights, &t("attn_qkv.weight"), &[e, q + k + kv_v], Optional)?;
+        check(weights, &t("attn_q.weight"), &[e, q], sep)?;
+        check(weights, &t("attn_k.weight"), &[e, k], sep)?;
+        check(weights, &t("attn_v.weight"), &[e, kv_v], sep)?;
         check(weights, &t("attn_q.bias"), &[q], qkv_bias)?;
         check(weights, &t("attn_k.bias"), &[k], qkv_bias)?;
         check(weights, &t("attn_v.bias"), &[kv_v], qkv_bias)?;
@@ -95,6 +112,10 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
             check(weights, &t("ffn_gate_exps.weight"), &[e, f, x], Required)?;
             check(weights, &t("ffn_up_exps.weight"), &[e, f, x], Required)?;
             check(weights, &t("ffn_down_exps.weight"), &[f, e, x], Required)?;
+        } else if phi3 {
+            // Gate and up in one matrix, the gate first.
+            check(weights, &t("ffn_up.weight"), &[e, 2 * cfg.n_ff], Required)?;
+            check(weights, &t("ffn_down.weight"), &[cfg.n_ff, e], Required)?;
         } else {
             check(weights, &t("ffn_gate.weight"), &[e, cfg.n_ff], Required)?;
             check(weights, &t("ffn_up.weight"), &[e, cfg.n_ff], Required)?;
