@@ -38,10 +38,13 @@ pub enum Arch {
     Qwen3Moe,
     /// Phi-3 (fused q/k/v and gate/up projections).
     Phi3,
+    /// gpt-oss (biased projections, attention sinks, alternating sliding window, YaRN, MXFP4
+    /// experts with biases).
+    GptOss,
 }
 
 impl Arch {
-    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe|phi3`.
+    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe|phi3|gpt-oss`.
     pub fn parse(s: &str) -> Result<Self, ModelError> {
         Ok(match s {
             "llama" => Self::Llama,
@@ -53,6 +56,7 @@ impl Arch {
             "mixtral" => Self::Mixtral,
             "qwen3moe" => Self::Qwen3Moe,
             "phi3" => Self::Phi3,
+            "gpt-oss" => Self::GptOss,
             _ => return Err(ModelError::UnsupportedArchitecture(s.to_owned())),
         })
     }
@@ -66,12 +70,13 @@ impl Arch {
             Self::Gemma3 => "gemma3",
             Self::Qwen3Moe => "qwen3moe",
             Self::Phi3 => "phi3",
+            Self::GptOss => "gpt-oss",
         }
     }
 
     /// True for the mixture-of-experts architectures (their presets give the experts).
     fn is_moe(self) -> bool {
-        matches!(self, Self::Mixtral | Self::Qwen3Moe)
+        matches!(self, Self::Mixtral | Self::Qwen3Moe | Self::GptOss)
     }
 }
 
@@ -158,10 +163,17 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
             8,
             768,
         ),
+        // gpt-oss-20b (its YaRN scaling comes with the architecture, see `SynthOptions::parse`).
+        "gpt-oss-20b" => moe(
+            s(2880, 24, 64, 8, 64, 2880, 131072, 150000.0, 1e-5),
+            32,
+            4,
+            2880,
+        ),
         _ => {
             return Err(ModelError::InvalidArgument(format!(
                 "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
-                 gemma3-270m, phi3-mini, phi3-mini-128k; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b)"
+                 gemma3-270m, phi3-mini, phi3-mini-128k; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
             )))
         }
     })
@@ -255,6 +267,10 @@ impl SynthOptions {
         let mut extras = Extras::default();
         if preset_name == "phi3-mini-128k" {
             extras.longrope = Some(4096);
+        }
+        if arch_v == Arch::GptOss {
+            // gpt-oss's own rope scaling: YaRN, 32x from 4096 positions.
+            extras.yarn = Some((32.0, 4096));
         }
         Ok(Self {
             arch: arch_v,
@@ -391,7 +407,12 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 (b("ffn_down.weight"), s.n_ff, e, l),
             ]);
         }
-        let mut n = vec![(b("attn_norm.weight"), e), (b("ffn_norm.weight"), e)];
+        let mut n = vec![(b("attn_norm.weight"), e)];
+        if o.arch == Arch::GptOss {
+            n.push((b("post_attention_norm.weight"), e));
+        } else {
+            n.push((b("ffn_norm.weight"), e));
+        }
         match o.arch {
             Arch::Qwen2 => {
                 n.push((b("attn_q.bias"), q));
@@ -412,6 +433,12 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 n.push((b("post_attention_norm.weight"), e));
                 n.push((b("post_ffw_norm.weight"), e));
             }
+            Arch::GptOss => {
+                n.push((b("attn_q.bias"), q));
+                n.push((b("attn_k.bias"), kv));
+                n.push((b("attn_v.bias"), kv));
+                n.push((b("attn_output.bias"), e));
+            }
             Arch::Llama | Arch::Mistral | Arch::Mixtral | Arch::Phi3 => {}
         }
         layers.push((i, m, n));
@@ -431,12 +458,18 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 norm: false,
                 std: 0.02,
             });
+            let gpt_oss = o.arch == Arch::GptOss;
             for (name, cols, rows) in [
                 (b("ffn_gate_exps.weight"), e, x.n_ff_exp),
                 (b("ffn_up_exps.weight"), e, x.n_ff_exp),
                 (b("ffn_down_exps.weight"), x.n_ff_exp, e),
             ] {
-                let ty = matrix_type(o.ftype, &name, l, cols);
+                // gpt-oss ships its experts in MXFP4 whatever the rest is.
+                let ty = if gpt_oss && cols.is_multiple_of(32) {
+                    GgmlType::MXFP4
+                } else {
+                    matrix_type(o.ftype, &name, l, cols)
+                };
                 v.push(Spec {
                     name,
                     dims: vec![cols, rows, x.n_expert],
@@ -444,6 +477,26 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                     norm: false,
                     std: 0.02,
                 });
+            }
+            if gpt_oss {
+                // The router's bias, one bias row per expert and one sink logit per head, large
+                // enough to move routing and attention.
+                let mut biases = vec![
+                    (b("ffn_gate_inp.bias"), vec![x.n_expert], 0.5),
+                    (b("ffn_gate_exps.bias"), vec![x.n_ff_exp, x.n_expert], 0.1),
+                    (b("ffn_up_exps.bias"), vec![x.n_ff_exp, x.n_expert], 0.1),
+                    (b("ffn_down_exps.bias"), vec![e, x.n_expert], 0.1),
+                ];
+                biases.push((b("attn_sinks.weight"), vec![s.n_head], 1.0));
+                for (name, dims, std) in biases {
+                    v.push(Spec {
+                        name,
+                        dims,
+                        ty: GgmlType::F32,
+                        norm: false,
+                        std,
+                    });
+                }
             }
         }
         for (name, len) in n {
@@ -633,6 +686,10 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
         let w = o.extras.window.unwrap_or(512);
         md.set(k("attention.sliding_window"), MetadataValue::U32(w));
     }
+    if o.arch == Arch::GptOss {
+        let w = o.extras.window.unwrap_or(128);
+        md.set(k("attention.sliding_window"), MetadataValue::U32(w));
+    }
     if o.arch == Arch::Phi3 {
         // Phi-3-mini's converted files carry its window (2047); llama.cpp ignores it.
         let w = o.extras.window.unwrap_or(2047);
@@ -642,7 +699,7 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
         md.set(k("expert_count"), MetadataValue::U32(x.n_expert as u32));
         md.set(k("expert_used_count"), MetadataValue::U32(x.n_used as u32));
         match o.arch {
-            Arch::Qwen3Moe => md.set(
+            Arch::Qwen3Moe | Arch::GptOss => md.set(
                 k("expert_feed_forward_length"),
                 MetadataValue::U32(x.n_ff_exp as u32),
             ),
@@ -777,9 +834,15 @@ pub const GOLDEN_NAMES: &[&str] = &[
 pub fn family_spec(name: &str) -> Option<SynthOptions> {
     let (arch, ftype) = match name {
         "phi3" | "phi3-long" => ("phi3", "q8_0"),
+        "gpt-oss" => ("gpt-oss", "q8_0"),
         _ => return None,
     };
-    let mut o = SynthOptions::parse(arch, "tiny", ftype, 42).ok()?;
+    let preset = if arch == "gpt-oss" {
+        "tiny-moe"
+    } else {
+        "tiny"
+    };
+    let mut o = SynthOptions::parse(arch, preset, ftype, 42).ok()?;
     match name {
         // LongRoPE factors with an original context above the tests' 256 positions (the short
         // factors apply) and below (the long ones do); sharp attention so rope shows, and a
@@ -793,6 +856,13 @@ pub fn family_spec(name: &str) -> Option<SynthOptions> {
             o.extras.longrope = Some(128);
             o.extras.qk_std = Some(0.2);
         }
+        // YaRN 4x from 512 positions, a 4-token window on the even layers so short prompts
+        // slide, sharp attention; MXFP4 experts, biases and sinks come with the architecture.
+        "gpt-oss" => {
+            o.extras.yarn = Some((4.0, 512));
+            o.extras.window = Some(4);
+            o.extras.qk_std = Some(0.2);
+        }
         _ => {}
     }
     Some(o)
@@ -800,7 +870,7 @@ pub fn family_spec(name: &str) -> Option<SynthOptions> {
 
 /// Names accepted by [`family_spec`].
 #[cfg(feature = "testing")]
-pub const FAMILY_NAMES: &[&str] = &["phi3", "phi3-long"];
+pub const FAMILY_NAMES: &[&str] = &["phi3", "phi3-long", "gpt-oss"];
 
 #[cfg(test)]
 mod tests {

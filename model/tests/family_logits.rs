@@ -83,3 +83,9 @@ fn phi3_matches_llama_cpp() {
 fn phi3_long_rope_factors_match_llama_cpp() {
     check("phi3-long");
 }
+
+#[test]
+#[serial]
+fn gpt_oss_matches_llama_cpp() {
+    check("gpt-oss");
+}

@@ -140,6 +140,7 @@ fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
         T::Q5_K => kquantize::q5_k,
         T::Q6_K => kquantize::q6_k,
         T::Q8_K => kquantize::q8_k,
+        T::MXFP4 => quantize::mxfp4,
         _ => return None,
     })
 }
@@ -157,6 +158,7 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_K,
+    GgmlType::MXFP4,
 ];
 
 /// True when [`quantize`] supports `ty`.

@@ -7,6 +7,7 @@
 
 pub mod gemma2;
 pub mod gemma3;
+pub mod gpt_oss;
 pub mod llama;
 pub mod phi3;
 pub mod qwen2;
@@ -211,6 +212,7 @@ pub fn build_forward(
         Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
         Architecture::Phi3 => phi3::build(&mut b)?,
+        Architecture::GptOss => gpt_oss::build(&mut b)?,
     };
     b.finish(hidden)
 }
@@ -346,6 +348,7 @@ pub fn build_paged_forward(
         Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
         Architecture::Phi3 => phi3::build(&mut b)?,
+        Architecture::GptOss => gpt_oss::build(&mut b)?,
     };
     let fg = b.finish(hidden)?;
     Ok(PagedGraph {
@@ -555,6 +558,7 @@ impl<'a> Builder<'a> {
             causal: true,
             window: la.window,
             softcap: c.attn_softcap,
+            sinks: false,
         };
         let kv_dtype = self.kv.dtype.dtype();
         let o = if let Some(pg) = self.paged {
@@ -598,6 +602,11 @@ impl<'a> Builder<'a> {
             )?
         } else {
             self.contiguous_attention(il, q, k, v, params)?
+        };
+        // gpt-oss: one sink logit per query head joins every softmax.
+        let o = match self.weight_opt(&format!("blk.{il}.attn_sinks.weight"))? {
+            Some(s) => self.g.add_attention_sinks(o, s)?,
+            None => o,
         };
         let o = self.g.reshape(o, &[hdv * nh, nt])?;
         self.tag(o, "kqv_out", il)?;
@@ -736,10 +745,11 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Mixture-of-experts feed-forward of layer `il` as llama.cpp's `build_moe_ffn` with
-    /// softmax gating: router logits `ffn_gate_inp x`, softmax, the `n_used` most probable
-    /// experts, each expert's gated FFN (`ffn_{gate,up,down}_exps` stacks), the outputs scaled
-    /// by the (normalized) probabilities and summed in slot order.
+    /// Mixture-of-experts feed-forward of layer `il` as llama.cpp's `build_moe_ffn`: router
+    /// logits `ffn_gate_inp x` (plus its bias, when the file has one), the `n_used` chosen
+    /// experts and their weights by the model's [`crate::config::Gating`], each expert's gated
+    /// FFN (`ffn_{gate,up,down}_exps` stacks, each with its per-expert bias when present), the
+    /// outputs scaled by the weights and summed in slot order.
     pub fn moe_ffn(
         &mut self,
         il: usize,
@@ -749,26 +759,34 @@ impl<'a> Builder<'a> {
     ) -> Result<TensorId, ModelError> {
         let n_embd = self.cfg.n_embd;
         let nt = self.g.tensor(x)?.ne[1];
-        let w = |s: &str| format!("blk.{il}.{s}.weight");
-        let router = self.weight(&w("ffn_gate_inp"))?;
-        let logits = self.g.mul_mat(router, x)?;
+        let logits = self.linear(x, &format!("blk.{il}.ffn_gate_inp"))?;
         self.tag(logits, "ffn_moe_logits", il)?;
-        let probs = self.g.soft_max_ext(logits, None, 1.0)?;
-        self.tag(probs, "ffn_moe_probs", il)?;
-        let ids = self.g.arg_top_k(probs, moe.n_used)?;
+        let (ids, weights) = match moe.gating {
+            crate::config::Gating::Softmax => {
+                let probs = self.g.soft_max_ext(logits, None, 1.0)?;
+                self.tag(probs, "ffn_moe_probs", il)?;
+                let ids = self.g.arg_top_k(probs, moe.n_used)?;
+                (ids, self.g.expert_weights(probs, ids, moe.norm_weights)?)
+            }
+            crate::config::Gating::SoftmaxWeight => {
+                let ids = self.g.arg_top_k(logits, moe.n_used)?;
+                // A softmax already sums to 1: normalizing again would change nothing.
+                let picked = self.g.expert_weights(logits, ids, false)?;
+                (ids, self.g.soft_max_ext(picked, None, 1.0)?)
+            }
+        };
         self.tag(ids, "ffn_moe_topk", il)?;
-        let weights = self.g.expert_weights(probs, ids, moe.norm_weights)?;
         self.tag(weights, "ffn_moe_weights", il)?;
         let xr = self.g.reshape(x, &[n_embd, 1, nt])?;
-        let up_w = self.weight(&w("ffn_up_exps"))?;
-        let gate_w = self.weight(&w("ffn_gate_exps"))?;
-        let down_w = self.weight(&w("ffn_down_exps"))?;
-        let up = self.g.mul_mat_id(up_w, xr, ids)?;
+        let up = self.expert_linear(il, "ffn_up_exps", xr, ids)?;
         self.tag(up, "ffn_moe_up", il)?;
-        let gate = self.g.mul_mat_id(gate_w, xr, ids)?;
+        let gate = self.expert_linear(il, "ffn_gate_exps", xr, ids)?;
         self.tag(gate, "ffn_moe_gate", il)?;
-        let h = self.g.gated(act, gate, up)?;
-        let experts = self.g.mul_mat_id(down_w, h, ids)?;
+        let h = match moe.swiglu_oai {
+            Some((alpha, limit)) => self.g.swiglu_oai(gate, up, alpha, limit)?,
+            None => self.g.gated(act, gate, up)?,
+        };
+        let experts = self.expert_linear(il, "ffn_down_exps", h, ids)?;
         self.tag(experts, "ffn_moe_down", il)?;
         let wr = self.g.reshape(weights, &[1, moe.n_used, nt])?;
         let experts = self.g.mul(experts, wr)?;
@@ -792,6 +810,28 @@ impl<'a> Builder<'a> {
             out = self.g.cont(out)?;
         }
         self.tag(out, "ffn_moe_out", il)
+    }
+
+    /// The chosen experts' products `mul_mat_id(blk.{il}.{name}.weight, x, ids)`, plus each
+    /// expert's bias row (`{name}.bias`, `[n_out, n_expert]`) when the file has one, as
+    /// llama.cpp's `add_id`.
+    fn expert_linear(
+        &mut self,
+        il: usize,
+        name: &str,
+        x: TensorId,
+        ids: TensorId,
+    ) -> Result<TensorId, ModelError> {
+        let w = self.weight(&format!("blk.{il}.{name}.weight"))?;
+        let y = self.g.mul_mat_id(w, x, ids)?;
+        let Some(b) = self.weight_opt(&format!("blk.{il}.{name}.bias"))? else {
+            return Ok(y);
+        };
+        let ne = self.g.tensor(y)?.ne;
+        let flat = self.g.reshape(ids, &[ne[1] * ne[2]])?;
+        let rows = self.g.get_rows(b, flat)?;
+        let rows = self.g.reshape(rows, &[ne[0], ne[1], ne[2]])?;
+        Ok(self.g.add(y, rows)?)
     }
 
     /// In the last layer, when only the last position's logits are wanted, keeps only that

@@ -79,6 +79,7 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
         Optional,
     )?;
     let phi3 = cfg.arch == Architecture::Phi3;
+    let gpt_oss = cfg.arch == Architecture::GptOss;
     let qk_norm = matches!(
         cfg.arch,
         Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
@@ -104,7 +105,13 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
         check(weights, &t("attn_v.bias"), &[kv_v], qkv_bias)?;
         check(weights, &t("attn_output.weight"), &[o, e], Required)?;
         check(weights, &t("attn_output.bias"), &[e], Optional)?;
-        check(weights, &t("ffn_norm.weight"), &[e], Required)?;
+        if gpt_oss {
+            // Its pre-FFN norm is named after the attention; every head has a sink.
+            check(weights, &t("post_attention_norm.weight"), &[e], Required)?;
+            check(weights, &t("attn_sinks.weight"), &[cfg.n_head], Required)?;
+        } else {
+            check(weights, &t("ffn_norm.weight"), &[e], Required)?;
+        }
         if let Some(m) = cfg.moe {
             // The router and the expert stacks, one matrix per expert along the last dim.
             let (x, f) = (m.n_expert, m.n_ff_exp);
@@ -112,6 +119,11 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
             check(weights, &t("ffn_gate_exps.weight"), &[e, f, x], Required)?;
             check(weights, &t("ffn_up_exps.weight"), &[e, f, x], Required)?;
             check(weights, &t("ffn_down_exps.weight"), &[f, e, x], Required)?;
+            // gpt-oss's biases: the router's, and one row per expert.
+            check(weights, &t("ffn_gate_inp.bias"), &[x], Optional)?;
+            check(weights, &t("ffn_gate_exps.bias"), &[f, x], Optional)?;
+            check(weights, &t("ffn_up_exps.bias"), &[f, x], Optional)?;
+            check(weights, &t("ffn_down_exps.bias"), &[e, x], Optional)?;
         } else if phi3 {
             // Gate and up in one matrix, the gate first.
             check(weights, &t("ffn_up.weight"), &[e, 2 * cfg.n_ff], Required)?;
