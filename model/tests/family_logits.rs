@@ -89,3 +89,88 @@ fn phi3_long_rope_factors_match_llama_cpp() {
 fn gpt_oss_matches_llama_cpp() {
     check("gpt-oss");
 }
+
+/// Greedy tokens of `tm` for `prompt` run alone through a session.
+fn alone(
+    tm: &model::text::TextModel,
+    sopts: &SessionOptions,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    use model::generate::{generate, GenerateOptions};
+    use model::sampling::{Sampler, SamplerConfig};
+    let mut s = Session::new(tm.model(), sopts).expect("session");
+    let mut sampler = Sampler::new(SamplerConfig::greedy());
+    let o = GenerateOptions {
+        max_tokens: n,
+        stop_strings: Vec::new(),
+        ignore_eog: true,
+    };
+    generate(&mut s, tm, &mut sampler, prompt, &o, |_| {})
+        .expect("generate")
+        .tokens
+}
+
+/// The paged attention of the batching engine (sinks and windows over block tables, LongRoPE
+/// factors picked by the per-sequence context) gives each request the tokens it gets alone.
+#[test]
+#[serial]
+fn families_in_the_batching_engine_give_the_tokens_of_each_alone() {
+    use model::batch::{BatchEngine, EngineOptions, Event, Request};
+    for name in ["phi3", "gpt-oss"] {
+        let opts = model::synth::family_spec(name).expect("known family");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("family-engine");
+        std::fs::create_dir_all(&dir).expect("output folder");
+        let path = dir.join(format!("family-{name}.gguf"));
+        model::synth::write(&opts, None, &path).expect("write synthetic model");
+        let tm = model::text::TextModel::load(&path, |_, _| {}).expect("load");
+        let sopts = SessionOptions {
+            n_ctx: 128,
+            n_batch: 32,
+            n_threads: 2,
+            device: DeviceChoice::Cpu,
+            ..SessionOptions::default()
+        };
+        let prompts: Vec<Vec<u32>> = [(1u32, 5usize), (2, 23), (3, 40)]
+            .iter()
+            .map(|&(seed, n)| {
+                (0..n as u32)
+                    .map(|i| (seed * 31 + i * 7) % 250 + 3)
+                    .collect()
+            })
+            .collect();
+        let n = 10;
+        let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&tm, &sopts, p, n)).collect();
+        let eopts = EngineOptions {
+            session: sopts.clone(),
+            max_seqs: 3,
+            n_ctx_per_seq: 128,
+            block_size: 16,
+            kv_blocks: None,
+            host_kv_limit: None,
+            step_tokens: 32,
+            prefix_cache: false,
+            exact: true,
+        };
+        let e = BatchEngine::start(std::sync::Arc::new(tm.model().clone()), eopts).expect("engine");
+        let rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                e.submit_channel(Request::greedy(p.clone(), n))
+                    .expect("submit")
+                    .1
+            })
+            .collect();
+        for (i, rx) in rxs.iter().enumerate() {
+            let mut toks = Vec::new();
+            loop {
+                match rx.recv().expect("event") {
+                    Event::Token { id, .. } => toks.push(id),
+                    Event::Done { .. } => break,
+                    other => panic!("{name} request {i}: {other:?}"),
+                }
+            }
+            assert_eq!(toks, want[i], "{name} request {i}");
+        }
+    }
+}
