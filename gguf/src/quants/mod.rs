@@ -235,6 +235,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn mxfp4_quantizes_as_ggml() {
+        // E2M1 values times 8: ggml picks exponent floor(log2(48)) - 2 and every value is on
+        // the grid, so the round trip is exact; halfway values go to the first (smaller) code.
+        let grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        let mut x: Vec<f32> = (0..32).map(|i| grid[i % 8] * 8.0).collect();
+        x[9] = -x[9];
+        let mut q = vec![0u8; 17];
+        quantize_row(GgmlType::MXFP4, &x, &mut q).unwrap();
+        assert_eq!(q[0], 130);
+        let mut back = vec![0f32; 32];
+        dequantize_row(GgmlType::MXFP4, &q, &mut back).unwrap();
+        assert_eq!(back, x);
+        x[1] = 5.0 * 8.0;
+        x[2] = 2.5 * 8.0;
+        quantize_row(GgmlType::MXFP4, &x, &mut q).unwrap();
+        dequantize_row(GgmlType::MXFP4, &q, &mut back).unwrap();
+        assert_eq!((back[1], back[2]), (32.0, 16.0));
+        assert!(can_quantize(GgmlType::MXFP4));
+    }
+
+    #[test]
     fn block_structs_match_the_type_table() {
         use std::mem::size_of;
         let sizes = [
