@@ -496,6 +496,57 @@ impl Graph {
         ))
     }
 
+    /// Adds attention sinks (f32 `[n_head]`, one logit per query head; see
+    /// [`AttnParams::sinks`]) to the attention node `attn` just built by [`Graph::attention`]
+    /// or [`Graph::paged_attention`]; returns the same node.
+    pub fn add_attention_sinks(&mut self, attn: TensorId, sinks: TensorId) -> Result<TensorId> {
+        let n_head = self.t(attn)?.ne[1];
+        let st = self.t(sinks)?;
+        if st.dtype != DType::F32 || !st.is_contiguous() || st.nelements() != n_head {
+            return Err(shape_err(
+                "attention",
+                format!(
+                    "sinks must be dense f32 [{n_head}], got {} {:?}",
+                    st.dtype, st.ne
+                ),
+            ));
+        }
+        let node = &mut self.nodes[attn.index()];
+        let params = match &mut node.op {
+            Op::Attention(p) | Op::PagedAttention { params: p, .. } if !p.sinks => p,
+            _ => {
+                return Err(shape_err(
+                    "attention",
+                    format!("`{}` is no attention without sinks", node.name),
+                ))
+            }
+        };
+        params.sinks = true;
+        node.src.push(sinks);
+        Ok(attn)
+    }
+
+    /// gpt-oss's clamped SwiGLU of same-shaped `gate` and `up` (see [`Op::SwigluOai`]).
+    pub fn swiglu_oai(
+        &mut self,
+        gate: TensorId,
+        up: TensorId,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<TensorId> {
+        let op = Op::SwigluOai { alpha, limit };
+        let gt = self.need_f32(op.name(), gate)?;
+        let ut = self.need_f32(op.name(), up)?;
+        if gt.ne != ut.ne {
+            return Err(shape_err(
+                op.name(),
+                format!("gate {:?} and up {:?} differ", gt.ne, ut.ne),
+            ));
+        }
+        let ne = gt.ne;
+        Ok(self.push_op(op, DType::F32, ne, vec![gate, up]))
+    }
+
     /// Converts `src` into the view `dst` (same element count); the result aliases `dst`.
     pub fn cpy(&mut self, src: TensorId, dst: TensorId) -> Result<TensorId> {
         let (st, dt) = (self.t(src)?, self.t(dst)?);

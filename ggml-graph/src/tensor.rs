@@ -138,6 +138,10 @@ pub struct AttnParams {
     /// Gemma 2 style soft-capping of the scaled scores, `cap * tanh(s / cap)`, before the mask
     /// and softmax (`None`: off).
     pub softcap: Option<f32>,
+    /// Attention sinks (gpt-oss): the op's last operand is an f32 `[n_head]` logit per query
+    /// head that joins each row's softmax as an extra key with no value (it only takes
+    /// probability away from the real keys), as ggml's `soft_max_add_sinks`.
+    pub sinks: bool,
 }
 
 /// An operation with its typed parameters; the operands are the node's `src` list, in the order
@@ -184,7 +188,8 @@ pub enum Op {
     /// `[q, k, v, pos]` or `[q, k, v, pos, mask]`: q `[d, n_head, n_tok]` f32, k `[d, n_kv_head,
     /// n_kv]`, v `[dv, n_kv_head, n_kv]` (f32/f16/bf16, or q8_0 rows dequantized as read; key
     /// `j` has position `j`), pos I32
-    /// `[n_tok]` (query positions), optional additive f32 mask `[n_kv, n_tok]`.
+    /// `[n_tok]` (query positions), optional additive f32 mask `[n_kv, n_tok]`, then with
+    /// [`AttnParams::sinks`] the sinks f32 `[n_head]`.
     /// Result `[dv, n_head, n_tok]` f32. Query head `h` reads kv head `h / (n_head / n_kv_head)`.
     Attention(AttnParams),
     /// `[q, k, v, pos, seq, tables]`: attention of every query token over the cached positions
@@ -195,7 +200,8 @@ pub enum Op {
     /// `tables` and 1 when the token is its sequence's only one in the pass (a decode step: the
     /// CPU then sums as [`Op::Attention`] does for a one-token batch, so results equal a
     /// sequence run alone), else 0; tables I32 `[max_blocks, n_seqs]`: block ids by the block
-    /// index of the position. Always causal; the window applies as in [`Op::Attention`].
+    /// index of the position; with [`AttnParams::sinks`] then the sinks f32 `[n_head]`. Always
+    /// causal; the window applies as in [`Op::Attention`].
     /// Result `[dv, n_head, n_tok]` f32.
     PagedAttention {
         /// Scale, window and soft-capping (`causal` must be true).
@@ -236,6 +242,14 @@ pub enum Op {
     /// `[n, n_used, n_tok]`: `out[:, i, t] = w[:, :, ids[i, t]] . x[:, i % n_x, t]`. Only the
     /// chosen matrices are read; every column is summed as a one-column product.
     MulMatId,
+    /// `[gate, up]`: gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`): with `g = min(gate,
+    /// limit)` and `u = clamp(up, -limit, limit)`, `g * sigmoid(alpha g) * (u + 1)`.
+    SwigluOai {
+        /// Sigmoid sharpness (gpt-oss: 1.702).
+        alpha: f32,
+        /// Clamp of both halves (gpt-oss: 7).
+        limit: f32,
+    },
     /// Fused `[x, w]`: `rms_norm(x, eps) * w` (`w` broadcast), made by the optimizer.
     RmsNormMul {
         /// Epsilon inside the square root.
@@ -336,6 +350,7 @@ impl Op {
             Op::ArgTopK(_) => "argsort_top_k",
             Op::ExpertWeights { .. } => "expert_weights",
             Op::MulMatId => "mul_mat_id",
+            Op::SwigluOai { .. } => "swiglu_oai",
             Op::RmsNormMul { .. } => "rms_norm_mul",
             Op::MulMatAdd => "mul_mat_add",
             Op::MulMatGated(Act::Silu) => "mul_mat_swiglu",

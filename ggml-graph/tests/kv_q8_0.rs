@@ -96,6 +96,7 @@ fn q8_0_cache_attention_equals_f32_attention_on_the_dequantized_rows() {
                 causal: true,
                 window,
                 softcap: None,
+                sinks: false,
             };
             // One decode token and a chunk of four, each contiguous and paged.
             for pos in [vec![36i32], vec![20, 21, 22, 23]] {
@@ -138,6 +139,7 @@ fn q8_0_cache_rows_must_be_whole_blocks() {
         causal: true,
         window: None,
         softcap: None,
+        sinks: false,
     };
     assert!(g.attention(q, kv, kv, pos, None, p).is_ok());
 }

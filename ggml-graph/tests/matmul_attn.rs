@@ -200,6 +200,7 @@ fn attention_gqa_causal_window_f16_cache() {
             causal: true,
             window,
             softcap,
+            sinks: false,
         };
         let mut g = Graph::new();
         let q = g.input("q", DType::F32, &[d, hq, t]).unwrap();

@@ -258,6 +258,7 @@ fn query_scale_folds_into_attention() {
             causal: true,
             window: None,
             softcap: None,
+            sinks: false,
         };
         let a = g.attention(qs, k, v, pos, None, p).unwrap();
         g.mark_output(a).unwrap();

@@ -149,6 +149,7 @@ fn paged_attention_equals_each_sequence_alone() {
             causal: true,
             window,
             softcap: None,
+            sinks: false,
         };
         // Sequence 0: a prefill chunk of 3 tokens at positions 6..9 (10 positions cached);
         // sequence 1: one decode token at position 12 (13 positions).

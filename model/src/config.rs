@@ -44,6 +44,12 @@ pub enum Architecture {
     Gemma2,
     /// `gemma3`: q/k norms, post-norms, GELU-gated FFN, sliding-window layers.
     Gemma3,
+    /// `phi3`: fused q/k/v and gate/up projections, LongRoPE frequency factors.
+    Phi3,
+    /// `gpt-oss`: biased projections, attention sinks, every other layer on a sliding window,
+    /// YaRN rope, and a mixture of experts with a biased router, softmax over the chosen
+    /// experts' logits and a clamped SwiGLU (MXFP4 experts in the published files).
+    GptOss,
 }
 
 impl Architecture {
@@ -56,6 +62,8 @@ impl Architecture {
             "qwen3moe" => Ok(Self::Qwen3Moe),
             "gemma2" => Ok(Self::Gemma2),
             "gemma3" => Ok(Self::Gemma3),
+            "phi3" => Ok(Self::Phi3),
+            "gpt-oss" => Ok(Self::GptOss),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -69,6 +77,8 @@ impl Architecture {
             Self::Qwen3Moe => "qwen3moe",
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
+            Self::Phi3 => "phi3",
+            Self::GptOss => "gpt-oss",
         }
     }
 
@@ -77,9 +87,13 @@ impl Architecture {
     pub fn rope_mode(self) -> RopeMode {
         match self {
             Self::Llama => RopeMode::Normal,
-            Self::Qwen2 | Self::Qwen3 | Self::Qwen3Moe | Self::Gemma2 | Self::Gemma3 => {
-                RopeMode::Neox
-            }
+            Self::Qwen2
+            | Self::Qwen3
+            | Self::Qwen3Moe
+            | Self::Gemma2
+            | Self::Gemma3
+            | Self::Phi3
+            | Self::GptOss => RopeMode::Neox,
         }
     }
 }
@@ -164,6 +178,21 @@ pub struct Moe {
     /// Divide the chosen experts' probabilities by their sum. llama.cpp does for both families
     /// whatever `expert_weights_norm` says (Mixtral and Qwen3-MoE are trained that way).
     pub norm_weights: bool,
+    /// How router logits become the chosen experts' weights.
+    pub gating: Gating,
+    /// gpt-oss's clamped SwiGLU `(alpha, limit)` instead of the plain one (see
+    /// `ggml_graph::Op::SwigluOai`).
+    pub swiglu_oai: Option<(f32, f32)>,
+}
+
+/// Mixture-of-experts gating, as llama.cpp's `llama_expert_gating_func_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts, the most probable chosen, their probabilities the weights.
+    Softmax,
+    /// The experts with the largest logits chosen, the softmax of just their logits the weights
+    /// (gpt-oss).
+    SoftmaxWeight,
 }
 
 /// The mixture-of-experts settings of `arch`: required for `qwen3moe`, present for `llama` when
@@ -171,7 +200,7 @@ pub struct Moe {
 fn moe_config(md: &Metadata, arch: Architecture, n_ff: usize) -> Result<Option<Moe>, ModelError> {
     let count_key = key(arch, "expert_count");
     let n_expert = match arch {
-        Architecture::Qwen3Moe => req_size(md, &count_key, MAX_EXPERTS)?,
+        Architecture::Qwen3Moe | Architecture::GptOss => req_size(md, &count_key, MAX_EXPERTS)?,
         Architecture::Llama => match opt_u(md, &count_key)? {
             None | Some(0) => return Ok(None),
             Some(n) => {
@@ -184,14 +213,24 @@ fn moe_config(md: &Metadata, arch: Architecture, n_ff: usize) -> Result<Option<M
     let used_key = key(arch, "expert_used_count");
     let n_used = req_size(md, &used_key, n_expert)?;
     let n_ff_exp = match arch {
-        Architecture::Qwen3Moe => req_size(md, &key(arch, "expert_feed_forward_length"), MAX_FF)?,
+        Architecture::Qwen3Moe | Architecture::GptOss => {
+            req_size(md, &key(arch, "expert_feed_forward_length"), MAX_FF)?
+        }
         _ => n_ff,
     };
+    let gpt_oss = arch == Architecture::GptOss;
     Ok(Some(Moe {
         n_expert,
         n_used,
         n_ff_exp,
-        norm_weights: true,
+        norm_weights: !gpt_oss,
+        gating: if gpt_oss {
+            Gating::SoftmaxWeight
+        } else {
+            Gating::Softmax
+        },
+        // llama.cpp's constants for gpt-oss (not read from the file).
+        swiglu_oai: gpt_oss.then_some((1.702, 7.0)),
     }))
 }
 
@@ -353,6 +392,50 @@ fn opt_f(md: &Metadata, k: &str) -> Result<Option<f32>, ModelError> {
     })
 }
 
+/// gpt-oss's layers as llama.cpp sets them up: `attention.sliding_window` (required) on the
+/// layers `attention.sliding_window_pattern` marks (a per-layer list, or a period whose last
+/// layer is global; default 2, so even layers slide), with `rope.freq_base_swa` (default the
+/// global base) and the global position scale.
+fn gpt_oss_layers(
+    md: &Metadata,
+    arch: Architecture,
+    n_layer: usize,
+    global: LayerAttention,
+) -> Result<Vec<LayerAttention>, ModelError> {
+    let sw_key = key(arch, "attention.sliding_window");
+    let window = opt_size(md, &sw_key, MAX_CONTEXT)?.ok_or(ModelError::MissingKey(sw_key))?;
+    let swa_key = key(arch, "rope.freq_base_swa");
+    let swa_base = opt_f(md, &swa_key)?.unwrap_or(global.rope_base);
+    check_positive(&swa_key, swa_base, "rope base")?;
+    let local = LayerAttention {
+        window: Some(window),
+        rope_base: swa_base,
+        ..global
+    };
+    let pattern_key = key(arch, "attention.sliding_window_pattern");
+    let is_swa: Vec<bool> = match md.get(&pattern_key) {
+        Some(gguf::MetadataValue::Array(gguf::ArrayValue::Bool(v))) if v.len() >= n_layer => {
+            v[..n_layer].to_vec()
+        }
+        Some(gguf::MetadataValue::Array(_)) => {
+            return Err(ModelError::BadKey {
+                key: pattern_key,
+                reason: format!("expected {n_layer} booleans"),
+            })
+        }
+        _ => {
+            let period = opt_u(md, &pattern_key)?.unwrap_or(2);
+            (0..n_layer)
+                .map(|il| period == 0 || il % period < period - 1)
+                .collect()
+        }
+    };
+    Ok(is_swa
+        .into_iter()
+        .map(|swa| if swa { local } else { global })
+        .collect())
+}
+
 impl ModelConfig {
     /// Reads the configuration; `n_vocab` comes from the embedding tensor's row count since the
     /// vocabulary-size key is often absent.
@@ -452,6 +535,9 @@ impl ModelConfig {
         let mut layers = vec![global; n_layer];
         let mut attn_softcap = None;
         let mut final_softcap = None;
+        if arch == Architecture::GptOss {
+            layers = gpt_oss_layers(md, arch, n_layer, global)?;
+        }
         if matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) {
             let gemma2 = arch == Architecture::Gemma2;
             let sw_key = key(arch, "attention.sliding_window");

@@ -36,10 +36,15 @@ pub enum Arch {
     Mixtral,
     /// Qwen3-MoE (Qwen3 attention, mixture-of-experts feed-forward).
     Qwen3Moe,
+    /// Phi-3 (fused q/k/v and gate/up projections).
+    Phi3,
+    /// gpt-oss (biased projections, attention sinks, alternating sliding window, YaRN, MXFP4
+    /// experts with biases).
+    GptOss,
 }
 
 impl Arch {
-    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe`.
+    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe|phi3|gpt-oss`.
     pub fn parse(s: &str) -> Result<Self, ModelError> {
         Ok(match s {
             "llama" => Self::Llama,
@@ -50,6 +55,8 @@ impl Arch {
             "gemma3" => Self::Gemma3,
             "mixtral" => Self::Mixtral,
             "qwen3moe" => Self::Qwen3Moe,
+            "phi3" => Self::Phi3,
+            "gpt-oss" => Self::GptOss,
             _ => return Err(ModelError::UnsupportedArchitecture(s.to_owned())),
         })
     }
@@ -62,12 +69,14 @@ impl Arch {
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
             Self::Qwen3Moe => "qwen3moe",
+            Self::Phi3 => "phi3",
+            Self::GptOss => "gpt-oss",
         }
     }
 
     /// True for the mixture-of-experts architectures (their presets give the experts).
     fn is_moe(self) -> bool {
-        matches!(self, Self::Mixtral | Self::Qwen3Moe)
+        matches!(self, Self::Mixtral | Self::Qwen3Moe | Self::GptOss)
     }
 }
 
@@ -137,6 +146,9 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         "qwen2-7b" => s(3584, 28, 28, 4, 128, 18944, 32768, 1000000.0, 1e-6),
         "qwen3-0.6b" => s(1024, 28, 16, 8, 128, 3072, 40960, 1000000.0, 1e-6),
         "gemma3-270m" => s(640, 18, 4, 1, 256, 2048, 32768, 1000000.0, 1e-6),
+        // Phi-3-mini (3.8B); the 128k variant adds LongRoPE factors (see `SynthOptions::parse`).
+        "phi3-mini" => s(3072, 32, 32, 32, 96, 8192, 4096, 10000.0, 1e-5),
+        "phi3-mini-128k" => s(3072, 32, 32, 32, 96, 8192, 131072, 10000.0, 1e-5),
         // Mixture-of-experts shapes (for `mixtral` and `qwen3moe`).
         "tiny-moe" => moe(s(256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5), 8, 2, 256),
         "mixtral-8x7b" => moe(
@@ -151,10 +163,17 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
             8,
             768,
         ),
+        // gpt-oss-20b (its YaRN scaling comes with the architecture, see `SynthOptions::parse`).
+        "gpt-oss-20b" => moe(
+            s(2880, 24, 64, 8, 64, 2880, 131072, 150000.0, 1e-5),
+            32,
+            4,
+            2880,
+        ),
         _ => {
             return Err(ModelError::InvalidArgument(format!(
                 "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
-                 gemma3-270m; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b)"
+                 gemma3-270m, phi3-mini, phi3-mini-128k; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
             )))
         }
     })
@@ -210,11 +229,15 @@ pub struct Extras {
     pub rope_freqs: bool,
     /// `attn_logit_softcapping` and `final_logit_softcapping` (Gemma 2).
     pub softcap: Option<(f32, f32)>,
-    /// `attention.sliding_window` (Gemma; 512 when unset).
+    /// `attention.sliding_window` (Gemma: 512 when unset; Phi-3: 2047, unused).
     pub window: Option<u32>,
     /// Standard deviation of the q and k projections instead of 0.02: larger values make
     /// attention sharp, so rope and score changes show in the logits.
     pub qk_std: Option<f32>,
+    /// LongRoPE (Phi-3 128k): `rope_factors_long`/`rope_factors_short` tensors, this original
+    /// context (`rope.scaling.original_context_length`) and the attention factor Phi-3's
+    /// converter derives from it and the trained context.
+    pub longrope: Option<u32>,
 }
 
 impl SynthOptions {
@@ -241,13 +264,21 @@ impl SynthOptions {
                 }
             )));
         }
+        let mut extras = Extras::default();
+        if preset_name == "phi3-mini-128k" {
+            extras.longrope = Some(4096);
+        }
+        if arch_v == Arch::GptOss {
+            // gpt-oss's own rope scaling: YaRN, 32x from 4096 positions.
+            extras.yarn = Some((32.0, 4096));
+        }
         Ok(Self {
             arch: arch_v,
             preset: preset_name.to_owned(),
             shape,
             ftype: FileType::parse(ftype)?,
             seed,
-            extras: Extras::default(),
+            extras,
         })
     }
 }
@@ -337,7 +368,9 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
     let mut v = Vec::new();
     let mat = |v: &mut Vec<Spec>, name: String, cols: u64, rows: u64, layer: Option<(u64, u64)>| {
         let ty = matrix_type(o.ftype, &name, layer, cols);
-        let qk = name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight");
+        let qk = name.ends_with("attn_q.weight")
+            || name.ends_with("attn_k.weight")
+            || name.ends_with("attn_qkv.weight");
         let std = o.extras.qk_std.filter(|_| qk).unwrap_or(0.02);
         v.push(Spec {
             name,
@@ -352,20 +385,34 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
     for i in 0..s.n_layer {
         let l = Some((i, s.n_layer));
         let b = |t: &str| format!("blk.{i}.{t}");
-        let mut m = vec![
-            (b("attn_q.weight"), e, q, l),
-            (b("attn_k.weight"), e, kv, l),
-            (b("attn_v.weight"), e, kv, l),
-            (b("attn_output.weight"), q, e, l),
-        ];
-        if s.experts.is_none() {
+        let mut m = if o.arch == Arch::Phi3 {
+            vec![
+                (b("attn_qkv.weight"), e, q + 2 * kv, l),
+                (b("attn_output.weight"), q, e, l),
+                (b("ffn_up.weight"), e, 2 * s.n_ff, l),
+                (b("ffn_down.weight"), s.n_ff, e, l),
+            ]
+        } else {
+            vec![
+                (b("attn_q.weight"), e, q, l),
+                (b("attn_k.weight"), e, kv, l),
+                (b("attn_v.weight"), e, kv, l),
+                (b("attn_output.weight"), q, e, l),
+            ]
+        };
+        if s.experts.is_none() && o.arch != Arch::Phi3 {
             m.extend([
                 (b("ffn_gate.weight"), e, s.n_ff, l),
                 (b("ffn_up.weight"), e, s.n_ff, l),
                 (b("ffn_down.weight"), s.n_ff, e, l),
             ]);
         }
-        let mut n = vec![(b("attn_norm.weight"), e), (b("ffn_norm.weight"), e)];
+        let mut n = vec![(b("attn_norm.weight"), e)];
+        if o.arch == Arch::GptOss {
+            n.push((b("post_attention_norm.weight"), e));
+        } else {
+            n.push((b("ffn_norm.weight"), e));
+        }
         match o.arch {
             Arch::Qwen2 => {
                 n.push((b("attn_q.bias"), q));
@@ -386,7 +433,13 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 n.push((b("post_attention_norm.weight"), e));
                 n.push((b("post_ffw_norm.weight"), e));
             }
-            Arch::Llama | Arch::Mistral | Arch::Mixtral => {}
+            Arch::GptOss => {
+                n.push((b("attn_q.bias"), q));
+                n.push((b("attn_k.bias"), kv));
+                n.push((b("attn_v.bias"), kv));
+                n.push((b("attn_output.bias"), e));
+            }
+            Arch::Llama | Arch::Mistral | Arch::Mixtral | Arch::Phi3 => {}
         }
         layers.push((i, m, n));
     }
@@ -405,12 +458,18 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 norm: false,
                 std: 0.02,
             });
+            let gpt_oss = o.arch == Arch::GptOss;
             for (name, cols, rows) in [
                 (b("ffn_gate_exps.weight"), e, x.n_ff_exp),
                 (b("ffn_up_exps.weight"), e, x.n_ff_exp),
                 (b("ffn_down_exps.weight"), x.n_ff_exp, e),
             ] {
-                let ty = matrix_type(o.ftype, &name, l, cols);
+                // gpt-oss ships its experts in MXFP4 whatever the rest is.
+                let ty = if gpt_oss && cols.is_multiple_of(32) {
+                    GgmlType::MXFP4
+                } else {
+                    matrix_type(o.ftype, &name, l, cols)
+                };
                 v.push(Spec {
                     name,
                     dims: vec![cols, rows, x.n_expert],
@@ -418,6 +477,26 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                     norm: false,
                     std: 0.02,
                 });
+            }
+            if gpt_oss {
+                // The router's bias, one bias row per expert and one sink logit per head, large
+                // enough to move routing and attention.
+                let mut biases = vec![
+                    (b("ffn_gate_inp.bias"), vec![x.n_expert], 0.5),
+                    (b("ffn_gate_exps.bias"), vec![x.n_ff_exp, x.n_expert], 0.1),
+                    (b("ffn_up_exps.bias"), vec![x.n_ff_exp, x.n_expert], 0.1),
+                    (b("ffn_down_exps.bias"), vec![e, x.n_expert], 0.1),
+                ];
+                biases.push((b("attn_sinks.weight"), vec![s.n_head], 1.0));
+                for (name, dims, std) in biases {
+                    v.push(Spec {
+                        name,
+                        dims,
+                        ty: GgmlType::F32,
+                        norm: false,
+                        std,
+                    });
+                }
             }
         }
         for (name, len) in n {
@@ -430,9 +509,16 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
             });
         }
     }
+    let mut factors = Vec::new();
     if o.extras.rope_freqs {
+        factors.push("rope_freqs.weight");
+    }
+    if o.extras.longrope.is_some() {
+        factors.extend(["rope_factors_long.weight", "rope_factors_short.weight"]);
+    }
+    for name in factors {
         v.push(Spec {
-            name: "rope_freqs.weight".into(),
+            name: name.into(),
             dims: vec![hd / 2],
             ty: GgmlType::F32,
             norm: true,
@@ -496,12 +582,19 @@ fn tensor_bytes(seed: u64, t: &Spec) -> Result<Vec<u8>, ModelError> {
         ModelError::InvalidArgument(format!("{}: {cols} columns do not fit {}", t.name, t.ty))
     })? as usize;
     let mut out = vec![0u8; row_bytes * rows];
-    if t.name == "rope_freqs.weight" {
-        // Frequency divisors from 1 (fastest pair) to 8 (slowest), as Llama 3.1's long-context
-        // factors leave high frequencies alone and slow the low ones down.
+    let top = match t.name.as_str() {
+        "rope_freqs.weight" => Some(8.0),
+        // LongRoPE: short factors near 1, long ones up to Phi-3-128k's order of magnitude.
+        "rope_factors_short.weight" => Some(1.5),
+        "rope_factors_long.weight" => Some(40.0),
+        _ => None,
+    };
+    if let Some(top) = top {
+        // Frequency divisors from 1 (fastest pair) to `top` (slowest), as long-context factors
+        // leave high frequencies alone and slow the low ones down.
         let n = cols.max(2) as f32 - 1.0;
         let vals: Vec<f32> = (0..cols)
-            .map(|i| 1.0 + 7.0 * (i as f32 / n).powi(2))
+            .map(|i| 1.0 + (top - 1.0) * (i as f32 / n).powi(2))
             .collect();
         gguf::quantize_row(t.ty, &vals, &mut out)?;
         return Ok(out);
@@ -549,10 +642,15 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
     let arch = o.arch.gguf_name();
     let s = o.shape;
     md.set("general.architecture", arch);
-    md.set(
-        "general.name",
-        format!("rocmforge synthetic {arch} {} seed {}", o.preset, o.seed).as_str(),
-    );
+    let name = format!("rocmforge synthetic {arch} {} seed {}", o.preset, o.seed);
+    // llama.cpp gives Phi-3's special tokens their attributes by `general.name` and then needs
+    // Phi-3's own tokens (`</s>`, `<unk>`...), which the built-in vocabulary lacks: say "phi 3".
+    let name = if o.arch == Arch::Phi3 {
+        name.replace("phi3", "phi 3")
+    } else {
+        name
+    };
+    md.set("general.name", name.as_str());
     md.set("general.alignment", MetadataValue::U32(32));
     let k = |suffix: &str| format!("{arch}.{suffix}");
     md.set(k("context_length"), MetadataValue::U32(s.n_ctx));
@@ -588,11 +686,20 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
         let w = o.extras.window.unwrap_or(512);
         md.set(k("attention.sliding_window"), MetadataValue::U32(w));
     }
+    if o.arch == Arch::GptOss {
+        let w = o.extras.window.unwrap_or(128);
+        md.set(k("attention.sliding_window"), MetadataValue::U32(w));
+    }
+    if o.arch == Arch::Phi3 {
+        // Phi-3-mini's converted files carry its window (2047); llama.cpp ignores it.
+        let w = o.extras.window.unwrap_or(2047);
+        md.set(k("attention.sliding_window"), MetadataValue::U32(w));
+    }
     if let Some(x) = s.experts {
         md.set(k("expert_count"), MetadataValue::U32(x.n_expert as u32));
         md.set(k("expert_used_count"), MetadataValue::U32(x.n_used as u32));
         match o.arch {
-            Arch::Qwen3Moe => md.set(
+            Arch::Qwen3Moe | Arch::GptOss => md.set(
                 k("expert_feed_forward_length"),
                 MetadataValue::U32(x.n_ff_exp as u32),
             ),
@@ -606,6 +713,23 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
     if let Some((attn, fin)) = o.extras.softcap {
         md.set(k("attn_logit_softcapping"), MetadataValue::F32(attn));
         md.set(k("final_logit_softcapping"), MetadataValue::F32(fin));
+    }
+    if let Some(orig) = o.extras.longrope {
+        // Phi-3's converter: sqrt(1 + ln(scale) / ln(original context)) for the context scale.
+        let scale = s.n_ctx as f64 / f64::from(orig);
+        let attn = if scale > 1.0 {
+            (1.0 + scale.ln() / f64::from(orig).ln()).sqrt()
+        } else {
+            1.0
+        };
+        md.set(
+            k("rope.scaling.attn_factor"),
+            MetadataValue::F32(attn as f32),
+        );
+        md.set(
+            k("rope.scaling.original_context_length"),
+            MetadataValue::U32(orig),
+        );
     }
     if let Some((factor, orig)) = o.extras.yarn {
         md.set(k("rope.scaling.type"), "yarn");
@@ -702,6 +826,51 @@ pub const GOLDEN_NAMES: &[&str] = &[
     "llama-rope-freqs",
     "gemma2",
 ];
+
+/// The tiny synthetic files of the newer families' llama.cpp references
+/// (`model/tests/data/family_*.json`, made by `scripts/family_goldens.sh`): built-in vocabulary,
+/// seed 42. Test data: only with the `testing` feature.
+#[cfg(feature = "testing")]
+pub fn family_spec(name: &str) -> Option<SynthOptions> {
+    let (arch, ftype) = match name {
+        "phi3" | "phi3-long" => ("phi3", "q8_0"),
+        "gpt-oss" => ("gpt-oss", "q8_0"),
+        _ => return None,
+    };
+    let preset = if arch == "gpt-oss" {
+        "tiny-moe"
+    } else {
+        "tiny"
+    };
+    let mut o = SynthOptions::parse(arch, preset, ftype, 42).ok()?;
+    match name {
+        // LongRoPE factors with an original context above the tests' 256 positions (the short
+        // factors apply) and below (the long ones do); sharp attention so rope shows, and a
+        // 4-token window that llama.cpp ignores for Phi-3 (so must we).
+        "phi3" => {
+            o.extras.longrope = Some(512);
+            o.extras.window = Some(4);
+            o.extras.qk_std = Some(0.2);
+        }
+        "phi3-long" => {
+            o.extras.longrope = Some(128);
+            o.extras.qk_std = Some(0.2);
+        }
+        // YaRN 4x from 512 positions, a 4-token window on the even layers so short prompts
+        // slide, sharp attention; MXFP4 experts, biases and sinks come with the architecture.
+        "gpt-oss" => {
+            o.extras.yarn = Some((4.0, 512));
+            o.extras.window = Some(4);
+            o.extras.qk_std = Some(0.2);
+        }
+        _ => {}
+    }
+    Some(o)
+}
+
+/// Names accepted by [`family_spec`].
+#[cfg(feature = "testing")]
+pub const FAMILY_NAMES: &[&str] = &["phi3", "phi3-long", "gpt-oss"];
 
 #[cfg(test)]
 mod tests {

@@ -128,7 +128,8 @@ pub(crate) fn attention(
     let (q, k, v, pos) = (&srcs[0], &srcs[1], &srcs[2], &srcs[3]);
     let qa = q.f32s()?;
     let pa = pos.i32s()?;
-    let ma = match srcs.get(4) {
+    let (extra, sinks) = split_sinks(srcs, 4, p)?;
+    let ma = match extra.first() {
         Some(m) => Some((m, m.f32s()?)),
         None => None,
     };
@@ -166,6 +167,7 @@ pub(crate) fn attention(
                 mrow,
                 order,
                 rows: None,
+                sinks,
             };
             attend_task(q, k, v, qa, group, p, simd, &task, ochunk);
         });
@@ -188,6 +190,7 @@ pub(crate) fn paged_attention(
     let pa = srcs[3].i32s()?;
     let sa = srcs[4].i32s()?;
     let ta = srcs[5].i32s()?;
+    let (_, sinks) = split_sinks(srcs, 6, p)?;
     let (n_head, n_kv_head, n_slots) = (q.t.ne[1], k.t.ne[1], k.t.ne[2]);
     let (max_blocks, n_seqs) = (srcs[5].t.ne[0], srcs[5].t.ne[1]);
     let group = n_head / n_kv_head;
@@ -246,6 +249,7 @@ pub(crate) fn paged_attention(
                 mrow: None,
                 order,
                 rows: Some((&ta[col * max_blocks..(col + 1) * max_blocks], block_size)),
+                sinks,
             };
             attend_task(q, k, v, qa, group, p, simd, &task, ochunk);
         });
@@ -262,6 +266,24 @@ struct Task<'a> {
     mrow: Option<&'a [f32]>,
     order: SumOrder,
     rows: Option<(&'a [i32], usize)>,
+    sinks: Option<&'a [f32]>,
+}
+
+/// The operands after the first `fixed` of an attention node, without the sinks, and the
+/// sinks' values (one per query head) when the node has them.
+fn split_sinks<'s, 'a>(
+    srcs: &'s [SrcView<'a>],
+    fixed: usize,
+    p: &AttnParams,
+) -> Result<(&'s [SrcView<'a>], Option<&'s [f32]>)> {
+    let rest = srcs.get(fixed..).unwrap_or(&[]);
+    if !p.sinks {
+        return Ok((rest, None));
+    }
+    match rest.split_last() {
+        Some((s, extra)) => Ok((extra, Some(s.f32s()?))),
+        None => Ok((rest, None)),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -300,6 +322,7 @@ fn attend_task(
         simd,
         order: task.order,
         rows: task.rows,
+        sinks: task.sinks,
     };
     ATTN_SCRATCH.with(|cell| {
         let mut buf = cell.borrow_mut();
@@ -330,6 +353,8 @@ struct Job<'a, 'b> {
     order: SumOrder,
     /// Paged pools: the block table and block size mapping key positions to pool rows.
     rows: Option<(&'a [i32], usize)>,
+    /// Attention sinks, one logit per query head.
+    sinks: Option<&'a [f32]>,
 }
 
 impl Job<'_, '_> {
@@ -415,7 +440,9 @@ fn attend<const FMA: bool>(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32
     }
     for g in 0..group {
         let sg = &mut scores[g * n..(g + 1) * n];
+        let sink = job.sinks.map(|s| s[job.kvh * group + g]);
         let max = sg.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let max = sink.map_or(max, |s| max.max(s));
         if max == f32::NEG_INFINITY {
             sg.fill(0.0);
             continue;
@@ -434,6 +461,10 @@ fn attend<const FMA: bool>(job: &Job<'_, '_>, buf: &mut Vec<f32>, out: &mut [f32
                 }
             }
             sum += reduce16(&e) as f64;
+        }
+        // The sink joins the sum as ggml's softmax adds it (libm `expf`, not the vector one).
+        if let Some(s) = sink {
+            sum += f64::from((s - max).exp());
         }
         let inv = (1.0 / sum) as f32;
         sg.iter_mut().for_each(|x| *x *= inv);

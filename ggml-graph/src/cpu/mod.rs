@@ -229,6 +229,9 @@ pub(crate) fn compute(
             ops::map_rows(t, out, &srcs[0], |o| o.iter_mut().for_each(|v| *v = f(*v)))
         }
         Op::Gated(act) => ops::gated(t, out, &srcs[0], &srcs[1], ops::act_fn(*act)),
+        Op::SwigluOai { alpha, limit } => {
+            ops::swiglu_oai(t, out, &srcs[0], &srcs[1], *alpha, *limit)
+        }
         Op::Rope(p) => attn::rope(t, out, &srcs[0], &srcs[1], srcs.get(2), p),
         Op::SoftMax { scale } => attn::soft_max(t, out, &srcs[0], srcs.get(1), *scale),
         Op::Attention(p) => attn::attention(be, t, out, srcs, p),

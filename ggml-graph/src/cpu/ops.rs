@@ -233,6 +233,32 @@ pub(crate) fn gated(
     Ok(())
 }
 
+/// ggml's `swiglu_oai` row by row, in its order of operations.
+pub(crate) fn swiglu_oai(
+    t: &Tensor,
+    out: &mut [u8],
+    g: &SrcView<'_>,
+    u: &SrcView<'_>,
+    alpha: f32,
+    limit: f32,
+) -> Result<()> {
+    let (ga, ua) = (g.f32s()?, u.f32s()?);
+    let o = out_f32(t, out)?;
+    let ne0 = t.ne[0].max(1);
+    for_rows(o, ne0, |r, orow| {
+        let (i1, i2, i3) = unflatten(r, &t.ne);
+        if !g.aliased {
+            orow.copy_from_slice(g.row(ga, i1, i2, i3));
+        }
+        for (o, &y) in orow.iter_mut().zip(u.row(ua, i1, i2, i3)) {
+            let x = o.min(limit);
+            let y = y.clamp(-limit, limit);
+            *o = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+        }
+    });
+    Ok(())
+}
+
 pub(crate) fn get_rows(
     t: &Tensor,
     out: &mut [u8],

@@ -283,9 +283,11 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
         }
         (Op::Argmax, [a]) => f32_rows(a) && dense(t, DType::I32),
         // Soft-capped scores have no GPU kernel yet: such layers run on the CPU.
+        // Neither do sinks (gpt-oss): such nodes carry one more operand besides.
         (Op::Attention(p), [q, k, v, pos]) => {
             let d = q.ne[0];
             p.softcap.is_none()
+                && !p.sinks
                 && q.dtype == DType::F32
                 && q.rows_contiguous()
                 && q.ne[3] == 1
@@ -309,6 +311,7 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
         (Op::PagedAttention { params, .. }, [q, k, v, pos, seq, tables]) => {
             let d = q.ne[0];
             params.softcap.is_none()
+                && !params.sinks
                 && q.dtype == DType::F32
                 && q.rows_contiguous()
                 && kv_cache_type(k, d)

@@ -529,6 +529,7 @@ fn attention_matches_cpu_prefill_and_decode() {
             causal: true,
             window,
             softcap: None,
+            sinks: false,
         };
         let y = g.attention(q, k, v, pos, None, p).expect("attention");
         g.mark_output(y).expect("out");
@@ -628,6 +629,7 @@ fn paged_case(
         causal: true,
         window,
         softcap: None,
+        sinks: false,
     };
     let y = g
         .paged_attention(q, k, v, pi, si, ti, p, bs)
@@ -848,6 +850,7 @@ fn attention_block_prefill_then_decode_with_persistent_cache() {
             causal: true,
             window: Some(4),
             softcap: None,
+            sinks: false,
         };
         let o = g.attention(q, k_all, v_all, pos, None, p).expect("attn");
         let o = g.reshape(o, &[hd * nh, nt]).expect("ro");

@@ -243,6 +243,7 @@ mod tests {
             causal: true,
             window: None,
             softcap: None,
+            sinks: false,
         };
         let a = g.attention(q3, k, k, pos, None, p).unwrap();
         let last = g
@@ -297,6 +298,7 @@ mod tests {
             causal: true,
             window: None,
             softcap: None,
+            sinks: false,
         };
         let t = tensor(DType::F32, [128, 32, 1, 1], Op::Attention(p));
         // Past the decode kernel's 4096 keys: 32 splits of partials.

@@ -228,6 +228,7 @@ pub(crate) mod tests {
                 causal: true,
                 window: None,
                 softcap: None,
+                sinks: false,
             };
             let o = g.attention(qr, ka, va, pos, None, p).expect("attn");
             let o = g.reshape(o, &[hd * nh, 1]).expect("r");

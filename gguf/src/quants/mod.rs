@@ -140,6 +140,7 @@ fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
         T::Q5_K => kquantize::q5_k,
         T::Q6_K => kquantize::q6_k,
         T::Q8_K => kquantize::q8_k,
+        T::MXFP4 => quantize::mxfp4,
         _ => return None,
     })
 }
@@ -157,6 +158,7 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_K,
+    GgmlType::MXFP4,
 ];
 
 /// True when [`quantize`] supports `ty`.
@@ -231,6 +233,27 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mxfp4_quantizes_as_ggml() {
+        // E2M1 values times 8: ggml picks exponent floor(log2(48)) - 2 and every value is on
+        // the grid, so the round trip is exact; halfway values go to the first (smaller) code.
+        let grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        let mut x: Vec<f32> = (0..32).map(|i| grid[i % 8] * 8.0).collect();
+        x[9] = -x[9];
+        let mut q = vec![0u8; 17];
+        quantize_row(GgmlType::MXFP4, &x, &mut q).unwrap();
+        assert_eq!(q[0], 130);
+        let mut back = vec![0f32; 32];
+        dequantize_row(GgmlType::MXFP4, &q, &mut back).unwrap();
+        assert_eq!(back, x);
+        x[1] = 5.0 * 8.0;
+        x[2] = 2.5 * 8.0;
+        quantize_row(GgmlType::MXFP4, &x, &mut q).unwrap();
+        dequantize_row(GgmlType::MXFP4, &q, &mut back).unwrap();
+        assert_eq!((back[1], back[2]), (32.0, 16.0));
+        assert!(can_quantize(GgmlType::MXFP4));
+    }
 
     #[test]
     fn block_structs_match_the_type_table() {

@@ -1,5 +1,5 @@
-//! Quantization of f32 data into the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0),
-//! byte-identical to gguf-py (and ggml's reference quantizers it mirrors).
+//! Quantization of f32 data into the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! MXFP4), byte-identical to gguf-py (and ggml's reference quantizers it mirrors).
 
 use super::blocks::*;
 
@@ -120,6 +120,40 @@ pub(crate) fn q8_0(x: &[f32], out: &mut [u8]) {
         for (q, &v) in b.qs.iter_mut().zip(x) {
             // f32::round rounds half away from zero, like C's roundf.
             *q = (v * id).round() as i8;
+        }
+    }
+}
+
+/// MXFP4 as ggml's `quantize_row_mxfp4_ref`: the block exponent is `floor(log2(amax)) - 2`
+/// (so the largest E2M1 value, 6, covers the block's largest magnitude), each value the nearest
+/// of the 16 E2M1 values, the first on ties.
+pub(crate) fn mxfp4(x: &[f32], out: &mut [u8]) {
+    use super::iq::e8m0_to_f32_half;
+    use super::iq_tables::MXFP4_VALUES;
+    let blocks: &mut [BlockMXFP4] = bytemuck::cast_slice_mut(out);
+    let nearest = |v: f32, d: f32| {
+        let mut best = 0usize;
+        let mut best_err = (f32::from(MXFP4_VALUES[0]) * d - v).abs();
+        for (i, &q) in MXFP4_VALUES.iter().enumerate().skip(1) {
+            let err = (f32::from(q) * d - v).abs();
+            if err < best_err {
+                best = i;
+                best_err = err;
+            }
+        }
+        best as u8
+    };
+    for (b, x) in blocks.iter_mut().zip(x.chunks_exact(32)) {
+        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        // C's `(uint8_t)(float)` of the exponent: in range for every finite non-zero amax.
+        b.e = if amax > 0.0 {
+            (amax.log2().floor() - 2.0 + 127.0) as u8
+        } else {
+            0
+        };
+        let d = e8m0_to_f32_half(b.e);
+        for j in 0..16 {
+            b.qs[j] = nearest(x[j], d) | nearest(x[j + 16], d) << 4;
         }
     }
 }

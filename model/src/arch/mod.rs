@@ -7,7 +7,9 @@
 
 pub mod gemma2;
 pub mod gemma3;
+pub mod gpt_oss;
 pub mod llama;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod validate;
@@ -209,6 +211,8 @@ pub fn build_forward(
         Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::build(&mut b)?,
         Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
+        Architecture::Phi3 => phi3::build(&mut b)?,
+        Architecture::GptOss => gpt_oss::build(&mut b)?,
     };
     b.finish(hidden)
 }
@@ -343,6 +347,8 @@ pub fn build_paged_forward(
         Architecture::Qwen3 | Architecture::Qwen3Moe => qwen3::build(&mut b)?,
         Architecture::Gemma2 => gemma2::build(&mut b)?,
         Architecture::Gemma3 => gemma3::build(&mut b)?,
+        Architecture::Phi3 => phi3::build(&mut b)?,
+        Architecture::GptOss => gpt_oss::build(&mut b)?,
     };
     let fg = b.finish(hidden)?;
     Ok(PagedGraph {
@@ -520,9 +526,7 @@ impl<'a> Builder<'a> {
             self.batch.n_tok,
         );
         let la = c.layers[il];
-        let q = self.linear(x, &format!("blk.{il}.attn_q"))?;
-        let k = self.linear(x, &format!("blk.{il}.attn_k"))?;
-        let v = self.linear(x, &format!("blk.{il}.attn_v"))?;
+        let (q, k, v) = self.qkv_projections(il, x)?;
         let mut q = self.g.reshape(q, &[hd, nh, nt])?;
         let mut k = self.g.reshape(k, &[hd, nkv, nt])?;
         if qk_norm {
@@ -532,16 +536,19 @@ impl<'a> Builder<'a> {
             self.tag(k, "Kcur_normed", il)?;
         }
         let rp = self.rope_params(&la);
-        let freq_factors = self.weight_opt("rope_freqs.weight")?;
+        let freq_factors = self.rope_factors()?;
         let q = self.g.rope(q, self.pos, rp, freq_factors)?;
         let k = self.g.rope(k, self.pos, rp, freq_factors)?;
         self.tag(q, "Qcur", il)?;
         self.tag(k, "Kcur", il)?;
         self.tag(v, "Vcur", il)?;
 
-        // Gemma scales the queries before attention (llama.cpp too, before rounding them to the
-        // cache type), the others scale the scores.
-        let (q, scale) = if matches!(c.arch, Architecture::Gemma2 | Architecture::Gemma3) {
+        // Gemma and Phi-3 scale the queries before attention (llama.cpp too, before rounding
+        // them to the cache type), the others scale the scores.
+        let (q, scale) = if matches!(
+            c.arch,
+            Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Phi3
+        ) {
             (self.g.scale(q, c.attn_scale)?, 1.0)
         } else {
             (q, c.attn_scale)
@@ -551,6 +558,7 @@ impl<'a> Builder<'a> {
             causal: true,
             window: la.window,
             softcap: c.attn_softcap,
+            sinks: false,
         };
         let kv_dtype = self.kv.dtype.dtype();
         let o = if let Some(pg) = self.paged {
@@ -595,10 +603,70 @@ impl<'a> Builder<'a> {
         } else {
             self.contiguous_attention(il, q, k, v, params)?
         };
+        // gpt-oss: one sink logit per query head joins every softmax.
+        let o = match self.weight_opt(&format!("blk.{il}.attn_sinks.weight"))? {
+            Some(s) => self.g.add_attention_sinks(o, s)?,
+            None => o,
+        };
         let o = self.g.reshape(o, &[hdv * nh, nt])?;
         self.tag(o, "kqv_out", il)?;
         let o = self.linear(o, &format!("blk.{il}.attn_output"))?;
         self.tag(o, "attn_out", il)
+    }
+
+    /// The query, key and value projections of layer `il` (`[n_head * head_dim, n_tok]`,
+    /// `[n_head_kv * head_dim, n_tok]`, `[n_head_kv * head_dim_v, n_tok]`), from separate
+    /// `attn_{q,k,v}` weights or from one fused `attn_qkv` (Phi-3), whose output rows hold q,
+    /// k and v one after the other.
+    fn qkv_projections(
+        &mut self,
+        il: usize,
+        x: TensorId,
+    ) -> Result<(TensorId, TensorId, TensorId), ModelError> {
+        let c = self.cfg;
+        let fused = format!("blk.{il}.attn_qkv");
+        if !self.weights.contains(&format!("{fused}.weight")) {
+            let q = self.linear(x, &format!("blk.{il}.attn_q"))?;
+            let k = self.linear(x, &format!("blk.{il}.attn_k"))?;
+            let v = self.linear(x, &format!("blk.{il}.attn_v"))?;
+            return Ok((q, k, v));
+        }
+        let qkv = self.linear(x, &fused)?;
+        self.tag(qkv, "wqkv", il)?;
+        let nt = self.g.tensor(qkv)?.ne[1];
+        let (nq, nk, nv) = (
+            c.n_head * c.head_dim,
+            c.n_head_kv * c.head_dim,
+            c.n_head_kv * c.head_dim_v,
+        );
+        let f = DType::F32.type_size();
+        let row = (nq + nk + nv) * f;
+        let mut part = |off: usize, n: usize| -> Result<TensorId, ModelError> {
+            let v = self.g.view(qkv, &[n, nt], &[row], off * f)?;
+            Ok(self.g.cont(v)?)
+        };
+        Ok((part(0, nq)?, part(nq, nk)?, part(nq + nk, nv)?))
+    }
+
+    /// The rope frequency factors, as llama.cpp's `get_rope_factors` picks them: `rope_freqs`
+    /// (Llama 3.1) when the file has it, else LongRoPE's (Phi-3) `rope_factors_long` when a
+    /// sequence may be longer than the original training context, else `rope_factors_short`.
+    fn rope_factors(&mut self) -> Result<Option<TensorId>, ModelError> {
+        if let Some(f) = self.weight_opt("rope_freqs.weight")? {
+            return Ok(Some(f));
+        }
+        // The longest sequence this pass belongs to: a paged sequence's block table, else the
+        // whole cache.
+        let n_ctx_seq = match self.paged {
+            Some(pg) => pg.spec.max_blocks * pg.spec.block_size,
+            None => self.kv.n_ctx,
+        };
+        if n_ctx_seq > self.cfg.yarn.n_ctx_orig {
+            if let Some(f) = self.weight_opt("rope_factors_long.weight")? {
+                return Ok(Some(f));
+            }
+        }
+        self.weight_opt("rope_factors_short.weight")
     }
 
     /// Writes the batch's keys and values at their positions in the contiguous cache, then
@@ -639,8 +707,22 @@ impl<'a> Builder<'a> {
         x: TensorId,
         act: ggml_graph::Act,
     ) -> Result<TensorId, ModelError> {
-        let gate = self.linear(x, &format!("blk.{il}.ffn_gate"))?;
-        let up = self.linear(x, &format!("blk.{il}.ffn_up"))?;
+        let (gate, up) = if self.weights.contains(&format!("blk.{il}.ffn_gate.weight")) {
+            let gate = self.linear(x, &format!("blk.{il}.ffn_gate"))?;
+            (gate, self.linear(x, &format!("blk.{il}.ffn_up"))?)
+        } else {
+            // Fused (Phi-3): `ffn_up` gives `[2 n_ff, n_tok]`, the gate in the first half of
+            // each row and the up projection in the second (llama.cpp's one-operand swiglu).
+            let both = self.linear(x, &format!("blk.{il}.ffn_up"))?;
+            let nt = self.g.tensor(both)?.ne[1];
+            let n_ff = self.cfg.n_ff;
+            let f = DType::F32.type_size();
+            let row = 2 * n_ff * f;
+            (
+                self.g.view(both, &[n_ff, nt], &[row], 0)?,
+                self.g.view(both, &[n_ff, nt], &[row], n_ff * f)?,
+            )
+        };
         self.tag(gate, "ffn_gate", il)?;
         self.tag(up, "ffn_up", il)?;
         let h = self.g.gated(act, gate, up)?;
@@ -663,10 +745,11 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Mixture-of-experts feed-forward of layer `il` as llama.cpp's `build_moe_ffn` with
-    /// softmax gating: router logits `ffn_gate_inp x`, softmax, the `n_used` most probable
-    /// experts, each expert's gated FFN (`ffn_{gate,up,down}_exps` stacks), the outputs scaled
-    /// by the (normalized) probabilities and summed in slot order.
+    /// Mixture-of-experts feed-forward of layer `il` as llama.cpp's `build_moe_ffn`: router
+    /// logits `ffn_gate_inp x` (plus its bias, when the file has one), the `n_used` chosen
+    /// experts and their weights by the model's [`crate::config::Gating`], each expert's gated
+    /// FFN (`ffn_{gate,up,down}_exps` stacks, each with its per-expert bias when present), the
+    /// outputs scaled by the weights and summed in slot order.
     pub fn moe_ffn(
         &mut self,
         il: usize,
@@ -676,26 +759,34 @@ impl<'a> Builder<'a> {
     ) -> Result<TensorId, ModelError> {
         let n_embd = self.cfg.n_embd;
         let nt = self.g.tensor(x)?.ne[1];
-        let w = |s: &str| format!("blk.{il}.{s}.weight");
-        let router = self.weight(&w("ffn_gate_inp"))?;
-        let logits = self.g.mul_mat(router, x)?;
+        let logits = self.linear(x, &format!("blk.{il}.ffn_gate_inp"))?;
         self.tag(logits, "ffn_moe_logits", il)?;
-        let probs = self.g.soft_max_ext(logits, None, 1.0)?;
-        self.tag(probs, "ffn_moe_probs", il)?;
-        let ids = self.g.arg_top_k(probs, moe.n_used)?;
+        let (ids, weights) = match moe.gating {
+            crate::config::Gating::Softmax => {
+                let probs = self.g.soft_max_ext(logits, None, 1.0)?;
+                self.tag(probs, "ffn_moe_probs", il)?;
+                let ids = self.g.arg_top_k(probs, moe.n_used)?;
+                (ids, self.g.expert_weights(probs, ids, moe.norm_weights)?)
+            }
+            crate::config::Gating::SoftmaxWeight => {
+                let ids = self.g.arg_top_k(logits, moe.n_used)?;
+                // A softmax already sums to 1: normalizing again would change nothing.
+                let picked = self.g.expert_weights(logits, ids, false)?;
+                (ids, self.g.soft_max_ext(picked, None, 1.0)?)
+            }
+        };
         self.tag(ids, "ffn_moe_topk", il)?;
-        let weights = self.g.expert_weights(probs, ids, moe.norm_weights)?;
         self.tag(weights, "ffn_moe_weights", il)?;
         let xr = self.g.reshape(x, &[n_embd, 1, nt])?;
-        let up_w = self.weight(&w("ffn_up_exps"))?;
-        let gate_w = self.weight(&w("ffn_gate_exps"))?;
-        let down_w = self.weight(&w("ffn_down_exps"))?;
-        let up = self.g.mul_mat_id(up_w, xr, ids)?;
+        let up = self.expert_linear(il, "ffn_up_exps", xr, ids)?;
         self.tag(up, "ffn_moe_up", il)?;
-        let gate = self.g.mul_mat_id(gate_w, xr, ids)?;
+        let gate = self.expert_linear(il, "ffn_gate_exps", xr, ids)?;
         self.tag(gate, "ffn_moe_gate", il)?;
-        let h = self.g.gated(act, gate, up)?;
-        let experts = self.g.mul_mat_id(down_w, h, ids)?;
+        let h = match moe.swiglu_oai {
+            Some((alpha, limit)) => self.g.swiglu_oai(gate, up, alpha, limit)?,
+            None => self.g.gated(act, gate, up)?,
+        };
+        let experts = self.expert_linear(il, "ffn_down_exps", h, ids)?;
         self.tag(experts, "ffn_moe_down", il)?;
         let wr = self.g.reshape(weights, &[1, moe.n_used, nt])?;
         let experts = self.g.mul(experts, wr)?;
@@ -719,6 +810,28 @@ impl<'a> Builder<'a> {
             out = self.g.cont(out)?;
         }
         self.tag(out, "ffn_moe_out", il)
+    }
+
+    /// The chosen experts' products `mul_mat_id(blk.{il}.{name}.weight, x, ids)`, plus each
+    /// expert's bias row (`{name}.bias`, `[n_out, n_expert]`) when the file has one, as
+    /// llama.cpp's `add_id`.
+    fn expert_linear(
+        &mut self,
+        il: usize,
+        name: &str,
+        x: TensorId,
+        ids: TensorId,
+    ) -> Result<TensorId, ModelError> {
+        let w = self.weight(&format!("blk.{il}.{name}.weight"))?;
+        let y = self.g.mul_mat_id(w, x, ids)?;
+        let Some(b) = self.weight_opt(&format!("blk.{il}.{name}.bias"))? else {
+            return Ok(y);
+        };
+        let ne = self.g.tensor(y)?.ne;
+        let flat = self.g.reshape(ids, &[ne[1] * ne[2]])?;
+        let rows = self.g.get_rows(b, flat)?;
+        let rows = self.g.reshape(rows, &[ne[0], ne[1], ne[2]])?;
+        Ok(self.g.add(y, rows)?)
     }
 
     /// In the last layer, when only the last position's logits are wanted, keeps only that

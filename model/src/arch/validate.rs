@@ -66,6 +66,20 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
     check(weights, "output_norm.weight", &[e], Required)?;
     check(weights, "output.weight", &[e, v], Optional)?;
     check(weights, "rope_freqs.weight", &[cfg.n_rot / 2], Optional)?;
+    check(
+        weights,
+        "rope_factors_long.weight",
+        &[cfg.n_rot / 2],
+        Optional,
+    )?;
+    check(
+        weights,
+        "rope_factors_short.weight",
+        &[cfg.n_rot / 2],
+        Optional,
+    )?;
+    let phi3 = cfg.arch == Architecture::Phi3;
+    let gpt_oss = cfg.arch == Architecture::GptOss;
     let qk_norm = matches!(
         cfg.arch,
         Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
@@ -79,15 +93,25 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
     for il in 0..cfg.n_layer {
         let t = |s: &str| format!("blk.{il}.{s}");
         check(weights, &t("attn_norm.weight"), &[e], Required)?;
-        check(weights, &t("attn_q.weight"), &[e, q], Required)?;
-        check(weights, &t("attn_k.weight"), &[e, k], Required)?;
-        check(weights, &t("attn_v.weight"), &[e, kv_v], Required)?;
+        // Phi-3 files fuse q, k and v into one matrix (llama.cpp also reads separate ones).
+        let fused = phi3 && weights.contains(&t("attn_qkv.weight"));
+        let sep = if fused { Optional } else { Required };
+        check(weights, &t("attn_qkv.weight"), &[e, q + k + kv_v], Optional)?;
+        check(weights, &t("attn_q.weight"), &[e, q], sep)?;
+        check(weights, &t("attn_k.weight"), &[e, k], sep)?;
+        check(weights, &t("attn_v.weight"), &[e, kv_v], sep)?;
         check(weights, &t("attn_q.bias"), &[q], qkv_bias)?;
         check(weights, &t("attn_k.bias"), &[k], qkv_bias)?;
         check(weights, &t("attn_v.bias"), &[kv_v], qkv_bias)?;
         check(weights, &t("attn_output.weight"), &[o, e], Required)?;
         check(weights, &t("attn_output.bias"), &[e], Optional)?;
-        check(weights, &t("ffn_norm.weight"), &[e], Required)?;
+        if gpt_oss {
+            // Its pre-FFN norm is named after the attention; every head has a sink.
+            check(weights, &t("post_attention_norm.weight"), &[e], Required)?;
+            check(weights, &t("attn_sinks.weight"), &[cfg.n_head], Required)?;
+        } else {
+            check(weights, &t("ffn_norm.weight"), &[e], Required)?;
+        }
         if let Some(m) = cfg.moe {
             // The router and the expert stacks, one matrix per expert along the last dim.
             let (x, f) = (m.n_expert, m.n_ff_exp);
@@ -95,6 +119,15 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
             check(weights, &t("ffn_gate_exps.weight"), &[e, f, x], Required)?;
             check(weights, &t("ffn_up_exps.weight"), &[e, f, x], Required)?;
             check(weights, &t("ffn_down_exps.weight"), &[f, e, x], Required)?;
+            // gpt-oss's biases: the router's, and one row per expert.
+            check(weights, &t("ffn_gate_inp.bias"), &[x], Optional)?;
+            check(weights, &t("ffn_gate_exps.bias"), &[f, x], Optional)?;
+            check(weights, &t("ffn_up_exps.bias"), &[f, x], Optional)?;
+            check(weights, &t("ffn_down_exps.bias"), &[e, x], Optional)?;
+        } else if phi3 {
+            // Gate and up in one matrix, the gate first.
+            check(weights, &t("ffn_up.weight"), &[e, 2 * cfg.n_ff], Required)?;
+            check(weights, &t("ffn_down.weight"), &[cfg.n_ff, e], Required)?;
         } else {
             check(weights, &t("ffn_gate.weight"), &[e, cfg.n_ff], Required)?;
             check(weights, &t("ffn_up.weight"), &[e, cfg.n_ff], Required)?;

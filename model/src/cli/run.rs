@@ -346,8 +346,8 @@ pub(super) fn demo(m: &ModelArgs, n_predict: usize) -> Result<(), ModelError> {
 /// `synth` arguments.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, or with experts mixtral or
-    /// qwen3moe.
+    /// Architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, or with experts
+    /// mixtral or qwen3moe.
     #[arg(long)]
     arch: String,
     /// Shape preset (tiny ... llama3-8b; with experts tiny-moe, mixtral-8x7b, qwen3-30b-a3b;
