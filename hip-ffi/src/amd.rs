@@ -141,6 +141,9 @@ fn hip_attr(a: DeviceAttribute) -> attr::Type {
         DeviceAttribute::MemoryBusWidthBits => attr::hipDeviceAttributeMemoryBusWidth,
         DeviceAttribute::L2CacheBytes => attr::hipDeviceAttributeL2CacheSize,
         DeviceAttribute::PciBusId => attr::hipDeviceAttributePciBusId,
+        DeviceAttribute::PciDomainId => attr::hipDeviceAttributePciDomainID,
+        DeviceAttribute::PciDeviceId => attr::hipDeviceAttributePciDeviceId,
+        DeviceAttribute::Integrated => attr::hipDeviceAttributeIntegrated,
         DeviceAttribute::CooperativeLaunch => attr::hipDeviceAttributeCooperativeLaunch,
         // HIP documents `hipDeviceAttributeSharedMemPerBlockOptin` as CUDA-only: AMD has no
         // opt-in, the per-block maximum is the ceiling.

@@ -119,6 +119,9 @@ pub(super) fn cu_attr(a: DeviceAttribute) -> ca::Type {
         DeviceAttribute::MemoryBusWidthBits => ca::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
         DeviceAttribute::L2CacheBytes => ca::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
         DeviceAttribute::PciBusId => ca::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+        DeviceAttribute::PciDomainId => ca::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID,
+        DeviceAttribute::PciDeviceId => ca::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID,
+        DeviceAttribute::Integrated => ca::CU_DEVICE_ATTRIBUTE_INTEGRATED,
         DeviceAttribute::CooperativeLaunch => ca::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
         DeviceAttribute::MaxSharedMemoryPerBlockOptin => {
             ca::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
