@@ -10,7 +10,9 @@
 //!   packages are unpacked with `dpkg -x`, never installed): `rocm-device-libs-21` (ROCm 7.0's
 //!   bitcode device libraries, built by LLVM 21, so clang 21 reads them), `libclang-common-21-dev`
 //!   (clang's resource headers with the HIP wrappers, which zig does not ship) and
-//!   `libamdhip64-dev` (HIP 6.4's headers; 5.2's call fence functions these libraries dropped).
+//!   `libamdhip64-dev` (HIP 6.4's headers; 5.2's call fence functions these libraries dropped),
+//!   and `libhipblas-dev`/`libhipblas-common-dev` (hipBLAS's headers, which hip-ffi's bindings
+//!   are generated from).
 //!
 //! Everything lives in [`dir`]; `VERSION` there names what was installed, and the kernel cache
 //! keys on it.
@@ -34,6 +36,9 @@ const DEBS: &[&str] = &[
     "rocm-device-libs-21",
     "libclang-common-21-dev",
     "libamdhip64-dev",
+    // hipBLAS's headers, for `cargo xtask bindgen` (bookworm has none).
+    "libhipblas-dev",
+    "libhipblas-common-dev",
 ];
 const SID_SOURCE: &str = "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
                           http://deb.debian.org/debian sid main\n";
@@ -101,6 +106,7 @@ pub fn find() -> Option<Toolchain> {
             .join("include/__clang_hip_runtime_wrapper.h")
             .is_file()
         && t.rocm.join("include/hip/hip_runtime.h").is_file()
+        && t.rocm.join("include/hipblas/hipblas.h").is_file()
         && t.bitcode.join("ocml.bc").is_file();
     complete.then_some(t)
 }
@@ -158,7 +164,7 @@ fn install_zig(d: &Path) -> Result<()> {
                 .and_then(|f| f["url"].as_str())
         })
         .ok_or_else(|| format!("{url}: {ZIG_WHEEL} not listed"))?;
-    let file_url = resolve(&url, file_url);
+    let file_url = pypi::resolve(&url, file_url);
     eprintln!("downloading {ZIG_WHEEL}");
     let wheel = pypi::download(&file_url)?;
     let digest = format!("{:x}", Sha256::digest(&wheel));
@@ -273,29 +279,6 @@ fn install_debs(d: &Path) -> Result<Vec<(String, String)>> {
         ));
     }
     Ok(versions)
-}
-
-/// `rel` relative to `base` (an index may list release files by relative URL).
-fn resolve(base: &str, rel: &str) -> String {
-    if rel.contains("://") {
-        return rel.to_owned();
-    }
-    let Some((scheme, rest)) = base.split_once("://") else {
-        return rel.to_owned();
-    };
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let mut parts: Vec<&str> = path.split('/').collect();
-    parts.pop(); // the document's own name
-    for seg in rel.split('/') {
-        match seg {
-            ".." => {
-                parts.pop();
-            }
-            "." | "" => {}
-            s => parts.push(s),
-        }
-    }
-    format!("{scheme}://{host}/{}", parts.join("/"))
 }
 
 fn write_executable(path: &Path, bytes: &[u8]) -> Result<()> {

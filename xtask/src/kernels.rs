@@ -184,6 +184,17 @@ pub fn build() -> Result<Built> {
     };
     let hipcc_id = tool_version(&hipcc);
     let nvcc_id = tool_version(&nvcc);
+    // What the compiles read: hipBLAS's headers (for bindgen) do not count.
+    let modern_id: String = modern
+        .as_ref()
+        .map(|t| {
+            t.version
+                .lines()
+                .filter(|l| !l.starts_with("libhipblas"))
+                .map(|l| format!("{l}\n"))
+                .collect()
+        })
+        .unwrap_or_default();
 
     let mut jobs = Vec::new();
     for m in &modules {
@@ -208,7 +219,7 @@ pub fn build() -> Result<Built> {
                 let file = format!("{m}.{arch}.hsaco");
                 let cmd = modern_cmd(t, arch, &src_dir, &src, &out.join(&file));
                 let line = format!("{m} amd {arch} {file}");
-                jobs.push(Job::new(cmd, out.join(&file), line, &base, &t.version));
+                jobs.push(Job::new(cmd, out.join(&file), line, &base, &modern_id));
             }
         }
         for sm in NVIDIA_SMS {
