@@ -30,7 +30,7 @@ pub struct DeviceInfo {
     /// Threads per wavefront or warp.
     pub warp_size: i32,
     /// Memory the device can hold, in bytes: the driver's total, plus the GTT pool on an AMD APU
-    /// whose driver reports only its VRAM carve-out ([`amd_memory::usable_memory`]).
+    /// whose driver reports only its VRAM carve-out ([`crate::amd_memory::usable_memory`]).
     pub total_bytes: u64,
     /// Of [`total_bytes`](Self::total_bytes), what was free when discovery ran: this is what the
     /// memory budget, the fit estimate and the automatic layer split start from.
