@@ -2,12 +2,14 @@
 //! tracker every device allocation goes through, and the log of errors raised in `Drop`.
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use hip_ffi::{DeviceAttribute, DevicePtr, HipApi, Platform};
 use parking_lot::Mutex;
 
+use crate::amd_memory::{read_pools, usable_memory, MemPools, PciAddress, SYS_DRM};
 use crate::budget::{Budget, BudgetConfig, LeakReport, Tracker};
 use crate::error::{GpuError, Result};
 use crate::pool::{Accounted, RawAllocator};
@@ -27,24 +29,59 @@ pub struct DeviceInfo {
     pub compute_units: i32,
     /// Threads per wavefront or warp.
     pub warp_size: i32,
-    /// Device memory in bytes.
+    /// Memory the device can hold, in bytes: the driver's total, plus the GTT pool on an AMD APU
+    /// whose driver reports only its VRAM carve-out ([`crate::amd_memory::usable_memory`]).
     pub total_bytes: u64,
-    /// Device memory free when discovery ran.
+    /// Of [`total_bytes`](Self::total_bytes), what was free when discovery ran: this is what the
+    /// memory budget, the fit estimate and the automatic layer split start from.
     pub free_bytes: u64,
+    /// Whether the GPU is integrated with the CPU (an APU sharing system memory).
+    pub integrated: bool,
+    /// AMD: the amdgpu driver's VRAM and GTT pools (sysfs), when readable.
+    pub pools: Option<MemPools>,
 }
 
 fn query_info(api: &dyn HipApi, ordinal: i32) -> Result<DeviceInfo> {
     api.set_device(ordinal)?;
-    let (free_bytes, _) = api.mem_get_info()?;
+    let (driver_free, _) = api.mem_get_info()?;
+    let driver_total = api.device_total_mem(ordinal)?;
+    let platform = api.platform();
+    // A runtime that does not know the attribute leaves the device discrete, as it was before.
+    let integrated = api
+        .device_attribute(DeviceAttribute::Integrated, ordinal)
+        .is_ok_and(|v| v != 0);
+    let pools = if platform == Platform::Amd {
+        pci_address(api, ordinal).and_then(|pci| read_pools(Path::new(SYS_DRM), pci))
+    } else {
+        None
+    };
+    let (free_bytes, total_bytes) =
+        usable_memory(driver_free, driver_total, integrated, pools.as_ref());
     Ok(DeviceInfo {
         ordinal,
-        platform: api.platform(),
+        platform,
         name: api.device_name(ordinal)?,
         arch: api.device_arch(ordinal)?,
         compute_units: api.device_attribute(DeviceAttribute::MultiprocessorCount, ordinal)?,
         warp_size: api.device_attribute(DeviceAttribute::WarpSize, ordinal)?,
-        total_bytes: api.device_total_mem(ordinal)?,
+        total_bytes,
         free_bytes,
+        integrated,
+        pools,
+    })
+}
+
+/// The device's PCI address, when the runtime reports it (a failed query only costs the pools).
+fn pci_address(api: &dyn HipApi, ordinal: i32) -> Option<PciAddress> {
+    let get = |a| {
+        api.device_attribute(a, ordinal)
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    Some(PciAddress {
+        domain: get(DeviceAttribute::PciDomainId)?,
+        bus: get(DeviceAttribute::PciBusId)?,
+        device: get(DeviceAttribute::PciDeviceId)?,
     })
 }
 
@@ -88,15 +125,31 @@ pub fn summary() -> String {
             for d in &list {
                 let _ = writeln!(
                     s,
-                    "  [{}] {} ({}): {} compute units, warp {}, {:.1} GiB total, {:.1} GiB free",
+                    "  [{}] {} ({}{}): {} compute units, warp {}, {:.1} GiB total, {:.1} GiB free",
                     d.ordinal,
                     d.name,
                     d.arch,
+                    if d.integrated { ", integrated" } else { "" },
                     d.compute_units,
                     d.warp_size,
                     gib(d.total_bytes),
                     gib(d.free_bytes)
                 );
+                if let Some(p) = &d.pools {
+                    let _ = writeln!(
+                        s,
+                        "      VRAM {:.1} GiB, {:.1} GiB free; GTT {:.1} GiB, {:.1} GiB free{}",
+                        gib(p.vram_total),
+                        gib(p.vram_free()),
+                        gib(p.gtt_total),
+                        gib(p.gtt_free()),
+                        if d.integrated && d.total_bytes > p.vram_total {
+                            " (usable by this APU: counted above)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
             }
         }
         Ok(_) => s.push_str("no GPU: the provider lists no device; using the CPU\n"),

@@ -20,6 +20,7 @@
 //! - A result the host reads after every step can live in mapped page-locked memory
 //!   ([`MappedHostBuffer`]) that kernels write directly, so no copy follows the kernel.
 
+pub mod amd_memory;
 pub mod bandwidth;
 pub mod blas;
 pub mod budget;

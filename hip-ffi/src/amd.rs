@@ -8,7 +8,10 @@ use crate::api::*;
 use crate::error::{c_int, BlasError, Error, HipError, Result};
 use crate::loader;
 use crate::sys::hip::{self, hipDeviceAttribute_t as attr, hipError_t, HipLib};
-use crate::sys::hipblas::{self as hb, GemmAbi, HipblasLib};
+use crate::sys::hipblas::{
+    self as hb, hipblasGemmAlgo_t::HIPBLAS_GEMM_DEFAULT, hipblasStatus_t as status, HipblasLib,
+};
+use crate::sys::hipblas_abi::{GemmAbi, GEMM_ABI_V1, GEMM_ABI_V2};
 
 /// The HIP runtime plus a lazily loaded hipBLAS.
 pub struct AmdProvider {
@@ -72,9 +75,9 @@ impl AmdProvider {
             .get_or_init(|| {
                 let lib = loader::open_first("hipBLAS", &loader::hipblas_candidates())?;
                 let abi = if lib.name.contains("libhipblas.so.3") {
-                    hb::GEMM_ABI_V2
+                    GEMM_ABI_V2
                 } else {
-                    hb::GEMM_ABI_V1
+                    GEMM_ABI_V1
                 };
                 // SAFETY: the library is hipBLAS (matched by soname) and exports these C calls.
                 let table = unsafe { HipblasLib::from_library(lib.library) }.map_err(|e| {
@@ -89,19 +92,21 @@ impl AmdProvider {
             .map_err(Clone::clone)
     }
 
-    fn blas_check(call: &'static str, status: hb::hipblasStatus_t) -> Result<()> {
-        if status == hb::HIPBLAS_STATUS_SUCCESS {
+    fn blas_check(call: &'static str, code: status::Type) -> Result<()> {
+        if code == status::HIPBLAS_STATUS_SUCCESS {
             return Ok(());
         }
+        // hipBLAS's codes are small enum values: they fit an i32.
+        let code = i32::try_from(code).unwrap_or(i32::MAX);
         Err(Error::Blas(BlasError {
             call,
-            status,
+            status: code,
             native: None,
-            message: blas_status_name(status).to_owned(),
+            message: blas_status_name(code).to_owned(),
         }))
     }
 
-    fn gemm_type(abi: &GemmAbi, t: GemmType) -> hb::hipblasDatatype_t {
+    fn gemm_type(abi: &GemmAbi, t: GemmType) -> hb::hipblasDatatype_t::Type {
         match t {
             GemmType::F32 => abi.r_32f,
             GemmType::F16 => abi.r_16f,
@@ -111,19 +116,22 @@ impl AmdProvider {
 }
 
 /// Names of hipBLAS status codes.
-pub fn blas_status_name(status: i32) -> &'static str {
-    match status {
-        hb::HIPBLAS_STATUS_SUCCESS => "HIPBLAS_STATUS_SUCCESS",
-        hb::HIPBLAS_STATUS_NOT_INITIALIZED => "HIPBLAS_STATUS_NOT_INITIALIZED",
-        hb::HIPBLAS_STATUS_ALLOC_FAILED => "HIPBLAS_STATUS_ALLOC_FAILED",
-        hb::HIPBLAS_STATUS_INVALID_VALUE => "HIPBLAS_STATUS_INVALID_VALUE",
-        hb::HIPBLAS_STATUS_MAPPING_ERROR => "HIPBLAS_STATUS_MAPPING_ERROR",
-        hb::HIPBLAS_STATUS_EXECUTION_FAILED => "HIPBLAS_STATUS_EXECUTION_FAILED",
-        hb::HIPBLAS_STATUS_INTERNAL_ERROR => "HIPBLAS_STATUS_INTERNAL_ERROR",
-        hb::HIPBLAS_STATUS_NOT_SUPPORTED => "HIPBLAS_STATUS_NOT_SUPPORTED",
-        hb::HIPBLAS_STATUS_ARCH_MISMATCH => "HIPBLAS_STATUS_ARCH_MISMATCH",
-        hb::HIPBLAS_STATUS_HANDLE_IS_NULLPTR => "HIPBLAS_STATUS_HANDLE_IS_NULLPTR",
-        hb::HIPBLAS_STATUS_INVALID_ENUM => "HIPBLAS_STATUS_INVALID_ENUM",
+pub fn blas_status_name(code: i32) -> &'static str {
+    let Ok(code) = status::Type::try_from(code) else {
+        return "HIPBLAS_STATUS_UNKNOWN";
+    };
+    match code {
+        status::HIPBLAS_STATUS_SUCCESS => "HIPBLAS_STATUS_SUCCESS",
+        status::HIPBLAS_STATUS_NOT_INITIALIZED => "HIPBLAS_STATUS_NOT_INITIALIZED",
+        status::HIPBLAS_STATUS_ALLOC_FAILED => "HIPBLAS_STATUS_ALLOC_FAILED",
+        status::HIPBLAS_STATUS_INVALID_VALUE => "HIPBLAS_STATUS_INVALID_VALUE",
+        status::HIPBLAS_STATUS_MAPPING_ERROR => "HIPBLAS_STATUS_MAPPING_ERROR",
+        status::HIPBLAS_STATUS_EXECUTION_FAILED => "HIPBLAS_STATUS_EXECUTION_FAILED",
+        status::HIPBLAS_STATUS_INTERNAL_ERROR => "HIPBLAS_STATUS_INTERNAL_ERROR",
+        status::HIPBLAS_STATUS_NOT_SUPPORTED => "HIPBLAS_STATUS_NOT_SUPPORTED",
+        status::HIPBLAS_STATUS_ARCH_MISMATCH => "HIPBLAS_STATUS_ARCH_MISMATCH",
+        status::HIPBLAS_STATUS_HANDLE_IS_NULLPTR => "HIPBLAS_STATUS_HANDLE_IS_NULLPTR",
+        status::HIPBLAS_STATUS_INVALID_ENUM => "HIPBLAS_STATUS_INVALID_ENUM",
         _ => "HIPBLAS_STATUS_UNKNOWN",
     }
 }
@@ -141,6 +149,9 @@ fn hip_attr(a: DeviceAttribute) -> attr::Type {
         DeviceAttribute::MemoryBusWidthBits => attr::hipDeviceAttributeMemoryBusWidth,
         DeviceAttribute::L2CacheBytes => attr::hipDeviceAttributeL2CacheSize,
         DeviceAttribute::PciBusId => attr::hipDeviceAttributePciBusId,
+        DeviceAttribute::PciDomainId => attr::hipDeviceAttributePciDomainID,
+        DeviceAttribute::PciDeviceId => attr::hipDeviceAttributePciDeviceId,
+        DeviceAttribute::Integrated => attr::hipDeviceAttributeIntegrated,
         DeviceAttribute::CooperativeLaunch => attr::hipDeviceAttributeCooperativeLaunch,
         // HIP documents `hipDeviceAttributeSharedMemPerBlockOptin` as CUDA-only: AMD has no
         // opt-in, the per-block maximum is the ceiling.
@@ -175,10 +186,10 @@ pub fn gcn_arch_name(gcn_arch: i32) -> String {
     }
 }
 
-fn hip_op(op: Op) -> hb::hipblasOperation_t {
+fn hip_op(op: Op) -> hb::hipblasOperation_t::Type {
     match op {
-        Op::N => hb::HIPBLAS_OP_N,
-        Op::T => hb::HIPBLAS_OP_T,
+        Op::N => hb::hipblasOperation_t::HIPBLAS_OP_N,
+        Op::T => hb::hipblasOperation_t::HIPBLAS_OP_T,
     }
 }
 
@@ -697,15 +708,16 @@ impl HipApi for AmdProvider {
         let (b, _, _) = self.blas()?;
         // SAFETY: the caller guarantees both handles are live.
         Self::blas_check("hipblasSetStream", unsafe {
-            (b.hipblasSetStream)(handle.0, stream.0)
+            // The same `ihipStream_t*`, declared once per generated module.
+            (b.hipblasSetStream)(handle.0, stream.0.cast())
         })
     }
 
     unsafe fn blas_set_pointer_mode(&self, handle: BlasHandle, mode: PointerMode) -> Result<()> {
         let (b, _, _) = self.blas()?;
         let mode = match mode {
-            PointerMode::Host => hb::HIPBLAS_POINTER_MODE_HOST,
-            PointerMode::Device => hb::HIPBLAS_POINTER_MODE_DEVICE,
+            PointerMode::Host => hb::hipblasPointerMode_t::HIPBLAS_POINTER_MODE_HOST,
+            PointerMode::Device => hb::hipblasPointerMode_t::HIPBLAS_POINTER_MODE_DEVICE,
         };
         // SAFETY: the caller guarantees the handle is live.
         Self::blas_check("hipblasSetPointerMode", unsafe {
@@ -775,7 +787,7 @@ impl HipApi for AmdProvider {
                 Self::gemm_type(abi, g.c_type),
                 g.ldc,
                 abi.compute_32f,
-                hb::HIPBLAS_GEMM_DEFAULT,
+                HIPBLAS_GEMM_DEFAULT,
             )
         })
     }
@@ -812,7 +824,7 @@ impl HipApi for AmdProvider {
                 batch.stride_c,
                 batch.count,
                 abi.compute_32f,
-                hb::HIPBLAS_GEMM_DEFAULT,
+                HIPBLAS_GEMM_DEFAULT,
             )
         })
     }

@@ -137,6 +137,12 @@ pub enum DeviceAttribute {
     L2CacheBytes,
     /// PCI bus number of the device.
     PciBusId,
+    /// PCI domain of the device.
+    PciDomainId,
+    /// PCI device (slot) number of the device.
+    PciDeviceId,
+    /// 1 when the GPU is integrated with the CPU (an APU sharing system memory), else 0.
+    Integrated,
     /// 1 when the device can run cooperative launches
     /// ([`HipApi::launch_kernel_cooperative`]), else 0.
     CooperativeLaunch,

@@ -238,6 +238,7 @@ RF_KERNEL void attn_q8_0(const float* q, const blk_q8_0* k, const blk_q8_0* v, c
 #define ATTN_DEC_MAX_KV 4096
 // 512 threads: up to 128 keys per step at head_dim 128 (faster than 256 at tg128).
 #define ATTN_DEC_THREADS 512
+#define ATTN_DEC_BOUND RF_AMD_BOUNDS(ATTN_DEC_THREADS)
 #define ATTN_DEC_KU 4
 
 template <typename KV>
@@ -532,13 +533,13 @@ static __device__ __forceinline__ void attn_dec_entry(const KV* k, const KV* v, 
     rf_entry();
 }
 
-RF_KERNEL void attn_dec_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
+RF_KERNEL void ATTN_DEC_BOUND attn_dec_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
                             uint8_t* y8, attn_params p) {
     attn_dec_entry<__half>(k, v, pos, p);
     attn_dec_impl<__half>(q, k, v, pos, out, y8, p);
 }
 
-RF_KERNEL void attn_dec_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
+RF_KERNEL void ATTN_DEC_BOUND attn_dec_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
                             uint8_t* y8, attn_params p) {
     attn_dec_entry<float>(k, v, pos, p);
     attn_dec_impl<float>(q, k, v, pos, out, y8, p);
@@ -744,6 +745,7 @@ RF_KERNEL void paged_attn_q8_0(const float* q, const blk_q8_0* k, const blk_q8_0
 // The K/V row load is one function (`pd_load`), so another cache type is one more specialization.
 // ---------------------------------------------------------------------------------------------
 #define PD_THREADS 128
+#define PD_BOUND RF_AMD_BOUNDS(PD_THREADS)
 #define PD_KU 4
 #define PD_TBL 256
 
@@ -989,28 +991,28 @@ static __device__ __forceinline__ void paged_dec_impl(const float* __restrict__ 
     }
 }
 
-RF_KERNEL void paged_dec_f16_h4(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
+RF_KERNEL void PD_BOUND paged_dec_f16_h4(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
                                  const int* tables, float* out, float* part, int block_size, int max_blocks,
                                  int split_min, attn_params p) {
     rf_entry();
     paged_dec_impl<__half, 4>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
 }
 
-RF_KERNEL void paged_dec_f16_h8(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
+RF_KERNEL void PD_BOUND paged_dec_f16_h8(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
                                  const int* tables, float* out, float* part, int block_size, int max_blocks,
                                  int split_min, attn_params p) {
     rf_entry();
     paged_dec_impl<__half, 8>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
 }
 
-RF_KERNEL void paged_dec_f32_h4(const float* q, const float* k, const float* v, const int* pos, const int* seq,
+RF_KERNEL void PD_BOUND paged_dec_f32_h4(const float* q, const float* k, const float* v, const int* pos, const int* seq,
                                  const int* tables, float* out, float* part, int block_size, int max_blocks,
                                  int split_min, attn_params p) {
     rf_entry();
     paged_dec_impl<float, 4>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
 }
 
-RF_KERNEL void paged_dec_f32_h8(const float* q, const float* k, const float* v, const int* pos, const int* seq,
+RF_KERNEL void PD_BOUND paged_dec_f32_h8(const float* q, const float* k, const float* v, const int* pos, const int* seq,
                                  const int* tables, float* out, float* part, int block_size, int max_blocks,
                                  int split_min, attn_params p) {
     rf_entry();

@@ -20,6 +20,11 @@
 #if defined(__HIP_PLATFORM_NVIDIA__) || defined(__HIP_PLATFORM_NVCC__)
 #define RF_NVIDIA 1
 #define RF_WARP 32
+#elif defined(RF_WAVE_SIZE)
+// One target per compile (`cargo xtask kernels` with the newer toolchain) passes its wave size,
+// since clang 21 deprecates __AMDGCN_WAVEFRONT_SIZE.
+#define RF_AMD 1
+#define RF_WARP RF_WAVE_SIZE
 #elif defined(__AMDGCN_WAVEFRONT_SIZE)
 #define RF_AMD 1
 #define RF_WARP __AMDGCN_WAVEFRONT_SIZE
@@ -29,6 +34,26 @@
 #endif
 
 #define RF_MAX_WARPS_PER_BLOCK 32
+
+// 16 bytes moved by one load or store. HIP's int4 is a struct copied by memcpy, and on AMD an
+// array of them filled under a condition stays in scratch memory (SROA does not split it); a clang
+// vector type stays in registers. NVIDIA keeps int4.
+#if defined(RF_NVIDIA)
+typedef int4 rf_b128;
+#else
+typedef int rf_b128 __attribute__((ext_vector_type(4)));
+#endif
+
+// The block size a kernel is always launched with, as a register budget for AMD's compiler: HIP
+// compiles a kernel without __launch_bounds__ for blocks of 1024 threads, which caps it at 128
+// VGPRs on wave64 targets (192 on RDNA3) and made the mat-vec and paged decode kernels spill to
+// scratch (`cargo xtask kernel-resources`). NVIDIA keeps the register allocation it was measured
+// with.
+#if defined(RF_NVIDIA)
+#define RF_AMD_BOUNDS(threads)
+#else
+#define RF_AMD_BOUNDS(threads) __launch_bounds__(threads)
+#endif
 #define RF_KERNEL extern "C" __global__
 
 // Programmatic dependent launch (NVIDIA, compute capability 9.0 and later): the host may launch a

@@ -309,10 +309,10 @@ static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w
         int off[R];
         if (A16) {
             const int n = (bytes + 15) / 16;
-            int4 v[R][IT];
+            rf_b128 v[R][IT];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const int4* src = reinterpret_cast<const int4*>(wr[r] + (long long)b0 * T::BYTES);
+                const rf_b128* src = reinterpret_cast<const rf_b128*>(wr[r] + (long long)b0 * T::BYTES);
 #pragma unroll
                 for (int i = 0; i < IT; ++i)
                     if (lane + i * RF_WARP < n) v[r][i] = src[lane + i * RF_WARP];
@@ -322,7 +322,7 @@ static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w
                 off[r] = 0;
 #pragma unroll
                 for (int i = 0; i < IT; ++i)
-                    if (lane + i * RF_WARP < n) reinterpret_cast<int4*>(stage[wid][r])[lane + i * RF_WARP] = v[r][i];
+                    if (lane + i * RF_WARP < n) reinterpret_cast<rf_b128*>(stage[wid][r])[lane + i * RF_WARP] = v[r][i];
             }
         } else {
             uint32_t v[R][IT];
@@ -758,8 +758,11 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 #define RF_LB(minb) __launch_bounds__(MV_WARPS * RF_WARP)
 #endif
 
+// The block size alone, for the mat-vecs without a register bound (only AMD needs it).
+#define MV_BOUND RF_AMD_BOUNDS(MV_WARPS * RF_WARP)
+
 // `name_gated` (two matrices of the same shape, act(gate) * up) with R rows per warp; `attrs`
-// empty or a register bound (RF_LB).
+// MV_BOUND or a register bound (RF_LB).
 #define RF_MATVEC_GATED(name, attrs, shape, T, R)                                                                \
     RF_KERNEL void attrs name##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out,        \
                                       int ncols, long long row_bytes, int out_stride, int nrows, int act_kind) { \
@@ -804,34 +807,43 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
 // MV_WARPS * R. Chosen with `cargo bench -p kernels --bench decode` (kernels/PERF.md): Q4_K/Q5_K
 // read directly, one row per warp and two blocks per lane in flight; the 2-byte aligned types go
 // through the stage with two rows.
-RF_MATVEC_FAST(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
-RF_MATVEC_FAST(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
-RF_MATVEC_FAST(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
+RF_MATVEC_FAST(matvec_q4_0, MV_BOUND, matvec_staged, mv_q4_0, 2)
+RF_MATVEC_FAST(matvec_q5_0, MV_BOUND, matvec_staged, mv_q5_0, 2)
+RF_MATVEC_FAST(matvec_q8_0, MV_BOUND, matvec_staged, mv_q8_0, 2)
 // Q4_1 / Q5_1 likewise.
-RF_MATVEC_FAST(matvec_q4_1, , matvec_staged, mv_q4_1, 2)
-RF_MATVEC_FAST(matvec_q5_1, , matvec_staged, mv_q5_1, 2)
+RF_MATVEC_FAST(matvec_q4_1, MV_BOUND, matvec_staged, mv_q4_1, 2)
+RF_MATVEC_FAST(matvec_q5_1, MV_BOUND, matvec_staged, mv_q5_1, 2)
 // Q2_K / Q3_K likewise (they went through one warp per row with scattered loads before: less
 // than half the speed).
-RF_MATVEC_FAST(matvec_q2_k, , matvec_staged, mv_q2_k, 2)
-RF_MATVEC_FAST(matvec_q3_k, , matvec_staged, mv_q3_k, 2)
+RF_MATVEC_FAST(matvec_q2_k, MV_BOUND, matvec_staged, mv_q2_k, 2)
+RF_MATVEC_FAST(matvec_q3_k, MV_BOUND, matvec_staged, mv_q3_k, 2)
 // Q6_K stage rounds per step (8 blocks of each row staged per round): one measured fastest.
 #ifndef MV_Q6K_ROUNDS
 #define MV_Q6K_ROUNDS 1
 #endif
-RF_MATVEC_FAST(matvec_q6_k, , matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
+RF_MATVEC_FAST(matvec_q6_k, MV_BOUND, matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
 // Q4_K within 64 registers (8 blocks of 128 threads per SM): the 8B's 4096-row products (1024
 // blocks) then run in one wave instead of 1.1 (72 registers, 7 blocks per SM).
 RF_MATVEC_FAST(matvec_q4_k, RF_LB(8), matvec_direct2, mv_q4_k, 1)
-RF_MATVEC_FAST(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
-RF_MATVEC_GATED(matvec_q4_0, , matvec_staged, mv_q4_0, 2)
-RF_MATVEC_GATED(matvec_q5_0, , matvec_staged, mv_q5_0, 2)
-RF_MATVEC_GATED(matvec_q8_0, , matvec_staged, mv_q8_0, 2)
-RF_MATVEC_GATED(matvec_q4_1, , matvec_staged, mv_q4_1, 2)
-RF_MATVEC_GATED(matvec_q5_1, , matvec_staged, mv_q5_1, 2)
-RF_MATVEC_GATED(matvec_q2_k, , matvec_staged, mv_q2_k, 2)
-RF_MATVEC_GATED(matvec_q3_k, , matvec_staged, mv_q3_k, 2)
-RF_MATVEC_GATED(matvec_q6_k, , matvec_staged, mv_q6_k<2>, 2)
-RF_MATVEC_GATED(matvec_q5_k, , matvec_direct2, mv_q5_k, 1)
+RF_MATVEC_FAST(matvec_q5_k, MV_BOUND, matvec_direct2, mv_q5_k, 1)
+RF_MATVEC_GATED(matvec_q4_0, MV_BOUND, matvec_staged, mv_q4_0, 2)
+RF_MATVEC_GATED(matvec_q5_0, MV_BOUND, matvec_staged, mv_q5_0, 2)
+RF_MATVEC_GATED(matvec_q8_0, MV_BOUND, matvec_staged, mv_q8_0, 2)
+RF_MATVEC_GATED(matvec_q4_1, MV_BOUND, matvec_staged, mv_q4_1, 2)
+RF_MATVEC_GATED(matvec_q5_1, MV_BOUND, matvec_staged, mv_q5_1, 2)
+RF_MATVEC_GATED(matvec_q2_k, MV_BOUND, matvec_staged, mv_q2_k, 2)
+RF_MATVEC_GATED(matvec_q3_k, MV_BOUND, matvec_staged, mv_q3_k, 2)
+// Q6_K gated stages two rounds per step on NVIDIA (measured); on AMD two rounds of gate and up
+// rows exceed the register file (wave32: 256 VGPRs and spills), so one.
+#ifndef MV_Q6K_GATED_ROUNDS
+#if defined(RF_NVIDIA)
+#define MV_Q6K_GATED_ROUNDS 2
+#else
+#define MV_Q6K_GATED_ROUNDS 1
+#endif
+#endif
+RF_MATVEC_GATED(matvec_q6_k, MV_BOUND, matvec_staged, mv_q6_k<MV_Q6K_GATED_ROUNDS>, 2)
+RF_MATVEC_GATED(matvec_q5_k, MV_BOUND, matvec_direct2, mv_q5_k, 1)
 // Q4_K gated: two rows per warp and one block per lane in flight (four weight rows per activation
 // load) within 64 registers (8 blocks of 128 threads per SM);
 // `kernels::WeightType::matvec_gated_rows_per_block` is 8.

@@ -491,3 +491,51 @@ fn mmq_plans_split_only_small_grids() {
     // Unknown multiprocessor count: no split.
     assert_eq!(MmqPlan::new(4096, 7, 4096, 1, 0).splits, 1);
 }
+
+#[path = "../code_objects.rs"]
+mod code_objects;
+use code_objects::{amd_code_objects, amdgpu_mach};
+
+#[test]
+fn every_amd_code_object_holds_every_kernel_of_its_module() {
+    if !built() {
+        println!("skipped AMD code object check: kernels not built (run `cargo xtask kernels`)");
+        return;
+    }
+    let mut checked = 0;
+    for img in IMAGES.iter().filter(|i| i.target == "amd") {
+        let objects = amd_code_objects(img.bytes)
+            .unwrap_or_else(|| panic!("{}: neither a bundle nor an ELF", img.module));
+        let archs: Vec<&str> = img.archs.split(',').collect();
+        for arch in &archs {
+            let (_, elf) = if archs.len() == 1 && objects.len() == 1 && objects[0].0.is_empty() {
+                &objects[0]
+            } else {
+                objects.iter().find(|(a, _)| a == arch).unwrap_or_else(|| {
+                    panic!("{}: no {arch} code object in the bundle", img.module)
+                })
+            };
+            assert_eq!(
+                amdgpu_mach(elf),
+                Some(*arch),
+                "{}: the {arch} code object was compiled for another processor",
+                img.module
+            );
+            let module = Module::ALL
+                .iter()
+                .find(|m| m.stem() == img.module)
+                .unwrap_or_else(|| panic!("unknown module {}", img.module));
+            for k in KernelId::ALL.iter().filter(|k| k.module() == *module) {
+                let sym = [b"\0", k.name().as_bytes(), b"\0"].concat();
+                assert!(
+                    contains(elf, &sym),
+                    "{} missing from the {arch} code object of {}",
+                    k.name(),
+                    img.module
+                );
+            }
+            checked += 1;
+        }
+    }
+    println!("checked {checked} AMD code objects");
+}

@@ -2,6 +2,9 @@
 //! mode and copies them, with a runner script, into the git-ignored `.device/` folder that the GPU
 //! machine receives (it has no Rust toolchain).
 //!
+//! The executables embed the NVIDIA code objects only ([`device_kernels_dir`]): the GPU machines
+//! are NVIDIA, and the AMD objects of fourteen targets would double what travels.
+//!
 //! The bundle also holds the model's whole-model GPU tests (`model/tests/gpu_model.rs`), its
 //! two-GPU tests (`model/tests/multi_gpu.rs`) and the release `rocmforge` binary.
 //!
@@ -49,6 +52,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     fs::create_dir_all(&bin_dir).map_err(|e| format!("{}: {e}", bin_dir.display()))?;
 
+    prepare_device_kernels()?;
     let mut tests = Vec::new();
     for (what, sub) in [("test", "test"), ("bench", "bench")] {
         let mut cmd = cargo();
@@ -159,7 +163,43 @@ fn copy_exe(exe: &Path, dst: &Path) -> Result<PathBuf> {
 }
 
 fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.env("ROCMFORGE_KERNELS_DIR", device_kernels_dir());
+    cmd
+}
+
+/// `target/device-kernels`: what `cargo xtask kernels` wrote, less the AMD code objects, which
+/// the GPU machines (NVIDIA) never load and which would double the carried executables' size.
+fn device_kernels_dir() -> PathBuf {
+    workspace_root().join("target/device-kernels")
+}
+
+/// Fills [`device_kernels_dir`] from the kernel output folder (an empty manifest when none was
+/// built, so the executables say "kernels not built" as they would have).
+fn prepare_device_kernels() -> Result<()> {
+    let src = crate::kernels::out_dir();
+    let dst = device_kernels_dir();
+    if dst.exists() {
+        fs::remove_dir_all(&dst).map_err(|e| format!("{}: {e}", dst.display()))?;
+    }
+    fs::create_dir_all(&dst).map_err(|e| format!("{}: {e}", dst.display()))?;
+    let manifest = fs::read_to_string(src.join("manifest.txt")).unwrap_or_default();
+    let mut kept = String::new();
+    for line in manifest.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            [_, "amd", _, _] => continue,
+            [_, _, _, file] => {
+                fs::copy(src.join(file), dst.join(file))
+                    .map_err(|e| format!("{}: {e}", src.join(file).display()))?;
+            }
+            _ => {}
+        }
+        kept.push_str(line);
+        kept.push('\n');
+    }
+    let m = dst.join("manifest.txt");
+    fs::write(&m, kept).map_err(|e| format!("{}: {e}", m.display()))
 }
 
 /// Runs a `cargo ... --message-format=json` build and returns the executables it produced

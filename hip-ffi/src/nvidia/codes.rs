@@ -89,8 +89,8 @@ pub fn cu_to_hip(status: u32) -> i32 {
 
 /// Maps a `cublasStatus_t` to the `hipblasStatus_t` hipBLAS reports for it.
 pub fn cublas_to_hipblas(status: u32) -> i32 {
-    use crate::sys::hipblas as hb;
-    match status {
+    use crate::sys::hipblas::hipblasStatus_t as hb;
+    let code = match status {
         cublasStatus_t::CUBLAS_STATUS_SUCCESS => hb::HIPBLAS_STATUS_SUCCESS,
         cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED => hb::HIPBLAS_STATUS_NOT_INITIALIZED,
         cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => hb::HIPBLAS_STATUS_ALLOC_FAILED,
@@ -101,7 +101,9 @@ pub fn cublas_to_hipblas(status: u32) -> i32 {
         cublasStatus_t::CUBLAS_STATUS_INTERNAL_ERROR => hb::HIPBLAS_STATUS_INTERNAL_ERROR,
         cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED => hb::HIPBLAS_STATUS_NOT_SUPPORTED,
         _ => hb::HIPBLAS_STATUS_UNKNOWN,
-    }
+    };
+    // hipBLAS's codes are small enum values: they fit an i32.
+    i32::try_from(code).unwrap_or(i32::MAX)
 }
 
 pub(super) fn cu_attr(a: DeviceAttribute) -> ca::Type {
@@ -119,6 +121,9 @@ pub(super) fn cu_attr(a: DeviceAttribute) -> ca::Type {
         DeviceAttribute::MemoryBusWidthBits => ca::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
         DeviceAttribute::L2CacheBytes => ca::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
         DeviceAttribute::PciBusId => ca::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+        DeviceAttribute::PciDomainId => ca::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID,
+        DeviceAttribute::PciDeviceId => ca::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID,
+        DeviceAttribute::Integrated => ca::CU_DEVICE_ATTRIBUTE_INTEGRATED,
         DeviceAttribute::CooperativeLaunch => ca::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
         DeviceAttribute::MaxSharedMemoryPerBlockOptin => {
             ca::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
@@ -173,20 +178,21 @@ mod tests {
 
     #[test]
     fn cublas_codes_map_to_hipblas_codes() {
-        use crate::sys::hipblas as hb;
+        use crate::sys::hipblas::hipblasStatus_t as s;
+        let hb = |c: s::Type| i32::try_from(c).expect("small code");
         assert_eq!(
             cublas_to_hipblas(cublasStatus_t::CUBLAS_STATUS_SUCCESS),
-            hb::HIPBLAS_STATUS_SUCCESS
+            hb(s::HIPBLAS_STATUS_SUCCESS)
         );
         assert_eq!(
             cublas_to_hipblas(cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE),
-            hb::HIPBLAS_STATUS_INVALID_VALUE
+            hb(s::HIPBLAS_STATUS_INVALID_VALUE)
         );
         assert_eq!(
             cublas_to_hipblas(cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED),
-            hb::HIPBLAS_STATUS_ALLOC_FAILED
+            hb(s::HIPBLAS_STATUS_ALLOC_FAILED)
         );
-        assert_eq!(cublas_to_hipblas(9999), hb::HIPBLAS_STATUS_UNKNOWN);
+        assert_eq!(cublas_to_hipblas(9999), hb(s::HIPBLAS_STATUS_UNKNOWN));
     }
 
     #[test]
@@ -198,14 +204,15 @@ mod tests {
 
     #[test]
     fn cublas_enums_differ_from_hipblas_and_are_mapped() {
-        use crate::sys::hipblas as hb;
+        use crate::sys::hipblas::hipblasOperation_t::HIPBLAS_OP_N;
+        use crate::sys::hipblas_abi::GEMM_ABI_V1;
         // The point of the mapping: the two libraries number the same things differently.
         assert_eq!(cu_op(Op::N), 0);
-        assert_ne!(cu_op(Op::N) as i32, hb::HIPBLAS_OP_N);
+        assert_ne!(cu_op(Op::N), HIPBLAS_OP_N);
         assert_eq!(cu_type(GemmType::F16), 2);
         assert_eq!(cu_type(GemmType::BF16), 14);
         assert_eq!(cu_type(GemmType::F32), 0);
-        assert_eq!(hb::GEMM_ABI_V1.r_16f, 150);
+        assert_eq!(GEMM_ABI_V1.r_16f, 150);
         assert_eq!(COMPUTE_32F, 68);
     }
 }
