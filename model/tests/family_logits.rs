@@ -151,6 +151,7 @@ fn families_in_the_batching_engine_give_the_tokens_of_each_alone() {
             step_tokens: 32,
             prefix_cache: false,
             exact: true,
+            ..EngineOptions::default()
         };
         let e = BatchEngine::start(std::sync::Arc::new(tm.model().clone()), eopts).expect("engine");
         let rxs: Vec<_> = prompts
