@@ -145,6 +145,8 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         "mistral-7b" => s(4096, 32, 32, 8, 128, 14336, 32768, 1000000.0, 1e-5),
         "qwen2-7b" => s(3584, 28, 28, 4, 128, 18944, 32768, 1000000.0, 1e-6),
         "qwen3-0.6b" => s(1024, 28, 16, 8, 128, 3072, 40960, 1000000.0, 1e-6),
+        "qwen3-8b" => s(4096, 36, 32, 8, 128, 12288, 40960, 1000000.0, 1e-6),
+        "gemma3-4b" => s(2560, 34, 8, 4, 256, 10240, 131072, 1000000.0, 1e-6),
         "gemma3-270m" => s(640, 18, 4, 1, 256, 2048, 32768, 1000000.0, 1e-6),
         // Phi-3-mini (3.8B); the 128k variant adds LongRoPE factors (see `SynthOptions::parse`).
         "phi3-mini" => s(3072, 32, 32, 32, 96, 8192, 4096, 10000.0, 1e-5),
@@ -173,7 +175,8 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         _ => {
             return Err(ModelError::InvalidArgument(format!(
                 "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
-                 gemma3-270m, phi3-mini, phi3-mini-128k; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
+                 qwen3-8b, gemma3-270m, gemma3-4b, phi3-mini, phi3-mini-128k; with experts: \
+                 tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
             )))
         }
     })
@@ -181,7 +184,9 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
 
 /// llama.cpp's file types (`LLAMA_FTYPE_MOSTLY_*`, named as `llama-quantize` takes them): each
 /// picks a type per tensor by the rules of llama.cpp's `llama_tensor_get_type` without an
-/// importance matrix.
+/// importance matrix. Besides what each variant says, models with 8 experts get Q8_0 attn_k and
+/// attn_v and (for Q2_K, Q3_K_S/M, Q4_K_S/M and the IQ4 types) Q5_K attn_output, and a row
+/// that the type's blocks do not tile takes llama.cpp's fallback type.
 #[allow(
     non_camel_case_types,
     reason = "names match llama-quantize's spelling of the file types"
@@ -223,7 +228,7 @@ pub enum LlamaFtype {
 }
 
 impl LlamaFtype {
-    /// Every file type, in llama-quantize's order of its list.
+    /// Every file type.
     pub const ALL: [Self; 16] = [
         Self::Q4_0,
         Self::Q4_1,
