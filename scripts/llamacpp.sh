@@ -6,7 +6,7 @@
 #                                        llama.cpp sources (no models, docs) into
 #                                        .device/llama/src.tar.xz (about 10 MB) to carry
 #   scripts/llamacpp.sh build [DIR]      on the GPU machine: unpack and build with CUDA for sm_90
-#                                        (llama-bench, llama-batched-bench, llama-server,
+#                                        (llama-bench, llama-batched-bench, llama-server, llama-quantize,
 #                                        llama-perplexity) into DIR (/tmp/llama); about 6-7 min
 #   scripts/llamacpp.sh build-cpu [DIR]  the same, CPU only (this machine kind: AVX2/AVX-512)
 #
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 VERSION=0.3.36
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 URL=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-$VERSION.tar.gz
-TARGETS=(llama-bench llama-batched-bench llama-server llama-perplexity llama-cli)
+TARGETS=(llama-bench llama-batched-bench llama-server llama-perplexity llama-cli llama-quantize)
 
 prepare() {
   local work; work=$(mktemp -d)

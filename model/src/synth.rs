@@ -145,6 +145,8 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         "mistral-7b" => s(4096, 32, 32, 8, 128, 14336, 32768, 1000000.0, 1e-5),
         "qwen2-7b" => s(3584, 28, 28, 4, 128, 18944, 32768, 1000000.0, 1e-6),
         "qwen3-0.6b" => s(1024, 28, 16, 8, 128, 3072, 40960, 1000000.0, 1e-6),
+        "qwen3-8b" => s(4096, 36, 32, 8, 128, 12288, 40960, 1000000.0, 1e-6),
+        "gemma3-4b" => s(2560, 34, 8, 4, 256, 10240, 131072, 1000000.0, 1e-6),
         "gemma3-270m" => s(640, 18, 4, 1, 256, 2048, 32768, 1000000.0, 1e-6),
         // Phi-3-mini (3.8B); the 128k variant adds LongRoPE factors (see `SynthOptions::parse`).
         "phi3-mini" => s(3072, 32, 32, 32, 96, 8192, 4096, 10000.0, 1e-5),
@@ -173,31 +175,147 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         _ => {
             return Err(ModelError::InvalidArgument(format!(
                 "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
-                 gemma3-270m, phi3-mini, phi3-mini-128k; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
+                 qwen3-8b, gemma3-270m, gemma3-4b, phi3-mini, phi3-mini-128k; with experts: \
+                 tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
             )))
         }
     })
 }
 
-/// Weight type choice: one type for every matrix, or llama.cpp's Q4_K_M mix.
+/// llama.cpp's file types (`LLAMA_FTYPE_MOSTLY_*`, named as `llama-quantize` takes them): each
+/// picks a type per tensor by the rules of llama.cpp's `llama_tensor_get_type` without an
+/// importance matrix. Besides what each variant says, models with 8 experts get Q8_0 attn_k and
+/// attn_v and (for Q2_K, Q3_K_S/M, Q4_K_S/M and the IQ4 types) Q5_K attn_output, and a row
+/// that the type's blocks do not tile takes llama.cpp's fallback type.
+#[allow(
+    non_camel_case_types,
+    reason = "names match llama-quantize's spelling of the file types"
+)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LlamaFtype {
+    /// Q4_0; the output (and a tied embedding) Q6_K.
+    Q4_0,
+    /// Q4_1; the output Q6_K.
+    Q4_1,
+    /// Q5_0; the output Q6_K.
+    Q5_0,
+    /// Q5_1; the output Q6_K.
+    Q5_1,
+    /// Q8_0 everywhere.
+    Q8_0,
+    /// Q2_K; Q3_K attn_output and ffn_down, Q3_K or (GQA >= 4) Q4_K attn_v, Q6_K output.
+    Q2_K,
+    /// Q3_K; the output Q6_K.
+    Q3_K_S,
+    /// Q3_K; Q4_K attn_output, attn_v and ffn_down, Q5_K for those in the first layers.
+    Q3_K_M,
+    /// Q3_K; Q5_K attn_output, attn_v and ffn_down.
+    Q3_K_L,
+    /// Q4_K; Q5_K attn_v of the first 4 layers and ffn_down of the first eighth.
+    Q4_K_S,
+    /// Q4_K; Q6_K output, and attn_v and ffn_down in `use_more_bits` layers.
+    Q4_K_M,
+    /// Q5_K; the output Q6_K.
+    Q5_K_S,
+    /// Q5_K; Q6_K output, and attn_v and ffn_down in `use_more_bits` layers.
+    Q5_K_M,
+    /// Q6_K everywhere.
+    Q6_K,
+    /// IQ4_NL; Q5_K attn_v (GQA >= 4) and ffn_down of the first eighth, Q6_K output.
+    IQ4_NL,
+    /// IQ4_XS; Q5_K attn_v (GQA >= 4) and ffn_down of the first eighth, Q6_K output.
+    IQ4_XS,
+}
+
+impl LlamaFtype {
+    /// Every file type.
+    pub const ALL: [Self; 16] = [
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q2_K,
+        Self::Q3_K_S,
+        Self::Q3_K_M,
+        Self::Q3_K_L,
+        Self::Q4_K_S,
+        Self::Q4_K_M,
+        Self::Q5_K_S,
+        Self::Q5_K_M,
+        Self::Q6_K,
+        Self::IQ4_NL,
+        Self::IQ4_XS,
+    ];
+
+    /// The name llama-quantize takes (`Q4_K_M`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::Q8_0 => "Q8_0",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K_S => "Q3_K_S",
+            Self::Q3_K_M => "Q3_K_M",
+            Self::Q3_K_L => "Q3_K_L",
+            Self::Q4_K_S => "Q4_K_S",
+            Self::Q4_K_M => "Q4_K_M",
+            Self::Q5_K_S => "Q5_K_S",
+            Self::Q5_K_M => "Q5_K_M",
+            Self::Q6_K => "Q6_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
+        }
+    }
+
+    /// The type of the tensors no rule singles out (`llama_ftype_get_default_type`).
+    fn default_type(self) -> GgmlType {
+        use GgmlType as T;
+        match self {
+            Self::Q4_0 => T::Q4_0,
+            Self::Q4_1 => T::Q4_1,
+            Self::Q5_0 => T::Q5_0,
+            Self::Q5_1 => T::Q5_1,
+            Self::Q8_0 => T::Q8_0,
+            Self::Q2_K => T::Q2_K,
+            Self::Q3_K_S | Self::Q3_K_M | Self::Q3_K_L => T::Q3_K,
+            Self::Q4_K_S | Self::Q4_K_M => T::Q4_K,
+            Self::Q5_K_S | Self::Q5_K_M => T::Q5_K,
+            Self::Q6_K => T::Q6_K,
+            Self::IQ4_NL => T::IQ4_NL,
+            Self::IQ4_XS => T::IQ4_XS,
+        }
+    }
+}
+
+/// Weight type choice: a llama.cpp file type's mixture, or one type for every matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileType {
-    /// Q4_K for most matrices, Q6_K for the output and for attn_v/ffn_down in some layers.
-    Q4KM,
-    /// Every matrix of this type.
+    /// The per-tensor types `llama-quantize` picks for this file type.
+    Mix(LlamaFtype),
+    /// Every matrix of this type (`llama-quantize --pure`), but for the fallback of rows that
+    /// do not fill whole blocks.
     All(GgmlType),
 }
 
 impl FileType {
-    /// Parses `q4_k_m` or a ggml type name (`q8_0`, `f16`, `q4_k`, `q6_k`, `f32`...).
+    /// llama.cpp's Q4_K_M mixture (Q4_K with Q6_K for the output and some attn_v/ffn_down).
+    pub const Q4KM: Self = Self::Mix(LlamaFtype::Q4_K_M);
+
+    /// Parses a llama.cpp file type (`q4_k_m`, `q4_0`, `iq4_xs`... as llama-quantize names
+    /// them, any case) or else one ggml type for every matrix (`q4_k`, `f16`, `bf16`...).
     pub fn parse(s: &str) -> Result<Self, ModelError> {
-        let lower = s.to_ascii_lowercase();
-        if lower == "q4_k_m" {
-            return Ok(Self::Q4KM);
+        if let Some(m) = LlamaFtype::ALL
+            .iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s))
+        {
+            return Ok(Self::Mix(*m));
         }
         (0..64)
             .filter_map(GgmlType::from_id)
-            .find(|t| t.name().eq_ignore_ascii_case(&lower) && gguf::can_quantize(*t))
+            .find(|t| t.name().eq_ignore_ascii_case(s) && gguf::can_quantize(*t))
             .map(Self::All)
             .ok_or_else(|| ModelError::InvalidArgument(format!("unsupported weight type `{s}`")))
     }
@@ -331,33 +449,147 @@ struct Spec {
     std: f32,
 }
 
-/// llama.cpp's `use_more_bits`: which layers get Q6_K for attn_v/ffn_down in Q4_K_M.
+/// llama.cpp's `use_more_bits`: the layers where Q4_K_M/Q5_K_M give attn_v/ffn_down Q6_K.
 fn more_bits(i: u64, n: u64) -> bool {
     // The first test guarantees `i >= n / 8` for the subtraction.
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
-fn matrix_type(ft: FileType, name: &str, layer: Option<(u64, u64)>, row: u64) -> GgmlType {
+/// What llama.cpp's type rules look at besides the tensor itself.
+#[derive(Clone, Copy, Debug)]
+struct MixContext {
+    /// Query heads per key/value head.
+    n_gqa: u64,
+    /// Experts per layer (0 without).
+    n_expert: u64,
+    /// No `output.weight`: the token embedding is the output matrix too.
+    tied: bool,
+}
+
+impl MixContext {
+    fn of(arch: Arch, s: &Shape) -> Self {
+        Self {
+            n_gqa: s.n_head.checked_div(s.n_head_kv).unwrap_or(0),
+            n_expert: s.experts.map_or(0, |x| x.n_expert),
+            tied: matches!(arch, Arch::Gemma2 | Arch::Gemma3),
+        }
+    }
+}
+
+/// llama.cpp's `llama_tensor_get_type_impl` for the file types of [`LlamaFtype`], without an
+/// importance matrix, for the tensor kinds synthetic models have. `layer` is (index, count).
+/// Not covered: llama.cpp's bump of attn_v for 70B llama models and its Falcon rules.
+fn mix_type(
+    m: LlamaFtype,
+    name: &str,
+    layer: Option<(u64, u64)>,
+    cols: u64,
+    c: MixContext,
+) -> GgmlType {
+    use GgmlType as T;
+    use LlamaFtype as F;
+    let default = m.default_type();
+    let (i, n) = layer.unwrap_or((0, 1));
+    let is = |t: &str| name.contains(t);
+    if name == "output.weight" || (c.tied && name == "token_embd.weight") {
+        return if !cols.is_multiple_of(default.block_size() as u64) {
+            T::Q8_0
+        } else if default != T::Q8_0 {
+            T::Q6_K
+        } else {
+            default
+        };
+    }
+    if name == "token_embd.weight" {
+        return default;
+    }
+    // A fused q/k/v matrix takes attn_v's rules, as in llama.cpp.
+    if is("attn_v.weight") || is("attn_qkv.weight") {
+        let t = match m {
+            F::Q2_K if c.n_gqa >= 4 => T::Q4_K,
+            F::Q2_K => T::Q3_K,
+            F::Q3_K_M if i < 2 => T::Q5_K,
+            F::Q3_K_M => T::Q4_K,
+            F::Q3_K_L => T::Q5_K,
+            F::IQ4_NL | F::IQ4_XS if c.n_gqa >= 4 => T::Q5_K,
+            F::Q4_K_M | F::Q5_K_M if more_bits(i, n) => T::Q6_K,
+            F::Q4_K_S if i < 4 => T::Q5_K,
+            _ => default,
+        };
+        return if c.n_expert == 8 { T::Q8_0 } else { t };
+    }
+    if is("attn_k.weight") {
+        return if c.n_expert == 8 { T::Q8_0 } else { default };
+    }
+    if is("attn_q.weight") {
+        return default;
+    }
+    if is("attn_output.weight") {
+        return match m {
+            F::Q2_K | F::Q3_K_S | F::Q3_K_M | F::IQ4_NL | F::Q4_K_S | F::Q4_K_M | F::IQ4_XS
+                if c.n_expert == 8 =>
+            {
+                T::Q5_K
+            }
+            _ if c.n_expert == 8 => default,
+            F::Q2_K => T::Q3_K,
+            F::Q3_K_M => T::Q4_K,
+            F::Q3_K_L => T::Q5_K,
+            _ => default,
+        };
+    }
+    // ffn_gate and ffn_up (experts' too) have no rules for these file types.
+    if is("ffn_down") {
+        return match m {
+            F::Q2_K => T::Q3_K,
+            F::Q3_K_M if i < n / 16 => T::Q5_K,
+            F::Q3_K_M => T::Q4_K,
+            F::Q3_K_L => T::Q5_K,
+            F::Q4_K_M | F::Q5_K_M if more_bits(i, n) => T::Q6_K,
+            F::IQ4_NL | F::IQ4_XS if i < n / 8 => T::Q5_K,
+            F::Q4_K_S if i < n / 8 => T::Q5_K,
+            _ => default,
+        };
+    }
+    default
+}
+
+/// llama.cpp's `tensor_type_fallback`: a type whose blocks do not tile a row of `cols` values
+/// gives way to a 32-value type of about the same size, or to F16.
+fn fallback(ty: GgmlType, cols: u64) -> GgmlType {
+    use GgmlType as T;
+    let fits = |t: GgmlType| cols.is_multiple_of(t.block_size() as u64);
+    if fits(ty) {
+        return ty;
+    }
+    let smaller = match ty {
+        T::IQ4_XS => T::IQ4_NL,
+        T::Q2_K | T::Q3_K => T::Q4_0,
+        T::Q4_K => T::Q5_0,
+        T::Q5_K => T::Q5_1,
+        T::Q6_K => T::Q8_0,
+        // No fallback in llama.cpp (it refuses these): the nearest 32-value type.
+        _ => T::Q8_0,
+    };
+    if fits(smaller) {
+        smaller
+    } else {
+        T::F16
+    }
+}
+
+fn matrix_type(
+    ft: FileType,
+    name: &str,
+    layer: Option<(u64, u64)>,
+    cols: u64,
+    c: MixContext,
+) -> GgmlType {
     let ty = match ft {
         FileType::All(t) => t,
-        FileType::Q4KM => {
-            let hi = name == "output.weight"
-                || matches!(layer, Some((i, n)) if (name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight") || name.ends_with("ffn_down_exps.weight")) && more_bits(i, n));
-            if hi {
-                GgmlType::Q6_K
-            } else {
-                GgmlType::Q4_K
-            }
-        }
+        FileType::Mix(m) => mix_type(m, name, layer, cols, c),
     };
-    // Rows that do not fill whole blocks fall back as llama.cpp's quantizer does (to Q8_0).
-    if row.is_multiple_of(ty.block_size() as u64) {
-        ty
-    } else if row.is_multiple_of(32) {
-        GgmlType::Q8_0
-    } else {
-        GgmlType::F16
-    }
+    fallback(ty, cols)
 }
 
 fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
@@ -365,9 +597,10 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
     let (e, hd) = (s.n_embd, s.head_dim);
     let q = s.n_head * hd;
     let kv = s.n_head_kv * hd;
+    let mix = MixContext::of(o.arch, &s);
     let mut v = Vec::new();
     let mat = |v: &mut Vec<Spec>, name: String, cols: u64, rows: u64, layer: Option<(u64, u64)>| {
-        let ty = matrix_type(o.ftype, &name, layer, cols);
+        let ty = matrix_type(o.ftype, &name, layer, cols, mix);
         let qk = name.ends_with("attn_q.weight")
             || name.ends_with("attn_k.weight")
             || name.ends_with("attn_qkv.weight");
@@ -468,7 +701,7 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 let ty = if gpt_oss && cols.is_multiple_of(32) {
                     GgmlType::MXFP4
                 } else {
-                    matrix_type(o.ftype, &name, l, cols)
+                    matrix_type(o.ftype, &name, l, cols, mix)
                 };
                 v.push(Spec {
                     name,
@@ -533,7 +766,7 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
         std: 0.02,
     });
     if !matches!(o.arch, Arch::Gemma2 | Arch::Gemma3) {
-        let ty = matrix_type(o.ftype, "output.weight", None, e);
+        let ty = matrix_type(o.ftype, "output.weight", None, e, mix);
         v.push(Spec {
             name: "output.weight".into(),
             dims: vec![e, n_vocab],
@@ -887,19 +1120,99 @@ mod tests {
         assert!((var.sqrt() - 0.02).abs() < 0.003, "std {}", var.sqrt());
     }
 
+    /// Our per-tensor types in the layout of `tests/data/llama_quant_types.txt`: one line per
+    /// tensor kind (sorted), the type of each layer's tensor; F32 tensors left out.
+    fn type_table(arch: &str, preset_name: &str, m: LlamaFtype) -> Vec<String> {
+        let o = SynthOptions::parse(arch, preset_name, m.name(), 42).expect("options");
+        let mut kinds: std::collections::BTreeMap<String, Vec<GgmlType>> = Default::default();
+        // The built-in vocabulary's 259 tokens, as the pinned files had.
+        for t in tensor_specs(&o, 259) {
+            if t.ty == GgmlType::F32 {
+                continue;
+            }
+            let name = t.name.strip_suffix(".weight").expect("a matrix");
+            let kind = match name.strip_prefix("blk.") {
+                Some(rest) => rest.split_once('.').expect("blk.N.kind").1,
+                None => name,
+            };
+            kinds.entry(kind.to_owned()).or_default().push(t.ty);
+        }
+        kinds
+            .iter()
+            .map(|(kind, tys)| {
+                let tys: Vec<String> = tys.iter().map(|t| t.name().to_uppercase()).collect();
+                format!("{arch} {preset_name} {} {kind} {}", m.name(), tys.join(" "))
+            })
+            .collect()
+    }
+
     #[test]
-    fn q4_k_m_mix_follows_llama_cpp() {
-        assert!(more_bits(0, 32) && more_bits(31, 32) && !more_bits(5, 32) && more_bits(6, 32));
-        let t = matrix_type(FileType::Q4KM, "blk.0.attn_v.weight", Some((0, 32)), 4096);
-        assert_eq!(t, GgmlType::Q6_K);
+    fn file_type_mixes_equal_llama_quantize() {
+        // Made by scripts/llama_quant_types.sh: llama.cpp 0c1e57098's llama-quantize on F16
+        // synthetic models of these shapes (untied 2-layer llama; tied 18-layer Gemma 3 with
+        // 640-wide rows, so the fallbacks show; 8-expert Mixtral).
+        let want = include_str!("../tests/data/llama_quant_types.txt");
+        let mut models: Vec<(&str, &str)> = Vec::new();
+        for line in want.lines() {
+            let mut f = line.split(' ');
+            let key = (f.next().expect("arch"), f.next().expect("preset"));
+            if !models.contains(&key) {
+                models.push(key);
+            }
+        }
+        assert_eq!(models.len(), 3, "three shapes pinned");
+        let mut got = Vec::new();
+        for (arch, preset_name) in models {
+            for m in LlamaFtype::ALL {
+                got.extend(type_table(arch, preset_name, m));
+            }
+        }
+        let want: Vec<&str> = want.lines().collect();
+        assert_eq!(got.len(), want.len(), "lines");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g, w);
+        }
+    }
+
+    #[test]
+    fn file_types_parse_as_llama_quantize_names_them() {
+        assert_eq!(FileType::parse("Q4_K_M").expect("q4_k_m"), FileType::Q4KM);
         assert_eq!(
-            matrix_type(FileType::Q4KM, "blk.5.attn_q.weight", Some((5, 32)), 4096),
-            GgmlType::Q4_K
+            FileType::parse("iq4_xs").expect("iq4_xs"),
+            FileType::Mix(LlamaFtype::IQ4_XS)
         );
         assert_eq!(
-            matrix_type(FileType::Q4KM, "token_embd.weight", None, 640),
-            GgmlType::Q8_0
+            FileType::parse("q4_0").expect("q4_0"),
+            FileType::Mix(LlamaFtype::Q4_0)
         );
+        // Plain types that are no file type's name: every matrix of that type.
+        assert_eq!(
+            FileType::parse("q4_k").expect("q4_k"),
+            FileType::All(GgmlType::Q4_K)
+        );
+        assert_eq!(
+            FileType::parse("f16").expect("f16"),
+            FileType::All(GgmlType::F16)
+        );
+        assert!(FileType::parse("iq2_xxs").is_err());
+        // The pure types take llama.cpp's fallbacks too (--pure keeps them).
+        let c = MixContext {
+            n_gqa: 1,
+            n_expert: 0,
+            tied: false,
+        };
+        let pure = |t, cols| {
+            matrix_type(
+                FileType::All(t),
+                "blk.0.attn_q.weight",
+                Some((0, 1)),
+                cols,
+                c,
+            )
+        };
+        assert_eq!(pure(GgmlType::Q4_K, 640), GgmlType::Q5_0);
+        assert_eq!(pure(GgmlType::IQ4_XS, 640), GgmlType::IQ4_NL);
+        assert_eq!(pure(GgmlType::Q4_K, 100), GgmlType::F16);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod blocks;
 mod iq;
 mod iq1_grid;
+mod iq4quantize;
 pub mod iq_tables;
 mod kquantize;
 mod kquants;
@@ -141,6 +142,8 @@ fn quant_fn(ty: GgmlType) -> Option<QuantFn> {
         T::Q6_K => kquantize::q6_k,
         T::Q8_K => kquantize::q8_k,
         T::MXFP4 => quantize::mxfp4,
+        T::IQ4_NL => iq4quantize::iq4_nl,
+        T::IQ4_XS => iq4quantize::iq4_xs,
         _ => return None,
     })
 }
@@ -159,6 +162,8 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::Q6_K,
     GgmlType::Q8_K,
     GgmlType::MXFP4,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// True when [`quantize`] supports `ty`.

@@ -354,7 +354,9 @@ pub struct SynthArgs {
     /// see `model::synth::preset`).
     #[arg(long, default_value = "tiny")]
     preset: String,
-    /// Weight types: q4_k_m, or one type such as q8_0 or f16.
+    /// Weight types: a llama.cpp file type, mixed as llama-quantize mixes it (q4_0, q4_1,
+    /// q5_0, q5_1, q8_0, q2_k, q3_k_s/m/l, q4_k_s/m, q5_k_s/m, q6_k, iq4_nl, iq4_xs), or one type
+    /// for every matrix (q4_k, q5_k, f16, bf16, f32...).
     #[arg(long, default_value = "q4_k_m")]
     ftype: String,
     /// Random seed of the weights.
