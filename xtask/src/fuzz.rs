@@ -69,6 +69,11 @@ fn model_seeds() -> [(&'static str, Vec<Seed>); 2] {
                     b"\x01Hello world, the in  er\n\n<|endoftext|>".to_vec(),
                 ),
                 ("spm-extra", b"\x02ab\nthe\n\x00abthe the".to_vec()),
+                // Found by a campaign: an extra token spelled like a byte token.
+                (
+                    "spm-byte-text",
+                    b"\x02<0x6C>\n\x00]bt\x00Hello \xff\xff\xbbAwheo   t ".to_vec(),
+                ),
             ],
         ),
     ]

@@ -99,9 +99,12 @@ fn vocab(spm: bool, extra: &[&str]) -> Metadata {
         md.set("tokenizer.ggml.bos_token_id", MetadataValue::U32(eot));
         md.set("tokenizer.ggml.eos_token_id", MetadataValue::U32(eot));
     }
+    // An extra token that repeats a text takes that text over (as in llama.cpp: the later id
+    // wins), so a normal token spelled `<0x6C>` would stand in for byte 0x6C and break the
+    // round trip: such tokens are left out (the tokenizer's unit tests cover repeats).
     for (i, t) in extra.iter().enumerate() {
-        if !t.is_empty() {
-            push(t, NORMAL, -100.0 - i as f32);
+        if !t.is_empty() && !entries.iter().any(|e| e.0 == *t) {
+            entries.push(((*t).to_owned(), NORMAL, -100.0 - i as f32));
         }
     }
     let tokens: Vec<String> = entries.iter().map(|e| e.0.clone()).collect();
