@@ -184,7 +184,13 @@ const TARGETS: [Target; 3] = [
 
 /// Runs what `cargo xtask fuzz` was asked for.
 pub fn run(mode: Mode) -> Result<()> {
-    prepare()?;
+    // The reader's seeds are built by a workspace example: only when the reader runs, so that
+    // a campaign of the other targets takes no lock on the workspace's build directory.
+    let reader = match &mode {
+        Mode::Seconds(_) => true,
+        Mode::Runs { targets, .. } => targets.is_empty() || targets.iter().any(|t| t == "reader"),
+    };
+    prepare(reader)?;
     match mode {
         Mode::Seconds(seconds) => {
             for t in &TARGETS {
@@ -231,26 +237,29 @@ pub fn run(mode: Mode) -> Result<()> {
     }
 }
 
-/// Installs cargo-fuzz when missing and writes every target's seeds.
-fn prepare() -> Result<()> {
+/// Installs cargo-fuzz when missing and writes the targets' seeds (the reader's with
+/// `reader`).
+fn prepare(reader: bool) -> Result<()> {
     if !cargo_fuzz_installed() {
         // About a minute of compilation on a 2-core machine.
         run_cmd(cargo().args(["install", "cargo-fuzz", "--locked"]))?;
     }
-    run_cmd(
-        cargo()
-            .args([
-                "run",
-                "-q",
-                "--profile",
-                "ci",
-                "-p",
-                "gguf",
-                "--example",
-                "make-fuzz-seeds",
-            ])
-            .arg(CORPUS),
-    )?;
+    if reader {
+        run_cmd(
+            cargo()
+                .args([
+                    "run",
+                    "-q",
+                    "--profile",
+                    "ci",
+                    "-p",
+                    "gguf",
+                    "--example",
+                    "make-fuzz-seeds",
+                ])
+                .arg(CORPUS),
+        )?;
+    }
     let root = crate::workspace_root();
     for (target, seeds) in model_seeds() {
         let dir = root.join(format!("{MODEL_FUZZ_DIR}/corpus/{target}"));
