@@ -326,7 +326,8 @@ mod tests {
             model: None,
         };
         assert!(check(&ok).is_ok());
-        let cases: [(fn(&mut BenchOptions), &str); 7] = [
+        type Edit = fn(&mut BenchOptions);
+        let cases: [(Edit, &str); 7] = [
             (|o| o.requests = usize::MAX, "at most 1048576 per level"),
             (
                 |o| o.range_ratio = f64::NAN,
