@@ -86,9 +86,12 @@ impl GpuSelection {
     /// Parses `--tensor-split` (`3,1`): non-negative, finite, not all zero.
     pub fn parse_tensor_split(s: &str) -> Result<Vec<f64>, ModelError> {
         let v: Vec<f64> = parse_list("--tensor-split", s)?;
-        if v.iter().any(|x| !x.is_finite() || *x < 0.0) || v.iter().sum::<f64>() <= 0.0 {
+        let sum: f64 = v.iter().sum();
+        // A finite sum too: `1e308,1e308` would make every share 0 after normalising.
+        if v.iter().any(|x| !x.is_finite() || *x < 0.0) || !(sum > 0.0 && sum.is_finite()) {
             return Err(ModelError::InvalidArgument(format!(
-                "--tensor-split `{s}`: shares must be non-negative and not all zero"
+                "--tensor-split `{s}`: shares must be non-negative, not all zero, and sum to a \
+                 finite number"
             )));
         }
         Ok(v)
@@ -468,6 +471,7 @@ mod tests {
         );
         assert!(GpuSelection::parse_tensor_split("0,0").is_err());
         assert!(GpuSelection::parse_tensor_split("-1,2").is_err());
+        assert!(GpuSelection::parse_tensor_split("1e308,1e308").is_err());
         assert_eq!("layer".parse::<SplitMode>().unwrap(), SplitMode::Layer);
         let e = "tensor".parse::<SplitMode>().unwrap_err().to_string();
         assert!(e.contains("not built"), "{e}");

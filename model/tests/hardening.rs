@@ -385,6 +385,26 @@ fn a_directory_is_not_a_model() {
     assert!(e.to_string().contains("is a directory"), "{e}");
 }
 
+/// A FIFO would block the loader forever and a device would be read as a file: both are
+/// refused by their kind, before anything opens them.
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_a_device_is_not_a_model() {
+    let fifo = scratch("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    for path in [fifo.as_path(), Path::new("/dev/zero")] {
+        let e = Model::load(path, |_, _| {}).expect_err("not a regular file");
+        let msg = e.to_string();
+        assert!(msg.contains("not a regular file"), "{msg}");
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+    }
+    let _ = std::fs::remove_file(&fifo);
+}
+
 /// Resident memory of this process in bytes (Linux).
 #[cfg(target_os = "linux")]
 fn rss() -> u64 {
@@ -446,4 +466,45 @@ fn kv_cache_estimates_saturate_instead_of_wrapping() {
     };
     let per_pos = cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 2;
     assert_eq!(small.bytes(cfg), cfg.n_layer * per_pos * 16);
+}
+
+fn merges(v: &[&str]) -> MetadataValue {
+    MetadataValue::Array(gguf::ArrayValue::String(
+        v.iter().map(|m| (*m).to_owned()).collect(),
+    ))
+}
+
+#[test]
+fn a_bpe_vocabulary_without_merges_is_refused() {
+    let none = mutate(&tiny("llama"), |md, _| {
+        let mut out = Metadata::new();
+        for (k, v) in md.iter() {
+            if k != "tokenizer.ggml.merges" {
+                out.set(k, v.clone());
+            }
+        }
+        *md = out;
+    });
+    let e = load_err(none);
+    assert!(matches!(e, ModelError::Tokenizer(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("tokenizer.ggml.merges is missing"), "{msg}");
+    assert!(msg.contains("`gpt2`"), "{msg}");
+}
+
+#[test]
+fn malformed_merges_are_skipped_as_llama_cpp_skips_them() {
+    let base = tiny("llama");
+    // Entries without a separating space (as llama.cpp, they never match), around the one
+    // real merge: it must still apply, at its own rank.
+    let odd = set(
+        &base,
+        "tokenizer.ggml.merges",
+        merges(&["Ġt", "", " ", "Ġ t", "\u{1b}[2J"]),
+    );
+    let tm = load(odd).expect("malformed merges are skipped, not fatal");
+    let merged = tm.tokenizer().encode(" t", false, false);
+    let original = load(base).expect("base");
+    assert_eq!(merged, original.tokenizer().encode(" t", false, false));
+    assert_eq!(merged.len(), 1, "{merged:?}");
 }

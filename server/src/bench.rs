@@ -155,24 +155,63 @@ async fn one_request(client: &Client, body: Value) -> Sample {
     s
 }
 
-/// Runs every level and returns the reports.
-pub async fn run(client: &Client, opts: &BenchOptions) -> Result<Vec<LevelReport>, ServerError> {
+/// Most concurrent clients per level: far beyond any server's batch, and each is a task.
+pub const MAX_CONCURRENCY: usize = 4096;
+/// Most requests per level (each request body is made before the level starts).
+pub const MAX_REQUESTS: usize = 1 << 20;
+/// Longest prompt or output per request, in tokens (the mean with a range ratio).
+pub const MAX_TOKENS: usize = 1 << 20;
+
+/// Refuses options no run can use, before any request: the counts size what is made up front.
+fn check(opts: &BenchOptions) -> Result<(), ServerError> {
+    let bad = |m: String| Err(ServerError::InvalidArgument(m));
     if opts.prompt_tokens == 0 || opts.output_tokens == 0 {
-        return Err(ServerError::InvalidArgument(
-            "prompt and output lengths must be at least 1".into(),
+        return bad("prompt and output lengths must be at least 1".into());
+    }
+    for (flag, v) in [
+        ("--prompt-tokens", opts.prompt_tokens),
+        ("--output-tokens", opts.output_tokens),
+    ] {
+        if v > MAX_TOKENS {
+            return bad(format!(
+                "{flag} {v}: at most {MAX_TOKENS} tokens per request"
+            ));
+        }
+    }
+    if opts.requests > MAX_REQUESTS {
+        return bad(format!(
+            "--requests {}: at most {MAX_REQUESTS} per level",
+            opts.requests
         ));
     }
     if !(0.0..1.0).contains(&opts.range_ratio) {
-        return Err(ServerError::InvalidArgument(format!(
+        return bad(format!(
             "range ratio {} must be in [0, 1)",
             opts.range_ratio
-        )));
+        ));
     }
+    if opts.concurrency.is_empty() {
+        return bad("--concurrency needs at least one level".into());
+    }
+    if let Some(&c) = opts
+        .concurrency
+        .iter()
+        .find(|&&c| c == 0 || c > MAX_CONCURRENCY)
+    {
+        return bad(format!(
+            "--concurrency {c}: give 1 to {MAX_CONCURRENCY} clients per level"
+        ));
+    }
+    Ok(())
+}
+
+/// Runs every level and returns the reports.
+pub async fn run(client: &Client, opts: &BenchOptions) -> Result<Vec<LevelReport>, ServerError> {
+    check(opts)?;
     let (model, pool) = prepare(client, opts).await?;
     let pool = Arc::new(pool);
     let mut reports = Vec::new();
     for &conc in &opts.concurrency {
-        let conc = conc.max(1);
         let n = opts.requests.max(conc);
         let mut rng = Rng::new(opts.seed ^ conc as u64);
         let mut bodies = Vec::with_capacity(n);
@@ -274,6 +313,43 @@ pub fn table(reports: &[LevelReport]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_no_run_can_use_are_refused() {
+        let ok = BenchOptions {
+            concurrency: vec![1, 8],
+            requests: 64,
+            prompt_tokens: 128,
+            output_tokens: 128,
+            range_ratio: 0.0,
+            seed: 1,
+            model: None,
+        };
+        assert!(check(&ok).is_ok());
+        type Edit = fn(&mut BenchOptions);
+        let cases: [(Edit, &str); 7] = [
+            (|o| o.requests = usize::MAX, "at most 1048576 per level"),
+            (
+                |o| o.range_ratio = f64::NAN,
+                "range ratio NaN must be in [0, 1)",
+            ),
+            (|o| o.prompt_tokens = usize::MAX, "--prompt-tokens"),
+            (|o| o.output_tokens = 0, "at least 1"),
+            (
+                |o| o.concurrency = vec![1, 0],
+                "--concurrency 0: give 1 to 4096",
+            ),
+            (|o| o.concurrency = vec![1 << 40], "give 1 to 4096"),
+            (|o| o.concurrency.clear(), "at least one level"),
+        ];
+        for (edit, words) in cases {
+            let mut o = ok.clone();
+            edit(&mut o);
+            let e = check(&o).expect_err("refused");
+            assert!(matches!(e, ServerError::InvalidArgument(_)), "{e:?}");
+            assert!(e.to_string().contains(words), "{words}: {e}");
+        }
+    }
 
     #[test]
     fn nearest_rank_quantiles() {

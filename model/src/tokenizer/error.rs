@@ -30,6 +30,12 @@ pub enum TokenizerError {
     /// The vocabulary is empty.
     #[error("tokenizer.ggml.tokens is empty")]
     Empty,
+    /// A byte-level BPE vocabulary (`tokenizer.ggml.model` named) has no merge list.
+    #[error(
+        "tokenizer.ggml.merges is missing: a `{0}` (BPE) vocabulary needs its merge list; \
+         re-convert the model with a current convert_hf_to_gguf.py"
+    )]
+    MissingMerges(String),
     /// A special token id is needed but not set or out of range.
     #[error("special token `{0}` is needed but not defined by the vocabulary")]
     MissingSpecial(&'static str),

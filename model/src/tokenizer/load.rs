@@ -73,10 +73,17 @@ impl VocabParts {
         let token_types = md
             .get_i32_array_opt("tokenizer.ggml.token_type")?
             .map(<[i32]>::to_vec);
-        let merges = md
-            .get_str_array_opt("tokenizer.ggml.merges")?
-            .map(<[String]>::to_vec)
-            .unwrap_or_default();
+        let model = md.get_str("tokenizer.ggml.model")?;
+        let pre = md.get_str_opt("tokenizer.ggml.pre")?;
+        let merges = match md.get_str_array_opt("tokenizer.ggml.merges")? {
+            Some(m) => m.to_vec(),
+            // As llama.cpp: a BPE vocabulary without merges would tokenize everything into
+            // single bytes, so it is refused (Kimi-K2's pre-tokenizer does without them).
+            None if matches!(model, "gpt2" | "gemma4") && pre != Some("kimi-k2") => {
+                return Err(TokenizerError::MissingMerges(model.to_owned()))
+            }
+            None => Vec::new(),
+        };
         let mut special_ids = Vec::new();
         for k in SPECIAL_KEYS {
             let key = format!("tokenizer.ggml.{k}");
@@ -90,8 +97,8 @@ impl VocabParts {
             }
         }
         Ok(Self {
-            model: md.get_str("tokenizer.ggml.model")?.to_owned(),
-            pre: md.get_str_opt("tokenizer.ggml.pre")?.map(str::to_owned),
+            model: model.to_owned(),
+            pre: pre.map(str::to_owned),
             tokens,
             scores,
             token_types,
@@ -254,33 +261,60 @@ impl Tokenizer {
 
         let mut tokens = p.tokens;
         let mut token_to_id = super::fast_map(n);
+        // (earlier id, later id, count) of texts that appear more than once
+        let mut duplicates: Option<(usize, usize, usize)> = None;
         let mut attrs = vec![attr::NORMAL; n];
         for (i, text) in tokens.iter_mut().enumerate() {
             if text.is_empty() {
                 *text = format!("[EMPTY_{i}]");
             }
             // Later duplicates win, as in llama.cpp's map.
-            token_to_id.insert(text.clone(), i as u32);
+            if let Some(earlier) = token_to_id.insert(text.clone(), i as u32) {
+                duplicates.get_or_insert((earlier as usize, i, 0)).2 += 1;
+            }
             if let Some(t) = &p.token_types {
                 attrs[i] = attr_of_type(t[i]);
             }
+        }
+        if let Some((earlier, later, count)) = duplicates {
+            // A text's earlier ids can still be decoded but are never produced (a byte token
+            // shadowed this way is not used by byte fallback): the file is odd, not unusable.
+            tracing::warn!(
+                "tokenizer.ggml.tokens: {count} texts appear more than once (the first: ids \
+                 {earlier} and {later}, {:?}); text maps to the later id, as in llama.cpp",
+                tokens[later].chars().take(40).collect::<String>()
+            );
         }
         let scores = p.scores.unwrap_or_else(|| vec![0.0; n]);
 
         let mut ranks: super::FastMap<String, super::FastMap<String, usize>> = super::fast_map(0);
         if matches!(kind, Kind::Bpe(_)) {
+            // (index of the first, count)
+            let mut malformed: Option<(usize, usize)> = None;
             for (i, m) in p.merges.iter().enumerate() {
                 // Split at the first space after the first byte (a merge may start with one).
                 let split = m.as_bytes().iter().skip(1).position(|&b| b == b' ');
-                let (a, b) = match split {
-                    Some(p) => (&m[..p + 1], &m[p + 2..]),
-                    None => ("", ""),
+                let Some(at) = split else {
+                    // llama.cpp keeps such an entry as a pair of empty strings, which never
+                    // matches: the same as skipping it, with the later ranks unchanged.
+                    malformed.get_or_insert((i, 0)).1 += 1;
+                    continue;
                 };
+                let (a, b) = (&m[..at + 1], &m[at + 2..]);
                 ranks
                     .entry(a.to_owned())
                     .or_insert_with(|| super::fast_map(0))
                     .entry(b.to_owned())
                     .or_insert(i);
+            }
+            if let Some((first, count)) = malformed {
+                tracing::warn!(
+                    "tokenizer.ggml.merges: {count} of {} entries are not two tokens separated \
+                     by a space (the first at index {first}: {:?}); they are ignored, as \
+                     llama.cpp ignores them",
+                    p.merges.len(),
+                    p.merges[first].chars().take(40).collect::<String>()
+                );
             }
         }
 

@@ -44,6 +44,35 @@ fn spm_merges_prefix_and_byte_fallback() {
 }
 
 #[test]
+fn a_repeated_token_text_maps_to_the_later_id_as_in_llama_cpp() {
+    // Found by the tokenizer fuzz target: a normal token spelled like byte token <0x6C> takes
+    // over that text, so byte fallback for `l` yields it and it decodes as its own text.
+    let mut parts = VocabParts {
+        model: "llama".into(),
+        tokens: vec!["<unk>".into(), "<s>".into(), "</s>".into()],
+        token_types: Some(vec![2, 3, 3]),
+        ..VocabParts::default()
+    };
+    for b in 0..=255u8 {
+        parts.tokens.push(format!("<0x{b:02X}>"));
+        parts.token_types.as_mut().expect("types").push(6);
+    }
+    parts.tokens.push("<0x6C>".into());
+    parts.token_types.as_mut().expect("types").push(1);
+    let n = parts.tokens.len();
+    parts.scores = Some(vec![0.0; n]);
+    let t = Tokenizer::from_parts(parts).expect("a repeated text is not fatal");
+    let later = (n - 1) as u32;
+    assert_eq!(t.token_id("<0x6C>"), Some(later));
+    // The space prefix `▁` comes first, as its three byte tokens.
+    assert_eq!(
+        t.encode("l", false, false),
+        vec![3 + 0xE2, 3 + 0x96, 3 + 0x81, later]
+    );
+    assert_eq!(t.decode(&[3 + 0x6C]), "l");
+}
+
+#[test]
 fn spm_special_tokens_only_when_parsed() {
     let t = spm();
     let turn = t.token_id("<turn>").expect("token");
