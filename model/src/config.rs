@@ -50,6 +50,9 @@ pub enum Architecture {
     /// YaRN rope, and a mixture of experts with a biased router, softmax over the chosen
     /// experts' logits and a clamped SwiGLU (MXFP4 experts in the published files).
     GptOss,
+    /// `olmo2`: no pre-norms; RMS norms over the whole query and key vectors, after attention
+    /// and after the feed-forward.
+    Olmo2,
 }
 
 impl Architecture {
@@ -64,6 +67,7 @@ impl Architecture {
             "gemma3" => Ok(Self::Gemma3),
             "phi3" => Ok(Self::Phi3),
             "gpt-oss" => Ok(Self::GptOss),
+            "olmo2" => Ok(Self::Olmo2),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -79,6 +83,7 @@ impl Architecture {
             Self::Gemma3 => "gemma3",
             Self::Phi3 => "phi3",
             Self::GptOss => "gpt-oss",
+            Self::Olmo2 => "olmo2",
         }
     }
 
@@ -93,7 +98,8 @@ impl Architecture {
             | Self::Gemma2
             | Self::Gemma3
             | Self::Phi3
-            | Self::GptOss => RopeMode::Neox,
+            | Self::GptOss
+            | Self::Olmo2 => RopeMode::Neox,
         }
     }
 }
@@ -537,6 +543,16 @@ impl ModelConfig {
         let mut final_softcap = None;
         if arch == Architecture::GptOss {
             layers = gpt_oss_layers(md, arch, n_layer, global)?;
+        }
+        if arch == Architecture::Olmo2 {
+            // OLMo 3's sliding-window layers (rope without scaling there) are not planned yet.
+            let sw_key = key(arch, "attention.sliding_window");
+            if let Some(w) = opt_u(md, &sw_key)?.filter(|&w| w > 0) {
+                return Err(ModelError::BadKey {
+                    key: sw_key,
+                    reason: format!("a sliding window ({w}) is not supported for olmo2"),
+                });
+            }
         }
         if matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) {
             let gemma2 = arch == Architecture::Gemma2;

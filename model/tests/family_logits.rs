@@ -1,4 +1,4 @@
-//! The newer families (Phi-3, ...) on tiny synthetic files (`model::synth::family_spec`,
+//! The newer families (Phi-3, gpt-oss, OLMo 2) on tiny synthetic files (`model::synth::family_spec`,
 //! built-in vocabulary) against llama.cpp's CPU path on the same files
 //! (`data/family_*.json`, from `scripts/family_goldens.sh`): the file regenerates bit for bit,
 //! our top-20 logits after each prompt are within 1e-3 of llama.cpp's and the greedy tokens
@@ -88,6 +88,12 @@ fn phi3_long_rope_factors_match_llama_cpp() {
 #[serial]
 fn gpt_oss_matches_llama_cpp() {
     check("gpt-oss");
+}
+
+#[test]
+#[serial]
+fn olmo2_matches_llama_cpp() {
+    check("olmo2");
 }
 
 /// Greedy tokens of `tm` for `prompt` run alone through a session.

@@ -9,6 +9,7 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod gpt_oss;
 pub mod llama;
+pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
@@ -213,6 +214,7 @@ pub fn build_forward(
         Architecture::Gemma3 => gemma3::build(&mut b)?,
         Architecture::Phi3 => phi3::build(&mut b)?,
         Architecture::GptOss => gpt_oss::build(&mut b)?,
+        Architecture::Olmo2 => olmo2::build(&mut b)?,
     };
     b.finish(hidden)
 }
@@ -349,6 +351,7 @@ pub fn build_paged_forward(
         Architecture::Gemma3 => gemma3::build(&mut b)?,
         Architecture::Phi3 => phi3::build(&mut b)?,
         Architecture::GptOss => gpt_oss::build(&mut b)?,
+        Architecture::Olmo2 => olmo2::build(&mut b)?,
     };
     let fg = b.finish(hidden)?;
     Ok(PagedGraph {
@@ -526,7 +529,14 @@ impl<'a> Builder<'a> {
             self.batch.n_tok,
         );
         let la = c.layers[il];
-        let (q, k, v) = self.qkv_projections(il, x)?;
+        let (mut q, mut k, v) = self.qkv_projections(il, x)?;
+        if c.arch == Architecture::Olmo2 {
+            // OLMo 2 normalizes the whole query and key vectors, not each head.
+            q = self.rms_norm(q, &format!("blk.{il}.attn_q_norm.weight"))?;
+            k = self.rms_norm(k, &format!("blk.{il}.attn_k_norm.weight"))?;
+            self.tag(q, "Qcur_normed", il)?;
+            self.tag(k, "Kcur_normed", il)?;
+        }
         let mut q = self.g.reshape(q, &[hd, nh, nt])?;
         let mut k = self.g.reshape(k, &[hd, nkv, nt])?;
         if qk_norm {
