@@ -53,6 +53,10 @@ pub enum Architecture {
     /// `olmo2`: no pre-norms; RMS norms over the whole query and key vectors, after attention
     /// and after the feed-forward.
     Olmo2,
+    /// `granite`: the llama block with scaled embeddings, attention scores, residual branches
+    /// and logits (`{arch}.embedding_scale`, `attention.scale`, `residual_scale`,
+    /// `logit_scale`).
+    Granite,
 }
 
 impl Architecture {
@@ -68,6 +72,7 @@ impl Architecture {
             "phi3" => Ok(Self::Phi3),
             "gpt-oss" => Ok(Self::GptOss),
             "olmo2" => Ok(Self::Olmo2),
+            "granite" => Ok(Self::Granite),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -84,6 +89,7 @@ impl Architecture {
             Self::Phi3 => "phi3",
             Self::GptOss => "gpt-oss",
             Self::Olmo2 => "olmo2",
+            Self::Granite => "granite",
         }
     }
 
@@ -91,7 +97,7 @@ impl Architecture {
     /// decides: llama uses adjacent pairs, the Qwen and Gemma families split each head in halves.
     pub fn rope_mode(self) -> RopeMode {
         match self {
-            Self::Llama => RopeMode::Normal,
+            Self::Llama | Self::Granite => RopeMode::Normal,
             Self::Qwen2
             | Self::Qwen3
             | Self::Qwen3Moe
@@ -167,6 +173,10 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// The mixture-of-experts feed-forward (`None`: a dense one).
     pub moe: Option<Moe>,
+    /// Granite: multiplier of the attention and feed-forward outputs before each residual add.
+    pub residual_scale: Option<f32>,
+    /// Granite: divisor of the logits.
+    pub logit_scale: Option<f32>,
 }
 
 /// A mixture-of-experts feed-forward: a softmax router over `n_expert` experts, of which each
@@ -541,6 +551,35 @@ impl ModelConfig {
         let mut layers = vec![global; n_layer];
         let mut attn_softcap = None;
         let mut final_softcap = None;
+        let (mut residual_scale, mut logit_scale) = (None, None);
+        if arch == Architecture::Granite {
+            let f = |k: &str| -> Result<Option<f32>, ModelError> {
+                let fk = key(arch, k);
+                match opt_f(md, &fk)? {
+                    // llama.cpp treats 0 as "no scale" for these keys.
+                    Some(v) if v == 0.0 => Ok(None),
+                    Some(v) => check_positive(&fk, v, "scale").map(Some),
+                    None => Ok(None),
+                }
+            };
+            let lk = key(arch, "logit_scale");
+            logit_scale = Some(f("logit_scale")?.ok_or(ModelError::MissingKey(lk))?);
+            residual_scale = f("residual_scale")?;
+            if let Some(e) = f("embedding_scale")? {
+                embd_scale = e;
+            }
+            if let Some(a) = f("attention.scale")? {
+                attn_scale = a;
+            }
+            // Granite files may turn rope off (`rope.scaling.finetuned = false`): not planned.
+            let fk = key(arch, "rope.scaling.finetuned");
+            if let Some(gguf::MetadataValue::Bool(false)) = md.get(&fk) {
+                return Err(ModelError::BadKey {
+                    key: fk,
+                    reason: "granite without rope is not supported".into(),
+                });
+            }
+        }
         if arch == Architecture::GptOss {
             layers = gpt_oss_layers(md, arch, n_layer, global)?;
         }
@@ -644,6 +683,8 @@ impl ModelConfig {
             attn_softcap,
             final_softcap,
             moe,
+            residual_scale,
+            logit_scale,
         })
     }
 

@@ -43,10 +43,13 @@ pub enum Arch {
     GptOss,
     /// OLMo 2 (no pre-norms, whole-vector q/k norms, post-attention/FFN norms).
     Olmo2,
+    /// Granite 3.x (the llama block with embedding, attention, residual and logit scales).
+    Granite,
 }
 
 impl Arch {
-    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe|phi3|gpt-oss|olmo2`.
+    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe|phi3|gpt-oss|olmo2|
+    /// granite`.
     pub fn parse(s: &str) -> Result<Self, ModelError> {
         Ok(match s {
             "llama" => Self::Llama,
@@ -60,6 +63,7 @@ impl Arch {
             "phi3" => Self::Phi3,
             "gpt-oss" => Self::GptOss,
             "olmo2" => Self::Olmo2,
+            "granite" => Self::Granite,
             _ => return Err(ModelError::UnsupportedArchitecture(s.to_owned())),
         })
     }
@@ -75,6 +79,7 @@ impl Arch {
             Self::Phi3 => "phi3",
             Self::GptOss => "gpt-oss",
             Self::Olmo2 => "olmo2",
+            Self::Granite => "granite",
         }
     }
 
@@ -157,6 +162,7 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         "phi3-mini-128k" => s(3072, 32, 32, 32, 96, 8192, 131072, 10000.0, 1e-5),
         "olmo2-1b" => s(2048, 16, 16, 16, 128, 8192, 4096, 500000.0, 1e-6),
         "olmo2-7b" => s(4096, 32, 32, 32, 128, 11008, 4096, 500000.0, 1e-6),
+        "granite3-2b" => s(2048, 40, 32, 8, 64, 8192, 131072, 10000000.0, 1e-5),
         // Mixture-of-experts shapes (for `mixtral` and `qwen3moe`).
         "tiny-moe" => moe(s(256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5), 8, 2, 256),
         "mixtral-8x7b" => moe(
@@ -181,8 +187,8 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         _ => {
             return Err(ModelError::InvalidArgument(format!(
                 "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
-                 qwen3-8b, gemma3-270m, gemma3-4b, phi3-mini, phi3-mini-128k, olmo2-1b, olmo2-7b; \
-                 with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
+                 qwen3-8b, gemma3-270m, gemma3-4b, phi3-mini, phi3-mini-128k, olmo2-1b, olmo2-7b, \
+                 granite3-2b; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
             )))
         }
     })
@@ -685,7 +691,12 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 n.push((b("attn_v.bias"), kv));
                 n.push((b("attn_output.bias"), e));
             }
-            Arch::Llama | Arch::Mistral | Arch::Mixtral | Arch::Phi3 | Arch::Olmo2 => {}
+            Arch::Llama
+            | Arch::Mistral
+            | Arch::Mixtral
+            | Arch::Phi3
+            | Arch::Olmo2
+            | Arch::Granite => {}
         }
         layers.push((i, m, n));
     }
@@ -936,6 +947,13 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
         let w = o.extras.window.unwrap_or(128);
         md.set(k("attention.sliding_window"), MetadataValue::U32(w));
     }
+    if o.arch == Arch::Granite {
+        // Granite 3.x 2B's scales.
+        md.set(k("embedding_scale"), MetadataValue::F32(12.0));
+        md.set(k("residual_scale"), MetadataValue::F32(0.22));
+        md.set(k("attention.scale"), MetadataValue::F32(0.015625));
+        md.set(k("logit_scale"), MetadataValue::F32(8.0));
+    }
     if o.arch == Arch::Phi3 {
         // Phi-3-mini's converted files carry its window (2047); llama.cpp ignores it.
         let w = o.extras.window.unwrap_or(2047);
@@ -1082,6 +1100,7 @@ pub fn family_spec(name: &str) -> Option<SynthOptions> {
         "phi3" | "phi3-long" => ("phi3", "q8_0"),
         "gpt-oss" => ("gpt-oss", "q8_0"),
         "olmo2" => ("olmo2", "q4_k_m"),
+        "granite" => ("granite", "q8_0"),
         _ => return None,
     };
     let preset = if arch == "gpt-oss" {
@@ -1118,7 +1137,7 @@ pub fn family_spec(name: &str) -> Option<SynthOptions> {
 
 /// Names accepted by [`family_spec`].
 #[cfg(feature = "testing")]
-pub const FAMILY_NAMES: &[&str] = &["phi3", "phi3-long", "gpt-oss", "olmo2"];
+pub const FAMILY_NAMES: &[&str] = &["phi3", "phi3-long", "gpt-oss", "olmo2", "granite"];
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@
 pub mod gemma2;
 pub mod gemma3;
 pub mod gpt_oss;
+pub mod granite;
 pub mod llama;
 pub mod olmo2;
 pub mod phi3;
@@ -215,6 +216,7 @@ pub fn build_forward(
         Architecture::Phi3 => phi3::build(&mut b)?,
         Architecture::GptOss => gpt_oss::build(&mut b)?,
         Architecture::Olmo2 => olmo2::build(&mut b)?,
+        Architecture::Granite => granite::build(&mut b)?,
     };
     b.finish(hidden)
 }
@@ -352,6 +354,7 @@ pub fn build_paged_forward(
         Architecture::Phi3 => phi3::build(&mut b)?,
         Architecture::GptOss => gpt_oss::build(&mut b)?,
         Architecture::Olmo2 => olmo2::build(&mut b)?,
+        Architecture::Granite => granite::build(&mut b)?,
     };
     let fg = b.finish(hidden)?;
     Ok(PagedGraph {
@@ -899,6 +902,9 @@ impl<'a> Builder<'a> {
             self.weight("token_embd.weight")?
         };
         let mut logits = self.g.mul_mat(out, x)?;
+        if let Some(s) = self.cfg.logit_scale {
+            logits = self.g.scale(logits, 1.0 / s)?;
+        }
         if let Some(cap) = self.cfg.final_softcap {
             logits = self.g.softcap(logits, cap)?;
         }
