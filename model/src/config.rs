@@ -557,7 +557,7 @@ impl ModelConfig {
                 let fk = key(arch, k);
                 match opt_f(md, &fk)? {
                     // llama.cpp treats 0 as "no scale" for these keys.
-                    Some(v) if v == 0.0 => Ok(None),
+                    Some(0.0) => Ok(None),
                     Some(v) => check_positive(&fk, v, "scale").map(Some),
                     None => Ok(None),
                 }
