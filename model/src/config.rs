@@ -878,6 +878,59 @@ mod tests {
     }
 
     #[test]
+    fn gpt_oss_and_granite_settings_follow_llama_cpp() {
+        let mut md = Metadata::new();
+        for (k, v) in llama_md().iter() {
+            md.set(k.replace("llama.", "gpt-oss.").as_str(), v.clone());
+        }
+        md.set(
+            "general.architecture",
+            MetadataValue::String("gpt-oss".into()),
+        );
+        md.set("gpt-oss.expert_count", MetadataValue::U32(32));
+        md.set("gpt-oss.expert_used_count", MetadataValue::U32(4));
+        md.set(
+            "gpt-oss.expert_feed_forward_length",
+            MetadataValue::U32(2880),
+        );
+        let err = ModelConfig::from_metadata(&md, 10).unwrap_err();
+        assert!(err.to_string().contains("sliding_window"), "{err}");
+        md.set("gpt-oss.attention.sliding_window", MetadataValue::U32(128));
+        let c = ModelConfig::from_metadata(&md, 10).unwrap();
+        // Even layers slide (llama.cpp's default period of 2), odd ones see everything.
+        assert_eq!(c.layers[0].window, Some(128));
+        assert_eq!(c.layers[1].window, None);
+        let m = c.moe.unwrap();
+        assert_eq!(m.gating, Gating::SoftmaxWeight);
+        assert_eq!(m.swiglu_oai, Some((1.702, 7.0)));
+        assert!(!m.norm_weights);
+        assert_eq!(c.rope_mode, RopeMode::Neox);
+
+        let mut g = Metadata::new();
+        for (k, v) in llama_md().iter() {
+            g.set(k.replace("llama.", "granite.").as_str(), v.clone());
+        }
+        g.set(
+            "general.architecture",
+            MetadataValue::String("granite".into()),
+        );
+        let err = ModelConfig::from_metadata(&g, 10).unwrap_err();
+        assert!(err.to_string().contains("granite.logit_scale"), "{err}");
+        g.set("granite.logit_scale", MetadataValue::F32(8.0));
+        g.set("granite.embedding_scale", MetadataValue::F32(12.0));
+        g.set("granite.residual_scale", MetadataValue::F32(0.22));
+        g.set("granite.attention.scale", MetadataValue::F32(0.015625));
+        let c = ModelConfig::from_metadata(&g, 10).unwrap();
+        assert_eq!(
+            (c.logit_scale, c.residual_scale, c.embd_scale, c.attn_scale),
+            (Some(8.0), Some(0.22), 12.0, 0.015625)
+        );
+        assert_eq!(c.rope_mode, RopeMode::Normal);
+        g.set("granite.rope.scaling.finetuned", MetadataValue::Bool(false));
+        assert!(ModelConfig::from_metadata(&g, 10).is_err());
+    }
+
+    #[test]
     fn experts_are_read_and_bounded() {
         // Dense llama: no experts; an expert count of 0 is dense too (llama.cpp's reading).
         assert_eq!(
