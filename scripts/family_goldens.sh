@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 LLAMA=${1:-/tmp/llama-cpu}
 shift || true
 NAMES=("$@")
-[ ${#NAMES[@]} -gt 0 ] || NAMES=(phi3 phi3-long gpt-oss)
+[ ${#NAMES[@]} -gt 0 ] || NAMES=(phi3 phi3-long gpt-oss olmo2 granite)
 N_CTX=256
 N_GREEDY=16
 PROMPTS=("The quick brown fox jumps over the lazy dog" "Hello world" "1, 2, 3, 4, 5,")

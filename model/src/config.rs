@@ -50,6 +50,13 @@ pub enum Architecture {
     /// YaRN rope, and a mixture of experts with a biased router, softmax over the chosen
     /// experts' logits and a clamped SwiGLU (MXFP4 experts in the published files).
     GptOss,
+    /// `olmo2`: no pre-norms; RMS norms over the whole query and key vectors, after attention
+    /// and after the feed-forward.
+    Olmo2,
+    /// `granite`: the llama block with scaled embeddings, attention scores, residual branches
+    /// and logits (`{arch}.embedding_scale`, `attention.scale`, `residual_scale`,
+    /// `logit_scale`).
+    Granite,
 }
 
 impl Architecture {
@@ -64,6 +71,8 @@ impl Architecture {
             "gemma3" => Ok(Self::Gemma3),
             "phi3" => Ok(Self::Phi3),
             "gpt-oss" => Ok(Self::GptOss),
+            "olmo2" => Ok(Self::Olmo2),
+            "granite" => Ok(Self::Granite),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -79,6 +88,8 @@ impl Architecture {
             Self::Gemma3 => "gemma3",
             Self::Phi3 => "phi3",
             Self::GptOss => "gpt-oss",
+            Self::Olmo2 => "olmo2",
+            Self::Granite => "granite",
         }
     }
 
@@ -86,14 +97,15 @@ impl Architecture {
     /// decides: llama uses adjacent pairs, the Qwen and Gemma families split each head in halves.
     pub fn rope_mode(self) -> RopeMode {
         match self {
-            Self::Llama => RopeMode::Normal,
+            Self::Llama | Self::Granite => RopeMode::Normal,
             Self::Qwen2
             | Self::Qwen3
             | Self::Qwen3Moe
             | Self::Gemma2
             | Self::Gemma3
             | Self::Phi3
-            | Self::GptOss => RopeMode::Neox,
+            | Self::GptOss
+            | Self::Olmo2 => RopeMode::Neox,
         }
     }
 }
@@ -161,6 +173,10 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// The mixture-of-experts feed-forward (`None`: a dense one).
     pub moe: Option<Moe>,
+    /// Granite: multiplier of the attention and feed-forward outputs before each residual add.
+    pub residual_scale: Option<f32>,
+    /// Granite: divisor of the logits.
+    pub logit_scale: Option<f32>,
 }
 
 /// A mixture-of-experts feed-forward: a softmax router over `n_expert` experts, of which each
@@ -535,8 +551,47 @@ impl ModelConfig {
         let mut layers = vec![global; n_layer];
         let mut attn_softcap = None;
         let mut final_softcap = None;
+        let (mut residual_scale, mut logit_scale) = (None, None);
+        if arch == Architecture::Granite {
+            let f = |k: &str| -> Result<Option<f32>, ModelError> {
+                let fk = key(arch, k);
+                match opt_f(md, &fk)? {
+                    // llama.cpp treats 0 as "no scale" for these keys.
+                    Some(0.0) => Ok(None),
+                    Some(v) => check_positive(&fk, v, "scale").map(Some),
+                    None => Ok(None),
+                }
+            };
+            let lk = key(arch, "logit_scale");
+            logit_scale = Some(f("logit_scale")?.ok_or(ModelError::MissingKey(lk))?);
+            residual_scale = f("residual_scale")?;
+            if let Some(e) = f("embedding_scale")? {
+                embd_scale = e;
+            }
+            if let Some(a) = f("attention.scale")? {
+                attn_scale = a;
+            }
+            // Granite files may turn rope off (`rope.scaling.finetuned = false`): not planned.
+            let fk = key(arch, "rope.scaling.finetuned");
+            if let Some(gguf::MetadataValue::Bool(false)) = md.get(&fk) {
+                return Err(ModelError::BadKey {
+                    key: fk,
+                    reason: "granite without rope is not supported".into(),
+                });
+            }
+        }
         if arch == Architecture::GptOss {
             layers = gpt_oss_layers(md, arch, n_layer, global)?;
+        }
+        if arch == Architecture::Olmo2 {
+            // OLMo 3's sliding-window layers (rope without scaling there) are not planned yet.
+            let sw_key = key(arch, "attention.sliding_window");
+            if let Some(w) = opt_u(md, &sw_key)?.filter(|&w| w > 0) {
+                return Err(ModelError::BadKey {
+                    key: sw_key,
+                    reason: format!("a sliding window ({w}) is not supported for olmo2"),
+                });
+            }
         }
         if matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) {
             let gemma2 = arch == Architecture::Gemma2;
@@ -628,6 +683,8 @@ impl ModelConfig {
             attn_softcap,
             final_softcap,
             moe,
+            residual_scale,
+            logit_scale,
         })
     }
 
@@ -818,6 +875,59 @@ mod tests {
         g3.set("gemma3.final_logit_softcapping", MetadataValue::F32(30.0));
         let c = ModelConfig::from_metadata(&g3, 10).unwrap();
         assert_eq!(c.final_softcap, Some(30.0));
+    }
+
+    #[test]
+    fn gpt_oss_and_granite_settings_follow_llama_cpp() {
+        let mut md = Metadata::new();
+        for (k, v) in llama_md().iter() {
+            md.set(k.replace("llama.", "gpt-oss.").as_str(), v.clone());
+        }
+        md.set(
+            "general.architecture",
+            MetadataValue::String("gpt-oss".into()),
+        );
+        md.set("gpt-oss.expert_count", MetadataValue::U32(32));
+        md.set("gpt-oss.expert_used_count", MetadataValue::U32(4));
+        md.set(
+            "gpt-oss.expert_feed_forward_length",
+            MetadataValue::U32(2880),
+        );
+        let err = ModelConfig::from_metadata(&md, 10).unwrap_err();
+        assert!(err.to_string().contains("sliding_window"), "{err}");
+        md.set("gpt-oss.attention.sliding_window", MetadataValue::U32(128));
+        let c = ModelConfig::from_metadata(&md, 10).unwrap();
+        // Even layers slide (llama.cpp's default period of 2), odd ones see everything.
+        assert_eq!(c.layers[0].window, Some(128));
+        assert_eq!(c.layers[1].window, None);
+        let m = c.moe.unwrap();
+        assert_eq!(m.gating, Gating::SoftmaxWeight);
+        assert_eq!(m.swiglu_oai, Some((1.702, 7.0)));
+        assert!(!m.norm_weights);
+        assert_eq!(c.rope_mode, RopeMode::Neox);
+
+        let mut g = Metadata::new();
+        for (k, v) in llama_md().iter() {
+            g.set(k.replace("llama.", "granite.").as_str(), v.clone());
+        }
+        g.set(
+            "general.architecture",
+            MetadataValue::String("granite".into()),
+        );
+        let err = ModelConfig::from_metadata(&g, 10).unwrap_err();
+        assert!(err.to_string().contains("granite.logit_scale"), "{err}");
+        g.set("granite.logit_scale", MetadataValue::F32(8.0));
+        g.set("granite.embedding_scale", MetadataValue::F32(12.0));
+        g.set("granite.residual_scale", MetadataValue::F32(0.22));
+        g.set("granite.attention.scale", MetadataValue::F32(0.015625));
+        let c = ModelConfig::from_metadata(&g, 10).unwrap();
+        assert_eq!(
+            (c.logit_scale, c.residual_scale, c.embd_scale, c.attn_scale),
+            (Some(8.0), Some(0.22), 12.0, 0.015625)
+        );
+        assert_eq!(c.rope_mode, RopeMode::Normal);
+        g.set("granite.rope.scaling.finetuned", MetadataValue::Bool(false));
+        assert!(ModelConfig::from_metadata(&g, 10).is_err());
     }
 
     #[test]

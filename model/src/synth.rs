@@ -41,10 +41,15 @@ pub enum Arch {
     /// gpt-oss (biased projections, attention sinks, alternating sliding window, YaRN, MXFP4
     /// experts with biases).
     GptOss,
+    /// OLMo 2 (no pre-norms, whole-vector q/k norms, post-attention/FFN norms).
+    Olmo2,
+    /// Granite 3.x (the llama block with embedding, attention, residual and logit scales).
+    Granite,
 }
 
 impl Arch {
-    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe|phi3|gpt-oss`.
+    /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe|phi3|gpt-oss|olmo2|
+    /// granite`.
     pub fn parse(s: &str) -> Result<Self, ModelError> {
         Ok(match s {
             "llama" => Self::Llama,
@@ -57,6 +62,8 @@ impl Arch {
             "qwen3moe" => Self::Qwen3Moe,
             "phi3" => Self::Phi3,
             "gpt-oss" => Self::GptOss,
+            "olmo2" => Self::Olmo2,
+            "granite" => Self::Granite,
             _ => return Err(ModelError::UnsupportedArchitecture(s.to_owned())),
         })
     }
@@ -71,6 +78,8 @@ impl Arch {
             Self::Qwen3Moe => "qwen3moe",
             Self::Phi3 => "phi3",
             Self::GptOss => "gpt-oss",
+            Self::Olmo2 => "olmo2",
+            Self::Granite => "granite",
         }
     }
 
@@ -151,6 +160,9 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         // Phi-3-mini (3.8B); the 128k variant adds LongRoPE factors (see `SynthOptions::parse`).
         "phi3-mini" => s(3072, 32, 32, 32, 96, 8192, 4096, 10000.0, 1e-5),
         "phi3-mini-128k" => s(3072, 32, 32, 32, 96, 8192, 131072, 10000.0, 1e-5),
+        "olmo2-1b" => s(2048, 16, 16, 16, 128, 8192, 4096, 500000.0, 1e-6),
+        "olmo2-7b" => s(4096, 32, 32, 32, 128, 11008, 4096, 500000.0, 1e-6),
+        "granite3-2b" => s(2048, 40, 32, 8, 64, 8192, 131072, 10000000.0, 1e-5),
         // Mixture-of-experts shapes (for `mixtral` and `qwen3moe`).
         "tiny-moe" => moe(s(256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5), 8, 2, 256),
         "mixtral-8x7b" => moe(
@@ -175,8 +187,8 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         _ => {
             return Err(ModelError::InvalidArgument(format!(
                 "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
-                 qwen3-8b, gemma3-270m, gemma3-4b, phi3-mini, phi3-mini-128k; with experts: \
-                 tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
+                 qwen3-8b, gemma3-270m, gemma3-4b, phi3-mini, phi3-mini-128k, olmo2-1b, olmo2-7b, \
+                 granite3-2b; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
             )))
         }
     })
@@ -640,12 +652,19 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 (b("ffn_down.weight"), s.n_ff, e, l),
             ]);
         }
-        let mut n = vec![(b("attn_norm.weight"), e)];
-        if o.arch == Arch::GptOss {
-            n.push((b("post_attention_norm.weight"), e));
-        } else {
-            n.push((b("ffn_norm.weight"), e));
-        }
+        let mut n = match o.arch {
+            Arch::GptOss => vec![
+                (b("attn_norm.weight"), e),
+                (b("post_attention_norm.weight"), e),
+            ],
+            Arch::Olmo2 => vec![
+                (b("attn_q_norm.weight"), q),
+                (b("attn_k_norm.weight"), kv),
+                (b("post_attention_norm.weight"), e),
+                (b("post_ffw_norm.weight"), e),
+            ],
+            _ => vec![(b("attn_norm.weight"), e), (b("ffn_norm.weight"), e)],
+        };
         match o.arch {
             Arch::Qwen2 => {
                 n.push((b("attn_q.bias"), q));
@@ -672,7 +691,12 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
                 n.push((b("attn_v.bias"), kv));
                 n.push((b("attn_output.bias"), e));
             }
-            Arch::Llama | Arch::Mistral | Arch::Mixtral | Arch::Phi3 => {}
+            Arch::Llama
+            | Arch::Mistral
+            | Arch::Mixtral
+            | Arch::Phi3
+            | Arch::Olmo2
+            | Arch::Granite => {}
         }
         layers.push((i, m, n));
     }
@@ -923,6 +947,13 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
         let w = o.extras.window.unwrap_or(128);
         md.set(k("attention.sliding_window"), MetadataValue::U32(w));
     }
+    if o.arch == Arch::Granite {
+        // Granite 3.x 2B's scales.
+        md.set(k("embedding_scale"), MetadataValue::F32(12.0));
+        md.set(k("residual_scale"), MetadataValue::F32(0.22));
+        md.set(k("attention.scale"), MetadataValue::F32(0.015625));
+        md.set(k("logit_scale"), MetadataValue::F32(8.0));
+    }
     if o.arch == Arch::Phi3 {
         // Phi-3-mini's converted files carry its window (2047); llama.cpp ignores it.
         let w = o.extras.window.unwrap_or(2047);
@@ -1068,6 +1099,8 @@ pub fn family_spec(name: &str) -> Option<SynthOptions> {
     let (arch, ftype) = match name {
         "phi3" | "phi3-long" => ("phi3", "q8_0"),
         "gpt-oss" => ("gpt-oss", "q8_0"),
+        "olmo2" => ("olmo2", "q4_k_m"),
+        "granite" => ("granite", "q8_0"),
         _ => return None,
     };
     let preset = if arch == "gpt-oss" {
@@ -1096,6 +1129,7 @@ pub fn family_spec(name: &str) -> Option<SynthOptions> {
             o.extras.window = Some(4);
             o.extras.qk_std = Some(0.2);
         }
+        "olmo2" => o.extras.qk_std = Some(0.2),
         _ => {}
     }
     Some(o)
@@ -1103,7 +1137,7 @@ pub fn family_spec(name: &str) -> Option<SynthOptions> {
 
 /// Names accepted by [`family_spec`].
 #[cfg(feature = "testing")]
-pub const FAMILY_NAMES: &[&str] = &["phi3", "phi3-long", "gpt-oss"];
+pub const FAMILY_NAMES: &[&str] = &["phi3", "phi3-long", "gpt-oss", "olmo2", "granite"];
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,9 @@
 pub mod gemma2;
 pub mod gemma3;
 pub mod gpt_oss;
+pub mod granite;
 pub mod llama;
+pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
@@ -213,6 +215,8 @@ pub fn build_forward(
         Architecture::Gemma3 => gemma3::build(&mut b)?,
         Architecture::Phi3 => phi3::build(&mut b)?,
         Architecture::GptOss => gpt_oss::build(&mut b)?,
+        Architecture::Olmo2 => olmo2::build(&mut b)?,
+        Architecture::Granite => granite::build(&mut b)?,
     };
     b.finish(hidden)
 }
@@ -349,6 +353,8 @@ pub fn build_paged_forward(
         Architecture::Gemma3 => gemma3::build(&mut b)?,
         Architecture::Phi3 => phi3::build(&mut b)?,
         Architecture::GptOss => gpt_oss::build(&mut b)?,
+        Architecture::Olmo2 => olmo2::build(&mut b)?,
+        Architecture::Granite => granite::build(&mut b)?,
     };
     let fg = b.finish(hidden)?;
     Ok(PagedGraph {
@@ -526,7 +532,14 @@ impl<'a> Builder<'a> {
             self.batch.n_tok,
         );
         let la = c.layers[il];
-        let (q, k, v) = self.qkv_projections(il, x)?;
+        let (mut q, mut k, v) = self.qkv_projections(il, x)?;
+        if c.arch == Architecture::Olmo2 {
+            // OLMo 2 normalizes the whole query and key vectors, not each head.
+            q = self.rms_norm(q, &format!("blk.{il}.attn_q_norm.weight"))?;
+            k = self.rms_norm(k, &format!("blk.{il}.attn_k_norm.weight"))?;
+            self.tag(q, "Qcur_normed", il)?;
+            self.tag(k, "Kcur_normed", il)?;
+        }
         let mut q = self.g.reshape(q, &[hd, nh, nt])?;
         let mut k = self.g.reshape(k, &[hd, nkv, nt])?;
         if qk_norm {
@@ -889,6 +902,9 @@ impl<'a> Builder<'a> {
             self.weight("token_embd.weight")?
         };
         let mut logits = self.g.mul_mat(out, x)?;
+        if let Some(s) = self.cfg.logit_scale {
+            logits = self.g.scale(logits, 1.0 / s)?;
+        }
         if let Some(cap) = self.cfg.final_softcap {
             logits = self.g.softcap(logits, cap)?;
         }

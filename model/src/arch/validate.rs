@@ -80,6 +80,9 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
     )?;
     let phi3 = cfg.arch == Architecture::Phi3;
     let gpt_oss = cfg.arch == Architecture::GptOss;
+    let olmo2 = cfg.arch == Architecture::Olmo2;
+    // OLMo 2 has no norms before attention and the feed-forward.
+    let pre_norm = if olmo2 { Optional } else { Required };
     let qk_norm = matches!(
         cfg.arch,
         Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
@@ -92,7 +95,7 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
     };
     for il in 0..cfg.n_layer {
         let t = |s: &str| format!("blk.{il}.{s}");
-        check(weights, &t("attn_norm.weight"), &[e], Required)?;
+        check(weights, &t("attn_norm.weight"), &[e], pre_norm)?;
         // Phi-3 files fuse q, k and v into one matrix (llama.cpp also reads separate ones).
         let fused = phi3 && weights.contains(&t("attn_qkv.weight"));
         let sep = if fused { Optional } else { Required };
@@ -110,7 +113,7 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
             check(weights, &t("post_attention_norm.weight"), &[e], Required)?;
             check(weights, &t("attn_sinks.weight"), &[cfg.n_head], Required)?;
         } else {
-            check(weights, &t("ffn_norm.weight"), &[e], Required)?;
+            check(weights, &t("ffn_norm.weight"), &[e], pre_norm)?;
         }
         if let Some(m) = cfg.moe {
             // The router and the expert stacks, one matrix per expert along the last dim.
@@ -141,7 +144,11 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
             check(weights, &t("attn_q_norm.weight"), &[cfg.head_dim], Required)?;
             check(weights, &t("attn_k_norm.weight"), &[cfg.head_dim], Required)?;
         }
-        if post_norms {
+        if olmo2 {
+            check(weights, &t("attn_q_norm.weight"), &[q], Required)?;
+            check(weights, &t("attn_k_norm.weight"), &[k], Required)?;
+        }
+        if post_norms || olmo2 {
             check(weights, &t("post_attention_norm.weight"), &[e], Required)?;
             check(weights, &t("post_ffw_norm.weight"), &[e], Required)?;
         }
