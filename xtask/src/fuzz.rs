@@ -105,7 +105,7 @@ pub fn run(seconds: u64) -> Result<()> {
                 "--profile",
                 "ci",
                 "-p",
-                "gguf",
+                "rocmforge-gguf",
                 "--example",
                 "make-fuzz-seeds",
             ])
