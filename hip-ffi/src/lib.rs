@@ -19,7 +19,7 @@
 pub mod amd;
 pub mod api;
 pub mod error;
-pub mod loader;
+mod loader;
 pub mod nccl;
 pub mod nvidia;
 pub mod platform;
