@@ -63,7 +63,7 @@ pub(super) const VARS: &[Var] = &[
     var(
         LOG,
         "warn",
-        "log filter (tracing's EnvFilter syntax), e.g. rocmforge=debug or rocmforge::profile=info",
+        "log filter (tracing's EnvFilter syntax): rocmforge=debug (every layer; one: rocmforge_model=debug), rocmforge::profile=info",
     ),
     var(
         CACHE,
