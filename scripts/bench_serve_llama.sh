@@ -42,7 +42,7 @@ if [[ ! -x $server_bin ]]; then
 fi
 
 if [[ ! -x $rf ]]; then
-  cargo build --release -p server --bin rocmforge
+  cargo build --release -p rocmforge-server --bin rocmforge
 fi
 
 wait_ready() {

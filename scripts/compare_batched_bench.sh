@@ -20,7 +20,7 @@ npp=${NPP:-128}
 ntg=${NTG:-128}
 npl=${NPL:-1,2,4,8}
 [ -x "$llama" ] || { echo "no $llama: run scripts/llamacpp.sh prepare, then build or build-cpu" >&2; exit 1; }
-[ -x "$rf" ] || { echo "no $rf: cargo build --release -p server" >&2; exit 1; }
+[ -x "$rf" ] || { echo "no $rf: cargo build --release -p rocmforge-server" >&2; exit 1; }
 
 echo "== llama.cpp llama-batched-bench =="
 "$llama" -m "$model" -npp "$npp" -ntg "$ntg" -npl "$npl" -fa "${LLAMA_FA:-0}" "$@"

@@ -8,7 +8,7 @@
 # LLAMA_BIN: llama.cpp's binaries (default /tmp/llama-cpu/build/bin) with llama-completion and
 # llama-perplexity: `scripts/llamacpp.sh build-cpu /tmp/llama-cpu` then
 # `cmake --build /tmp/llama-cpu/build --target llama-completion llama-perplexity`.
-# ROCMFORGE: the CLI (default target/ci/rocmforge: `cargo build -p server --profile ci`).
+# ROCMFORGE: the CLI (default target/ci/rocmforge: `cargo build -p rocmforge-server --profile ci`).
 # Prints one line per model and check; exits 1 when a greedy continuation differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."

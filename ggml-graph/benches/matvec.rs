@@ -1,5 +1,5 @@
 //! Quantized mat-vec throughput (GB/s of weight bytes read) beside the machine's measured memory
-//! read bandwidth, on 1 and 2 threads. Run: `cargo bench -p ggml-graph --bench matvec`.
+//! read bandwidth, on 1 and 2 threads. Run: `cargo bench -p rocmforge-ggml-graph --bench matvec`.
 //! Set `MATVEC_QUICK=1` for the 2048x2048 shape only, `MATVEC_SIMD=avx2|scalar` to cap the SIMD
 //! level, `MATVEC_GEMMA=1` for Gemma 3 270M's shapes and types only (decode and 128-token prefill;
 //! `MATVEC_THREADS=1,2` picks the thread counts, `MATVEC_SHAPE=640x262144` one shape),
@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use ggml_graph::quant::Simd;
-use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
 use rayon::prelude::*;
+use rocmforge_ggml_graph::quant::Simd;
+use rocmforge_ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
 
 /// Deterministic filler bytes (fast; every bit pattern is a valid quantized block once the scale
 /// fields are sane).

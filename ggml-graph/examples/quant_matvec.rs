@@ -2,15 +2,15 @@
 //! result with the product of its dequantized f32 values: how far the integer dot products (8-bit
 //! activation blocks, llama.cpp's scheme) move a real tensor's output, and how long it takes.
 //!
-//! `cargo run -p ggml-graph --release --example quant_matvec -- [MODEL.gguf [TENSOR]]`
+//! `cargo run -p rocmforge-ggml-graph --release --example quant_matvec -- [MODEL.gguf [TENSOR]]`
 //!
 //! Without a tensor name it takes the first two-dimensional quantized weight; without a file, a
 //! random 2048 x 2048 Q4_K matrix.
 
 use std::time::Instant;
 
-use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
 use gguf::{dequantize_to_vec, quantize, GgmlType, GgufFile};
+use rocmforge_ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

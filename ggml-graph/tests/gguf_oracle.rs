@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use ggml_graph::DType;
+use rocmforge_ggml_graph::DType;
 use std::process::Command;
 
 const TYPES: [DType; 10] = [

@@ -8,12 +8,12 @@
 mod common;
 
 use common::*;
-use ggml_graph::quant::blocks::{decode_super, QK_K};
-use ggml_graph::quant::{
+use rocmforge_ggml_graph::quant::blocks::{decode_super, QK_K};
+use rocmforge_ggml_graph::quant::{
     detected, dot_tile, dot_tile_of, quantize_act_tiled, repacked, tiled, tiled_act_bytes, Tile,
     Q8K_BYTES,
 };
-use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
+use rocmforge_ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
 
 /// One Q8_K block: d, 256 values, 16 group sums.
 struct Act {

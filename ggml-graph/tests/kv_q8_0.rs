@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
-use ggml_graph::quant::Simd;
-use ggml_graph::{AttnParams, CpuBackend, DType, Executor, Graph};
+use rocmforge_ggml_graph::quant::Simd;
+use rocmforge_ggml_graph::{AttnParams, CpuBackend, DType, Executor, Graph};
 
 /// Heads, KV heads and head size of the tests (head size a multiple of 32 and 16).
 const D: usize = 64;
@@ -89,7 +89,11 @@ fn q8_0_cache_attention_equals_f32_attention_on_the_dequantized_rows() {
         "the quantization must change the rows for the test to mean anything"
     );
     let table = [5i32, 0, 7];
-    for simd in [Simd::Scalar, Simd::Avx2, ggml_graph::quant::detected()] {
+    for simd in [
+        Simd::Scalar,
+        Simd::Avx2,
+        rocmforge_ggml_graph::quant::detected(),
+    ] {
         for window in [None, Some(9)] {
             let p = AttnParams {
                 scale: 0.125,

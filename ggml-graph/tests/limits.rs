@@ -1,7 +1,7 @@
 //! Sizes past what memory can hold: a shape whose byte size overflows is refused when the graph
 //! is built, and a buffer the host cannot give is an `OutOfMemory` error naming it, not an abort.
 
-use ggml_graph::{CpuBackend, DType, Executor, Graph, GraphError};
+use rocmforge_ggml_graph::{CpuBackend, DType, Executor, Graph, GraphError};
 
 #[test]
 fn unaddressable_shapes_are_refused_at_build_time() {
@@ -39,8 +39,8 @@ fn a_buffer_the_host_cannot_give_is_an_error() {
 fn the_scheduler_names_what_it_could_not_allocate() {
     use std::sync::Arc;
 
-    use ggml_graph::backend::{CpuDevice, Device};
-    use ggml_graph::Scheduler;
+    use rocmforge_ggml_graph::backend::{CpuDevice, Device};
+    use rocmforge_ggml_graph::Scheduler;
 
     let mut g = Graph::new();
     let p = g

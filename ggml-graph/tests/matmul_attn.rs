@@ -9,8 +9,8 @@
 mod common;
 
 use common::*;
-use ggml_graph::quant::Simd;
-use ggml_graph::{AttnParams, CpuBackend, DType, Executor, Graph, WeightBytes};
+use rocmforge_ggml_graph::quant::Simd;
+use rocmforge_ggml_graph::{AttnParams, CpuBackend, DType, Executor, Graph, WeightBytes};
 
 const WEIGHT_TYPES: [DType; 13] = [
     DType::F32,
@@ -80,7 +80,7 @@ fn mul_mat_every_type_scalar() {
 #[test]
 fn mul_mat_every_type_simd() {
     check_mul_mat(Simd::Avx2);
-    check_mul_mat(ggml_graph::quant::detected());
+    check_mul_mat(rocmforge_ggml_graph::quant::detected());
 }
 
 #[test]

@@ -11,8 +11,8 @@
 mod common;
 
 use common::*;
-use ggml_graph::quant::Simd;
-use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
+use rocmforge_ggml_graph::quant::Simd;
+use rocmforge_ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
 
 #[test]
 fn top_k_and_expert_weights_match_a_naive_reference() {
@@ -164,7 +164,7 @@ fn check_mul_mat_id(ty: DType, simd: Simd, k: usize, n: usize, n_x: usize, n_tok
 
 #[test]
 fn mul_mat_id_matches_reference_and_one_column_products() {
-    for simd in [Simd::Scalar, ggml_graph::quant::detected()] {
+    for simd in [Simd::Scalar, rocmforge_ggml_graph::quant::detected()] {
         for ty in [
             DType::F32,
             DType::F16,

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use ggml_graph::{Act, DType, Graph, RopeMode, RopeParams};
+use rocmforge_ggml_graph::{Act, DType, Graph, RopeMode, RopeParams};
 
 const EXACT: f64 = 1e-10;
 const FLOAT: f64 = 1e-7;

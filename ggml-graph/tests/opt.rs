@@ -4,11 +4,11 @@
 mod common;
 
 use common::*;
-use ggml_graph::opt::{
+use rocmforge_ggml_graph::opt::{
     eliminate_common, eliminate_dead, fold_query_scale, fold_views, fuse, optimize,
 };
-use ggml_graph::plan::needed_nodes;
-use ggml_graph::{DType, Graph, TensorId};
+use rocmforge_ggml_graph::plan::needed_nodes;
+use rocmforge_ggml_graph::{DType, Graph, TensorId};
 
 /// Names of the ops that would run, in order.
 fn live_ops(g: &Graph) -> Vec<&'static str> {
@@ -16,7 +16,7 @@ fn live_ops(g: &Graph) -> Vec<&'static str> {
     g.tensors()
         .iter()
         .enumerate()
-        .filter(|(i, t)| needed[*i] && !matches!(t.op, ggml_graph::Op::Leaf(_)))
+        .filter(|(i, t)| needed[*i] && !matches!(t.op, rocmforge_ggml_graph::Op::Leaf(_)))
         .map(|(_, t)| t.op.name())
         .collect()
 }
@@ -253,7 +253,7 @@ fn query_scale_folds_into_attention() {
         let v = g.input("v", DType::F32, &[16, 1, 8]).unwrap();
         let pos = g.input("pos", DType::I32, &[1]).unwrap();
         let qs = g.scale(q, 0.25).unwrap();
-        let p = ggml_graph::AttnParams {
+        let p = rocmforge_ggml_graph::AttnParams {
             scale: 0.5,
             causal: true,
             window: None,

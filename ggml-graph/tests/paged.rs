@@ -10,8 +10,8 @@
 mod common;
 
 use common::*;
-use ggml_graph::quant::Simd;
-use ggml_graph::{AttnParams, CpuBackend, DType, Executor, Graph, WeightBytes};
+use rocmforge_ggml_graph::quant::Simd;
+use rocmforge_ggml_graph::{AttnParams, CpuBackend, DType, Executor, Graph, WeightBytes};
 
 fn mul_mat(
     simd: Simd,
@@ -57,7 +57,11 @@ fn mul_mat_columns_follow_the_column_layout() {
         DType::Q5_K,
         DType::Q6_K,
     ];
-    let simds = [Simd::Scalar, Simd::Avx2, ggml_graph::quant::detected()];
+    let simds = [
+        Simd::Scalar,
+        Simd::Avx2,
+        rocmforge_ggml_graph::quant::detected(),
+    ];
     let (k, n) = (512, 40);
     for simd in simds {
         for ty in types {

@@ -1,9 +1,9 @@
 //! Memory planner properties on random graphs: simultaneously live tensors never overlap, peak is
 //! at most the sum of sizes, and executing a planned graph equals a reference computed op by op.
 
-use ggml_graph::plan::{is_arena_root, plan, plan_grouped};
-use ggml_graph::{CpuBackend, DType, Executor, Graph, TensorId};
 use proptest::prelude::*;
+use rocmforge_ggml_graph::plan::{is_arena_root, plan, plan_grouped};
+use rocmforge_ggml_graph::{CpuBackend, DType, Executor, Graph, TensorId};
 
 /// Builds a random chain/DAG of elementwise, norm, view and matmul nodes over two inputs.
 fn random_graph(ops: &[(u8, usize, usize)]) -> Graph {
@@ -134,7 +134,7 @@ fn grouped_nodes_never_overlap_each_others_operands() {
     let rk = g.scale(kn, 0.5).unwrap();
     let s = g.add(rq, rk).unwrap();
     g.mark_output(s).unwrap();
-    let overlaps = |p: &ggml_graph::Plan, ids: &[TensorId]| {
+    let overlaps = |p: &rocmforge_ggml_graph::Plan, ids: &[TensorId]| {
         let mut pairs = Vec::new();
         for (x, &a) in ids.iter().enumerate() {
             for &b in &ids[x + 1..] {

@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{CpuDevice, Device, DummyDevice, GroupNode, Stream, TensorMem};
-use ggml_graph::{
+use rocmforge_ggml_graph::backend::{CpuDevice, Device, DummyDevice, GroupNode, Stream, TensorMem};
+use rocmforge_ggml_graph::{
     CpuBackend, DType, Graph, Op, Result, RopeMode, RopeParams, Scheduler, Tensor, TensorId,
     WeightBytes,
 };

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{CpuDevice, Device, Stream, TensorMem};
-use ggml_graph::{
+use rocmforge_ggml_graph::backend::{CpuDevice, Device, Stream, TensorMem};
+use rocmforge_ggml_graph::{
     Captured, CpuBackend, DType, Graph, GraphError, Result, Scheduler, Tensor, TensorId,
 };
 

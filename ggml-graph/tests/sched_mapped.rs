@@ -7,10 +7,10 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{Buffer, BufferType, CpuDevice, Device, HostBufferType};
-use ggml_graph::{CpuBackend, DType, Graph, GraphError, Result, Scheduler, TensorId};
-use ggml_graph::{Executor, WeightBytes};
 use parking_lot::Mutex;
+use rocmforge_ggml_graph::backend::{Buffer, BufferType, CpuDevice, Device, HostBufferType};
+use rocmforge_ggml_graph::{CpuBackend, DType, Graph, GraphError, Result, Scheduler, TensorId};
+use rocmforge_ggml_graph::{Executor, WeightBytes};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Give {
@@ -184,7 +184,7 @@ fn unread_small_outputs_go_to_mapped_memory() {
     // alignment; `hidden` is read by silu and stays in the arena. One buffer, kept across runs.
     let asked = dev.asked();
     assert_eq!(asked.len(), 1, "{asked:?}");
-    let align = ggml_graph::plan::ALIGN;
+    let align = rocmforge_ggml_graph::plan::ALIGN;
     assert_eq!(
         asked[0],
         384usize.div_ceil(align) * align + 256usize.div_ceil(align) * align

@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use ggml_graph::backend::{CpuDevice, Device, DummyDevice};
-use ggml_graph::sched::PlacementRule;
-use ggml_graph::{CpuBackend, DType, Graph, Scheduler, TensorId, WeightBytes};
+use rocmforge_ggml_graph::backend::{CpuDevice, Device, DummyDevice};
+use rocmforge_ggml_graph::sched::PlacementRule;
+use rocmforge_ggml_graph::{CpuBackend, DType, Graph, Scheduler, TensorId, WeightBytes};
 
 /// A CPU device under another name (each scheduler device needs its own buffers).
 struct Named(&'static str, CpuDevice);

@@ -4,11 +4,11 @@
 mod common;
 
 use common::*;
-use ggml_graph::quant::{
+use rocmforge_ggml_graph::quant::{
     act_type, detected, dot_float, dot_tile, quantize_act, quantize_act_portable,
     quantize_act_tiled, tiled, tiled_act_bytes, vec_dot, vec_dot_cols, Simd, Tile,
 };
-use ggml_graph::DType;
+use rocmforge_ggml_graph::DType;
 
 #[test]
 fn simd_matches_scalar_for_every_type() {

@@ -1,4 +1,4 @@
-//! `cargo bench -p gguf`: opening the real model and listing its tensors, and single-core
+//! `cargo bench -p rocmforge-gguf`: opening the real model and listing its tensors, and single-core
 //! dequantization throughput per type beside gguf-py (numpy) on the same data in the same run.
 //!
 //! The model path comes from `ROCMFORGE_TEST_MODEL` (default: the `fetch-model` cache path).
@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gguf::{GgmlType, GgufFile};
+use rocmforge_gguf::{GgmlType, GgufFile};
 
 /// Output values per type in the dequantization benchmark.
 const N_VALUES: usize = 1 << 22;
@@ -116,7 +116,7 @@ fn bench_dequant() {
         let src = blocks(ty, N_VALUES / ty.block_size(), &mut seed);
         let mut dst = vec![0f32; N_VALUES];
         let t = best_of(5, || {
-            gguf::dequantize_row(ty, &src, &mut dst).expect("dequantize")
+            rocmforge_gguf::dequantize_row(ty, &src, &mut dst).expect("dequantize")
         });
         ours.push((ty, t));
         let input = dir.join(format!("{}.bin", ty.name()));

@@ -1,7 +1,7 @@
 //! Writes small, valid GGUF files (every metadata kind, several tensor types) as seeds for the
-//! reader's fuzz corpus. Usage: `cargo run -p gguf --example make-fuzz-seeds DIR`.
+//! reader's fuzz corpus. Usage: `cargo run -p rocmforge-gguf --example make-fuzz-seeds DIR`.
 
-use gguf::{ArrayValue, GgmlType, Metadata, MetadataValue, TensorToWrite};
+use rocmforge_gguf::{ArrayValue, GgmlType, Metadata, MetadataValue, TensorToWrite};
 
 /// A seed file: its name and its tensors' types and shapes.
 type Seed<'a> = (&'a str, &'a [(GgmlType, &'a [u64])]);
@@ -69,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 data: d,
             })
             .collect();
-        gguf::write_file(std::path::Path::new(&dir).join(name), &md, &tw)?;
+        rocmforge_gguf::write_file(std::path::Path::new(&dir).join(name), &md, &tw)?;
     }
     Ok(())
 }

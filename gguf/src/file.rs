@@ -87,7 +87,7 @@ impl GgufFile {
     /// [`GgufFile::read`] where that cannot be promised.
     ///
     /// ```
-    /// use gguf::{dequantize_to_vec, write_to_vec, GgmlType, GgufFile, Metadata, TensorToWrite};
+    /// use rocmforge_gguf::{dequantize_to_vec, write_to_vec, GgmlType, GgufFile, Metadata, TensorToWrite};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // A file to open: one f32 tensor of 4 values.

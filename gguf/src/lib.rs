@@ -14,12 +14,12 @@
 //!
 //! Entry points: [`GgufFile::open`] (read), [`GgufWriter`] (write), [`dequantize`] /
 //! [`dequantize_row`] / [`quantize`] (convert), [`dump::write_info`] (a `gguf-dump`-style
-//! listing; `cargo run -p gguf --example gguf-info FILE`).
+//! listing; `cargo run -p rocmforge-gguf --example gguf-info FILE`).
 //!
 //! Verification: `tests/oracle.rs` and `tests/model.rs` compare against the `gguf` Python
 //! package through `tests/oracle.py`; `tests/hardening.rs` covers truncated and corrupted
 //! files; `tests/roundtrip.rs` is a proptest; `fuzz/` holds the cargo-fuzz reader target
-//! (`cargo xtask fuzz`); `cargo bench -p gguf` measures opening and dequantization.
+//! (`cargo xtask fuzz`); `cargo bench -p rocmforge-gguf` measures opening and dequantization.
 
 pub mod dump;
 pub mod error;

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use gguf::{GgmlType, GgufError, GgufFile, Metadata, MetadataValue, TensorToWrite};
+use rocmforge_gguf::{GgmlType, GgufError, GgufFile, Metadata, MetadataValue, TensorToWrite};
 
 /// A small file with every metadata kind and a few tensors, written by our writer.
 fn small_file() -> Vec<u8> {
@@ -18,15 +18,15 @@ fn small_file() -> Vec<u8> {
     md.set("scores", vec![0.25f32, -1.0]);
     md.set(
         "nested",
-        MetadataValue::Array(gguf::ArrayValue::Array(vec![
-            gguf::ArrayValue::U8(vec![1, 2]),
-            gguf::ArrayValue::Bool(vec![true]),
+        MetadataValue::Array(rocmforge_gguf::ArrayValue::Array(vec![
+            rocmforge_gguf::ArrayValue::U8(vec![1, 2]),
+            rocmforge_gguf::ArrayValue::Bool(vec![true]),
         ])),
     );
     let a = rng.bytes(4 * 8);
     let b = random_blocks(GgmlType::Q8_0, 2, &mut rng);
     let c = random_blocks(GgmlType::Q4_K, 1, &mut rng);
-    gguf::write_to_vec(
+    rocmforge_gguf::write_to_vec(
         &md,
         &[
             TensorToWrite {
@@ -400,7 +400,7 @@ fn random_mutations_never_panic() {
                 let n = t.n_elements() as usize;
                 if n < 1 << 20 {
                     let mut out = vec![0f32; n];
-                    gguf::dequantize(t.ggml_type, f.tensor_data(t), &mut out)
+                    rocmforge_gguf::dequantize(t.ggml_type, f.tensor_data(t), &mut out)
                         .expect("validated tensor dequantizes");
                 }
             }
@@ -438,7 +438,7 @@ fn open_reports_io_errors_and_empty_files() {
 #[test]
 fn directories_and_fifos_are_refused_without_blocking() {
     let dir = scratch("not-a-file");
-    type Open = fn(&std::path::Path) -> gguf::Result<GgufFile>;
+    type Open = fn(&std::path::Path) -> rocmforge_gguf::Result<GgufFile>;
     let opens: [Open; 2] = [|p| GgufFile::open(p), |p| GgufFile::read(p)];
     for open in opens {
         let e = open(dir.as_path()).expect_err("a directory");
@@ -483,7 +483,7 @@ fn info_escapes_control_characters_from_the_file() {
     md.set("general.architecture", "llama");
     md.set("evil\u{1b}]0;title\u{7}key", "value \u{1b}[31mred\r");
     let data = [0u8; 4];
-    let bytes = gguf::write_to_vec(
+    let bytes = rocmforge_gguf::write_to_vec(
         &md,
         &[TensorToWrite {
             name: "t\u{1b}[2J",
@@ -495,7 +495,7 @@ fn info_escapes_control_characters_from_the_file() {
     .expect("write");
     let f = GgufFile::from_bytes(bytes).expect("parse");
     let mut out = Vec::new();
-    gguf::dump::write_info(&f, &mut out).expect("info");
+    rocmforge_gguf::dump::write_info(&f, &mut out).expect("info");
     let text = String::from_utf8(out).expect("utf-8");
     assert!(!text.contains('\u{1b}') && !text.contains('\r') && !text.contains('\u{7}'));
     assert!(text.contains("evil\\u{1b}]0;title\\u{7}key"), "{text}");

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use gguf::{GgmlType, GgufFile};
+use rocmforge_gguf::{GgmlType, GgufFile};
 
 fn model() -> Option<GgufFile> {
     let Some(path) = std::env::var_os("ROCMFORGE_TEST_MODEL") else {
@@ -46,7 +46,7 @@ fn model_typed_getters_and_layout() {
     }
     println!("{arch}: {blocks} blocks, {} tensors", f.tensors().len());
     let mut out = Vec::new();
-    gguf::dump::write_info(&f, &mut out).expect("write_info");
+    rocmforge_gguf::dump::write_info(&f, &mut out).expect("write_info");
     let text = String::from_utf8(out).expect("utf-8");
     assert!(text.contains("token_embd.weight") && text.contains("general.architecture"));
 }
@@ -66,7 +66,7 @@ fn model_metadata_tensors_and_data_equal_gguf_py() {
     let dir = scratch("model");
     // Up to two tensors of each type present (the smallest, and the largest below 8 MiB so the
     // parallel path runs while the test stays quick), dequantized by both.
-    let mut by_type: BTreeMap<GgmlType, Vec<&gguf::TensorInfo>> = BTreeMap::new();
+    let mut by_type: BTreeMap<GgmlType, Vec<&rocmforge_gguf::TensorInfo>> = BTreeMap::new();
     for t in f.tensors() {
         by_type.entry(t.ggml_type).or_default().push(t);
     }
@@ -92,7 +92,7 @@ fn model_metadata_tensors_and_data_equal_gguf_py() {
     args.extend(names.iter().map(String::as_str));
     run_oracle(&args);
     let theirs = std::fs::read_to_string(&py).expect("read dump");
-    let ours = gguf::dump::canonical_listing(&f);
+    let ours = rocmforge_gguf::dump::canonical_listing(&f);
     let (a, b): (Vec<&str>, Vec<&str>) = (ours.lines().collect(), theirs.lines().collect());
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         assert!(

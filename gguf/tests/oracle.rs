@@ -6,7 +6,7 @@ mod common;
 use std::fmt::Write as _;
 
 use common::*;
-use gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue};
+use rocmforge_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue};
 
 /// Values per type in the random-bytes test (a whole number of 256-value blocks).
 const N_VALUES: usize = 256 * 64;
@@ -40,10 +40,10 @@ fn dequantize_random_blocks_matches_gguf_py_for_every_type() {
     println!("{report}");
     for (ty, data, o) in inputs {
         let mut ours = vec![0f32; N_VALUES];
-        gguf::dequantize(ty, &data, &mut ours).expect("dequantize");
+        rocmforge_gguf::dequantize(ty, &data, &mut ours).expect("dequantize");
         // The row-level entry point must agree with the parallel one.
         let mut row = vec![0f32; N_VALUES];
-        gguf::dequantize_row(ty, &data, &mut row).expect("dequantize_row");
+        rocmforge_gguf::dequantize_row(ty, &data, &mut row).expect("dequantize_row");
         assert_bits_eq(&format!("{ty} (row vs parallel)"), &row, &ours);
         assert_bits_eq(&format!("{ty} random blocks"), &ours, &read_f32(&o));
     }
@@ -102,7 +102,7 @@ fn quantizers_match_gguf_py_bytes_and_dequantization() {
         let theirs =
             std::fs::read(dir.join(format!("{}.q", ty.name()))).expect("read gguf-py bytes");
         if shared.contains(ty) {
-            let ours = gguf::quantize(*ty, &x).expect("quantize");
+            let ours = rocmforge_gguf::quantize(*ty, &x).expect("quantize");
             assert_eq!(ours.len(), theirs.len(), "{ty}: size");
             if let Some(i) = (0..ours.len()).find(|&i| ours[i] != theirs[i]) {
                 panic!(
@@ -124,7 +124,7 @@ fn quantizers_match_gguf_py_bytes_and_dequantization() {
     run_oracle(&["dequant", ddir.to_str().expect("utf-8 path")]);
     for ty in shared.iter().chain(&py_only) {
         let q = std::fs::read(dir.join(format!("{}.q", ty.name()))).expect("read");
-        let ours = gguf::dequantize_to_vec(*ty, &q).expect("dequantize");
+        let ours = rocmforge_gguf::dequantize_to_vec(*ty, &q).expect("dequantize");
         assert_bits_eq(
             &format!("{ty} of gguf-py's quantization"),
             &ours,
@@ -163,8 +163,8 @@ fn k_quant_round_trips_stay_within_bounds_and_gguf_py_reads_them() {
     let mut manifest = String::new();
     let mut results = Vec::new();
     for (ty, bound) in bounds {
-        let q = gguf::quantize(ty, &x).expect("quantize");
-        let y = gguf::dequantize_to_vec(ty, &q).expect("dequantize");
+        let q = rocmforge_gguf::quantize(ty, &x).expect("quantize");
+        let y = rocmforge_gguf::dequantize_to_vec(ty, &q).expect("dequantize");
         let e = rel_rmse(&x, &y);
         println!("{ty}: relative RMSE {e:.4} (bound {bound})");
         assert!(e < bound, "{ty}: relative RMSE {e} exceeds {bound}");
@@ -180,8 +180,11 @@ fn k_quant_round_trips_stay_within_bounds_and_gguf_py_reads_them() {
     }
     // All-zero input must give zeros, not NaN.
     for (ty, _) in bounds {
-        let z = gguf::dequantize_to_vec(ty, &gguf::quantize(ty, &[0f32; 512]).expect("quantize"))
-            .expect("dequantize");
+        let z = rocmforge_gguf::dequantize_to_vec(
+            ty,
+            &rocmforge_gguf::quantize(ty, &[0f32; 512]).expect("quantize"),
+        )
+        .expect("dequantize");
         assert!(z.iter().all(|v| *v == 0.0), "{ty}: zeros do not round-trip");
     }
     if python {
@@ -233,10 +236,10 @@ fn writer_output_is_read_identically_by_gguf_py() {
     w.set("t.arr_empty", Vec::<u64>::new()).expect("set");
     w.set(
         "t.nested",
-        MetadataValue::Array(gguf::ArrayValue::Array(vec![
-            gguf::ArrayValue::I16(vec![1, -2, 3]),
-            gguf::ArrayValue::I16(vec![]),
-            gguf::ArrayValue::I16(vec![7]),
+        MetadataValue::Array(rocmforge_gguf::ArrayValue::Array(vec![
+            rocmforge_gguf::ArrayValue::I16(vec![1, -2, 3]),
+            rocmforge_gguf::ArrayValue::I16(vec![]),
+            rocmforge_gguf::ArrayValue::I16(vec![7]),
         ])),
     )
     .expect("set");
@@ -255,7 +258,7 @@ fn writer_output_is_read_identically_by_gguf_py() {
         let n: u64 = dims.iter().product();
         let data = if ty == GgmlType::F32 || ty == GgmlType::F16 {
             let v: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
-            gguf::quantize(ty, &v).expect("encode")
+            rocmforge_gguf::quantize(ty, &v).expect("encode")
         } else {
             random_blocks(ty, (n as usize) / ty.block_size(), &mut rng)
         };
@@ -285,7 +288,7 @@ fn writer_output_is_read_identically_by_gguf_py() {
         py.to_str().expect("utf-8"),
     ]);
     let theirs = std::fs::read_to_string(&py).expect("read dump");
-    assert_listing_eq(&gguf::dump::canonical_listing(&file), &theirs);
+    assert_listing_eq(&rocmforge_gguf::dump::canonical_listing(&file), &theirs);
 
     let names: Vec<&str> = tensors.iter().map(|t| t.0.as_str()).collect();
     let mut args = vec![

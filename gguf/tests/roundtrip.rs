@@ -1,8 +1,8 @@
 //! Property tests: whatever metadata and tensors the writer is given, the reader returns the
 //! same values, shapes, types and bytes.
 
-use gguf::{ArrayValue, GgmlType, GgufFile, Metadata, MetadataValue, TensorToWrite};
 use proptest::prelude::*;
+use rocmforge_gguf::{ArrayValue, GgmlType, GgufFile, Metadata, MetadataValue, TensorToWrite};
 
 fn scalar() -> impl Strategy<Value = MetadataValue> {
     prop_oneof![
@@ -47,7 +47,7 @@ fn value() -> impl Strategy<Value = MetadataValue> {
 
 /// Bit-level equality (NaN == NaN when the bits agree).
 fn same(a: &MetadataValue, b: &MetadataValue) -> bool {
-    gguf::dump::canonical_value(a) == gguf::dump::canonical_value(b)
+    rocmforge_gguf::dump::canonical_value(a) == rocmforge_gguf::dump::canonical_value(b)
 }
 
 #[derive(Debug, Clone)]
@@ -104,7 +104,7 @@ proptest! {
             .iter()
             .map(|t| TensorToWrite { name: &t.name, dims: &t.dims, ty: t.ty, data: &t.data })
             .collect();
-        let bytes = gguf::write_to_vec(&md, &to_write).expect("write");
+        let bytes = rocmforge_gguf::write_to_vec(&md, &to_write).expect("write");
         let f = GgufFile::from_bytes(bytes).expect("read back");
         prop_assert_eq!(f.version(), 3);
         prop_assert_eq!(f.alignment(), align_pow.map_or(32, |p| 1u64 << p));

@@ -2,12 +2,12 @@
 //! measured peak), a decode step's host traffic (two tiny input writes and a 1 MiB logits read
 //! of part of an arena) through the blocking pageable calls vs the stream's pinned staging, and
 //! a model's weights uploaded into one arena vs one allocation per tensor.
-//! Run: `cargo bench -p gpu-mem --bench transfer` (prints "skipped: <reason>" without a GPU).
+//! Run: `cargo bench -p rocmforge-gpu-mem --bench transfer` (prints "skipped: <reason>" without a GPU).
 
 use std::time::Instant;
 
-use gpu_mem::testing::gpu_or_skip;
-use gpu_mem::*;
+use rocmforge_gpu_mem::testing::gpu_or_skip;
+use rocmforge_gpu_mem::*;
 use table::{synthetic_tensor, tensor_table};
 
 #[path = "../tests/common/table.rs"]

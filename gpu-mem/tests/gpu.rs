@@ -1,10 +1,10 @@
 //! GPU tests: run for real where a GPU exists (the GPU machine sets ROCMFORGE_REQUIRE_GPU=1 so a
 //! missing GPU fails there), print "skipped: <reason>" elsewhere. Serial, on one shared device,
-//! with a leak check after each test (`gpu_mem::testing::with_gpu`).
+//! with a leak check after each test (`rocmforge_gpu_mem::testing::with_gpu`).
 
 use common::table::{synthetic_tensor, tensor_table};
-use gpu_mem::testing::with_gpu;
-use gpu_mem::*;
+use rocmforge_gpu_mem::testing::with_gpu;
+use rocmforge_gpu_mem::*;
 use serial_test::serial;
 
 mod common {
@@ -467,7 +467,7 @@ fn drops_record_no_errors_and_leaks_are_reported() {
 #[test]
 #[serial]
 fn queued_writes_and_staged_reads_keep_order() {
-    use gpu_mem::host_io::{QUEUED_WRITE_MAX, READ_CHUNK, WRITE_RING};
+    use rocmforge_gpu_mem::host_io::{QUEUED_WRITE_MAX, READ_CHUNK, WRITE_RING};
     with_gpu(|dev| {
         let stream = Stream::new(dev).unwrap();
         let n = 1usize << 16;
@@ -954,7 +954,10 @@ fn cooperative_launches_meet_at_grid_barriers() {
 
 /// NCCL/RCCL as the machine has it, or `None` after printing why the test skips.
 fn collectives(dev: &Device) -> Option<std::sync::Arc<hip_ffi::Nccl>> {
-    testing::or_skip(gpu_mem::comm::load_library(dev, &NcclOptions::default()))
+    testing::or_skip(rocmforge_gpu_mem::comm::load_library(
+        dev,
+        &NcclOptions::default(),
+    ))
 }
 
 #[test]

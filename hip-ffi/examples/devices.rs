@@ -2,12 +2,12 @@
 //! driver version, and each device's architecture, memory and the attributes rocmforge reads;
 //! or why there is no GPU.
 //!
-//! `cargo run -p hip-ffi --example devices` (`ROCMFORGE_PLATFORM=amd|nvidia|cpu` chooses).
+//! `cargo run -p rocmforge-hip-ffi --example devices` (`ROCMFORGE_PLATFORM=amd|nvidia|cpu` chooses).
 
-use hip_ffi::DeviceAttribute as A;
+use rocmforge_hip_ffi::DeviceAttribute as A;
 
-fn main() -> Result<(), hip_ffi::Error> {
-    let api = match hip_ffi::runtime() {
+fn main() -> Result<(), rocmforge_hip_ffi::Error> {
+    let api = match rocmforge_hip_ffi::runtime() {
         Ok(api) => api,
         Err(e) => {
             println!("no GPU: {e}");

@@ -17,6 +17,8 @@ use crate::sys::hipblas_abi::{GemmAbi, GEMM_ABI_V1, GEMM_ABI_V2};
 pub struct AmdProvider {
     hip: HipLib,
     hip_name: String,
+    /// Where hipBLAS is looked for when first needed.
+    dirs: loader::InstallDirs,
     blas: OnceLock<std::result::Result<(HipblasLib, String, GemmAbi), Error>>,
 }
 
@@ -26,9 +28,9 @@ thread_local! {
 }
 
 impl AmdProvider {
-    /// Loads the HIP runtime and initialises it.
-    pub fn load() -> Result<Self> {
-        let lib = loader::open_first("HIP runtime", &loader::hip_candidates())?;
+    /// Loads the HIP runtime (from the loader path, then `dirs`) and initialises it.
+    pub fn load(dirs: &loader::InstallDirs) -> Result<Self> {
+        let lib = loader::open_first("HIP runtime", &loader::hip_candidates(dirs))?;
         // SAFETY: the library is a HIP runtime (matched by soname); its exported symbols have
         // the signatures of the HIP 5.x headers the table was generated from, which later
         // releases kept for these calls.
@@ -41,6 +43,7 @@ impl AmdProvider {
         let p = AmdProvider {
             hip,
             hip_name: lib.name,
+            dirs: dirs.clone(),
             blas: OnceLock::new(),
         };
         // SAFETY: plain C call with a flags argument that must be 0.
@@ -73,7 +76,7 @@ impl AmdProvider {
     fn blas(&self) -> Result<&(HipblasLib, String, GemmAbi)> {
         self.blas
             .get_or_init(|| {
-                let lib = loader::open_first("hipBLAS", &loader::hipblas_candidates())?;
+                let lib = loader::open_first("hipBLAS", &loader::hipblas_candidates(&self.dirs))?;
                 let abi = if lib.name.contains("libhipblas.so.3") {
                     GEMM_ABI_V2
                 } else {

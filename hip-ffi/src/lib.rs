@@ -19,7 +19,7 @@
 pub mod amd;
 pub mod api;
 pub mod error;
-pub mod loader;
+mod loader;
 pub mod nccl;
 pub mod nvidia;
 pub mod platform;
@@ -30,6 +30,9 @@ pub mod testing;
 pub use amd::AmdProvider;
 pub use api::*;
 pub use error::{BlasError, Error, HipError, LoadError, NcclError, Result};
+pub use loader::InstallDirs;
 pub use nccl::{CollType, Nccl, NcclOptions, ReduceOp, UniqueId};
 pub use nvidia::NvidiaProvider;
-pub use platform::{parse_choice, runtime, select, set_choice, Choice, PLATFORM_VAR};
+pub use platform::{
+    parse_choice, runtime, select, set_options, Choice, RuntimeOptions, PLATFORM_VAR,
+};

@@ -4,25 +4,42 @@ use std::path::PathBuf;
 
 use crate::error::LoadError;
 
-/// Candidate file names for the HIP runtime, newest first, then `$ROCM_PATH/lib` and `/opt/rocm`.
-pub fn hip_candidates() -> Vec<String> {
-    with_rocm_dirs(&[
-        "libamdhip64.so.7",
-        "libamdhip64.so.6",
-        "libamdhip64.so.5",
-        "libamdhip64.so",
-    ])
+/// Where the vendors' toolkits are installed, searched after the loader path. Libraries read no
+/// environment: the `rocmforge` binary fills this from `ROCM_PATH` and `CUDA_PATH`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InstallDirs {
+    /// ROCm's prefix: `<it>/lib` is searched for HIP, hipBLAS and RCCL before `/opt/rocm/lib`.
+    pub rocm: Option<PathBuf>,
+    /// CUDA's prefix: `<it>/lib64` is searched for cuBLAS and NCCL after the loader path (the
+    /// driver library comes with the driver, never with the toolkit).
+    pub cuda: Option<PathBuf>,
 }
 
-/// Candidate file names for hipBLAS.
-pub fn hipblas_candidates() -> Vec<String> {
-    with_rocm_dirs(&[
-        "libhipblas.so.3",
-        "libhipblas.so.2",
-        "libhipblas.so.1",
-        "libhipblas.so.0",
-        "libhipblas.so",
-    ])
+/// Candidate file names for the HIP runtime, newest first, then in ROCm's library directories.
+pub fn hip_candidates(dirs: &InstallDirs) -> Vec<String> {
+    with_rocm_dirs(
+        &[
+            "libamdhip64.so.7",
+            "libamdhip64.so.6",
+            "libamdhip64.so.5",
+            "libamdhip64.so",
+        ],
+        dirs,
+    )
+}
+
+/// Candidate file names for hipBLAS, newest first, then in ROCm's library directories.
+pub fn hipblas_candidates(dirs: &InstallDirs) -> Vec<String> {
+    with_rocm_dirs(
+        &[
+            "libhipblas.so.3",
+            "libhipblas.so.2",
+            "libhipblas.so.1",
+            "libhipblas.so.0",
+            "libhipblas.so",
+        ],
+        dirs,
+    )
 }
 
 /// Candidate file names for the CUDA driver library.
@@ -30,8 +47,8 @@ pub fn cuda_candidates() -> Vec<String> {
     vec!["libcuda.so.1".into(), "libcuda.so".into()]
 }
 
-/// Candidate file names for cuBLAS, newest first.
-pub fn cublas_candidates() -> Vec<String> {
+/// Candidate file names for cuBLAS, newest first, then in CUDA's library directory.
+pub fn cublas_candidates(dirs: &InstallDirs) -> Vec<String> {
     let mut v: Vec<String> = [
         "libcublas.so.13",
         "libcublas.so.12",
@@ -41,8 +58,8 @@ pub fn cublas_candidates() -> Vec<String> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    if let Some(cuda) = std::env::var_os("CUDA_PATH") {
-        let dir = PathBuf::from(cuda).join("lib64");
+    if let Some(cuda) = &dirs.cuda {
+        let dir = cuda.join("lib64");
         for n in ["libcublas.so.13", "libcublas.so.12", "libcublas.so.11"] {
             v.push(dir.join(n).to_string_lossy().into_owned());
         }
@@ -50,16 +67,16 @@ pub fn cublas_candidates() -> Vec<String> {
     v
 }
 
-/// `names` as the loader finds them, then in ROCm's library directories (`$ROCM_PATH/lib`,
+/// `names` as the loader finds them, then in ROCm's library directories (`<dirs.rocm>/lib`,
 /// `/opt/rocm/lib`).
-pub(crate) fn with_rocm_dirs(names: &[&str]) -> Vec<String> {
+pub(crate) fn with_rocm_dirs(names: &[&str], dirs: &InstallDirs) -> Vec<String> {
     let mut v: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
-    let mut dirs = Vec::new();
-    if let Some(r) = std::env::var_os("ROCM_PATH") {
-        dirs.push(PathBuf::from(r).join("lib"));
+    let mut lib_dirs = Vec::new();
+    if let Some(r) = &dirs.rocm {
+        lib_dirs.push(r.join("lib"));
     }
-    dirs.push(PathBuf::from("/opt/rocm/lib"));
-    for d in dirs {
+    lib_dirs.push(PathBuf::from("/opt/rocm/lib"));
+    for d in lib_dirs {
         for n in names {
             v.push(d.join(n).to_string_lossy().into_owned());
         }
@@ -133,10 +150,11 @@ mod tests {
 
     #[test]
     fn candidate_lists_name_the_sonames_in_order() {
-        let hip = hip_candidates();
+        let none = InstallDirs::default();
+        let hip = hip_candidates(&none);
         assert_eq!(hip[0], "libamdhip64.so.7");
         assert!(hip.iter().any(|c| c == "/opt/rocm/lib/libamdhip64.so.6"));
-        let blas = hipblas_candidates();
+        let blas = hipblas_candidates(&none);
         assert_eq!(
             &blas[..4],
             &[
@@ -148,8 +166,34 @@ mod tests {
         );
         assert_eq!(cuda_candidates()[0], "libcuda.so.1");
         assert_eq!(
-            &cublas_candidates()[..3],
-            &["libcublas.so.13", "libcublas.so.12", "libcublas.so.11"]
+            cublas_candidates(&none),
+            [
+                "libcublas.so.13",
+                "libcublas.so.12",
+                "libcublas.so.11",
+                "libcublas.so"
+            ]
         );
+    }
+
+    #[test]
+    fn install_dirs_come_after_the_loader_path() {
+        let dirs = InstallDirs {
+            rocm: Some("/opt/rocm-6.4.1".into()),
+            cuda: Some("/usr/local/cuda-12.8".into()),
+        };
+        let hip = hip_candidates(&dirs);
+        assert_eq!(
+            &hip[4..6],
+            &[
+                "/opt/rocm-6.4.1/lib/libamdhip64.so.7",
+                "/opt/rocm-6.4.1/lib/libamdhip64.so.6"
+            ]
+        );
+        assert_eq!(hip[8], "/opt/rocm/lib/libamdhip64.so.7");
+        assert_eq!(hip.len(), 12);
+        let blas = cublas_candidates(&dirs);
+        assert_eq!(blas[4], "/usr/local/cuda-12.8/lib64/libcublas.so.13");
+        assert_eq!(blas.len(), 7);
     }
 }

@@ -11,22 +11,26 @@ use std::process::Command;
 
 use crate::api::{DevicePtr, Platform, StreamHandle};
 use crate::error::{Error, NcclError, Result};
-use crate::loader;
+use crate::loader::{self, InstallDirs};
 use crate::sys::nccl::{self as sys, ncclDataType_t as dt, ncclRedOp_t as op, NcclLib};
 
 /// How to find the library. Libraries take options; the CLI fills [`NcclOptions::library`] from
-/// its `ROCMFORGE_NCCL` environment variable.
+/// its `ROCMFORGE_NCCL` environment variable and [`NcclOptions::dirs`] from `ROCM_PATH` and
+/// `CUDA_PATH`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NcclOptions {
     /// A file to try before the usual places (a full path or a file name for the loader).
     pub library: Option<PathBuf>,
+    /// The vendors' install prefixes, searched after the loader path.
+    pub dirs: InstallDirs,
     /// Skip asking `python3` for its site-packages (where pip's `nvidia-nccl-cu13` puts
     /// `nvidia/nccl/lib/libnccl.so.2`).
     pub skip_python: bool,
 }
 
 /// Candidate files for `platform`'s collective library, in the order tried: the caller's file,
-/// the loader path, the vendor's install directory, and (NVIDIA) Python's NCCL packages.
+/// the loader path, the vendor's install directory ([`NcclOptions::dirs`]), and (NVIDIA)
+/// Python's NCCL packages.
 pub fn candidates(platform: Platform, opts: &NcclOptions) -> Vec<String> {
     let mut v = Vec::new();
     if let Some(p) = &opts.library {
@@ -35,8 +39,8 @@ pub fn candidates(platform: Platform, opts: &NcclOptions) -> Vec<String> {
     match platform {
         Platform::Nvidia => {
             v.extend(["libnccl.so.2", "libnccl.so"].map(String::from));
-            if let Some(cuda) = std::env::var_os("CUDA_PATH") {
-                let dir = PathBuf::from(cuda).join("lib64");
+            if let Some(cuda) = &opts.dirs.cuda {
+                let dir = cuda.join("lib64");
                 v.push(dir.join("libnccl.so.2").to_string_lossy().into_owned());
             }
             if !opts.skip_python {
@@ -46,7 +50,10 @@ pub fn candidates(platform: Platform, opts: &NcclOptions) -> Vec<String> {
                 }
             }
         }
-        Platform::Amd => v.extend(loader::with_rocm_dirs(&["librccl.so.1", "librccl.so"])),
+        Platform::Amd => v.extend(loader::with_rocm_dirs(
+            &["librccl.so.1", "librccl.so"],
+            &opts.dirs,
+        )),
     }
     v
 }
@@ -477,13 +484,31 @@ mod tests {
         let opts = NcclOptions {
             library: Some("/x/libnccl-custom.so".into()),
             skip_python: true,
+            ..Default::default()
         };
         let c = candidates(Platform::Nvidia, &opts);
-        assert_eq!(c[0], "/x/libnccl-custom.so");
-        assert_eq!(c[1], "libnccl.so.2");
+        assert_eq!(c, ["/x/libnccl-custom.so", "libnccl.so.2", "libnccl.so"]);
         let a = candidates(Platform::Amd, &NcclOptions::default());
         assert_eq!(&a[..2], &["librccl.so.1", "librccl.so"]);
         assert!(a.iter().any(|x| x == "/opt/rocm/lib/librccl.so.1"));
+        let with_dirs = NcclOptions {
+            dirs: InstallDirs {
+                rocm: Some("/opt/rocm-6.4.1".into()),
+                cuda: Some("/usr/local/cuda-12.8".into()),
+            },
+            skip_python: true,
+            ..Default::default()
+        };
+        let c = candidates(Platform::Nvidia, &with_dirs);
+        assert_eq!(c[2], "/usr/local/cuda-12.8/lib64/libnccl.so.2");
+        let a = candidates(Platform::Amd, &with_dirs);
+        assert_eq!(
+            &a[2..4],
+            &[
+                "/opt/rocm-6.4.1/lib/librccl.so.1",
+                "/opt/rocm-6.4.1/lib/librccl.so"
+            ]
+        );
     }
 
     #[test]
@@ -491,6 +516,7 @@ mod tests {
         let opts = NcclOptions {
             library: Some("/nonexistent/librccl-nothere.so".into()),
             skip_python: true,
+            ..Default::default()
         };
         // RCCL is not installed here (no ROCm): every candidate fails.
         if std::path::Path::new("/opt/rocm/lib/librccl.so.1").exists() {

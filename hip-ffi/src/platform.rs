@@ -1,21 +1,24 @@
 //! Choosing the provider: a [`Choice`] given before first use (the CLI passes its
-//! `ROCMFORGE_PLATFORM` here) forces one (or the CPU); otherwise AMD then NVIDIA are tried and the
-//! first that reports a device wins. The choice is made once per process.
+//! `ROCMFORGE_PLATFORM` here, with `ROCM_PATH` and `CUDA_PATH` as [`InstallDirs`]) forces one (or
+//! the CPU); otherwise AMD then NVIDIA are tried and the first that reports a device wins. The
+//! choice is made once per process.
 
 use std::sync::{Mutex, OnceLock};
 
 use crate::amd::AmdProvider;
 use crate::api::{HipApi, Platform};
 use crate::error::{Error, Result};
+use crate::loader::InstallDirs;
 use crate::nvidia::NvidiaProvider;
 
 /// The name under which the CLI's environment carries the choice (error messages use it).
 pub const PLATFORM_VAR: &str = "ROCMFORGE_PLATFORM";
 
 /// Which platform to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Choice {
     /// Unset or empty: try AMD, then NVIDIA.
+    #[default]
     Auto,
     /// Only this platform.
     Force(Platform),
@@ -35,11 +38,22 @@ pub fn parse_choice(value: Option<&str>) -> Result<Choice> {
     }
 }
 
+/// How the process-wide provider is chosen and where its libraries are looked for
+/// ([`set_options`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeOptions {
+    /// Which platform (the CLI's `ROCMFORGE_PLATFORM`).
+    pub choice: Choice,
+    /// The vendors' install prefixes, searched after the loader path (the CLI's `ROCM_PATH` and
+    /// `CUDA_PATH`).
+    pub dirs: InstallDirs,
+}
+
 /// Tries one provider: it must load, initialise and report at least one device.
-pub fn try_provider(platform: Platform) -> Result<Box<dyn HipApi>> {
+pub fn try_provider(platform: Platform, dirs: &InstallDirs) -> Result<Box<dyn HipApi>> {
     let api: Box<dyn HipApi> = match platform {
-        Platform::Amd => Box::new(AmdProvider::load()?),
-        Platform::Nvidia => Box::new(NvidiaProvider::load()?),
+        Platform::Amd => Box::new(AmdProvider::load(dirs)?),
+        Platform::Nvidia => Box::new(NvidiaProvider::load(dirs)?),
     };
     let n = api.device_count()?;
     if n < 1 {
@@ -51,9 +65,9 @@ pub fn try_provider(platform: Platform) -> Result<Box<dyn HipApi>> {
     Ok(api)
 }
 
-/// Selects a provider for `choice`; the error says what each candidate platform found.
-pub fn select(choice: Choice) -> Result<Box<dyn HipApi>> {
-    let order: &[Platform] = match choice {
+/// Selects a provider as `opts` say; the error says what each candidate platform found.
+pub fn select(opts: &RuntimeOptions) -> Result<Box<dyn HipApi>> {
+    let order: &[Platform] = match opts.choice {
         Choice::Cpu => {
             return Err(Error::NoGpu(format!("{PLATFORM_VAR}=cpu forces the CPU")));
         }
@@ -63,7 +77,7 @@ pub fn select(choice: Choice) -> Result<Box<dyn HipApi>> {
     };
     let mut why = Vec::new();
     for &p in order {
-        match try_provider(p) {
+        match try_provider(p, &opts.dirs) {
             Ok(api) => {
                 tracing::info!(platform = %p, libraries = ?api.library_names(), "GPU provider selected");
                 return Ok(api);
@@ -79,28 +93,35 @@ pub fn select(choice: Choice) -> Result<Box<dyn HipApi>> {
 
 static RUNTIME: OnceLock<Result<Box<dyn HipApi>>> = OnceLock::new();
 
-/// The choice [`runtime`] selects with ([`set_choice`]; `Auto` when never set).
-static CHOICE: Mutex<Choice> = Mutex::new(Choice::Auto);
+/// The options [`runtime`] selects with ([`set_options`]; the defaults when never set).
+static OPTIONS: Mutex<RuntimeOptions> = Mutex::new(RuntimeOptions {
+    choice: Choice::Auto,
+    dirs: InstallDirs {
+        rocm: None,
+        cuda: None,
+    },
+});
 
-/// Sets the platform choice of the process-wide provider. Only a call before its first use
-/// counts: returns false when the provider was chosen already (with the earlier choice).
-pub fn set_choice(choice: Choice) -> bool {
-    let mut c = CHOICE
+/// Sets how the process-wide provider is chosen. Only a call before its first use counts:
+/// returns false when the provider was chosen already (with the earlier options).
+pub fn set_options(opts: RuntimeOptions) -> bool {
+    let mut o = OPTIONS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    *c = choice;
+    *o = opts;
     RUNTIME.get().is_none()
 }
 
-/// The process-wide provider, chosen on first use from the [`set_choice`] choice and what is
+/// The process-wide provider, chosen on first use as [`set_options`] said and from what is
 /// installed. Never panics; "no GPU" is an `Err` whose message lists what was tried.
 pub fn runtime() -> Result<&'static dyn HipApi> {
     RUNTIME
         .get_or_init(|| {
-            let choice = *CHOICE
+            let opts = OPTIONS
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            select(choice)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            select(&opts)
         })
         .as_ref()
         .map(|b| b.as_ref())
@@ -130,7 +151,11 @@ mod tests {
 
     #[test]
     fn forcing_cpu_gives_no_gpu_with_the_reason() {
-        let e = select(Choice::Cpu).err().expect("cpu forced");
+        let opts = RuntimeOptions {
+            choice: Choice::Cpu,
+            ..Default::default()
+        };
+        let e = select(&opts).err().expect("cpu forced");
         assert!(matches!(e, Error::NoGpu(_)));
         assert!(e.to_string().contains("ROCMFORGE_PLATFORM=cpu"), "{e}");
     }
@@ -139,7 +164,7 @@ mod tests {
     /// with a GPU, it succeeds and reports devices. Either way it must not panic.
     #[test]
     fn auto_selection_never_panics_and_explains_itself() {
-        match select(Choice::Auto) {
+        match select(&RuntimeOptions::default()) {
             Ok(api) => {
                 let n = api.device_count().expect("device count");
                 assert!(n > 0);

@@ -12,7 +12,9 @@ mod common;
 use common::{gpu, Arg, DevBuf, Gpu, Rng};
 use gpu_mem::{Blas, DeviceAttribute, Event, GemmShape, MemRange, Op};
 use half::f16;
-use kernels::{q8_1_vector_bytes, KernelId, MmqPlan, WeightType, MATVEC_WARPS, MMQ_THREADS};
+use rocmforge_kernels::{
+    q8_1_vector_bytes, KernelId, MmqPlan, WeightType, MATVEC_WARPS, MMQ_THREADS,
+};
 
 const ITERS: u32 = 200;
 
@@ -359,7 +361,7 @@ fn gated(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
                         Arg::I64(row_bytes as i64),
                         Arg::I32(rows as i32),
                         Arg::I32(rows as i32),
-                        Arg::I32(kernels::act::SILU),
+                        Arg::I32(rocmforge_kernels::act::SILU),
                     ],
                 )
             };
@@ -407,7 +409,7 @@ fn batched(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64, sms: usize) {
             let vb = q8_1_vector_bytes(cols);
             let y = g.alloc(vb * mmax);
             let out = g.alloc(rows * mmax * 4);
-            let part = g.alloc(rows * mmax * 4 * kernels::MMQ_MAX_SPLITS);
+            let part = g.alloc(rows * mmax * 4 * rocmforge_kernels::MMQ_MAX_SPLITS);
             let wh = g.alloc(rows * cols * 2);
             let xh = g.alloc(cols * mmax * 2);
             // SAFETY: the buffers were allocated above for the shapes and counts passed here.
@@ -432,7 +434,7 @@ fn batched(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64, sms: usize) {
                     unsafe {
                         g.launch(
                             t.matvec(),
-                            [kernels::matvec_grid(t, rows), m as u32, 1],
+                            [rocmforge_kernels::matvec_grid(t, rows), m as u32, 1],
                             MATVEC_WARPS * g.warp,
                             &matvec_args(wsub(i), &y, &out, rows, cols, row_bytes),
                         )
@@ -466,7 +468,7 @@ fn batched(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64, sms: usize) {
                         if plan.partial {
                             g.launch(
                                 KernelId::MmqCombine,
-                                kernels::mmq_combine_grid(rows, m),
+                                rocmforge_kernels::mmq_combine_grid(rows, m),
                                 MMQ_THREADS,
                                 &[
                                     part.arg(),

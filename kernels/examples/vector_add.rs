@@ -2,10 +2,10 @@
 //! allocate, upload, load the embedded code object, launch with checked arguments, read back and
 //! compare with the CPU. Prints why it skips where there is no GPU or no built kernels.
 //!
-//! `cargo run -p kernels --example vector_add [N]`
+//! `cargo run -p rocmforge-kernels --example vector_add [N]`
 
 use gpu_mem::{Device, DeviceBuffer, KernelArg, MemRange, ParamKind, Stream};
-use kernels::{binary, KernelId, Param};
+use rocmforge_kernels::{binary, KernelId, Param};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = match std::env::args().nth(1) {
@@ -21,18 +21,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Ok(());
         }
     };
-    if !kernels::built() {
+    if !rocmforge_kernels::built() {
         println!("skipped: kernels not built (run `cargo xtask kernels`)");
         return Ok(());
     }
     let arch = dev.info().arch.clone();
     // `sm_86` for NVIDIA, a `gfx` name for AMD.
     let target = match arch.strip_prefix("sm_").and_then(|v| v.parse::<u32>().ok()) {
-        Some(v) => kernels::Device::Nvidia {
+        Some(v) => rocmforge_kernels::Device::Nvidia {
             major: v / 10,
             minor: v % 10,
         },
-        None => kernels::Device::Amd(arch.clone()),
+        None => rocmforge_kernels::Device::Amd(arch.clone()),
     };
 
     let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     stream.write(&b, &mut db.view_mut())?;
 
     let k = KernelId::BinaryF32;
-    let image = kernels::image(k.module(), &target)?;
+    let image = rocmforge_kernels::image(k.module(), &target)?;
     let module = gpu_mem::Module::load(&dev, image.bytes)?;
     let function = module.function(k.name())?;
     // The kernel's parameter table, so gpu-mem checks every argument's kind before launching.
@@ -57,8 +57,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Param::I32 => ParamKind::I32,
             Param::I64 => ParamKind::I64,
             Param::F32 => ParamKind::F32,
-            Param::Attn => ParamKind::Bytes(size_of::<kernels::AttnParams>()),
-            Param::Stack => ParamKind::Bytes(size_of::<kernels::StackParams>()),
+            Param::Attn => ParamKind::Bytes(size_of::<rocmforge_kernels::AttnParams>()),
+            Param::Stack => ParamKind::Bytes(size_of::<rocmforge_kernels::StackParams>()),
         })
         .collect();
     let ncols = i32::try_from(n).map_err(|_| "N must fit in an i32")?;

@@ -804,7 +804,7 @@ static __device__ __forceinline__ void mv_entry(const uint8_t* w, const uint8_t*
     }
 
 // Rows per warp (R) of each mat-vec; `kernels::WeightType::matvec_rows_per_block` is
-// MV_WARPS * R. Chosen with `cargo bench -p kernels --bench decode` (kernels/PERF.md): Q4_K/Q5_K
+// MV_WARPS * R. Chosen with `cargo bench -p rocmforge-kernels --bench decode` (kernels/PERF.md): Q4_K/Q5_K
 // read directly, one row per warp and two blocks per lane in flight; the 2-byte aligned types go
 // through the stage with two rows.
 RF_MATVEC_FAST(matvec_q4_0, MV_BOUND, matvec_staged, mv_q4_0, 2)

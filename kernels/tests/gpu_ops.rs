@@ -3,7 +3,7 @@
 mod common;
 
 use common::{assert_nmse, gpu, Arg, Rng};
-use kernels::{act, binary, AttnParams, KernelId};
+use rocmforge_kernels::{act, binary, AttnParams, KernelId};
 
 const NULL: Arg<'static> = Arg::Null;
 

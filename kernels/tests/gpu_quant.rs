@@ -8,7 +8,7 @@ use common::{assert_nmse, gpu, Arg, Rng};
 use gguf::GgmlType;
 use gpu_mem::{Blas, GemmShape, Op};
 use half::f16;
-use kernels::{q8_1_vector_bytes, KernelId, WeightType, MATVEC_WARPS, QK8_1};
+use rocmforge_kernels::{q8_1_vector_bytes, KernelId, WeightType, MATVEC_WARPS, QK8_1};
 
 fn ggml(t: WeightType) -> GgmlType {
     GgmlType::ALL

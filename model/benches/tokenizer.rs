@@ -2,11 +2,11 @@
 //! repeated; once as one line, once with its newlines) with the vocabulary of the GGUF named by
 //! `ROCMFORGE_TEST_MODEL` or the first argument, and prints MB/s.
 //!
-//! `ROCMFORGE_TEST_MODEL=~/.cache/rocmforge/models/gemma-3-270m-q4_k_m.gguf cargo bench -p model --bench tokenizer`
+//! `ROCMFORGE_TEST_MODEL=~/.cache/rocmforge/models/gemma-3-270m-q4_k_m.gguf cargo bench -p rocmforge-model --bench tokenizer`
 
 use std::time::Instant;
 
-use model::tokenizer::Tokenizer;
+use rocmforge_model::tokenizer::Tokenizer;
 
 const TARGET_BYTES: usize = 1 << 20;
 const RUNS: usize = 5;

@@ -1,15 +1,15 @@
 //! Sends several prompts through the batching engine at once (as a server does) and prints each
 //! completion with its finish reason and the engine's counters.
 //!
-//! `cargo run -p model --release --example batch -- [MODEL.gguf] ["PROMPT" ...]`
+//! `cargo run -p rocmforge-model --release --example batch -- [MODEL.gguf] ["PROMPT" ...]`
 //!
 //! Without a model file it writes a tiny synthetic Qwen2 to the temporary directory.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use model::batch::{BatchEngine, EngineOptions, Event, Request};
-use model::text::TextModel;
+use rocmforge_model::batch::{BatchEngine, EngineOptions, Event, Request};
+use rocmforge_model::text::TextModel;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -18,7 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => {
             let p =
                 std::env::temp_dir().join(format!("rocmforge-batch-{}.gguf", std::process::id()));
-            model::synth::write_model("qwen2", &p, 2)?;
+            rocmforge_model::synth::write_model("qwen2", &p, 2)?;
             (p, true)
         }
     };

@@ -1,7 +1,7 @@
 //! Generates text with the library API alone (no CLI): load a GGUF model, encode a prompt,
 //! generate greedily or with a seed, and stream the text as it becomes final.
 //!
-//! `cargo run -p model --release --example generate -- [MODEL.gguf] ["PROMPT"] [SEED]`
+//! `cargo run -p rocmforge-model --release --example generate -- [MODEL.gguf] ["PROMPT"] [SEED]`
 //!
 //! Without a model file it writes a tiny synthetic Llama to the temporary directory and uses
 //! that (random weights: the text is noise, the path through the library is the real one).
@@ -9,10 +9,10 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use model::generate::{generate, GenerateOptions};
-use model::sampling::{Sampler, SamplerConfig};
-use model::session::{Session, SessionOptions};
-use model::text::TextModel;
+use rocmforge_model::generate::{generate, GenerateOptions};
+use rocmforge_model::sampling::{Sampler, SamplerConfig};
+use rocmforge_model::session::{Session, SessionOptions};
+use rocmforge_model::text::TextModel;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => {
             let p =
                 std::env::temp_dir().join(format!("rocmforge-example-{}.gguf", std::process::id()));
-            model::synth::write_model("llama", &p, 1)?;
+            rocmforge_model::synth::write_model("llama", &p, 1)?;
             (p, true)
         }
     };

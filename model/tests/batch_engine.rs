@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use model::batch::{BatchEngine, EngineOptions, Event, FinishReason, Request};
-use model::generate::{generate, GenerateOptions};
-use model::placement::DeviceChoice;
-use model::sampling::{Sampler, SamplerConfig};
-use model::session::{Session, SessionOptions};
-use model::text::TextModel;
+use rocmforge_model::batch::{BatchEngine, EngineOptions, Event, FinishReason, Request};
+use rocmforge_model::generate::{generate, GenerateOptions};
+use rocmforge_model::placement::DeviceChoice;
+use rocmforge_model::sampling::{Sampler, SamplerConfig};
+use rocmforge_model::session::{Session, SessionOptions};
+use rocmforge_model::text::TextModel;
 use serial_test::serial;
 
 fn load() -> Option<TextModel> {

@@ -20,11 +20,11 @@ mod common;
 
 use std::path::PathBuf;
 
-use model::arch::{KvType, LogitsMode};
-use model::perplexity::{perplexity, PplOptions};
-use model::sampling::argmax;
-use model::session::{Session, SessionOptions};
-use model::text::TextModel;
+use rocmforge_model::arch::{KvType, LogitsMode};
+use rocmforge_model::perplexity::{perplexity, PplOptions};
+use rocmforge_model::sampling::argmax;
+use rocmforge_model::session::{Session, SessionOptions};
+use rocmforge_model::text::TextModel;
 use serial_test::serial;
 
 use common::{check_top_k, gaps, golden, u32s};
@@ -273,33 +273,38 @@ fn same_seed_same_text_and_context_limit() {
     let Some(tm) = load() else { return };
     let run = |seed: u64| {
         let mut s = session(&tm, 48);
-        let mut sampler = model::sampling::Sampler::new(model::sampling::SamplerConfig {
-            temperature: 1.0,
-            seed,
-            ..Default::default()
-        });
+        let mut sampler =
+            rocmforge_model::sampling::Sampler::new(rocmforge_model::sampling::SamplerConfig {
+                temperature: 1.0,
+                seed,
+                ..Default::default()
+            });
         let ids = tm.encode("Once upon a time", true).expect("encode");
-        let opts = model::generate::GenerateOptions {
+        let opts = rocmforge_model::generate::GenerateOptions {
             max_tokens: 100,
             stop_strings: Vec::new(),
             ignore_eog: true,
         };
-        model::generate::generate(&mut s, &tm, &mut sampler, &ids, &opts, |_| {}).expect("generate")
+        rocmforge_model::generate::generate(&mut s, &tm, &mut sampler, &ids, &opts, |_| {})
+            .expect("generate")
     };
     let a = run(7);
     let b = run(7);
     assert_eq!(a.tokens, b.tokens);
     // 48 positions: the prompt plus generated tokens stop at the context size.
-    assert_eq!(a.stop, model::generate::StopReason::ContextFull);
+    assert_eq!(a.stop, rocmforge_model::generate::StopReason::ContextFull);
     assert_eq!(a.prompt_tokens + a.tokens.len(), 48 + 1);
     let mut s = session(&tm, 8);
     let err = s.eval(&[2; 9], LogitsMode::Last).unwrap_err();
     assert!(
-        matches!(err, model::ModelError::ContextFull { .. }),
+        matches!(err, rocmforge_model::ModelError::ContextFull { .. }),
         "{err}"
     );
     let err = s.eval(&[u32::MAX], LogitsMode::Last).unwrap_err();
-    assert!(matches!(err, model::ModelError::BadToken { .. }), "{err}");
+    assert!(
+        matches!(err, rocmforge_model::ModelError::BadToken { .. }),
+        "{err}"
+    );
 }
 
 /// Greedy tokens with a q8_0 KV cache equal those with the f16 cache up to the first step where

@@ -14,11 +14,11 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use model::arch::LogitsMode;
-use model::gpus::{GpuSelection, SplitMode};
-use model::placement::DeviceChoice;
-use model::sampling::argmax;
-use model::session::{DeviceMemory, Model, Session, SessionOptions};
+use rocmforge_model::arch::LogitsMode;
+use rocmforge_model::gpus::{GpuSelection, SplitMode};
+use rocmforge_model::placement::DeviceChoice;
+use rocmforge_model::sampling::argmax;
+use rocmforge_model::session::{DeviceMemory, Model, Session, SessionOptions};
 use serial_test::serial;
 
 /// Greedy steps are compared until the CPU's top-2 gap first falls below this.
@@ -44,7 +44,7 @@ fn scratch_dir() -> PathBuf {
 
 fn synth(arch: &str) -> Model {
     let path = scratch_dir().join(format!("synth-{arch}.gguf"));
-    model::synth::write_model(arch, &path, 7).expect("write synthetic model");
+    rocmforge_model::synth::write_model(arch, &path, 7).expect("write synthetic model");
     Model::load(&path, |_, _| {}).expect("load")
 }
 
@@ -441,8 +441,8 @@ fn stack_llama_of_width(
     n_layer: u64,
 ) -> Model {
     let path = scratch_dir().join(file);
-    let mut o =
-        model::synth::SynthOptions::parse("llama", "tiny", "q4_k_m", seed).expect("options");
+    let mut o = rocmforge_model::synth::SynthOptions::parse("llama", "tiny", "q4_k_m", seed)
+        .expect("options");
     o.shape.n_embd = n_head * 128;
     o.shape.n_head = n_head;
     o.shape.n_head_kv = n_head_kv;
@@ -450,7 +450,7 @@ fn stack_llama_of_width(
     o.shape.n_ff = n_ff;
     o.shape.n_layer = n_layer;
     o.extras.rope_freqs = true;
-    model::synth::write(&o, None, &path).expect("write synthetic model");
+    rocmforge_model::synth::write(&o, None, &path).expect("write synthetic model");
     Model::load(&path, |_, _| {}).expect("load")
 }
 
@@ -617,7 +617,7 @@ fn gemma3_270m_on_gpu_equals_cpu() {
     if !have_gpu() {
         return;
     }
-    let tm = model::text::TextModel::load(&path, |_, _| {}).expect("load the test model");
+    let tm = rocmforge_model::text::TextModel::load(&path, |_, _| {}).expect("load the test model");
     let prompt = tm
         .encode(
             "The capital of France is Paris. The capital of Germany is",
@@ -684,7 +684,7 @@ fn gemma3_270m_gpu_perplexity_matches_the_cpu() {
     }
     // Embedded so the test binary runs on a GPU machine without the source tree.
     let text = include_str!("data/perplexity.txt");
-    let tm = model::text::TextModel::load(&path, |_, _| {}).expect("load the test model");
+    let tm = rocmforge_model::text::TextModel::load(&path, |_, _| {}).expect("load the test model");
     let tokens = tm.tokenizer().encode(text, true, false);
     let bos = tm.bos_for_chunks();
     for n_ctx in [8usize, 16] {
@@ -713,8 +713,8 @@ fn window_ppl(
     n_ctx: usize,
     max_chunks: usize,
     bos: Option<u32>,
-) -> model::perplexity::PplResult {
-    let ppl_opts = model::perplexity::PplOptions {
+) -> rocmforge_model::perplexity::PplResult {
+    let ppl_opts = rocmforge_model::perplexity::PplOptions {
         n_ctx,
         max_chunks: Some(max_chunks),
         bos,
@@ -725,15 +725,16 @@ fn window_ppl(
         ..opts(device, None, None)
     };
     let mut s = Session::new(m, &o).expect("session");
-    model::perplexity::perplexity(&mut s, tokens, &ppl_opts, |_, _, _| {}).expect("perplexity")
+    rocmforge_model::perplexity::perplexity(&mut s, tokens, &ppl_opts, |_, _, _| {})
+        .expect("perplexity")
 }
 
 /// The GPU's perplexity within `bound_pct` percent of the reference's, over the same windows.
 fn check_ppl(
     n_ctx: usize,
     reference: &str,
-    gpu: &model::perplexity::PplResult,
-    want: &model::perplexity::PplResult,
+    gpu: &rocmforge_model::perplexity::PplResult,
+    want: &rocmforge_model::perplexity::PplResult,
     bound_pct: f64,
 ) {
     let rel = (gpu.ppl - want.ppl) / want.ppl * 100.0;
@@ -884,7 +885,10 @@ fn estimated_gpu_bytes_match_the_allocated_bytes() {
         ("llama 2048 wide", wide),
     ];
     for (name, m) in &models {
-        for kv in [model::arch::KvType::F16, model::arch::KvType::Q8_0] {
+        for kv in [
+            rocmforge_model::arch::KvType::F16,
+            rocmforge_model::arch::KvType::Q8_0,
+        ] {
             let o = SessionOptions {
                 kv_type: kv,
                 ..opts(DeviceChoice::Gpu, None, None)
@@ -920,7 +924,7 @@ fn the_engine_pool_takes_what_the_gpu_budget_leaves() {
     if !have_gpu() {
         return;
     }
-    use model::batch::{BatchEngine, EngineOptions};
+    use rocmforge_model::batch::{BatchEngine, EngineOptions};
     let m = Arc::new(stack_shaped_llama("pool-llama.gguf", 45, 5632, 4));
     let base = EngineOptions {
         session: opts(DeviceChoice::Gpu, None, None),
@@ -952,11 +956,11 @@ const BATCH_TIE: f32 = 0.05;
 
 /// Every generated token of each prompt, run together in `e`: (id, log-probability, top-2 gap).
 fn engine_run(
-    e: &model::batch::BatchEngine,
+    e: &rocmforge_model::batch::BatchEngine,
     prompts: &[Vec<u32>],
     n: usize,
 ) -> Vec<Vec<(u32, f32, f32)>> {
-    use model::batch::{Event, Request};
+    use rocmforge_model::batch::{Event, Request};
     let rxs: Vec<_> = prompts
         .iter()
         .map(|p| {
@@ -1018,7 +1022,7 @@ fn batch_engine_on_gpu_together_equals_alone() {
             })
             .collect();
         let n = 24;
-        let opts = model::batch::EngineOptions {
+        let opts = rocmforge_model::batch::EngineOptions {
             session: opts(DeviceChoice::Gpu, None, None),
             max_seqs: 4,
             n_ctx_per_seq: 256,
@@ -1030,7 +1034,7 @@ fn batch_engine_on_gpu_together_equals_alone() {
             exact: false,
             swap: Default::default(),
         };
-        let e = model::batch::BatchEngine::start(Arc::new(m), opts).expect("engine");
+        let e = rocmforge_model::batch::BatchEngine::start(Arc::new(m), opts).expect("engine");
         let alone: Vec<_> = prompts
             .iter()
             .map(|p| engine_run(&e, std::slice::from_ref(p), n).remove(0))

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gguf::{GgufFile, Metadata, MetadataValue, TensorToWrite};
-use model::arch::LogitsMode;
-use model::error::ModelError;
-use model::perplexity::{perplexity, PplOptions};
-use model::session::{LoadOptions, Model, Session, SessionOptions};
-use model::text::TextModel;
+use rocmforge_model::arch::LogitsMode;
+use rocmforge_model::error::ModelError;
+use rocmforge_model::perplexity::{perplexity, PplOptions};
+use rocmforge_model::session::{LoadOptions, Model, Session, SessionOptions};
+use rocmforge_model::text::TextModel;
 
 /// A file name no other test of this process uses (they run in parallel).
 fn scratch(name: &str) -> PathBuf {
@@ -25,7 +25,7 @@ fn scratch(name: &str) -> PathBuf {
 /// The bytes of a tiny synthetic model of `arch`.
 fn tiny(arch: &str) -> Vec<u8> {
     let path = scratch(&format!("tiny-{arch}"));
-    model::synth::write_model(arch, &path, 5).expect("write synthetic model");
+    rocmforge_model::synth::write_model(arch, &path, 5).expect("write synthetic model");
     let bytes = std::fs::read(&path).expect("read back");
     let _ = std::fs::remove_file(&path);
     bytes
@@ -433,7 +433,7 @@ fn a_long_trained_context_costs_memory_only_as_it_is_used() {
         n_ctx: 0,
         n_batch: 8,
         n_threads: 1,
-        device: model::placement::DeviceChoice::Cpu,
+        device: rocmforge_model::placement::DeviceChoice::Cpu,
         ..SessionOptions::default()
     };
     let before = rss();
@@ -455,13 +455,13 @@ fn a_long_trained_context_costs_memory_only_as_it_is_used() {
 fn kv_cache_estimates_saturate_instead_of_wrapping() {
     let tm = load(tiny("llama")).expect("loads");
     let cfg = tm.model().config();
-    let huge = model::arch::KvCacheSpec {
-        dtype: model::arch::KvType::F32,
+    let huge = rocmforge_model::arch::KvCacheSpec {
+        dtype: rocmforge_model::arch::KvType::F32,
         n_ctx: usize::MAX / 2,
     };
     assert_eq!(huge.bytes(cfg), usize::MAX);
-    let small = model::arch::KvCacheSpec {
-        dtype: model::arch::KvType::F16,
+    let small = rocmforge_model::arch::KvCacheSpec {
+        dtype: rocmforge_model::arch::KvType::F16,
         n_ctx: 16,
     };
     let per_pos = cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 2;

@@ -7,13 +7,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use model::batch::{BatchEngine, EngineOptions, Event, Request};
-use model::generate::{generate, GenerateOptions};
-use model::placement::DeviceChoice;
-use model::sampling::{Sampler, SamplerConfig};
-use model::session::{Session, SessionOptions};
-use model::synth::SynthOptions;
-use model::text::TextModel;
+use rocmforge_model::batch::{BatchEngine, EngineOptions, Event, Request};
+use rocmforge_model::generate::{generate, GenerateOptions};
+use rocmforge_model::placement::DeviceChoice;
+use rocmforge_model::sampling::{Sampler, SamplerConfig};
+use rocmforge_model::session::{Session, SessionOptions};
+use rocmforge_model::synth::SynthOptions;
+use rocmforge_model::text::TextModel;
 
 /// Writes `tiny-moe` for `arch` with `ftype` weights (seed 42, built-in vocabulary) and loads it.
 fn synth(arch: &str, ftype: &str) -> TextModel {
@@ -21,7 +21,7 @@ fn synth(arch: &str, ftype: &str) -> TextModel {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path: PathBuf = dir.join(format!("{arch}-{ftype}.gguf"));
     let o = SynthOptions::parse(arch, "tiny-moe", ftype, 42).expect("options");
-    model::synth::write(&o, None, &path).expect("write");
+    rocmforge_model::synth::write(&o, None, &path).expect("write");
     TextModel::load(&path, |_, _| {}).expect("load")
 }
 

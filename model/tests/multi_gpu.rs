@@ -11,12 +11,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use model::arch::LogitsMode;
-use model::batch::{BatchEngine, EngineOptions, Event, Request};
-use model::gpus::{GpuSelection, SplitMode};
-use model::placement::DeviceChoice;
-use model::sampling::argmax;
-use model::session::{Model, Session, SessionOptions};
+use rocmforge_model::arch::LogitsMode;
+use rocmforge_model::batch::{BatchEngine, EngineOptions, Event, Request};
+use rocmforge_model::gpus::{GpuSelection, SplitMode};
+use rocmforge_model::placement::DeviceChoice;
+use rocmforge_model::sampling::argmax;
+use rocmforge_model::session::{Model, Session, SessionOptions};
 use serial_test::serial;
 
 /// Greedy steps are compared until the one-GPU top-2 gap first falls below this.
@@ -35,7 +35,7 @@ fn scratch_dir() -> PathBuf {
 
 fn synth(arch: &str) -> Model {
     let path = scratch_dir().join(format!("synth-{arch}.gguf"));
-    model::synth::write_model(arch, &path, 7).expect("write synthetic model");
+    rocmforge_model::synth::write_model(arch, &path, 7).expect("write synthetic model");
     Model::load(&path, |_, _| {}).expect("load")
 }
 

@@ -1,9 +1,9 @@
 //! The synthetic models behind `data/synth_*.json` regenerate bit for bit through the library
-//! API (`model::synth::golden_spec` + `model::synth::write`): the sha256 llama.cpp's goldens
+//! API (`rocmforge_model::synth::golden_spec` + `rocmforge_model::synth::write`): the sha256 llama.cpp's goldens
 //! were computed on must match before anyone compares logits against them.
 //!
 //! To (re)write the files for `scripts/make_goldens.py synth`:
-//! `ROCMFORGE_VOCAB_DIR=~/.cache/rocmforge/vocabs ROCMFORGE_SYNTH_OUT=/tmp/synth cargo test -p model --test synth_goldens`
+//! `ROCMFORGE_VOCAB_DIR=~/.cache/rocmforge/vocabs ROCMFORGE_SYNTH_OUT=/tmp/synth cargo test -p rocmforge-model --test synth_goldens`
 
 use std::path::PathBuf;
 
@@ -27,10 +27,10 @@ fn synthetic_files_regenerate_identically() {
     std::fs::create_dir_all(&out).expect("output folder");
     // Write all four first, so a changed writer still leaves the files for make_goldens.py.
     let mut shas = Vec::new();
-    for name in model::synth::GOLDEN_NAMES {
-        let (opts, vocab) = model::synth::golden_spec(name).expect("known golden");
+    for name in rocmforge_model::synth::GOLDEN_NAMES {
+        let (opts, vocab) = rocmforge_model::synth::golden_spec(name).expect("known golden");
         let path = out.join(format!("synth-{name}.gguf"));
-        model::synth::write(&opts, Some(&vocabs.join(vocab)), &path)
+        rocmforge_model::synth::write(&opts, Some(&vocabs.join(vocab)), &path)
             .expect("write synthetic model");
         let bytes = std::fs::read(&path).expect("read back");
         let sha = format!("{:x}", Sha256::digest(&bytes));

@@ -1,5 +1,5 @@
 //! Synthetic llama, mistral, qwen2, qwen3 and gemma2 models (random weights at small real shapes,
-//! written by `model::synth`) against llama.cpp's logits on the same files (`data/synth_*.json`),
+//! written by `rocmforge_model::synth`) against llama.cpp's logits on the same files (`data/synth_*.json`),
 //! including llama files with YaRN rope scaling and with `rope_freqs` factors, and a Gemma 2 file
 //! with soft-capped attention scores and logits and a 4-token sliding window.
 //!
@@ -11,9 +11,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use model::arch::LogitsMode;
-use model::sampling::argmax;
-use model::session::{Model, Session, SessionOptions};
+use rocmforge_model::arch::LogitsMode;
+use rocmforge_model::sampling::argmax;
+use rocmforge_model::session::{Model, Session, SessionOptions};
 use serial_test::serial;
 use sha2::{Digest, Sha256};
 
@@ -30,11 +30,12 @@ const TIE: f64 = 0.01;
 
 fn check(name: &str, vocabs: &std::path::Path) {
     let g = golden(&format!("synth_{name}.json"));
-    let (opts, vocab) = model::synth::golden_spec(name).expect("known golden");
+    let (opts, vocab) = rocmforge_model::synth::golden_spec(name).expect("known golden");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("synth-logits");
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join(format!("synth-{name}.gguf"));
-    model::synth::write(&opts, Some(&vocabs.join(vocab)), &path).expect("write synthetic model");
+    rocmforge_model::synth::write(&opts, Some(&vocabs.join(vocab)), &path)
+        .expect("write synthetic model");
     let sha = format!(
         "{:x}",
         Sha256::digest(std::fs::read(&path).expect("read back"))
@@ -73,7 +74,8 @@ fn check(name: &str, vocabs: &std::path::Path) {
         // The same file without the feature under test, through our engine: it must land far
         // from llama.cpp's logits, or matching them would not show the feature works.
         let cpath = dir.join(format!("synth-{name}-control.gguf"));
-        model::synth::write(&ctl, Some(&vocabs.join(vocab)), &cpath).expect("write control");
+        rocmforge_model::synth::write(&ctl, Some(&vocabs.join(vocab)), &cpath)
+            .expect("write control");
         let cm = Model::load(&cpath, |_, _| {}).expect("load control");
         let mut cs = Session::new(&cm, &opts).expect("control session");
         let mut dist = 0f32;
@@ -99,8 +101,8 @@ fn check(name: &str, vocabs: &std::path::Path) {
 
 /// The options of golden `name` without the feature it exists to test (YaRN, rope_freqs,
 /// soft-capping: Gemma 2's defaults of 50 and 30 are far above this model's magnitudes).
-fn control(name: &str) -> Option<model::synth::SynthOptions> {
-    let (mut o, _) = model::synth::golden_spec(name)?;
+fn control(name: &str) -> Option<rocmforge_model::synth::SynthOptions> {
+    let (mut o, _) = rocmforge_model::synth::golden_spec(name)?;
     match name {
         "llama-yarn" => o.extras.yarn = None,
         "llama-rope-freqs" => o.extras.rope_freqs = false,

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use model::tokenizer::{Kind, StreamDecoder, Tokenizer};
+use rocmforge_model::tokenizer::{Kind, StreamDecoder, Tokenizer};
 
 fn model() -> Option<Tokenizer> {
     let Some(path) = std::env::var_os("ROCMFORGE_TEST_MODEL") else {

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use model::tokenizer::Tokenizer;
+use rocmforge_model::tokenizer::Tokenizer;
 
 /// Every vocabulary of llama.cpp's test set that has `.inp`/`.out` cases (`cargo xtask
 /// fetch-vocabs` extracts them all).
@@ -124,7 +124,8 @@ fn default_pre_tokenizer_equals_llama_cpp() {
     // (`scripts/make_goldens.py bpe-default`).
     let Some(dir) = vocab_dir() else { return };
     let file = gguf::GgufFile::open(dir.join("ggml-vocab-gpt-2.gguf")).expect("open vocab");
-    let mut parts = model::tokenizer::VocabParts::from_metadata(file.metadata()).expect("vocab");
+    let mut parts =
+        rocmforge_model::tokenizer::VocabParts::from_metadata(file.metadata()).expect("vocab");
     parts.pre = Some("default".to_owned());
     let tok = Tokenizer::from_parts(parts).expect("tokenizer");
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/bpe_default_pre.json");

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use hyper::{Method, StatusCode};
+use rocmforge_server::client::{Client, StreamError};
+use rocmforge_server::ServerOptions;
 use serde_json::{json, Value};
-use server::client::{Client, StreamError};
-use server::ServerOptions;
 
 use common::{chat_prompt, greedy_reference, start, synth_model, TestServer};
 
@@ -1052,10 +1052,11 @@ fn tools_reach_the_template_and_forced_calls_follow_the_schema() {
 
 #[test]
 fn tool_call_grammars_compile_for_every_format() {
-    use server::tools::{call_grammar, MarkerToken, Tool, ToolFormat};
+    use rocmforge_server::tools::{call_grammar, MarkerToken, Tool, ToolFormat};
     let tm = model::text::TextModel::load(synth_model(), |_, _| {}).expect("load");
-    let g = server::constraint::Grammars::new(std::sync::Arc::new(tm.tokenizer().clone()))
-        .expect("grammars");
+    let g =
+        rocmforge_server::constraint::Grammars::new(std::sync::Arc::new(tm.tokenizer().clone()))
+            .expect("grammars");
     let weather = Tool::from_value(&weather_tool()).expect("tool");
     let other =
         Tool::from_value(&json!({"type": "function", "function": {"name": "now"}})).expect("tool");

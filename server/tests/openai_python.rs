@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use server::ServerOptions;
+use rocmforge_server::ServerOptions;
 
 #[test]
 fn openai_python_client() {

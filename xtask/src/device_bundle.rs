@@ -23,9 +23,11 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::layers::package_name;
 use crate::{workspace_root, Result};
 
-/// Crates whose tests and benchmarks need the GPU.
+/// Crates (directories; [`package_name`] gives each one's package) whose tests and benchmarks
+/// need the GPU.
 const CRATES: &[&str] = &["hip-ffi", "gpu-mem"];
 /// GPU test executables of crates whose other tests do not need a GPU: `(crate, cargo target
 /// arguments)`. The whole-model GPU tests, the kernels' GPU tests (not their unit tests, which
@@ -62,7 +64,7 @@ pub fn run(args: &[String]) -> Result<()> {
             cmd.arg("--release");
         }
         for c in CRATES {
-            cmd.args(["-p", c]);
+            cmd.args(["-p", &package_name(c)]);
         }
         for exe in built_executables(&mut cmd, what)? {
             let name = exe
@@ -80,7 +82,7 @@ pub fn run(args: &[String]) -> Result<()> {
             "--release",
             "--message-format=json",
             "-p",
-            krate,
+            &package_name(krate),
         ]);
         cmd.args(*extra);
         for exe in built_executables(&mut cmd, "test")? {
@@ -100,7 +102,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "--release",
         "--message-format=json",
         "-p",
-        "server",
+        "rocmforge-server",
         "--bin",
         "rocmforge",
     ]);

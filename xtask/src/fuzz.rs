@@ -253,7 +253,7 @@ fn prepare(reader: bool) -> Result<()> {
                     "--profile",
                     "ci",
                     "-p",
-                    "gguf",
+                    "rocmforge-gguf",
                     "--example",
                     "make-fuzz-seeds",
                 ])

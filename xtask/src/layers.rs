@@ -11,7 +11,8 @@ use std::process::Command;
 
 use crate::{cargo, run_cmd, workspace_root, Result};
 
-/// The library crates, lowest layer first.
+/// The library crates' directories, lowest layer first; [`package_name`] gives each one's
+/// package.
 pub const LIBRARIES: &[&str] = &[
     "gguf",
     "hip-ffi",
@@ -19,10 +20,18 @@ pub const LIBRARIES: &[&str] = &[
     "kernels",
     "ggml-graph",
     "model",
+    "server",
 ];
 
-/// Crates that a downstream build of the lower layers must not contain.
+/// Crates (directories) that a downstream build of the lower layers must not contain.
 const GPU_AND_HIGHER: &[&str] = &["hip-ffi", "gpu-mem", "kernels", "model", "server"];
+
+/// The package of the layer in directory `layer` (`gguf` -> `rocmforge-gguf`): the short names
+/// belong to other projects on crates.io, so each package carries the project's name, and the
+/// workspace renames it back to the layer's name for its own code.
+pub fn package_name(layer: &str) -> String {
+    format!("rocmforge-{layer}")
+}
 
 /// Downstream crates (directories under `tests/downstream/`) and what each one takes.
 const DOWNSTREAM: &[(&str, &str)] = &[
@@ -62,14 +71,14 @@ pub fn package() -> Result<()> {
         .args(["clean", "--quiet", "--target-dir"])
         .arg(layers_target_dir());
     for lib in LIBRARIES {
-        clean.args(["-p", lib]);
+        clean.args(["-p", &package_name(lib)]);
     }
     run_cmd(&mut clean)?;
     let mut cmd = cargo();
     cmd.args(["package", "--allow-dirty", "--target-dir"])
         .arg(layers_target_dir());
     for lib in LIBRARIES {
-        cmd.args(["-p", lib]);
+        cmd.args(["-p", &package_name(lib)]);
     }
     run_cmd(&mut cmd)
 }
@@ -99,7 +108,7 @@ fn forget_unpacked_packages() -> Result<()> {
         for dir in unpacked.flatten() {
             let name = dir.file_name().to_string_lossy().into_owned();
             let ours = LIBRARIES.iter().any(|lib| {
-                name.strip_prefix(lib)
+                name.strip_prefix(package_name(lib).as_str())
                     .and_then(|rest| rest.strip_prefix('-'))
                     .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
             });
@@ -120,7 +129,8 @@ pub fn readme_trees() -> Result<()> {
         let readme_path = root.join(lib).join("README.md");
         let readme = std::fs::read_to_string(&readme_path)
             .map_err(|e| format!("{}: {e}", readme_path.display()))?;
-        let cmd = format!("cargo tree -e normal --depth 1 -p {lib}");
+        let package = package_name(lib);
+        let cmd = format!("cargo tree -e normal --depth 1 -p {package}");
         let Some(shown) = readme
             .split_once(&format!("(`{cmd}"))
             .and_then(|(_, rest)| rest.split_once("```text\n"))
@@ -130,7 +140,7 @@ pub fn readme_trees() -> Result<()> {
             return Err(format!("{lib}/README.md shows no `{cmd}` output"));
         };
         let out = cargo()
-            .args(["tree", "-e", "normal", "--depth", "1", "-p", lib])
+            .args(["tree", "-e", "normal", "--depth", "1", "-p", &package])
             .current_dir(&root)
             .output()
             .map_err(|e| format!("could not start cargo tree: {e}"))?;
@@ -204,12 +214,12 @@ pub fn downstream() -> Result<()> {
             ));
         }
         let tree = String::from_utf8_lossy(&out.stdout);
-        let pulled: Vec<&str> = GPU_AND_HIGHER
+        let pulled: Vec<String> = GPU_AND_HIGHER
             .iter()
-            .copied()
+            .map(|layer| package_name(layer))
             .filter(|name| {
                 tree.lines()
-                    .any(|l| l.split_whitespace().next() == Some(*name))
+                    .any(|l| l.split_whitespace().next() == Some(name.as_str()))
             })
             .collect();
         if !pulled.is_empty() {
@@ -243,7 +253,7 @@ fn declared_msrvs() -> Result<BTreeMap<String, Vec<String>>> {
         let Some(name) = pkg["name"].as_str() else {
             continue;
         };
-        if !LIBRARIES.contains(&name) {
+        if !LIBRARIES.iter().any(|lib| package_name(lib) == name) {
             continue;
         }
         let Some(v) = pkg["rust_version"].as_str() else {
@@ -301,7 +311,7 @@ pub fn msrv() -> Result<()> {
             .arg(target_dir().join(format!("msrv-{version}")));
         for c in &crates {
             cmd.args(["-p", c]);
-            if c == "ggml-graph" || c == "model" {
+            if c == "rocmforge-ggml-graph" || c == "rocmforge-model" {
                 cmd.args(["--features", &format!("{c}/hip")]);
             }
         }
@@ -348,7 +358,7 @@ pub fn semver() -> Result<()> {
     let mut cmd = cargo();
     cmd.args(["semver-checks", "--baseline-rev", &tag]);
     for lib in LIBRARIES {
-        cmd.args(["-p", lib]);
+        cmd.args(["-p", &package_name(lib)]);
     }
     run_cmd(&mut cmd)
 }

@@ -115,7 +115,14 @@ fn cargo() -> Command {
 /// Fetches the default model, builds the release CLI and streams a generation with it.
 fn demo(extra: &[String]) -> Result<()> {
     let model = fetch_model::run()?;
-    run_cmd(cargo().args(["build", "--release", "-p", "server", "--bin", "rocmforge"]))?;
+    run_cmd(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "rocmforge-server",
+        "--bin",
+        "rocmforge",
+    ]))?;
     let target = env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));

@@ -25,7 +25,7 @@ const RMS_Q8_SPLIT_THREADS: u32 = 256;
 /// Value steps of four per thread the one-block RMS norm kernels take (`RMS_Q8_STEPS` in ops.hip).
 pub(super) const RMS_Q8_STEPS: usize = 4;
 /// Row length from which Q8_0 decode mat-vecs split each row across a block's warps. H200,
-/// `cargo bench -p kernels --bench decode`, 4096x14336 (Llama-3-8B FFN down): Q8_0 22.2 -> 20.3
+/// `cargo bench -p rocmforge-kernels --bench decode`, 4096x14336 (Llama-3-8B FFN down): Q8_0 22.2 -> 20.3
 /// us; Q4_K (11.4 -> 13.1) and Q6_K (19.2 -> 22.5) are faster with a row per warp, so they keep it.
 pub(super) const K_SPLIT_FROM: usize = 8192;
 

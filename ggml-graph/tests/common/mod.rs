@@ -9,7 +9,7 @@
     reason = "each test binary uses a different subset of the helpers"
 )]
 
-use ggml_graph::{CpuBackend, DType, Executor, Graph, TensorId, WeightBytes};
+use rocmforge_ggml_graph::{CpuBackend, DType, Executor, Graph, TensorId, WeightBytes};
 
 /// xorshift64* generator: deterministic test data without a dependency.
 pub struct Rng(u64);
@@ -142,7 +142,9 @@ pub fn decoded(ty: DType, bytes: &[u8], k: usize) -> Vec<f64> {
     let mut out = Vec::new();
     let mut row = vec![0f32; k];
     for r in bytes.chunks_exact(rb) {
-        assert!(ggml_graph::quant::blocks::reconstruct_row(ty, r, &mut row));
+        assert!(rocmforge_ggml_graph::quant::blocks::reconstruct_row(
+            ty, r, &mut row
+        ));
         out.extend(row.iter().map(|&v| v as f64));
     }
     out
@@ -153,34 +155,40 @@ pub fn decoded(ty: DType, bytes: &[u8], k: usize) -> Vec<f64> {
 /// `compute` forwards all but `buffer_type` (a double with memory of its own).
 macro_rules! forward_device {
     ($inner:tt) => {
-        fn buffer_type(&self) -> &dyn ggml_graph::backend::BufferType {
+        fn buffer_type(&self) -> &dyn rocmforge_ggml_graph::backend::BufferType {
             self.$inner.buffer_type()
         }
         forward_device!($inner, stream);
     };
     ($inner:tt, stream) => {
-        fn new_stream(&self) -> ggml_graph::Result<Box<dyn ggml_graph::backend::Stream>> {
+        fn new_stream(
+            &self,
+        ) -> rocmforge_ggml_graph::Result<Box<dyn rocmforge_ggml_graph::backend::Stream>> {
             self.$inner.new_stream()
         }
     };
     ($inner:tt, all) => {
-        fn buffer_type(&self) -> &dyn ggml_graph::backend::BufferType {
+        fn buffer_type(&self) -> &dyn rocmforge_ggml_graph::backend::BufferType {
             self.$inner.buffer_type()
         }
         forward_device!($inner, compute);
     };
     ($inner:tt, compute) => {
         forward_device!($inner, stream);
-        fn supports_op(&self, t: &ggml_graph::Tensor, srcs: &[&ggml_graph::Tensor]) -> bool {
+        fn supports_op(
+            &self,
+            t: &rocmforge_ggml_graph::Tensor,
+            srcs: &[&rocmforge_ggml_graph::Tensor],
+        ) -> bool {
             self.$inner.supports_op(t, srcs)
         }
         fn launch(
             &self,
-            s: &dyn ggml_graph::backend::Stream,
-            t: &ggml_graph::Tensor,
-            dst: ggml_graph::backend::TensorMem<'_>,
-            srcs: &[ggml_graph::backend::TensorMem<'_>],
-        ) -> ggml_graph::Result<()> {
+            s: &dyn rocmforge_ggml_graph::backend::Stream,
+            t: &rocmforge_ggml_graph::Tensor,
+            dst: rocmforge_ggml_graph::backend::TensorMem<'_>,
+            srcs: &[rocmforge_ggml_graph::backend::TensorMem<'_>],
+        ) -> rocmforge_ggml_graph::Result<()> {
             self.$inner.launch(s, t, dst, srcs)
         }
     };

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gguf::GgmlType;
+use rocmforge_gguf::GgmlType;
 
 /// SplitMix64: small, deterministic, good enough for test data.
 pub struct Rng(pub u64);

@@ -28,6 +28,8 @@ pub struct NvidiaProvider {
     cuda_name: String,
     /// Primary context per device ordinal, retained on first use and kept for the process.
     contexts: Mutex<Vec<Option<usize>>>,
+    /// Where cuBLAS is looked for when first needed.
+    dirs: loader::InstallDirs,
     blas: OnceLock<std::result::Result<(CublasLib, String), Error>>,
 }
 
@@ -74,8 +76,9 @@ impl LaunchAttrs {
 }
 
 impl NvidiaProvider {
-    /// Loads the CUDA driver library and initialises it.
-    pub fn load() -> Result<Self> {
+    /// Loads the CUDA driver library and initialises it; cuBLAS, when first needed, comes from
+    /// the loader path, then `dirs`.
+    pub fn load(dirs: &loader::InstallDirs) -> Result<Self> {
         let lib = loader::open_first("CUDA driver", &loader::cuda_candidates())?;
         // SAFETY: the library is NVIDIA's driver library (matched by soname); the versioned
         // symbols in the table keep their CUDA 11.8 signatures in every later driver.
@@ -89,6 +92,7 @@ impl NvidiaProvider {
             cuda,
             cuda_name: lib.name,
             contexts: Mutex::new(Vec::new()),
+            dirs: dirs.clone(),
             blas: OnceLock::new(),
         };
         // SAFETY: flags must be 0.
@@ -157,7 +161,7 @@ impl NvidiaProvider {
     fn blas(&self) -> Result<&(CublasLib, String)> {
         self.blas
             .get_or_init(|| {
-                let lib = loader::open_first("cuBLAS", &loader::cublas_candidates())?;
+                let lib = loader::open_first("cuBLAS", &loader::cublas_candidates(&self.dirs))?;
                 // SAFETY: the library is cuBLAS (matched by soname); the `_v2` and `Ex` entry
                 // points keep their CUDA 11 signatures in cuBLAS 12 and 13.
                 let table = unsafe { CublasLib::from_library(lib.library) }.map_err(|e| {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use gpu_mem::testing::skip;
 use gpu_mem::{DeviceBuffer, MemRange, ParamKind, Stream};
-use kernels::{KernelId, Module};
+use rocmforge_kernels::{KernelId, Module};
 
 /// One kernel argument: device memory borrowed from a [`DevBuf`], `Arg::Null`, a scalar, or a
 /// by-value struct's bytes.
@@ -61,7 +61,7 @@ pub struct Gpu {
     pub device: gpu_mem::Device,
     pub stream: Stream,
     /// The code-object target of the device.
-    pub target: kernels::Device,
+    pub target: rocmforge_kernels::Device,
     pub warp: u32,
     pub name: String,
     /// Wait for each launch (tests: a fault is reported by the launch that caused it); off for
@@ -72,7 +72,7 @@ pub struct Gpu {
 
 /// The GPU, or `None` after printing why the test skips.
 pub fn gpu() -> Option<Gpu> {
-    if !kernels::built() {
+    if !rocmforge_kernels::built() {
         return skip("kernels not built: run `cargo xtask kernels`");
     }
     // Prints "skipped: no GPU (...)", or panics under ROCMFORGE_REQUIRE_GPU=1.
@@ -82,12 +82,12 @@ pub fn gpu() -> Option<Gpu> {
     let target = match arch.strip_prefix("sm_") {
         Some(n) => {
             let v: u32 = n.parse().unwrap_or(0);
-            kernels::Device::Nvidia {
+            rocmforge_kernels::Device::Nvidia {
                 major: v / 10,
                 minor: v % 10,
             }
         }
-        None => kernels::Device::Amd(arch.clone()),
+        None => rocmforge_kernels::Device::Amd(arch.clone()),
     };
     let warp = info.warp_size as u32;
     let name = format!("{} ({arch}, warp {warp})", info.name);
@@ -112,12 +112,16 @@ fn param_kinds(k: KernelId) -> Vec<ParamKind> {
     k.params()
         .iter()
         .map(|&p| match p {
-            kernels::Param::Ptr => ParamKind::Ptr,
-            kernels::Param::I32 => ParamKind::I32,
-            kernels::Param::I64 => ParamKind::I64,
-            kernels::Param::F32 => ParamKind::F32,
-            kernels::Param::Attn => ParamKind::Bytes(std::mem::size_of::<kernels::AttnParams>()),
-            kernels::Param::Stack => ParamKind::Bytes(std::mem::size_of::<kernels::StackParams>()),
+            rocmforge_kernels::Param::Ptr => ParamKind::Ptr,
+            rocmforge_kernels::Param::I32 => ParamKind::I32,
+            rocmforge_kernels::Param::I64 => ParamKind::I64,
+            rocmforge_kernels::Param::F32 => ParamKind::F32,
+            rocmforge_kernels::Param::Attn => {
+                ParamKind::Bytes(std::mem::size_of::<rocmforge_kernels::AttnParams>())
+            }
+            rocmforge_kernels::Param::Stack => {
+                ParamKind::Bytes(std::mem::size_of::<rocmforge_kernels::StackParams>())
+            }
         })
         .collect()
 }
@@ -174,7 +178,8 @@ impl Gpu {
         let name = k.name();
         let mut mods = self.modules.lock();
         let module = mods.entry(k.module()).or_insert_with(|| {
-            let img = kernels::image(k.module(), &self.target).unwrap_or_else(|e| panic!("{e}"));
+            let img = rocmforge_kernels::image(k.module(), &self.target)
+                .unwrap_or_else(|e| panic!("{e}"));
             gpu_mem::Module::load(&self.device, img.bytes)
                 .unwrap_or_else(|e| panic!("loading {:?}: {e}", k.module()))
         });

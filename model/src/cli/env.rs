@@ -43,6 +43,9 @@ const CACHE: &str = "ROCMFORGE_CACHE";
 const PLATFORM: &str = hip_ffi::PLATFORM_VAR;
 const GPU_MEM_LIMIT: &str = "ROCMFORGE_GPU_MEM_LIMIT";
 const NCCL: &str = "ROCMFORGE_NCCL";
+/// The vendors' own install-prefix variables, read as their tools read them.
+const ROCM_PATH: &str = "ROCM_PATH";
+const CUDA_PATH: &str = "CUDA_PATH";
 /// The server's bearer key (`serve`, `bench-serve`).
 pub const API_KEY: &str = "ROCMFORGE_API_KEY";
 const GPU_STACK: &str = "ROCMFORGE_GPU_STACK";
@@ -60,7 +63,7 @@ pub(super) const VARS: &[Var] = &[
     var(
         LOG,
         "warn",
-        "log filter (tracing's EnvFilter syntax), e.g. rocmforge=debug or rocmforge::profile=info",
+        "log filter (tracing's EnvFilter syntax): rocmforge=debug (every layer; one: rocmforge_model=debug), rocmforge::profile=info",
     ),
     var(
         CACHE,
@@ -81,6 +84,16 @@ pub(super) const VARS: &[Var] = &[
         NCCL,
         "search",
         "the NCCL/RCCL library file to load first (else the loader path, ROCm's lib folder, pip's nvidia-nccl-cu13/-cu12)",
+    ),
+    var(
+        ROCM_PATH,
+        "none",
+        "ROCm's install prefix: its lib folder is searched for HIP, hipBLAS and RCCL before /opt/rocm/lib",
+    ),
+    var(
+        CUDA_PATH,
+        "none",
+        "CUDA's install prefix: its lib64 folder is searched for cuBLAS and NCCL after the loader path",
     ),
     var(
         API_KEY,
@@ -152,7 +165,17 @@ pub(super) fn gpu_mem_limit() -> Option<String> {
 pub(super) fn nccl_options() -> gpu_mem::NcclOptions {
     gpu_mem::NcclOptions {
         library: get(NCCL).filter(|v| !v.is_empty()).map(Into::into),
+        dirs: install_dirs(),
         skip_python: false,
+    }
+}
+
+/// The vendors' install prefixes (`ROCM_PATH`, `CUDA_PATH`; unset or empty: none).
+fn install_dirs() -> hip_ffi::InstallDirs {
+    let dir = |name| get(name).filter(|v| !v.is_empty()).map(Into::into);
+    hip_ffi::InstallDirs {
+        rocm: dir(ROCM_PATH),
+        cuda: dir(CUDA_PATH),
     }
 }
 
@@ -170,11 +193,15 @@ pub(super) fn apply(opts: &mut SessionOptions) {
     opts.hip.early_launch = on_unless(GPU_EARLY, "0");
 }
 
-/// Passes the platform choice down to `hip-ffi` (before anything opens a GPU).
+/// Passes the platform choice and the vendors' install prefixes down to `hip-ffi` (before
+/// anything opens a GPU).
 pub(super) fn choose_platform() -> Result<(), ModelError> {
     let choice = hip_ffi::parse_choice(get(PLATFORM).as_deref())
         .map_err(|e| ModelError::InvalidArgument(e.to_string()))?;
-    hip_ffi::set_choice(choice);
+    hip_ffi::set_options(hip_ffi::RuntimeOptions {
+        choice,
+        dirs: install_dirs(),
+    });
     Ok(())
 }
 
@@ -212,16 +239,21 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), VARS.len());
-        assert!(VARS
-            .iter()
-            .all(|v| v.name.starts_with("ROCMFORGE_") && !v.meaning.is_empty()));
+        let vendors = [ROCM_PATH, CUDA_PATH];
+        assert!(VARS.iter().all(|v| {
+            (v.name.starts_with("ROCMFORGE_") || vendors.contains(&v.name)) && !v.meaning.is_empty()
+        }));
         let t = table();
         assert!(VARS.iter().all(|v| t.contains(v.name)), "{t}");
     }
 
     #[test]
     fn unset_variables_keep_the_option_defaults() {
-        if VARS.iter().any(|v| std::env::var_os(v.name).is_some()) {
+        // The vendors' variables do not reach the session options.
+        if VARS
+            .iter()
+            .any(|v| v.name.starts_with("ROCMFORGE_") && std::env::var_os(v.name).is_some())
+        {
             return;
         }
         let mut o = SessionOptions::default();

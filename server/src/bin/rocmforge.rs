@@ -22,9 +22,9 @@ enum Cmd {
     #[command(flatten)]
     Model(model::cli::Cmd),
     /// Serve the model over an OpenAI-compatible HTTP API.
-    Serve(server::cli::ServeArgs),
+    Serve(rocmforge_server::cli::ServeArgs),
     /// Load generator: streamed completions against an OpenAI-compatible server.
-    BenchServe(server::cli::BenchServeArgs),
+    BenchServe(rocmforge_server::cli::BenchServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,8 +32,8 @@ fn main() -> ExitCode {
     model::cli::init_logging();
     let result = match cli.cmd {
         Cmd::Model(c) => model::cli::run(c).map_err(|e| e.to_string()),
-        Cmd::Serve(a) => server::cli::serve(a).map_err(|e| e.to_string()),
-        Cmd::BenchServe(a) => server::cli::bench_serve(a).map_err(|e| e.to_string()),
+        Cmd::Serve(a) => rocmforge_server::cli::serve(a).map_err(|e| e.to_string()),
+        Cmd::BenchServe(a) => rocmforge_server::cli::bench_serve(a).map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

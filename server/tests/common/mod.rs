@@ -13,8 +13,8 @@ use model::placement::DeviceChoice;
 use model::sampling::{Sampler, SamplerConfig};
 use model::session::{Session, SessionOptions};
 use model::text::TextModel;
-use server::client::Client;
-use server::{Backend, BackendOptions, Server, ServerOptions};
+use rocmforge_server::client::Client;
+use rocmforge_server::{Backend, BackendOptions, Server, ServerOptions};
 
 /// Context per request in the tests.
 pub const N_CTX: usize = 160;
@@ -68,7 +68,7 @@ impl TestServer {
     }
 
     /// Waits until no sequence runs and no KV block is used.
-    pub fn wait_idle(&self) -> server::metrics::EngineGauges {
+    pub fn wait_idle(&self) -> rocmforge_server::metrics::EngineGauges {
         let b = self.server.backend().expect("ready");
         let t0 = Instant::now();
         loop {

@@ -1,7 +1,7 @@
-//! Lists a GGUF file's architecture and tensors with the `gguf` crate alone; without an argument
+//! Lists a GGUF file's architecture and tensors with the `rocmforge-gguf` crate alone; without an argument
 //! it writes a small Q8_0 file in memory and reads it back.
 
-use gguf::{
+use rocmforge_gguf::{
     dequantize_to_vec, quantize, write_to_vec, GgmlType, GgufFile, Metadata, TensorToWrite,
 };
 

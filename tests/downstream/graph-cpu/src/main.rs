@@ -1,7 +1,7 @@
-//! Runs a small graph (a matrix product and an RMS norm) on the CPU with `ggml-graph` built
+//! Runs a small graph (a matrix product and an RMS norm) on the CPU with `rocmforge-ggml-graph` built
 //! without features, and checks the product against a plain loop.
 
-use ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
+use rocmforge_ggml_graph::{CpuBackend, DType, Executor, Graph, WeightBytes};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (k, n, m) = (8usize, 3usize, 2usize);
