@@ -1,4 +1,4 @@
-//! The newer families (Phi-3, gpt-oss, OLMo 2, Granite) on tiny synthetic files (`model::synth::family_spec`,
+//! The newer families (Phi-3, gpt-oss, OLMo 2, Granite) on tiny synthetic files (`rocmforge_model::synth::family_spec`,
 //! built-in vocabulary) against llama.cpp's CPU path on the same files
 //! (`data/family_*.json`, from `scripts/family_goldens.sh`): the file regenerates bit for bit,
 //! our top-20 logits after each prompt are within 1e-3 of llama.cpp's and the greedy tokens
@@ -10,10 +10,10 @@ mod common;
 
 use std::path::PathBuf;
 
-use model::arch::LogitsMode;
-use model::placement::DeviceChoice;
-use model::sampling::argmax;
-use model::session::{Model, Session, SessionOptions};
+use rocmforge_model::arch::LogitsMode;
+use rocmforge_model::placement::DeviceChoice;
+use rocmforge_model::sampling::argmax;
+use rocmforge_model::session::{Model, Session, SessionOptions};
 use serial_test::serial;
 use sha2::{Digest, Sha256};
 
@@ -27,13 +27,13 @@ const LOGIT_TOL: f32 = 1e-3;
 const TIE: f64 = 2.0 * LOGIT_TOL as f64;
 
 fn check(name: &str) {
-    let opts = model::synth::family_spec(name).expect("known family");
+    let opts = rocmforge_model::synth::family_spec(name).expect("known family");
     let dir = std::env::var_os("ROCMFORGE_SYNTH_OUT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("family-logits"));
     std::fs::create_dir_all(&dir).expect("output folder");
     let path = dir.join(format!("family-{name}.gguf"));
-    model::synth::write(&opts, None, &path).expect("write synthetic model");
+    rocmforge_model::synth::write(&opts, None, &path).expect("write synthetic model");
     let sha = format!(
         "{:x}",
         Sha256::digest(std::fs::read(&path).expect("read back"))
@@ -106,13 +106,13 @@ fn granite_matches_llama_cpp() {
 
 /// Greedy tokens of `tm` for `prompt` run alone through a session.
 fn alone(
-    tm: &model::text::TextModel,
+    tm: &rocmforge_model::text::TextModel,
     sopts: &SessionOptions,
     prompt: &[u32],
     n: usize,
 ) -> Vec<u32> {
-    use model::generate::{generate, GenerateOptions};
-    use model::sampling::{Sampler, SamplerConfig};
+    use rocmforge_model::generate::{generate, GenerateOptions};
+    use rocmforge_model::sampling::{Sampler, SamplerConfig};
     let mut s = Session::new(tm.model(), sopts).expect("session");
     let mut sampler = Sampler::new(SamplerConfig::greedy());
     let o = GenerateOptions {
@@ -130,14 +130,14 @@ fn alone(
 #[test]
 #[serial]
 fn families_in_the_batching_engine_give_the_tokens_of_each_alone() {
-    use model::batch::{BatchEngine, EngineOptions, Event, Request};
+    use rocmforge_model::batch::{BatchEngine, EngineOptions, Event, Request};
     for name in ["phi3", "gpt-oss"] {
-        let opts = model::synth::family_spec(name).expect("known family");
+        let opts = rocmforge_model::synth::family_spec(name).expect("known family");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("family-engine");
         std::fs::create_dir_all(&dir).expect("output folder");
         let path = dir.join(format!("family-{name}.gguf"));
-        model::synth::write(&opts, None, &path).expect("write synthetic model");
-        let tm = model::text::TextModel::load(&path, |_, _| {}).expect("load");
+        rocmforge_model::synth::write(&opts, None, &path).expect("write synthetic model");
+        let tm = rocmforge_model::text::TextModel::load(&path, |_, _| {}).expect("load");
         let sopts = SessionOptions {
             n_ctx: 128,
             n_batch: 32,

@@ -1077,7 +1077,7 @@ fn batch_engine_on_gpu_swaps_preempted_sequences() {
     if !have_gpu() {
         return;
     }
-    use model::batch::{BatchEngine, EngineOptions, SwapOptions};
+    use rocmforge_model::batch::{BatchEngine, EngineOptions, SwapOptions};
     let m = Arc::new(synth("gemma3"));
     let nv = m.config().n_vocab as u32;
     let prompts: Vec<Vec<u32>> = [5usize, 40, 77, 130]
