@@ -2,16 +2,18 @@
 //! decoded together, with a shared prefix and under a pool small enough to preempt, give each
 //! the greedy tokens `generate` gives for it alone, bit for bit on the CPU.
 
+mod engine_support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use rocmforge_model::batch::{BatchEngine, EngineOptions, Event, FinishReason, Request};
-use rocmforge_model::generate::{generate, GenerateOptions};
+use rocmforge_model::batch::{BatchEngine, EngineOptions};
 use rocmforge_model::placement::DeviceChoice;
-use rocmforge_model::sampling::{Sampler, SamplerConfig};
-use rocmforge_model::session::{Session, SessionOptions};
+use rocmforge_model::session::SessionOptions;
 use rocmforge_model::text::TextModel;
 use serial_test::serial;
+
+use engine_support::{greedy_alone, greedy_together};
 
 fn load() -> Option<TextModel> {
     let Some(path) = std::env::var_os("ROCMFORGE_TEST_MODEL") else {
@@ -32,16 +34,7 @@ fn session_opts() -> SessionOptions {
 }
 
 fn alone(tm: &TextModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut s = Session::new(tm.model(), &session_opts()).expect("session");
-    let mut sampler = Sampler::new(SamplerConfig::greedy());
-    let o = GenerateOptions {
-        max_tokens: n,
-        stop_strings: Vec::new(),
-        ignore_eog: true,
-    };
-    generate(&mut s, tm, &mut sampler, prompt, &o, |_| {})
-        .expect("generate")
-        .tokens
+    greedy_alone(tm, &session_opts(), prompt, n)
 }
 
 #[test]
@@ -78,27 +71,9 @@ fn gemma_prompts_together_give_their_tokens_alone() {
         swap: Default::default(),
     };
     let e = BatchEngine::start(model, opts).expect("engine");
-    let rxs: Vec<_> = prompts
-        .iter()
-        .map(|p| {
-            e.submit_channel(Request::greedy(p.clone(), n))
-                .expect("submit")
-                .1
-        })
-        .collect();
-    for (i, rx) in rxs.iter().enumerate() {
-        let mut toks = Vec::new();
-        loop {
-            match rx.recv_timeout(Duration::from_secs(300)).expect("event") {
-                Event::Token { id, .. } => toks.push(id),
-                Event::Done { reason, .. } => {
-                    assert_eq!(reason, FinishReason::Length);
-                    break;
-                }
-                Event::Error(err) => panic!("prompt {i}: {err}"),
-            }
-        }
-        assert_eq!(toks, want[i], "prompt {i}: {:?}", texts[i]);
+    let got = greedy_together(&e, &prompts, n, "gemma");
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(got, want, "prompt {i}: {:?}", texts[i]);
     }
     let t0 = std::time::Instant::now();
     let s = loop {

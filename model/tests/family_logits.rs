@@ -7,6 +7,7 @@
 //! With `ROCMFORGE_SYNTH_OUT` set the files are written there (for the goldens script).
 
 mod common;
+mod engine_support;
 
 use std::path::PathBuf;
 
@@ -18,6 +19,7 @@ use serial_test::serial;
 use sha2::{Digest, Sha256};
 
 use common::{check_top_k, gaps, golden, u32s};
+use engine_support::{greedy_alone, greedy_together};
 
 /// |ours - llama.cpp| allowed on the reference's top 20 logits.
 const LOGIT_TOL: f32 = 1e-3;
@@ -104,33 +106,12 @@ fn granite_matches_llama_cpp() {
     check("granite");
 }
 
-/// Greedy tokens of `tm` for `prompt` run alone through a session.
-fn alone(
-    tm: &rocmforge_model::text::TextModel,
-    sopts: &SessionOptions,
-    prompt: &[u32],
-    n: usize,
-) -> Vec<u32> {
-    use rocmforge_model::generate::{generate, GenerateOptions};
-    use rocmforge_model::sampling::{Sampler, SamplerConfig};
-    let mut s = Session::new(tm.model(), sopts).expect("session");
-    let mut sampler = Sampler::new(SamplerConfig::greedy());
-    let o = GenerateOptions {
-        max_tokens: n,
-        stop_strings: Vec::new(),
-        ignore_eog: true,
-    };
-    generate(&mut s, tm, &mut sampler, prompt, &o, |_| {})
-        .expect("generate")
-        .tokens
-}
-
 /// The paged attention of the batching engine (sinks and windows over block tables, LongRoPE
 /// factors picked by the per-sequence context) gives each request the tokens it gets alone.
 #[test]
 #[serial]
 fn families_in_the_batching_engine_give_the_tokens_of_each_alone() {
-    use rocmforge_model::batch::{BatchEngine, EngineOptions, Event, Request};
+    use rocmforge_model::batch::{BatchEngine, EngineOptions};
     for name in ["phi3", "gpt-oss"] {
         let opts = rocmforge_model::synth::family_spec(name).expect("known family");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("family-engine");
@@ -154,7 +135,10 @@ fn families_in_the_batching_engine_give_the_tokens_of_each_alone() {
             })
             .collect();
         let n = 10;
-        let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&tm, &sopts, p, n)).collect();
+        let want: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| greedy_alone(&tm, &sopts, p, n))
+            .collect();
         let eopts = EngineOptions {
             session: sopts.clone(),
             max_seqs: 3,
@@ -168,24 +152,6 @@ fn families_in_the_batching_engine_give_the_tokens_of_each_alone() {
             ..EngineOptions::default()
         };
         let e = BatchEngine::start(std::sync::Arc::new(tm.model().clone()), eopts).expect("engine");
-        let rxs: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                e.submit_channel(Request::greedy(p.clone(), n))
-                    .expect("submit")
-                    .1
-            })
-            .collect();
-        for (i, rx) in rxs.iter().enumerate() {
-            let mut toks = Vec::new();
-            loop {
-                match rx.recv().expect("event") {
-                    Event::Token { id, .. } => toks.push(id),
-                    Event::Done { .. } => break,
-                    other => panic!("{name} request {i}: {other:?}"),
-                }
-            }
-            assert_eq!(toks, want[i], "{name} request {i}");
-        }
+        assert_eq!(greedy_together(&e, &prompts, n, name), want, "{name}");
     }
 }

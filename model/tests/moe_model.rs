@@ -4,16 +4,18 @@
 //! the greedy tokens equal llama.cpp's on the same files (pinned from
 //! `scripts/compare_moe_llama.sh`).
 
+mod engine_support;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rocmforge_model::batch::{BatchEngine, EngineOptions, Event, Request};
-use rocmforge_model::generate::{generate, GenerateOptions};
+use rocmforge_model::batch::{BatchEngine, EngineOptions};
 use rocmforge_model::placement::DeviceChoice;
-use rocmforge_model::sampling::{Sampler, SamplerConfig};
-use rocmforge_model::session::{Session, SessionOptions};
+use rocmforge_model::session::SessionOptions;
 use rocmforge_model::synth::SynthOptions;
 use rocmforge_model::text::TextModel;
+
+use engine_support::{greedy_alone, greedy_together};
 
 /// Writes `tiny-moe` for `arch` with `ftype` weights (seed 42, built-in vocabulary) and loads it.
 fn synth(arch: &str, ftype: &str) -> TextModel {
@@ -36,16 +38,7 @@ fn session_opts() -> SessionOptions {
 }
 
 fn alone(tm: &TextModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut s = Session::new(tm.model(), &session_opts()).expect("session");
-    let mut sampler = Sampler::new(SamplerConfig::greedy());
-    let o = GenerateOptions {
-        max_tokens: n,
-        stop_strings: Vec::new(),
-        ignore_eog: true,
-    };
-    generate(&mut s, tm, &mut sampler, prompt, &o, |_| {})
-        .expect("generate")
-        .tokens
+    greedy_alone(tm, &session_opts(), prompt, n)
 }
 
 fn prompt(seed: u32, n: usize) -> Vec<u32> {
@@ -76,25 +69,7 @@ fn moe_requests_together_give_the_tokens_of_each_alone() {
             swap: Default::default(),
         };
         let e = BatchEngine::start(Arc::new(tm.model().clone()), opts).expect("engine");
-        let rxs: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                e.submit_channel(Request::greedy(p.clone(), n))
-                    .expect("submit")
-                    .1
-            })
-            .collect();
-        for (i, rx) in rxs.iter().enumerate() {
-            let mut toks = Vec::new();
-            loop {
-                match rx.recv().expect("event") {
-                    Event::Token { id, .. } => toks.push(id),
-                    Event::Done { .. } => break,
-                    other => panic!("{arch} request {i}: {other:?}"),
-                }
-            }
-            assert_eq!(toks, want[i], "{arch} request {i}");
-        }
+        assert_eq!(greedy_together(&e, &prompts, n, arch), want, "{arch}");
     }
 }
 
