@@ -218,6 +218,18 @@ pub(crate) fn gated(
     u: &SrcView<'_>,
     f: fn(f32) -> f32,
 ) -> Result<()> {
+    gated_rows(t, out, g, u, |x, y| f(x) * y)
+}
+
+/// `out = op(g, u)` element by element, row by row; the gate row is copied into `out` first
+/// unless it already lives there (`aliased`).
+fn gated_rows(
+    t: &Tensor,
+    out: &mut [u8],
+    g: &SrcView<'_>,
+    u: &SrcView<'_>,
+    op: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<()> {
     let (ga, ua) = (g.f32s()?, u.f32s()?);
     let o = out_f32(t, out)?;
     let ne0 = t.ne[0].max(1);
@@ -227,7 +239,7 @@ pub(crate) fn gated(
             orow.copy_from_slice(g.row(ga, i1, i2, i3));
         }
         for (o, &y) in orow.iter_mut().zip(u.row(ua, i1, i2, i3)) {
-            *o = f(*o) * y;
+            *o = op(*o, y);
         }
     });
     Ok(())
@@ -242,21 +254,11 @@ pub(crate) fn swiglu_oai(
     alpha: f32,
     limit: f32,
 ) -> Result<()> {
-    let (ga, ua) = (g.f32s()?, u.f32s()?);
-    let o = out_f32(t, out)?;
-    let ne0 = t.ne[0].max(1);
-    for_rows(o, ne0, |r, orow| {
-        let (i1, i2, i3) = unflatten(r, &t.ne);
-        if !g.aliased {
-            orow.copy_from_slice(g.row(ga, i1, i2, i3));
-        }
-        for (o, &y) in orow.iter_mut().zip(u.row(ua, i1, i2, i3)) {
-            let x = o.min(limit);
-            let y = y.clamp(-limit, limit);
-            *o = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
-        }
-    });
-    Ok(())
+    gated_rows(t, out, g, u, |x, y| {
+        let x = x.min(limit);
+        let y = y.clamp(-limit, limit);
+        x / (1.0 + (alpha * -x).exp()) * (y + 1.0)
+    })
 }
 
 pub(crate) fn get_rows(
