@@ -54,6 +54,13 @@ pub trait BufferType: Send + Sync {
             })
             .collect()
     }
+    /// Zeroed buffers of `sizes` that live and die together (a KV cache's layers). The default
+    /// makes one allocation each; a device buffer type overrides it to carve them out of one
+    /// allocation, since a driver rounds every allocation up to its granularity (2 MiB on
+    /// NVIDIA) and a size of whole granules plus the tail slack wastes almost one granule.
+    fn alloc_many(&self, sizes: &[usize]) -> Result<Vec<Box<dyn Buffer>>> {
+        sizes.iter().map(|&s| self.alloc(s)).collect()
+    }
     /// One buffer per tensor that reads `tensors` where they are (e.g. in the mapped model
     /// file), for a device that computes on host memory; `None` (the default) when the device
     /// needs its own copies through [`BufferType::alloc_weights`].

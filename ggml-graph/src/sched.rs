@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::backend::{Buffer, Captured, Device, GroupNode, Stream};
+use crate::backend::{Buffer, BufferType, Captured, Device, GroupNode, Stream};
 use crate::error::{GraphError, Result};
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
@@ -240,17 +240,34 @@ struct Persistent {
 /// allocator, a GPU's budget or driver) is an [`GraphError::OutOfMemory`] naming both.
 fn alloc_for(device: &Arc<dyn Device>, size: usize, what: &str) -> Result<Box<dyn Buffer>> {
     let bt = device.buffer_type();
-    bt.alloc(size).map_err(|e| match e {
+    bt.alloc(size).map_err(|e| name_oom(e, bt, what, size))
+}
+
+/// [`alloc_for`] of buffers that live together ([`BufferType::alloc_many`]).
+fn alloc_many_for(
+    device: &Arc<dyn Device>,
+    sizes: &[usize],
+    what: &str,
+) -> Result<Vec<Box<dyn Buffer>>> {
+    let bt = device.buffer_type();
+    let total = sizes.iter().fold(0usize, |a, &s| a.saturating_add(s));
+    bt.alloc_many(sizes)
+        .map_err(|e| name_oom(e, bt, what, total))
+}
+
+/// An out-of-memory error of `bt` named after `what` it was for.
+fn name_oom(e: GraphError, bt: &dyn BufferType, what: &str, bytes: usize) -> GraphError {
+    match e {
         GraphError::OutOfMemory { bytes, .. } => GraphError::OutOfMemory {
             what: format!("{what} ({} memory)", bt.name()),
             bytes,
         },
         e if e.is_out_of_memory() => GraphError::OutOfMemory {
             what: format!("{what} ({} memory: {e})", bt.name()),
-            bytes: size,
+            bytes,
         },
         e => e,
-    })
+    }
 }
 
 /// Runs graphs over several devices; the multi-device counterpart of [`crate::Executor`].
@@ -844,6 +861,7 @@ impl Scheduler {
                 }
             }
         }
+        let mut new_persistent: Vec<Vec<usize>> = vec![Vec::new(); nd];
         for (i, t) in nodes.iter().enumerate() {
             let Some(d) = sched.device_of[i] else {
                 continue;
@@ -882,20 +900,34 @@ impl Scheduler {
                         })
                     }
                     Some(_) => {}
-                    None => {
-                        let buf = alloc_for(&self.devices[d], t.dense_bytes(), &t.name)?;
-                        self.persistent.insert(
-                            t.name.clone(),
-                            Persistent {
-                                dtype: t.dtype,
-                                ne: t.ne,
-                                device: d,
-                                buf,
-                            },
-                        );
-                    }
+                    None => new_persistent[d].push(i),
                 },
                 _ => {}
+            }
+        }
+        // The persistent leaves new to each device (a KV cache's layers) in one allocation.
+        for (d, leaves) in new_persistent.into_iter().enumerate() {
+            if leaves.is_empty() {
+                continue;
+            }
+            let sizes: Vec<usize> = leaves.iter().map(|&i| nodes[i].dense_bytes()).collect();
+            let what = format!(
+                "{} persistent buffers such as `{}`",
+                leaves.len(),
+                nodes[leaves[0]].name
+            );
+            let bufs = alloc_many_for(&self.devices[d], &sizes, &what)?;
+            for (i, buf) in leaves.into_iter().zip(bufs) {
+                let t = &nodes[i];
+                self.persistent.insert(
+                    t.name.clone(),
+                    Persistent {
+                        dtype: t.dtype,
+                        ne: t.ne,
+                        device: d,
+                        buf,
+                    },
+                );
             }
         }
         Ok(())

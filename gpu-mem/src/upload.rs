@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use hip_ffi::DevicePtr;
 
-use crate::buffer::{DeviceView, PinnedHostBuffer};
+use crate::buffer::{DeviceView, DeviceViewMut, PinnedHostBuffer};
 use crate::device::Device;
 use crate::error::{GpuError, Result};
 use crate::pool::{ArenaSlot, Pool, PoolStats, WeightArena, RAW_ALIGN};
@@ -71,6 +71,25 @@ impl DeviceArena {
             whole,
             _t: PhantomData,
         })
+    }
+
+    /// Queues a byte fill of every chunk on `stream` (an arena of buffers that must start
+    /// zeroed, such as a KV cache's).
+    pub fn fill(&self, stream: &Stream, value: u8) -> Result<()> {
+        for i in 0..self.arena.chunk_count() {
+            let Some((addr, bytes)) = self.arena.chunk(i) else {
+                continue;
+            };
+            let len = usize::try_from(bytes)
+                .map_err(|_| GpuError::InvalidArgument("arena chunk too large".into()))?;
+            // SAFETY: the chunk is one whole live driver allocation of this arena's device, kept
+            // until the arena drops (not while `self` is borrowed). Device memory is written by
+            // queued work only, never through host references (as `MemRange::view_mut`).
+            let mut view =
+                unsafe { DeviceViewMut::<u8>::from_raw(&self.device, DevicePtr(addr), len, true) };
+            stream.memset(&mut view, value)?;
+        }
+        Ok(())
     }
 
     /// Driver allocations made for the arena.

@@ -213,6 +213,22 @@ impl HipDevice {
         let early = sb.stream().set_early_launch(early);
         tracing::debug!("hip backend: early kernel launches {early}");
         let stack = Self::stack_state(&dev, &sb, &target, ordinal, opts.stack)?;
+        // Every module of the target is loaded before the runtime's share is measured: their
+        // code takes device memory that no tracked allocation counts (several MiB), and nearly
+        // all of them run in the first pass anyway. One that fails to load is retried, and its
+        // error reported, at first use.
+        let mut modules = HashMap::new();
+        for &m in kernels::Module::ALL {
+            let Ok(img) = kernels::image(m, &target) else {
+                continue;
+            };
+            match gpu_mem::Module::load(&dev, img.bytes) {
+                Ok(loaded) => {
+                    modules.insert(m, loaded);
+                }
+                Err(e) => tracing::debug!("hip backend: module {m:?} not loaded at open: {e}"),
+            }
+        }
         let runtime = runtime_bytes_of(&dev);
         let inner = Arc::new(Inner {
             runtime,
@@ -221,7 +237,7 @@ impl HipDevice {
             target,
             warp,
             name,
-            modules: Mutex::new(HashMap::new()),
+            modules: Mutex::new(modules),
             scratch: Mutex::new(None),
             q8: Mutex::new(ops::Q8Cache::default()),
             capturing: AtomicBool::new(false),
@@ -648,6 +664,33 @@ impl BufferType for HipBufferType {
             size,
         })))
     }
+    fn alloc_many(&self, sizes: &[usize]) -> Result<Vec<Box<dyn Buffer>>> {
+        self.inner.q8.lock().clear();
+        let dev = &self.inner.dev;
+        let bytes: Vec<u64> = sizes.iter().map(|&s| s.max(1) as u64).collect();
+        let arena = Arc::new(
+            DeviceArena::for_sizes(dev, &bytes, WEIGHT_CHUNK, "persistent buffers")
+                .map_err(|e| gpu_err("alloc", e))?,
+        );
+        arena
+            .fill(self.inner.sb.stream(), 0)
+            .map_err(|e| gpu_err("alloc", e))?;
+        bytes
+            .iter()
+            .zip(sizes)
+            .map(|(&b, &size)| {
+                let slot = arena.alloc(b).map_err(|e| gpu_err("alloc", e))?;
+                Ok(Box::new(HipBuffer {
+                    size,
+                    mem: Mem::Slot {
+                        arena: arena.clone(),
+                        slot,
+                    },
+                    inner: self.inner.clone(),
+                }) as Box<dyn Buffer>)
+            })
+            .collect()
+    }
     fn alloc_weights(
         &self,
         tensors: &[&[u8]],
@@ -755,15 +798,9 @@ impl Buffer for HipBuffer {
                 .write(self.inner.sb.stream(), r.start, data)
                 .map_err(|e| gpu_err("write", e));
         }
-        let Mem::Owned(b) = &self.mem else {
-            return Err(gpu_err(
-                "write",
-                "weight-arena slots are filled once by the uploader",
-            ));
-        };
-        let dst = MemRange::of_buffer(b)
-            .sub(r.start, r.len())
-            .map_err(|e| gpu_err("write", e))?;
+        let dst = self
+            .device_range(r.start, r.len())?
+            .ok_or_else(|| gpu_err("write", "not device memory"))?;
         // Small writes (a step's token ids and positions) are queued from pinned memory without
         // waiting; the stream orders them before every later launch, copy and read.
         self.inner
@@ -848,13 +885,12 @@ impl Buffer for HipBuffer {
         let Some(src) = src.as_any().downcast_ref::<HipBuffer>() else {
             return Ok(false);
         };
-        let (Some(from), Mem::Owned(to)) = (src.device_range(src_offset, len)?, &self.mem) else {
+        let (Some(from), Some(to)) = (
+            src.device_range(src_offset, len)?,
+            self.device_range(offset, len)?,
+        ) else {
             return Ok(false);
         };
-        let r = self.range("copy", offset, len)?;
-        let to = MemRange::of_buffer(to)
-            .sub(r.start, r.len())
-            .map_err(|e| gpu_err("copy", e))?;
         self.inner.q8.lock().written(to.addr(), to.len());
         // Queued on this device's stream, behind the work that may still read the old bytes,
         // and waited for: the source's device may overwrite them as soon as this returns.
