@@ -57,6 +57,13 @@ pub enum Architecture {
     /// and logits (`{arch}.embedding_scale`, `attention.scale`, `residual_scale`,
     /// `logit_scale`).
     Granite,
+    /// `bert`: an encoder for embeddings: learned absolute positions and token types, layer
+    /// norms with biases after each block, a GELU feed-forward, attention over the whole text
+    /// (not causal) and no output head.
+    Bert,
+    /// `nomic-bert`: the BERT block with one fused q/k/v projection, split-half rope instead
+    /// of learned positions and a SwiGLU feed-forward.
+    NomicBert,
 }
 
 impl Architecture {
@@ -73,6 +80,8 @@ impl Architecture {
             "gpt-oss" => Ok(Self::GptOss),
             "olmo2" => Ok(Self::Olmo2),
             "granite" => Ok(Self::Granite),
+            "bert" => Ok(Self::Bert),
+            "nomic-bert" => Ok(Self::NomicBert),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -90,6 +99,8 @@ impl Architecture {
             Self::GptOss => "gpt-oss",
             Self::Olmo2 => "olmo2",
             Self::Granite => "granite",
+            Self::Bert => "bert",
+            Self::NomicBert => "nomic-bert",
         }
     }
 
@@ -105,8 +116,16 @@ impl Architecture {
             | Self::Gemma3
             | Self::Phi3
             | Self::GptOss
-            | Self::Olmo2 => RopeMode::Neox,
+            | Self::Olmo2
+            | Self::Bert
+            | Self::NomicBert => RopeMode::Neox,
         }
+    }
+
+    /// True for the encoders that make embeddings: they attend over the whole text at once
+    /// (no KV cache, not causal) and have no output head.
+    pub fn is_embedding(self) -> bool {
+        matches!(self, Self::Bert | Self::NomicBert)
     }
 }
 
@@ -153,7 +172,7 @@ pub struct ModelConfig {
     pub head_dim_v: usize,
     /// Rotated dims per head.
     pub n_rot: usize,
-    /// RMS norm epsilon.
+    /// RMS norm epsilon (the layer norms' for the BERT encoders).
     pub rms_eps: f32,
     /// Trained context length.
     pub n_ctx_train: usize,
@@ -499,7 +518,12 @@ impl ModelConfig {
         let n_head_kv =
             opt_size(md, &key(arch, "attention.head_count_kv"), MAX_HEADS)?.unwrap_or(n_head);
         let n_ctx_train = req_size(md, &key(arch, "context_length"), MAX_CONTEXT)?;
-        let eps_key = key(arch, "attention.layer_norm_rms_epsilon");
+        // The BERT encoders use layer norms, with their own epsilon key.
+        let eps_key = if arch.is_embedding() {
+            key(arch, "attention.layer_norm_epsilon")
+        } else {
+            key(arch, "attention.layer_norm_rms_epsilon")
+        };
         let rms_eps =
             opt_f(md, &eps_key)?.ok_or_else(|| ModelError::MissingKey(eps_key.clone()))?;
         if !(rms_eps.is_finite() && rms_eps > 0.0 && rms_eps < 1.0) {

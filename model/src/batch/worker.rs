@@ -388,6 +388,12 @@ impl Worker {
         let n = tokens.len();
         let d = states.len() / n.max(1);
         let rows: Vec<&[f32]> = states.chunks_exact(d).collect();
+        let unit = |v: &mut [f32]| {
+            let norm = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            if norm > 0.0 {
+                v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+            }
+        };
         let mut v: Vec<f32> = match pooling {
             Pooling::Mean => {
                 let mut acc = vec![0f64; d];
@@ -400,11 +406,13 @@ impl Worker {
             }
             Pooling::Last => rows[n - 1].to_vec(),
             Pooling::First => rows[0].to_vec(),
+            Pooling::None => {
+                let mut all = states;
+                all.chunks_exact_mut(d).for_each(unit);
+                return Ok(all);
+            }
         };
-        let norm = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-        if norm > 0.0 {
-            v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
-        }
+        unit(&mut v);
         Ok(v)
     }
 
