@@ -16,18 +16,8 @@ pub fn build(b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
     let c = b.cfg;
     let nt = b.batch.n_tok;
     // Every token attends to every other one, so a pass must hold the whole text of one
-    // sequence: no cached positions, no batch of several sequences.
-    let n_seqs = match b.paged {
-        Some(pg) => b.g.tensor(pg.tables)?.ne[1],
-        None => 1,
-    };
-    if b.batch.n_past != 0 || n_seqs != 1 {
-        return Err(ModelError::InvalidArgument(format!(
-            "`{}` encodes one whole text per pass ({} cached positions, {n_seqs} sequences)",
-            c.arch.name(),
-            b.batch.n_past
-        )));
-    }
+    // sequence: the batch engine runs encoders only that way (`BatchEngine::embed`; it refuses
+    // generation), while dry builds for placement and memory estimates use any batch shape.
     if nt > c.n_ctx_train {
         return Err(ModelError::ContextFull {
             needed: nt,

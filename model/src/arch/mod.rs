@@ -899,15 +899,7 @@ impl<'a> Builder<'a> {
         };
         let hidden_out = self.paged.is_some_and(|p| p.hidden);
         if self.cfg.arch.is_embedding() {
-            // The encoders' last hidden state is their output: no norm, no head to make
-            // logits with.
-            if !hidden_out {
-                return Err(ModelError::InvalidArgument(format!(
-                    "`{}` is an embedding model without an output head: use `rocmforge embed` \
-                     or the server's /v1/embeddings",
-                    self.cfg.arch.name()
-                )));
-            }
+            // The encoders' last hidden states are their output: no norm, no head.
             self.g.set_name(x, "result_embd")?;
             self.g.mark_output(x)?;
             return Ok(ForwardGraph {

@@ -460,6 +460,7 @@ impl BatchEngine {
     /// longer than `n_ctx_per_seq`, a token outside the vocabulary, a request that could never
     /// fit the KV pool, or a stopped engine.
     pub fn submit(&self, req: Request, sink: Sink) -> Result<RequestHandle, ModelError> {
+        self.inner.limits.check_generates()?;
         self.inner.limits.check(&req)?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let cancelled = Arc::new(AtomicBool::new(false));

@@ -28,6 +28,8 @@ pub(super) struct Limits {
     /// Positions the whole KV pool holds.
     pool_positions: usize,
     step_tokens: usize,
+    /// An embedding encoder's name: it has no output head to generate with.
+    encoder: Option<&'static str>,
 }
 
 impl Limits {
@@ -38,6 +40,9 @@ impl Limits {
             n_ctx: opts.n_ctx_per_seq,
             pool_positions: super::paged::pool_blocks(opts) * opts.block_size,
             step_tokens: opts.step_tokens,
+            encoder: Some(model.config().arch)
+                .filter(|a| a.is_embedding())
+                .map(|a| a.name()),
         })
     }
 
@@ -55,6 +60,16 @@ impl Limits {
             )));
         }
         Ok(())
+    }
+
+    /// Refuses generation on an embedding encoder.
+    pub(super) fn check_generates(&self) -> Result<(), ModelError> {
+        match self.encoder {
+            Some(arch) => Err(ModelError::InvalidArgument(format!(
+                "`{arch}` is an embedding model: it makes embeddings, not text"
+            ))),
+            None => Ok(()),
+        }
     }
 
     pub(super) fn check(&self, req: &Request) -> Result<(), ModelError> {
