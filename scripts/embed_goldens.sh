@@ -26,7 +26,7 @@ trap 'rm -rf "$OUT"' EXIT
 # The test writes every file before comparing; it fails where a reference is missing or stale.
 ROCMFORGE_SYNTH_OUT=$OUT cargo test -q --profile ci -p rocmforge-model --test embed_models \
   >/dev/null 2>&1 || true
-REF=$("$LLAMA/build/bin/llama-embedding" --version 2>&1 | grep -m1 version || echo unknown)
+REF=$("$LLAMA/build/bin/llama-embedding" --version 2>&1 | sed -n "s/^version: //p" | head -n 1)
 for name in "${NAMES[@]}"; do
   m="$OUT/embed-$name.gguf"
   for i in "${!PROMPTS[@]}"; do
@@ -35,8 +35,8 @@ for name in "${NAMES[@]}"; do
       # short at exit: run it again until the output parses.
       for _ in 1 2 3 4 5; do
         "$LLAMA/build/bin/llama-embedding" -m "$m" -p "${PROMPTS[$i]}" --pooling "$p" \
-          --embd-normalize 2 --embd-output-format array -t 2 -c 64 -b 64 -ub 64 -fa off \
-          2>"$OUT/$name-$i-$p.log" >"$OUT/$name-$i-$p.json"
+          --embd-normalize 2 --embd-output-format array -t 2 -c 64 -fa off \
+          2>"$OUT/$name-$i-$p.log" >"$OUT/$name-$i-$p.json" || true
         python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$OUT/$name-$i-$p.json" \
           2>/dev/null && break
       done
