@@ -59,7 +59,11 @@ fn check(name: &str) {
     );
     let tm = TextModel::from_model(Model::load(&path, |_, _| {}).expect("load")).expect("text");
     let own = Pooling::of_model(tm.model()).expect("pooling type");
-    let want_own: Pooling = g["pooling_type"].as_str().expect("pooling").parse().expect("name");
+    let want_own: Pooling = g["pooling_type"]
+        .as_str()
+        .expect("pooling")
+        .parse()
+        .expect("name");
     assert_eq!(own, Some(want_own), "{name}: the file's pooling type");
     let session = SessionOptions {
         n_threads: 2,

@@ -23,7 +23,11 @@ fn bert_embeddings_pool_as_the_file_says() {
     let o = model::synth::SynthOptions::parse("bert", "tiny", "q8_0", 7).expect("options");
     model::synth::write(&o, None, &base).expect("write synthetic bert");
     let text = "hello world, an embedding";
-    for (ty, pooling) in [(2u32, Pooling::First), (1, Pooling::Mean), (3, Pooling::Last)] {
+    for (ty, pooling) in [
+        (2u32, Pooling::First),
+        (1, Pooling::Mean),
+        (3, Pooling::Last),
+    ] {
         let path = with_metadata(&base, &format!("pool{ty}"), "bert.pooling_type", ty);
         let tm = TextModel::load(&path, |_, _| {}).expect("load");
         let ids = tm.tokenizer().encode(text, true, true);

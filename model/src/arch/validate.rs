@@ -175,7 +175,12 @@ fn validate_encoder(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), Mode
         check(weights, "token_types.weight", &[e, n_types], Optional)?;
     }
     if bert {
-        check(weights, "position_embd.weight", &[e, cfg.n_ctx_train], Required)?;
+        check(
+            weights,
+            "position_embd.weight",
+            &[e, cfg.n_ctx_train],
+            Required,
+        )?;
     }
     let norm = |name: &str| -> Result<(), ModelError> {
         check(weights, &format!("{name}.weight"), &[e], Required)?;
