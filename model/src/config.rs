@@ -762,6 +762,37 @@ mod tests {
     }
 
     #[test]
+    fn bert_reads_its_layer_norm_epsilon() {
+        let mut md = Metadata::new();
+        md.set("general.architecture", MetadataValue::String("bert".into()));
+        md.set("bert.context_length", MetadataValue::U32(512));
+        md.set("bert.embedding_length", MetadataValue::U32(768));
+        md.set("bert.block_count", MetadataValue::U32(12));
+        md.set("bert.feed_forward_length", MetadataValue::U32(3072));
+        md.set("bert.attention.head_count", MetadataValue::U32(12));
+        // A decoder's RMS epsilon key means nothing to an encoder.
+        md.set(
+            "bert.attention.layer_norm_rms_epsilon",
+            MetadataValue::F32(1e-6),
+        );
+        let err = ModelConfig::from_metadata(&md, 30522).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("bert.attention.layer_norm_epsilon"),
+            "{err}"
+        );
+        md.set(
+            "bert.attention.layer_norm_epsilon",
+            MetadataValue::F32(1e-12),
+        );
+        let c = ModelConfig::from_metadata(&md, 30522).unwrap();
+        assert!(c.arch.is_embedding());
+        assert_eq!(c.rms_eps, 1e-12);
+        assert_eq!((c.head_dim, c.n_head_kv), (64, 12));
+        assert!(!Architecture::Llama.is_embedding());
+    }
+
+    #[test]
     fn missing_key_is_named() {
         let mut md = gemma_md();
         let mut md2 = Metadata::new();
