@@ -160,7 +160,8 @@ pub struct ForwardGraph {
     pub tokens: TensorId,
     /// I32 `[n_tok]` positions input, named `pos`.
     pub pos: TensorId,
-    /// f32 `[n_vocab, n_out]` logits output.
+    /// f32 `[n_vocab, n_out]` logits output (an embedding encoder's: its `[n_embd, n_out]`
+    /// last hidden states).
     pub logits: TensorId,
 }
 
