@@ -57,6 +57,13 @@ pub enum Architecture {
     /// and logits (`{arch}.embedding_scale`, `attention.scale`, `residual_scale`,
     /// `logit_scale`).
     Granite,
+    /// `bert`: an encoder for embeddings: learned absolute positions and token types, layer
+    /// norms with biases after each block, a GELU feed-forward, attention over the whole text
+    /// (not causal) and no output head.
+    Bert,
+    /// `nomic-bert`: the BERT block with one fused q/k/v projection, split-half rope instead
+    /// of learned positions and a SwiGLU feed-forward.
+    NomicBert,
 }
 
 impl Architecture {
@@ -73,6 +80,8 @@ impl Architecture {
             "gpt-oss" => Ok(Self::GptOss),
             "olmo2" => Ok(Self::Olmo2),
             "granite" => Ok(Self::Granite),
+            "bert" => Ok(Self::Bert),
+            "nomic-bert" => Ok(Self::NomicBert),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -90,6 +99,8 @@ impl Architecture {
             Self::GptOss => "gpt-oss",
             Self::Olmo2 => "olmo2",
             Self::Granite => "granite",
+            Self::Bert => "bert",
+            Self::NomicBert => "nomic-bert",
         }
     }
 
@@ -105,8 +116,16 @@ impl Architecture {
             | Self::Gemma3
             | Self::Phi3
             | Self::GptOss
-            | Self::Olmo2 => RopeMode::Neox,
+            | Self::Olmo2
+            | Self::Bert
+            | Self::NomicBert => RopeMode::Neox,
         }
+    }
+
+    /// True for the encoders that make embeddings: they attend over the whole text at once
+    /// (no KV cache, not causal) and have no output head.
+    pub fn is_embedding(self) -> bool {
+        matches!(self, Self::Bert | Self::NomicBert)
     }
 }
 
@@ -153,7 +172,7 @@ pub struct ModelConfig {
     pub head_dim_v: usize,
     /// Rotated dims per head.
     pub n_rot: usize,
-    /// RMS norm epsilon.
+    /// RMS norm epsilon (the layer norms' for the BERT encoders).
     pub rms_eps: f32,
     /// Trained context length.
     pub n_ctx_train: usize,
@@ -499,7 +518,12 @@ impl ModelConfig {
         let n_head_kv =
             opt_size(md, &key(arch, "attention.head_count_kv"), MAX_HEADS)?.unwrap_or(n_head);
         let n_ctx_train = req_size(md, &key(arch, "context_length"), MAX_CONTEXT)?;
-        let eps_key = key(arch, "attention.layer_norm_rms_epsilon");
+        // The BERT encoders use layer norms, with their own epsilon key.
+        let eps_key = if arch.is_embedding() {
+            key(arch, "attention.layer_norm_epsilon")
+        } else {
+            key(arch, "attention.layer_norm_rms_epsilon")
+        };
         let rms_eps =
             opt_f(md, &eps_key)?.ok_or_else(|| ModelError::MissingKey(eps_key.clone()))?;
         if !(rms_eps.is_finite() && rms_eps > 0.0 && rms_eps < 1.0) {
@@ -735,6 +759,37 @@ mod tests {
         assert_eq!(c.layers[5].rope_base, 1e6);
         assert_eq!(c.layers[0].rope_base, 1e4);
         assert_eq!(c.layers[0].window, Some(512));
+    }
+
+    #[test]
+    fn bert_reads_its_layer_norm_epsilon() {
+        let mut md = Metadata::new();
+        md.set("general.architecture", MetadataValue::String("bert".into()));
+        md.set("bert.context_length", MetadataValue::U32(512));
+        md.set("bert.embedding_length", MetadataValue::U32(768));
+        md.set("bert.block_count", MetadataValue::U32(12));
+        md.set("bert.feed_forward_length", MetadataValue::U32(3072));
+        md.set("bert.attention.head_count", MetadataValue::U32(12));
+        // A decoder's RMS epsilon key means nothing to an encoder.
+        md.set(
+            "bert.attention.layer_norm_rms_epsilon",
+            MetadataValue::F32(1e-6),
+        );
+        let err = ModelConfig::from_metadata(&md, 30522).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("bert.attention.layer_norm_epsilon"),
+            "{err}"
+        );
+        md.set(
+            "bert.attention.layer_norm_epsilon",
+            MetadataValue::F32(1e-12),
+        );
+        let c = ModelConfig::from_metadata(&md, 30522).unwrap();
+        assert!(c.arch.is_embedding());
+        assert_eq!(c.rms_eps, 1e-12);
+        assert_eq!((c.head_dim, c.n_head_kv), (64, 12));
+        assert!(!Architecture::Llama.is_embedding());
     }
 
     #[test]

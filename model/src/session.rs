@@ -448,6 +448,14 @@ impl Session {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self, ModelError> {
         let cfg = model.config();
+        if cfg.arch.is_embedding() {
+            // A session decodes token by token over a KV cache; an encoder reads a whole text
+            // at once and has no head to make logits with.
+            return Err(ModelError::InvalidArgument(format!(
+                "`{}` is an embedding model: use `rocmforge embed` or the server's /v1/embeddings",
+                cfg.arch.name()
+            )));
+        }
         let n_ctx = if opts.n_ctx == 0 {
             cfg.n_ctx_train
         } else {

@@ -45,11 +45,16 @@ pub enum Arch {
     Olmo2,
     /// Granite 3.x (the llama block with embedding, attention, residual and logit scales).
     Granite,
+    /// BERT (an embedding encoder: learned positions and token types, biased projections,
+    /// layer norms, GELU feed-forward, no output head).
+    Bert,
+    /// Nomic BERT (the BERT block with a fused q/k/v projection, rope and SwiGLU).
+    NomicBert,
 }
 
 impl Arch {
     /// Parses `llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3moe|phi3|gpt-oss|olmo2|
-    /// granite`.
+    /// granite|bert|nomic-bert`.
     pub fn parse(s: &str) -> Result<Self, ModelError> {
         Ok(match s {
             "llama" => Self::Llama,
@@ -64,6 +69,8 @@ impl Arch {
             "gpt-oss" => Self::GptOss,
             "olmo2" => Self::Olmo2,
             "granite" => Self::Granite,
+            "bert" => Self::Bert,
+            "nomic-bert" => Self::NomicBert,
             _ => return Err(ModelError::UnsupportedArchitecture(s.to_owned())),
         })
     }
@@ -80,7 +87,14 @@ impl Arch {
             Self::GptOss => "gpt-oss",
             Self::Olmo2 => "olmo2",
             Self::Granite => "granite",
+            Self::Bert => "bert",
+            Self::NomicBert => "nomic-bert",
         }
+    }
+
+    /// True for the embedding encoders.
+    fn is_encoder(self) -> bool {
+        matches!(self, Self::Bert | Self::NomicBert)
     }
 
     /// True for the mixture-of-experts architectures (their presets give the experts).
@@ -163,6 +177,9 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         "olmo2-1b" => s(2048, 16, 16, 16, 128, 8192, 4096, 500000.0, 1e-6),
         "olmo2-7b" => s(4096, 32, 32, 32, 128, 11008, 4096, 500000.0, 1e-6),
         "granite3-2b" => s(2048, 40, 32, 8, 64, 8192, 131072, 10000000.0, 1e-5),
+        // Embedding encoders (for `bert` and `nomic-bert`).
+        "bert-base" => s(768, 12, 12, 12, 64, 3072, 512, 10000.0, 1e-12),
+        "nomic-embed-text-v1.5" => s(768, 12, 12, 12, 64, 3072, 2048, 1000.0, 1e-12),
         // Mixture-of-experts shapes (for `mixtral` and `qwen3moe`).
         "tiny-moe" => moe(s(256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5), 8, 2, 256),
         "mixtral-8x7b" => moe(
@@ -188,7 +205,7 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
             return Err(ModelError::InvalidArgument(format!(
                 "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
                  qwen3-8b, gemma3-270m, gemma3-4b, phi3-mini, phi3-mini-128k, olmo2-1b, olmo2-7b, \
-                 granite3-2b; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
+                 granite3-2b, bert-base, nomic-embed-text-v1.5; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
             )))
         }
     })
@@ -368,6 +385,9 @@ pub struct Extras {
     /// context (`rope.scaling.original_context_length`) and the attention factor Phi-3's
     /// converter derives from it and the trained context.
     pub longrope: Option<u32>,
+    /// `pooling_type` of the embedding encoders (llama.cpp's numbers: 0 none, 1 mean, 2 cls,
+    /// 3 last); default: cls for `bert` (as BGE), mean for `nomic-bert`.
+    pub pooling: Option<u32>,
 }
 
 impl SynthOptions {
@@ -378,7 +398,11 @@ impl SynthOptions {
         ftype: &str,
         seed: u64,
     ) -> Result<Self, ModelError> {
-        let (arch_v, shape) = (Arch::parse(arch)?, preset(preset_name)?);
+        let (arch_v, mut shape) = (Arch::parse(arch)?, preset(preset_name)?);
+        if arch_v.is_encoder() {
+            // BERT encoders have no grouped-query attention.
+            shape.n_head_kv = shape.n_head;
+        }
         if arch_v.is_moe() != shape.experts.is_some() {
             return Err(ModelError::InvalidArgument(format!(
                 "preset `{preset_name}` {} experts and `{arch}` {} them",
@@ -696,7 +720,9 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
             | Arch::Mixtral
             | Arch::Phi3
             | Arch::Olmo2
-            | Arch::Granite => {}
+            | Arch::Granite
+            | Arch::Bert
+            | Arch::NomicBert => {}
         }
         layers.push((i, m, n));
     }
@@ -798,6 +824,84 @@ fn tensor_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
             norm: false,
             std: 0.02,
         });
+    }
+    v
+}
+
+/// Token types of the synthetic encoders (BERT's two sentences).
+const N_TOKEN_TYPES: u64 = 2;
+
+/// The tensors of the embedding encoders (`bert`, `nomic-bert`), named as llama.cpp loads them.
+fn encoder_specs(o: &SynthOptions, n_vocab: u64) -> Vec<Spec> {
+    let s = o.shape;
+    let (e, f) = (s.n_embd, s.n_ff);
+    let q = s.n_head * s.head_dim;
+    let kv = s.n_head_kv * s.head_dim;
+    let mix = MixContext::of(o.arch, &s);
+    let bert = o.arch == Arch::Bert;
+    let mut v = Vec::new();
+    let mat = |v: &mut Vec<Spec>, name: String, cols: u64, rows: u64, layer: Option<(u64, u64)>| {
+        let qk = name.ends_with("attn_q.weight")
+            || name.ends_with("attn_k.weight")
+            || name.ends_with("attn_qkv.weight");
+        let std = o.extras.qk_std.filter(|_| qk).unwrap_or(0.02);
+        v.push(Spec {
+            ty: matrix_type(o.ftype, &name, layer, cols, mix),
+            name,
+            dims: vec![cols, rows],
+            norm: false,
+            std,
+        });
+    };
+    // Vectors: norm weights around 1, biases and the small tables around 0, all f32.
+    let vector = |v: &mut Vec<Spec>, name: String, dims: Vec<u64>| {
+        v.push(Spec {
+            norm: name.ends_with("norm.weight"),
+            name,
+            dims,
+            ty: GgmlType::F32,
+            std: 0.02,
+        });
+    };
+    mat(&mut v, "token_embd.weight".into(), e, n_vocab, None);
+    vector(&mut v, "token_types.weight".into(), vec![e, N_TOKEN_TYPES]);
+    if bert {
+        vector(
+            &mut v,
+            "position_embd.weight".into(),
+            vec![e, u64::from(s.n_ctx)],
+        );
+    }
+    vector(&mut v, "token_embd_norm.weight".into(), vec![e]);
+    vector(&mut v, "token_embd_norm.bias".into(), vec![e]);
+    for i in 0..s.n_layer {
+        let l = Some((i, s.n_layer));
+        let b = |t: &str| format!("blk.{i}.{t}");
+        if bert {
+            for (name, rows) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                mat(&mut v, b(&format!("{name}.weight")), e, rows, l);
+                vector(&mut v, b(&format!("{name}.bias")), vec![rows]);
+            }
+            mat(&mut v, b("attn_output.weight"), q, e, l);
+            vector(&mut v, b("attn_output.bias"), vec![e]);
+        } else {
+            mat(&mut v, b("attn_qkv.weight"), e, q + 2 * kv, l);
+            mat(&mut v, b("attn_output.weight"), q, e, l);
+        }
+        vector(&mut v, b("attn_output_norm.weight"), vec![e]);
+        vector(&mut v, b("attn_output_norm.bias"), vec![e]);
+        mat(&mut v, b("ffn_up.weight"), e, f, l);
+        if bert {
+            vector(&mut v, b("ffn_up.bias"), vec![f]);
+        } else {
+            mat(&mut v, b("ffn_gate.weight"), e, f, l);
+        }
+        mat(&mut v, b("ffn_down.weight"), f, e, l);
+        if bert {
+            vector(&mut v, b("ffn_down.bias"), vec![e]);
+        }
+        vector(&mut v, b("layer_output_norm.weight"), vec![e]);
+        vector(&mut v, b("layer_output_norm.bias"), vec![e]);
     }
     v
 }
@@ -935,10 +1039,20 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
         MetadataValue::U32(s.head_dim as u32),
     );
     md.set(k("rope.freq_base"), MetadataValue::F32(s.rope_base));
-    md.set(
-        k("attention.layer_norm_rms_epsilon"),
-        MetadataValue::F32(s.eps),
-    );
+    if o.arch.is_encoder() {
+        md.set(k("attention.layer_norm_epsilon"), MetadataValue::F32(s.eps));
+        md.set(k("attention.causal"), MetadataValue::Bool(false));
+        let default = if o.arch == Arch::Bert { 2 } else { 1 };
+        md.set(
+            k("pooling_type"),
+            MetadataValue::U32(o.extras.pooling.unwrap_or(default)),
+        );
+    } else {
+        md.set(
+            k("attention.layer_norm_rms_epsilon"),
+            MetadataValue::F32(s.eps),
+        );
+    }
     if matches!(o.arch, Arch::Gemma2 | Arch::Gemma3) {
         let w = o.extras.window.unwrap_or(512);
         md.set(k("attention.sliding_window"), MetadataValue::U32(w));
@@ -1016,8 +1130,19 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
     }
     let n_vocab = md.get_str_array("tokenizer.ggml.tokens")?.len() as u64;
     md.set(k("vocab_size"), MetadataValue::U32(n_vocab as u32));
+    if o.arch.is_encoder() && !md.contains_key("tokenizer.ggml.token_type_count") {
+        // llama.cpp loads a BERT only with token types; "sentence A" and "sentence B".
+        md.set(
+            "tokenizer.ggml.token_type_count",
+            MetadataValue::U32(N_TOKEN_TYPES as u32),
+        );
+    }
 
-    let specs = tensor_specs(o, n_vocab);
+    let specs = if o.arch.is_encoder() {
+        encoder_specs(o, n_vocab)
+    } else {
+        tensor_specs(o, n_vocab)
+    };
     let mut w = GgufWriter::create(out)?;
     w.set_all(&md)?;
     for t in &specs {
@@ -1134,6 +1259,26 @@ pub fn family_spec(name: &str) -> Option<SynthOptions> {
     }
     Some(o)
 }
+
+/// The tiny synthetic encoders of the embedding references (`model/tests/data/embed_*.json`,
+/// made by `scripts/embed_goldens.sh`): name -> (options, vocabulary file in
+/// `ROCMFORGE_VOCAB_DIR`, BGE's WordPiece one), seed 42. Test data: only with the `testing`
+/// feature.
+#[cfg(feature = "testing")]
+pub fn embed_spec(name: &str) -> Option<(SynthOptions, &'static str)> {
+    let arch = match name {
+        "bert" | "nomic-bert" => name,
+        _ => return None,
+    };
+    let mut o = SynthOptions::parse(arch, "tiny", "q8_0", 42).ok()?;
+    // Sharp attention, so that positions and the attention mask show in the output.
+    o.extras.qk_std = Some(0.2);
+    Some((o, "ggml-vocab-bert-bge.gguf"))
+}
+
+/// Names accepted by [`embed_spec`].
+#[cfg(feature = "testing")]
+pub const EMBED_NAMES: &[&str] = &["bert", "nomic-bert"];
 
 /// Names accepted by [`family_spec`].
 #[cfg(feature = "testing")]

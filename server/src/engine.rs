@@ -160,12 +160,12 @@ impl Backend {
         let kv_type = eopts.session.kv_type;
         let engine = BatchEngine::start(Arc::new(text.model().clone()), eopts)?;
         let memory = memory_plan(&engine, text.model(), block_size, kv_type);
-        // GGUF's pooling types: 0 none, 1 mean, 2 cls (the first token), 3 last. "None" asks
-        // for per-token vectors, which the endpoint does not return, so it pools like mean.
-        let pooling = match text.model().file().arch_u32_opt("pooling_type") {
-            Ok(Some(2)) => Pooling::First,
-            Ok(Some(3)) => Pooling::Last,
-            _ => Pooling::Mean,
+        // GGUF's pooling types: 0 none, 1 mean, 2 cls (the first token), 3 last; a decoder's
+        // file has none. "None" asks for per-token vectors, which the endpoint does not
+        // return, so it pools like mean.
+        let pooling = match Pooling::of_model(text.model())? {
+            Some(Pooling::None) | None => Pooling::Mean,
+            Some(p) => p,
         };
         Ok(Self {
             engine,

@@ -557,6 +557,49 @@ fn attention_matches_cpu_prefill_and_decode() {
     }
 }
 
+/// Attention without the causal mask (the BERT encoders: every token sees the whole text, keys
+/// and values f32 straight from the projections, no cache).
+#[test]
+fn attention_without_causal_mask_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x1357_2468_9bdf_ace0);
+    // (head dim, heads, tokens): a short text, and BERT-base's heads over a long one.
+    for (hd, nh, nt) in [(64usize, 4usize, 9usize), (64, 12, 300)] {
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[hd, nh, nt]).expect("q");
+        let k = g.input("k", DType::F32, &[hd, nh, nt]).expect("k");
+        let v = g.input("v", DType::F32, &[hd, nh, nt]).expect("v");
+        let pos = g.input("pos", DType::I32, &[nt]).expect("pos");
+        let p = AttnParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            causal: false,
+            window: None,
+            softcap: None,
+            sinks: false,
+        };
+        let y = g.attention(q, k, v, pos, None, p).expect("attention");
+        g.mark_output(y).expect("out");
+        let positions: Vec<i32> = (0..nt as i32).collect();
+        let c = Case {
+            g,
+            weights: vec![],
+            inputs: vec![
+                (q, f32_bytes(&rng.vec(hd * nh * nt))),
+                (k, f32_bytes(&rng.vec(hd * nh * nt))),
+                (v, f32_bytes(&rng.vec(hd * nh * nt))),
+                (pos, bytemuck::cast_slice(&positions).to_vec()),
+            ],
+            out: y,
+        };
+        check(
+            &h,
+            &format!("attention, not causal, hd={hd} heads={nh} tokens={nt}"),
+            &c,
+            1e-8,
+        );
+    }
+}
+
 /// Cache bytes of `vals` in `kt` (f16, f32 or Q8_0 blocks).
 fn cache_bytes(kt: DType, vals: &[f32]) -> Vec<u8> {
     match kt {

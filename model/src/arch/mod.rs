@@ -5,6 +5,7 @@
 //! to the mapped file), the KV cache as persistent leaves owned by the executor; nothing here
 //! reads or writes tensor data.
 
+pub mod bert;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gpt_oss;
@@ -159,7 +160,8 @@ pub struct ForwardGraph {
     pub tokens: TensorId,
     /// I32 `[n_tok]` positions input, named `pos`.
     pub pos: TensorId,
-    /// f32 `[n_vocab, n_out]` logits output.
+    /// f32 `[n_vocab, n_out]` logits output (an embedding encoder's: its `[n_embd, n_out]`
+    /// last hidden states).
     pub logits: TensorId,
 }
 
@@ -217,6 +219,7 @@ pub fn build_forward(
         Architecture::GptOss => gpt_oss::build(&mut b)?,
         Architecture::Olmo2 => olmo2::build(&mut b)?,
         Architecture::Granite => granite::build(&mut b)?,
+        Architecture::Bert | Architecture::NomicBert => bert::build(&mut b)?,
     };
     b.finish(hidden)
 }
@@ -355,6 +358,7 @@ pub fn build_paged_forward(
         Architecture::GptOss => gpt_oss::build(&mut b)?,
         Architecture::Olmo2 => olmo2::build(&mut b)?,
         Architecture::Granite => granite::build(&mut b)?,
+        Architecture::Bert | Architecture::NomicBert => bert::build(&mut b)?,
     };
     let fg = b.finish(hidden)?;
     Ok(PagedGraph {
@@ -486,6 +490,15 @@ impl<'a> Builder<'a> {
         let w = self.weight(name)?;
         let n = self.g.rms_norm(x, self.cfg.rms_eps)?;
         Ok(self.g.mul(n, w)?)
+    }
+
+    /// Layer norm `norm(x) * w + b` with the weight `{prefix}.weight` and bias `{prefix}.bias`.
+    pub fn layer_norm(&mut self, x: TensorId, prefix: &str) -> Result<TensorId, ModelError> {
+        let w = self.weight(&format!("{prefix}.weight"))?;
+        let b = self.weight(&format!("{prefix}.bias"))?;
+        let n = self.g.norm(x, self.cfg.rms_eps)?;
+        let n = self.g.mul(n, w)?;
+        Ok(self.g.add(n, b)?)
     }
 
     /// `w x (+ b)` for the weight `{prefix}.weight` and, when present, the bias `{prefix}.bias`.
@@ -885,9 +898,21 @@ impl<'a> Builder<'a> {
                 self.g.view(hidden, &[n_embd, 1], &[row], (nt - 1) * row)?
             }
         };
+        let hidden_out = self.paged.is_some_and(|p| p.hidden);
+        if self.cfg.arch.is_embedding() {
+            // The encoders' last hidden states are their output: no norm, no head.
+            self.g.set_name(x, "result_embd")?;
+            self.g.mark_output(x)?;
+            return Ok(ForwardGraph {
+                graph: self.g,
+                tokens: self.tokens,
+                pos: self.pos,
+                logits: x,
+            });
+        }
         let x = self.rms_norm(x, "output_norm.weight")?;
         self.g.set_name(x, "result_norm")?;
-        if self.paged.is_some_and(|p| p.hidden) {
+        if hidden_out {
             self.g.mark_output(x)?;
             return Ok(ForwardGraph {
                 graph: self.g,

@@ -63,6 +63,9 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
     let kv_v = cfg.n_head_kv * cfg.head_dim_v;
     let o = cfg.n_head * cfg.head_dim_v;
     check(weights, "token_embd.weight", &[e, v], Required)?;
+    if cfg.arch.is_embedding() {
+        return validate_encoder(cfg, weights);
+    }
     check(weights, "output_norm.weight", &[e], Required)?;
     check(weights, "output.weight", &[e, v], Optional)?;
     check(weights, "rope_freqs.weight", &[cfg.n_rot / 2], Optional)?;
@@ -152,6 +155,58 @@ pub fn validate_weights(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), 
             check(weights, &t("post_attention_norm.weight"), &[e], Required)?;
             check(weights, &t("post_ffw_norm.weight"), &[e], Required)?;
         }
+    }
+    Ok(())
+}
+
+/// The tensors of the embedding encoders (`bert`, `nomic-bert`): token types (any count),
+/// learned positions (BERT), layer norms with biases, separate biased or fused q/k/v
+/// projections, a GELU (BERT) or SwiGLU (Nomic) feed-forward; no output norm or head.
+fn validate_encoder(cfg: &ModelConfig, weights: &WeightTable) -> Result<(), ModelError> {
+    use Need::{Optional, Required};
+    let e = cfg.n_embd;
+    let q = cfg.n_head * cfg.head_dim;
+    let k = cfg.n_head_kv * cfg.head_dim;
+    let kv_v = cfg.n_head_kv * cfg.head_dim_v;
+    let o = cfg.n_head * cfg.head_dim_v;
+    let bert = cfg.arch == Architecture::Bert;
+    if let Some((_, dims)) = weights.get("token_types.weight") {
+        let n_types = dims.get(1).copied().unwrap_or(1);
+        check(weights, "token_types.weight", &[e, n_types], Optional)?;
+    }
+    if bert {
+        check(
+            weights,
+            "position_embd.weight",
+            &[e, cfg.n_ctx_train],
+            Required,
+        )?;
+    }
+    let norm = |name: &str| -> Result<(), ModelError> {
+        check(weights, &format!("{name}.weight"), &[e], Required)?;
+        check(weights, &format!("{name}.bias"), &[e], Required)
+    };
+    norm("token_embd_norm")?;
+    for il in 0..cfg.n_layer {
+        let t = |s: &str| format!("blk.{il}.{s}");
+        let fused = weights.contains(&t("attn_qkv.weight"));
+        let sep = if fused { Optional } else { Required };
+        check(weights, &t("attn_qkv.weight"), &[e, q + k + kv_v], Optional)?;
+        check(weights, &t("attn_qkv.bias"), &[q + k + kv_v], Optional)?;
+        for (name, n) in [("attn_q", q), ("attn_k", k), ("attn_v", kv_v)] {
+            check(weights, &t(&format!("{name}.weight")), &[e, n], sep)?;
+            check(weights, &t(&format!("{name}.bias")), &[n], Optional)?;
+        }
+        check(weights, &t("attn_output.weight"), &[o, e], Required)?;
+        check(weights, &t("attn_output.bias"), &[e], Optional)?;
+        norm(&t("attn_output_norm"))?;
+        check(weights, &t("ffn_up.weight"), &[e, cfg.n_ff], Required)?;
+        check(weights, &t("ffn_up.bias"), &[cfg.n_ff], Optional)?;
+        let gate = if bert { Optional } else { Required };
+        check(weights, &t("ffn_gate.weight"), &[e, cfg.n_ff], gate)?;
+        check(weights, &t("ffn_down.weight"), &[cfg.n_ff, e], Required)?;
+        check(weights, &t("ffn_down.bias"), &[e], Optional)?;
+        norm(&t("layer_output_norm"))?;
     }
     Ok(())
 }

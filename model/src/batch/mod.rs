@@ -261,8 +261,54 @@ pub enum Pooling {
     Mean,
     /// The last token's (what a causal model has read the whole text at).
     Last,
-    /// The first token's.
+    /// The first token's (BERT's `[CLS]`).
     First,
+    /// No pooling: every token's vector, each of unit length, one after the other.
+    None,
+}
+
+impl Pooling {
+    /// The pooling a GGUF file asks for in `{arch}.pooling_type` (llama.cpp's numbers: 0 none,
+    /// 1 mean, 2 cls, 3 last; 4, rank, needs a classifier head, which is not planned).
+    pub fn from_gguf(value: u32) -> Result<Self, ModelError> {
+        match value {
+            0 => Ok(Self::None),
+            1 => Ok(Self::Mean),
+            2 => Ok(Self::First),
+            3 => Ok(Self::Last),
+            v => Err(ModelError::InvalidArgument(format!(
+                "pooling type {v} is not supported (0 none, 1 mean, 2 cls, 3 last)"
+            ))),
+        }
+    }
+
+    /// The pooling of a loaded model: its `{arch}.pooling_type`, `None` when the file has none.
+    pub fn of_model(m: &crate::session::Model) -> Result<Option<Self>, ModelError> {
+        let v = m
+            .file()
+            .arch_u32_opt("pooling_type")
+            .map_err(|e| ModelError::BadKey {
+                key: format!("{}.pooling_type", m.config().arch.name()),
+                reason: e.to_string(),
+            })?;
+        v.map(Self::from_gguf).transpose()
+    }
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(Self::None),
+            "mean" => Ok(Self::Mean),
+            "cls" | "first" => Ok(Self::First),
+            "last" => Ok(Self::Last),
+            _ => Err(ModelError::InvalidArgument(format!(
+                "pooling `{s}`: expected none, mean, cls or last"
+            ))),
+        }
+    }
 }
 
 /// Where a request's events go; returning false (receiver gone) cancels the request.
@@ -414,6 +460,7 @@ impl BatchEngine {
     /// longer than `n_ctx_per_seq`, a token outside the vocabulary, a request that could never
     /// fit the KV pool, or a stopped engine.
     pub fn submit(&self, req: Request, sink: Sink) -> Result<RequestHandle, ModelError> {
+        self.inner.limits.check_generates()?;
         self.inner.limits.check(&req)?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let cancelled = Arc::new(AtomicBool::new(false));
@@ -439,7 +486,8 @@ impl BatchEngine {
     }
 
     /// The embedding of `tokens`: the model's normalized last hidden states (the output
-    /// head's input) pooled over the tokens and scaled to unit length. Runs between two steps
+    /// head's input; an encoder's last hidden states) pooled over the tokens and scaled to unit
+    /// length ([`Pooling::None`]: every token's, each scaled to unit length). Runs between two steps
     /// as a pass of its own (preempting the newest sequences when the pool has no room); at
     /// most `step_tokens` tokens.
     pub fn embed(&self, tokens: Vec<u32>, pooling: Pooling) -> Result<Vec<f32>, ModelError> {

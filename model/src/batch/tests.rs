@@ -583,3 +583,23 @@ fn a_repeated_prompt_shares_its_partial_block_copy_on_write() {
     let s = idle_stats(&e);
     assert_eq!((s.kv_blocks_used, s.running, s.waiting), (0, 0, 0), "{s:?}");
 }
+
+#[test]
+fn pooling_types_are_llama_cpps_numbers_and_names() {
+    let from = |v| Pooling::from_gguf(v).expect("known pooling type");
+    assert_eq!(from(0), Pooling::None);
+    assert_eq!(from(1), Pooling::Mean);
+    assert_eq!(from(2), Pooling::First);
+    assert_eq!(from(3), Pooling::Last);
+    // Rank needs a classifier head.
+    assert!(Pooling::from_gguf(4).is_err());
+    for (name, p) in [
+        ("none", Pooling::None),
+        ("mean", Pooling::Mean),
+        ("cls", Pooling::First),
+        ("last", Pooling::Last),
+    ] {
+        assert_eq!(name.parse::<Pooling>().expect("name"), p);
+    }
+    assert!("rank".parse::<Pooling>().is_err());
+}

@@ -28,6 +28,8 @@ pub(super) struct Limits {
     /// Positions the whole KV pool holds.
     pool_positions: usize,
     step_tokens: usize,
+    /// An embedding encoder's name: it has no output head to generate with.
+    encoder: Option<&'static str>,
 }
 
 impl Limits {
@@ -38,6 +40,9 @@ impl Limits {
             n_ctx: opts.n_ctx_per_seq,
             pool_positions: super::paged::pool_blocks(opts) * opts.block_size,
             step_tokens: opts.step_tokens,
+            encoder: Some(model.config().arch)
+                .filter(|a| a.is_embedding())
+                .map(|a| a.name()),
         })
     }
 
@@ -55,6 +60,16 @@ impl Limits {
             )));
         }
         Ok(())
+    }
+
+    /// Refuses generation on an embedding encoder.
+    pub(super) fn check_generates(&self) -> Result<(), ModelError> {
+        match self.encoder {
+            Some(arch) => Err(ModelError::InvalidArgument(format!(
+                "`{arch}` is an embedding model: it makes embeddings, not text"
+            ))),
+            None => Ok(()),
+        }
     }
 
     pub(super) fn check(&self, req: &Request) -> Result<(), ModelError> {
@@ -388,6 +403,12 @@ impl Worker {
         let n = tokens.len();
         let d = states.len() / n.max(1);
         let rows: Vec<&[f32]> = states.chunks_exact(d).collect();
+        let unit = |v: &mut [f32]| {
+            let norm = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            if norm > 0.0 {
+                v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+            }
+        };
         let mut v: Vec<f32> = match pooling {
             Pooling::Mean => {
                 let mut acc = vec![0f64; d];
@@ -400,11 +421,13 @@ impl Worker {
             }
             Pooling::Last => rows[n - 1].to_vec(),
             Pooling::First => rows[0].to_vec(),
+            Pooling::None => {
+                let mut all = states;
+                all.chunks_exact_mut(d).for_each(unit);
+                return Ok(all);
+            }
         };
-        let norm = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-        if norm > 0.0 {
-            v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
-        }
+        unit(&mut v);
         Ok(v)
     }
 

@@ -4,6 +4,7 @@
 mod batched_bench;
 mod bench;
 mod cache;
+mod embed;
 mod env;
 mod run;
 
@@ -78,6 +79,9 @@ pub enum Cmd {
     /// The GPU/CPU split and the GPU bytes a run would use, without running the model (on
     /// GPU 0, or without a GPU for `--gpu-mem` bytes).
     Fit(FitArgs),
+    /// The embedding of a text (an embedding model's, or a decoder's pooled hidden states),
+    /// as a JSON array, like llama-embedding.
+    Embed(embed::EmbedArgs),
     /// Write a synthetic GGUF model (seeded random weights at a real architecture's shapes).
     Synth(run::SynthArgs),
     /// List the environment variables rocmforge reads, their meaning, defaults and values now.
@@ -489,6 +493,7 @@ pub fn run(cmd: Cmd) -> Result<(), ModelError> {
         Cmd::Perplexity(a) => bench::perplexity(&a),
         Cmd::Demo { m, n_predict } => run::demo(&m, n_predict),
         Cmd::Synth(a) => run::synth(&a),
+        Cmd::Embed(a) => embed::embed(&a),
         Cmd::Fit(a) => fit(&a),
         Cmd::Env => {
             print!("{}", env::table());

@@ -346,11 +346,12 @@ pub(super) fn demo(m: &ModelArgs, n_predict: usize) -> Result<(), ModelError> {
 /// `synth` arguments.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, or with experts
-    /// mixtral or qwen3moe.
+    /// Architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2, granite, the
+    /// embedding encoders bert and nomic-bert, or with experts mixtral, qwen3moe or gpt-oss.
     #[arg(long)]
     arch: String,
-    /// Shape preset (tiny ... llama3-8b; with experts tiny-moe, mixtral-8x7b, qwen3-30b-a3b;
+    /// Shape preset (tiny ... llama3-8b, bert-base, nomic-embed-text-v1.5; with experts
+    /// tiny-moe, mixtral-8x7b, qwen3-30b-a3b;
     /// see `model::synth::preset`).
     #[arg(long, default_value = "tiny")]
     preset: String,
