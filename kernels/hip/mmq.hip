@@ -12,6 +12,11 @@
 //   - each thread accumulates MMQ_RM rows x NT / 16 vectors: per group, the 8-bit dot products
 //     (dot4_i8: dp4a on NVIDIA, sdot4 or a byte loop on AMD) of G values, then
 //     dw * d_act * dot (+ mw * sum_act) in f32.
+// On NVIDIA compute capability 8.0 and later the products run on the tensor cores instead
+// (MMQ_MMA, `mmq_tile_mma`): each warp multiplies 16 staged weight rows by NT / 16 tiles of 8
+// vectors with mma.sync m16n8k32 (signed 8-bit, 32-bit sums), one per 32 values, and applies the
+// group scales to the integer sums in the same place as above; 16-value groups take two products
+// with the other half of the vectors' values zeroed. The staging is the same for both.
 // Staged vectors are MMQ_LD words apart (16-byte aligned, 4 mod 32 words), so lanes read 4 words
 // at once and the 8 vectors that a quarter-warp's 16-byte reads at one offset touch fall in 8
 // different 4-bank groups; the lanes of a quarter-warp read one staged weight row. Nothing
@@ -33,6 +38,23 @@
 #define MMQ_TM (MMQ_THREADS / MMQ_TN)      // threads across its rows
 #define MMQ_RM (MMQ_ROWS / MMQ_TM)         // rows per thread
 #define MMQ_LD (MMQ_KT / 4 + 4)            // words per staged vector (see above)
+
+#if defined(RF_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MMQ_MMA 1
+#endif
+
+// Word w of staged weight row r is stored at word mmq_swz(r, w). The mma fragments' lanes (g, t)
+// read word t (+ 4c) of rows g and g + 8 at once: swapping 16-byte pieces by the row's low three
+// bits puts those 8 rows x 4 words in 32 different banks without padding (which Q2_K's 64-vector
+// tile has no room for). The dp4a path reads one row per quarter-warp and stores rows as they are.
+static __device__ __forceinline__ int mmq_swz(int r, int w) {
+#if defined(MMQ_MMA)
+    return w ^ ((r & 7) << 2);
+#else
+    (void)r;
+    return w;
+#endif
+}
 
 // A register budget of MINB resident blocks per multiprocessor; on AMD only the block size is
 // bounded, as the second argument of __launch_bounds__ means something else there.
@@ -228,7 +250,7 @@ struct mq_q6_k {
 template <typename T, int NT>
 struct __align__(16) mmq_smem {
     static constexpr int NG = MMQ_KT / T::G;  // scale groups per step
-    int qw[MMQ_ROWS][MMQ_KT / 4];  // read by at most one row per quarter-warp: no padding
+    int qw[MMQ_ROWS][MMQ_KT / 4];  // words swizzled by mmq_swz
     float dw[MMQ_ROWS][NG];
     float mw[MMQ_ROWS][T::MIN ? NG : 1];
     int qa[NT][MMQ_LD];
@@ -262,9 +284,10 @@ static __device__ __forceinline__ void mmq_stage(mmq_smem<T, NT>& s, const uint8
             ok = true;
             T::unit(wr + (long long)kc * T::BYTES, j, q, d, mn);
         }
-        int4* dst = reinterpret_cast<int4*>(&s.qw[r][8 * j]);
-        dst[0] = ok ? make_int4(q[0], q[1], q[2], q[3]) : make_int4(0, 0, 0, 0);
-        dst[1] = ok ? make_int4(q[4], q[5], q[6], q[7]) : make_int4(0, 0, 0, 0);
+        *reinterpret_cast<int4*>(&s.qw[r][mmq_swz(r, 8 * j)]) = ok ? make_int4(q[0], q[1], q[2], q[3])
+                                                                   : make_int4(0, 0, 0, 0);
+        *reinterpret_cast<int4*>(&s.qw[r][mmq_swz(r, 8 * j + 4)]) = ok ? make_int4(q[4], q[5], q[6], q[7])
+                                                                       : make_int4(0, 0, 0, 0);
 #pragma unroll
         for (int h = 0; h < GPS; ++h) {
             s.dw[r][GPS * j + h] = ok ? d[h] : 0.0f;
@@ -393,6 +416,141 @@ static __device__ __forceinline__ void mmq_tile(mmq_smem<T, NT>& s, const uint8_
     }
 }
 
+#if defined(MMQ_MMA)
+// D += A (16 x 32 signed bytes, rows) * B (32 x 8 signed bytes, columns). Lane l = 4 g + t holds
+// A words (row g, word t), (g + 8, t), (g, t + 4), (g + 8, t + 4), B words (column g, word t),
+// (g, t + 4), and D at rows g, g + 8 x columns 2t, 2t + 1 (d0, d1 for row g; d2, d3 for g + 8).
+static __device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One step's products of a staged tile on the tensor cores: warp w takes rows 16 (w % 4).. and
+// the vector tiles of 8 starting at 8 (w / 4 + 2 j), j < NJ = NT / 16; acc[j] holds the lane's
+// four results of tile j (rows g, g + 8 x vectors 2t, 2t + 1).
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_step_mma(const mmq_smem<T, NT>& s, float (&acc)[NT / 16][4]) {
+    constexpr int NJ = NT / 16;
+    constexpr int GPS = 32 / T::G;  // groups per 32 values
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+    const int ra = 16 * (warp & 3) + g, rb = ra + 8;
+#pragma unroll
+    for (int u = 0; u < MMQ_KT / 32; ++u) {
+        const int w0 = 8 * u + t;
+        // Rows ra and rb = ra + 8 share their low three bits (g): one swizzle for both.
+        const int x0 = mmq_swz(g, w0), x1 = mmq_swz(g, w0 + 4);
+        const int a0 = s.qw[ra][x0], a1 = s.qw[rb][x0], a2 = s.qw[ra][x1], a3 = s.qw[rb][x1];
+        float dwa[GPS], dwb[GPS], mwa[GPS], mwb[GPS];
+#pragma unroll
+        for (int h = 0; h < GPS; ++h) {
+            dwa[h] = s.dw[ra][GPS * u + h];
+            dwb[h] = s.dw[rb][GPS * u + h];
+            mwa[h] = T::MIN ? s.mw[ra][GPS * u + h] : 0.0f;
+            mwb[h] = T::MIN ? s.mw[rb][GPS * u + h] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int cb = 8 * ((warp >> 2) + 2 * j);  // the tile's first vector
+            const int b0 = s.qa[cb + g][w0], b1 = s.qa[cb + g][w0 + 4];
+            const int ca = cb + 2 * t;  // the lane's first result vector
+            const float da0 = s.da[ca][u], da1 = s.da[ca + 1][u];
+#pragma unroll
+            for (int h = 0; h < GPS; ++h) {
+                int d[4] = {0, 0, 0, 0};
+                // 16-value groups: the first group's values are words 0..3 of the 32 (b0), the
+                // second's words 4..7 (b1).
+                if (GPS == 1) {
+                    mma_s8_16x8x32(d, a0, a1, a2, a3, b0, b1);
+                } else {
+                    mma_s8_16x8x32(d, a0, a1, a2, a3, h == 0 ? b0 : 0, h == 0 ? 0 : b1);
+                }
+                acc[j][0] += dwa[h] * da0 * (float)d[0];
+                acc[j][1] += dwa[h] * da1 * (float)d[1];
+                acc[j][2] += dwb[h] * da0 * (float)d[2];
+                acc[j][3] += dwb[h] * da1 * (float)d[3];
+                if (T::MIN) {
+                    const float sa0 = s.sa[ca][GPS * u + h], sa1 = s.sa[ca + 1][GPS * u + h];
+                    acc[j][0] += mwa[h] * sa0;
+                    acc[j][1] += mwa[h] * sa1;
+                    acc[j][2] += mwb[h] * sa0;
+                    acc[j][3] += mwb[h] * sa1;
+                }
+            }
+        }
+    }
+}
+
+// Asks L2 for the weight bytes of step kc of the block's rows, each thread for the pieces its
+// staging reads, so that the next step's loads find them there (1-5% on H200; kernels/PERF.md).
+template <typename T>
+static __device__ __forceinline__ void mmq_prefetch(const uint8_t* __restrict__ w, int kc, int k, long long row_bytes,
+                                                    int nrows, int row0) {
+    const int tid = threadIdx.x;
+    const int nblk = k / T::QK;
+#pragma unroll
+    for (int i = 0; i < MMQ_ROWS * 8 / MMQ_THREADS; ++i) {
+        const int u = tid + i * MMQ_THREADS;
+        const int r = u >> 3, j = u & 7;
+        const uint8_t* wr = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
+        if (T::QK == 32) {
+            const int blk = kc * 8 + j;
+            if (blk < nblk) rf_prefetch_l2(wr + (long long)blk * T::BYTES);
+        } else {
+            rf_prefetch_l2(wr + (long long)kc * T::BYTES + 32 * j);
+        }
+    }
+}
+
+// mmq_tile on the tensor cores (same arguments and results).
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_tile_mma(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w,
+                                                    const float* __restrict__ bias, const uint8_t* __restrict__ y,
+                                                    float* __restrict__ out, float* __restrict__ part, int k,
+                                                    long long row_bytes, int out_stride, int nrows, int m,
+                                                    int splits) {
+    constexpr int NJ = NT / 16;
+    const int col0 = blockIdx.x * NT, row0 = blockIdx.y * MMQ_ROWS;
+    const int nch = (k + MMQ_KT - 1) / MMQ_KT;
+    int kc0 = 0, kc1 = nch;
+    if (part) {
+        const int sp = blockIdx.z % splits, per = (nch + splits - 1) / splits;
+        kc0 = min(nch, sp * per);
+        kc1 = min(nch, kc0 + per);
+    }
+    float acc[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    for (int kc = kc0; kc < kc1; ++kc) {
+        __syncthreads();  // the previous step's reads are done
+        mmq_stage<T, NT>(s, w, y, kc, k, row_bytes, nrows, m, row0, col0);
+        if (kc + 1 < kc1) mmq_prefetch<T>(w, kc + 1, k, row_bytes, nrows, row0);
+        __syncthreads();
+        mmq_step_mma<T, NT>(s, acc);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int col = col0 + 8 * ((warp >> 2) + 2 * j) + 2 * t + (i & 1);
+            const int row = row0 + 16 * (warp & 3) + g + 8 * (i >> 1);
+            if (col >= m || row >= nrows) continue;
+            if (part) {
+                part[((size_t)blockIdx.z * m + col) * nrows + row] = acc[j][i];
+            } else {
+                out[(size_t)col * out_stride + row] = acc[j][i] + (bias ? bias[row] : 0.0f);
+            }
+        }
+    }
+}
+#endif
+
 template <typename T, int NT>
 static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t* w1, const float* bias,
                                                 const uint8_t* y, float* out, float* part, int k,
@@ -400,7 +558,11 @@ static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t
                                                 int splits) {
     __shared__ mmq_smem<T, NT> s;
     const uint8_t* w = (part && (int)blockIdx.z >= splits) ? w1 : w0;
+#if defined(MMQ_MMA)
+    mmq_tile_mma<T, NT>(s, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
+#else
     mmq_tile<T, NT>(s, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
+#endif
 }
 
 // Register budgets per tile width (resident blocks per multiprocessor): narrow tiles need few
@@ -410,7 +572,7 @@ static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t
 #define MMQ_MIN_BLOCKS_16 4
 #endif
 #ifndef MMQ_MIN_BLOCKS_32
-#define MMQ_MIN_BLOCKS_32 3
+#define MMQ_MIN_BLOCKS_32 4
 #endif
 #ifndef MMQ_MIN_BLOCKS_64
 #define MMQ_MIN_BLOCKS_64 2

@@ -232,7 +232,7 @@ pub const MMQ_STEP: usize = 256;
 pub const MMQ_MAX_SPLITS: usize = 8;
 /// Blocks per multiprocessor the `mmq_*` kernels of 16, 32 and 64 vectors per tile keep their
 /// registers for (`MMQ_MIN_BLOCKS_16/32/64`).
-pub const MMQ_BLOCKS_PER_SM: [(usize, usize); 3] = [(16, 4), (32, 3), (64, 2)];
+pub const MMQ_BLOCKS_PER_SM: [(usize, usize); 3] = [(16, 4), (32, 4), (64, 2)];
 
 /// How a batched product on integer tiles ([`WeightType::mmq`]) is launched: `mats` matrices
 /// (1, or 2 for a gated product: gate and up) of `nrows` rows of `k` values times `m` vectors.

@@ -471,12 +471,15 @@ fn mmq_constants_mirror_the_source() {
 
 #[test]
 fn mmq_plans_split_only_small_grids() {
-    // 8B q/o projection, 32 vectors, 132 multiprocessors (3 blocks each): 64 tiles split to
-    // fill the device.
+    // 8B q/o projection, 32 vectors, 132 multiprocessors (4 blocks each): 64 tiles split to
+    // fill the device (up to MMQ_MAX_SPLITS).
     let p = MmqPlan::new(4096, 32, 4096, 1, 132);
-    assert_eq!((p.nt, p.splits, p.grid), (32, 7, [1, 64, 7]));
+    assert_eq!((p.nt, p.splits, p.grid), (32, 8, [1, 64, 8]));
     assert!(p.partial);
-    assert_eq!(p.partial_values(4096, 32), 7 * 32 * 4096);
+    assert_eq!(p.partial_values(4096, 32), 8 * 32 * 4096);
+    // 64 vectors, 2 blocks each: 64 tiles, 5 shares.
+    let p = MmqPlan::new(4096, 64, 4096, 1, 132);
+    assert_eq!((p.nt, p.splits, p.grid), (64, 5, [1, 64, 5]));
     // At most MMQ_MAX_SPLITS shares.
     assert_eq!(MmqPlan::new(4096, 16, 4096, 1, 132).splits, MMQ_MAX_SPLITS);
     // Enough tiles: one share, written directly.

@@ -281,7 +281,9 @@ fn mat_vecs(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let kid = wt.matvec_multi();
     // Rows the plain path would split across a block's warps stay on it, and batches the tile
     // kernels take go to them.
-    if m > MATVEC_MAX_COLS || mmq_takes(m) || (k >= K_SPLIT_FROM && wt == kernels::WeightType::Q8_0)
+    if m > MATVEC_MAX_COLS
+        || mmq_takes(d, m)
+        || (k >= K_SPLIT_FROM && wt == kernels::WeightType::Q8_0)
     {
         return Ok(0);
     }
@@ -378,7 +380,7 @@ fn projections_rope_kv(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> 
     let v_q6 = mv.srcs[0].tensor.dtype == DType::Q6_K;
     let mats_ok = w0.tensor.dtype == DType::Q4_K
         && m <= MATVEC_MAX_COLS
-        && !mmq_takes(m)
+        && !mmq_takes(d, m)
         && joins(mq, mk)
         && if v_q6 {
             joins_rows(mq, mv)

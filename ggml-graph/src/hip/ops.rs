@@ -18,8 +18,13 @@ pub(super) const MATVEC_MAX_COLS: usize = 8;
 /// for quantized weights instead of the mat-vecs, grouped or not (kernels/PERF.md, "Batched
 /// products: thresholds").
 pub(super) const MMQ_MIN_COLS: usize = 8;
-/// Columns up to which they take them instead of dequantization to f16 + gemmEx (the same).
+/// Columns up to which they take them instead of dequantization to f16 + gemmEx (the same),
+/// where the products run as dp4a-style 8-bit dot products (AMD, NVIDIA before compute
+/// capability 8.0).
 pub(super) const MMQ_MAX_COLS: usize = 32;
+/// The same where they run on the tensor cores (NVIDIA, compute capability 8.0 and later:
+/// `MMQ_MMA` in mmq.hip; kernels/PERF.md, "Batched products: thresholds with tensor cores").
+pub(super) const MMQ_MMA_MAX_COLS: usize = 64;
 /// Threads per block of `rms_norm_q8_split_f32` (four values each per block slice).
 const RMS_Q8_SPLIT_THREADS: u32 = 256;
 /// Value steps of four per thread the one-block RMS norm kernels take (`RMS_Q8_STEPS` in ops.hip).
@@ -410,7 +415,7 @@ pub(crate) fn launch(
                 None => None,
             };
             let (k, m) = (x.ne[0], x.nrows());
-            if m <= MATVEC_MAX_COLS.max(MMQ_MAX_COLS) && k % 32 == 0 && t.is_contiguous() {
+            if m <= MATVEC_MAX_COLS.max(mmq_max_cols(d)) && k % 32 == 0 && t.is_contiguous() {
                 // Decode: the rows also go out quantized for the mat-vecs (or tile kernels)
                 // that read them.
                 let mut cache = d.inner.q8.lock();
@@ -724,7 +729,7 @@ fn mul_mat_bias(
     let (k, n, m) = (wt_.ne[0], wt_.ne[1], xt.nrows());
     let (wp, xp) = (addr(w)?, addr(x)?);
     let warp = d.inner.warp;
-    if let (true, Some(wt)) = (mmq_takes(m), weight_type(wt_.dtype)) {
+    if let (true, Some(wt)) = (mmq_takes(d, m), weight_type(wt_.dtype)) {
         let ws = [wp];
         let p = MmqProduct {
             wt,
@@ -910,7 +915,7 @@ fn mul_mat_gated(
     let (k, n, m) = (wg.tensor.ne[0], wg.tensor.ne[1], x.tensor.nrows());
     let gated = weight_type(wg.tensor.dtype).map(|wt| (wt, wt.matvec_gated()));
     if let (true, Some((wt, _))) = (
-        mmq_takes(m) && wu.tensor.dtype == wg.tensor.dtype && wu.tensor.nb[1] == wg.tensor.nb[1],
+        mmq_takes(d, m) && wu.tensor.dtype == wg.tensor.dtype && wu.tensor.nb[1] == wg.tensor.nb[1],
         gated,
     ) {
         let ws = [addr(wg)?, addr(wu)?];
@@ -981,9 +986,19 @@ pub fn mmq_launches() -> usize {
     MMQ_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether a product of `m` activation vectors with quantized weights takes the tile kernels.
-pub(super) fn mmq_takes(m: usize) -> bool {
-    (MMQ_MIN_COLS..=MMQ_MAX_COLS).contains(&m)
+/// The most activation vectors `d`'s tile kernels take: more where their products run on
+/// tensor cores (every NVIDIA image is built for compute capability 8.0 or later).
+pub(super) fn mmq_max_cols(d: &HipDevice) -> usize {
+    match d.inner.target {
+        kernels::Device::Nvidia { major, .. } if major >= 8 => MMQ_MMA_MAX_COLS,
+        _ => MMQ_MAX_COLS,
+    }
+}
+
+/// Whether a product of `m` activation vectors with quantized weights takes the tile kernels
+/// on `d`.
+pub(super) fn mmq_takes(d: &HipDevice, m: usize) -> bool {
+    (MMQ_MIN_COLS..=mmq_max_cols(d)).contains(&m)
 }
 
 /// One batched product on integer tiles: `ws` (one matrix, or gate and up for a gated product

@@ -1,11 +1,11 @@
 //! GPU-against-CPU checks of the batched quantized products on integer tiles (`mmq.hip`): every
 //! weight type the mat-vecs take, 2 to 256 activation vectors (the tile kernels from
-//! `MMQ_MIN_COLS` to `MMQ_MAX_COLS`, in full and partial tiles; the mat-vecs and gemmEx around
-//! them), row counts that are not a multiple of a tile's, rows of whole 256-value steps and
+//! `MMQ_MIN_COLS` to the device's most, `mmq_max_cols`: 32 with dp4a products, 256 on tensor
+//! cores; in full and partial tiles; the mat-vecs and gemmEx around them), row counts that are not a multiple of a tile's, rows of whole 256-value steps and
 //! (32-value types) of an odd number of blocks, steps split over several blocks, a bias row and
 //! the gated product.
 
-use super::super::ops::{MMQ_MAX_COLS, MMQ_MIN_COLS};
+use super::super::ops::mmq_takes;
 use super::{check, f32_bytes, gated_case, hip, mul_mat_add_case, weight, Case, Rng};
 use crate::graph::Graph;
 use crate::tensor::{Act, DType};
@@ -33,8 +33,8 @@ fn row_lengths(dt: DType) -> &'static [usize] {
     }
 }
 
-/// `mul_mat` of 2 to 256 vectors against the CPU for every type; from `MMQ_MIN_COLS` to
-/// `MMQ_MAX_COLS` vectors it takes the tile kernels.
+/// `mul_mat` of 2 to 256 vectors against the CPU for every type; where `mmq_takes` says so it
+/// takes the tile kernels.
 #[test]
 fn mmq_mul_mat_matches_cpu() {
     let Some(h) = hip() else { return };
@@ -42,7 +42,7 @@ fn mmq_mul_mat_matches_cpu() {
     let n = 100usize;
     for dt in TYPES {
         for &k in row_lengths(dt) {
-            for m in [2usize, 7, 8, 9, 16, 32, 33, 64, 128, 256] {
+            for m in [2usize, 7, 8, 9, 16, 31, 32, 33, 64, 100, 128, 256] {
                 let mut g = Graph::new();
                 let w = g.weight("w", dt, &[k, n]).expect("w");
                 let x = g.input("x", DType::F32, &[k, m]).expect("x");
@@ -57,7 +57,7 @@ fn mmq_mul_mat_matches_cpu() {
                 let before = crate::hip::mmq_launches();
                 check(&h, &format!("mmq mul_mat {dt} k={k} m={m}"), &c, 2e-3);
                 // (Other tests may launch tile kernels meanwhile: only a launch is conclusive.)
-                if (MMQ_MIN_COLS..=MMQ_MAX_COLS).contains(&m) {
+                if mmq_takes(&h, m) {
                     assert!(
                         crate::hip::mmq_launches() > before,
                         "{dt} k={k} m={m}: no tile kernel launched"
@@ -70,7 +70,8 @@ fn mmq_mul_mat_matches_cpu() {
 
 /// The fused bias (`mul_mat + b`) and gated (`act(w_gate x) * (w_up x)`) products on the tile
 /// kernels against the CPU for every type: one block per tile (short rows) and split steps,
-/// partial and full tiles of 16 and 32 vectors.
+/// partial and full tiles of 16, 32 and 64 vectors, and several tiles of 64 where the device
+/// takes that many.
 #[test]
 fn mmq_bias_and_gated_match_cpu() {
     let Some(h) = hip() else { return };
@@ -78,7 +79,10 @@ fn mmq_bias_and_gated_match_cpu() {
     let n = 136usize;
     for dt in TYPES {
         for k in [512usize, 2048] {
-            for m in [8usize, 20, 32] {
+            for m in [8usize, 20, 32, 64, 100, 256] {
+                if !mmq_takes(&h, m) {
+                    continue;
+                }
                 let c = mul_mat_add_case(dt, k, n, m, &mut rng);
                 let before = crate::hip::mmq_launches();
                 check(&h, &format!("mmq mul_mat_add {dt} k={k} m={m}"), &c, 2e-3);

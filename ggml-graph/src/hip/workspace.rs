@@ -22,11 +22,12 @@ const MIN_Q8: u64 = 1 << 16;
 const SLACK: u64 = 1 << 20;
 /// Columns up to which products run as mat-vecs on Q8_1 activations (`ops::MATVEC_MAX_COLS`).
 const MATVEC_MAX_COLS: usize = 8;
-/// Columns the integer tile products take (`ops::MMQ_MIN_COLS..=ops::MMQ_MAX_COLS`): their
+/// Columns the integer tile products take on some device (`ops::MMQ_MIN_COLS` to the larger of
+/// `ops::MMQ_MAX_COLS` and `ops::MMQ_MMA_MAX_COLS`; the estimate knows no device): their
 /// activations go through the Q8_1 buffer too, and split launches write partial sums to the
 /// scratch.
 const MMQ_MIN_COLS: usize = 8;
-const MMQ_MAX_COLS: usize = 32;
+const MMQ_MAX_COLS: usize = 64;
 /// Most shares a tile product splits its steps into (`kernels::MMQ_MAX_SPLITS`).
 const MMQ_MAX_SPLITS: usize = 8;
 /// Alignment of the areas inside the scratch (`ops::ALIGN`).
@@ -44,7 +45,8 @@ const ATTN_DEC_MAX_KV: usize = 4096;
 const _: () = {
     assert!(MATVEC_MAX_COLS == super::ops::MATVEC_MAX_COLS);
     assert!(MMQ_MIN_COLS == super::ops::MMQ_MIN_COLS);
-    assert!(MMQ_MAX_COLS == super::ops::MMQ_MAX_COLS);
+    assert!(MMQ_MAX_COLS == super::ops::MMQ_MMA_MAX_COLS);
+    assert!(MMQ_MAX_COLS >= super::ops::MMQ_MAX_COLS);
     assert!(MMQ_MAX_SPLITS == kernels::MMQ_MAX_SPLITS);
     assert!(ALIGN == super::ops::ALIGN);
     assert!(ATTN_DEC_MAX_KV == kernels::ATTN_DEC_MAX_KV);
