@@ -1,13 +1,15 @@
 //! Several GPUs in one process: which GPUs a session uses and how its repeating layers spread
-//! over them by layer (llama.cpp's `--split-mode layer`, `--tensor-split`, `--main-gpu`, and
-//! `--devices`).
+//! over them, by layer or by tensor (llama.cpp's `--split-mode layer|row`, `--tensor-split`,
+//! `--main-gpu`, and `--devices`).
 //!
 //! A layer split gives each GPU a run of consecutive layers, in GPU order, in proportion to the
 //! split (`--tensor-split`, else each GPU's free memory); the output head and the token
 //! embedding go to the head GPU (`--main-gpu`, else the GPU of the last layer, which saves a
 //! copy). Layers that fit no GPU stay on the CPU, first layers first, as with `-ngl`. Each GPU
 //! holds the KV cache of its own layers; the scheduler passes activations GPU to GPU at the
-//! boundaries. Everything here is a pure function of counts and byte sizes, tested without GPUs.
+//! boundaries. A tensor split ([`TensorSplit`]) instead divides every layer's heads and
+//! feed-forward columns among the GPUs. Everything here is a pure function of counts and byte
+//! sizes, tested without GPUs.
 
 use std::fmt;
 use std::ops::Range;
@@ -60,11 +62,13 @@ pub struct GpuSelection {
     pub devices: Option<Vec<usize>>,
     /// `--split-mode`; `None`: one GPU when the model fits it, else a layer split over all.
     pub split_mode: Option<SplitMode>,
-    /// Share of the layers per GPU of [`GpuSelection::devices`] (`--tensor-split 3,1`);
-    /// `None`: in proportion to free memory.
+    /// Share of the layers (or with [`SplitMode::Tensor`] of the heads and feed-forward
+    /// columns) per GPU of [`GpuSelection::devices`] (`--tensor-split 3,1`); `None`: in
+    /// proportion to free memory.
     pub tensor_split: Option<Vec<f64>>,
-    /// Index into the GPU list of the GPU that holds the output head (layer split) or the one
-    /// GPU used (split mode none); `None`: the last GPU of a layer split, the first one alone.
+    /// Index into the GPU list of the GPU that holds the output head (layer split; with a
+    /// tensor split also the embeddings, norms and sums) or the one GPU used (split mode none);
+    /// `None`: the last GPU of a layer split, else the first.
     pub main_gpu: Option<usize>,
 }
 
@@ -438,7 +442,7 @@ impl TensorSplit {
                     attn_block
                 ))
             })?;
-        let ff_unit = if n_ff % FF_UNIT == 0 && FF_UNIT % ffn_block == 0 {
+        let ff_unit = if n_ff.is_multiple_of(FF_UNIT) && FF_UNIT.is_multiple_of(ffn_block) {
             FF_UNIT
         } else {
             ffn_block

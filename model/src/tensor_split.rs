@@ -205,7 +205,7 @@ fn cut_columns(v: &WeightView, c: &Range<usize>) -> Result<WeightView, ModelErro
         return Err(bad(name, format!("cannot cut columns of dims {dims:?}")));
     };
     let bs = dtype.block_size();
-    if c.end > *ne0 || c.start % bs != 0 || c.end % bs != 0 {
+    if c.end > *ne0 || !c.start.is_multiple_of(bs) || !c.end.is_multiple_of(bs) {
         return Err(bad(
             name,
             format!("columns {c:?} of {ne0} do not fall on {bs}-value blocks"),
@@ -449,6 +449,19 @@ mod tests {
         out
     }
 
+    #[test]
+    fn a_tensor_split_refuses_mixtures_of_experts() {
+        let dir = std::env::temp_dir().join(format!("rocmforge-tp-moe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("moe.gguf");
+        let o = crate::synth::SynthOptions::parse("mixtral", "tiny-moe", "q8_0", 3).unwrap();
+        crate::synth::write(&o, None, &path).unwrap();
+        let m = Model::load(&path, |_, _| {}).unwrap();
+        let e = plan(&m, &[1.0, 1.0], 0).unwrap_err().to_string();
+        assert!(e.contains("mixture-of-experts"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     /// A tensor split over two (CPU) devices computes the whole model's logits: every
     /// slice, part and sum in its place, the KV cache parts kept across passes. Synthetic
     /// llama (Q8_0: heads split one by one; Q4_K_M: the attention's 256-value blocks keep
@@ -463,9 +476,29 @@ mod tests {
             ("qwen2", "q8_0", [1.0, 1.0], 1, [1, 1]),
             ("gemma3", "q8_0", [1.0, 1.0], 0, [1, 1]),
         ];
-        for (arch, ftype, shares, main, kv_parts) in cases {
-            let o = crate::synth::SynthOptions::parse(arch, "tiny", ftype, 3).unwrap();
-            let path = dir.join(format!("{arch}-{ftype}.gguf"));
+        // The 8B-like shape of the GPU tests (model/tests/multi_gpu.rs): 4 query heads of 128
+        // per KV head fill whole Q4_K blocks.
+        let shaped = {
+            let mut o = crate::synth::SynthOptions::parse("gemma3", "tiny", "q4_k_m", 3).unwrap();
+            o.shape.n_embd = 512;
+            (o.shape.n_head, o.shape.n_head_kv, o.shape.head_dim) = (4, 2, 256);
+            o.shape.n_ff = 768;
+            o
+        };
+        let mut runs: Vec<_> = cases
+            .iter()
+            .map(|&(arch, ftype, shares, main, kv_parts)| {
+                let o = crate::synth::SynthOptions::parse(arch, "tiny", ftype, 3).unwrap();
+                (o, shares, main, kv_parts)
+            })
+            .collect();
+        runs.push((shaped, [1.0, 2.0], 0, [1, 1]));
+        for (o, shares, main, kv_parts) in runs {
+            let (arch, ftype) = (o.preset.clone(), format!("{:?} {:?}", o.arch, o.ftype));
+            let path = dir.join(format!(
+                "{:?}-{:?}-{}.gguf",
+                o.arch, o.ftype, o.shape.n_embd
+            ));
             crate::synth::write(&o, None, &path).unwrap();
             let m = Model::load(&path, |_, _| {}).unwrap();
             let ts = Arc::new(plan(&m, &shares, main).unwrap());
