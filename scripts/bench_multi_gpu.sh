@@ -11,7 +11,8 @@
 # OUT_DIR: where the GGUFs and logs go (default /tmp/bench-multi-gpu; the models are reused
 # when present). PRESETS (env): the synth presets to run (default "llama3-8b llama3-70b"; a
 # preset this build does not know, or a model that does not fit, is reported and skipped).
-# REPS (env): repetitions per test (default 3).
+# REPS (env): repetitions per test (default 3). VOCAB (env): a GGUF whose vocabulary the
+# models get (`synth --vocab`; default: synth's built-in one).
 #
 # Prints each engine's tables; the logs keep the device plans.
 set -euo pipefail
@@ -30,8 +31,9 @@ for preset in $PRESETS; do
   m="$OUT/$preset-q4_k_m.gguf"
   if [ ! -s "$m" ]; then
     echo "== synth $preset"
-    if ! "$RF" synth --arch llama --preset "$preset" --ftype q4_k_m --seed 42 -o "$m" \
-      >"$OUT/$preset-synth.log" 2>&1; then
+    vocab=(); if [ -n "${VOCAB:-}" ]; then vocab=(--vocab "$VOCAB"); fi
+    if ! "$RF" synth --arch llama --preset "$preset" --ftype q4_k_m --seed 42 "${vocab[@]}" \
+      -o "$m" >"$OUT/$preset-synth.log" 2>&1; then
       echo "$preset: synth failed (see $OUT/$preset-synth.log), skipped"
       tail -3 "$OUT/$preset-synth.log"
       rm -f "$m"
@@ -42,7 +44,8 @@ for preset in $PRESETS; do
   for mode in none layer tensor; do
     if [ "$mode" = none ]; then gpus=(--split-mode none); else gpus=(--split-mode "$mode" --devices 0,1); fi
     echo "== rocmforge $preset ${gpus[*]}"
-    "$RF" bench -m "$m" -p 512 -n 128 -r "$REPS" "${gpus[@]}" 2>"$OUT/$preset-rf-$mode.log" ||
+    "$RF" bench -m "$m" --device gpu -p 512 -n 128 -r "$REPS" "${gpus[@]}" \
+      2>"$OUT/$preset-rf-$mode.log" ||
       { echo "rocmforge $preset $mode failed:"; tail -5 "$OUT/$preset-rf-$mode.log"; }
   done
   if [ -x "$BIN/llama-bench" ]; then
