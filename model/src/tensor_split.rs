@@ -462,6 +462,90 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
+    /// Logits of two sequences through `model`'s paged plans (a prompt pass of both, then one
+    /// decode step of each), run by a scheduler over `n_dev` CPU devices placed by `rule`.
+    fn run_paged_on(
+        model: &Model,
+        views: Vec<WeightView>,
+        n_dev: usize,
+        rule: ggml_graph::sched::PlacementRule,
+    ) -> Vec<Vec<f32>> {
+        use crate::arch::{build_paged_forward, KvType, PagedBatch, PagedKvSpec};
+        use ggml_graph::backend::{CpuDevice, Device};
+        let cpu = Arc::new(ggml_graph::CpuBackend::new(2).unwrap());
+        let devices: Vec<Arc<dyn Device>> = (0..n_dev)
+            .map(|_| Arc::new(CpuDevice::new(cpu.clone())) as Arc<dyn Device>)
+            .collect();
+        let mut sched = ggml_graph::Scheduler::new(devices).unwrap();
+        for (name, dtype, dims, bytes) in views {
+            sched.bind_weight(&name, dtype, &dims, bytes).unwrap();
+        }
+        sched.set_placement(rule);
+        let spec = PagedKvSpec {
+            dtype: KvType::F32,
+            n_blocks: 4,
+            block_size: 4,
+            max_blocks: 2,
+        };
+        let tables = [0i32, 1, 2, 3];
+        let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        // (tokens, positions, pool rows, [column, one-token flag] per token)
+        let passes: [(&[i32], &[i32], &[i32], &[i32]); 2] = [
+            (
+                &[1, 17, 145, 2, 99, 7, 8, 9],
+                &[0, 1, 2, 3, 4, 0, 1, 2],
+                &[0, 1, 2, 3, 4, 8, 9, 10],
+                &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0],
+            ),
+            (&[5, 11], &[5, 3], &[5, 11], &[0, 1, 1, 1]),
+        ];
+        let mut out = Vec::new();
+        for (toks, pos, slots, seq) in passes {
+            let n = toks.len();
+            let batch = PagedBatch {
+                n_tok: n,
+                n_seqs: 2,
+                n_out: n,
+                hidden: false,
+                n_copy: 0,
+            };
+            let mut g = build_paged_forward(model.config(), model.weights(), &spec, batch).unwrap();
+            ggml_graph::opt::optimize(&mut g.graph);
+            let rows: Vec<i32> = (0..n as i32).collect();
+            let (t, p, sl, sq, tb, r) = (
+                bytes(toks),
+                bytes(pos),
+                bytes(slots),
+                bytes(seq),
+                bytes(&tables),
+                bytes(&rows),
+            );
+            let inputs = [
+                (g.tokens, t.as_slice()),
+                (g.pos, &p),
+                (g.slots, &sl),
+                (g.seq, &sq),
+                (g.tables, &tb),
+                (g.out_rows, &r),
+            ];
+            sched.run(&g.graph, &inputs).unwrap();
+            out.push(sched.with_output_f32(g.logits, |v| v.to_vec()).unwrap());
+        }
+        out
+    }
+
+    /// Largest |a - b| over the largest |a| (at least 1).
+    fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        assert!(
+            a.iter().chain(b).all(|x| x.is_finite()),
+            "non-finite logits"
+        );
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        diff / scale.max(1.0)
+    }
+
     /// A tensor split over two (CPU) devices computes the whole model's logits: every
     /// slice, part and sum in its place, the KV cache parts kept across passes. Synthetic
     /// llama (Q8_0: heads split one by one; Q4_K_M: the attention's 256-value blocks keep
@@ -528,12 +612,30 @@ mod tests {
                 &steps,
             );
             for (a, b) in whole.iter().zip(&split) {
-                assert_eq!(a.len(), b.len());
-                let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
-                let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                let d = rel_diff(a, b);
+                assert!(d <= 1e-3, "{arch} {ftype}: logits differ by {d} (relative)");
+            }
+            // The paged plans (the batching engine's), each GPU with its heads' share of the
+            // pool.
+            let whole = run_paged_on(
+                &m,
+                weight_views(&m).unwrap(),
+                1,
+                Arc::new(|_: &str| Some(0)),
+            );
+            let rule_ts = Arc::clone(&ts);
+            let cut = split_weights(&m, Arc::clone(&ts)).unwrap();
+            let split = run_paged_on(
+                &tp,
+                cut.views,
+                2,
+                Arc::new(move |n: &str| device_of(&rule_ts, n)),
+            );
+            for (a, b) in whole.iter().zip(&split) {
+                let d = rel_diff(a, b);
                 assert!(
-                    diff <= 1e-3 * scale.max(1.0),
-                    "{arch} {ftype}: logits differ by {diff} (scale {scale})"
+                    d <= 1e-3,
+                    "{arch} {ftype} paged: logits differ by {d} (relative)"
                 );
             }
         }
