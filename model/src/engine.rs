@@ -413,6 +413,9 @@ mod gpu {
             && ordinals.len() > 1
             && (opts.gpus.wants_several()
                 || (opts.n_gpu_layers.is_none() && fit_layers(&fit.needs, available) <= n_layer));
+        if opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() == 1 {
+            tracing::info!("--split-mode tensor with one GPU: the model runs on it whole");
+        }
         if opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() > 1 {
             let kv_min = fit.kv_min;
             let parts = Parts {
