@@ -490,17 +490,17 @@ mod tests {
         let tables = [0i32, 1, 2, 3];
         let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         // (tokens, positions, pool rows, [column, one-token flag] per token)
-        let passes: [(&[i32], &[i32], &[i32], &[i32]); 2] = [
-            (
+        let passes: [[&[i32]; 4]; 2] = [
+            [
                 &[1, 17, 145, 2, 99, 7, 8, 9],
                 &[0, 1, 2, 3, 4, 0, 1, 2],
                 &[0, 1, 2, 3, 4, 8, 9, 10],
                 &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0],
-            ),
-            (&[5, 11], &[5, 3], &[5, 11], &[0, 1, 1, 1]),
+            ],
+            [&[5, 11], &[5, 3], &[5, 11], &[0, 1, 1, 1]],
         ];
         let mut out = Vec::new();
-        for (toks, pos, slots, seq) in passes {
+        for [toks, pos, slots, seq] in passes {
             let n = toks.len();
             let batch = PagedBatch {
                 n_tok: n,
