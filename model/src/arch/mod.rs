@@ -420,6 +420,17 @@ struct Part {
     sfx: String,
 }
 
+impl Part {
+    /// Every head, through the whole tensors.
+    fn whole(cfg: &ModelConfig) -> Self {
+        Self {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            sfx: String::new(),
+        }
+    }
+}
+
 /// Graph-building context shared by the plans: the graph, its inputs and weight lookup.
 pub struct Builder<'a> {
     /// The graph under construction.
@@ -586,12 +597,7 @@ impl<'a> Builder<'a> {
         qk_norm: bool,
     ) -> Result<TensorId, ModelError> {
         let Some(ts) = self.weights.split().cloned() else {
-            let whole = Part {
-                n_head: self.cfg.n_head,
-                n_head_kv: self.cfg.n_head_kv,
-                sfx: String::new(),
-            };
-            let o = self.attention_part(il, x, qk_norm, &whole)?;
+            let o = self.attention_part(il, x, qk_norm, &Part::whole(self.cfg))?;
             return self.tag(o, "attn_out", il);
         };
         let mut partials = Vec::with_capacity(ts.n_gpus());
