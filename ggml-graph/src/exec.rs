@@ -95,6 +95,24 @@ impl WeightBytes {
     pub fn bytes(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.range.clone()]
     }
+
+    /// Bytes `range` of these bytes, sharing the owner (a slice of a tensor without a copy).
+    pub fn sub(&self, range: Range<usize>) -> Result<Self> {
+        let len = self.range.len();
+        if range.start > range.end || range.end > len {
+            return Err(GraphError::Size {
+                name: "weight sub-range".into(),
+                dtype: DType::I8,
+                ne: [len, 1, 1, 1],
+                expected: range.end,
+                got: len,
+            });
+        }
+        Ok(Self {
+            owner: Arc::clone(&self.owner),
+            range: self.range.start + range.start..self.range.start + range.end,
+        })
+    }
 }
 
 struct Bound {

@@ -30,6 +30,11 @@ pub(crate) struct Engine {
     fuse: bool,
     /// Which layers run on the GPU.
     split: LayerSplit,
+    /// A tensor split over the GPUs: graphs keep each GPU's partial results apart.
+    tensor: bool,
+    /// With a tensor split, the model whose weight table holds the GPUs' slices (see
+    /// [`Engine::take_split_model`]).
+    split_model: Option<Model>,
 }
 
 impl Engine {
@@ -85,8 +90,16 @@ impl Engine {
             None => {
                 ggml_graph::opt::optimize(g);
             }
+            // A decode layer fused into one node would run on one GPU: not with a tensor split.
+            Some(_) if self.tensor => gpu::optimize(g, self.fuse, None),
             Some(hip) => gpu::optimize(g, self.fuse, Some((hip, &self.split))),
         }
+    }
+
+    /// With a tensor split, the model the session must build its graphs from (its weight
+    /// table names each GPU's slices and carries the split); `None` otherwise.
+    pub(crate) fn take_split_model(&mut self) -> Option<Model> {
+        self.split_model.take()
     }
 
     /// The KV cache's persistent buffers created so far: name and bytes per row (position).
@@ -189,6 +202,8 @@ fn cpu_only(
         cpu,
         fuse: true,
         split: plan.split,
+        tensor: false,
+        split_model: None,
     };
     Ok((engine, plan))
 }
@@ -398,6 +413,22 @@ mod gpu {
             && ordinals.len() > 1
             && (opts.gpus.wants_several()
                 || (opts.n_gpu_layers.is_none() && fit_layers(&fit.needs, available) <= n_layer));
+        if opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() == 1 {
+            tracing::info!("--split-mode tensor with one GPU: the model runs on it whole");
+        }
+        if opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() > 1 {
+            let kv_min = fit.kv_min;
+            let parts = Parts {
+                first: hip,
+                ordinals: &ordinals,
+                needs: &fit.needs,
+                fuse,
+                kv,
+                kv_min: &kv_min,
+                pool,
+            };
+            return tensor(model, opts, parts, backend, progress);
+        }
         if several {
             let kv_min = fit.kv_min;
             let parts = Parts {
@@ -446,6 +477,8 @@ mod gpu {
             cpu,
             fuse,
             split,
+            tensor: false,
+            split_model: None,
         };
         Ok((engine, plan))
     }
@@ -469,26 +502,13 @@ mod gpu {
         pool: Option<KvPool>,
     }
 
-    /// A layer split over several GPUs (and the CPU for layers that fit none): opens the other
-    /// GPUs, lets each reach the others' memory, chooses the split, sizes a KV pool by what
-    /// every GPU has left, and builds the engine.
-    fn multi(
-        model: &Model,
+    /// Opens the GPUs of `ordinals` (`first` is open already) and lets each reach the others'
+    /// memory.
+    fn open_all(
         opts: &SessionOptions,
-        parts: Parts<'_>,
-        worst: Graph,
-        backend: CpuBackend,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<(Engine, DevicePlan), ModelError> {
-        let Parts {
-            first,
-            ordinals,
-            needs,
-            fuse,
-            kv,
-            kv_min,
-            pool,
-        } = parts;
+        first: &Arc<HipDevice>,
+        ordinals: &[usize],
+    ) -> Result<Vec<Arc<HipDevice>>, ModelError> {
         let mut gpus = Vec::with_capacity(ordinals.len());
         for &o in ordinals {
             if o as i32 == first.ordinal() {
@@ -512,6 +532,30 @@ mod gpu {
                 }
             }
         }
+        Ok(gpus)
+    }
+
+    /// A layer split over several GPUs (and the CPU for layers that fit none): opens the other
+    /// GPUs, lets each reach the others' memory, chooses the split, sizes a KV pool by what
+    /// every GPU has left, and builds the engine.
+    fn multi(
+        model: &Model,
+        opts: &SessionOptions,
+        parts: Parts<'_>,
+        worst: Graph,
+        backend: CpuBackend,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(Engine, DevicePlan), ModelError> {
+        let Parts {
+            first,
+            ordinals,
+            needs,
+            fuse,
+            kv,
+            kv_min,
+            pool,
+        } = parts;
+        let gpus = open_all(opts, &first, ordinals)?;
         let available: Vec<u64> = gpus.iter().map(|h| h.budget_available()).collect();
         let ms = fit_multi(
             needs,
@@ -592,6 +636,152 @@ mod gpu {
             cpu,
             fuse,
             split,
+            tensor: false,
+            split_model: None,
+        };
+        Ok((engine, plan))
+    }
+
+    /// A tensor split over several GPUs (`--split-mode tensor`): every layer on every GPU, its
+    /// heads and feed-forward columns divided among them (see [`crate::gpus::TensorSplit`]),
+    /// the embeddings, norms, sums of the partial results and the output head on the main
+    /// GPU. Sizes a KV pool by what every GPU has left for its heads' share of each block.
+    fn tensor(
+        model: &Model,
+        opts: &SessionOptions,
+        parts: Parts<'_>,
+        backend: CpuBackend,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(Engine, DevicePlan), ModelError> {
+        let Parts {
+            first,
+            ordinals,
+            needs,
+            fuse,
+            kv,
+            kv_min,
+            pool,
+        } = parts;
+        if let Some(n) = opts.n_gpu_layers {
+            return Err(ModelError::InvalidArgument(format!(
+                "-ngl {n} with --split-mode tensor: a tensor split puts every layer on every \
+                 GPU; use --split-mode layer to keep layers on the CPU"
+            )));
+        }
+        let gpus = open_all(opts, &first, ordinals)?;
+        let available: Vec<u64> = gpus.iter().map(|h| h.budget_available()).collect();
+        let shares: Vec<f64> = match &opts.gpus.tensor_split {
+            Some(s) => s.clone(),
+            None => available.iter().map(|&a| a as f64).collect(),
+        };
+        let main = opts.gpus.main_gpu.unwrap_or(0);
+        let ts = Arc::new(crate::tensor_split::plan(model, &shares, main)?);
+        let cut = crate::tensor_split::split_weights(model, Arc::clone(&ts))?;
+        let cfg = model.config();
+        let n_kv = cfg.n_head_kv.max(1) as u64;
+        // Each GPU holds its heads' share of every layer's KV rows.
+        let kv_share = |spec: &KvCacheSpec, k: usize| {
+            (spec.bytes(cfg) as u64).saturating_mul(ts.kv_heads[k].len() as u64) / n_kv
+        };
+        let estimate = |k: usize, spec: &KvCacheSpec| GpuEstimate {
+            weights: cut.bytes[k],
+            kv: kv_share(spec, k),
+            activations: needs.activations.saturating_add(if k == ts.main {
+                needs.workspace_head
+            } else {
+                needs.workspace_layers
+            }),
+        };
+        let kv = match pool {
+            Some(p) => {
+                let blocks = (0..gpus.len())
+                    .filter(|&k| !ts.kv_heads[k].is_empty())
+                    .map(|k| {
+                        let block_bytes = kv_share(kv_min, k) / p.min_blocks.max(1) as u64;
+                        let used = estimate(k, kv_min).total();
+                        p.blocks(available[k].saturating_sub(used), block_bytes)
+                    })
+                    .min()
+                    .unwrap_or(p.min_blocks);
+                KvCacheSpec {
+                    n_ctx: blocks * p.block_size,
+                    ..*kv
+                }
+            }
+            None => *kv,
+        };
+        let estimates: Vec<GpuEstimate> = (0..gpus.len()).map(|k| estimate(k, &kv)).collect();
+        if let Some(k) = (0..gpus.len()).find(|&k| estimates[k].total() > available[k]) {
+            return Err(ModelError::Device(format!(
+                "--split-mode tensor: {} needs {} (weights {}, KV cache {}), {} available",
+                gpus[k].name(),
+                mib(estimates[k].total()),
+                mib(estimates[k].weights),
+                mib(estimates[k].kv),
+                mib(available[k])
+            )));
+        }
+        let n_layer = cfg.n_layer;
+        let split = LayerSplit::new(n_layer, n_layer + 1);
+        let shares_plan: Vec<GpuShare> = (0..gpus.len())
+            .map(|k| GpuShare {
+                device: gpus[k].name().to_string(),
+                layers: 0..n_layer,
+                output: k == ts.main,
+                estimate: estimates[k],
+                available: available[k],
+            })
+            .collect();
+        let total = estimates
+            .iter()
+            .fold(GpuEstimate::default(), |a, e| GpuEstimate {
+                weights: a.weights + e.weights,
+                kv: a.kv + e.kv,
+                activations: a.activations + e.activations,
+            });
+        let heads: Vec<String> = (0..gpus.len())
+            .map(|k| format!("{}/{}", ts.q_heads(k).len(), ts.ff[k].len()))
+            .collect();
+        let plan = DevicePlan {
+            device: format!("{} GPUs", gpus.len()),
+            split,
+            estimate: total,
+            available: Some(available.iter().sum()),
+            reason: format!(
+                "split mode tensor over GPUs {ordinals:?} (query heads/feed-forward columns \
+                 per GPU {}), main GPU {}{}",
+                heads.join(", "),
+                ts.main,
+                if fuse { "" } else { "; unfused graph" }
+            ),
+            kv: KvPlan::of(&kv, cfg),
+            runtime: Some(gpus.iter().map(|h| h.runtime_bytes()).sum()),
+            gpus: shares_plan,
+        };
+        let cpu = Arc::new(backend);
+        let mut devices: Vec<Arc<dyn Device>> = Vec::with_capacity(gpus.len() + 1);
+        for h in &gpus {
+            devices.push(h.clone());
+        }
+        devices.push(Arc::new(CpuDevice::new(cpu.clone())));
+        let mut sched = Scheduler::with_options(devices, opts.scheduler)?;
+        for (name, dtype, dims, bytes) in cut.views {
+            sched.bind_weight(&name, dtype, &dims, bytes)?;
+        }
+        let rule_split = Arc::clone(&ts);
+        let rule: PlacementRule =
+            Arc::new(move |name: &str| crate::tensor_split::device_of(&rule_split, name));
+        sched.set_placement(rule);
+        sched.upload_placed_weights(progress)?;
+        let engine = Engine {
+            sched,
+            hip: Some(gpus[ts.main].clone()),
+            gpus,
+            cpu,
+            fuse,
+            split,
+            tensor: true,
+            split_model: Some(model.with_table(cut.table)),
         };
         Ok((engine, plan))
     }

@@ -1,13 +1,15 @@
 //! Several GPUs in one process: which GPUs a session uses and how its repeating layers spread
-//! over them by layer (llama.cpp's `--split-mode layer`, `--tensor-split`, `--main-gpu`, and
-//! `--devices`).
+//! over them, by layer or by tensor (llama.cpp's `--split-mode layer|row`, `--tensor-split`,
+//! `--main-gpu`, and `--devices`).
 //!
 //! A layer split gives each GPU a run of consecutive layers, in GPU order, in proportion to the
 //! split (`--tensor-split`, else each GPU's free memory); the output head and the token
 //! embedding go to the head GPU (`--main-gpu`, else the GPU of the last layer, which saves a
 //! copy). Layers that fit no GPU stay on the CPU, first layers first, as with `-ngl`. Each GPU
 //! holds the KV cache of its own layers; the scheduler passes activations GPU to GPU at the
-//! boundaries. Everything here is a pure function of counts and byte sizes, tested without GPUs.
+//! boundaries. A tensor split ([`TensorSplit`]) instead divides every layer's heads and
+//! feed-forward columns among the GPUs. Everything here is a pure function of counts and byte
+//! sizes, tested without GPUs.
 
 use std::fmt;
 use std::ops::Range;
@@ -23,6 +25,9 @@ pub enum SplitMode {
     None,
     /// Consecutive layers on each GPU.
     Layer,
+    /// Every layer on every GPU: attention heads and feed-forward columns divided among them
+    /// (Megatron style; see [`TensorSplit`]).
+    Tensor,
 }
 
 impl FromStr for SplitMode {
@@ -32,11 +37,9 @@ impl FromStr for SplitMode {
         match s.to_ascii_lowercase().as_str() {
             "none" => Ok(Self::None),
             "layer" => Ok(Self::Layer),
-            "row" | "tensor" => Err(ModelError::InvalidArgument(format!(
-                "--split-mode {s}: tensor parallelism is not built yet; use layer"
-            ))),
+            "row" | "tensor" => Ok(Self::Tensor),
             _ => Err(ModelError::InvalidArgument(format!(
-                "--split-mode `{s}`: expected none or layer"
+                "--split-mode `{s}`: expected none, layer or tensor (row)"
             ))),
         }
     }
@@ -47,6 +50,7 @@ impl fmt::Display for SplitMode {
         f.write_str(match self {
             Self::None => "none",
             Self::Layer => "layer",
+            Self::Tensor => "tensor",
         })
     }
 }
@@ -58,11 +62,13 @@ pub struct GpuSelection {
     pub devices: Option<Vec<usize>>,
     /// `--split-mode`; `None`: one GPU when the model fits it, else a layer split over all.
     pub split_mode: Option<SplitMode>,
-    /// Share of the layers per GPU of [`GpuSelection::devices`] (`--tensor-split 3,1`);
-    /// `None`: in proportion to free memory.
+    /// Share of the layers (or with [`SplitMode::Tensor`] of the heads and feed-forward
+    /// columns) per GPU of [`GpuSelection::devices`] (`--tensor-split 3,1`); `None`: in
+    /// proportion to free memory.
     pub tensor_split: Option<Vec<f64>>,
-    /// Index into the GPU list of the GPU that holds the output head (layer split) or the one
-    /// GPU used (split mode none); `None`: the last GPU of a layer split, the first one alone.
+    /// Index into the GPU list of the GPU that holds the output head (layer split; with a
+    /// tensor split also the embeddings, norms and sums) or the one GPU used (split mode none);
+    /// `None`: the last GPU of a layer split, else the first.
     pub main_gpu: Option<usize>,
 }
 
@@ -137,7 +143,7 @@ impl GpuSelection {
 
     /// True when the flags ask for a split over several GPUs whether or not the model fits one.
     pub fn wants_several(&self) -> bool {
-        self.split_mode == Some(SplitMode::Layer)
+        matches!(self.split_mode, Some(SplitMode::Layer | SplitMode::Tensor))
             || self.tensor_split.is_some()
             || self.devices.as_ref().is_some_and(|d| d.len() > 1)
     }
@@ -361,6 +367,135 @@ impl fmt::Display for GpuShare {
     }
 }
 
+/// Feed-forward columns go to GPUs in runs of this many (when the width allows), so that the
+/// down projection's column slices start on block boundaries of every quantized type.
+pub const FF_UNIT: usize = 256;
+
+/// How a tensor split (`--split-mode tensor`) divides every layer among GPUs: each GPU gets a
+/// run of KV heads with their query heads (rows of the q, k and v projections, the matching
+/// columns of the output projection and its share of the KV cache) and a run of feed-forward
+/// columns (rows of gate and up, columns of down). Each GPU's partial attention output and
+/// partial feed-forward output are summed; everything else runs on the main GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSplit {
+    /// KV heads per GPU, consecutive, in GPU order.
+    pub kv_heads: Vec<Range<usize>>,
+    /// Query heads per KV head.
+    pub group: usize,
+    /// Feed-forward columns per GPU, consecutive, in GPU order.
+    pub ff: Vec<Range<usize>>,
+    /// The GPU (index into the list) holding the embeddings, norms, sums and output head.
+    pub main: usize,
+}
+
+/// The shape a [`TensorSplit`] divides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Value head size (columns of the output projection per query head).
+    pub head_dim_v: usize,
+    /// Feed-forward width.
+    pub n_ff: usize,
+    /// Largest block (values along a row) of the output projections' types: their column
+    /// slices must start on block boundaries.
+    pub attn_block: usize,
+    /// Largest block of the down projections' types.
+    pub ffn_block: usize,
+}
+
+impl TensorSplit {
+    /// Divides `shape` among `shares.len()` GPUs in proportion to `shares` (in whole units of
+    /// heads and columns that keep every column slice on block boundaries).
+    pub fn new(shape: SplitShape, shares: &[f64], main: usize) -> Result<Self, ModelError> {
+        let SplitShape {
+            n_head,
+            n_head_kv,
+            head_dim_v,
+            n_ff,
+            attn_block,
+            ffn_block,
+        } = shape;
+        if shares.is_empty() || main >= shares.len() {
+            return Err(ModelError::InvalidArgument(format!(
+                "tensor split over {} GPUs with main GPU {main}",
+                shares.len()
+            )));
+        }
+        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(ModelError::InvalidArgument(format!(
+                "--split-mode tensor: {n_head} query heads are no whole number per each of \
+                 {n_head_kv} KV heads"
+            )));
+        }
+        let group = n_head / n_head_kv;
+        let (attn_block, ffn_block) = (attn_block.max(1), ffn_block.max(1));
+        // The fewest KV heads whose output-projection columns fill whole blocks.
+        let kv_unit = (1..=n_head_kv)
+            .find(|g| n_head_kv % g == 0 && (g * group * head_dim_v) % attn_block == 0)
+            .ok_or_else(|| {
+                ModelError::InvalidArgument(format!(
+                    "--split-mode tensor: the attention output's {}-value blocks do not fall \
+                     on head boundaries ({n_head} heads of {head_dim_v})",
+                    attn_block
+                ))
+            })?;
+        let ff_unit = if n_ff.is_multiple_of(FF_UNIT) && FF_UNIT.is_multiple_of(ffn_block) {
+            FF_UNIT
+        } else {
+            ffn_block
+        };
+        if n_ff == 0 || n_ff % ff_unit != 0 {
+            return Err(ModelError::InvalidArgument(format!(
+                "--split-mode tensor: feed-forward width {n_ff} is no whole number of the down \
+                 projection's {ffn_block}-value blocks"
+            )));
+        }
+        let runs = |n_units: usize, unit: usize| -> Vec<Range<usize>> {
+            let mut start = 0;
+            proportional(n_units, shares)
+                .into_iter()
+                .map(|c| {
+                    let r = start * unit..(start + c) * unit;
+                    start += c;
+                    r
+                })
+                .collect()
+        };
+        Ok(Self {
+            kv_heads: runs(n_head_kv / kv_unit, kv_unit),
+            group,
+            ff: runs(n_ff / ff_unit, ff_unit),
+            main,
+        })
+    }
+
+    /// GPUs in the split.
+    pub fn n_gpus(&self) -> usize {
+        self.kv_heads.len()
+    }
+
+    /// The query heads of GPU `k`.
+    pub fn q_heads(&self, k: usize) -> Range<usize> {
+        self.kv_heads[k].start * self.group..self.kv_heads[k].end * self.group
+    }
+
+    /// The order partial results are built in: the GPUs with a share of `what` (KV heads or
+    /// feed-forward columns), the main GPU last, so that the sum of the partials (which runs
+    /// where its newest operand was computed) lands on the main GPU.
+    pub fn order(&self, parts: &[Range<usize>]) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..parts.len())
+            .filter(|&k| k != self.main && !parts[k].is_empty())
+            .collect();
+        if !parts[self.main].is_empty() {
+            v.push(self.main);
+        }
+        v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,8 +608,9 @@ mod tests {
         assert!(GpuSelection::parse_tensor_split("-1,2").is_err());
         assert!(GpuSelection::parse_tensor_split("1e308,1e308").is_err());
         assert_eq!("layer".parse::<SplitMode>().unwrap(), SplitMode::Layer);
-        let e = "tensor".parse::<SplitMode>().unwrap_err().to_string();
-        assert!(e.contains("not built"), "{e}");
+        assert_eq!("tensor".parse::<SplitMode>().unwrap(), SplitMode::Tensor);
+        assert_eq!("row".parse::<SplitMode>().unwrap(), SplitMode::Tensor);
+        assert!("rows".parse::<SplitMode>().is_err());
         let all = GpuSelection::default();
         assert_eq!(all.ordinals(2).unwrap(), vec![0, 1]);
         assert!(!all.wants_several());
@@ -502,5 +638,90 @@ mod tests {
             ..GpuSelection::default()
         };
         assert!(main.ordinals(2).is_err());
+    }
+
+    fn shape_8b() -> SplitShape {
+        SplitShape {
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim_v: 128,
+            n_ff: 14336,
+            attn_block: 256,
+            ffn_block: 256,
+        }
+    }
+
+    #[test]
+    fn tensor_split_divides_heads_and_columns_on_block_boundaries() {
+        let even = TensorSplit::new(shape_8b(), &[1.0, 1.0], 0).unwrap();
+        assert_eq!(even.kv_heads, vec![0..4, 4..8]);
+        assert_eq!((even.q_heads(0), even.q_heads(1)), (0..16, 16..32));
+        assert_eq!(even.ff, vec![0..7168, 7168..14336]);
+        let ts = TensorSplit::new(shape_8b(), &[3.0, 1.0], 1).unwrap();
+        assert_eq!(ts.kv_heads, vec![0..6, 6..8]);
+        assert_eq!(ts.ff, vec![0..10752, 10752..14336]);
+        // Every column slice starts on a 256-value block of the down and output projections.
+        for r in ts.ff.iter().chain(&even.ff) {
+            assert_eq!(r.start % 256, 0);
+        }
+        // The main GPU's partial comes last (its sum lands there).
+        assert_eq!(ts.order(&ts.kv_heads), vec![0, 1]);
+        let m0 = TensorSplit::new(shape_8b(), &[3.0, 1.0], 0).unwrap();
+        assert_eq!(m0.order(&m0.ff), vec![1, 0]);
+        // Four GPUs, uneven width (Qwen2-7B: 18944 = 74 x 256).
+        let q = SplitShape {
+            n_head: 28,
+            n_head_kv: 4,
+            n_ff: 18944,
+            ..shape_8b()
+        };
+        let four = TensorSplit::new(q, &[1.0; 4], 0).unwrap();
+        // Seven query heads of 128 per KV head fill whole blocks only in pairs of KV heads.
+        assert_eq!(four.kv_heads, vec![0..2, 2..2, 2..4, 4..4]);
+        assert_eq!(four.group, 7);
+        assert_eq!(four.ff.iter().map(|r| r.len() / 256).sum::<usize>(), 74);
+        assert_eq!(four.ff.last().unwrap().end, 18944);
+    }
+
+    #[test]
+    fn tensor_split_keeps_head_groups_whole_blocks() {
+        // Two query heads of 64 per KV head: 128 columns, half a 256-value block, so KV heads
+        // go in pairs; with 2 KV heads one GPU gets both.
+        let tiny = SplitShape {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim_v: 64,
+            n_ff: 512,
+            attn_block: 256,
+            ffn_block: 256,
+        };
+        let t = TensorSplit::new(tiny, &[1.0, 1.0], 0).unwrap();
+        assert_eq!(t.kv_heads, vec![0..2, 2..2]);
+        assert_eq!(t.order(&t.kv_heads), vec![0]);
+        assert_eq!(t.ff, vec![0..256, 256..512]);
+        // Q8_0 (32-value blocks) splits them by head.
+        let q8 = SplitShape {
+            attn_block: 32,
+            ffn_block: 32,
+            ..tiny
+        };
+        assert_eq!(
+            TensorSplit::new(q8, &[1.0, 1.0], 0).unwrap().kv_heads,
+            vec![0..1, 1..2]
+        );
+        // A width that is no whole number of blocks, or heads that do not group, are refused.
+        let odd = SplitShape { n_ff: 500, ..tiny };
+        assert!(TensorSplit::new(odd, &[1.0, 1.0], 0).is_err());
+        let ng = SplitShape { n_head: 5, ..tiny };
+        assert!(TensorSplit::new(ng, &[1.0, 1.0], 0).is_err());
+        let blocky = SplitShape {
+            head_dim_v: 96,
+            n_head: 2,
+            n_head_kv: 2,
+            attn_block: 256,
+            ..tiny
+        };
+        assert!(TensorSplit::new(blocky, &[1.0, 1.0], 0).is_err());
+        assert!(TensorSplit::new(tiny, &[1.0, 1.0], 2).is_err());
     }
 }

@@ -28,6 +28,7 @@ pub mod sampling;
 pub mod session;
 pub mod stream;
 pub mod synth;
+mod tensor_split;
 pub mod text;
 pub mod tokenizer;
 

@@ -137,6 +137,14 @@ impl Model {
     pub fn weights(&self) -> &WeightTable {
         &self.weights
     }
+
+    /// This model with another weight table (a tensor split's, with each GPU's slices).
+    pub(crate) fn with_table(&self, weights: WeightTable) -> Model {
+        Model {
+            weights,
+            ..self.clone()
+        }
+    }
 }
 
 /// Most CPU threads a session accepts: far above any core count this runs on, low enough that
@@ -492,10 +500,11 @@ impl Session {
         }
         let backend = CpuBackend::new(opts.n_threads)?;
         let n_threads = backend.n_threads();
-        let (engine, plan) =
+        let (mut engine, plan) =
             crate::engine::place(model, opts, &kv, None, fg.graph, backend, progress)?;
+        let model = engine.take_split_model().unwrap_or_else(|| model.clone());
         Ok(Self {
-            model: model.clone(),
+            model,
             engine,
             n_threads,
             plan,

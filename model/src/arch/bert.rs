@@ -48,7 +48,7 @@ pub fn build(b: &mut Builder<'_>) -> Result<TensorId, ModelError> {
     let mut x = b.layer_norm(x, "token_embd_norm")?;
     let (hd, hdv, nh, nkv) = (c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv);
     for il in 0..c.n_layer {
-        let (q, k, v) = b.qkv_projections(il, x)?;
+        let (q, k, v) = b.qkv_projections(il, x, &super::Part::whole(b.cfg))?;
         let mut q = b.g.reshape(q, &[hd, nh, nt])?;
         let mut k = b.g.reshape(k, &[hd, nkv, nt])?;
         let v = b.g.reshape(v, &[hdv, nkv, nt])?;

@@ -18,12 +18,14 @@ pub mod qwen3;
 pub mod validate;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ggml_graph::{AttnParams, DType, Graph, RopeParams, TensorId};
 use gguf::TensorInfo;
 
 use crate::config::{Architecture, LayerAttention, ModelConfig, RopeMode};
 use crate::error::ModelError;
+use crate::gpus::TensorSplit;
 
 /// Which positions of a batch produce logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,9 +168,26 @@ pub struct ForwardGraph {
 }
 
 /// Shapes and types of the file's tensors, by name: what the plans declare as weight leaves.
+/// With a tensor split, it also holds each GPU's slices (see [`part_suffix`]) and the split
+/// the plans build their per-GPU partial results by.
 #[derive(Clone, Debug, Default)]
 pub struct WeightTable {
     infos: HashMap<String, (DType, Vec<usize>)>,
+    split: Option<Arc<TensorSplit>>,
+}
+
+/// What GPU `k`'s slice of a split tensor adds to its name before `.weight`/`.bias`
+/// (`blk.3.attn_q.tp1.weight`) and to its KV cache leaves (`cache_k.3.tp1`).
+pub fn part_suffix(k: usize) -> String {
+    format!(".tp{k}")
+}
+
+/// The GPU of a tensor-split slice or KV cache leaf named with [`part_suffix`].
+pub fn part_of(name: &str) -> Option<usize> {
+    let i = name.find(".tp")?;
+    let rest = &name[i + 3..];
+    let digits = rest.split('.').next()?;
+    digits.parse().ok()
 }
 
 impl WeightTable {
@@ -181,7 +200,26 @@ impl WeightTable {
                 (t.name.clone(), (t.ggml_type, dims))
             })
             .collect();
-        Self { infos }
+        Self { infos, split: None }
+    }
+
+    /// This table with GPU slices added (name, type, dims) and the split the plans follow.
+    pub fn with_split(
+        &self,
+        split: Arc<TensorSplit>,
+        slices: impl IntoIterator<Item = (String, DType, Vec<usize>)>,
+    ) -> Self {
+        let mut infos = self.infos.clone();
+        infos.extend(slices.into_iter().map(|(n, t, d)| (n, (t, d))));
+        Self {
+            infos,
+            split: Some(split),
+        }
+    }
+
+    /// The tensor split the plans build for, if any.
+    pub fn split(&self) -> Option<&Arc<TensorSplit>> {
+        self.split.as_ref()
     }
 
     /// True when the file has a tensor of this name.
@@ -374,6 +412,25 @@ pub fn build_paged_forward(
     })
 }
 
+/// The attention heads one graph part computes: all of them, or one GPU's share of a tensor
+/// split (whose weights and KV cache carry the GPU's [`part_suffix`]).
+struct Part {
+    n_head: usize,
+    n_head_kv: usize,
+    sfx: String,
+}
+
+impl Part {
+    /// Every head, through the whole tensors.
+    fn whole(cfg: &ModelConfig) -> Self {
+        Self {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            sfx: String::new(),
+        }
+    }
+}
+
 /// Graph-building context shared by the plans: the graph, its inputs and weight lookup.
 pub struct Builder<'a> {
     /// The graph under construction.
@@ -530,22 +587,65 @@ impl<'a> Builder<'a> {
     /// Self-attention of layer `il` on the normalized input `x` `[n_embd, n_tok]`: projections,
     /// optional per-head q/k norms, rotary embedding, KV cache write, attention over the cached
     /// positions and the output projection. Returns `[n_embd, n_tok]`.
+    ///
+    /// With a tensor split each GPU computes the heads of its share (its slices of the
+    /// projections, its part of the KV cache) and the partial outputs are summed.
     pub fn self_attention(
         &mut self,
         il: usize,
         x: TensorId,
         qk_norm: bool,
     ) -> Result<TensorId, ModelError> {
+        let Some(ts) = self.weights.split().cloned() else {
+            let o = self.attention_part(il, x, qk_norm, &Part::whole(self.cfg))?;
+            return self.tag(o, "attn_out", il);
+        };
+        let mut partials = Vec::with_capacity(ts.n_gpus());
+        for k in ts.order(&ts.kv_heads) {
+            let part = Part {
+                n_head: ts.q_heads(k).len(),
+                n_head_kv: ts.kv_heads[k].len(),
+                sfx: part_suffix(k),
+            };
+            partials.push(self.attention_part(il, x, qk_norm, &part)?);
+        }
+        let o = self.sum_partials(partials)?;
+        self.tag(o, "attn_out", il)
+    }
+
+    /// The sum of per-GPU partial results built in [`TensorSplit::order`]: the scheduler runs
+    /// a node that reads no weight where its newest operand was computed, so summing onto the
+    /// last partial (the main GPU's) keeps every sum there.
+    fn sum_partials(&mut self, partials: Vec<TensorId>) -> Result<TensorId, ModelError> {
+        let mut it = partials.into_iter().rev();
+        let mut sum = it.next().ok_or_else(|| {
+            ModelError::InvalidArgument("a tensor split gives no GPU any share".into())
+        })?;
+        for p in it {
+            sum = self.g.add(sum, p)?;
+        }
+        Ok(sum)
+    }
+
+    /// Attention over `part`'s heads, through its output projection.
+    fn attention_part(
+        &mut self,
+        il: usize,
+        x: TensorId,
+        qk_norm: bool,
+        part: &Part,
+    ) -> Result<TensorId, ModelError> {
         let c = self.cfg;
+        let sfx = part.sfx.as_str();
         let (hd, hdv, nh, nkv, nt) = (
             c.head_dim,
             c.head_dim_v,
-            c.n_head,
-            c.n_head_kv,
+            part.n_head,
+            part.n_head_kv,
             self.batch.n_tok,
         );
         let la = c.layers[il];
-        let (mut q, mut k, v) = self.qkv_projections(il, x)?;
+        let (mut q, mut k, v) = self.qkv_projections(il, x, part)?;
         if c.arch == Architecture::Olmo2 {
             // OLMo 2 normalizes the whole query and key vectors, not each head.
             q = self.rms_norm(q, &format!("blk.{il}.attn_q_norm.weight"))?;
@@ -556,8 +656,8 @@ impl<'a> Builder<'a> {
         let mut q = self.g.reshape(q, &[hd, nh, nt])?;
         let mut k = self.g.reshape(k, &[hd, nkv, nt])?;
         if qk_norm {
-            q = self.rms_norm(q, &format!("blk.{il}.attn_q_norm.weight"))?;
-            k = self.rms_norm(k, &format!("blk.{il}.attn_k_norm.weight"))?;
+            q = self.rms_norm(q, &format!("blk.{il}.attn_q_norm{sfx}.weight"))?;
+            k = self.rms_norm(k, &format!("blk.{il}.attn_k_norm{sfx}.weight"))?;
             self.tag(q, "Qcur_normed", il)?;
             self.tag(k, "Kcur_normed", il)?;
         }
@@ -591,12 +691,16 @@ impl<'a> Builder<'a> {
             // Keys and values go to the pool rows picked for them; each token attends over its
             // own sequence's blocks.
             let n_slots = pg.spec.n_blocks * pg.spec.block_size;
-            let cache_k =
-                self.g
-                    .persistent(&KvCacheSpec::k_name(il), kv_dtype, &[hd * nkv, n_slots])?;
-            let cache_v =
-                self.g
-                    .persistent(&KvCacheSpec::v_name(il), kv_dtype, &[hdv * nkv, n_slots])?;
+            let cache_k = self.g.persistent(
+                &format!("{}{sfx}", KvCacheSpec::k_name(il)),
+                kv_dtype,
+                &[hd * nkv, n_slots],
+            )?;
+            let cache_v = self.g.persistent(
+                &format!("{}{sfx}", KvCacheSpec::v_name(il)),
+                kv_dtype,
+                &[hdv * nkv, n_slots],
+            )?;
             // Shared blocks a sequence writes into are copied to its own blocks first.
             let (cache_k, cache_v) = match pg.copy {
                 Some((src, dst)) => {
@@ -627,7 +731,7 @@ impl<'a> Builder<'a> {
                 pg.spec.block_size,
             )?
         } else {
-            self.contiguous_attention(il, q, k, v, params)?
+            self.contiguous_attention(il, (q, k, v), part, params)?
         };
         // gpt-oss: one sink logit per query head joins every softmax.
         let o = match self.weight_opt(&format!("blk.{il}.attn_sinks.weight"))? {
@@ -636,8 +740,7 @@ impl<'a> Builder<'a> {
         };
         let o = self.g.reshape(o, &[hdv * nh, nt])?;
         self.tag(o, "kqv_out", il)?;
-        let o = self.linear(o, &format!("blk.{il}.attn_output"))?;
-        self.tag(o, "attn_out", il)
+        self.linear(o, &format!("blk.{il}.attn_output{sfx}"))
     }
 
     /// The query, key and value projections of layer `il` (`[n_head * head_dim, n_tok]`,
@@ -648,13 +751,15 @@ impl<'a> Builder<'a> {
         &mut self,
         il: usize,
         x: TensorId,
+        part: &Part,
     ) -> Result<(TensorId, TensorId, TensorId), ModelError> {
         let c = self.cfg;
         let fused = format!("blk.{il}.attn_qkv");
+        let sfx = part.sfx.as_str();
         if !self.weights.contains(&format!("{fused}.weight")) {
-            let q = self.linear(x, &format!("blk.{il}.attn_q"))?;
-            let k = self.linear(x, &format!("blk.{il}.attn_k"))?;
-            let v = self.linear(x, &format!("blk.{il}.attn_v"))?;
+            let q = self.linear(x, &format!("blk.{il}.attn_q{sfx}"))?;
+            let k = self.linear(x, &format!("blk.{il}.attn_k{sfx}"))?;
+            let v = self.linear(x, &format!("blk.{il}.attn_v{sfx}"))?;
             return Ok((q, k, v));
         }
         let qkv = self.linear(x, &fused)?;
@@ -700,22 +805,26 @@ impl<'a> Builder<'a> {
     fn contiguous_attention(
         &mut self,
         il: usize,
-        q: TensorId,
-        k: TensorId,
-        v: TensorId,
+        (q, k, v): (TensorId, TensorId, TensorId),
+        part: &Part,
         params: AttnParams,
     ) -> Result<TensorId, ModelError> {
         let c = self.cfg;
-        let (hd, hdv, nkv, nt) = (c.head_dim, c.head_dim_v, c.n_head_kv, self.batch.n_tok);
+        let (hd, hdv, nkv, nt) = (c.head_dim, c.head_dim_v, part.n_head_kv, self.batch.n_tok);
         let kv_dtype = self.kv.dtype.dtype();
         let n_ctx = self.kv.n_ctx;
         let n_kv = self.batch.n_past + nt;
-        let cache_k = self
-            .g
-            .persistent(&KvCacheSpec::k_name(il), kv_dtype, &[hd * nkv, n_ctx])?;
-        let cache_v = self
-            .g
-            .persistent(&KvCacheSpec::v_name(il), kv_dtype, &[hdv * nkv, n_ctx])?;
+        let sfx = part.sfx.as_str();
+        let cache_k = self.g.persistent(
+            &format!("{}{sfx}", KvCacheSpec::k_name(il)),
+            kv_dtype,
+            &[hd * nkv, n_ctx],
+        )?;
+        let cache_v = self.g.persistent(
+            &format!("{}{sfx}", KvCacheSpec::v_name(il)),
+            kv_dtype,
+            &[hdv * nkv, n_ctx],
+        )?;
         let k_rows = self.g.reshape(k, &[hd * nkv, nt])?;
         let v_rows = self.g.reshape(v, &[hdv * nkv, nt])?;
         let kc = self.g.set_rows(cache_k, k_rows, self.pos)?;
@@ -727,19 +836,45 @@ impl<'a> Builder<'a> {
     }
 
     /// Gated feed-forward of layer `il`: `down(act(gate x) * up x)`.
+    ///
+    /// With a tensor split each GPU computes its columns and the partial outputs are summed.
     pub fn gated_ffn(
         &mut self,
         il: usize,
         x: TensorId,
         act: ggml_graph::Act,
     ) -> Result<TensorId, ModelError> {
-        let (gate, up) = if self.weights.contains(&format!("blk.{il}.ffn_gate.weight")) {
-            let gate = self.linear(x, &format!("blk.{il}.ffn_gate"))?;
-            (gate, self.linear(x, &format!("blk.{il}.ffn_up"))?)
+        let Some(ts) = self.weights.split().cloned() else {
+            let f = self.ffn_part(il, x, act, "")?;
+            return self.tag(f, "ffn_out", il);
+        };
+        let mut partials = Vec::with_capacity(ts.n_gpus());
+        for k in ts.order(&ts.ff) {
+            partials.push(self.ffn_part(il, x, act, &part_suffix(k))?);
+        }
+        let f = self.sum_partials(partials)?;
+        self.tag(f, "ffn_out", il)
+    }
+
+    /// The gated feed-forward through the weights named with `sfx` (a GPU's slices, or the
+    /// whole tensors for `""`).
+    fn ffn_part(
+        &mut self,
+        il: usize,
+        x: TensorId,
+        act: ggml_graph::Act,
+        sfx: &str,
+    ) -> Result<TensorId, ModelError> {
+        let (gate, up) = if self
+            .weights
+            .contains(&format!("blk.{il}.ffn_gate{sfx}.weight"))
+        {
+            let gate = self.linear(x, &format!("blk.{il}.ffn_gate{sfx}"))?;
+            (gate, self.linear(x, &format!("blk.{il}.ffn_up{sfx}"))?)
         } else {
             // Fused (Phi-3): `ffn_up` gives `[2 n_ff, n_tok]`, the gate in the first half of
             // each row and the up projection in the second (llama.cpp's one-operand swiglu).
-            let both = self.linear(x, &format!("blk.{il}.ffn_up"))?;
+            let both = self.linear(x, &format!("blk.{il}.ffn_up{sfx}"))?;
             let nt = self.g.tensor(both)?.ne[1];
             let n_ff = self.cfg.n_ff;
             let f = DType::F32.type_size();
@@ -753,8 +888,7 @@ impl<'a> Builder<'a> {
         self.tag(up, "ffn_up", il)?;
         let h = self.g.gated(act, gate, up)?;
         self.tag(h, "ffn_act", il)?;
-        let f = self.linear(h, &format!("blk.{il}.ffn_down"))?;
-        self.tag(f, "ffn_out", il)
+        self.linear(h, &format!("blk.{il}.ffn_down{sfx}"))
     }
 
     /// The feed-forward of layer `il` on the normalized input `x` `[n_embd, n_tok]`: the

@@ -211,7 +211,7 @@ impl Runner {
         };
         let g = build_paged_forward(model.config(), model.weights(), &spec, worst)?;
         let backend = CpuBackend::new(o.session.n_threads)?;
-        let (engine, plan) = crate::engine::place(
+        let (mut engine, plan) = crate::engine::place(
             &model,
             &o.session,
             &spec.as_cache(),
@@ -220,6 +220,7 @@ impl Runner {
             backend,
             &mut |_, _| {},
         )?;
+        let model = engine.take_split_model().map_or(model, Arc::new);
         let mut plan = plan;
         plan.kv.block_size = Some(o.block_size);
         spec.n_blocks = plan.kv.positions / o.block_size;

@@ -122,20 +122,23 @@ pub struct ModelArgs {
     /// ROCMFORGE_GPU_MEM_LIMIT (see `rocmforge env`).
     #[arg(long)]
     gpu_mem_limit: Option<String>,
-    /// How a model spreads over several GPUs: layer (consecutive layers per GPU) or none (one
-    /// GPU, `--main-gpu`). Default: one GPU when the model fits it, else layer over all.
-    /// (`-sm` is accepted as in llama.cpp.)
+    /// How a model spreads over several GPUs: layer (consecutive layers per GPU), tensor (alias
+    /// row: every layer on every GPU, attention heads and feed-forward columns divided among
+    /// them) or none (one GPU, `--main-gpu`). Default: one GPU when the model fits it, else
+    /// layer over all. (`-sm` is accepted as in llama.cpp.)
     #[arg(long)]
     split_mode: Option<String>,
     /// GPUs to use, in split order (`0,2`); default: all.
     #[arg(long)]
     devices: Option<String>,
-    /// Share of the layers per GPU (`3,1`); default: in proportion to free memory.
+    /// Share of the layers (split mode layer) or of the heads and feed-forward columns (split
+    /// mode tensor) per GPU (`3,1`); default: in proportion to free memory.
     /// (`-ts` is accepted as in llama.cpp.)
     #[arg(long)]
     tensor_split: Option<String>,
     /// The GPU (index into the GPUs used) holding the output head with `--split-mode layer`
-    /// (default: the last), or the one GPU used with `--split-mode none` (default: the first).
+    /// (default: the last) or the embeddings, norms, sums and head with `--split-mode tensor`
+    /// (default: the first), or the one GPU used with `--split-mode none` (default: the first).
     /// (`-mg` is accepted as in llama.cpp.)
     #[arg(long)]
     main_gpu: Option<usize>,

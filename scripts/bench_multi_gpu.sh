@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Several GPUs on one host: rocmforge `bench` (tg128, pp512) on one GPU, with `-sm layer` and
+# with `-sm tensor` over the first two GPUs, against llama.cpp's CUDA build (`-sm layer` and
+# `-sm row`, flash attention on) on the same synthetic GGUFs (`rocmforge synth`, Q4_K_M,
+# seed 42), all in one run on the same machine.
+#
+#   scripts/bench_multi_gpu.sh [LLAMA_BIN] [ROCMFORGE] [OUT_DIR]
+#
+# LLAMA_BIN: llama.cpp's binaries with llama-bench (default /tmp/llama/build/bin:
+# `scripts/llamacpp.sh build`). ROCMFORGE: the CLI (default target/release/rocmforge).
+# OUT_DIR: where the GGUFs and logs go (default /tmp/bench-multi-gpu; the models are reused
+# when present). PRESETS (env): the synth presets to run (default "llama3-8b llama3-70b"; a
+# preset this build does not know, or a model that does not fit, is reported and skipped).
+# REPS (env): repetitions per test (default 3). VOCAB (env): a GGUF whose vocabulary the
+# models get (`synth --vocab`; default: synth's built-in one).
+#
+# Prints each engine's tables; the logs keep the device plans.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${1:-/tmp/llama/build/bin}
+RF=${2:-target/release/rocmforge}
+OUT=${3:-/tmp/bench-multi-gpu}
+PRESETS=${PRESETS:-"llama3-8b llama3-70b"}
+REPS=${REPS:-3}
+# The device machines forbid NVLink multicast; children inherit it.
+export NCCL_NVLS_ENABLE=0
+mkdir -p "$OUT"
+
+for preset in $PRESETS; do
+  m="$OUT/$preset-q4_k_m.gguf"
+  if [ ! -s "$m" ]; then
+    echo "== synth $preset"
+    vocab=(); if [ -n "${VOCAB:-}" ]; then vocab=(--vocab "$VOCAB"); fi
+    if ! "$RF" synth --arch llama --preset "$preset" --ftype q4_k_m --seed 42 "${vocab[@]}" \
+      -o "$m" >"$OUT/$preset-synth.log" 2>&1; then
+      echo "$preset: synth failed (see $OUT/$preset-synth.log), skipped"
+      tail -3 "$OUT/$preset-synth.log"
+      rm -f "$m"
+      continue
+    fi
+  fi
+  ls -la "$m"
+  for mode in none layer tensor; do
+    if [ "$mode" = none ]; then gpus=(--split-mode none); else gpus=(--split-mode "$mode" --devices 0,1); fi
+    echo "== rocmforge $preset ${gpus[*]}"
+    "$RF" bench -m "$m" --device gpu -p 512 -n 128 -r "$REPS" "${gpus[@]}" \
+      2>"$OUT/$preset-rf-$mode.log" ||
+      { echo "rocmforge $preset $mode failed:"; tail -5 "$OUT/$preset-rf-$mode.log"; }
+  done
+  if [ -x "$BIN/llama-bench" ]; then
+    echo "== llama.cpp $preset, 1 GPU"
+    CUDA_VISIBLE_DEVICES=0 "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
+      2>"$OUT/$preset-llama-1.log" || { echo "llama.cpp 1 GPU failed:"; tail -5 "$OUT/$preset-llama-1.log"; }
+    for sm in layer row; do
+      echo "== llama.cpp $preset -sm $sm, GPUs 0,1"
+      CUDA_VISIBLE_DEVICES=0,1 "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
+        -sm "$sm" 2>"$OUT/$preset-llama-$sm.log" ||
+        { echo "llama.cpp -sm $sm failed:"; tail -5 "$OUT/$preset-llama-$sm.log"; }
+    done
+  else
+    echo "no $BIN/llama-bench: llama.cpp skipped (scripts/llamacpp.sh build)"
+  fi
+done
