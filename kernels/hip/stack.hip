@@ -158,17 +158,17 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
             float scale = 1.0f;
             int ncols = p.n_embd;
             if (k == 0) {
-                if (l > 0) ds_fetch(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd), tid);
+                if (l > 0) ds_fetch<!RING>(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd), tid);
                 scale = l > 0 ? rsqrtf(ds_ldcg(p.ss + 2 * l) / p.n_embd + p.eps) : scale0;
             } else if (k == 2) {
                 ncols = p.n_head * DS_HEAD;
-                ds_fetch(p.aq, act, ncols, q8_vec_bytes(ncols), tid);
+                ds_fetch<!RING>(p.aq, act, ncols, q8_vec_bytes(ncols), tid);
             } else if (k == 3) {
-                ds_fetch(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd), tid);
+                ds_fetch<!RING>(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd), tid);
                 scale = rsqrtf(ds_ldcg(p.ss + 2 * l + 1) / p.n_embd + p.eps);
             } else {
                 ncols = p.n_ff;
-                ds_fetch(p.hq, act, ncols, q8_16_vec_bytes(ncols), tid);
+                ds_fetch<!RING>(p.hq, act, ncols, q8_16_vec_bytes(ncols), tid);
             }
             __syncthreads();
             const q8_vec yv{act, act + ncols};

@@ -70,6 +70,7 @@ static __device__ __forceinline__ void ds_prefetch_items(const ds_item* it, cons
 // Copies a Q8 vector of `ncols` values (`bytes` with its scales) from L2 into shared memory, its
 // values' 16-byte pieces permuted by act_swz (see qdot.h), four 16-byte loads per thread in
 // flight. `tid`: threadIdx.x (see ds_step on why it is passed).
+template <bool ZERO = false>
 static __device__ __forceinline__ void ds_fetch(const uint8_t* src, uint8_t* dst, int ncols, size_t bytes, int tid) {
     const int n = (int)bytes / 16, nq = ncols / 16;
     for (int base = 0; base < n; base += 4 * DS_THREADS) {
@@ -77,7 +78,8 @@ static __device__ __forceinline__ void ds_fetch(const uint8_t* src, uint8_t* dst
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int i = base + j * DS_THREADS + tid;
-            if (i < n) v[j] = ds_ldcg(reinterpret_cast<const rf_b128*>(src) + i);
+            if (ZERO) v[j] = i < n ? ds_ldcg(reinterpret_cast<const rf_b128*>(src) + i) : rf_b128{};
+            else if (i < n) v[j] = ds_ldcg(reinterpret_cast<const rf_b128*>(src) + i);
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {

@@ -118,9 +118,16 @@ static __device__ __forceinline__ void ds_stream_dot(q8_vec yv, const ds_raw& r,
     const bool a16 = cu.kind & DS_A16;
     if (lay == DS_Q6) {
         const int b = cu.c * 4 + (lane / 4) % 4, sh = 16 * (b & 1);
+        // load_act_h16<true> or load_act_h16_a16: the same values, their scales from 32- or
+        // 16-value blocks (one loader, not two that fill `a` under a condition: on AMD that
+        // keeps it in scratch memory).
         act_h16 a;
-        if (a16) load_act_h16_a16(yv, b, c, a);
-        else load_act_h16<true>(yv, b, c, a);
+        const int n = c >> 1, h = c & 1;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a.q[j] = ld_act_piece<true>(yv, 16 * b + 8 * n + h + 2 * j);
+        const uint32_t* ds = reinterpret_cast<const uint32_t*>(yv.ds);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a.d[j] = lo_f16(a16 ? ds[16 * b + 8 * n + h + 2 * j] : ds[8 * b + 4 * n + j]);
         uint32_t ql0[4], ql1[4], qh[4], sc[2];
         ds_funnel<4>(r.w, sh, ql0);
         ds_funnel<4>(r.w + 5, sh, ql1);
