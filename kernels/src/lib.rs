@@ -402,7 +402,8 @@ pub fn stack_shared_bytes(max_cols: usize) -> usize {
 /// the weight ring (its weights stream through registers).
 pub fn stack_portable_shared_bytes(max_cols: usize) -> usize {
     let warps = STACK_THREADS as usize / 32;
-    STACK_MAX_ITEMS * STACK_ITEM_BYTES + q8_16_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
+    STACK_MAX_ITEMS * STACK_ITEM_BYTES
+        + q8_16_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
 }
 
 /// Dynamic shared memory of a `head_q6_k` launch over `ncols`-wide rows: the weight ring, the

@@ -14,12 +14,12 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use ggml_graph::StackKernel;
 use rocmforge_model::arch::LogitsMode;
 use rocmforge_model::gpus::{GpuSelection, SplitMode};
 use rocmforge_model::placement::DeviceChoice;
 use rocmforge_model::sampling::argmax;
 use rocmforge_model::session::{DeviceMemory, Model, Session, SessionOptions};
-use ggml_graph::StackKernel;
 use serial_test::serial;
 
 /// Greedy steps are compared until the CPU's top-2 gap first falls below this.
