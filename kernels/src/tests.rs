@@ -336,6 +336,7 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         "const uint32_t ring_lane = ",
         "for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(",
         "constexpr int ",
+        "int lane = ",
         "uint32_t st_use",
         "#if defined(RF_CP_ASYNC)",
         "#endif",

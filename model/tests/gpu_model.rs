@@ -627,11 +627,13 @@ fn synthetic_llama_8b_layers_portable_decode_stack_equals_native() {
         &diffs(&want.logits, &portable),
         loose,
     );
-    // The same products over the same Q8 inputs in another order: float rounding only.
+    // The same products over the same Q8 inputs, summed in another order (Q6_K chunks one at a
+    // time, not in pairs), so rounding only: 0.050 and KL mean 6.6e-5 on an H200; a wrong row,
+    // head or barrier would be far off.
     let tight = Bounds {
-        full: 0.05,
-        top: 0.05,
-        kld_mean: 1e-4,
+        full: 0.1,
+        top: 0.1,
+        kld_mean: 2e-4,
     };
     check_diffs(
         "llama 8b layers portable stack against native",
