@@ -141,8 +141,8 @@ pub struct ModelArgs {
     #[arg(long)]
     main_gpu: Option<usize>,
     /// Runs llama-family decode layers with the per-op GPU kernels instead of the persistent
-    /// decode stack (one cooperative kernel per step; NVIDIA, compute capability 8.0 and
-    /// later), which they use by default where the layers fit it.
+    /// decode stack (one cooperative kernel per step), which they use by default where the
+    /// layers fit it.
     #[arg(long)]
     no_gpu_stack: bool,
     /// The persistent decode stack's kernel: auto (the NVIDIA-specific one where the GPU runs
