@@ -16,6 +16,8 @@ pub struct HipOptions {
     /// The persistent decode stack may run where the device can (sessions still turn it on with
     /// `set_stack`); false vetoes it.
     pub stack: bool,
+    /// Which kernel runs the persistent decode stack.
+    pub stack_kernel: StackKernel,
     /// Kernels may start while the one before them finishes, where every module's code waits
     /// for its predecessors first.
     pub early_launch: bool,
@@ -30,8 +32,36 @@ impl Default for HipOptions {
             attn_dec: true,
             qkv_rope: true,
             stack: true,
+            stack_kernel: StackKernel::Auto,
             early_launch: true,
             profile: false,
+        }
+    }
+}
+
+/// The kernel of the persistent decode stack: the NVIDIA-specific `decode_stack` (cp.async
+/// weight ring; NVIDIA compute capability 8.0 and later) or the portable
+/// `decode_stack_portable` (AMD, and NVIDIA as its proxy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackKernel {
+    /// `decode_stack` where the device runs it, else the portable kernel (AMD).
+    Auto,
+    /// `decode_stack` only: no stack where the device cannot run it.
+    Native,
+    /// The portable kernel on every device, NVIDIA included (to check and time it there).
+    Portable,
+}
+
+impl std::str::FromStr for StackKernel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "native" => Ok(Self::Native),
+            "portable" => Ok(Self::Portable),
+            _ => Err(format!(
+                "unknown decode stack kernel {s:?} (expected auto, native or portable)"
+            )),
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::backend::{BufferType, Device, Stream, TensorMem};
 use crate::error::{GraphError, Result};
 use crate::tensor::Tensor;
 
-pub use crate::hip_options::HipOptions;
+pub use crate::hip_options::{HipOptions, StackKernel};
 
 // The workspace arithmetic is the backend's own, and needs no GPU.
 #[path = "hip/workspace.rs"]
@@ -115,6 +115,12 @@ pub fn device_count() -> usize {
 /// `decode_stack` launches so far: none in this build.
 #[cfg(feature = "testing")]
 pub fn stack_launches() -> usize {
+    0
+}
+
+/// Portable decode stack launches so far: none in this build.
+#[cfg(feature = "testing")]
+pub fn stack_portable_launches() -> usize {
     0
 }
 

@@ -51,7 +51,7 @@ pub use cpu::CpuBackend;
 pub use error::{GraphError, Result};
 pub use exec::{Executor, WeightBytes};
 pub use graph::Graph;
-pub use hip_options::HipOptions;
+pub use hip_options::{HipOptions, StackKernel};
 pub use plan::Plan;
 pub use sched::{Schedule, Scheduler, SchedulerOptions};
 pub use tensor::{

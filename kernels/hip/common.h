@@ -160,15 +160,22 @@ static __device__ __forceinline__ float act_fn(int kind, float x) { return kind 
 
 // ---------------------------------------------------------------------------------------------
 // 4 x int8 dot product with 32-bit accumulation: dp4a on NVIDIA (sm_61+), v_dot4_i32_i8 on AMD
-// targets that have it (gfx906/908/90a/940, RDNA2), a portable byte loop elsewhere.
+// targets that have it (gfx906/908/90a/940/942/950, RDNA2), v_dot4_i32_iu8 on RDNA3 and RDNA4, a
+// portable byte loop elsewhere (which, unrolled in the decode stack, spilled its registers).
 // ---------------------------------------------------------------------------------------------
 static __device__ __forceinline__ int dot4_i8(int a, int b, int c) {
 #if defined(RF_NVIDIA)
     return __dp4a(a, b, c);
 #elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
     defined(__gfx1030__) || defined(__gfx1031__) || defined(__gfx1032__) ||                     \
-    defined(__gfx1033__) || defined(__gfx1034__) || defined(__gfx1035__) || defined(__gfx1036__)
+    defined(__gfx1033__) || defined(__gfx1034__) || defined(__gfx1035__) || defined(__gfx1036__) || \
+    defined(__gfx942__) || defined(__gfx950__)
     return __builtin_amdgcn_sdot4(a, b, c, false);
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
+    defined(__gfx1150__) || defined(__gfx1151__) || defined(__gfx1152__) || defined(__gfx1200__) ||  \
+    defined(__gfx1201__)
+    // RDNA3 and later: the signed-or-unsigned form (v_dot4_i32_iu8), both operands signed.
+    return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
 #else
     const int8_t* va = reinterpret_cast<const int8_t*>(&a);
     const int8_t* vb = reinterpret_cast<const int8_t*>(&b);

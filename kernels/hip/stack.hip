@@ -45,43 +45,55 @@
 #include "qdot.h"
 #include "stack/params.h"
 
-#if defined(RF_CP_ASYNC)
-
 #include "stack/activations.h"
 #include "stack/items.h"
+#if defined(RF_CP_ASYNC)
 #include "stack/ring.h"
+#endif
+#include "stack/stream.h"
 #include "stack/exchange.h"
 #include "stack/attention.h"
-
-#endif  // RF_CP_ASYNC
 
 // One block per multiprocessor: the whole register file is this block's.
 #define DS_ATTRS __launch_bounds__(DS_THREADS, 1)
 
-RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
-#if defined(RF_CP_ASYNC)
-    extern __shared__ __align__(16) uint8_t sm[];
-    uint8_t* ring = sm;
+// The step, both variants: RING, decode_stack's cp.async ring (NVIDIA only); else
+// decode_stack_portable's register stream (stream.h). `lane` and `wid` are a logical 32-lane
+// warp's: on wave64 targets each wave holds two of them, which share nothing but the wave's
+// barrier (rf_syncwarp) and take every shuffle within their 32 lanes.
+template <bool RING>
+static __device__ __forceinline__ void ds_step(const ds_params& p) {
+    extern __shared__ __align__(16) uint8_t ds_sm[];
+    uint8_t* sm = ds_sm;
     __shared__ float rowv2[2][32];
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     __shared__ float2 rope_cs[DS_HEAD / 2];  // (cos, sin) per dimension pair at the step's position
-    ds_item* items = reinterpret_cast<ds_item*>(sm + DS_STAGES * DS_TILE);
-    uint8_t* act = sm + DS_STAGES * DS_TILE + DS_MAX_ITEMS * sizeof(ds_item);
+    constexpr int ring_bytes = RING ? DS_STAGES * DS_TILE : 0;
+    ds_item* items = reinterpret_cast<ds_item*>(sm + ring_bytes);
+    uint8_t* act = sm + ring_bytes + DS_MAX_ITEMS * sizeof(ds_item);
     const int nq = DS_PHASES * p.n_layer;
-    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
-    // Prologue: list this block's work items and start its warps' rings before waiting for the
-    // kernel before (the weights are read-only, nothing else is touched until rf_entry()).
+    int lane = threadIdx.x % 32, wid = threadIdx.x / 32, tid = threadIdx.x;
+    // Prologue: list this block's work items and start its warps' weight streams before waiting
+    // for the kernel before (the weights are read-only, nothing else is touched until
+    // rf_entry()).
     const ds_item* end = items + ds_build(p, items);
     __syncthreads();
     ds_cursor is, cu;
     is.first(items, end, nq);
     cu = is;
+    // Byte offsets of the ring stage being consumed and of the one issued next.
+    uint32_t st_use = 0, st_put = (DS_STAGES - 1) * DS_TILE;
+#if defined(RF_CP_ASYNC)
+    uint8_t* ring = sm;
     // This lane's place in stage 0 of its warp's ring; the stages are DS_TILE apart.
     const uint32_t ring_lane = (uint32_t)__cvta_generic_to_shared(ring) + wid * DS_SLOT + lane * 16;
-    for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(is, end, nq, ring_lane + s * DS_TILE, lane);
+    if constexpr (RING)
+        for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(is, end, nq, ring_lane + s * DS_TILE, lane);
+#endif
+    // The portable stream's chunk in registers: the one computed next.
+    ds_raw cur;
+    if constexpr (!RING) ds_load(is, end, nq, lane, cur);
     rf_entry();
-    // Byte offsets of the stage being consumed and of the one issued next.
-    uint32_t st_use = 0, st_put = (DS_STAGES - 1) * DS_TILE;
     // The sums of squares are added to from phase 2 on, two barriers after block 0 clears them.
     if (blockIdx.x == 0)
         for (int i = threadIdx.x; i < 2 * p.n_layer; i += DS_THREADS) p.ss[i] = 0.0f;
@@ -92,7 +104,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
     {
         float s = 0.0f;
         for (int i = threadIdx.x; i < p.n_embd; i += DS_THREADS) {
-            const float v = __ldcg(p.x_in + i);
+            const float v = ds_ldcg(p.x_in + i);
             s += v * v;
             q8_1_put(v * p.layer[0].attn_norm[i], act, p.n_embd, i, 16 * act_swz(i / 16) + i % 16);
         }
@@ -113,94 +125,122 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
     float res = 0.0f, nwv = 0.0f;
     for (int q = 0; q < nq; ++q) {
         const int l = q / DS_PHASES, k = q % DS_PHASES;
-        if (k == 1) ds_prefetch_kv(p, l, min(pos, nkv));
+        if constexpr (!RING) {
+            // The thread's index anew per phase, opaque to the compiler: AMD's otherwise hoists
+            // every per-thread offset of every phase (shared-memory addresses, row offsets)
+            // above this loop, where they stay live through all of it and spill.
+            tid = ds_opaque((int)threadIdx.x);
+            lane = tid % 32;
+            wid = tid / 32;
+            is.tid = cu.tid = tid;
+        }
+        if (k == 1) ds_prefetch_kv(p, l, min(pos, nkv), tid);
         // Grid barrier: wait until every block has arrived at the end of the phase before.
         if (q > 0) {
-            if (threadIdx.x == 0) ds_barrier_wait(p.bar, bar_old);
+            if (threadIdx.x == 0) {
+#if defined(RF_NVIDIA)
+                if constexpr (RING) ds_barrier_wait(p.bar, bar_old);
+                else ds_barrier_wait_portable(p.bar, bar_old);
+#else
+                ds_barrier_wait_portable(p.bar, bar_old);
+#endif
+            }
             __syncthreads();
         }
         if (k == 1) {
             // Phase 1, attention; the blocks without a head ask L2 for their next gate/up rows.
             for (int h = blockIdx.x; h < p.n_head; h += gridDim.x)
-                ds_attention(p, l, h, nkv, reinterpret_cast<float*>(act), wid, lane);
-            if ((int)blockIdx.x >= p.n_head) ds_prefetch_items(cu.it, end, q + 2, p.prefetch_items);
+                ds_attention<!RING>(p, l, h, nkv, reinterpret_cast<float*>(act), wid, lane, tid);
+            if ((int)blockIdx.x >= p.n_head) ds_prefetch_items(cu.it, end, q + 2, p.prefetch_items, tid);
         } else if (cu.q == q) {
             // Phases 0 (q/k/v), 2 (o), 3 (gate/up) and 4 (down): a product. Fetch its Q8 input
             // into shared memory, then stream this block's groups of the phase through the rings.
             float scale = 1.0f;
             int ncols = p.n_embd;
             if (k == 0) {
-                if (l > 0) ds_fetch(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd));
-                scale = l > 0 ? rsqrtf(__ldcg(p.ss + 2 * l) / p.n_embd + p.eps) : scale0;
+                if (l > 0) ds_fetch<!RING>(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd), tid);
+                scale = l > 0 ? rsqrtf(ds_ldcg(p.ss + 2 * l) / p.n_embd + p.eps) : scale0;
             } else if (k == 2) {
                 ncols = p.n_head * DS_HEAD;
-                ds_fetch(p.aq, act, ncols, q8_vec_bytes(ncols));
+                ds_fetch<!RING>(p.aq, act, ncols, q8_vec_bytes(ncols), tid);
             } else if (k == 3) {
-                ds_fetch(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd));
-                scale = rsqrtf(__ldcg(p.ss + 2 * l + 1) / p.n_embd + p.eps);
+                ds_fetch<!RING>(p.xq, act, p.n_embd, q8_vec_bytes(p.n_embd), tid);
+                scale = rsqrtf(ds_ldcg(p.ss + 2 * l + 1) / p.n_embd + p.eps);
             } else {
                 ncols = p.n_ff;
-                ds_fetch(p.hq, act, ncols, q8_16_vec_bytes(ncols));
+                ds_fetch<!RING>(p.hq, act, ncols, q8_16_vec_bytes(ncols), tid);
             }
             __syncthreads();
             const q8_vec yv{act, act + ncols};
             const float* xr = (k == 2 && l == 0) ? p.x_in : p.x_out;
             while (cu.q == q) {
-                ds_issue(is, end, nq, ring_lane + st_put, lane);
-                st_put = ds_next_stage(st_put);
+                // The next chunk's loads go out before this one's products (portable stream).
+                ds_raw nxt;
+#if defined(RF_CP_ASYNC)
+                if constexpr (RING) {
+                    ds_issue(is, end, nq, ring_lane + st_put, lane);
+                    st_put = ds_next_stage(st_put);
+                }
+#endif
+                if constexpr (!RING) ds_load(is, end, nq, lane, nxt);
                 if (wid == 0 && cu.c == 0 && (k == 2 || k == 4)) {
                     // The residual and the next norm's weight, asked for a group ahead of the
                     // epilogue that needs them (a miss there would hold up the phase's end).
                     const int row = cu.r16 * 16 + lane;
-                    res = __ldcg(xr + row);
+                    res = ds_ldcg(xr + row);
                     const bool last = k == 4 && l + 1 == p.n_layer;
                     nwv = last ? 0.0f : (k == 2 ? p.layer[l].ffn_norm : p.layer[l + 1].attn_norm)[row];
                 }
                 const int lay = cu.kind & 3;
-                // Q6_K chunks go two at a time (rows hold whole chunk pairs): the second must
-                // have landed too, and its slot's refill is asked for after both are used.
-                if (lay == DS_Q6) cp_async_wait<DS_STAGES - 2>();
-                else cp_async_wait<DS_STAGES - 1>();
-                __syncwarp();
-                const uint8_t* tile = ring + st_use + wid * DS_SLOT;
-                st_use = ds_next_stage(st_use);
-                if (lay == DS_GATED) {
-                    // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
-                    const int bl = (lane / 4) % 4, c = lane % 4, b = cu.c * 4 + bl, up = lane / 16;
-                    mv_q4_kw::Act a;
-                    mv_q4_kw::load_act(yv, b, c, a);
-#pragma unroll
-                    for (int r = 0; r < 2; ++r)
-                        acc[r] += mv_q4_kw::compute(
-                            mv_q4_kw::load(tile + (2 * up + r) * 4 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
-                } else if (lay == DS_Q4) {
-                    // Half groups: acc[0] the gate row, acc[1] the up row.
-                    const int bl = lane / 4, c = lane % 4, b = cu.c * 8 + bl;
-                    if (cu.kind & DS_A16) {
-                        act_k4w16 a;
-                        load_act_k4w16(yv, b, c, a);
-#pragma unroll
-                        for (int r = 0; r < 2; ++r)
-                            acc[r] += k4w_compute16(mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c,
-                                                    a);
-                    } else {
+                if constexpr (!RING) ds_stream_dot(yv, cur, cu, lane, acc);
+#if defined(RF_CP_ASYNC)
+                if constexpr (RING) {
+                    // Q6_K chunks go two at a time (rows hold whole chunk pairs): the second must
+                    // have landed too, and its slot's refill is asked for after both are used.
+                    if (lay == DS_Q6) cp_async_wait<DS_STAGES - 2>();
+                    else cp_async_wait<DS_STAGES - 1>();
+                    __syncwarp();
+                    const uint8_t* tile = ring + st_use + wid * DS_SLOT;
+                    st_use = ds_next_stage(st_use);
+                    if (lay == DS_GATED) {
+                        // Four lanes per block; lanes 0..15 take the gate rows, 16..31 the up rows.
+                        const int bl = (lane / 4) % 4, c = lane % 4, b = cu.c * 4 + bl, up = lane / 16;
                         mv_q4_kw::Act a;
                         mv_q4_kw::load_act(yv, b, c, a);
-#pragma unroll
+    #pragma unroll
                         for (int r = 0; r < 2; ++r)
                             acc[r] += mv_q4_kw::compute(
-                                mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
+                                mv_q4_kw::load(tile + (2 * up + r) * 4 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
+                    } else if (lay == DS_Q4) {
+                        // Half groups: acc[0] the gate row, acc[1] the up row.
+                        const int bl = lane / 4, c = lane % 4, b = cu.c * 8 + bl;
+                        if (cu.kind & DS_A16) {
+                            act_k4w16 a;
+                            load_act_k4w16(yv, b, c, a);
+    #pragma unroll
+                            for (int r = 0; r < 2; ++r)
+                                acc[r] += k4w_compute16(mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c,
+                                                        a);
+                        } else {
+                            mv_q4_kw::Act a;
+                            mv_q4_kw::load_act(yv, b, c, a);
+    #pragma unroll
+                            for (int r = 0; r < 2; ++r)
+                                acc[r] += mv_q4_kw::compute(
+                                    mv_q4_kw::load(tile + r * 8 * Q4_K_BYTES + bl * Q4_K_BYTES, c), c, a);
+                        }
+                    } else {
+                        const uint8_t* tile2 = ring + st_use + wid * DS_SLOT;
+                        st_use = ds_next_stage(st_use);
+                        acc[0] += ds_q6_chunk(yv, tile, cu.c, cu.kind & DS_A16, lane) +
+                                  ds_q6_chunk(yv, tile2, cu.c + 1, cu.kind & DS_A16, lane);  // row lane / 16
+                        __syncwarp();
+                        cu.next(end, nq);  // the pair's first chunk, never an item's last
+                        ds_issue(is, end, nq, ring_lane + st_put, lane);
+                        st_put = ds_next_stage(st_put);
                     }
-                } else {
-                    const uint8_t* tile2 = ring + st_use + wid * DS_SLOT;
-                    st_use = ds_next_stage(st_use);
-                    acc[0] += ds_q6_chunk(yv, tile, cu.c, cu.kind & DS_A16, lane) +
-                              ds_q6_chunk(yv, tile2, cu.c + 1, cu.kind & DS_A16, lane);  // row lane / 16
-                    __syncwarp();
-                    cu.next(end, nq);  // the pair's first chunk, never an item's last
-                    ds_issue(is, end, nq, ring_lane + st_put, lane);
-                    st_put = ds_next_stage(st_put);
                 }
+#endif
                 if (cu.c == cu.n - 1) {
                     // Group epilogue, at a group's last chunk: the warps' row sums meet in shared
                     // memory, then phase 0 ropes and stores q, k and v, phase 3 quantizes
@@ -214,14 +254,14 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                     if (lay == DS_GATED) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
                         acc[1] = warp_sum<16>(acc[1]) * scale;
-                        up0 = rf_shfl_xor(acc[0], 16);
-                        up1 = rf_shfl_xor(acc[1], 16);
+                        up0 = rf_shfl_xor(acc[0], 16, 32);
+                        up1 = rf_shfl_xor(acc[1], 16, 32);
                     } else if (lay == DS_Q6) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
-                        acc[1] = rf_shfl_xor(acc[0], 16);
+                        acc[1] = rf_shfl_xor(acc[0], 16, 32);
                     } else {
-                        acc[0] = warp_sum(acc[0]) * scale;
-                        acc[1] = warp_sum(acc[1]) * scale;
+                        acc[0] = warp_sum<32>(acc[0]) * scale;
+                        acc[1] = warp_sum<32>(acc[1]) * scale;
                     }
                     float* rowv = rowv2[ngrp++ & 1];
                     if (lane == 0) {
@@ -249,7 +289,7 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                             const bool put = !split || lane < 16;
                             if (row < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
                                 const int d = row % DS_HEAD;
-                                const float other = rf_shfl_xor(v, 1);
+                                const float other = rf_shfl_xor(v, 1, 32);
                                 const float2 o = rope_cs[d / 2];
                                 v = (d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
                                 if (put && row < nq_rows) p.q[row] = v;
@@ -265,21 +305,31 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
                             const bool last = k == 4 && l + 1 == p.n_layer;
                             if (!last) {
                                 q8_1_put(v * nwv, p.xq, p.n_embd, row);
-                                const float s2 = warp_sum(v * v);
+                                const float s2 = warp_sum<32>(v * v);
                                 if (lane == 0) atomicAdd(p.ss + (k == 2 ? 2 * l + 1 : 2 * l + 2), s2);
                             }
                         }
                     }
                 }
-                __syncwarp();
+                rf_syncwarp();
                 cu.next(end, nq);
+                if constexpr (!RING) cur = nxt;
             }
         }
         __syncthreads();
         if (threadIdx.x == 0 && q + 1 < nq) bar_old = ds_barrier_arrive(p);
     }
+}
+
+RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
+#if defined(RF_CP_ASYNC)
+    ds_step<true>(p);
 #endif
 }
+
+// The portable variant (AMD, and NVIDIA on request): no inline assembly, the weights streamed
+// through registers (stream.h), the grid barrier by volatile loads and fences.
+RF_KERNEL void DS_ATTRS decode_stack_portable(ds_params p) { ds_step<false>(p); }
 
 // The output head (or any tall Q6_K mat-vec over one Q8_1 vector): out[r] = w[r] . y, with
 // decode_stack's weight streaming. One block per multiprocessor takes the 32-row groups b,
@@ -319,7 +369,7 @@ RF_KERNEL void DS_ATTRS head_q6_k(const uint8_t* w, const uint8_t* y, float* out
     const uint32_t ring_lane = (uint32_t)__cvta_generic_to_shared(ring) + wid * DS_SLOT + lane * 16;
     for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(is, end, 1, ring_lane + s * DS_TILE, lane);
     rf_entry();
-    ds_fetch(y, act, ncols, q8_vec_bytes(ncols));
+    ds_fetch(y, act, ncols, q8_vec_bytes(ncols), threadIdx.x);
     __syncthreads();
     const q8_vec yv{act, act + ncols};
     uint32_t st_use = 0, st_put = (DS_STAGES - 1) * DS_TILE;

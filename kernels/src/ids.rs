@@ -431,6 +431,7 @@ kernel_ids! {
     MatvecKsQ5_1 => Matvec, "matvec_q5_1_ks";
     MatvecKsAddQ5_1 => Matvec, "matvec_q5_1_ks_add";
     DecodeStack => Stack, "decode_stack";
+    DecodeStackPortable => Stack, "decode_stack_portable";
     HeadQ6_K => Stack, "head_q6_k";
     MatvecF32 => Matvec, "matvec_f32";
     MatvecF16 => Matvec, "matvec_f16";
@@ -534,7 +535,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
     use KernelId as K;
     use Param::{Attn, Ptr, Stack, F32, I32, I64};
     match k {
-        K::DecodeStack => &[Stack],
+        K::DecodeStack | K::DecodeStackPortable => &[Stack],
         K::QuantizeQ8_1 => &[Ptr, Ptr, I32, I64],
         K::HeadQ6_K
         | K::MatvecQ4_0

@@ -398,6 +398,14 @@ pub fn stack_shared_bytes(max_cols: usize) -> usize {
         + q8_16_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
 }
 
+/// Dynamic shared memory of a `decode_stack_portable` launch: as [`stack_shared_bytes`] without
+/// the weight ring (its weights stream through registers).
+pub fn stack_portable_shared_bytes(max_cols: usize) -> usize {
+    let warps = STACK_THREADS as usize / 32;
+    STACK_MAX_ITEMS * STACK_ITEM_BYTES
+        + q8_16_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
+}
+
 /// Dynamic shared memory of a `head_q6_k` launch over `ncols`-wide rows: the weight ring, the
 /// block's list of groups and the Q8_1 input.
 pub fn head_shared_bytes(ncols: usize) -> usize {

@@ -272,7 +272,10 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
             };
             // The decode stack and the head request their first weights before they wait
             // (checked below).
-            if head.contains(" decode_stack(") || head.contains(" head_q6_k(") {
+            if head.contains(" decode_stack(")
+                || head.contains(" decode_stack_portable(")
+                || head.contains(" head_q6_k(")
+            {
                 entries += 1;
                 continue;
             }
@@ -332,10 +335,20 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         "cu = is;",
         "const uint32_t ring_lane = ",
         "for (int s = 0; s < DS_STAGES - 1; ++s) ds_issue(",
+        "constexpr int ",
+        "int lane = ",
+        "uint32_t st_use",
+        "#if defined(RF_CP_ASYNC)",
+        "#endif",
+        "if constexpr (RING)",
+        "ds_raw cur;",
+        "if constexpr (!RING) ds_load(",
         "// ",
     ];
     let src = hip_source("stack.hip");
-    for name in ["decode_stack", "head_q6_k"] {
+    // Both stack kernels are ds_step (decode_stack: ds_step<true>, the portable one
+    // ds_step<false>).
+    for name in ["ds_step", "head_q6_k"] {
         let at = src.find(&format!(" {name}(")).expect("kernel defined");
         let open = at + src[at..].find('{').expect("kernel opens");
         let wait = open + src[open..].find("rf_entry();").expect("kernel waits");

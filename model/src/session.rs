@@ -173,7 +173,8 @@ pub struct SessionOptions {
     /// Which GPUs, and how layers spread over several ([`crate::gpus`]).
     pub gpus: crate::gpus::GpuSelection,
     /// Runs whole llama-family decode layers as one persistent GPU kernel per step where the
-    /// device (NVIDIA, compute capability 8.0 and later) and the layers (Q4_K weights with Q6_K
+    /// device (cooperative launches: NVIDIA's own kernel on compute capability 8.0 and later,
+    /// the portable one elsewhere, see `hip.stack_kernel`) and the layers (Q4_K weights with Q6_K
     /// v and down allowed, head size 128) fit it; `hip.stack` off vetoes it. On by default: on
     /// an H100 it decodes the 8B Q4_K_M shape about 5% faster than the per-op kernels.
     pub gpu_stack: bool,

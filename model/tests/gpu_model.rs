@@ -14,6 +14,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use ggml_graph::StackKernel;
 use rocmforge_model::arch::LogitsMode;
 use rocmforge_model::gpus::{GpuSelection, SplitMode};
 use rocmforge_model::placement::DeviceChoice;
@@ -316,20 +317,25 @@ fn gpu_session(m: &Model, o: &SessionOptions) -> (Session, Arc<Mutex<Option<Devi
 /// checking each against the CPU. Returns the CPU's greedy run and the fully offloaded GPU's
 /// logits teacher-forced on its tokens.
 fn check_model(name: &str, m: &Model, prompt: &[u32], bounds: Bounds) -> (Run, Vec<Vec<f32>>) {
-    check_model_with(name, m, prompt, bounds, false)
+    check_model_with(name, m, prompt, bounds, None)
 }
 
-/// [`check_model`] with the GPU sessions' decode stack (`SessionOptions::gpu_stack`) on or off.
+/// [`check_model`] with the GPU sessions' decode stack (`SessionOptions::gpu_stack`) off
+/// (`None`) or on with the given kernel.
 fn check_model_with(
     name: &str,
     m: &Model,
     prompt: &[u32],
     bounds: Bounds,
-    gpu_stack: bool,
+    stack: Option<StackKernel>,
 ) -> (Run, Vec<Vec<f32>>) {
-    let opts = |device, ngl, limit| SessionOptions {
-        gpu_stack,
-        ..opts(device, ngl, limit)
+    let opts = |device, ngl, limit| {
+        let mut o = SessionOptions {
+            gpu_stack: stack.is_some(),
+            ..opts(device, ngl, limit)
+        };
+        o.hip.stack_kernel = stack.unwrap_or(StackKernel::Auto);
+        o
     };
     let n_layer = m.config().n_layer;
     let mut cpu = Session::new(m, &opts(DeviceChoice::Cpu, None, None)).expect("CPU session");
@@ -472,7 +478,13 @@ fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
         top: 0.3,
         kld_mean: 1e-3,
     };
-    let _ = check_model_with("llama stack", &m, &synth_prompt(&m), bounds, true);
+    let _ = check_model_with(
+        "llama stack",
+        &m,
+        &synth_prompt(&m),
+        bounds,
+        Some(StackKernel::Auto),
+    );
     let launched = stack_launches() - before;
     println!("decode_stack launches: {launched}");
     assert!(
@@ -543,6 +555,93 @@ fn synthetic_llama_8b_layers_decode_stack_equals_per_op() {
     );
 }
 
+/// The portable decode stack kernel (the one AMD GPUs run), forced on this GPU: on the native
+/// stack test's model its decode steps must run as `decode_stack_portable` launches and give
+/// the CPU's tokens and logits.
+#[test]
+#[serial]
+fn synthetic_llama_portable_decode_stack_on_gpu_equals_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let m = stack_shaped_llama("synth-llama-stack.gguf", 11, 6144, 4);
+    let before = stack_portable_launches();
+    // As the native stack's test (the same model).
+    let bounds = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 1e-3,
+    };
+    let _ = check_model_with(
+        "llama portable stack",
+        &m,
+        &synth_prompt(&m),
+        bounds,
+        Some(StackKernel::Portable),
+    );
+    let launched = stack_portable_launches() - before;
+    println!("decode_stack_portable launches: {launched}");
+    assert!(
+        launched >= STEPS,
+        "only {launched} decode_stack_portable launches: the decode layers did not take it"
+    );
+}
+
+/// The portable stack kernel at Llama-3-8B's layer shapes (see
+/// `synthetic_llama_8b_layers_decode_stack_equals_per_op`: half groups split between warp
+/// pairs, Q4_K and Q6_K v), teacher-forced: it must give the native stack's logits where the
+/// device runs that, else the per-op kernels'.
+#[test]
+#[serial]
+fn synthetic_llama_8b_layers_portable_decode_stack_equals_native() {
+    if !have_gpu() {
+        return;
+    }
+    let m = stack_llama_of_width("synth-llama-8b-layers.gguf", 13, 32, 8, 14336, 2);
+    let prompt = synth_prompt(&m);
+    let mut cpu = Session::new(&m, &opts(DeviceChoice::Cpu, None, None)).expect("CPU session");
+    let want = greedy(&mut cpu, &prompt, STEPS);
+    drop(cpu);
+    let run = |kernel: StackKernel| {
+        let mut o = opts(DeviceChoice::Gpu, None, None);
+        o.hip.stack_kernel = kernel;
+        let (mut s, _) = gpu_session(&m, &o);
+        forced(&mut s, &prompt, &want.tokens)
+    };
+    let native = run(StackKernel::Auto);
+    let before = stack_portable_launches();
+    let portable = run(StackKernel::Portable);
+    let launched = stack_portable_launches() - before;
+    println!("decode_stack_portable launches: {launched}");
+    assert!(
+        launched > 0,
+        "no decode_stack_portable launch: the decode layers did not take it"
+    );
+    let loose = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 3e-3,
+    };
+    check_diffs(
+        "llama 8b layers portable stack",
+        &diffs(&want.logits, &portable),
+        loose,
+    );
+    // The same products over the same Q8 inputs, summed in another order (Q6_K chunks one at a
+    // time, not in pairs), so rounding only: 0.050 and KL mean 6.6e-5 on an H200; a wrong row,
+    // head or barrier would be far off.
+    let tight = Bounds {
+        full: 0.1,
+        top: 0.1,
+        kld_mean: 2e-4,
+    };
+    check_diffs(
+        "llama 8b layers portable stack against native",
+        &diffs(&native, &portable),
+        tight,
+    );
+}
+
 /// A llama the stack cannot hold runs per op, as it did before the stack: its FFN is so wide
 /// that the Q8_1 input of the down projection and the weight ring pass the shared memory a
 /// block may have (227 KiB on an H100).
@@ -560,7 +659,13 @@ fn synthetic_llama_too_wide_for_the_decode_stack_runs_per_op() {
         top: 0.3,
         kld_mean: 2e-3,
     };
-    let _ = check_model_with("llama wide ffn", &m, &synth_prompt(&m), bounds, true);
+    let _ = check_model_with(
+        "llama wide ffn",
+        &m,
+        &synth_prompt(&m),
+        bounds,
+        Some(StackKernel::Auto),
+    );
     let launched = stack_launches() - before;
     assert_eq!(
         launched, 0,
@@ -575,6 +680,16 @@ fn stack_launches() -> usize {
 
 #[cfg(not(feature = "hip"))]
 fn stack_launches() -> usize {
+    0
+}
+
+#[cfg(feature = "hip")]
+fn stack_portable_launches() -> usize {
+    ggml_graph::hip::stack_portable_launches()
+}
+
+#[cfg(not(feature = "hip"))]
+fn stack_portable_launches() -> usize {
     0
 }
 

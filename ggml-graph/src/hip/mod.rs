@@ -33,11 +33,11 @@ mod profile;
 mod stack;
 mod workspace;
 
-pub use crate::hip_options::HipOptions;
+pub use crate::hip_options::{HipOptions, StackKernel};
 #[cfg(any(test, feature = "testing"))]
 pub use ops::mmq_launches;
 #[cfg(any(test, feature = "testing"))]
-pub use stack::{head_launches, stack_launches};
+pub use stack::{head_launches, stack_launches, stack_portable_launches};
 
 /// GPUs of the platform `hip-ffi` selects (0 without one); opens no device.
 pub fn device_count() -> usize {
@@ -212,7 +212,7 @@ impl HipDevice {
                 .all(|&m| kernels::image(m, &target).is_ok_and(|i| i.waits_for_predecessors()));
         let early = sb.stream().set_early_launch(early);
         tracing::debug!("hip backend: early kernel launches {early}");
-        let stack = Self::stack_state(&dev, &sb, &target, ordinal, opts.stack)?;
+        let stack = Self::stack_state(&dev, &sb, &target, ordinal, &opts)?;
         // Every module of the target is loaded before the runtime's share is measured: their
         // code takes device memory that no tracked allocation counts (about 2 MiB per module
         // on NVIDIA), and nearly all of them run in the first pass anyway. One that fails to load is retried, and its
@@ -264,15 +264,17 @@ impl HipDevice {
         })
     }
 
-    /// The decode stack's state: off (see [`HipDevice::set_stack`]), with its barrier counter
-    /// zeroed here, outside any capture, where the device runs `decode_stack` (NVIDIA, compute
-    /// capability 8.0 and later, cooperative launches) unless `allowed` is false.
+    /// The decode stack's state: off (see [`HipDevice::set_stack`]), with its kernel chosen
+    /// (`HipOptions::stack_kernel`: `decode_stack` on NVIDIA compute capability 8.0 and later,
+    /// else `decode_stack_portable`) and its barrier counter zeroed here, outside any capture,
+    /// where the device runs one (cooperative launches, a code object for it) unless
+    /// `HipOptions::stack` is off.
     fn stack_state(
         dev: &gpu_mem::Device,
         sb: &gpu_mem::StreamBlas,
         target: &kernels::Device,
         ordinal: i32,
-        allowed: bool,
+        opts: &HipOptions,
     ) -> Result<stack::State> {
         // The multiprocessor count gpu-mem checks cooperative grids against.
         let sms = u32::try_from(dev.info().compute_units).unwrap_or(0);
@@ -280,8 +282,16 @@ impl HipDevice {
             .api()
             .device_attribute(hip_ffi::DeviceAttribute::CooperativeLaunch, ordinal)
             .is_ok_and(|v| v != 0);
-        let can = allowed
-            && matches!(target, kernels::Device::Nvidia { major, .. } if *major >= 8)
+        let native = matches!(target, kernels::Device::Nvidia { major, .. } if *major >= 8);
+        let kernel = match opts.stack_kernel {
+            StackKernel::Auto if native => Some(kernels::KernelId::DecodeStack),
+            StackKernel::Native => native.then_some(kernels::KernelId::DecodeStack),
+            StackKernel::Auto | StackKernel::Portable => {
+                Some(kernels::KernelId::DecodeStackPortable)
+            }
+        };
+        let can = opts.stack
+            && kernel.is_some()
             && cooperative
             && sms > 0
             && kernels::image(kernels::Module::Stack, target).is_ok();
@@ -296,7 +306,11 @@ impl HipDevice {
         } else {
             None
         };
-        tracing::debug!("hip backend: persistent decode stack available: {can}");
+        let kernel = kernel.unwrap_or(kernels::KernelId::DecodeStack);
+        tracing::debug!(
+            "hip backend: persistent decode stack available: {can} ({})",
+            kernel.name()
+        );
         // Unknown counts as none: the stack then asks nothing into L2 ahead of its reads.
         let l2_bytes = dev
             .api()
@@ -306,6 +320,7 @@ impl HipDevice {
             .unwrap_or(0);
         Ok(stack::State {
             on: false,
+            kernel,
             bar,
             smem_allowed: Vec::new(),
             fits: Vec::new(),

@@ -27,6 +27,18 @@ pub fn stack_launches() -> usize {
     LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Those of the [`stack_launches`] that ran `decode_stack_portable` (see
+/// [`stack_portable_launches`]).
+#[cfg(any(test, feature = "testing"))]
+static PORTABLE_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Decode stack launches of the portable kernel queued so far by every device of this process
+/// (tests: whether a forced `HipOptions::stack_kernel` took). Only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
+pub fn stack_portable_launches() -> usize {
+    PORTABLE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// `head_q6_k` launches queued by every device of this process (see [`head_launches`]).
 #[cfg(any(test, feature = "testing"))]
 static HEAD_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -50,6 +62,8 @@ pub(crate) fn head_launched() {
 /// `HipDevice::stack_fits`), its multiprocessor count and L2 size.
 pub(crate) struct State {
     pub(crate) on: bool,
+    /// `DecodeStack` or `DecodeStackPortable` (see `HipOptions::stack_kernel`).
+    pub(crate) kernel: kernels::KernelId,
     pub(crate) bar: Option<DeviceBuffer<u32>>,
     pub(crate) smem_allowed: Vec<(kernels::KernelId, u32)>,
     pub(crate) fits: Vec<(kernels::KernelId, u32, bool)>,
@@ -171,10 +185,15 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
     })
 }
 
-/// Dynamic shared memory of a launch over layers of `dims`.
-fn shared_bytes(dims: &Dims) -> u32 {
+/// Dynamic shared memory of a launch of `kernel` over layers of `dims`.
+fn shared_bytes(kernel: kernels::KernelId, dims: &Dims) -> u32 {
     let max_cols = dims.n_embd.max(dims.n_ff).max(dims.n_head * STACK_HEAD_DIM);
-    u32::try_from(kernels::stack_shared_bytes(max_cols)).unwrap_or(u32::MAX)
+    let bytes = if kernel == kernels::KernelId::DecodeStackPortable {
+        kernels::stack_portable_shared_bytes(max_cols)
+    } else {
+        kernels::stack_shared_bytes(max_cols)
+    };
+    u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
 /// Work items of the busiest block of a launch over `n_layer` layers of `dims` on `sms` blocks.
@@ -194,13 +213,13 @@ fn items(sms: u32, n_layer: usize, dims: &Dims) -> usize {
 /// (one resident block per multiprocessor with its shared memory, the busiest block's work
 /// within the kernel's bound).
 pub(crate) fn takes(d: &HipDevice, t: &Tensor, srcs: &[&Tensor]) -> bool {
-    let (on, sms) = {
+    let (on, sms, kernel) = {
         let st = d.inner.stack.lock();
-        (st.on, st.sms)
+        (st.on, st.sms, st.kernel)
     };
     on && layer_dims(t, srcs).is_some_and(|dims| {
         items(sms, 1, &dims) <= kernels::STACK_MAX_ITEMS
-            && d.stack_fits(kernels::KernelId::DecodeStack, shared_bytes(&dims))
+            && d.stack_fits(kernel, shared_bytes(kernel, &dims))
     })
 }
 
@@ -265,9 +284,9 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         op: "decode_layer",
         detail: format!("the decode stack cannot run this layer: {why}"),
     };
-    let (on, sms) = {
+    let (on, sms, kernel) = {
         let st = d.inner.stack.lock();
-        (st.on, st.sms)
+        (st.on, st.sms, st.kernel)
     };
     if !on {
         return Err(refused("the stack is off"));
@@ -302,8 +321,8 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     if !layers.iter().all(aligned) {
         return Err(refused("a matrix is not 16-byte aligned"));
     }
-    let smem = shared_bytes(&dims);
-    if !d.stack_fits(kernels::KernelId::DecodeStack, smem) {
+    let smem = shared_bytes(kernel, &dims);
+    if !d.stack_fits(kernel, smem) {
         return Err(refused("its shared memory"));
     }
     let scratch = Scratch::new(&dims);
@@ -388,7 +407,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     // for them (`Scratch::new`), and `uses` holds all memory the parameter block points to.
     unsafe {
         d.launch_cooperative(
-            kernels::KernelId::DecodeStack,
+            kernel,
             sms,
             STACK_THREADS,
             smem,
@@ -397,7 +416,12 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         )?
     };
     #[cfg(any(test, feature = "testing"))]
-    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    {
+        LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if kernel == kernels::KernelId::DecodeStackPortable {
+            PORTABLE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     // The scratch stays alive through the launch: a later, larger request waits for the
     // stream before it frees this one.
     drop(buf);
@@ -432,7 +456,8 @@ pub(crate) fn head_launch(
 ) -> Option<(u32, u32)> {
     let (on, sms) = {
         let st = d.inner.stack.lock();
-        (st.on, st.sms)
+        // The head kernel shares the NVIDIA stack's ring: none beside the portable stack.
+        (st.on && st.kernel == kernels::KernelId::DecodeStack, st.sms)
     };
     let dense = ncols / DType::Q6_K.block_size() * DType::Q6_K.type_size();
     if !on

@@ -104,7 +104,9 @@ static __device__ __forceinline__ int ds_share(const ds_params& p, int k) {
 
 // Lists this block's work items in order (phases in order, groups b, b + grid, ... within one)
 // and returns their count; the host keeps it within DS_MAX_ITEMS (kernels::stack_items).
-static __device__ int ds_build(const ds_params& p, ds_item* items) {
+// Inlined: on AMD a call would take the address of the kernel's parameter block, which then
+// gets copied into scratch memory per lane.
+static __device__ __forceinline__ int ds_build(const ds_params& p, ds_item* items) {
     int per = 0;
     for (int k = 0; k < DS_PHASES; ++k) per += ds_share(p, k);
     const int ni = min(per * p.n_layer, DS_MAX_ITEMS);
@@ -146,6 +148,7 @@ static __device__ int ds_build(const ds_params& p, ds_item* items) {
 struct ds_cursor {
     const ds_item* it;
     int c, q, r16, kind, n, rb;
+    int tid;  // threadIdx.x (see ds_step on why it is a field)
     const uint8_t *w, *w2;
     __device__ void load(const ds_item* end, int nq) {
         if (it < end) {
@@ -155,7 +158,7 @@ struct ds_cursor {
             kind = t.kind;
             rb = t.rb;
             const int rows = t.kind & DS_HALF ? 1 : 2;  // per warp, of each matrix
-            int pair = (int)(threadIdx.x / 32);
+            int pair = tid / 32;
             c = 0;
             n = t.n;
             if (t.kind & DS_SPLIT) {
@@ -163,7 +166,7 @@ struct ds_cursor {
                 n = c + (t.n >> 1);
                 pair &= 7;
             }
-            const int off = rows * pair * t.rb + 16 * (int)(threadIdx.x % 32);
+            const int off = rows * pair * t.rb + 16 * (tid % 32);
             w = t.w + off;
             w2 = t.w2 + off;
         } else {
@@ -172,6 +175,7 @@ struct ds_cursor {
     }
     __device__ void first(const ds_item* items, const ds_item* end, int nq) {
         it = items;
+        tid = (int)threadIdx.x;
         load(end, nq);
     }
     __device__ void next(const ds_item* end, int nq) {

@@ -103,7 +103,7 @@ pub(super) const VARS: &[Var] = &[
     var(
         GPU_STACK,
         "1",
-        "0: no persistent decode stack (as --no-gpu-stack)",
+        "0: no persistent decode stack (as --no-gpu-stack); native, portable: its kernel (as --gpu-stack)",
     ),
     var(
         GPU_GRAPH,
@@ -183,6 +183,12 @@ fn install_dirs() -> hip_ffi::InstallDirs {
 pub(super) fn apply(opts: &mut SessionOptions) {
     opts.gpu_stack &= on_unless(GPU_STACK, "0");
     opts.hip.stack = on_unless(GPU_STACK, "0");
+    // The flag, where given, wins.
+    if opts.hip.stack_kernel == ggml_graph::StackKernel::Auto {
+        if let Some(k) = get(GPU_STACK).and_then(|v| v.parse().ok()) {
+            opts.hip.stack_kernel = k;
+        }
+    }
     opts.scheduler.graph_capture = on_unless(GPU_GRAPH, "0");
     opts.scheduler.mapped_outputs = on_unless(MAPPED_OUTPUTS, "0");
     opts.hip.profile = get(PROFILE).is_some_and(|v| v == "1");

@@ -11,6 +11,7 @@ mod run;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use ggml_graph::StackKernel;
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use cache::{cache_dir, DEFAULT_MODEL_FILE};
@@ -143,10 +144,15 @@ pub struct ModelArgs {
     #[arg(long)]
     main_gpu: Option<usize>,
     /// Runs llama-family decode layers with the per-op GPU kernels instead of the persistent
-    /// decode stack (one cooperative kernel per step; NVIDIA, compute capability 8.0 and
-    /// later), which they use by default where the layers fit it.
+    /// decode stack (one cooperative kernel per step), which they use by default where the
+    /// layers fit it.
     #[arg(long)]
     no_gpu_stack: bool,
+    /// The persistent decode stack's kernel: auto (the NVIDIA-specific one where the GPU runs
+    /// it, else the portable one, as on AMD), native, portable (also on NVIDIA), or off (as
+    /// `--no-gpu-stack`).
+    #[arg(long, value_name = "KERNEL", conflicts_with = "no_gpu_stack")]
+    gpu_stack: Option<String>,
     /// Read the model into memory instead of mapping it: uses RAM for the whole file, but the
     /// run no longer depends on the file staying unchanged (a mapped file that is truncated or
     /// rewritten meanwhile kills the process with SIGBUS or changes its output).
@@ -171,6 +177,12 @@ impl ModelArgs {
         run::check_threads(self.threads)?;
         // Before any session opens a GPU (`serve` comes here too).
         env::choose_platform()?;
+        // `--gpu-stack`: None where it is off.
+        let stack = match self.gpu_stack.as_deref() {
+            None => Some(StackKernel::Auto),
+            Some("off") => None,
+            Some(k) => Some(k.parse().map_err(ModelError::InvalidArgument)?),
+        };
         let mut opts = SessionOptions {
             n_ctx: self.ctx.unwrap_or(4096.min(max)),
             kv_type: if self.kv_f32 {
@@ -184,9 +196,10 @@ impl ModelArgs {
             n_gpu_layers: self.n_gpu_layers,
             gpu_mem_limit: limit.as_deref().map(parse_bytes).transpose()?,
             gpus: self.gpu_selection()?,
-            gpu_stack: !self.no_gpu_stack,
+            gpu_stack: !self.no_gpu_stack && stack.is_some(),
             ..SessionOptions::default()
         };
+        opts.hip.stack_kernel = stack.unwrap_or(StackKernel::Auto);
         env::apply(&mut opts);
         Ok(opts)
     }
