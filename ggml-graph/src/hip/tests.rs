@@ -67,6 +67,10 @@ fn weight_bytes(dt: DType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
             let v = half::f16::from_f32(0.002 + 0.01 * rng.f32().abs());
             blk[off..off + 2].copy_from_slice(&v.to_le_bytes());
         }
+        if dt == DType::MXFP4 {
+            // The E8M0 exponent: scales 2^-9 .. 2^-6 (halved values are stored doubled).
+            blk[0] = 119 + (rng.f32().abs() * 3.99) as u8;
+        }
     }
     b
 }
@@ -1085,3 +1089,6 @@ fn byte_counts_past_any_device_are_refused_before_asking_it() {
 
 #[path = "tests_mmq.rs"]
 mod mmq;
+
+#[path = "tests_moe.rs"]
+mod moe;
