@@ -723,7 +723,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::ArgTopKF32 => &[Ptr, Ptr, I32, I32, I64],
         K::ExpertWeightsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I32],
         K::SwigluOaiF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, F32, F32],
-        K::AttnF16 | K::AttnF32 | K::AttnQ8_0 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
+        K::AttnF16 | K::AttnF32 | K::AttnQ8_0 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
@@ -760,7 +760,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MmqQ6_Kx64 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
         K::MmqCombine => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32, I32],
         K::PagedAttnF16 | K::PagedAttnF32 | K::PagedAttnQ8_0 => {
-            &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
+            &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
         }
         K::PagedDecF16H4 | K::PagedDecF16H8 | K::PagedDecF32H4 | K::PagedDecF32H8 => {
             &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, Attn]

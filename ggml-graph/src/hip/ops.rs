@@ -299,11 +299,10 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
             super::moe::supports(t, srcs)
         }
         // Soft-capped scores have no GPU kernel yet: such layers run on the CPU.
-        // Neither do sinks (gpt-oss): such nodes carry one more operand besides.
-        (Op::Attention(p), [q, k, v, pos]) => {
+        (Op::Attention(p), [q, k, v, pos, rest @ ..]) => {
             let d = q.ne[0];
             p.softcap.is_none()
-                && !p.sinks
+                && sinks_ok(p.sinks, rest, q.ne[1])
                 && q.dtype == DType::F32
                 && q.rows_contiguous()
                 && q.ne[3] == 1
@@ -324,10 +323,10 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && pos.nelements() >= q.ne[2]
                 && out_f32
         }
-        (Op::PagedAttention { params, .. }, [q, k, v, pos, seq, tables]) => {
+        (Op::PagedAttention { params, .. }, [q, k, v, pos, seq, tables, rest @ ..]) => {
             let d = q.ne[0];
             params.softcap.is_none()
-                && !params.sinks
+                && sinks_ok(params.sinks, rest, q.ne[1])
                 && q.dtype == DType::F32
                 && q.rows_contiguous()
                 && kv_cache_type(k, d)
@@ -345,6 +344,16 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && dense(tables, DType::I32)
                 && out_f32
         }
+        _ => false,
+    }
+}
+
+/// The operands after an attention node's fixed ones: none, or with sinks their dense f32 logit
+/// per query head (an additive mask is not taken).
+fn sinks_ok(sinks: bool, rest: &[&Tensor], n_head: usize) -> bool {
+    match rest {
+        [] => !sinks,
+        [s] => sinks && dense(s, DType::F32) && s.nelements() == n_head,
         _ => false,
     }
 }

@@ -584,7 +584,7 @@ type PagedSpec<'a> = (
 
 /// One paged attention case against the CPU: sequences `(length, tokens fed)` (one token: a
 /// decode step; more: the last `tokens` positions of a prompt chunk) over a pool of blocks of
-/// `bs` positions handed out in scrambled order.
+/// `bs` positions handed out in scrambled order; with `sinks`, random sink logits per head.
 #[allow(clippy::too_many_arguments)]
 fn paged_case(
     h: &Arc<HipDevice>,
@@ -595,6 +595,7 @@ fn paged_case(
     bs: usize,
     seqs: &[(usize, usize)],
     bound: f64,
+    sinks: bool,
 ) {
     let max_blocks = seqs.iter().map(|s| s.0.div_ceil(bs)).max().unwrap_or(1) + 1;
     let n_blocks: usize = seqs.iter().map(|s| s.0.div_ceil(bs)).sum::<usize>() + 3;
@@ -635,9 +636,17 @@ fn paged_case(
         softcap: None,
         sinks: false,
     };
-    let y = g
+    let mut y = g
         .paged_attention(q, k, v, pi, si, ti, p, bs)
         .expect("paged attention");
+    let sink_in = if sinks {
+        let si = g.input("sinks", DType::F32, &[nh]).expect("sinks");
+        y = g.add_attention_sinks(y, si).expect("add sinks");
+        let vals: Vec<f32> = rng.vec(nh).iter().map(|x| 3.0 * x).collect();
+        Some((si, f32_bytes(&vals)))
+    } else {
+        None
+    };
     g.mark_output(y).expect("out");
     let kv = |rng: &mut Rng| -> Vec<u8> {
         // Keys and values scaled up a little, so that the softmax is not flat.
@@ -658,14 +667,17 @@ fn paged_case(
             (pi, bytemuck::cast_slice(&pos).to_vec()),
             (si, bytemuck::cast_slice(&seq).to_vec()),
             (ti, bytemuck::cast_slice(&tables).to_vec()),
-        ],
+        ]
+        .into_iter()
+        .chain(sink_in)
+        .collect(),
         out: y,
     };
     check(
         h,
         &format!(
             "paged attention hd={hd} heads={nh}/{nkv} window={window:?} {kt} block={bs} \
-             seqs={seqs:?}"
+             seqs={seqs:?} sinks={sinks}"
         ),
         &c,
         bound,
@@ -710,7 +722,7 @@ fn paged_attention_matches_cpu() {
         ((128, 32, 8), None, DType::Q8_0, 16, mixed),
     ];
     for (shape, window, kt, bs, seqs) in cases {
-        paged_case(&h, &mut rng, shape, window, kt, bs, seqs, bound(kt));
+        paged_case(&h, &mut rng, shape, window, kt, bs, seqs, bound(kt), false);
     }
 }
 

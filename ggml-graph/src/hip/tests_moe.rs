@@ -1,18 +1,19 @@
-//! GPU-against-CPU checks of the mixture-of-experts nodes: `mul_mat_id` for every weight type
-//! the mat-vecs read (and MXFP4, f16, f32) on both of its ways (one launch over the pairs;
-//! grouped by expert with the tile kernels, mat-vecs or gemm per expert), the routing
-//! (`argsort_top_k`, `expert_weights` with and without normalisation, both gatings' graphs, ties)
-//! and gpt-oss's `swiglu_oai`. Every computing node must run on the GPU.
+//! GPU-against-CPU checks of the mixture-of-experts nodes and gpt-oss's ops: `mul_mat_id` for
+//! every weight type the mat-vecs read (and MXFP4, f16, f32) on both of its ways (one launch over
+//! the pairs; grouped by expert with the tile kernels, mat-vecs or gemm per expert), the routing
+//! (`argsort_top_k`, `expert_weights` with and without normalisation, both gatings' graphs, ties),
+//! `swiglu_oai`, MXFP4 products, and attention with sinks (contiguous and paged caches). Every
+//! computing node must run on the GPU.
 
 use std::sync::Arc;
 
-use super::{f32_bytes, hip, nmse, weight_bytes, HipDevice, Rng, Weight};
+use super::{cache_bytes, f32_bytes, hip, nmse, paged_case, weight_bytes, HipDevice, Rng, Weight};
 use crate::backend::{CpuDevice, Device};
 use crate::cpu::CpuBackend;
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
 use crate::sched::Scheduler;
-use crate::tensor::{DType, Op, TensorId};
+use crate::tensor::{AttnParams, DType, Op, TensorId};
 
 /// Runs `g` on a GPU-first and on a CPU-only scheduler; returns both runs' `outs` (GPU first)
 /// after checking that every computing node of the GPU run was placed on the GPU.
@@ -120,7 +121,10 @@ fn mul_mat_id_matches_cpu_for_every_weight_type() {
             println!("mul_mat_id {dt} n_tok={n_tok} n_x={n_x}: NMSE {e:.3e}");
             // Decode quantizes the activations to 8 bits on both sides (the GPU per 32 values
             // as Q8_1); the grouped way's larger groups multiply f16 operands.
-            assert!(e <= 2e-3, "mul_mat_id {dt} n_tok={n_tok} n_x={n_x}: NMSE {e:.3e}");
+            assert!(
+                e <= 2e-3,
+                "mul_mat_id {dt} n_tok={n_tok} n_x={n_x}: NMSE {e:.3e}"
+            );
         }
     }
 }
@@ -148,7 +152,9 @@ fn routing_matches_cpu() {
             let w = g.expert_weights(probs, ids, norm).expect("weights");
             let raw_ids = g.arg_top_k(logits, k).expect("top k of logits");
             let picked = g.expert_weights(logits, raw_ids, false).expect("picked");
-            let w2 = g.soft_max_ext(picked, None, 1.0).expect("softmax of picked");
+            let w2 = g
+                .soft_max_ext(picked, None, 1.0)
+                .expect("softmax of picked");
             let outs = [ids, w, raw_ids, w2];
             for &o in &outs {
                 g.mark_output(o).expect("out");
@@ -222,5 +228,77 @@ fn mxfp4_mul_mat_and_get_rows_match_cpu() {
         println!("mul_mat mxfp4 m={m}: NMSE {e:.3e}");
         assert!(e <= 2e-3, "mul_mat mxfp4 m={m}: NMSE {e:.3e}");
         assert_eq!(gpu[1], cpu[1], "get_rows mxfp4 m={m}");
+    }
+}
+
+/// Attention with sinks (one logit per query head in each row's softmax) over f16, f32 and Q8_0
+/// caches: decode over one range and split over several, prompt chunks with gpt-oss's shape and
+/// its sliding window; and paged attention with sinks, prompt chunks and decode tokens mixed.
+#[test]
+fn attention_with_sinks_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x5121_6b5a_7700_1234);
+    // (head dim, heads, kv heads, query tokens, kv length, window, kv type)
+    let cases = [
+        (64usize, 8usize, 2usize, 1usize, 40usize, None, DType::F16),
+        (64, 8, 2, 1, 700, None, DType::F16),
+        (64, 64, 8, 20, 60, Some(16usize), DType::F16),
+        (64, 64, 8, 1, 300, Some(128), DType::F32),
+        (128, 8, 2, 5, 70, None, DType::F32),
+        (64, 8, 2, 1, 900, None, DType::Q8_0),
+        (64, 16, 4, 24, 100, Some(32), DType::Q8_0),
+    ];
+    for (hd, nh, nkv, nt, nk, window, kt) in cases {
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[hd, nh, nt]).expect("q");
+        let k = g.input("k", kt, &[hd, nkv, nk]).expect("k");
+        let v = g.input("v", kt, &[hd, nkv, nk]).expect("v");
+        let pos = g.input("pos", DType::I32, &[nt]).expect("pos");
+        let sinks = g.input("sinks", DType::F32, &[nh]).expect("sinks");
+        let p = AttnParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            causal: true,
+            window,
+            softcap: None,
+            sinks: false,
+        };
+        let y = g.attention(q, k, v, pos, None, p).expect("attention");
+        let y = g.add_attention_sinks(y, sinks).expect("sinks");
+        g.mark_output(y).expect("out");
+        let kv = |rng: &mut Rng| -> Vec<u8> {
+            let vals: Vec<f32> = rng.vec(hd * nkv * nk).iter().map(|x| 3.0 * x).collect();
+            cache_bytes(kt, &vals)
+        };
+        let positions: Vec<i32> = (0..nt).map(|t| (nk - nt + t) as i32).collect();
+        // Sinks from far below to well above the scores, so that some rows give them most of
+        // the probability.
+        let sink_vals: Vec<f32> = rng.vec(nh).iter().map(|x| 6.0 * x).collect();
+        let inputs = vec![
+            (q, f32_bytes(&rng.vec(hd * nh * nt))),
+            (k, kv(&mut rng)),
+            (v, kv(&mut rng)),
+            (pos, bytemuck::cast_slice(&positions).to_vec()),
+            (sinks, f32_bytes(&sink_vals)),
+        ];
+        let [gpu, cpu] = run_both(&h, &g, &[], &inputs, &[y]);
+        let e = nmse(&gpu[0], &cpu[0]);
+        let what = format!(
+            "attention with sinks hd={hd} heads={nh}/{nkv} tokens={nt} kv={nk} window={window:?} \
+             {kt}"
+        );
+        println!("{what}: NMSE {e:.3e}");
+        assert!(e <= 1e-8, "{what}: NMSE {e:.3e}");
+    }
+    let mixed: &[(usize, usize)] = &[(300, 40), (21, 1), (201, 1)];
+    let decode: &[(usize, usize)] = &[(1, 1), (17, 1), (160, 1), (999, 1)];
+    for (shape, window, kt, seqs) in [
+        ((64, 64, 8), Some(128), DType::F16, mixed),
+        ((64, 64, 8), None, DType::F16, decode),
+        ((64, 8, 2), None, DType::F32, mixed),
+        ((64, 16, 4), Some(100), DType::Q8_0, decode),
+    ] {
+        // The bounds of `paged_attention_matches_cpu`.
+        let bound = if kt == DType::F16 { 1e-6 } else { 1e-8 };
+        paged_case(&h, &mut rng, shape, window, kt, 16, seqs, bound, true);
     }
 }
