@@ -41,6 +41,9 @@ VOCABS = {
     "mistral": "ggml-vocab-llama-spm.gguf",
     "qwen2": "ggml-vocab-qwen2.gguf",
     "qwen3": "ggml-vocab-qwen2.gguf",
+    "qwen3moe": "ggml-vocab-qwen2.gguf",
+    # gpt-oss's own 201k-token vocabulary is not among them; Llama 3's 128k is the nearest size.
+    "gpt-oss": "ggml-vocab-llama-bpe.gguf",
 }
 
 

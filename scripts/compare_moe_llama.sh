@@ -5,6 +5,19 @@
 #
 #   scripts/compare_moe_llama.sh [LLAMA_BIN] [ROCMFORGE] [OUT_DIR]
 #
+# With `--gpu` first, the speed on the GPU machine instead, same run, same GGUFs: the
+# Qwen3-30B-A3B shape at Q4_K_M and the gpt-oss-20b shape (MXFP4 experts, Q8_0 elsewhere),
+# llama.cpp's CUDA build (`llama-bench -ngl 99 -fa 1`) against `rocmforge bench --device gpu
+# --bandwidth` (whose bandwidth limit counts the experts a token uses, not every expert), tg128
+# and pp512, through scripts/bench_matrix.py:
+#
+#   scripts/compare_moe_llama.sh --gpu [LLAMA_BENCH] [ROCMFORGE] [OUT_DIR]
+#
+# LLAMA_BENCH defaults to /tmp/llama/build/bin/llama-bench (`scripts/llamacpp.sh build`),
+# ROCMFORGE to ./rocmforge, OUT_DIR (where the models are written and kept, about 18 and 13 GB) to
+# /tmp/moe-bench; REPS (default 3) sets -r. Vocabularies from $ROCMFORGE_VOCAB_DIR when set
+# (real output-head sizes: Qwen2's for Qwen3, Llama 3's for gpt-oss).
+#
 # LLAMA_BIN: llama.cpp's binaries (default /tmp/llama-cpu/build/bin) with llama-completion and
 # llama-perplexity: `scripts/llamacpp.sh build-cpu /tmp/llama-cpu` then
 # `cmake --build /tmp/llama-cpu/build --target llama-completion llama-perplexity`.
@@ -12,6 +25,20 @@
 # Prints one line per model and check; exits 1 when a greedy continuation differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--gpu" ]; then
+  LB=${2:-/tmp/llama/build/bin/llama-bench}
+  RF=${3:-./rocmforge}
+  OUT=${4:-/tmp/moe-bench}
+  REPS=${REPS:-3}
+  for spec in "qwen3moe qwen3-30b-a3b Q4_K_M" "gpt-oss gpt-oss-20b Q8_0"; do
+    read -r arch preset ftype <<<"$spec"
+    python3 scripts/bench_matrix.py --gpu --families "$arch" --preset "$arch=$preset" \
+      --types "$ftype" -p 512 -n 128 -r "$REPS" --rocmforge "$RF" --llama-bench "$LB" \
+      --dir "$OUT" --keep --json "$OUT/$arch-$preset-$ftype.json"
+  done
+  exit 0
+fi
 
 BIN=${1:-/tmp/llama-cpu/build/bin}
 RF=${2:-target/ci/rocmforge}

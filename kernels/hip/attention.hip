@@ -69,12 +69,24 @@ __device__ __forceinline__ float round_kv<__half>(float x) { return __half2float
 template <>
 __device__ __forceinline__ float round_kv<blk_q8_0>(float x) { return x; }
 
+// Attention sinks (gpt-oss): head `head`'s logit joins its row's softmax as one more key with no
+// value, as ggml's soft_max with sinks, i.e. it enters the row's max and sum only (so it just takes
+// probability away from the real keys). Applied to a row's final (max, sum); no-op without sinks.
+static __device__ __forceinline__ void add_sink(const float* __restrict__ sinks, int head, float& m, float& l) {
+    if (!sinks) return;
+    const float sk = sinks[head];
+    const float mn = fmaxf(m, sk);
+    l = (m == -INFINITY ? 0.0f : l * expf(m - mn)) + expf(sk - mn);
+    m = mn;
+}
+
 // `part` (split-K only): per split and row (token * n_heads + head): [m, l, out[head_dim]].
 template <typename KV>
 static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, const KV* __restrict__ k,
                                                  const KV* __restrict__ v, const int* __restrict__ pos,
                                                  float* __restrict__ out,
-                                                 float* __restrict__ part, const attn_params p) {
+                                                 float* __restrict__ part, const float* __restrict__ sinks,
+                                                 const attn_params p) {
     __shared__ float ks[ATTN_TK * ATTN_DMAX];
     __shared__ float vs[ATTN_TK * ATTN_DMAX];
     const int D = p.head_dim;
@@ -163,6 +175,7 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
             if (pp[0] != -INFINITY) l += pp[1] * expf(pp[0] - m);
         }
     }
+    if (active) add_sink(sinks, head, m, l);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 
     // Pass 2: probabilities, normalized and rounded, weight the V rows.
@@ -206,23 +219,24 @@ static __device__ __forceinline__ void attn_impl(const float* __restrict__ q, co
     }
 }
 
+// `sinks` (null: none) holds one logit per query head (see add_sink).
 RF_KERNEL void attn_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
-                        float* part, attn_params p) {
+                        float* part, const float* sinks, attn_params p) {
     rf_entry();
-    attn_impl<__half>(q, k, v, pos, out, part, p);
+    attn_impl<__half>(q, k, v, pos, out, part, sinks, p);
 }
 
 RF_KERNEL void attn_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
-                        float* part, attn_params p) {
+                        float* part, const float* sinks, attn_params p) {
     rf_entry();
-    attn_impl<float>(q, k, v, pos, out, part, p);
+    attn_impl<float>(q, k, v, pos, out, part, sinks, p);
 }
 
 // Q8_0 cache (strides in blocks): the rows are dequantized into the shared tiles.
 RF_KERNEL void attn_q8_0(const float* q, const blk_q8_0* k, const blk_q8_0* v, const int* pos, float* out,
-                         float* part, attn_params p) {
+                         float* part, const float* sinks, attn_params p) {
     rf_entry();
-    attn_impl<blk_q8_0>(q, k, v, pos, out, part, p);
+    attn_impl<blk_q8_0>(q, k, v, pos, out, part, sinks, p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -628,8 +642,9 @@ template <typename KV>
 static __device__ __forceinline__ void paged_impl(const float* __restrict__ q, const KV* __restrict__ k,
                                                   const KV* __restrict__ v, const int* __restrict__ pos,
                                                   const int* __restrict__ seq, const int* __restrict__ tables,
-                                                  float* __restrict__ out, const int block_size,
-                                                  const int max_blocks, const attn_params p) {
+                                                  float* __restrict__ out, const float* __restrict__ sinks,
+                                                  const int block_size, const int max_blocks,
+                                                  const attn_params p) {
     const int tok = blockIdx.x, kvh = blockIdx.y;
     const int D = p.head_dim;
     const int gqa = p.n_heads / p.n_kv_heads;
@@ -677,6 +692,7 @@ static __device__ __forceinline__ void paged_impl(const float* __restrict__ q, c
             l = l * expf(m - mn) + expf(s - mn);
             m = mn;
         }
+        add_sink(sinks, head, m, l);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int ps = lo; ps < hi; ++ps) {
             const int blk = table[ps / block_size];
@@ -708,22 +724,24 @@ static __device__ __forceinline__ void paged_impl(const float* __restrict__ q, c
 }
 
 RF_KERNEL void paged_attn_f16(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
-                              const int* tables, float* out, int block_size, int max_blocks, attn_params p) {
+                              const int* tables, float* out, const float* sinks, int block_size, int max_blocks,
+                              attn_params p) {
     rf_entry();
-    paged_impl<__half>(q, k, v, pos, seq, tables, out, block_size, max_blocks, p);
+    paged_impl<__half>(q, k, v, pos, seq, tables, out, sinks, block_size, max_blocks, p);
 }
 
 RF_KERNEL void paged_attn_f32(const float* q, const float* k, const float* v, const int* pos, const int* seq,
-                              const int* tables, float* out, int block_size, int max_blocks, attn_params p) {
+                              const int* tables, float* out, const float* sinks, int block_size, int max_blocks,
+                              attn_params p) {
     rf_entry();
-    paged_impl<float>(q, k, v, pos, seq, tables, out, block_size, max_blocks, p);
+    paged_impl<float>(q, k, v, pos, seq, tables, out, sinks, block_size, max_blocks, p);
 }
 
 RF_KERNEL void paged_attn_q8_0(const float* q, const blk_q8_0* k, const blk_q8_0* v, const int* pos,
-                               const int* seq, const int* tables, float* out, int block_size, int max_blocks,
-                               attn_params p) {
+                               const int* seq, const int* tables, float* out, const float* sinks, int block_size,
+                               int max_blocks, attn_params p) {
     rf_entry();
-    paged_impl<blk_q8_0>(q, k, v, pos, seq, tables, out, block_size, max_blocks, p);
+    paged_impl<blk_q8_0>(q, k, v, pos, seq, tables, out, sinks, block_size, max_blocks, p);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -310,6 +310,7 @@ static __device__ __forceinline__ void rf_syncwarp() {
 #define Q4_K_BYTES 144 // half d; half dmin; u8 scales[12]; u8 qs[128]
 #define Q5_K_BYTES 176 // half d; half dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
 #define Q6_K_BYTES 210 // u8 ql[128]; u8 qh[64]; i8 scales[16]; half d
+#define MXFP4_BYTES 17 // u8 e (E8M0 exponent); u8 qs[16] (E2M1 nibbles, order as Q4_0)
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.
 static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
@@ -484,6 +485,42 @@ struct deq_q6_k {
                 const int q = (int)(((lo >> (8 * i)) & 0xF) | (((hi >> (8 * i)) & 3) << 4)) - 32;
                 out[4 * k + i] = (k < 4 ? d0 : d1) * (float)q;
             }
+        }
+    }
+};
+
+// MXFP4's E2M1 values doubled (so that they are integers); the E8M0 scale is halved to match,
+// as ggml stores and decodes them.
+// The magnitudes 0, 1, 2, 3, 4, 6, 8, 12 come from one packed constant (a table in memory would
+// go to scratch on AMD); bit 3 of the nibble is the sign.
+static __device__ __forceinline__ int mxfp4_value(int nib) {
+    const int m = (int)((0xC8643210u >> (4 * (nib & 7))) & 0xF);
+    return (nib & 8) ? -m : m;
+}
+
+// Four MXFP4 nibbles (bits 0-3 of each byte of `q`) as four signed bytes of their doubled values.
+static __device__ __forceinline__ int mxfp4_bytes(uint32_t q) {
+    int r = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) r |= (mxfp4_value((int)(q >> (8 * b))) & 0xFF) << (8 * b);
+    return r;
+}
+
+// An E8M0 exponent byte as a float, halved (ggml's `e8m0_to_fp32_half`): 2^(e - 128), with the
+// two smallest exponents as subnormals.
+static __device__ __forceinline__ float e8m0_half(uint32_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+    return __uint_as_float(bits);
+}
+
+struct deq_mxfp4 {
+    static constexpr int QK = 32, BYTES = MXFP4_BYTES;
+    static __device__ __forceinline__ void run(const uint8_t* b, int, float* out) {
+        const float d = e8m0_half(b[0]);
+        const uint8_t* qs = b + 1;
+        for (int l = 0; l < 16; ++l) {
+            out[l] = d * (float)mxfp4_value(qs[l] & 0xF);
+            out[l + 16] = d * (float)mxfp4_value(qs[l] >> 4);
         }
     }
 };

@@ -77,6 +77,7 @@ RF_DEQUANT(q3_k, deq_q3_k)
 RF_DEQUANT(q4_k, deq_q4_k)
 RF_DEQUANT(q5_k, deq_q5_k)
 RF_DEQUANT(q6_k, deq_q6_k)
+RF_DEQUANT(mxfp4, deq_mxfp4)
 
 // Float tables: one thread per value, any row length. Strides in elements.
 template <typename S>

@@ -1007,3 +1007,125 @@ RF_KERNEL void matvec_f16(const __half* w, const float* x, float* out, int ncols
     rf_entry();
     matvec_f<__half>(w, x, out, ncols, row_stride, out_stride);
 }
+
+// =============================================================================================
+// MXFP4 and the expert mat-vecs (mixture of experts).
+// =============================================================================================
+
+// N 32-bit words starting at any byte offset `o` of a shared-memory stage (MXFP4's 17-byte
+// blocks leave odd offsets, which `st_words` does not take).
+template <int N>
+static __device__ __forceinline__ void st_words_b(const uint32_t* st, int o, uint32_t* out) {
+    const uint32_t* p = st + (o >> 2);
+    const int sh = (o & 3) * 8;
+    uint32_t w[N + 1];
+#pragma unroll
+    for (int k = 0; k <= N; ++k) w[k] = p[k];
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = (uint32_t)(((((uint64_t)w[k + 1]) << 32) | w[k]) >> sh);
+}
+
+// MXFP4: the E8M0 exponent byte, then 16 bytes of E2M1 nibbles (values 0..15 low, 16..31 high),
+// looked up as doubled integers so that the dot product stays in dp4a.
+struct mv_mxfp4 {
+    static constexpr int QK = 32, BYTES = MXFP4_BYTES, LPB = 1, ROUNDS = 1;
+    static constexpr bool PIPE = false;
+    using Act = act32;
+    static __device__ __forceinline__ void load_act(q8_vec y, int b, int, Act& a) { load_act32(y, b, a); }
+    static __device__ __forceinline__ float dot(const uint32_t* st, int o, int, const Act& a) {
+        uint32_t v[5];  // the exponent in byte 0 of v[0] after the shift, then the nibbles
+        st_words_b<5>(st, o, v);
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t q = (v[k] >> 8) | (v[k + 1] << 24);
+            s = dot4_i8(mxfp4_bytes(q & 0x0F0F0F0F), word(a.q0, k), s);
+            s = dot4_i8(mxfp4_bytes((q >> 4) & 0x0F0F0F0F), word(a.q1, k), s);
+        }
+        return e8m0_half(v[0] & 0xFF) * a.d * (float)s;
+    }
+};
+
+RF_KERNEL void MV_BOUND matvec_mxfp4(const uint8_t* w, const uint8_t* y, float* out, int ncols, long long row_bytes,
+                                     int out_stride, int nrows) {
+    mv_entry<mv_mxfp4, 2, 1, 1>(w, nullptr, row_bytes, nrows);
+    matvec_staged<mv_mxfp4, 2, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0);
+}
+
+// Expert products (ggml's mul_mat_id): grid.y runs over the (token, slot) pairs p = t * n_used +
+// i; pair p multiplies matrix ids[p] (matrices `mat_bytes` apart) with activation vector
+// t * n_x + i % n_x, into output row p of `nrows` values. Only the chosen matrices are read.
+// The body is the plain mat-vec's, with the activations shifted so that its grid.y lands on the
+// pair's vector (integer arithmetic: the shifted address is never dereferenced itself).
+static __device__ __forceinline__ const uint8_t* mv_id_vec(const uint8_t* y, int ncols, int n_used, int n_x) {
+    const int p = blockIdx.y;
+    const long long vec = (long long)(p / n_used) * n_x + (p % n_used) % n_x;
+    return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(y) +
+                                            (uintptr_t)((vec - p) * (long long)q8_vec_bytes(ncols)));
+}
+
+// The expert a pair reads, or -1 (its output row zeroed) for an id outside the stack.
+static __device__ __forceinline__ int mv_id_expert(const int* ids, float* out, int nrows, int n_mat) {
+    const int e = ids[blockIdx.y];
+    if (e >= 0 && e < n_mat) return e;
+    if (blockIdx.x == 0)
+        for (int r = threadIdx.x; r < nrows; r += blockDim.x) out[(size_t)blockIdx.y * nrows + r] = 0.0f;
+    return -1;
+}
+
+#define RF_MATVEC_ID(name, shape, T, R)                                                                           \
+    RF_KERNEL void MV_BOUND name##_id(const uint8_t* w, const int* ids, const uint8_t* y, float* out, int ncols,  \
+                                      long long row_bytes, long long mat_bytes, int nrows, int n_used, int n_x,   \
+                                      int n_mat) {                                                                \
+        rf_entry();                                                                                               \
+        const int e = mv_id_expert(ids, out, nrows, n_mat);                                                       \
+        if (e < 0) return;                                                                                        \
+        const uint8_t* we = w + (long long)e * mat_bytes;                                                         \
+        mv_entry<T, R, 1, 1>(we, nullptr, row_bytes, nrows);                                                      \
+        shape<T, R, 1>(we, nullptr, nullptr, mv_id_vec(y, ncols, n_used, n_x), out, ncols, row_bytes, nrows,      \
+                       nrows, 0);                                                                                 \
+    }
+
+RF_MATVEC_ID(matvec_q4_0, matvec_staged, mv_q4_0, 2)
+RF_MATVEC_ID(matvec_q4_1, matvec_staged, mv_q4_1, 2)
+RF_MATVEC_ID(matvec_q5_0, matvec_staged, mv_q5_0, 2)
+RF_MATVEC_ID(matvec_q5_1, matvec_staged, mv_q5_1, 2)
+RF_MATVEC_ID(matvec_q8_0, matvec_staged, mv_q8_0, 2)
+RF_MATVEC_ID(matvec_q2_k, matvec_staged, mv_q2_k, 2)
+RF_MATVEC_ID(matvec_q3_k, matvec_staged, mv_q3_k, 2)
+RF_MATVEC_ID(matvec_q4_k, matvec_direct2, mv_q4_k, 1)
+RF_MATVEC_ID(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
+RF_MATVEC_ID(matvec_q6_k, matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
+RF_MATVEC_ID(matvec_mxfp4, matvec_staged, mv_mxfp4, 2)
+
+// Float expert products: one block per output row (grid.x) and pair (grid.y), x f32 vectors of
+// `ncols` values; strides in elements.
+template <typename W>
+static __device__ __forceinline__ void matvec_f_id(const W* __restrict__ w, const int* __restrict__ ids,
+                                                   const float* __restrict__ x, float* __restrict__ out, int ncols,
+                                                   long long row_stride, long long mat_stride, int nrows, int n_used,
+                                                   int n_x, int n_mat) {
+    __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
+    const int p = blockIdx.y, row = blockIdx.x;
+    const int e = ids[p];
+    float acc = 0.0f;
+    if (e >= 0 && e < n_mat) {
+        const W* wr = w + (long long)e * mat_stride + (long long)row * row_stride;
+        const float* xc = x + ((long long)(p / n_used) * n_x + (p % n_used) % n_x) * ncols;
+        for (int i = threadIdx.x; i < ncols; i += blockDim.x) acc += ld_w(wr, i) * xc[i];
+    }
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) out[(size_t)p * nrows + row] = acc;
+}
+
+RF_KERNEL void matvec_f32_id(const float* w, const int* ids, const float* x, float* out, int ncols,
+                             long long row_stride, long long mat_stride, int nrows, int n_used, int n_x, int n_mat) {
+    rf_entry();
+    matvec_f_id<float>(w, ids, x, out, ncols, row_stride, mat_stride, nrows, n_used, n_x, n_mat);
+}
+
+RF_KERNEL void matvec_f16_id(const __half* w, const int* ids, const float* x, float* out, int ncols,
+                             long long row_stride, long long mat_stride, int nrows, int n_used, int n_x, int n_mat) {
+    rf_entry();
+    matvec_f_id<__half>(w, ids, x, out, ncols, row_stride, mat_stride, nrows, n_used, n_x, n_mat);
+}

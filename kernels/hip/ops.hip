@@ -697,3 +697,88 @@ RF_KERNEL void argmax_f32(const float* __restrict__ x, int* __restrict__ out, in
         out[blockIdx.x] = bi < 0 ? 0 : bi;
     }
 }
+
+// --- Mixture-of-experts routing and gpt-oss's FFN activation ----------------------------------
+
+// Whether (av, ai) ranks before (bv, bi) in the top-k order: the larger value first, the lower
+// index among equal values, NaN after every number.
+static __device__ __forceinline__ bool topk_before(float av, int ai, float bv, int bi) {
+    const bool an = av != av, bn = bv != bv;
+    if (an != bn) return bn;
+    if (!an && av != bv) return av > bv;
+    return ai < bi;
+}
+
+// The indices of the k largest values of each row (one warp per row, grid.x rows), largest first
+// (`out` rows of k). Pick j is the best element ranked after pick j - 1: the order is total, so
+// no element is chosen twice and no per-row state is kept besides the last pick.
+RF_KERNEL void arg_top_k_f32(const float* __restrict__ a, int* __restrict__ out, int n, int k,
+                             long long a_stride) {
+    rf_entry();
+    const int lane = threadIdx.x % RF_WARP;
+    if (threadIdx.x >= RF_WARP) return;  // one warp (the host launches one)
+    const float* x = a + (long long)blockIdx.x * a_stride;
+    float pv = 0.0f;
+    int pi = -1;
+    for (int j = 0; j < k; ++j) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int c = lane; c < n; c += RF_WARP) {
+            const float v = x[c];
+            if (pi >= 0 && !topk_before(pv, pi, v, c)) continue;
+            if (bi < 0 || topk_before(v, c, bv, bi)) {
+                bv = v;
+                bi = c;
+            }
+        }
+#pragma unroll
+        for (int m = RF_WARP / 2; m > 0; m >>= 1) {
+            const float ov = rf_shfl_xor(bv, m);
+            const int oi = rf_shfl_xor_int(bi, m);
+            if (oi >= 0 && (bi < 0 || topk_before(ov, oi, bv, bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) out[(long long)blockIdx.x * k + j] = bi;
+        pv = bv;
+        pi = bi;
+    }
+}
+
+// The values of each row of `probs` at that row's k ids (one warp per row), divided by their sum
+// (at least the smallest normal f16, as llama.cpp clamps it) when `norm` is 1. An id outside the
+// row gives 0.
+RF_KERNEL void expert_weights_f32(const float* __restrict__ probs, const int* __restrict__ ids,
+                                  float* __restrict__ out, int n, int k, long long p_stride, int norm) {
+    rf_entry();
+    const int lane = threadIdx.x % RF_WARP;
+    if (threadIdx.x >= RF_WARP) return;  // one warp (the host launches one)
+    const long long r = blockIdx.x;
+    const float* p = probs + r * p_stride;
+    float s = 0.0f;
+    for (int i = lane; i < k; i += RF_WARP) {
+        const int e = ids[r * k + i];
+        s += e >= 0 && e < n ? p[e] : 0.0f;
+    }
+    const float sum = norm ? fmaxf(warp_sum(s), 6.103515625e-5f) : 1.0f;
+    for (int i = lane; i < k; i += RF_WARP) {
+        const int e = ids[r * k + i];
+        const float v = e >= 0 && e < n ? p[e] : 0.0f;
+        out[r * k + i] = norm ? v / sum : v;
+    }
+}
+
+// gpt-oss's clamped SwiGLU (ggml's swiglu_oai): g = min(gate, limit), u = clamp(up, -limit,
+// limit), y = g * sigmoid(alpha g) * (u + 1), in ggml's order of operations.
+RF_KERNEL void swiglu_oai_f32(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ y,
+                              int ncols, int nrows, long long g_stride, long long u_stride, long long y_stride,
+                              float alpha, float limit) {
+    rf_entry();
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)ncols * nrows) return;
+    const long long r = t / ncols, c = t % ncols;
+    const float x = fminf(g[r * g_stride + c], limit);
+    const float v = fminf(fmaxf(u[r * u_stride + c], -limit), limit);
+    y[r * y_stride + c] = x / (1.0f + expf(alpha * -x)) * (v + 1.0f);
+}

@@ -153,6 +153,26 @@ impl WeightType {
         }
     }
 
+    /// The expert mat-vec (ggml's `mul_mat_id`; `w`, `ids`, `y`, `out`, `ncols`, `row_bytes`,
+    /// `mat_bytes`, `nrows`, `n_used`, `n_x`, `n_mat`): grid y runs over the (token, slot) pairs
+    /// `p` (`ids` I32 `[n_used, n_tok]`), each multiplying matrix `ids[p]` of the stack `w`
+    /// (`mat_bytes` apart) with activation vector `t * n_x + i % n_x` of `y` (planar Q8_1) into
+    /// output row `p` (`nrows` values); grid x and block as [`WeightType::matvec`].
+    pub fn matvec_id(self) -> KernelId {
+        match self {
+            WeightType::Q4_0 => KernelId::MatvecIdQ4_0,
+            WeightType::Q4_1 => KernelId::MatvecIdQ4_1,
+            WeightType::Q5_0 => KernelId::MatvecIdQ5_0,
+            WeightType::Q5_1 => KernelId::MatvecIdQ5_1,
+            WeightType::Q8_0 => KernelId::MatvecIdQ8_0,
+            WeightType::Q2_K => KernelId::MatvecIdQ2_K,
+            WeightType::Q3_K => KernelId::MatvecIdQ3_K,
+            WeightType::Q4_K => KernelId::MatvecIdQ4_K,
+            WeightType::Q5_K => KernelId::MatvecIdQ5_K,
+            WeightType::Q6_K => KernelId::MatvecIdQ6_K,
+        }
+    }
+
     /// The gated decode mat-vec (`w_gate`, `w_up`, `y`, `out`, `ncols`, `row_bytes`,
     /// `out_stride`, `nrows`, `act`: [`crate::act`]): `out = act(w_gate . y) * (w_up . y)` with
     /// [`WeightType::matvec`]'s block and [`crate::matvec_gated_grid`].
@@ -433,6 +453,20 @@ kernel_ids! {
     DecodeStack => Stack, "decode_stack";
     DecodeStackPortable => Stack, "decode_stack_portable";
     HeadQ6_K => Stack, "head_q6_k";
+    MatvecIdQ4_0 => Matvec, "matvec_q4_0_id";
+    MatvecIdQ4_1 => Matvec, "matvec_q4_1_id";
+    MatvecIdQ5_0 => Matvec, "matvec_q5_0_id";
+    MatvecIdQ5_1 => Matvec, "matvec_q5_1_id";
+    MatvecIdQ8_0 => Matvec, "matvec_q8_0_id";
+    MatvecIdQ2_K => Matvec, "matvec_q2_k_id";
+    MatvecIdQ3_K => Matvec, "matvec_q3_k_id";
+    MatvecIdQ4_K => Matvec, "matvec_q4_k_id";
+    MatvecIdQ5_K => Matvec, "matvec_q5_k_id";
+    MatvecIdQ6_K => Matvec, "matvec_q6_k_id";
+    MatvecMxfp4 => Matvec, "matvec_mxfp4";
+    MatvecIdMxfp4 => Matvec, "matvec_mxfp4_id";
+    MatvecIdF32 => Matvec, "matvec_f32_id";
+    MatvecIdF16 => Matvec, "matvec_f16_id";
     MatvecF32 => Matvec, "matvec_f32";
     MatvecF16 => Matvec, "matvec_f16";
     DequantF16Q4_0 => Dequant, "dequant_f16_q4_0";
@@ -455,6 +489,8 @@ kernel_ids! {
     GetRowsQ4_K => Dequant, "get_rows_q4_k";
     GetRowsQ5_K => Dequant, "get_rows_q5_k";
     GetRowsQ6_K => Dequant, "get_rows_q6_k";
+    DequantF16Mxfp4 => Dequant, "dequant_f16_mxfp4";
+    GetRowsMxfp4 => Dequant, "get_rows_mxfp4";
     GetRowsF32 => Dequant, "get_rows_f32";
     GetRowsF16 => Dequant, "get_rows_f16";
     ConvertF32F16 => Dequant, "convert_f32_f16";
@@ -481,6 +517,9 @@ kernel_ids! {
     RopeKvF32 => Ops, "rope_kv_f32";
     NormRopeKvF16 => Ops, "norm_rope_kv_f16";
     NormRopeKvF32 => Ops, "norm_rope_kv_f32";
+    ArgTopKF32 => Ops, "arg_top_k_f32";
+    ExpertWeightsF32 => Ops, "expert_weights_f32";
+    SwigluOaiF32 => Ops, "swiglu_oai_f32";
     ArgmaxF32 => Ops, "argmax_f32";
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";
@@ -547,7 +586,21 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecQ3_K
         | K::MatvecQ4_K
         | K::MatvecQ5_K
-        | K::MatvecQ6_K => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        | K::MatvecQ6_K
+        | K::MatvecMxfp4 => &[Ptr, Ptr, Ptr, I32, I64, I32, I32],
+        K::MatvecIdQ4_0
+        | K::MatvecIdQ4_1
+        | K::MatvecIdQ5_0
+        | K::MatvecIdQ5_1
+        | K::MatvecIdQ8_0
+        | K::MatvecIdQ2_K
+        | K::MatvecIdQ3_K
+        | K::MatvecIdQ4_K
+        | K::MatvecIdQ5_K
+        | K::MatvecIdQ6_K
+        | K::MatvecIdMxfp4
+        | K::MatvecIdF32
+        | K::MatvecIdF16 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32],
         K::MatvecGatedQ4_0
         | K::MatvecGatedQ5_0
         | K::MatvecGatedQ8_0
@@ -621,7 +674,8 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::DequantF16Q3_K
         | K::DequantF16Q4_K
         | K::DequantF16Q5_K
-        | K::DequantF16Q6_K => &[Ptr, Ptr, I32, I64, I64],
+        | K::DequantF16Q6_K
+        | K::DequantF16Mxfp4 => &[Ptr, Ptr, I32, I64, I64],
         K::GetRowsQ4_0
         | K::GetRowsQ4_1
         | K::GetRowsQ5_0
@@ -632,6 +686,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::GetRowsQ4_K
         | K::GetRowsQ5_K
         | K::GetRowsQ6_K
+        | K::GetRowsMxfp4
         | K::GetRowsF32
         | K::GetRowsF16 => &[Ptr, Ptr, Ptr, I32, I64, I64],
         K::ConvertF32F16 | K::ConvertF16F32 => &[Ptr, Ptr, I64],
@@ -666,7 +721,10 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::KvWriteF16 | K::KvWriteF32 => &[Ptr, Ptr, I32, I32, I32, I64, I32, I64, I64],
         K::SetRowsF16 | K::SetRowsF32 | K::SetRowsQ8_0 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64],
         K::ArgmaxF32 => &[Ptr, Ptr, I32, I64],
-        K::AttnF16 | K::AttnF32 | K::AttnQ8_0 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
+        K::ArgTopKF32 => &[Ptr, Ptr, I32, I32, I64],
+        K::ExpertWeightsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I32],
+        K::SwigluOaiF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, F32, F32],
+        K::AttnF16 | K::AttnF32 | K::AttnQ8_0 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
@@ -703,7 +761,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MmqQ6_Kx64 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
         K::MmqCombine => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32, I32],
         K::PagedAttnF16 | K::PagedAttnF32 | K::PagedAttnQ8_0 => {
-            &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
+            &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
         }
         K::PagedDecF16H4 | K::PagedDecF16H8 | K::PagedDecF32H4 | K::PagedDecF32H8 => {
             &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, Attn]

@@ -216,6 +216,16 @@ pub fn matvec_grid(t: WeightType, nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(t.matvec_rows_per_block()).max(1)).unwrap_or(u32::MAX)
 }
 
+/// Output rows one block of the MXFP4 mat-vecs computes ([`MATVEC_WARPS`] warps of two rows).
+/// MXFP4 is read by its own kernels ([`KernelId::MatvecMxfp4`], [`KernelId::MatvecIdMxfp4`],
+/// [`KernelId::DequantF16Mxfp4`], [`KernelId::GetRowsMxfp4`]), not through [`WeightType`].
+pub const MXFP4_MATVEC_ROWS_PER_BLOCK: usize = 2 * MATVEC_WARPS as usize;
+
+/// Grid x of the MXFP4 mat-vecs for `nrows` output rows.
+pub fn matvec_grid_mxfp4(nrows: usize) -> u32 {
+    u32::try_from(nrows.div_ceil(MXFP4_MATVEC_ROWS_PER_BLOCK).max(1)).unwrap_or(u32::MAX)
+}
+
 /// Grid x of [`WeightType::matvec_gated`] for `nrows` output rows.
 pub fn matvec_gated_grid(t: WeightType, nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(t.matvec_gated_rows_per_block()).max(1)).unwrap_or(u32::MAX)

@@ -594,6 +594,7 @@ fn attention_case(g: &common::Gpu, c: &AttnCase, seed: u64) {
                     dpos.arg(),
                     dout.arg(),
                     dpart.arg(),
+                    NULL,
                     Arg::Bytes(bytemuck::bytes_of(&AttnParams { phase, ..p })),
                 ],
             )

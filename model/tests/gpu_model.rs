@@ -1,7 +1,8 @@
-//! Whole-model runs on the GPU against the CPU: synthetic llama, qwen2 and gemma3 models (and the
-//! real Gemma 3 270M when `ROCMFORGE_TEST_MODEL` is set) decode 64 greedy tokens fully on the
-//! GPU, with half the layers on the GPU (`-ngl n_layer/2`) and under a forced small memory
-//! budget, and must produce the CPU's tokens.
+//! Whole-model runs on the GPU against the CPU: synthetic llama, qwen2, gemma3 and
+//! mixture-of-experts (Qwen3-MoE, Mixtral layout, gpt-oss) models (and the real Gemma 3 270M
+//! when `ROCMFORGE_TEST_MODEL` is set) decode 64 greedy tokens fully on the GPU, with half the
+//! layers on the GPU (`-ngl n_layer/2`) and under a forced small memory budget, and must
+//! produce the CPU's tokens.
 //!
 //! Greedy runs are compared up to the first step where the CPU's top-2 logit gap is under
 //! [`TIE`] (past such a step either token is right, see `gemma_model.rs`). Random-weight models
@@ -703,6 +704,75 @@ fn synthetic_qwen2_on_gpu_equals_cpu() {
     let _ = check_model("qwen2", &m, &synth_prompt(&m), SYNTH_TOL);
 }
 
+/// A mixture-of-experts model for the GPU tests: `tiny-moe` of `arch` with `ftype` weights
+/// (seed 42), or gpt-oss's family file (`synth::family_spec`: MXFP4 experts, biases, sinks,
+/// YaRN, a sliding window on alternate layers).
+fn synth_moe(arch: &str, ftype: &str) -> Model {
+    let o = match arch {
+        "gpt-oss" => rocmforge_model::synth::family_spec("gpt-oss").expect("gpt-oss spec"),
+        _ => rocmforge_model::synth::SynthOptions::parse(arch, "tiny-moe", ftype, 42)
+            .expect("options"),
+    };
+    let path = scratch_dir().join(format!("synth-moe-{arch}-{ftype}.gguf"));
+    rocmforge_model::synth::write(&o, None, &path).expect("write synthetic model");
+    Model::load(&path, |_, _| {}).expect("load")
+}
+
+/// A prompt of `n` tokens: 40 of them make 80 (token, expert) pairs with two experts used of 8,
+/// which the GPU multiplies grouped by expert; decode steps take the per-pair kernels.
+fn long_prompt(m: &Model, n: usize) -> Vec<u32> {
+    let nv = m.config().n_vocab as u32;
+    (0..n as u32).map(|i| (i * 7919 + 13) % nv).collect()
+}
+
+/// Every node of a prompt pass and of a decode step of `m` runs on the GPU (no op falls back
+/// to the CPU).
+fn assert_all_nodes_on_gpu(name: &str, m: &Model, prompt: &[u32]) {
+    let mut s = Session::new(m, &opts(DeviceChoice::Gpu, None, None)).expect("GPU session");
+    let logits = s.eval(prompt, LogitsMode::Last).expect("prompt");
+    let mem = s.device_memory().expect("GPU memory");
+    println!("{name} prompt: {mem}");
+    assert!(
+        mem.gpu_nodes > 0 && mem.cpu_nodes == 0,
+        "{name} prompt: {mem}"
+    );
+    s.eval(&[argmax(&logits)], LogitsMode::Last)
+        .expect("decode");
+    let mem = s.device_memory().expect("GPU memory");
+    println!("{name} decode: {mem}");
+    assert!(
+        mem.gpu_nodes > 0 && mem.cpu_nodes == 0,
+        "{name} decode: {mem}"
+    );
+}
+
+/// Mixture-of-experts models on the GPU against the CPU: Qwen3-MoE (softmax gating, normalised
+/// weights, q/k norms), Mixtral-layout llama and gpt-oss (biased router with softmax over the
+/// chosen, per-expert biases, MXFP4 experts, clamped SwiGLU, sinks, sliding window, YaRN) give
+/// the CPU's greedy tokens up to the first near-tie and close logits, fully on the GPU, with
+/// half the layers and under a capped budget; fully offloaded, no node falls back to the CPU,
+/// for a prompt (grouped expert products) and a decode step (per-pair ones).
+#[test]
+#[serial]
+fn synthetic_moe_on_gpu_equals_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    for (arch, ftype) in [
+        ("qwen3moe", "q8_0"),
+        ("qwen3moe", "q4_k_m"),
+        ("mixtral", "q4_k_m"),
+        ("gpt-oss", "q8_0"),
+    ] {
+        let m = synth_moe(arch, ftype);
+        let name = format!("{arch} {ftype}");
+        let prompt = long_prompt(&m, 40);
+        assert_all_nodes_on_gpu(&name, &m, &prompt);
+        let _ = check_model(&name, &m, &prompt, SYNTH_TOL);
+        let _ = check_model(&format!("{name} short"), &m, &synth_prompt(&m), SYNTH_TOL);
+    }
+}
+
 #[test]
 #[serial]
 fn synthetic_gemma3_on_gpu_equals_cpu() {
@@ -1124,6 +1194,10 @@ fn batch_engine_on_gpu_together_equals_alone() {
             stack_llama_of_width("batch-llama.gguf", 11, 16, 4, 4096, 4),
         ),
         ("gemma3", synth("gemma3")),
+        // Experts in the batched steps (mixed prompt chunks and decode tokens), and gpt-oss's
+        // sinks and windows in the paged attention.
+        ("qwen3moe", synth_moe("qwen3moe", "q4_k_m")),
+        ("gpt-oss", synth_moe("gpt-oss", "q8_0")),
     ];
     for (name, m) in models {
         let nv = m.config().n_vocab as u32;

@@ -32,7 +32,12 @@ pub(super) fn attention(
     let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
     let (n_kv_heads, n_kv) = (k.ne[1], k.ne[2]);
     let es = k.dtype.type_size();
-    if n_tok >= ATTN_GEMM_FROM && k.dtype == DType::F16 && n_kv > 0 {
+    // Sinks (the last operand) join the softmax in `attn_*` only.
+    let sinks = match p.sinks {
+        true => Some(addr(&srcs[srcs.len() - 1])?),
+        false => None,
+    };
+    if sinks.is_none() && n_tok >= ATTN_GEMM_FROM && k.dtype == DType::F16 && n_kv > 0 {
         return attention_gemm(d, t, p, srcs, out);
     }
     // Few query tokens (decode) over a cache the vector loads can read: one launch, one block
@@ -41,6 +46,7 @@ pub(super) fn attention(
     let (k_addr, v_addr) = (addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr());
     // A Q8_0 cache takes `attn_q8_0` (its strides count blocks; see `ld_kv` there).
     let dec_ok = d.inner.opts.attn_dec
+        && sinks.is_none()
         && k.dtype != DType::Q8_0
         && n_kv <= kernels::ATTN_DEC_MAX_KV
         && hd % vec == 0
@@ -148,6 +154,7 @@ pub(super) fn attention(
             .push(addr(&srcs[3])?);
         a.push(out)
             .push(part)
+            .push(sinks)
             .push(KernelArg::Bytes(bytemuck::bytes_of(&pp)));
         // SAFETY: q, k, v, mask and output are the node's tensors, sized by the scheduler for the
         // shapes passed here; the scratch and partials are sized above for the same shapes.
@@ -224,7 +231,13 @@ pub(super) fn paged_attention(
     // them (a q8_0 cache takes `paged_attn_q8_0`).
     let vec = 16 / es;
     let addrs = [addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr()];
-    if matches!(k.dtype, DType::F16 | DType::F32)
+    // Sinks (the operand after the tables) join the softmax in `paged_attn_*` only.
+    let sinks = match srcs.get(6) {
+        Some(s) if p.sinks => Some(addr(s)?),
+        _ => None,
+    };
+    if sinks.is_none()
+        && matches!(k.dtype, DType::F16 | DType::F32)
         && hd % vec == 0
         && (hd / vec).is_power_of_two()
         && [k.nb[1], k.nb[2], v.nb[1], v.nb[2]]
@@ -245,12 +258,13 @@ pub(super) fn paged_attention(
         a.push(addr(s)?);
     }
     a.push(out)
+        .push(sinks)
         .push(block_size as i32)
         .push(tables.ne[0] as i32)
         .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
-    // SAFETY: q, k, v, pos, seq, tables and the output are the node's tensors, sized by the
-    // scheduler for the shapes passed here (supports_op checked them dense where the kernel
-    // indexes them flat); the kernel bounds every column, position and table entry it reads by
+    // SAFETY: q, k, v, pos, seq, tables, the sinks (one f32 per query head) and the output are
+    // the node's tensors, sized by the scheduler for the shapes passed here (supports_op checked
+    // them dense where the kernel indexes them flat); the kernel bounds every column, position and table entry it reads by
     // the table and pool sizes passed here (`n_kv` slots, `split_len` columns, `max_blocks`).
     unsafe {
         d.launch_kernel(

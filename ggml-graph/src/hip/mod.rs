@@ -28,6 +28,7 @@
 
 mod attn;
 mod group;
+mod moe;
 mod ops;
 mod profile;
 mod stack;

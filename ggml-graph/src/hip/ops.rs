@@ -171,16 +171,33 @@ pub(super) fn weight_type(t: DType) -> Option<WeightType> {
     WeightType::from_ggml_name(t.name())
 }
 
+/// The dequantize-to-f16 kernel of a quantized type (the `WeightType`s and MXFP4).
+fn dequant_kernel(t: DType) -> Option<KernelId> {
+    match t {
+        DType::MXFP4 => Some(KernelId::DequantF16Mxfp4),
+        _ => weight_type(t).map(WeightType::dequant_f16),
+    }
+}
+
+/// Whether the quantized-weight kernels read `t` with rows of `k` values: the `WeightType`s
+/// and MXFP4 (32-value blocks).
+pub(super) fn quant_rows_ok(t: DType, k: usize) -> bool {
+    match t {
+        DType::MXFP4 => k.is_multiple_of(32),
+        _ => weight_type(t).is_some_and(|wt| k.is_multiple_of(wt.block_values())),
+    }
+}
+
 /// Dense rows, and rows evenly strided across dims 1..3 (one row stride describes them all).
 fn rows_uniform(t: &Tensor) -> bool {
     t.rows_contiguous() && t.nb[2] == t.nb[1] * t.ne[1] && t.nb[3] == t.nb[2] * t.ne[2]
 }
 
-fn f32_rows(t: &Tensor) -> bool {
+pub(super) fn f32_rows(t: &Tensor) -> bool {
     t.dtype == DType::F32 && rows_uniform(t)
 }
 
-fn dense(t: &Tensor, dt: DType) -> bool {
+pub(super) fn dense(t: &Tensor, dt: DType) -> bool {
     t.dtype == dt && t.is_contiguous()
 }
 
@@ -197,10 +214,8 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
     let out_f32 = dense(t, DType::F32);
     match (&t.op, srcs) {
         (Op::MulMat, [w, x]) => {
-            let wt_ok = match weight_type(w.dtype) {
-                Some(wt) => w.ne[0] % wt.block_values() == 0,
-                None => matches!(w.dtype, DType::F32 | DType::F16),
-            };
+            let wt_ok =
+                quant_rows_ok(w.dtype, w.ne[0]) || matches!(w.dtype, DType::F32 | DType::F16);
             wt_ok
                 && w.is_contiguous()
                 && w.ne[2] == 1
@@ -258,10 +273,8 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
             f32_rows(a) && mask_ok && out_f32
         }
         (Op::GetRows, [table, ids]) => {
-            let tt_ok = match weight_type(table.dtype) {
-                Some(wt) => table.ne[0] % wt.block_values() == 0,
-                None => matches!(table.dtype, DType::F32 | DType::F16),
-            };
+            let tt_ok = quant_rows_ok(table.dtype, table.ne[0])
+                || matches!(table.dtype, DType::F32 | DType::F16);
             tt_ok
                 && table.is_contiguous()
                 && table.ne[2] == 1
@@ -287,12 +300,14 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && idx.nelements() >= src.ne[1]
         }
         (Op::Argmax, [a]) => f32_rows(a) && dense(t, DType::I32),
+        (Op::ArgTopK(_) | Op::ExpertWeights { .. } | Op::MulMatId | Op::SwigluOai { .. }, _) => {
+            super::moe::supports(t, srcs)
+        }
         // Soft-capped scores have no GPU kernel yet: such layers run on the CPU.
-        // Neither do sinks (gpt-oss): such nodes carry one more operand besides.
-        (Op::Attention(p), [q, k, v, pos]) => {
+        (Op::Attention(p), [q, k, v, pos, rest @ ..]) => {
             let d = q.ne[0];
             p.softcap.is_none()
-                && !p.sinks
+                && sinks_ok(p.sinks, rest, q.ne[1])
                 && q.dtype == DType::F32
                 && q.rows_contiguous()
                 && q.ne[3] == 1
@@ -313,10 +328,10 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && pos.nelements() >= q.ne[2]
                 && out_f32
         }
-        (Op::PagedAttention { params, .. }, [q, k, v, pos, seq, tables]) => {
+        (Op::PagedAttention { params, .. }, [q, k, v, pos, seq, tables, rest @ ..]) => {
             let d = q.ne[0];
             params.softcap.is_none()
-                && !params.sinks
+                && sinks_ok(params.sinks, rest, q.ne[1])
                 && q.dtype == DType::F32
                 && q.rows_contiguous()
                 && kv_cache_type(k, d)
@@ -338,6 +353,16 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
     }
 }
 
+/// The operands after an attention node's fixed ones: none, or with sinks their dense f32 logit
+/// per query head (an additive mask is not taken).
+fn sinks_ok(sinks: bool, rest: &[&Tensor], n_head: usize) -> bool {
+    match rest {
+        [] => !sinks,
+        [s] => sinks && dense(s, DType::F32) && s.nelements() == n_head,
+        _ => false,
+    }
+}
+
 /// A KV cache the attention kernels read: f16, f32, or Q8_0 rows of whole blocks.
 fn kv_cache_type(k: &Tensor, d: usize) -> bool {
     matches!(k.dtype, DType::F16 | DType::F32) || (k.dtype == DType::Q8_0 && d.is_multiple_of(32))
@@ -350,7 +375,7 @@ fn mul_mat_shape(t: &Tensor) -> Tensor {
     m
 }
 
-fn elems(bytes: usize, t: &Tensor) -> i64 {
+pub(super) fn elems(bytes: usize, t: &Tensor) -> i64 {
     (bytes / t.dtype.type_size()) as i64
 }
 
@@ -609,20 +634,17 @@ pub(crate) fn launch(
                 .push(addr(&srcs[1])?)
                 .push(out)
                 .push(ncols as i32);
-            match weight_type(table.dtype) {
-                Some(wt) => {
+            let quant = match table.dtype {
+                DType::MXFP4 => Some(KernelId::GetRowsMxfp4),
+                dt => weight_type(dt).map(WeightType::get_rows),
+            };
+            match quant {
+                Some(kid) => {
                     a.push(table.nb[1] as i64).push(ncols as i64);
                     // SAFETY: the memory arguments are the node's tensors, sized by the scheduler
                     // for the shapes passed here (a layout `supports` accepts), and buffers sized
                     // above for them.
-                    unsafe {
-                        d.launch_kernel(
-                            wt.get_rows(),
-                            [blocks(ncols / 32, 64), n as u32, 1],
-                            64,
-                            &a.0,
-                        )
-                    }
+                    unsafe { d.launch_kernel(kid, [blocks(ncols / 32, 64), n as u32, 1], 64, &a.0) }
                 }
                 None => {
                     let k = if table.dtype == DType::F32 {
@@ -667,6 +689,9 @@ pub(crate) fn launch(
             // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
             // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
             unsafe { d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0) }
+        }
+        Op::ArgTopK(_) | Op::ExpertWeights { .. } | Op::MulMatId | Op::SwigluOai { .. } => {
+            super::moe::launch(d, t, srcs, out)
         }
         Op::Attention(p) => super::attn::attention(d, t, p, srcs, out, warp),
         Op::PagedAttention { params, block_size } => {
@@ -725,16 +750,84 @@ fn mul_mat_bias(
     out: MemRange<'_>,
     bias: Option<MemRange<'_>>,
 ) -> Result<bool> {
-    let (wt_, xt) = (w.tensor, x.tensor);
-    let (k, n, m) = (wt_.ne[0], wt_.ne[1], xt.nrows());
-    let (wp, xp) = (addr(w)?, addr(x)?);
+    let wt_ = w.tensor;
+    let mat = Mat {
+        dtype: wt_.dtype,
+        k: wt_.ne[0],
+        n: wt_.ne[1],
+        row_bytes: wt_.nb[1],
+        w: addr(w)?,
+    };
+    product(d, &mat, addr(x)?, x.tensor.nrows(), out, bias)
+}
+
+/// One weight matrix in device memory: `n` rows of `k` values of `dtype`, `row_bytes` apart.
+pub(super) struct Mat<'a> {
+    pub(super) dtype: DType,
+    pub(super) k: usize,
+    pub(super) n: usize,
+    pub(super) row_bytes: usize,
+    pub(super) w: MemRange<'a>,
+}
+
+/// Bytes of the backend scratch [`product`] may use for `m` vectors times `w` (it starts at the
+/// scratch's first byte; callers that keep their own data in the scratch put it past this).
+pub(super) fn product_scratch(d: &HipDevice, w: &Mat<'_>, m: usize) -> usize {
+    let (k, n) = (w.k, w.n);
+    let gemm = (m * k * 2).div_ceil(ALIGN) * ALIGN + (n * k * 2).div_ceil(ALIGN) * ALIGN;
+    let sms = usize::try_from(d.inner.dev.info().compute_units).unwrap_or(0);
+    let tiles = if mmq_takes(d, m) {
+        kernels::MmqPlan::new(n, m, k, 1, sms).partial_values(n, m) * 4
+    } else {
+        0
+    };
+    gemm.max(tiles)
+}
+
+/// `out` (`m` rows of `w.n`) = `w` times `x` (`m` dense f32 vectors of `w.k`), plus the row
+/// `bias` in the mat-vec kernel where one of its variants takes it; returns whether it did (the
+/// caller adds it otherwise).
+pub(super) fn product(
+    d: &HipDevice,
+    w: &Mat<'_>,
+    xp: MemRange<'_>,
+    m: usize,
+    out: MemRange<'_>,
+    bias: Option<MemRange<'_>>,
+) -> Result<bool> {
+    let (k, n, wp) = (w.k, w.n, w.w);
     let warp = d.inner.warp;
-    if let (true, Some(wt)) = (mmq_takes(d, m), weight_type(wt_.dtype)) {
+    if w.dtype == DType::MXFP4 && m <= MATVEC_MAX_COLS {
+        let mut cache = d.inner.q8.lock();
+        let q8 = cache.quantized(d, xp, k, m)?;
+        let mut b = Args::new();
+        b.push(wp)
+            .push(MemRange::of_buffer(&q8))
+            .push(out)
+            .push(k as i32)
+            .push(w.row_bytes as i64)
+            .push(n as i32)
+            .push(n as i32);
+        // SAFETY: `w` holds `n` MXFP4 rows of `k` values, `q8` the `m` vectors quantized above and
+        // `out` `m` rows of `n` f32 (the caller's shapes).
+        return unsafe {
+            launch_matvec(
+                d,
+                KernelId::MatvecMxfp4,
+                kernels::matvec_grid_mxfp4(n),
+                m,
+                &b,
+                cache,
+            )
+            .map(|()| false)
+        };
+    }
+    if let (true, Some(wt)) = (mmq_takes(d, m), weight_type(w.dtype)) {
         let ws = [wp];
         let p = MmqProduct {
             wt,
             ws: &ws,
-            row_bytes: wt_.nb[1],
+            row_bytes: w.row_bytes,
             k,
             n,
             m,
@@ -743,14 +836,14 @@ fn mul_mat_bias(
         return mmq(d, &p, bias, xp, out).map(|()| bias.is_some());
     }
     if m <= MATVEC_MAX_COLS {
-        if let Some(wt) = weight_type(wt_.dtype) {
+        if let Some(wt) = weight_type(w.dtype) {
             let k_split = k >= K_SPLIT_FROM && wt == kernels::WeightType::Q8_0;
             let variant = wt.matvec_variant(bias.is_some(), k_split);
             let mut cache = d.inner.q8.lock();
             let q8 = cache.quantized(d, xp, k, m)?;
             // The head kernel takes the plain mat-vec's arguments (no bias).
             let head = (m == 1 && bias.is_none() && wt == kernels::WeightType::Q6_K)
-                .then(|| super::stack::head_launch(d, &wp, n, k, wt_.nb[1]))
+                .then(|| super::stack::head_launch(d, &wp, n, k, w.row_bytes))
                 .flatten();
             let mut b = Args::new();
             b.push(wp);
@@ -760,7 +853,7 @@ fn mul_mat_bias(
             b.push(MemRange::of_buffer(&q8))
                 .push(out)
                 .push(k as i32)
-                .push(wt_.nb[1] as i64)
+                .push(w.row_bytes as i64)
                 .push(n as i32)
                 .push(n as i32);
             if let Some((grid, smem)) = head {
@@ -792,7 +885,7 @@ fn mul_mat_bias(
                 launch_matvec(d, variant, grid, m, &b, cache).map(|()| bias.is_some())
             };
         }
-        let kid = if wt_.dtype == DType::F32 {
+        let kid = if w.dtype == DType::F32 {
             KernelId::MatvecF32
         } else {
             KernelId::MatvecF16
@@ -802,7 +895,7 @@ fn mul_mat_bias(
             .push(xp)
             .push(out)
             .push(k as i32)
-            .push(elems(wt_.nb[1], wt_))
+            .push((w.row_bytes / w.dtype.type_size()) as i64)
             .push(n as i32);
         // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
         // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
@@ -825,7 +918,7 @@ fn mul_mat_bias(
     let blas = d.inner.sb.blas();
     let views = |e| gpu_err("mul_mat", e);
     let mut c = out.view_mut::<f32>().map_err(views)?;
-    if wt_.dtype == DType::F32 {
+    if w.dtype == DType::F32 {
         let av = wp.view::<f32>().map_err(views)?;
         let bv = xp.view::<f32>().map_err(views)?;
         return blas
@@ -834,11 +927,7 @@ fn mul_mat_bias(
             .map_err(|e| gpu_err("mul_mat", e));
     }
     let x_bytes = (m * k * 2).div_ceil(ALIGN) * ALIGN;
-    let w_bytes = if wt_.dtype == DType::F16 {
-        0
-    } else {
-        n * k * 2
-    };
+    let w_bytes = if w.dtype == DType::F16 { 0 } else { n * k * 2 };
     let scratch = d.scratch(x_bytes + w_bytes)?;
     let base = MemRange::of_buffer(&scratch);
     let xh = base.sub(0, m * k * 2).map_err(views)?;
@@ -854,12 +943,12 @@ fn mul_mat_bias(
             &a.0,
         )?
     };
-    let wh = match weight_type(wt_.dtype) {
-        Some(wt) => {
+    let wh = match dequant_kernel(w.dtype) {
+        Some(deq) => {
             let wh = base.sub(x_bytes, n * k * 2).map_err(views)?;
             // Rows go in grid.y, which the hardware caps at 65535 (vocabularies are larger):
             // one launch per slice of rows.
-            let row_bytes = wt_.nb[1];
+            let row_bytes = w.row_bytes;
             let mut r0 = 0;
             while r0 < n {
                 let rows = (n - r0).min(MAX_GRID_Y);
@@ -874,14 +963,7 @@ fn mul_mat_bias(
                 // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for
                 // the shapes passed here (a layout `supports` accepts), and buffers sized above for
                 // them.
-                unsafe {
-                    d.launch_kernel(
-                        wt.dequant_f16(),
-                        [blocks(k / 32, 64), rows as u32, 1],
-                        64,
-                        &b.0,
-                    )?
-                };
+                unsafe { d.launch_kernel(deq, [blocks(k / 32, 64), rows as u32, 1], 64, &b.0)? };
                 r0 += rows;
             }
             wh

@@ -67,6 +67,10 @@ fn weight_bytes(dt: DType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
             let v = half::f16::from_f32(0.002 + 0.01 * rng.f32().abs());
             blk[off..off + 2].copy_from_slice(&v.to_le_bytes());
         }
+        if dt == DType::MXFP4 {
+            // The E8M0 exponent: scales 2^-9 .. 2^-6 (halved values are stored doubled).
+            blk[0] = 119 + (rng.f32().abs() * 3.99) as u8;
+        }
     }
     b
 }
@@ -623,7 +627,7 @@ type PagedSpec<'a> = (
 
 /// One paged attention case against the CPU: sequences `(length, tokens fed)` (one token: a
 /// decode step; more: the last `tokens` positions of a prompt chunk) over a pool of blocks of
-/// `bs` positions handed out in scrambled order.
+/// `bs` positions handed out in scrambled order; with `sinks`, random sink logits per head.
 #[allow(clippy::too_many_arguments)]
 fn paged_case(
     h: &Arc<HipDevice>,
@@ -634,6 +638,7 @@ fn paged_case(
     bs: usize,
     seqs: &[(usize, usize)],
     bound: f64,
+    sinks: bool,
 ) {
     let max_blocks = seqs.iter().map(|s| s.0.div_ceil(bs)).max().unwrap_or(1) + 1;
     let n_blocks: usize = seqs.iter().map(|s| s.0.div_ceil(bs)).sum::<usize>() + 3;
@@ -674,9 +679,17 @@ fn paged_case(
         softcap: None,
         sinks: false,
     };
-    let y = g
+    let mut y = g
         .paged_attention(q, k, v, pi, si, ti, p, bs)
         .expect("paged attention");
+    let sink_in = if sinks {
+        let si = g.input("sinks", DType::F32, &[nh]).expect("sinks");
+        y = g.add_attention_sinks(y, si).expect("add sinks");
+        let vals: Vec<f32> = rng.vec(nh).iter().map(|x| 3.0 * x).collect();
+        Some((si, f32_bytes(&vals)))
+    } else {
+        None
+    };
     g.mark_output(y).expect("out");
     let kv = |rng: &mut Rng| -> Vec<u8> {
         // Keys and values scaled up a little, so that the softmax is not flat.
@@ -697,14 +710,17 @@ fn paged_case(
             (pi, bytemuck::cast_slice(&pos).to_vec()),
             (si, bytemuck::cast_slice(&seq).to_vec()),
             (ti, bytemuck::cast_slice(&tables).to_vec()),
-        ],
+        ]
+        .into_iter()
+        .chain(sink_in)
+        .collect(),
         out: y,
     };
     check(
         h,
         &format!(
             "paged attention hd={hd} heads={nh}/{nkv} window={window:?} {kt} block={bs} \
-             seqs={seqs:?}"
+             seqs={seqs:?} sinks={sinks}"
         ),
         &c,
         bound,
@@ -749,7 +765,7 @@ fn paged_attention_matches_cpu() {
         ((128, 32, 8), None, DType::Q8_0, 16, mixed),
     ];
     for (shape, window, kt, bs, seqs) in cases {
-        paged_case(&h, &mut rng, shape, window, kt, bs, seqs, bound(kt));
+        paged_case(&h, &mut rng, shape, window, kt, bs, seqs, bound(kt), false);
     }
 }
 
@@ -1128,3 +1144,6 @@ fn byte_counts_past_any_device_are_refused_before_asking_it() {
 
 #[path = "tests_mmq.rs"]
 mod mmq;
+
+#[path = "tests_moe.rs"]
+mod moe;

@@ -91,13 +91,22 @@ fn file_type_name(ft: u32) -> &'static str {
 
 /// Weight bytes one decode step reads: every tensor of the file once, except the token
 /// embedding table, of which it reads one row per token (all of it when the output head is tied
-/// to the table, as in Gemma).
+/// to the table, as in Gemma), and the stacks of expert matrices (`*_exps.*`, `[.., n_expert]`),
+/// of which it reads the `expert_used_count` experts a token chose.
 pub(super) fn weight_bytes_per_token(file: &gguf::GgufFile) -> u64 {
     let tied = file.tensor("output.weight").is_none();
+    let used = file.arch_u32_opt("expert_used_count").ok().flatten();
     file.tensors()
         .iter()
-        .map(|t| match t.dims.get(1) {
-            Some(&rows) if t.name == "token_embd.weight" && !tied && rows > 0 => t.size / rows,
+        .map(|t| match (t.dims.get(1), t.dims.last(), used) {
+            (Some(&rows), ..) if t.name == "token_embd.weight" && !tied && rows > 0 => {
+                t.size / rows
+            }
+            (_, Some(&n_expert), Some(used))
+                if t.name.contains("_exps.") && n_expert > 0 && u64::from(used) <= n_expert =>
+            {
+                t.size / n_expert * u64::from(used)
+            }
             _ => t.size,
         })
         .sum()
@@ -418,6 +427,31 @@ mod tests {
         assert!(gemma.tensor("output.weight").is_none());
         let all: u64 = gemma.tensors().iter().map(|t| t.size).sum();
         assert_eq!(weight_bytes_per_token(&gemma), all);
+    }
+
+    /// A token reads the experts it uses of each `_exps` stack (2 of 8 in `tiny-moe`).
+    #[test]
+    fn a_token_reads_only_its_experts() {
+        let path =
+            std::env::temp_dir().join(format!("rocmforge-bench-moe-{}.gguf", std::process::id()));
+        let o =
+            crate::synth::SynthOptions::parse("qwen3moe", "tiny-moe", "q8_0", 3).expect("options");
+        crate::synth::write(&o, None, &path).expect("write synthetic model");
+        let file = gguf::GgufFile::open(&path).expect("open synthetic model");
+        let _ = std::fs::remove_file(&path);
+        let (mut dense, mut experts) = (0, 0);
+        for t in file.tensors() {
+            if t.name.contains("_exps.") {
+                assert_eq!(t.dims.last(), Some(&8), "{}", t.name);
+                experts += t.size;
+            } else if t.name == "token_embd.weight" {
+                dense += t.size / t.dims[1];
+            } else {
+                dense += t.size;
+            }
+        }
+        assert!(experts > 0);
+        assert_eq!(weight_bytes_per_token(&file), dense + experts / 4);
     }
 
     #[test]

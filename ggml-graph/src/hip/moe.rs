@@ -1,0 +1,397 @@
+//! Mixture-of-experts nodes on the HIP device: top-k routing (`argsort_top_k`), the chosen
+//! experts' weights (`expert_weights`), gpt-oss's clamped SwiGLU (`swiglu_oai`) and llama.cpp's
+//! `mul_mat_id` over a stack of expert matrices.
+//!
+//! `mul_mat_id` takes one of two ways:
+//! - per pair: one launch whose grid runs over the (token, slot) pairs, each block multiplying
+//!   the matrix its pair chose (read from the ids on the device) with that pair's activations;
+//!   only the chosen experts' rows are read. Decode and small batches go this way, which needs
+//!   no host round trip (graph capture records it).
+//! - grouped by expert: once the pairs are enough for the average expert to reach the tile
+//!   kernels' column count, the ids are read back, the pairs sorted by expert (a counting sort
+//!   on the host), the activation rows gathered into expert order, one product per chosen
+//!   expert (the dense `mul_mat` paths: tile kernels, mat-vecs or dequantization and gemm) and
+//!   the results scattered back to their (token, slot) rows.
+
+use gpu_mem::MemRange;
+use kernels::KernelId;
+
+use super::ops::{
+    blocks, dense, elems, f32_rows, launch_matvec, product, product_scratch, quant_rows_ok,
+    weight_type, Args, Mat, ALIGN, MMQ_MIN_COLS,
+};
+use super::{addr, gpu_err, HipDevice};
+use crate::backend::TensorMem;
+use crate::error::Result;
+use crate::tensor::{DType, Op, Tensor};
+
+/// The largest grid.y: the per-pair launch and the gather put the pairs there.
+const MAX_PAIRS: usize = 65535;
+
+/// Whether the HIP device runs the mixture-of-experts node `t` with operands `srcs`.
+pub(super) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
+    let out_f32 = dense(t, DType::F32);
+    match (&t.op, srcs) {
+        (Op::ArgTopK(_), [a]) => f32_rows(a) && a.ne[2] * a.ne[3] == 1 && dense(t, DType::I32),
+        (Op::ExpertWeights { .. }, [probs, ids]) => {
+            f32_rows(probs)
+                && probs.ne[2] * probs.ne[3] == 1
+                && dense(ids, DType::I32)
+                && ids.ne[1] == probs.ne[1]
+                && t.ne[0] == ids.ne[0]
+                && out_f32
+        }
+        (Op::SwigluOai { .. }, [g, u]) => f32_rows(g) && f32_rows(u) && g.ne == u.ne && out_f32,
+        (Op::MulMatId, [w, x, ids]) => {
+            let k = w.ne[0];
+            let wt_ok = quant_rows_ok(w.dtype, k) || matches!(w.dtype, DType::F32 | DType::F16);
+            wt_ok
+                && w.is_contiguous()
+                && w.ne[3] == 1
+                && dense(x, DType::F32)
+                && x.ne[0] == k
+                && dense(ids, DType::I32)
+                && ids.ne[0] * ids.ne[1] <= MAX_PAIRS
+                && x.ne[2] == ids.ne[1]
+                && (x.ne[1] == 1 || x.ne[1] == ids.ne[0])
+                && out_f32
+                && t.ne[0] == w.ne[1]
+        }
+        _ => false,
+    }
+}
+
+/// Queues the mixture-of-experts node `t` (one `supports` accepts) on the device's stream.
+pub(super) fn launch(
+    d: &HipDevice,
+    t: &Tensor,
+    srcs: &[TensorMem<'_>],
+    out: MemRange<'_>,
+) -> Result<()> {
+    let warp = d.inner.warp;
+    let mut a = Args::new();
+    match t.op {
+        Op::ArgTopK(k) => {
+            let x = srcs[0].tensor;
+            a.push(addr(&srcs[0])?)
+                .push(out)
+                .push(x.ne[0] as i32)
+                .push(k as i32)
+                .push(elems(x.nb[1], x));
+            // SAFETY: `a` holds `x.ne[1]` rows of `x.ne[0]` f32 (`nb[1]` apart) and `out` as many
+            // rows of `k` I32 (the node's shapes, checked by `supports`); one warp per row.
+            unsafe { d.launch_kernel(KernelId::ArgTopKF32, [x.ne[1] as u32, 1, 1], warp, &a.0) }
+        }
+        Op::ExpertWeights { norm } => {
+            let (p, ids) = (srcs[0].tensor, srcs[1].tensor);
+            a.push(addr(&srcs[0])?)
+                .push(addr(&srcs[1])?)
+                .push(out)
+                .push(p.ne[0] as i32)
+                .push(ids.ne[0] as i32)
+                .push(elems(p.nb[1], p))
+                .push(i32::from(norm));
+            // SAFETY: `probs` holds `ids.ne[1]` rows of `p.ne[0]` f32, `ids` and `out` dense rows
+            // of `ids.ne[0]` values each (checked by `supports`); one warp per row.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::ExpertWeightsF32,
+                    [ids.ne[1] as u32, 1, 1],
+                    warp,
+                    &a.0,
+                )
+            }
+        }
+        Op::SwigluOai { alpha, limit } => {
+            let (g, u) = (srcs[0].tensor, srcs[1].tensor);
+            let n = g.ne[0];
+            a.push(addr(&srcs[0])?)
+                .push(addr(&srcs[1])?)
+                .push(out)
+                .push(n as i32)
+                .push(g.nrows() as i32)
+                .push(elems(g.nb[1], g))
+                .push(elems(u.nb[1], u))
+                .push(n as i64)
+                .push(alpha)
+                .push(limit);
+            // SAFETY: `g` and `u` hold the node's rows (`nb[1]` apart), `out` as many dense rows.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::SwigluOaiF32,
+                    [blocks(t.nelements(), 256), 1, 1],
+                    256,
+                    &a.0,
+                )
+            }
+        }
+        _ => mul_mat_id(d, srcs, out),
+    }
+}
+
+/// The shapes of a `mul_mat_id` node: `n_mat` matrices of `n` rows of `k` values, `n_x`
+/// activation vectors per token, `n_used` experts per token, `n_tok` tokens.
+struct IdShape {
+    k: usize,
+    n: usize,
+    n_mat: usize,
+    n_x: usize,
+    n_used: usize,
+    n_tok: usize,
+}
+
+impl IdShape {
+    fn pairs(&self) -> usize {
+        self.n_used * self.n_tok
+    }
+
+    /// The activation vector pair `p` multiplies.
+    fn vector_of(&self, p: usize) -> usize {
+        (p / self.n_used) * self.n_x + (p % self.n_used) % self.n_x
+    }
+}
+
+fn mul_mat_id(d: &HipDevice, srcs: &[TensorMem<'_>], out: MemRange<'_>) -> Result<()> {
+    let (w, x, ids) = (srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
+    let s = IdShape {
+        k: w.ne[0],
+        n: w.ne[1],
+        n_mat: w.ne[2],
+        n_x: x.ne[1],
+        n_used: ids.ne[0],
+        n_tok: ids.ne[1],
+    };
+    let capturing = d.inner.capturing.load(std::sync::atomic::Ordering::Relaxed);
+    // Grouping pays once the average expert's columns reach the tile kernels; it reads the ids
+    // back, which a graph capture cannot record.
+    if !capturing && s.n_tok > 1 && s.pairs() >= MMQ_MIN_COLS * s.n_mat {
+        return grouped(d, srcs, &s, out);
+    }
+    per_pair(d, srcs, &s, out)
+}
+
+/// One launch over every (token, slot) pair.
+fn per_pair(d: &HipDevice, srcs: &[TensorMem<'_>], s: &IdShape, out: MemRange<'_>) -> Result<()> {
+    let w = srcs[0].tensor;
+    let (wp, xp, ip) = (addr(&srcs[0])?, addr(&srcs[1])?, addr(&srcs[2])?);
+    let pairs = s.pairs();
+    let quant = match w.dtype {
+        DType::MXFP4 => Some((KernelId::MatvecIdMxfp4, kernels::matvec_grid_mxfp4(s.n))),
+        dt => weight_type(dt).map(|wt| (wt.matvec_id(), kernels::matvec_grid(wt, s.n))),
+    };
+    let mut a = Args::new();
+    if let Some((kid, grid)) = quant {
+        let vectors = s.n_x * s.n_tok;
+        let mut cache = d.inner.q8.lock();
+        let q8 = cache.quantized(d, xp, s.k, vectors)?;
+        a.push(wp)
+            .push(ip)
+            .push(MemRange::of_buffer(&q8))
+            .push(out)
+            .push(s.k as i32)
+            .push(w.nb[1] as i64)
+            .push(w.nb[2] as i64)
+            .push(s.n as i32)
+            .push(s.n_used as i32)
+            .push(s.n_x as i32)
+            .push(s.n_mat as i32);
+        // SAFETY: `w` is the stack of `n_mat` matrices (`nb[2]` apart) of `n` rows, `ids` the
+        // dense `[n_used, n_tok]` I32 ids (each checked against `n_mat` by the kernel), `q8` the
+        // `n_x * n_tok` activation vectors quantized above and `out` the `pairs` dense rows of
+        // `n` f32; grid y is the pair.
+        return unsafe { launch_matvec(d, kid, grid, pairs, &a, cache) };
+    }
+    let kid = if w.dtype == DType::F32 {
+        KernelId::MatvecIdF32
+    } else {
+        KernelId::MatvecIdF16
+    };
+    a.push(wp)
+        .push(ip)
+        .push(xp)
+        .push(out)
+        .push(s.k as i32)
+        .push(elems(w.nb[1], w))
+        .push(elems(w.nb[2], w))
+        .push(s.n as i32)
+        .push(s.n_used as i32)
+        .push(s.n_x as i32)
+        .push(s.n_mat as i32);
+    // SAFETY: as above, with `x` the dense f32 activations themselves; one block per output row
+    // and pair.
+    unsafe { d.launch_kernel(kid, [s.n as u32, pairs as u32, 1], 4 * d.inner.warp, &a.0) }
+}
+
+/// The pairs sorted by expert, stable: the activation row and the output row of each, and the
+/// `(expert, first, count)` runs.
+struct Groups {
+    src_rows: Vec<i32>,
+    dst_rows: Vec<i32>,
+    runs: Vec<(usize, usize, usize)>,
+}
+
+/// Sorts the pairs of `ids` (one expert id per pair, in pair order) by expert.
+fn group_pairs(ids: &[i32], s: &IdShape) -> Result<Groups> {
+    let mut count = vec![0usize; s.n_mat];
+    for &e in ids {
+        let slot = usize::try_from(e)
+            .ok()
+            .and_then(|e| count.get_mut(e))
+            .ok_or_else(|| {
+                gpu_err(
+                    "mul_mat_id",
+                    format!("expert id {e} outside 0..{}", s.n_mat),
+                )
+            })?;
+        *slot += 1;
+    }
+    let mut next = Vec::with_capacity(s.n_mat);
+    let mut runs = Vec::new();
+    let mut at = 0;
+    for (e, &c) in count.iter().enumerate() {
+        next.push(at);
+        if c > 0 {
+            runs.push((e, at, c));
+        }
+        at += c;
+    }
+    let mut src_rows = vec![0i32; ids.len()];
+    let mut dst_rows = vec![0i32; ids.len()];
+    for (p, &e) in ids.iter().enumerate() {
+        // In range: every id was checked above.
+        let j = next[e as usize];
+        next[e as usize] += 1;
+        src_rows[j] = s.vector_of(p) as i32;
+        dst_rows[j] = p as i32;
+    }
+    Ok(Groups {
+        src_rows,
+        dst_rows,
+        runs,
+    })
+}
+
+fn align(b: usize) -> usize {
+    b.div_ceil(ALIGN) * ALIGN
+}
+
+/// Gather by expert, one product per chosen expert, scatter back.
+fn grouped(d: &HipDevice, srcs: &[TensorMem<'_>], s: &IdShape, out: MemRange<'_>) -> Result<()> {
+    let w = srcs[0].tensor;
+    let pairs = s.pairs();
+    let mut raw = vec![0u8; pairs * 4];
+    // Waits for the routing that wrote the ids (the stream's work so far).
+    srcs[2].buffer.read(srcs[2].offset, &mut raw)?;
+    let ids: Vec<i32> = raw
+        .chunks_exact(4)
+        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let g = group_pairs(&ids, s)?;
+    let (wp, xp) = (addr(&srcs[0])?, addr(&srcs[1])?);
+    let views = |e| gpu_err("mul_mat_id", e);
+    let mat_of = |e: usize| -> Result<Mat<'_>> {
+        Ok(Mat {
+            dtype: w.dtype,
+            k: s.k,
+            n: s.n,
+            row_bytes: w.nb[1],
+            w: wp.sub(e * w.nb[2], s.n * w.nb[1]).map_err(views)?,
+        })
+    };
+    // The products use the scratch from its start; the sorted rows go past what the largest
+    // of them takes.
+    let mut core = 0;
+    for &(e, _, c) in &g.runs {
+        core = core.max(product_scratch(d, &mat_of(e)?, c));
+    }
+    let idx_bytes = align(pairs * 4);
+    let at_src = align(core);
+    let at_dst = at_src + idx_bytes;
+    let at_x = at_dst + idx_bytes;
+    let at_y = at_x + align(pairs * s.k * 4);
+    let scratch = d.scratch(at_y + pairs * s.n * 4)?;
+    let base = MemRange::of_buffer(&scratch);
+    let src_ids = base.sub(at_src, pairs * 4).map_err(views)?;
+    let dst_ids = base.sub(at_dst, pairs * 4).map_err(views)?;
+    let xs = base.sub(at_x, pairs * s.k * 4).map_err(views)?;
+    let ys = base.sub(at_y, pairs * s.n * 4).map_err(views)?;
+    let stream = d.inner.sb.stream();
+    stream
+        .queue_write_range(bytemuck::cast_slice(&g.src_rows), src_ids)
+        .and_then(|()| stream.queue_write_range(bytemuck::cast_slice(&g.dst_rows), dst_ids))
+        .map_err(views)?;
+    let mut a = Args::new();
+    a.push(xp)
+        .push(src_ids)
+        .push(xs)
+        .push(s.k as i32)
+        .push(s.k as i64)
+        .push(s.k as i64);
+    // SAFETY: `x` holds `n_x * n_tok` dense rows of `k` f32 and every source row index is below
+    // that (`vector_of`); `xs` takes `pairs` rows of `k`.
+    unsafe {
+        d.launch_kernel(
+            KernelId::GetRowsF32,
+            [blocks(s.k, 256), pairs as u32, 1],
+            256,
+            &a.0,
+        )?
+    };
+    {
+        let mut cache = d.inner.q8.lock();
+        cache.written(xs.addr(), xs.len());
+        cache.written(ys.addr(), ys.len());
+    }
+    for &(e, first, c) in &g.runs {
+        let xg = xs.sub(first * s.k * 4, c * s.k * 4).map_err(views)?;
+        let yg = ys.sub(first * s.n * 4, c * s.n * 4).map_err(views)?;
+        product(d, &mat_of(e)?, xg, c, yg, None)?;
+    }
+    let mut b = Args::new();
+    b.push(ys)
+        .push(dst_ids)
+        .push(out)
+        .push(s.n as i32)
+        .push(pairs as i32)
+        .push(s.n as i64)
+        .push(s.n as i64);
+    // SAFETY: `ys` holds `pairs` rows of `n` f32 and every destination index is a pair of the
+    // node's output (`pairs` dense rows of `n`).
+    unsafe {
+        d.launch_kernel(
+            KernelId::SetRowsF32,
+            [blocks(pairs * s.n, 256), 1, 1],
+            256,
+            &b.0,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_group_by_expert_in_pair_order() {
+        let s = IdShape {
+            k: 32,
+            n: 8,
+            n_mat: 4,
+            n_x: 1,
+            n_used: 2,
+            n_tok: 3,
+        };
+        // Tokens 0..3 chose (2, 0), (0, 3), (2, 1).
+        let g = group_pairs(&[2, 0, 0, 3, 2, 1], &s).expect("valid ids");
+        assert_eq!(g.runs, vec![(0, 0, 2), (1, 2, 1), (2, 3, 2), (3, 5, 1)]);
+        assert_eq!(g.dst_rows, vec![1, 2, 5, 0, 4, 3]);
+        // One activation vector per token: pair p reads token p / 2's.
+        assert_eq!(g.src_rows, vec![0, 1, 2, 0, 2, 1]);
+        let s2 = IdShape { n_x: 2, ..s };
+        let g2 = group_pairs(&[2, 0, 0, 3, 2, 1], &s2).expect("valid ids");
+        // One vector per pair: pair p reads vector p.
+        assert_eq!(g2.src_rows, g2.dst_rows);
+        assert!(group_pairs(&[0, 4, 1, 1, 2, 2], &s).is_err());
+        assert!(group_pairs(&[0, -1, 1, 1, 2, 2], &s).is_err());
+    }
+}

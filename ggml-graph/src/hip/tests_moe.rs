@@ -1,0 +1,304 @@
+//! GPU-against-CPU checks of the mixture-of-experts nodes and gpt-oss's ops: `mul_mat_id` for
+//! every weight type the mat-vecs read (and MXFP4, f16, f32) on both of its ways (one launch over
+//! the pairs; grouped by expert with the tile kernels, mat-vecs or gemm per expert), the routing
+//! (`argsort_top_k`, `expert_weights` with and without normalisation, both gatings' graphs, ties),
+//! `swiglu_oai`, MXFP4 products, and attention with sinks (contiguous and paged caches). Every
+//! computing node must run on the GPU.
+
+use std::sync::Arc;
+
+use super::{cache_bytes, f32_bytes, hip, nmse, paged_case, weight_bytes, HipDevice, Rng, Weight};
+use crate::backend::{CpuDevice, Device};
+use crate::cpu::CpuBackend;
+use crate::exec::WeightBytes;
+use crate::graph::Graph;
+use crate::sched::Scheduler;
+use crate::tensor::{AttnParams, DType, Op, TensorId};
+
+/// Runs `g` on a GPU-first and on a CPU-only scheduler; returns both runs' `outs` (GPU first)
+/// after checking that every computing node of the GPU run was placed on the GPU.
+fn run_both(
+    h: &Arc<HipDevice>,
+    g: &Graph,
+    weights: &[Weight],
+    inputs: &[(TensorId, Vec<u8>)],
+    outs: &[TensorId],
+) -> [Vec<Vec<f32>>; 2] {
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    let mut res = Vec::new();
+    for devices in [vec![h.clone() as Arc<dyn Device>, cpu.clone()], vec![cpu]] {
+        let gpu_run = devices.len() == 2;
+        let mut s = Scheduler::new(devices).expect("scheduler");
+        for (name, dt, shape, bytes) in weights {
+            s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                .expect("bind");
+        }
+        let ins: Vec<(TensorId, &[u8])> = inputs.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+        s.run(g, &ins).expect("run");
+        if gpu_run {
+            let sc = s.last_schedule().expect("schedule");
+            for (i, t) in g.tensors().iter().enumerate() {
+                if matches!(t.op, Op::Leaf(_) | Op::View) {
+                    continue;
+                }
+                assert_eq!(
+                    sc.device_of[i],
+                    Some(0),
+                    "{} (`{}`) did not run on the GPU",
+                    t.op.name(),
+                    t.name
+                );
+            }
+        }
+        res.push(
+            outs.iter()
+                .map(|&o| s.output_f32(o).expect("output"))
+                .collect::<Vec<_>>(),
+        );
+    }
+    let cpu_out = res.pop().expect("cpu");
+    [res.pop().expect("gpu"), cpu_out]
+}
+
+/// `n_tok` tokens' expert ids: `n_used` distinct experts of `n_mat` each, as I32 bytes.
+fn expert_ids(n_mat: usize, n_used: usize, n_tok: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut ids = Vec::with_capacity(n_used * n_tok);
+    for _ in 0..n_tok {
+        let mut pool: Vec<i32> = (0..n_mat as i32).collect();
+        for _ in 0..n_used {
+            let j = ((rng.f32().abs() * pool.len() as f32) as usize).min(pool.len() - 1);
+            ids.push(pool.swap_remove(j));
+        }
+    }
+    bytemuck::cast_slice(&ids).to_vec()
+}
+
+/// `mul_mat_id` of a stack of 4 matrices of 50 rows, 2 experts per token, one activation vector
+/// per token or one per slot: a decode token and small batches take the per-pair launch, 40 and
+/// 100 tokens the grouped way (about 20 columns per expert: the tile kernels; about 50: gemm).
+#[test]
+fn mul_mat_id_matches_cpu_for_every_weight_type() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x6d6f_6531_2345_6789);
+    let (k, n, n_mat, n_used) = (256usize, 50usize, 4usize, 2usize);
+    let types = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::MXFP4,
+        DType::F16,
+        DType::F32,
+    ];
+    for dt in types {
+        for (n_tok, n_x) in [(1usize, 1usize), (1, 2), (3, 1), (5, 2), (40, 1), (100, 2)] {
+            let mut g = Graph::new();
+            let w = g.weight("w", dt, &[k, n, n_mat]).expect("w");
+            let x = g.input("x", DType::F32, &[k, n_x, n_tok]).expect("x");
+            let ids = g.input("ids", DType::I32, &[n_used, n_tok]).expect("ids");
+            let y = g.mul_mat_id(w, x, ids).expect("mul_mat_id");
+            g.mark_output(y).expect("out");
+            let weights = vec![(
+                "w".to_string(),
+                dt,
+                vec![k, n, n_mat],
+                weight_bytes(dt, n * n_mat, k, &mut rng),
+            )];
+            let inputs = vec![
+                (x, f32_bytes(&rng.vec(k * n_x * n_tok))),
+                (ids, expert_ids(n_mat, n_used, n_tok, &mut rng)),
+            ];
+            let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[y]);
+            let e = nmse(&gpu[0], &cpu[0]);
+            println!("mul_mat_id {dt} n_tok={n_tok} n_x={n_x}: NMSE {e:.3e}");
+            // Decode quantizes the activations to 8 bits on both sides (the GPU per 32 values
+            // as Q8_1); the grouped way's larger groups multiply f16 operands.
+            assert!(
+                e <= 2e-3,
+                "mul_mat_id {dt} n_tok={n_tok} n_x={n_x}: NMSE {e:.3e}"
+            );
+        }
+    }
+}
+
+/// The routing of both gatings, as the model builds it: softmax, top k, the picked weights
+/// (normalised or not); and top k of the raw logits, the picked logits, softmax over them
+/// (gpt-oss). Logits rounded to halves make ties, which both sides break by the lower index.
+#[test]
+fn routing_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x726f_7574_6531_2345);
+    for (n_exp, k, m, ties) in [
+        (8usize, 2usize, 1usize, false),
+        (32, 4, 7, false),
+        (128, 8, 3, false),
+        (128, 8, 5, true),
+        (64, 1, 2, true),
+        (40, 40, 2, false),
+    ] {
+        for norm in [false, true] {
+            let mut g = Graph::new();
+            let logits = g.input("logits", DType::F32, &[n_exp, m]).expect("logits");
+            let probs = g.soft_max_ext(logits, None, 1.0).expect("softmax");
+            let ids = g.arg_top_k(probs, k).expect("top k");
+            let w = g.expert_weights(probs, ids, norm).expect("weights");
+            let raw_ids = g.arg_top_k(logits, k).expect("top k of logits");
+            let picked = g.expert_weights(logits, raw_ids, false).expect("picked");
+            let w2 = g
+                .soft_max_ext(picked, None, 1.0)
+                .expect("softmax of picked");
+            let outs = [ids, w, raw_ids, w2];
+            for &o in &outs {
+                g.mark_output(o).expect("out");
+            }
+            let mut v = rng.vec(n_exp * m);
+            if ties {
+                v.iter_mut().for_each(|x| *x = (*x * 4.0).round() / 2.0);
+            }
+            let [gpu, cpu] = run_both(&h, &g, &[], &[(logits, f32_bytes(&v))], &outs);
+            let what = format!("routing n_exp={n_exp} k={k} m={m} ties={ties} norm={norm}");
+            assert_eq!(gpu[0], cpu[0], "{what}: ids of the probabilities");
+            assert_eq!(gpu[2], cpu[2], "{what}: ids of the logits");
+            for i in [1, 3] {
+                let e = nmse(&gpu[i], &cpu[i]);
+                println!("{what} #{i}: NMSE {e:.3e}");
+                assert!(e <= 1e-10, "{what} #{i}: NMSE {e:.3e}");
+            }
+        }
+    }
+}
+
+/// gpt-oss's clamped SwiGLU on values well past the clamp, decode and prompt rows.
+#[test]
+fn swiglu_oai_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x0a1_5719_7000_0007);
+    for (n, m) in [(64usize, 1usize), (2880, 3), (100, 17)] {
+        let mut g = Graph::new();
+        let gate = g.input("gate", DType::F32, &[n, m]).expect("gate");
+        let up = g.input("up", DType::F32, &[n, m]).expect("up");
+        let y = g.swiglu_oai(gate, up, 1.702, 7.0).expect("swiglu_oai");
+        g.mark_output(y).expect("out");
+        let wide = |v: Vec<f32>| f32_bytes(&v.iter().map(|x| x * 12.0).collect::<Vec<_>>());
+        let inputs = [(gate, wide(rng.vec(n * m))), (up, wide(rng.vec(n * m)))];
+        let [gpu, cpu] = run_both(&h, &g, &[], &inputs, &[y]);
+        let e = nmse(&gpu[0], &cpu[0]);
+        println!("swiglu_oai n={n} m={m}: NMSE {e:.3e}");
+        assert!(e <= 1e-10, "swiglu_oai n={n} m={m}: NMSE {e:.3e}");
+    }
+}
+
+/// MXFP4 weights in the dense products (decode mat-vec; dequantization and gemm for a prompt)
+/// and in `get_rows`.
+#[test]
+fn mxfp4_mul_mat_and_get_rows_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x3f4f_5f6f_7f8f_9faf);
+    let (k, n) = (2880usize, 72usize);
+    for m in [1usize, 3, 40] {
+        let mut g = Graph::new();
+        let w = g.weight("w", DType::MXFP4, &[k, n]).expect("w");
+        let x = g.input("x", DType::F32, &[k, m]).expect("x");
+        let y = g.mul_mat(w, x).expect("mul_mat");
+        let ids = g.input("ids", DType::I32, &[m]).expect("ids");
+        let rows = g.get_rows(w, ids).expect("get_rows");
+        g.mark_output(y).expect("out");
+        g.mark_output(rows).expect("out");
+        let weights = vec![(
+            "w".to_string(),
+            DType::MXFP4,
+            vec![k, n],
+            weight_bytes(DType::MXFP4, n, k, &mut rng),
+        )];
+        let picks: Vec<i32> = (0..m).map(|i| ((i * 37) % n) as i32).collect();
+        let inputs = vec![
+            (x, f32_bytes(&rng.vec(k * m))),
+            (ids, bytemuck::cast_slice(&picks).to_vec()),
+        ];
+        let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[y, rows]);
+        let e = nmse(&gpu[0], &cpu[0]);
+        println!("mul_mat mxfp4 m={m}: NMSE {e:.3e}");
+        assert!(e <= 2e-3, "mul_mat mxfp4 m={m}: NMSE {e:.3e}");
+        assert_eq!(gpu[1], cpu[1], "get_rows mxfp4 m={m}");
+    }
+}
+
+/// Attention with sinks (one logit per query head in each row's softmax) over f16, f32 and Q8_0
+/// caches: decode over one range and split over several, prompt chunks with gpt-oss's shape and
+/// its sliding window; and paged attention with sinks, prompt chunks and decode tokens mixed.
+#[test]
+fn attention_with_sinks_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x5121_6b5a_7700_1234);
+    // (head dim, heads, kv heads, query tokens, kv length, window, kv type)
+    let cases = [
+        (64usize, 8usize, 2usize, 1usize, 40usize, None, DType::F16),
+        (64, 8, 2, 1, 700, None, DType::F16),
+        (64, 64, 8, 20, 60, Some(16usize), DType::F16),
+        (64, 64, 8, 1, 300, Some(128), DType::F32),
+        (128, 8, 2, 5, 70, None, DType::F32),
+        (64, 8, 2, 1, 900, None, DType::Q8_0),
+        (64, 16, 4, 24, 100, Some(32), DType::Q8_0),
+    ];
+    for (hd, nh, nkv, nt, nk, window, kt) in cases {
+        let mut g = Graph::new();
+        let q = g.input("q", DType::F32, &[hd, nh, nt]).expect("q");
+        let k = g.input("k", kt, &[hd, nkv, nk]).expect("k");
+        let v = g.input("v", kt, &[hd, nkv, nk]).expect("v");
+        let pos = g.input("pos", DType::I32, &[nt]).expect("pos");
+        let sinks = g.input("sinks", DType::F32, &[nh]).expect("sinks");
+        let p = AttnParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            causal: true,
+            window,
+            softcap: None,
+            sinks: false,
+        };
+        let y = g.attention(q, k, v, pos, None, p).expect("attention");
+        let y = g.add_attention_sinks(y, sinks).expect("sinks");
+        g.mark_output(y).expect("out");
+        let kv = |rng: &mut Rng| -> Vec<u8> {
+            let vals: Vec<f32> = rng.vec(hd * nkv * nk).iter().map(|x| 3.0 * x).collect();
+            cache_bytes(kt, &vals)
+        };
+        let positions: Vec<i32> = (0..nt).map(|t| (nk - nt + t) as i32).collect();
+        // Sinks from far below to well above the scores, so that some rows give them most of
+        // the probability.
+        let sink_vals: Vec<f32> = rng.vec(nh).iter().map(|x| 6.0 * x).collect();
+        let inputs = vec![
+            (q, f32_bytes(&rng.vec(hd * nh * nt))),
+            (k, kv(&mut rng)),
+            (v, kv(&mut rng)),
+            (pos, bytemuck::cast_slice(&positions).to_vec()),
+            (sinks, f32_bytes(&sink_vals)),
+        ];
+        let [gpu, cpu] = run_both(&h, &g, &[], &inputs, &[y]);
+        let e = nmse(&gpu[0], &cpu[0]);
+        let what = format!(
+            "attention with sinks hd={hd} heads={nh}/{nkv} tokens={nt} kv={nk} window={window:?} \
+             {kt}"
+        );
+        println!("{what}: NMSE {e:.3e}");
+        assert!(e <= 1e-8, "{what}: NMSE {e:.3e}");
+    }
+    let mixed: &[(usize, usize)] = &[(300, 40), (21, 1), (201, 1)];
+    let decode: &[(usize, usize)] = &[(1, 1), (17, 1), (160, 1), (999, 1)];
+    for (shape, window, kt, seqs) in [
+        ((64, 64, 8), Some(128), DType::F16, mixed),
+        ((64, 64, 8), None, DType::F16, decode),
+        ((64, 8, 2), None, DType::F32, mixed),
+        ((64, 16, 4), Some(100), DType::Q8_0, decode),
+    ] {
+        // The bounds of `paged_attention_matches_cpu`.
+        let bound = if kt == DType::F16 { 1e-6 } else { 1e-8 };
+        paged_case(&h, &mut rng, shape, window, kt, 16, seqs, bound, true);
+    }
+}
