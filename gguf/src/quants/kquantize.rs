@@ -244,51 +244,86 @@ fn fit_scale_min8(
     (scale, neg_min)
 }
 
-/// Fits `x ~ scale * (L - nmax)` with `L - nmax` in `-nmax..nmax`, weights `x^2`, sweeping 19
-/// candidate scales around the max-based one. Returns the scale (signed).
-fn fit_symmetric(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
-    let mut amax = 0f32;
-    let mut max = 0f32;
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
+/// Fits `x ~ scale * L` with `L` in `-nmax..nmax`, weights `x^2`, sweeping 19 candidate scales
+/// around the max-based one, for the sixteen 16-value groups of a Q6_K super-block at once:
+/// `xt[i][j]` is value `i` of group `j`. Returns the scales (signed); the codes are not kept
+/// (Q6_K requantizes with the stored scales). Lane `j` of every step does ggml's scalar fit's
+/// operations on group `j` in its order, so the bits are the same (see [`fit_scale_min8`]).
+fn fit_symmetric16(xt: &[[f32; 16]; 16], nmax: i32) -> [f32; 16] {
+    let mut amax = [0f32; 16];
+    let mut max = [0f32; 16];
+    for row in xt {
+        for j in 0..16 {
+            if row[j].abs() > amax[j] {
+                amax[j] = row[j].abs();
+                max[j] = row[j];
+            }
         }
     }
-    if amax < GROUP_MAX_EPS {
-        l_out.fill(0);
-        return 0.0;
+    // `nearest_int(v).clamp(-nmax, nmax - 1)` without the libm call (see `fit_scale_min8`).
+    let quant = |iscale: f32, v: f32| {
+        let r = iscale * v;
+        if r.abs() < 4_194_303.0 {
+            nearest_small(r).clamp(-nmax, nmax - 1)
+        } else if r > 0.0 {
+            nmax - 1
+        } else if r < 0.0 {
+            -nmax
+        } else {
+            0
+        }
+    };
+    let mut iscale = [0f32; 16];
+    for j in 0..16 {
+        iscale[j] = -(nmax as f32) / max[j];
     }
-    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
-    let mut iscale = -(nmax as f32) / max;
-    let (mut sumlx, mut suml2) = (0f32, 0f32);
-    for (i, &v) in x.iter().enumerate() {
-        let l = quant(iscale, v);
-        l_out[i] = (l + nmax) as i8;
-        let w = v * v;
-        sumlx += w * v * l as f32;
-        suml2 += w * (l * l) as f32;
+    let (mut sumlx, mut suml2) = ([0f32; 16], [0f32; 16]);
+    for row in xt {
+        for j in 0..16 {
+            let v = row[j];
+            let q = quant(iscale[j], v);
+            let w = v * v;
+            sumlx[j] += w * v * q as f32;
+            suml2[j] += w * (q * q) as f32;
+        }
     }
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
+    let mut scale = [0f32; 16];
+    let mut best = [0f32; 16];
+    for j in 0..16 {
+        scale[j] = if suml2[j] != 0.0 {
+            sumlx[j] / suml2[j]
+        } else {
+            0.0
+        };
+        best[j] = scale[j] * sumlx[j];
+    }
     for is in -9..=9 {
         if is == 0 {
             continue;
         }
-        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
-        let (mut slx, mut sl2) = (0f32, 0f32);
-        for &v in x {
-            let l = quant(iscale, v);
-            let w = v * v;
-            slx += w * v * l as f32;
-            sl2 += w * (l * l) as f32;
+        for j in 0..16 {
+            iscale[j] = -(nmax as f32 + 0.1 * is as f32) / max[j];
         }
-        if sl2 > 0.0 && slx * slx > best * sl2 {
-            for (i, &v) in x.iter().enumerate() {
-                l_out[i] = (quant(iscale, v) + nmax) as i8;
+        let (mut slx, mut sl2) = ([0f32; 16], [0f32; 16]);
+        for row in xt {
+            for j in 0..16 {
+                let v = row[j];
+                let q = quant(iscale[j], v);
+                let w = v * v;
+                slx[j] += w * v * q as f32;
+                sl2[j] += w * (q * q) as f32;
             }
-            scale = slx / sl2;
-            best = scale * slx;
+        }
+        for j in 0..16 {
+            if sl2[j] > 0.0 && slx[j] * slx[j] > best[j] * sl2[j] {
+                scale[j] = slx[j] / sl2[j];
+                best[j] = scale[j] * slx[j];
+            }
+        }
+    }
+    for j in 0..16 {
+        if amax[j] < GROUP_MAX_EPS {
+            scale[j] = 0.0;
         }
     }
     scale
@@ -574,11 +609,15 @@ pub(crate) fn q5_k(x: &[f32], out: &mut [u8]) {
 pub(crate) fn q6_k(x: &[f32], out: &mut [u8]) {
     let blocks: &mut [BlockQ6K] = bytemuck::cast_slice_mut(out);
     for (b, x) in blocks.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let mut li = [0i8; QK_K];
-        let mut scales = [0f32; 16];
+        let mut xt = [[0f32; 16]; 16];
+        for j in 0..16 {
+            for i in 0..16 {
+                xt[i][j] = x[16 * j + i];
+            }
+        }
+        let scales = fit_symmetric16(&xt, 32);
         let (mut amax, mut max_scale) = (0f32, 0f32);
         for j in 0..16 {
-            scales[j] = fit_symmetric(&x[16 * j..16 * j + 16], 32, &mut li[16 * j..16 * j + 16]);
             if scales[j].abs() > amax {
                 amax = scales[j].abs();
                 max_scale = scales[j];
@@ -660,6 +699,56 @@ pub(crate) fn q8_k(x: &[f32], out: &mut [u8]) {
 mod tests {
     use super::*;
 
+    /// ggml's scalar fit (the reference for [`fit_symmetric16`]): fits `x ~ scale * (L - nmax)` with `L - nmax` in `-nmax..nmax`, weights `x^2`, sweeping 19
+    /// candidate scales around the max-based one. Returns the scale (signed).
+    fn fit_symmetric(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
+        let mut amax = 0f32;
+        let mut max = 0f32;
+        for &v in x {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax < GROUP_MAX_EPS {
+            l_out.fill(0);
+            return 0.0;
+        }
+        let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        let mut iscale = -(nmax as f32) / max;
+        let (mut sumlx, mut suml2) = (0f32, 0f32);
+        for (i, &v) in x.iter().enumerate() {
+            let l = quant(iscale, v);
+            l_out[i] = (l + nmax) as i8;
+            let w = v * v;
+            sumlx += w * v * l as f32;
+            suml2 += w * (l * l) as f32;
+        }
+        let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+        let mut best = scale * sumlx;
+        for is in -9..=9 {
+            if is == 0 {
+                continue;
+            }
+            iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+            let (mut slx, mut sl2) = (0f32, 0f32);
+            for &v in x {
+                let l = quant(iscale, v);
+                let w = v * v;
+                slx += w * v * l as f32;
+                sl2 += w * (l * l) as f32;
+            }
+            if sl2 > 0.0 && slx * slx > best * sl2 {
+                for (i, &v) in x.iter().enumerate() {
+                    l_out[i] = (quant(iscale, v) + nmax) as i8;
+                }
+                scale = slx / sl2;
+                best = scale * slx;
+            }
+        }
+        scale
+    }
+
     #[test]
     fn nearest_int_rounds_ties_to_even_everywhere() {
         let mut st = 0x2545_f491_4f6c_dd1du64;
@@ -737,6 +826,41 @@ mod tests {
                         assert_eq!(l[i], lt[i][j], "case {case} group {j} code {i}");
                     }
                 }
+            }
+        }
+    }
+
+    /// The sixteen-lane symmetric fit gives every group the scalar fit's scale bit for bit.
+    #[test]
+    fn lockstep_symmetric_fit_equals_the_scalar_fit() {
+        let mut st = 0x1234_5678_9abc_def1u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            (st >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+        };
+        for case in 0..400 {
+            let mut xt = [[0f32; 16]; 16];
+            for j in 0..16 {
+                let kind = (case + j) % 7;
+                for row in xt.iter_mut() {
+                    let v = next() * 0.05;
+                    row[j] = match kind {
+                        0 => 0.0,
+                        1 => 1e-17 * v,
+                        2 => (v * 64.0).round() / 64.0,
+                        3 => 1e-30 * v,
+                        _ => v,
+                    };
+                }
+            }
+            let got = fit_symmetric16(&xt, 32);
+            for j in 0..16 {
+                let x: Vec<f32> = xt.iter().map(|r| r[j]).collect();
+                let mut l = [0i8; 16];
+                let want = fit_symmetric(&x, 32, &mut l);
+                assert_eq!(got[j].to_bits(), want.to_bits(), "case {case} group {j}");
             }
         }
     }
