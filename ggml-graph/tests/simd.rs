@@ -38,6 +38,9 @@ fn check_level(simd: Simd) {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
     ] {
         let aty = act_type(ty).unwrap();
         // Odd block counts (224 = 7 small blocks; 768 = 3 and 1792 = 7 super-blocks) exercise
@@ -123,6 +126,9 @@ fn one_column_and_several_columns_agree_bit_for_bit() {
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
+            DType::IQ4_NL,
+            DType::IQ4_XS,
+            DType::MXFP4,
         ] {
             let aty = act_type(ty).unwrap();
             // 640 and 2048: Gemma 3 270M's inner dimensions for the small and the K-quant types.
@@ -173,6 +179,8 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
         DType::Q4_0,
         DType::Q5_0,
         DType::Q8_0,
+        DType::IQ4_NL,
+        DType::MXFP4,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,

@@ -165,6 +165,7 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
     Ok(match name {
         "tiny" => s(256, 2, 4, 2, 64, 512, 2048, 10000.0, 1e-5),
         "llama3-8b" => s(4096, 32, 32, 8, 128, 14336, 8192, 500000.0, 1e-5),
+        "llama3-70b" => s(8192, 80, 64, 8, 128, 28672, 8192, 500000.0, 1e-5),
         "mistral-7b" => s(4096, 32, 32, 8, 128, 14336, 32768, 1000000.0, 1e-5),
         "qwen2-7b" => s(3584, 28, 28, 4, 128, 18944, 32768, 1000000.0, 1e-6),
         "qwen3-0.6b" => s(1024, 28, 16, 8, 128, 3072, 40960, 1000000.0, 1e-6),
@@ -203,7 +204,7 @@ pub fn preset(name: &str) -> Result<Shape, ModelError> {
         ),
         _ => {
             return Err(ModelError::InvalidArgument(format!(
-                "unknown preset `{name}` (tiny, llama3-8b, mistral-7b, qwen2-7b, qwen3-0.6b, \
+                "unknown preset `{name}` (tiny, llama3-8b, llama3-70b, mistral-7b, qwen2-7b, qwen3-0.6b, \
                  qwen3-8b, gemma3-270m, gemma3-4b, phi3-mini, phi3-mini-128k, olmo2-1b, olmo2-7b, \
                  granite3-2b, bert-base, nomic-embed-text-v1.5; with experts: tiny-moe, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)"
             )))
@@ -1149,11 +1150,29 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
         w.add_tensor_info(&t.name, &t.dims, t.ty)?;
     }
     w.write_header()?;
-    for t in &specs {
-        tracing::debug!(tensor = %t.name, ty = %t.ty, "synth");
-        let bytes = tensor_bytes(o.seed, t)?;
-        w.write_tensor_data(&t.name, &bytes)?;
-    }
+    // One tensor is generated (in parallel over its rows) while the one before is written: the
+    // disk and the cores work at once, and at most three tensors are in memory, never the file.
+    std::thread::scope(|sc| -> Result<(), ModelError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let specs = &specs;
+        sc.spawn(move || {
+            for t in specs {
+                tracing::debug!(tensor = %t.name, ty = %t.ty, "synth");
+                let bytes = tensor_bytes(o.seed, t);
+                let failed = bytes.is_err();
+                // A closed channel: the writer failed and returned its error.
+                if tx.send(bytes).is_err() || failed {
+                    break;
+                }
+            }
+        });
+        // The generator sends every tensor in order or stops after its first error (a panic
+        // there ends this loop early and re-panics when the scope joins it).
+        for (t, bytes) in specs.iter().zip(rx.iter()) {
+            w.write_tensor_data(&t.name, &bytes?)?;
+        }
+        Ok(())
+    })?;
     w.finish()?;
     Ok(())
 }
@@ -1392,6 +1411,35 @@ mod tests {
         assert_eq!(pure(GgmlType::Q4_K, 640), GgmlType::Q5_0);
         assert_eq!(pure(GgmlType::IQ4_XS, 640), GgmlType::IQ4_NL);
         assert_eq!(pure(GgmlType::Q4_K, 100), GgmlType::F16);
+    }
+
+    /// Every tensor's bytes, generated in parallel over rows, equal a one-row-at-a-time
+    /// generation (rows seed their own generators, so the split cannot matter), for each weight
+    /// type a Q4_K_M file mixes and the norms.
+    #[test]
+    fn parallel_rows_equal_serial_rows() {
+        let o = SynthOptions::parse("llama", "tiny", "q4_k_m", 3).expect("options");
+        let specs = tensor_specs(&o, 259);
+        let mut tys = std::collections::BTreeSet::new();
+        for t in specs.iter().filter(|t| !t.name.starts_with("rope_")) {
+            let got = tensor_bytes(o.seed, t).expect("tensor");
+            let cols = t.dims[0] as usize;
+            let rb = t.ty.row_bytes(cols as u64).expect("row bytes") as usize;
+            let mean = if t.norm && t.name.contains("norm") {
+                1.0
+            } else {
+                0.0
+            };
+            let mut vals = vec![0f32; cols];
+            let mut want = vec![0u8; got.len()];
+            for (r, dst) in want.chunks_exact_mut(rb).enumerate() {
+                normal_row(o.seed, &t.name, r as u64, mean, t.std, &mut vals);
+                gguf::quantize_row(t.ty, &vals, dst).expect("quantize");
+            }
+            assert!(got == want, "{}: parallel rows differ", t.name);
+            tys.insert(t.ty.name());
+        }
+        assert!(tys.len() >= 3, "types covered: {tys:?}");
     }
 
     #[test]

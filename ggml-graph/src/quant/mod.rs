@@ -1,8 +1,9 @@
 //! Quantized dot products: activations are quantized once per mul_mat to 8-bit blocks (Q8_0, Q8_1
 //! or Q8_K, as llama.cpp does), then each weight row is dotted in integers block by block.
 //!
-//! Every weight type has a scalar path (built on [`blocks`] decoding) and, for the hot types, SIMD
-//! paths chosen at run time; tests check them against each other.
+//! Every weight type has a scalar path (built on [`blocks`] decoding, or the `gguf` crate's for
+//! the `generic` module's types) and, for the common types (the legacy and K-quants, IQ4_NL, IQ4_XS and
+//! MXFP4), SIMD paths chosen at run time; tests check them against each other.
 
 pub mod blocks;
 mod generic;
@@ -145,13 +146,23 @@ pub fn tiled(simd: Simd, ty: DType) -> bool {
         && simd == Simd::Avx512
         && matches!(
             ty,
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4_K | DType::Q5_K | DType::Q6_K
+            DType::Q4_0
+                | DType::Q5_0
+                | DType::Q8_0
+                | DType::IQ4_NL
+                | DType::MXFP4
+                | DType::Q4_K
+                | DType::Q5_K
+                | DType::Q6_K
         )
 }
 
 /// True for the tile types whose activations are prepared beyond plain Q8_0 blocks.
 fn prepared(ty: DType) -> bool {
-    matches!(ty, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)
+    matches!(
+        ty,
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::MXFP4
+    )
 }
 
 /// Bytes of one activation row of `n` values for the tile kernels of weight type `ty`.

@@ -57,7 +57,6 @@ fn scatter_rows<const R: usize, const C: usize>(
 pub(super) fn vec_dot(ty: DType, n: usize, w: &[u8], a: &[u8]) -> Option<f32> {
     let (nb, abytes) = match ty {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (n / QK, 34),
-        DType::Q4_1 | DType::Q5_1 => (n / QK, 36),
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
             (n / QK_K, Q8K_BYTES)
         }
@@ -73,8 +72,6 @@ pub(super) fn vec_dot(ty: DType, n: usize, w: &[u8], a: &[u8]) -> Option<f32> {
             DType::Q8_0 => dot_q8_0(nb, w.as_ptr(), a.as_ptr()),
             DType::Q4_0 => dot_q4_0(nb, w.as_ptr(), a.as_ptr()),
             DType::Q5_0 => dot_q5_0(nb, w.as_ptr(), a.as_ptr()),
-            DType::Q4_1 => dot_q4_1(nb, w.as_ptr(), a.as_ptr(), false),
-            DType::Q5_1 => dot_q4_1(nb, w.as_ptr(), a.as_ptr(), true),
             DType::Q4_K => dot_q4_k(nb, w.as_ptr(), a.as_ptr(), false),
             DType::Q5_K => dot_q4_k(nb, w.as_ptr(), a.as_ptr(), true),
             DType::Q2_K => k23::cols_q2_k::<1>(nb, w.as_ptr(), a.as_ptr(), 0)[0],
@@ -239,36 +236,6 @@ unsafe fn dot_q5_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
             acc_block(acc, f16_load(wb), qw, a.add(i * 34))
         }
     })
-}
-
-/// Q4_1 (or Q5_1 when `five`) with Q8_1 activations.
-///
-/// # Safety
-/// AVX2/FMA/F16C; `w` holds `nb` blocks of the weight type, `a` `nb` Q8_1 blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1(nb: usize, w: *const u8, a: *const u8, five: bool) -> f32 {
-    let bs = if five { 24 } else { 20 };
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = 0.0f32;
-    for i in 0..nb {
-        // SAFETY: block `i` is in bounds of both rows (caller).
-        unsafe {
-            let (wb, ab) = (w.add(i * bs), a.add(i * 36));
-            let d = _mm256_set1_ps(f16_load(wb) * f16_load(ab));
-            acc_m += f16_load(wb.add(2)) * f16_load(ab.add(2));
-            let qw = if five {
-                let hi = _mm256_and_si256(bits_to_bytes(wb.add(4)), _mm256_set1_epi8(0x10));
-                _mm256_or_si256(nibbles(wb.add(8)), hi)
-            } else {
-                nibbles(wb.add(4))
-            };
-            let qa = _mm256_loadu_si256(ab.add(4) as *const __m256i);
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa), _mm256_set1_epi16(1));
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
-        }
-    }
-    // SAFETY: AVX2 present (caller).
-    unsafe { hsum(acc) + acc_m }
 }
 
 /// Q4_K (or Q5_K when `five`) with Q8_K activations.
@@ -492,8 +459,9 @@ pub(super) fn vec_dot_cols(
     out: &mut [f32],
 ) -> bool {
     let (nb, abytes) = match ty {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (n / QK, 34),
-        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::MXFP4 => (n / QK, 34),
+        DType::Q4_1 | DType::Q5_1 => (n / QK, 36),
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
             (n / QK_K, Q8K_BYTES)
         }
         _ => return false,
@@ -521,7 +489,11 @@ pub(super) fn vec_dot_cols(
         };
     }
     match ty {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => go!(cols_small),
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::MXFP4 => {
+            go!(cols_small)
+        }
+        DType::Q4_1 | DType::Q5_1 => go!(cols_q4_1),
+        DType::IQ4_XS => go!(cols_iq4_xs),
         DType::Q6_K => go!(cols_q6_k),
         DType::Q2_K | DType::Q3_K => go!(cols_k23),
         _ => go!(cols_q4_k),
@@ -529,7 +501,7 @@ pub(super) fn vec_dot_cols(
     true
 }
 
-/// Weight scale and i8 values of a Q8_0, Q4_0 or Q5_0 block.
+/// Weight scale and i8 values of a Q8_0, Q4_0, Q5_0, IQ4_NL or MXFP4 block.
 ///
 /// # Safety
 /// AVX2/FMA/F16C; one whole block of `ty` readable at `wb`.
@@ -538,17 +510,39 @@ pub(super) fn vec_dot_cols(
 unsafe fn decode_small_simd(ty: DType, wb: *const u8) -> (f32, __m256i) {
     // SAFETY: one block readable at `wb` (caller).
     unsafe {
-        let q = match ty {
-            DType::Q8_0 => _mm256_loadu_si256(wb.add(2) as *const __m256i),
-            DType::Q4_0 => _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8)),
+        match ty {
+            DType::Q8_0 => (
+                f16_load(wb),
+                _mm256_loadu_si256(wb.add(2) as *const __m256i),
+            ),
+            DType::Q4_0 => (
+                f16_load(wb),
+                _mm256_sub_epi8(nibbles(wb.add(2)), _mm256_set1_epi8(8)),
+            ),
+            DType::IQ4_NL => (
+                f16_load(wb),
+                lookup(&gguf::quants::iq_tables::IQ4NL_VALUES, nibbles(wb.add(2))),
+            ),
+            DType::MXFP4 => (
+                gguf::quants::e8m0_to_f32_half(*wb),
+                lookup(&gguf::quants::iq_tables::MXFP4_VALUES, nibbles(wb.add(1))),
+            ),
             _ => {
                 let hi =
                     _mm256_andnot_si256(bits_to_bytes(wb.add(2)), _mm256_set1_epi8(0xf0_u8 as i8));
-                _mm256_or_si256(nibbles(wb.add(6)), hi)
+                (f16_load(wb), _mm256_or_si256(nibbles(wb.add(6)), hi))
             }
-        };
-        (f16_load(wb), q)
+        }
     }
+}
+
+/// The entries of a 16-value table at 32 indices (0..16 each).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lookup(table: &[i8; 16], idx: __m256i) -> __m256i {
+    // SAFETY: the table is 16 readable bytes.
+    let t = unsafe { _mm_loadu_si128(table.as_ptr() as *const __m128i) };
+    _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t), idx)
 }
 
 /// # Safety
@@ -577,6 +571,101 @@ unsafe fn cols_small<const C: usize>(
                     _mm256_set1_epi16(1),
                 );
                 *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *acc);
+            }
+        }
+    }
+    // SAFETY: AVX2 present (caller).
+    acc.map(|v| unsafe { hsum(v) })
+}
+
+/// Q4_1 (or Q5_1) with Q8_1 activations: per column an eight-lane FMA chain of the block dots
+/// and a scalar sum of the min terms, added at the end.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `w` holds `nb` blocks of `ty`; `C` Q8_1 rows of `nb` blocks at
+/// `a + c * astride`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn cols_q4_1<const C: usize>(
+    ty: DType,
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [f32; C] {
+    let five = ty == DType::Q5_1;
+    let bs = ty.type_size();
+    let mut acc = [_mm256_setzero_ps(); C];
+    let mut acc_m = [0.0f32; C];
+    for i in 0..nb {
+        // SAFETY: block `i` of the weight row and of every activation row is in bounds (caller).
+        unsafe {
+            let wb = w.add(i * bs);
+            let (dw, mw) = (f16_load(wb), f16_load(wb.add(2)));
+            let qw = if five {
+                let hi = _mm256_and_si256(bits_to_bytes(wb.add(4)), _mm256_set1_epi8(0x10));
+                _mm256_or_si256(nibbles(wb.add(8)), hi)
+            } else {
+                nibbles(wb.add(4))
+            };
+            for c in 0..C {
+                let ab = a.add(c * astride + i * 36);
+                let d = _mm256_set1_ps(dw * f16_load(ab));
+                acc_m[c] += mw * f16_load(ab.add(2));
+                let qa = _mm256_loadu_si256(ab.add(4) as *const __m256i);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qa), _mm256_set1_epi16(1));
+                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[c]);
+            }
+        }
+    }
+    let mut out = [0.0f32; C];
+    for c in 0..C {
+        // SAFETY: AVX2 present (caller).
+        out[c] = unsafe { hsum(acc[c]) } + acc_m[c];
+    }
+    out
+}
+
+/// IQ4_XS with Q8_K activations: the eight 32-value sub-blocks' dots times their 6-bit scales
+/// summed in integers, then one FMA per super-block.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `w` holds `nb` IQ4_XS blocks; `C` Q8_K rows of `nb` blocks at
+/// `a + c * astride`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn cols_iq4_xs<const C: usize>(
+    _ty: DType,
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [f32; C] {
+    let mut acc = [_mm256_setzero_ps(); C];
+    let values = &gguf::quants::iq_tables::IQ4NL_VALUES;
+    for i in 0..nb {
+        // SAFETY: block `i` of the weight row and of every activation row is in bounds (caller);
+        // every read below stays inside them (136-byte weight, Q8K_BYTES activation blocks).
+        unsafe {
+            let wb = w.add(i * 136);
+            let dw = f16_load(wb);
+            let sh = u32::from(std::ptr::read_unaligned(wb.add(2) as *const u16));
+            let mut sumi = [_mm256_setzero_si256(); C];
+            for ib in 0..8 {
+                let lo = u32::from(*wb.add(4 + ib / 2) >> (4 * (ib % 2))) & 0x0f;
+                let ls = (lo | (((sh >> (2 * ib)) & 3) << 4)) as i16 - 32;
+                let q = lookup(values, nibbles(wb.add(8 + 16 * ib)));
+                let aq = _mm256_sign_epi8(q, q);
+                let s16 = _mm256_set1_epi16(ls);
+                for (c, s) in sumi.iter_mut().enumerate() {
+                    let qa = _mm256_loadu_si256(
+                        a.add(c * astride + i * Q8K_BYTES + 4 + 32 * ib) as *const __m256i
+                    );
+                    let p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(qa, q));
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, s16));
+                }
+            }
+            for (c, s) in sumi.iter().enumerate() {
+                let da = std::ptr::read_unaligned(a.add(c * astride + i * Q8K_BYTES) as *const f32);
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(*s), acc[c]);
             }
         }
     }

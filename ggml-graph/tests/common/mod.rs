@@ -39,7 +39,7 @@ impl Rng {
 /// Offsets of the f16 scale fields inside one block of `ty`.
 fn scale_fields(ty: DType) -> &'static [usize] {
     match ty {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
@@ -72,6 +72,10 @@ pub fn random_weights(rng: &mut Rng, ty: DType, n: usize) -> Vec<u8> {
                 for &o in scale_fields(ty) {
                     let v = 0.001 + 0.02 * (rng.uniform() + 1.0);
                     blk[o..o + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+                }
+                if ty == DType::MXFP4 {
+                    // An E8M0 exponent near 2^-7 (bias 127).
+                    blk[0] = 116 + (rng.next_u64() % 8) as u8;
                 }
             }
             b

@@ -16,7 +16,20 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 /// Round half to even, as ggml's `nearest_int` does.
 #[inline(always)]
 fn nearest_int(v: f32) -> i32 {
-    v.round_ties_even() as i32
+    if v.abs() < 4_194_303.0 {
+        nearest_small(v)
+    } else {
+        v.round_ties_even() as i32
+    }
+}
+
+/// [`nearest_int`] for `|v| < 2^22`: ggml's own trick (adding 1.5 * 2^23 rounds to an integer,
+/// ties to even, in the low mantissa bits). `round_ties_even` is a libm call on baseline x86-64
+/// (no SSE4.1), a fifth of `rocmforge synth`'s time, and keeps loops from vectorizing.
+#[inline(always)]
+fn nearest_small(v: f32) -> i32 {
+    let f = v + 12_582_912.0;
+    (f.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
 /// Fits `x ~ scale * L - min` with `L` in `0..=nmax`, minimizing weighted error over a sweep of
@@ -97,51 +110,220 @@ fn fit_scale_min(
     (scale, -min)
 }
 
-/// Fits `x ~ scale * (L - nmax)` with `L - nmax` in `-nmax..nmax`, weights `x^2`, sweeping 19
-/// candidate scales around the max-based one. Returns the scale (signed).
-fn fit_symmetric(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
-    let mut amax = 0f32;
-    let mut max = 0f32;
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
+/// [`fit_scale_min`] (squared error) of the eight 32-value groups of a super-block at once:
+/// group `j` is lane `j` of every step, each lane doing exactly the scalar fit's operations in
+/// its order, so the results are the same bits while the compiler runs the lanes side by side
+/// (the scalar fit is three dependent float sums, bound by add latency). `xt[i][j]` and
+/// `wt[i][j]` are value `i` of group `j` and its weight; codes go to `lt` alike.
+fn fit_scale_min8(
+    xt: &[[f32; 8]; 32],
+    wt: &[[f32; 8]; 32],
+    nmax: i32,
+    lt: &mut [[u8; 8]; 32],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+) -> ([f32; 8], [f32; 8]) {
+    let mut min = xt[0];
+    let mut max = xt[0];
+    let mut sum_w = wt[0];
+    let mut sum_x = [0f32; 8];
+    for j in 0..8 {
+        sum_x[j] = sum_w[j] * xt[0][j];
+    }
+    for i in 1..32 {
+        for j in 0..8 {
+            min[j] = min[j].min(xt[i][j]);
+            max[j] = max[j].max(xt[i][j]);
+            sum_w[j] += wt[i][j];
+            sum_x[j] += wt[i][j] * xt[i][j];
         }
     }
-    if amax < GROUP_MAX_EPS {
-        l_out.fill(0);
-        return 0.0;
+    for m in &mut min {
+        if *m > 0.0 {
+            *m = 0.0;
+        }
     }
-    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
-    let mut iscale = -(nmax as f32) / max;
-    let (mut sumlx, mut suml2) = (0f32, 0f32);
-    for (i, &v) in x.iter().enumerate() {
-        let l = quant(iscale, v);
-        l_out[i] = (l + nmax) as i8;
-        let w = v * v;
-        sumlx += w * v * l as f32;
-        suml2 += w * (l * l) as f32;
+    // A flat group (max == min) gets codes 0 and (0, -min) as in the scalar fit; its lane computes
+    // with infinities meanwhile, never read.
+    let min0 = min;
+    // `nearest_int(v).clamp(0, nmax)` without the libm call: out of `nearest_small`'s range
+    // (a range so small that `iscale` overflows) the clamp decides alone, NaN giving 0.
+    let quant = |iscale: f32, x: f32, min: f32| {
+        let v = iscale * (x - min);
+        if v.abs() < 4_194_303.0 {
+            nearest_small(v).clamp(0, nmax)
+        } else if v > 0.0 {
+            nmax
+        } else {
+            0
+        }
+    };
+    let mut iscale = [0f32; 8];
+    let mut scale = [0f32; 8];
+    let mut best = [0f32; 8];
+    for j in 0..8 {
+        iscale[j] = nmax as f32 / (max[j] - min[j]);
+        scale[j] = 1.0 / iscale[j];
     }
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
+    for i in 0..32 {
+        for j in 0..8 {
+            let l = quant(iscale[j], xt[i][j], min[j]);
+            lt[i][j] = l as u8;
+            let d = scale[j] * l as f32 + min[j] - xt[i][j];
+            best[j] += wt[i][j] * (d * d);
+        }
+    }
+    let mut aux = [[0u8; 8]; 32];
+    for is in 0..=nstep {
+        let (mut sl, mut sl2, mut sxl) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+        for j in 0..8 {
+            // `min` as the last accepted fit left it, as in the scalar fit.
+            iscale[j] = (rmin + rdelta * is as f32 + nmax as f32) / (max[j] - min[j]);
+        }
+        for i in 0..32 {
+            for j in 0..8 {
+                let l = quant(iscale[j], xt[i][j], min[j]);
+                aux[i][j] = l as u8;
+                let lf = l as f32;
+                sl[j] += wt[i][j] * lf;
+                sl2[j] += wt[i][j] * lf * lf;
+                sxl[j] += wt[i][j] * lf * xt[i][j];
+            }
+        }
+        let mut this_scale = [0f32; 8];
+        let mut this_min = [0f32; 8];
+        let mut ok = [false; 8];
+        for j in 0..8 {
+            let det = sum_w[j] * sl2[j] - sl[j] * sl[j];
+            ok[j] = det > 0.0;
+            this_scale[j] = (sum_w[j] * sxl[j] - sum_x[j] * sl[j]) / det;
+            this_min[j] = (sl2[j] * sum_x[j] - sl[j] * sxl[j]) / det;
+            if this_min[j] > 0.0 {
+                this_min[j] = 0.0;
+                this_scale[j] = sxl[j] / sl2[j];
+            }
+        }
+        let mut cur = [0f32; 8];
+        for i in 0..32 {
+            for j in 0..8 {
+                let d = this_scale[j] * f32::from(aux[i][j]) + this_min[j] - xt[i][j];
+                cur[j] += wt[i][j] * (d * d);
+            }
+        }
+        let mut take = [false; 8];
+        for j in 0..8 {
+            take[j] = ok[j] && cur[j] < best[j];
+            if take[j] {
+                best[j] = cur[j];
+                scale[j] = this_scale[j];
+                min[j] = this_min[j];
+            }
+        }
+        if take.iter().any(|&t| t) {
+            for (l, a) in lt.iter_mut().zip(&aux) {
+                for j in 0..8 {
+                    if take[j] {
+                        l[j] = a[j];
+                    }
+                }
+            }
+        }
+    }
+    let mut neg_min = [0f32; 8];
+    for j in 0..8 {
+        if max[j] == min0[j] {
+            scale[j] = 0.0;
+            min[j] = min0[j];
+            for l in lt.iter_mut() {
+                l[j] = 0;
+            }
+        }
+        neg_min[j] = -min[j];
+    }
+    (scale, neg_min)
+}
+
+/// Fits `x ~ scale * L` with `L` in `-nmax..nmax`, weights `x^2`, sweeping 19 candidate scales
+/// around the max-based one, for the sixteen 16-value groups of a Q6_K super-block at once:
+/// `xt[i][j]` is value `i` of group `j`. Returns the scales (signed); the codes are not kept
+/// (Q6_K requantizes with the stored scales). Lane `j` of every step does ggml's scalar fit's
+/// operations on group `j` in its order, so the bits are the same (see [`fit_scale_min8`]).
+fn fit_symmetric16(xt: &[[f32; 16]; 16], nmax: i32) -> [f32; 16] {
+    let mut amax = [0f32; 16];
+    let mut max = [0f32; 16];
+    for row in xt {
+        for j in 0..16 {
+            if row[j].abs() > amax[j] {
+                amax[j] = row[j].abs();
+                max[j] = row[j];
+            }
+        }
+    }
+    // `nearest_int(v).clamp(-nmax, nmax - 1)` without the libm call (see `fit_scale_min8`).
+    let quant = |iscale: f32, v: f32| {
+        let r = iscale * v;
+        if r.abs() < 4_194_303.0 {
+            nearest_small(r).clamp(-nmax, nmax - 1)
+        } else if r > 0.0 {
+            nmax - 1
+        } else if r < 0.0 {
+            -nmax
+        } else {
+            0
+        }
+    };
+    let mut iscale = [0f32; 16];
+    for j in 0..16 {
+        iscale[j] = -(nmax as f32) / max[j];
+    }
+    let (mut sumlx, mut suml2) = ([0f32; 16], [0f32; 16]);
+    for row in xt {
+        for j in 0..16 {
+            let v = row[j];
+            let q = quant(iscale[j], v);
+            let w = v * v;
+            sumlx[j] += w * v * q as f32;
+            suml2[j] += w * (q * q) as f32;
+        }
+    }
+    let mut scale = [0f32; 16];
+    let mut best = [0f32; 16];
+    for j in 0..16 {
+        scale[j] = if suml2[j] != 0.0 {
+            sumlx[j] / suml2[j]
+        } else {
+            0.0
+        };
+        best[j] = scale[j] * sumlx[j];
+    }
     for is in -9..=9 {
         if is == 0 {
             continue;
         }
-        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
-        let (mut slx, mut sl2) = (0f32, 0f32);
-        for &v in x {
-            let l = quant(iscale, v);
-            let w = v * v;
-            slx += w * v * l as f32;
-            sl2 += w * (l * l) as f32;
+        for j in 0..16 {
+            iscale[j] = -(nmax as f32 + 0.1 * is as f32) / max[j];
         }
-        if sl2 > 0.0 && slx * slx > best * sl2 {
-            for (i, &v) in x.iter().enumerate() {
-                l_out[i] = (quant(iscale, v) + nmax) as i8;
+        let (mut slx, mut sl2) = ([0f32; 16], [0f32; 16]);
+        for row in xt {
+            for j in 0..16 {
+                let v = row[j];
+                let q = quant(iscale[j], v);
+                let w = v * v;
+                slx[j] += w * v * q as f32;
+                sl2[j] += w * (q * q) as f32;
             }
-            scale = slx / sl2;
-            best = scale * slx;
+        }
+        for j in 0..16 {
+            if sl2[j] > 0.0 && slx[j] * slx[j] > best[j] * sl2[j] {
+                scale[j] = slx[j] / sl2[j];
+                best[j] = scale[j] * slx[j];
+            }
+        }
+    }
+    for j in 0..16 {
+        if amax[j] < GROUP_MAX_EPS {
+            scale[j] = 0.0;
         }
     }
     scale
@@ -340,31 +522,26 @@ fn k4_common(
     packed: &mut [u8; 12],
 ) -> [u8; QK_K] {
     let mut l = [0u8; QK_K];
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
-    let (mut max_scale, mut max_min) = (0f32, 0f32);
+    let mut xt = [[0f32; 8]; 32];
+    let mut wt = [[0f32; 8]; 32];
     for j in 0..8 {
         let xs = &x[32 * j..32 * j + 32];
         let sum_x2: f32 = xs.iter().map(|v| v * v).sum();
         let av_x = (sum_x2 / 32.0).sqrt();
-        let mut w = [0f32; 32];
-        for (w, v) in w.iter_mut().zip(xs) {
-            *w = av_x + v.abs();
+        for (i, v) in xs.iter().enumerate() {
+            xt[i][j] = *v;
+            wt[i][j] = av_x + v.abs();
         }
-        let (s, m) = fit_scale_min(
-            xs,
-            &w,
-            nmax,
-            &mut l[32 * j..32 * j + 32],
-            rmin,
-            rdelta,
-            nstep,
-            false,
-        );
-        scales[j] = s;
-        mins[j] = m;
-        max_scale = max_scale.max(s);
-        max_min = max_min.max(m);
+    }
+    let mut lt = [[0u8; 8]; 32];
+    let (scales, mins) = fit_scale_min8(&xt, &wt, nmax, &mut lt, rmin, rdelta, nstep);
+    let (mut max_scale, mut max_min) = (0f32, 0f32);
+    for j in 0..8 {
+        for i in 0..32 {
+            l[32 * j + i] = lt[i][j];
+        }
+        max_scale = max_scale.max(scales[j]);
+        max_min = max_min.max(mins[j]);
     }
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
@@ -432,11 +609,15 @@ pub(crate) fn q5_k(x: &[f32], out: &mut [u8]) {
 pub(crate) fn q6_k(x: &[f32], out: &mut [u8]) {
     let blocks: &mut [BlockQ6K] = bytemuck::cast_slice_mut(out);
     for (b, x) in blocks.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let mut li = [0i8; QK_K];
-        let mut scales = [0f32; 16];
+        let mut xt = [[0f32; 16]; 16];
+        for j in 0..16 {
+            for i in 0..16 {
+                xt[i][j] = x[16 * j + i];
+            }
+        }
+        let scales = fit_symmetric16(&xt, 32);
         let (mut amax, mut max_scale) = (0f32, 0f32);
         for j in 0..16 {
-            scales[j] = fit_symmetric(&x[16 * j..16 * j + 16], 32, &mut li[16 * j..16 * j + 16]);
             if scales[j].abs() > amax {
                 amax = scales[j].abs();
                 max_scale = scales[j];
@@ -511,5 +692,176 @@ pub(crate) fn q8_k(x: &[f32], out: &mut [u8]) {
             b.bsums[2 * g..2 * g + 2].copy_from_slice(&(s as i16).to_le_bytes());
         }
         b.d = (1.0 / iscale).to_le_bytes();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml's scalar fit (the reference for [`fit_symmetric16`]): fits `x ~ scale * (L - nmax)` with `L - nmax` in `-nmax..nmax`, weights `x^2`, sweeping 19
+    /// candidate scales around the max-based one. Returns the scale (signed).
+    fn fit_symmetric(x: &[f32], nmax: i32, l_out: &mut [i8]) -> f32 {
+        let mut amax = 0f32;
+        let mut max = 0f32;
+        for &v in x {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax < GROUP_MAX_EPS {
+            l_out.fill(0);
+            return 0.0;
+        }
+        let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        let mut iscale = -(nmax as f32) / max;
+        let (mut sumlx, mut suml2) = (0f32, 0f32);
+        for (i, &v) in x.iter().enumerate() {
+            let l = quant(iscale, v);
+            l_out[i] = (l + nmax) as i8;
+            let w = v * v;
+            sumlx += w * v * l as f32;
+            suml2 += w * (l * l) as f32;
+        }
+        let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+        let mut best = scale * sumlx;
+        for is in -9..=9 {
+            if is == 0 {
+                continue;
+            }
+            iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+            let (mut slx, mut sl2) = (0f32, 0f32);
+            for &v in x {
+                let l = quant(iscale, v);
+                let w = v * v;
+                slx += w * v * l as f32;
+                sl2 += w * (l * l) as f32;
+            }
+            if sl2 > 0.0 && slx * slx > best * sl2 {
+                for (i, &v) in x.iter().enumerate() {
+                    l_out[i] = (quant(iscale, v) + nmax) as i8;
+                }
+                scale = slx / sl2;
+                best = scale * slx;
+            }
+        }
+        scale
+    }
+
+    #[test]
+    fn nearest_int_rounds_ties_to_even_everywhere() {
+        let mut st = 0x2545_f491_4f6c_dd1du64;
+        let mut vals = vec![
+            0.5f32,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            -2.5,
+            4_194_302.5,
+            -4_194_302.5,
+            1e30,
+        ];
+        vals.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 1e-40]);
+        for _ in 0..100_000 {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            let v = f32::from_bits(st as u32);
+            vals.push(v);
+            // Exact halves and values near the guard.
+            vals.push(((st >> 40) as i32 - (1 << 23)) as f32 * 0.5);
+        }
+        for v in vals {
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v:e}");
+        }
+    }
+
+    /// The eight-lane fit gives every group the scalar fit's codes, scale and min, bit for bit,
+    /// flat, positive, tiny and ordinary groups side by side.
+    #[test]
+    fn lockstep_fit_equals_the_scalar_fit() {
+        let mut st = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            (st >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+        };
+        for case in 0..400 {
+            let mut x = [0f32; 256];
+            for (j, g) in x.chunks_exact_mut(32).enumerate() {
+                for v in g.iter_mut() {
+                    *v = next() * 0.05;
+                }
+                match (case + j) % 9 {
+                    0 => g.fill(0.0),
+                    1 => g.fill(-0.25),
+                    2 => g.iter_mut().for_each(|v| *v = v.abs() + 0.01),
+                    3 => g.iter_mut().for_each(|v| *v *= 1e-38),
+                    4 => g.iter_mut().for_each(|v| *v = (*v * 64.0).round() / 64.0),
+                    _ => {}
+                }
+            }
+            let mut xt = [[0f32; 8]; 32];
+            let mut wt = [[0f32; 8]; 32];
+            for j in 0..8 {
+                for i in 0..32 {
+                    xt[i][j] = x[32 * j + i];
+                    wt[i][j] = 0.01 + x[32 * j + i].abs();
+                }
+            }
+            for (nmax, rmin, rdelta, nstep) in [(15, -1.0, 0.1, 20), (31, -0.5, 0.1, 15)] {
+                let mut lt = [[0u8; 8]; 32];
+                let (s8, m8) = fit_scale_min8(&xt, &wt, nmax, &mut lt, rmin, rdelta, nstep);
+                for j in 0..8 {
+                    let w: Vec<f32> = (0..32).map(|i| wt[i][j]).collect();
+                    let mut l = [0u8; 32];
+                    let xs = &x[32 * j..32 * j + 32];
+                    let (s, m) = fit_scale_min(xs, &w, nmax, &mut l, rmin, rdelta, nstep, false);
+                    assert_eq!(s.to_bits(), s8[j].to_bits(), "case {case} group {j} scale");
+                    assert_eq!(m.to_bits(), m8[j].to_bits(), "case {case} group {j} min");
+                    for i in 0..32 {
+                        assert_eq!(l[i], lt[i][j], "case {case} group {j} code {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The sixteen-lane symmetric fit gives every group the scalar fit's scale bit for bit.
+    #[test]
+    fn lockstep_symmetric_fit_equals_the_scalar_fit() {
+        let mut st = 0x1234_5678_9abc_def1u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            (st >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+        };
+        for case in 0..400 {
+            let mut xt = [[0f32; 16]; 16];
+            for j in 0..16 {
+                let kind = (case + j) % 7;
+                for row in xt.iter_mut() {
+                    let v = next() * 0.05;
+                    row[j] = match kind {
+                        0 => 0.0,
+                        1 => 1e-17 * v,
+                        2 => (v * 64.0).round() / 64.0,
+                        3 => 1e-30 * v,
+                        _ => v,
+                    };
+                }
+            }
+            let got = fit_symmetric16(&xt, 32);
+            for j in 0..16 {
+                let x: Vec<f32> = xt.iter().map(|r| r[j]).collect();
+                let mut l = [0i8; 16];
+                let want = fit_symmetric(&x, 32, &mut l);
+                assert_eq!(got[j].to_bits(), want.to_bits(), "case {case} group {j}");
+            }
+        }
     }
 }

@@ -1,10 +1,12 @@
-//! AVX-512 VNNI row x column tiles for the 32-value block types (Q4_0, Q5_0, Q8_0).
+//! AVX-512 VNNI row x column tiles for the 32-value block types with Q8_0 activations (Q4_0,
+//! Q5_0, Q8_0, IQ4_NL, MXFP4).
 //!
 //! Every (row, column) result accumulates exactly as ggml's x86 kernels do (its `vec_dot` for one
 //! column and llamafile's tinyBLAS for several): eight f32 lanes, one 32-value block per step,
 //! `acc = fma(dw * da, lanes, acc)`, then ggml's eight-lane horizontal sum. So with ggml's 8-bit
 //! activations the products match llama.cpp bit for bit, and decode (one column) equals prefill.
-//! Not followed: Q4_0 weights whose row count is a multiple of 8, which llama.cpp repacks on
+//! IQ4_NL and MXFP4 take the same steps, which are not llama.cpp's for them (its x86 kernels
+//! accumulate two blocks per FMA, or repack the weights). Not followed: Q4_0 weights whose row count is a multiple of 8, which llama.cpp repacks on
 //! AVX2 and up (`gemv/gemm_q4_0_8x8_q8_0`, another float order; see `quant::repacked`).
 //!
 //! Speed comes from the layout: weight rows are decoded in pairs, once per call, into unsigned
@@ -17,7 +19,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::{f16_load, scatter_rows, tile_fits};
+use super::{decode_small_simd, f16_load, scatter_rows, tile_fits};
 use crate::quant::blocks::QK;
 use crate::quant::Tile;
 use crate::tensor::DType;
@@ -38,7 +40,7 @@ const DIRECT_ROWS: usize = 4;
 /// The value offset that makes `ty`'s weights unsigned, or `None` for other types.
 fn offset(ty: DType) -> Option<u8> {
     match ty {
-        DType::Q8_0 => Some(128),
+        DType::Q8_0 | DType::IQ4_NL | DType::MXFP4 => Some(128),
         DType::Q4_0 => Some(8),
         DType::Q5_0 => Some(16),
         _ => None,
@@ -154,11 +156,13 @@ unsafe fn decode_block(ty: DType, w: *const u8, i: usize) -> (__m256i, f32) {
     // SAFETY: block `i` readable at `w` (caller).
     unsafe {
         let wb = w.add(i * ty.type_size());
+        let flip = _mm256_set1_epi8(0x80_u8 as i8);
         let q = match ty {
-            DType::Q8_0 => _mm256_xor_si256(
-                _mm256_loadu_si256(wb.add(2) as *const __m256i),
-                _mm256_set1_epi8(0x80_u8 as i8),
-            ),
+            DType::Q8_0 => _mm256_xor_si256(_mm256_loadu_si256(wb.add(2) as *const __m256i), flip),
+            DType::IQ4_NL | DType::MXFP4 => {
+                let (d, q) = decode_small_simd(ty, wb);
+                return (_mm256_xor_si256(q, flip), d);
+            }
             DType::Q4_0 => {
                 let t = _mm_loadu_si128(wb.add(2) as *const __m128i);
                 _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4)
@@ -254,7 +258,7 @@ unsafe fn tile<const P: usize, const C: usize>(
 /// the type is matched once per call, not per block.
 ///
 /// # Safety
-/// AVX-512 VL/VNNI and F16C; `nb` blocks of `ty` (Q4_0, Q5_0 or Q8_0) readable at
+/// AVX-512 VL/VNNI and F16C; `nb` blocks of `ty` (one [`offset`] takes) readable at
 /// `w + r * wstride` for every `r < R`, `C` prepared activation rows of `nb` blocks at
 /// `a + c * astride`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -272,6 +276,8 @@ unsafe fn rows_direct<const R: usize, const C: usize>(
         match ty {
             DType::Q8_0 => rows_direct_body::<R, C>(DType::Q8_0, nb, w, wstride, a, astride),
             DType::Q4_0 => rows_direct_body::<R, C>(DType::Q4_0, nb, w, wstride, a, astride),
+            DType::IQ4_NL => rows_direct_body::<R, C>(DType::IQ4_NL, nb, w, wstride, a, astride),
+            DType::MXFP4 => rows_direct_body::<R, C>(DType::MXFP4, nb, w, wstride, a, astride),
             _ => rows_direct_body::<R, C>(DType::Q5_0, nb, w, wstride, a, astride),
         }
     }
