@@ -65,6 +65,11 @@ impl HipDevice {
         match self.never {}
     }
 
+    /// See the HIP build's `multiprocessors`.
+    pub fn multiprocessors(&self) -> usize {
+        match self.never {}
+    }
+
     /// See the HIP build's `ordinal`.
     pub fn ordinal(&self) -> i32 {
         match self.never {}

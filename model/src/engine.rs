@@ -320,7 +320,14 @@ mod gpu {
     /// The HIP backend's workspace for the optimized graph `g` of the largest batch (see
     /// [`HipDevice::workspace_for`]): with only the repeating layers on the GPU (the head's
     /// nodes on the CPU, `n_batch` activation rows crossing over) or with everything there.
-    fn workspace(model: &Model, g: &Graph, n_batch: usize, attn_dec: bool, head: bool) -> u64 {
+    fn workspace(
+        model: &Model,
+        g: &Graph,
+        n_batch: usize,
+        attn_dec: bool,
+        head: bool,
+        sms: usize,
+    ) -> u64 {
         let on_gpu = |_: &Tensor, srcs: &[&Tensor]| {
             head || srcs
                 .iter()
@@ -328,11 +335,13 @@ mod gpu {
                 .all(|s| layer_of(&s.name).is_some())
         };
         let copy_rows = if head { 0 } else { n_batch };
-        HipDevice::workspace_for(g, &on_gpu, attn_dec, copy_rows, model.config().n_embd).total()
+        HipDevice::workspace_for(g, &on_gpu, attn_dec, copy_rows, model.config().n_embd, sms)
+            .total()
     }
 
     /// What the GPU part of a session needs: weights by layer, KV rows per layer, the
-    /// planner's activation arena for the worst-case batch, and the backend's workspace for it.
+    /// planner's activation arena for the worst-case batch, and the backend's workspace for it
+    /// on a GPU of `sms` multiprocessors (0: unknown).
     fn needs(
         opts: &SessionOptions,
         model: &Model,
@@ -340,6 +349,7 @@ mod gpu {
         g: &Graph,
         n_batch: usize,
         activations: u64,
+        sms: usize,
     ) -> Needs {
         let cfg = model.config();
         let sizes = model
@@ -353,8 +363,8 @@ mod gpu {
             other_weights,
             kv_per_layer: kv.bytes(cfg).checked_div(cfg.n_layer).unwrap_or(0) as u64,
             activations,
-            workspace_layers: workspace(model, g, n_batch, opts.hip.attn_dec, false),
-            workspace_head: workspace(model, g, n_batch, opts.hip.attn_dec, true),
+            workspace_layers: workspace(model, g, n_batch, opts.hip.attn_dec, false, sms),
+            workspace_head: workspace(model, g, n_batch, opts.hip.attn_dec, true, sms),
         }
     }
 
@@ -406,7 +416,7 @@ mod gpu {
         let mut g = worst;
         optimize(&mut g, fuse, None);
         let available = hip.budget_available();
-        let fit = split_for(model, opts, kv, pool, &g, available)?;
+        let fit = split_for(model, opts, kv, pool, &g, available, hip.multiprocessors())?;
         let n_layer = model.config().n_layer;
         // Several GPUs when the flags ask for them, or when the model does not fit this one.
         let several = layer_mode
@@ -843,7 +853,8 @@ mod gpu {
     }
 
     /// The split and estimate for the optimized graph `g` of the largest batch under
-    /// `available` GPU bytes: the arithmetic of [`place`], without a device.
+    /// `available` GPU bytes on a GPU of `sms` multiprocessors (0: unknown): the arithmetic of
+    /// [`place`], without a device.
     pub(crate) fn split_for(
         model: &Model,
         opts: &SessionOptions,
@@ -851,6 +862,7 @@ mod gpu {
         pool: Option<KvPool>,
         g: &Graph,
         available: u64,
+        sms: usize,
     ) -> Result<SplitFit, ModelError> {
         let n_layer = model.config().n_layer;
         let activations = ggml_graph::plan::plan(g).peak as u64;
@@ -867,7 +879,7 @@ mod gpu {
             },
             None => *kv,
         };
-        let needs = needs(opts, model, &kv_min, g, n_batch, activations);
+        let needs = needs(opts, model, &kv_min, g, n_batch, activations, sms);
         let (ngl, reason) = match opts.n_gpu_layers {
             Some(n) => (n, format!("-ngl {n}")),
             None => {

@@ -84,7 +84,7 @@ pub fn fit(
         logits: LogitsMode::Last,
     };
     let mut g = build_forward(cfg, model.weights(), &kv, worst)?.graph;
-    let (device, available, runtime, note) = match target {
+    let (device, available, runtime, note, sms) = match target {
         FitTarget::Device => {
             // The GPU a session alone would use (`--main-gpu` among the allowed ones).
             let count = ggml_graph::hip::device_count();
@@ -102,6 +102,7 @@ pub fn fit(
                 hip.budget_available(),
                 Some(hip.runtime_bytes()),
                 None,
+                hip.multiprocessors(),
             )
         }
         FitTarget::Budget { available, note } => {
@@ -111,10 +112,11 @@ pub fn fit(
                 *available,
                 None,
                 Some(note.clone()),
+                0,
             )
         }
     };
-    let f = crate::engine::split_for(model, opts, &kv, None, &g, available)?;
+    let f = crate::engine::split_for(model, opts, &kv, None, &g, available, sms)?;
     let (split, reason, estimate) = match f.gpu {
         Some((split, reason, _, estimate)) => (split, reason, estimate),
         None => (

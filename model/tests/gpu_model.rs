@@ -36,6 +36,18 @@ const SYNTH_TOL: Bounds = Bounds {
     kld_mean: 1e-3,
 };
 
+/// Bounds for synthetic mixtures of experts with K-quant weights. The GPU's 8-bit activations
+/// are rounded per 32 values, the CPU's per 256 (Q8_K) for K-quants, and top-k routing is not
+/// continuous: where two experts' router logits nearly tie, that rounding sends a token to the
+/// other expert on one side and its logits jump (H200: qwen3moe Q4_K_M, one step of 53 at 0.25
+/// while the mean KL divergence stayed 6e-5; with Q8_0 weights, where both round per 32, 0.01).
+/// The mean KL divergence keeps its bound: a wrong expert product moves every step.
+const MOE_KQUANT_TOL: Bounds = Bounds {
+    full: 0.5,
+    top: 0.5,
+    kld_mean: 1e-3,
+};
+
 /// A folder for the files the tests write (created here: on a GPU machine the test binary runs
 /// without the build tree it was compiled in).
 fn scratch_dir() -> PathBuf {
@@ -758,18 +770,18 @@ fn synthetic_moe_on_gpu_equals_cpu() {
     if !have_gpu() {
         return;
     }
-    for (arch, ftype) in [
-        ("qwen3moe", "q8_0"),
-        ("qwen3moe", "q4_k_m"),
-        ("mixtral", "q4_k_m"),
-        ("gpt-oss", "q8_0"),
+    for (arch, ftype, tol) in [
+        ("qwen3moe", "q8_0", SYNTH_TOL),
+        ("qwen3moe", "q4_k_m", MOE_KQUANT_TOL),
+        ("mixtral", "q4_k_m", MOE_KQUANT_TOL),
+        ("gpt-oss", "q8_0", SYNTH_TOL),
     ] {
         let m = synth_moe(arch, ftype);
         let name = format!("{arch} {ftype}");
         let prompt = long_prompt(&m, 40);
         assert_all_nodes_on_gpu(&name, &m, &prompt);
-        let _ = check_model(&name, &m, &prompt, SYNTH_TOL);
-        let _ = check_model(&format!("{name} short"), &m, &synth_prompt(&m), SYNTH_TOL);
+        let _ = check_model(&name, &m, &prompt, tol);
+        let _ = check_model(&format!("{name} short"), &m, &synth_prompt(&m), tol);
     }
 }
 

@@ -127,6 +127,28 @@ struct Inner {
 /// Device bytes the runtime holds for this process before it allocates anything itself, by
 /// ordinal, measured when the process first opens the device (a later open would see this
 /// process's own allocations too).
+/// One small f16 product through the BLAS handle, waited for: the library allocates its
+/// workspace at its first product (cuBLAS), which the runtime's share must include.
+fn warm_blas(dev: &gpu_mem::Device, sb: &gpu_mem::StreamBlas) -> gpu_mem::Result<()> {
+    const N: usize = 64;
+    let a = DeviceBuffer::<half::f16>::new(dev, N * N, "blas warm-up")?;
+    let b = DeviceBuffer::<half::f16>::new(dev, N * N, "blas warm-up")?;
+    let mut c = DeviceBuffer::<f32>::new(dev, N * N, "blas warm-up")?;
+    let shape = gpu_mem::GemmShape {
+        trans_a: gpu_mem::Op::T,
+        trans_b: gpu_mem::Op::N,
+        m: N,
+        n: N,
+        k: N,
+        lda: N,
+        ldb: N,
+        ldc: N,
+    };
+    sb.blas()
+        .gemm_ex(&shape, 1.0, &a.view(), &b.view(), 0.0, &mut c.view_mut())?;
+    sb.stream().synchronize()
+}
+
 fn runtime_bytes_of(dev: &gpu_mem::Device) -> u64 {
     static SEEN: std::sync::OnceLock<Mutex<HashMap<i32, u64>>> = std::sync::OnceLock::new();
     let mut seen = SEEN.get_or_init(|| Mutex::new(HashMap::new())).lock();
@@ -235,6 +257,9 @@ impl HipDevice {
                 }
                 Err(e) => tracing::debug!("hip backend: module {m:?} not loaded at open: {e}"),
             }
+        }
+        if let Err(e) = warm_blas(&dev, &sb) {
+            tracing::debug!("hip backend: BLAS warm-up product failed: {e}");
         }
         let runtime = runtime_bytes_of(&dev);
         let inner = Arc::new(Inner {
@@ -406,6 +431,12 @@ impl HipDevice {
     /// what `nvidia-smi` / `rocm-smi` count for the process beyond [`HipDevice::allocated_bytes`].
     pub fn runtime_bytes(&self) -> u64 {
         self.inner.runtime
+    }
+
+    /// The device's multiprocessors (compute units), which set how the tile products split
+    /// (and so their workspace, [`HipDevice::workspace_for`]).
+    pub fn multiprocessors(&self) -> usize {
+        usize::try_from(self.inner.dev.info().compute_units).unwrap_or(0)
     }
 
     /// Device bytes allocated now (every tracked allocation).

@@ -102,7 +102,7 @@ fn queued_small_writes_then_one_read_see_every_write_in_order() {
 
 /// The pinned read buffer starts small, grows to fit a larger read (to a power of two), reads
 /// past its largest size go through it in chunks, and it never shrinks; reads of weight-arena
-/// slots (sub-allocations of one arena) come back exact.
+/// slots (sub-allocations of one arena) come back exact, and writes to them land.
 #[test]
 fn reads_grow_the_pinned_buffer_chunk_large_reads_and_stage_arena_slots() {
     let Some(h) = hip() else { return };
@@ -154,7 +154,12 @@ fn reads_grow_the_pinned_buffer_chunk_large_reads_and_stage_arena_slots() {
             slot.read(7, &mut mid).expect("slot part");
             assert_eq!(mid, data[7..data.len() - 3], "slot {t} part");
         }
-        assert!(slot.write(0, &data[..1]).is_err(), "slots are upload-only");
+        // Slots take writes too (a KV cache's layers are slots of one arena).
+        let flipped = [!data[0]];
+        slot.write(0, &flipped).expect("slot write");
+        let mut first = [0u8; 1];
+        slot.read(0, &mut first).expect("slot read after write");
+        assert_eq!(first, flipped, "slot {t} after a write");
     }
 }
 

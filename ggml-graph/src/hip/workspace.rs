@@ -30,6 +30,11 @@ const MMQ_MIN_COLS: usize = 8;
 const MMQ_MAX_COLS: usize = 64;
 /// Most shares a tile product splits its steps into (`kernels::MMQ_MAX_SPLITS`).
 const MMQ_MAX_SPLITS: usize = 8;
+/// Weight rows per tile, steps' width and resident tiles per multiprocessor by tile width
+/// (`kernels::{MMQ_ROWS, MMQ_STEP, MMQ_BLOCKS_PER_SM}`), for the split rule of `kernels::MmqPlan`.
+const MMQ_ROWS: usize = 64;
+const MMQ_STEP: usize = 256;
+const MMQ_BLOCKS_PER_SM: [(usize, usize); 3] = [(16, 4), (32, 4), (64, 2)];
 /// Alignment of the areas inside the scratch (`ops::ALIGN`).
 const ALIGN: usize = 256;
 /// Attention (`attn.rs`): single-token key splits, the GEMM prefill and its chunking.
@@ -48,6 +53,14 @@ const _: () = {
     assert!(MMQ_MAX_COLS == super::ops::MMQ_MMA_MAX_COLS);
     assert!(MMQ_MAX_COLS >= super::ops::MMQ_MAX_COLS);
     assert!(MMQ_MAX_SPLITS == kernels::MMQ_MAX_SPLITS);
+    assert!(MMQ_ROWS == kernels::MMQ_ROWS);
+    assert!(MMQ_STEP == kernels::MMQ_STEP);
+    assert!(MMQ_BLOCKS_PER_SM[0].0 == kernels::MMQ_BLOCKS_PER_SM[0].0);
+    assert!(MMQ_BLOCKS_PER_SM[0].1 == kernels::MMQ_BLOCKS_PER_SM[0].1);
+    assert!(MMQ_BLOCKS_PER_SM[1].0 == kernels::MMQ_BLOCKS_PER_SM[1].0);
+    assert!(MMQ_BLOCKS_PER_SM[1].1 == kernels::MMQ_BLOCKS_PER_SM[1].1);
+    assert!(MMQ_BLOCKS_PER_SM[2].0 == kernels::MMQ_BLOCKS_PER_SM[2].0);
+    assert!(MMQ_BLOCKS_PER_SM[2].1 == kernels::MMQ_BLOCKS_PER_SM[2].1);
     assert!(ALIGN == super::ops::ALIGN);
     assert!(ATTN_DEC_MAX_KV == kernels::ATTN_DEC_MAX_KV);
     assert!(SPLIT_K_FROM == super::attn::SPLIT_K_FROM);
@@ -89,8 +102,43 @@ impl Workspace {
     }
 }
 
-/// Scratch and Q8_1 bytes one node asks for, as its launch does.
-fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool) -> (usize, usize) {
+/// f32 partial sums a tile product of `mats` matrices of `n` rows over `m` vectors of `k` values
+/// writes on a device of `sms` multiprocessors, by `kernels::MmqPlan`'s rule (0 multiprocessors:
+/// unknown, the most splits).
+fn mmq_partials(n: usize, m: usize, k: usize, mats: usize, sms: usize) -> usize {
+    let splits = if sms == 0 {
+        MMQ_MAX_SPLITS
+    } else {
+        let nt = match m {
+            0..=16 => 16,
+            17..=32 => 32,
+            _ => 64,
+        };
+        let tiles = m.div_ceil(nt).max(1) * n.div_ceil(MMQ_ROWS).max(1) * mats;
+        let per_sm = MMQ_BLOCKS_PER_SM
+            .iter()
+            .find(|&&(w, _)| w == nt)
+            .map_or(1, |&(_, b)| b);
+        let target = per_sm * sms;
+        if tiles >= target {
+            1
+        } else {
+            target
+                .div_ceil(tiles)
+                .min((k.div_ceil(MMQ_STEP) / 2).max(1))
+                .min(MMQ_MAX_SPLITS)
+        }
+    };
+    if mats > 1 || splits > 1 {
+        mats * splits * m * n
+    } else {
+        0
+    }
+}
+
+/// Scratch and Q8_1 bytes one node asks for, as its launch does on a device of `sms`
+/// multiprocessors (0: unknown).
+fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool, sms: usize) -> (usize, usize) {
     match (&t.op, srcs) {
         (Op::MulMat | Op::MulMatAdd, [w, x, ..]) | (Op::MulMatGated(_), [w, _, x]) => {
             let (k, n, m) = (w.ne[0], w.ne[1], x.nrows());
@@ -104,10 +152,8 @@ fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool) -> (usize, usize) {
                 0
             };
             if mmq {
-                // At most every split of both matrices writes its partial sums (the plan
-                // depends on the device's multiprocessors; this is its bound).
                 let mats = if gated { 2 } else { 1 };
-                return (mats * MMQ_MAX_SPLITS * m * n * 4, q8);
+                return (mmq_partials(n, m, k, mats, sms) * 4, q8);
             }
             if m <= MATVEC_MAX_COLS || w.dtype == DType::F32 {
                 return (0, q8);
@@ -162,13 +208,16 @@ impl HipDevice {
     /// weights, KV cache and the planned arena, counting the nodes `on_device` accepts: the
     /// scratch and Q8_1 buffers its launches ask for, `copy_rows` rows of `row_width` f32
     /// values crossing devices (zero when nothing does), and small headroom. `attn_dec`: the
-    /// one-launch decode attention is on ([`crate::HipOptions::attn_dec`]).
+    /// one-launch decode attention is on ([`crate::HipOptions::attn_dec`]). `sms`: the
+    /// device's multiprocessors ([`HipDevice::multiprocessors`]; 0 when planning without a
+    /// device, which counts the most a tile product may split into).
     pub fn workspace_for(
         graph: &Graph,
         on_device: &dyn Fn(&Tensor, &[&Tensor]) -> bool,
         attn_dec: bool,
         copy_rows: usize,
         row_width: usize,
+        sms: usize,
     ) -> Workspace {
         let nodes = graph.tensors();
         let needed = needed_nodes(graph);
@@ -181,7 +230,7 @@ impl HipDevice {
             if !on_device(t, &srcs) {
                 continue;
             }
-            let (s, q) = node_needs(t, &srcs, attn_dec);
+            let (s, q) = node_needs(t, &srcs, attn_dec, sms);
             scratch = scratch.max(s);
             q8 = q8.max(q);
         }
@@ -266,12 +315,12 @@ mod tests {
         let (mut g, ff) = graph(512, 1);
         let all = |_: &Tensor, _: &[&Tensor]| true;
         // Unfused gate: the plain product's f16 copies only (x 4 MiB + w 112 MiB -> 128 MiB).
-        let w = HipDevice::workspace_for(&g, &all, true, 0, 4096);
+        let w = HipDevice::workspace_for(&g, &all, true, 0, 4096, 0);
         let need = align(512 * 4096 * 2) + ff * 4096 * 2;
         assert!(need > 64 << 20 && need <= 128 << 20);
         assert_eq!(w.scratch, 128 << 20);
         crate::opt::optimize(&mut g);
-        let w = HipDevice::workspace_for(&g, &all, true, 0, 4096);
+        let w = HipDevice::workspace_for(&g, &all, true, 0, 4096, 0);
         assert_eq!(w.scratch, 256 << 20);
         // GEMM products quantize nothing; the 1-column head's Q8_1 vector fits the minimum.
         assert!(q8_1_vector_bytes(4096) < MIN_Q8 as usize);
@@ -280,12 +329,12 @@ mod tests {
         assert_eq!(w.total(), (256 << 20) + MIN_Q8 + SLACK);
         // Decode (one column): no scratch beyond the minimum, the Q8_1 vector of the widest k.
         let (g1, _) = graph(1, 1);
-        let w1 = HipDevice::workspace_for(&g1, &all, true, 0, 4096);
+        let w1 = HipDevice::workspace_for(&g1, &all, true, 0, 4096, 0);
         assert_eq!(w1.scratch, MIN_SCRATCH);
         assert_eq!(w1.q8, MIN_Q8);
         // Nodes off the device count nothing; copies count 8 bytes per crossing value.
         let none = |_: &Tensor, _: &[&Tensor]| false;
-        let w0 = HipDevice::workspace_for(&g, &none, true, 512, 4096);
+        let w0 = HipDevice::workspace_for(&g, &none, true, 512, 4096, 0);
         assert_eq!((w0.scratch, w0.q8), (MIN_SCRATCH, MIN_Q8));
         assert_eq!(w0.copies, 512 * 4096 * 8);
     }
