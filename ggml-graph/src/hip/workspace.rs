@@ -339,6 +339,27 @@ mod tests {
         assert_eq!(w0.copies, 512 * 4096 * 8);
     }
 
+    /// The tile products' partial sums are what the kernels' plan launches, for devices of
+    /// several sizes (0 multiprocessors: the bound of the most splits).
+    #[cfg(feature = "hip")]
+    #[test]
+    fn tile_partials_follow_the_kernels_plan() {
+        for (n, m, k, mats) in [(5632, 64, 2048, 2), (4096, 8, 4096, 1), (512, 17, 512, 1)] {
+            for sms in [1, 40, 132, 304] {
+                let plan = kernels::MmqPlan::new(n, m, k, mats, sms);
+                assert_eq!(
+                    mmq_partials(n, m, k, mats, sms),
+                    plan.partial_values(n, m),
+                    "{n}x{k} by {m}, {mats} matrices, {sms} multiprocessors"
+                );
+            }
+            assert_eq!(
+                mmq_partials(n, m, k, mats, 0),
+                mats * MMQ_MAX_SPLITS * m * n
+            );
+        }
+    }
+
     #[test]
     fn attention_partials_and_gemm_scratch() {
         let input = Op::Leaf(Leaf::Input);
@@ -353,11 +374,11 @@ mod tests {
         };
         let t = tensor(DType::F32, [128, 32, 1, 1], Op::Attention(p));
         // Past the decode kernel's 4096 keys: 32 splits of partials.
-        assert_eq!(node_needs(&t, &[&q, &k], true).0, 32 * 32 * 130 * 4);
+        assert_eq!(node_needs(&t, &[&q, &k], true, 0).0, 32 * 32 * 130 * 4);
         // Prefill of 512 tokens over 8192 f16 keys: the GEMM path's chunked scratch.
         let q = tensor(DType::F32, [128, 32, 512, 1], input);
         let chunk = (64usize << 20) / (8 * 8192 * 6);
         let want = align(512 * 32 * 128 * 2) + align(8 * chunk * 8192 * 4) + 8 * chunk * 8192 * 2;
-        assert_eq!(node_needs(&t, &[&q, &k], true).0, want);
+        assert_eq!(node_needs(&t, &[&q, &k], true, 0).0, want);
     }
 }
