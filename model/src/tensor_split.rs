@@ -401,16 +401,7 @@ mod tests {
         steps: &[&[u32]],
     ) -> Vec<Vec<f32>> {
         use crate::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode};
-        use ggml_graph::backend::{CpuDevice, Device};
-        let cpu = Arc::new(ggml_graph::CpuBackend::new(2).unwrap());
-        let devices: Vec<Arc<dyn Device>> = (0..n_dev)
-            .map(|_| Arc::new(CpuDevice::new(cpu.clone())) as Arc<dyn Device>)
-            .collect();
-        let mut sched = ggml_graph::Scheduler::new(devices).unwrap();
-        for (name, dtype, dims, bytes) in views {
-            sched.bind_weight(&name, dtype, &dims, bytes).unwrap();
-        }
-        sched.set_placement(rule);
+        let mut sched = cpu_scheduler(views, n_dev, rule);
         let kv = KvCacheSpec {
             dtype: KvType::F32,
             n_ctx: 64,
@@ -462,15 +453,13 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
-    /// Logits of two sequences through `model`'s paged plans (a prompt pass of both, then one
-    /// decode step of each), run by a scheduler over `n_dev` CPU devices placed by `rule`.
-    fn run_paged_on(
-        model: &Model,
+    /// A scheduler over `n_dev` CPU devices sharing one thread pool, with `views` bound and
+    /// placed by `rule`.
+    fn cpu_scheduler(
         views: Vec<WeightView>,
         n_dev: usize,
         rule: ggml_graph::sched::PlacementRule,
-    ) -> Vec<Vec<f32>> {
-        use crate::arch::{build_paged_forward, KvType, PagedBatch, PagedKvSpec};
+    ) -> ggml_graph::Scheduler {
         use ggml_graph::backend::{CpuDevice, Device};
         let cpu = Arc::new(ggml_graph::CpuBackend::new(2).unwrap());
         let devices: Vec<Arc<dyn Device>> = (0..n_dev)
@@ -481,6 +470,19 @@ mod tests {
             sched.bind_weight(&name, dtype, &dims, bytes).unwrap();
         }
         sched.set_placement(rule);
+        sched
+    }
+
+    /// Logits of two sequences through `model`'s paged plans (a prompt pass of both, then one
+    /// decode step of each), run by a scheduler over `n_dev` CPU devices placed by `rule`.
+    fn run_paged_on(
+        model: &Model,
+        views: Vec<WeightView>,
+        n_dev: usize,
+        rule: ggml_graph::sched::PlacementRule,
+    ) -> Vec<Vec<f32>> {
+        use crate::arch::{build_paged_forward, KvType, PagedBatch, PagedKvSpec};
+        let mut sched = cpu_scheduler(views, n_dev, rule);
         let spec = PagedKvSpec {
             dtype: KvType::F32,
             n_blocks: 4,
