@@ -10,11 +10,15 @@
 #   scripts/check_estimates.sh MODEL.gguf [MODEL.gguf ...]
 #
 # Environment: ROCMFORGE (default target/release/rocmforge), CTXS (default "4096 8192"), CAPS
-# (default "none 2G 3G 6G"). Prints one row per run and exits 1 if any check fails.
+# (default "none 2G 3G 6G"), GPUS (default 0: the GPUs the runs may use, as CUDA/HIP visible
+# devices; with several, `--device auto` splits layers over them, the cap is per GPU and the peak
+# is the largest of theirs). Prints one row per run and exits 1 if any check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 rf=${ROCMFORGE:-target/release/rocmforge}
+gpus=${GPUS:-0}
+export CUDA_VISIBLE_DEVICES=$gpus HIP_VISIBLE_DEVICES=$gpus
 ctxs=${CTXS:-4096 8192}
 caps=${CAPS:-none 2G 3G 6G}
 [ $# -ge 1 ] || { sed -n 2,13p "$0"; exit 2; }
@@ -25,7 +29,8 @@ trap 'rm -rf "$work"' EXIT
 # About 700 tokens with any vocabulary: longer than the default batch of 512.
 for _ in $(seq 1 100); do printf 'the quick brown fox jumps over the lazy dog. '; done > "$work/prompt.txt"
 
-used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+# "index, MiB" per visible GPU.
+used() { nvidia-smi -i "$gpus" --query-gpu=index,memory.used --format=csv,noheader,nounits; }
 to_mib() {
   case "$1" in
     *G) echo $(( ${1%G} * 1024 )) ;;
@@ -37,15 +42,17 @@ to_mib() {
 # use before) in $peak.
 run() {
   local base sp
-  base=$(used)
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 50 > "$work/smi" 2>/dev/null &
+  used > "$work/base"
+  nvidia-smi -i "$gpus" --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 50 > "$work/smi" 2>/dev/null &
   sp=$!
   timeout 300 "$rf" generate --device auto -f "$work/prompt.txt" -n 4 --temp 0 "$@" \
     > /dev/null 2> "$work/log"
   local rc=$?
   sleep 0.2
   kill "$sp" 2>/dev/null; wait "$sp" 2>/dev/null
-  peak=$(( $(sort -n "$work/smi" | tail -1) - base ))
+  # Per GPU: the largest use seen less the use before; then the largest of the GPUs.
+  peak=$(awk -F', *' 'NR == FNR { base[$1] = $2; next } { d = $2 - base[$1]; if (d > m) m = d } END { print m + 0 }' \
+    "$work/base" "$work/smi")
   return $rc
 }
 

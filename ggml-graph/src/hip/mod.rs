@@ -124,9 +124,6 @@ struct Inner {
     runtime: u64,
 }
 
-/// Device bytes the runtime holds for this process before it allocates anything itself, by
-/// ordinal, measured when the process first opens the device (a later open would see this
-/// process's own allocations too).
 /// One small f16 product through the BLAS handle, waited for: the library allocates its
 /// workspace at its first product (cuBLAS), which the runtime's share must include.
 fn warm_blas(dev: &gpu_mem::Device, sb: &gpu_mem::StreamBlas) -> gpu_mem::Result<()> {
@@ -149,10 +146,17 @@ fn warm_blas(dev: &gpu_mem::Device, sb: &gpu_mem::StreamBlas) -> gpu_mem::Result
     sb.stream().synchronize()
 }
 
-fn runtime_bytes_of(dev: &gpu_mem::Device) -> u64 {
+/// Device bytes the runtime holds for this process before it allocates anything itself, by
+/// ordinal, measured when the process first opens the device (a later open would see this
+/// process's own allocations too).
+///
+/// `warm` runs first, only at that first open: later opens of the device skip its work (the
+/// library handles of later opens then allocate at their first use, as any run does).
+fn runtime_bytes_of(dev: &gpu_mem::Device, warm: impl FnOnce()) -> u64 {
     static SEEN: std::sync::OnceLock<Mutex<HashMap<i32, u64>>> = std::sync::OnceLock::new();
     let mut seen = SEEN.get_or_init(|| Mutex::new(HashMap::new())).lock();
     *seen.entry(dev.ordinal()).or_insert_with(|| {
+        warm();
         // The context exists (the device is open) and the BLAS handle too: what the card has
         // in use beyond our own tracked allocations is theirs (and other processes', which a
         // dedicated card has none of).
@@ -258,10 +262,11 @@ impl HipDevice {
                 Err(e) => tracing::debug!("hip backend: module {m:?} not loaded at open: {e}"),
             }
         }
-        if let Err(e) = warm_blas(&dev, &sb) {
-            tracing::debug!("hip backend: BLAS warm-up product failed: {e}");
-        }
-        let runtime = runtime_bytes_of(&dev);
+        let runtime = runtime_bytes_of(&dev, || {
+            if let Err(e) = warm_blas(&dev, &sb) {
+                tracing::debug!("hip backend: BLAS warm-up product failed: {e}");
+            }
+        });
         let inner = Arc::new(Inner {
             runtime,
             dev,
