@@ -460,14 +460,16 @@ fn fit(a: &FitArgs) -> Result<(), ModelError> {
             // The run's budget from a card's free memory, under the limit when given.
             let budget = gpu_mem::BudgetConfig::inference().limit_for(total);
             let available = opts.gpu_mem_limit.map_or(budget, |l| budget.min(l));
+            let cfg = gpu_mem::BudgetConfig::inference();
             crate::fit::FitTarget::Budget {
                 available,
                 note: format!(
-                    "{} of a {} card{}",
-                    crate::placement::mib(available),
+                    "a {} card: {:.0}% of it less {} kept back{}",
                     crate::placement::mib(total),
+                    cfg.fraction * 100.0,
+                    crate::placement::mib(cfg.reserve_bytes),
                     if opts.gpu_mem_limit.is_some() {
-                        ", --gpu-mem-limit"
+                        ", under --gpu-mem-limit"
                     } else {
                         ""
                     }
