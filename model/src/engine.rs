@@ -267,6 +267,10 @@ mod gpu {
             gpu_nodes,
             cpu_nodes,
             copies: sched.copies_made(),
+            runtime: (
+                gpus.iter().map(|h| h.runtime_bytes()).sum(),
+                gpus.iter().map(|h| h.runtime_bytes_now()).sum(),
+            ),
         }
     }
 

@@ -354,6 +354,9 @@ pub struct DeviceMemory {
     pub cpu_nodes: usize,
     /// Tensors copied between the devices so far.
     pub copies: usize,
+    /// The runtime's share of the GPUs (context, library handles) as measured at open, and as
+    /// it stands now (`None` where the driver cannot say).
+    pub runtime: (u64, Option<u64>),
 }
 
 impl fmt::Display for DeviceMemory {
@@ -373,7 +376,12 @@ impl fmt::Display for DeviceMemory {
             f,
             "; last pass: {} nodes on the GPU, {} on the CPU; {} cross-device copies so far",
             self.gpu_nodes, self.cpu_nodes, self.copies
-        )
+        )?;
+        write!(f, "; runtime share {} at open", mib(self.runtime.0))?;
+        if let Some(now) = self.runtime.1 {
+            write!(f, ", {} now", mib(now))?;
+        }
+        Ok(())
     }
 }
 

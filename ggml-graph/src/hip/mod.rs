@@ -438,6 +438,19 @@ impl HipDevice {
         self.inner.runtime
     }
 
+    /// What the card has in use now beyond this device's tracked allocations (the runtime's
+    /// share as it stands, plus other processes' and other `HipDevice`s' of this ordinal):
+    /// beside [`HipDevice::runtime_bytes`], whether the runtime grew after the open. `None`
+    /// when the driver cannot say.
+    pub fn runtime_bytes_now(&self) -> Option<u64> {
+        let (free, total) = self.inner.dev.api().mem_get_info().ok()?;
+        Some(
+            total
+                .saturating_sub(free)
+                .saturating_sub(self.allocated_bytes()),
+        )
+    }
+
     /// The device's multiprocessors (compute units), which set how the tile products split
     /// (and so their workspace, [`HipDevice::workspace_for`]).
     pub fn multiprocessors(&self) -> usize {
