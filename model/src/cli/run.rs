@@ -215,6 +215,9 @@ pub(super) fn generate(a: &GenArgs) -> Result<(), ModelError> {
     stdout_write("\n");
     if a.stats {
         print_stats(&g);
+        if let Some(m) = session.device_memory() {
+            eprintln!("[at the end: {m}]");
+        }
     }
     Ok(())
 }
