@@ -154,6 +154,7 @@ pub fn tiled(simd: Simd, ty: DType) -> bool {
                 | DType::Q4_K
                 | DType::Q5_K
                 | DType::Q6_K
+                | DType::IQ4_XS
         )
 }
 
@@ -209,12 +210,13 @@ pub fn repacked(ty: DType, ne: [usize; 4]) -> bool {
 
 /// True when the x86 tile kernels sum column `i` of a product of `ty` weights with `cols`
 /// activation columns in their batched order, as llama.cpp does: Q4_K weights it repacks in
-/// whole groups of four columns (repacked gemm; the rest as mat-vec), the other K-quants from
-/// 8 columns on (tiled; fewer: `vec_dot`). The other types sum every column alike.
+/// whole groups of four columns (repacked gemm; the rest as mat-vec), the other K-quants and
+/// IQ4_XS from 8 columns on (its tiled K-quant matmul; fewer: `vec_dot`). The other types sum
+/// every column alike.
 pub fn batched_order(ty: DType, repacked: bool, cols: usize, i: usize) -> bool {
     match ty {
         DType::Q4_K if repacked => i < cols - cols % 4,
-        DType::Q4_K | DType::Q5_K | DType::Q6_K => cols >= 8,
+        DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => cols >= 8,
         _ => false,
     }
 }
