@@ -162,7 +162,8 @@ fn one_column_and_several_columns_agree_bit_for_bit() {
     }
 }
 
-/// The tile kernels (AVX-512 VNNI; Q4_0/Q5_0/Q8_0, IQ4_NL, MXFP4, Q4_K/Q5_K/Q6_K and IQ4_XS):
+/// The tile kernels (AVX-512 VNNI; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, IQ4_NL, MXFP4, Q4_K/Q5_K/Q6_K and
+/// IQ4_XS):
 /// activations quantized for the tiles (for the 32-value types in one SIMD pass) give bit for bit
 /// what the scalar quantizer plus the one-row entry point give, for every tile shape (1 to 9
 /// rows, 1 to 9 columns) and odd block counts. Except the columns that take llama.cpp's batched
@@ -178,7 +179,9 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
     let mut rng = Rng::new(9);
     for ty in [
         DType::Q4_0,
+        DType::Q4_1,
         DType::Q5_0,
+        DType::Q5_1,
         DType::Q8_0,
         DType::IQ4_NL,
         DType::MXFP4,

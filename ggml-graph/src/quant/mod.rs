@@ -147,7 +147,9 @@ pub fn tiled(simd: Simd, ty: DType) -> bool {
         && matches!(
             ty,
             DType::Q4_0
+                | DType::Q4_1
                 | DType::Q5_0
+                | DType::Q5_1
                 | DType::Q8_0
                 | DType::IQ4_NL
                 | DType::MXFP4
@@ -162,7 +164,13 @@ pub fn tiled(simd: Simd, ty: DType) -> bool {
 fn prepared(ty: DType) -> bool {
     matches!(
         ty,
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::MXFP4
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::IQ4_NL
+            | DType::MXFP4
     )
 }
 
@@ -175,8 +183,9 @@ pub fn tiled_act_bytes(ty: DType, n: usize) -> usize {
     }
 }
 
-/// Quantizes `x` for [`dot_tile`] with weights of type `ty`: Q8_K blocks for the K-quants; for the
-/// 32-value types Q8_0 values laid out for the tiles (the same values [`quantize_act`] gives).
+/// Quantizes `x` for [`dot_tile`] with weights of type `ty`: Q8_K blocks for the K-quants and
+/// IQ4_XS; for the 32-value types Q8_0 (Q4_1/Q5_1: Q8_1) values laid out for the tiles (the same
+/// values [`quantize_act`] gives).
 /// False when `ty` has no tile kernel on this CPU.
 pub fn quantize_act_tiled(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
     if !tiled(detected(), ty) {
