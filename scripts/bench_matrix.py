@@ -11,6 +11,13 @@ bandwidth limit rocmforge reports.
     scripts/bench_matrix.py                          # CPU, 7-8B shapes, every type (slow)
     scripts/bench_matrix.py --preset tiny -t 2 -p 64 -n 16 -r 2    # CPU smoke run
     scripts/bench_matrix.py --gpu --rocmforge ./rocmforge --llama-bench /tmp/llama/build/bin/llama-bench
+    scripts/bench_matrix.py --rounds 3 --compare /tmp/rocmforge-main ...   # before/after, noisy CPU
+
+With --rounds K the engines run in turn K times per file (llama.cpp, rocmforge, and the
+--compare build when given), each time with the -r repetitions; the table gives each engine's
+median over the rounds and the median of the per-round ratios, so a load change hits both sides
+of a ratio alike. --compare adds a second rocmforge build's figures and ratios (before/after in
+the same run).
 
 On the GPU llama-bench runs with `-ngl 99 -fa 1` and rocmforge with `--device gpu --bandwidth`;
 on the CPU with their defaults and `--device cpu`. Python 3 standard library only.
@@ -72,6 +79,10 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--llama-args", default="", help="extra llama-bench arguments")
     ap.add_argument("--rocmforge-args", default="", help="extra rocmforge bench arguments")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the engines in turn this many times per file; medians (noisy machines)")
+    ap.add_argument("--compare", default=None,
+                    help="a second rocmforge CLI (e.g. the previous build) measured in the same rounds")
     ap.add_argument("--json", help="also write the results here")
     return ap.parse_args()
 
@@ -164,6 +175,45 @@ def rocmforge_bench(args, rf, path):
     return res
 
 
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def measure(args, rf, path):
+    """Runs every engine `args.rounds` times in turn on `path`; returns (per-engine results with
+    median t/s, per-round ratio medians)."""
+    engines = [("llama", lambda: llama_bench(args, path)),
+               ("rocmforge", lambda: rocmforge_bench(args, rf, path))]
+    if args.compare:
+        engines.append(("compare", lambda: rocmforge_bench(args, args.compare, path)))
+    runs = {name: [] for name, _ in engines}
+    for _ in range(max(args.rounds, 1)):
+        for name, fn in engines:
+            runs[name].append(fn())
+    out = {}
+    for name, rs in runs.items():
+        res = {}
+        for key in ("pp", "tg", "bw"):
+            v = median([r.get(key) for r in rs])
+            if v is not None:
+                res[key] = v
+        errs = [r["error"] for r in rs if r.get("error")]
+        if errs:
+            res["error"] = errs[0]
+        out[name] = res
+    ratios = {}
+    for key in ("pp", "tg"):
+        for num, den in (("rocmforge", "llama"), ("rocmforge", "compare"), ("compare", "llama")):
+            if num in runs and den in runs:
+                ratios[f"{key} {num}/{den}"] = median(
+                    [ratio(a.get(key), b.get(key)) for a, b in zip(runs[num], runs[den])])
+    return out, ratios
+
+
 def fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
@@ -178,24 +228,36 @@ def ratio(a, b):
     return None if a is None or not b else a / b
 
 
-def table(rows, gpu):
+def table(rows, gpu, compare):
     head = ["family", "type", "size", "pp llama.cpp", "pp rocmforge", "pp ratio",
             "tg llama.cpp", "tg rocmforge", "tg ratio"]
+    if compare:
+        head += ["pp compare", "pp ratio (compare)", "tg compare", "tg ratio (compare)"]
     if gpu:
         head.append("tg bandwidth share")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     notes = []
     for r in rows:
-        lb, rb = r["llama"], r["rocmforge"]
+        lb, rb, cb = r["llama"], r["rocmforge"], r.get("compare", {})
+        rat = r.get("ratios", {})
+
+        def rt(key, num, a, b):
+            # The median of per-round ratios when rounds ran, else the ratio of the figures.
+            v = rat.get(f"{key} {num}/llama")
+            return fmt(v if v is not None else ratio(a.get(key), b.get(key)), ".2f")
+
         cells = [r["family"] + (f" ({r['preset']})" if r["preset"] else ""), r["type"],
                  size(r["size"]),
-                 fmt(lb.get("pp")), fmt(rb.get("pp")), fmt(ratio(rb.get("pp"), lb.get("pp")), ".2f"),
-                 fmt(lb.get("tg")), fmt(rb.get("tg")), fmt(ratio(rb.get("tg"), lb.get("tg")), ".2f")]
+                 fmt(lb.get("pp")), fmt(rb.get("pp")), rt("pp", "rocmforge", rb, lb),
+                 fmt(lb.get("tg")), fmt(rb.get("tg")), rt("tg", "rocmforge", rb, lb)]
+        if compare:
+            cells += [fmt(cb.get("pp")), rt("pp", "compare", cb, lb),
+                      fmt(cb.get("tg")), rt("tg", "compare", cb, lb)]
         if gpu:
             cells.append(fmt(rb.get("bw")) + ("%" if rb.get("bw") is not None else ""))
         lines.append("| " + " | ".join(cells) + " |")
         for who, res in (("synth", r.get("synth_error") and {"error": r["synth_error"]} or {}),
-                         ("llama.cpp", lb), ("rocmforge", rb)):
+                         ("llama.cpp", lb), ("rocmforge", rb), ("compare", cb)):
             if res.get("error"):
                 notes.append(f"{r['family']} {r['type']}: {who}: {res['error']}")
     return "\n".join(lines + ([""] + notes if notes else []))
@@ -223,8 +285,8 @@ def main():
                 row["synth_error"] = err
             else:
                 row["size"] = os.path.getsize(path)
-                row["llama"] = llama_bench(args, path)
-                row["rocmforge"] = rocmforge_bench(args, rf, path)
+                res, row["ratios"] = measure(args, rf, path)
+                row.update(res)
                 if not existed and not args.keep:
                     os.remove(path)
             rows.append(row)
@@ -233,8 +295,10 @@ def main():
                   f"tg {fmt(lb.get('tg'))} / {fmt(rb.get('tg'))} t/s (llama.cpp / rocmforge), "
                   f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     print(f"-p {args.n_prompt} -n {args.n_gen} -r {args.reps} -t {args.threads}, "
-          f"{'GPU' if args.gpu else 'CPU'}; t/s; ratio = rocmforge / llama.cpp")
-    print(table(rows, args.gpu))
+          f"{'GPU' if args.gpu else 'CPU'}; t/s; ratio = rocmforge / llama.cpp"
+          + (f"; medians of {args.rounds} rounds" if args.rounds > 1 else "")
+          + (f"; compare = {args.compare}" if args.compare else ""))
+    print(table(rows, args.gpu, args.compare))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

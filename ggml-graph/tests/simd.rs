@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use rocmforge_ggml_graph::quant::{
     act_type, detected, dot_float, dot_tile, quantize_act, quantize_act_portable,
-    quantize_act_tiled, tiled, tiled_act_bytes, vec_dot, vec_dot_cols, Simd, Tile,
+    quantize_act_tiled, tiled, tiled_act_bytes, vec_dot, vec_dot_cols, Simd, Tile, Q8K_BYTES,
 };
 use rocmforge_ggml_graph::DType;
 
@@ -162,11 +162,13 @@ fn one_column_and_several_columns_agree_bit_for_bit() {
     }
 }
 
-/// The tile kernels (AVX-512 VNNI; Q4_0/Q5_0/Q8_0 and Q4_K/Q5_K/Q6_K): activations quantized for
-/// the tiles (for the 32-value types in one SIMD pass) give bit for bit what the scalar quantizer
-/// plus the one-row entry point give, for every tile shape (1 to 9 rows, 1 to 9 columns) and odd
-/// block counts. Except the K-quant columns that take llama.cpp's batched orders (Q4_K: whole
-/// groups of four columns; Q5_K/Q6_K: 8 or more columns), checked in tests/kquant_orders.rs.
+/// The tile kernels (AVX-512 VNNI; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, IQ4_NL, MXFP4, Q4_K/Q5_K/Q6_K and
+/// IQ4_XS):
+/// activations quantized for the tiles (for the 32-value types in one SIMD pass) give bit for bit
+/// what the scalar quantizer plus the one-row entry point give, for every tile shape (1 to 9
+/// rows, 1 to 9 columns) and odd block counts. Except the columns that take llama.cpp's batched
+/// orders (Q4_K: whole groups of four columns; Q5_K/Q6_K/IQ4_XS: 8 or more columns), checked in
+/// tests/kquant_orders.rs and, for IQ4_XS, [`iq4_xs_tiles_sum_in_llama_cpp_order`].
 #[test]
 fn tiles_match_the_one_row_path_bit_for_bit() {
     if !tiled(detected(), DType::Q8_0) {
@@ -177,13 +179,16 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
     let mut rng = Rng::new(9);
     for ty in [
         DType::Q4_0,
+        DType::Q4_1,
         DType::Q5_0,
+        DType::Q5_1,
         DType::Q8_0,
         DType::IQ4_NL,
         DType::MXFP4,
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::IQ4_XS,
     ] {
         let aty = act_type(ty).unwrap();
         let sizes: &[usize] = if ty.block_size() == 32 {
@@ -229,7 +234,7 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                     for c in 0..cn {
                         let batched = match ty {
                             DType::Q4_K => c < cn - cn % 4,
-                            DType::Q5_K | DType::Q6_K => cn >= 8,
+                            DType::Q5_K | DType::Q6_K | DType::IQ4_XS => cn >= 8,
                             _ => false,
                         };
                         if batched {
@@ -264,6 +269,104 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// IQ4_XS tiles against a plain statement of llama.cpp's float steps, bit for bit: its tiled
+/// K-quant matmul for 8 or more columns (per super-block the integer dot of the 6-bit-scaled
+/// sub-blocks, `r = dot * dw`, `acc = fma(r, da, acc)`) and `vec_dot_iq4_xs_q8_K` below (eight
+/// i32 lanes, values `4m..4m+3` of every 32, `fma(dw * da, lane, acc)`, ggml's `hsum_float_8`).
+#[test]
+fn iq4_xs_tiles_sum_in_llama_cpp_order() {
+    let ty = DType::IQ4_XS;
+    if !tiled(detected(), ty) {
+        println!("skipped: this CPU has no AVX-512 VNNI tile kernels");
+        return;
+    }
+    let values = &gguf::quants::iq_tables::IQ4NL_VALUES;
+    let reference = |tiled: bool, w: &[u8], a: &[u8], n: usize| -> f32 {
+        let (mut lanes, mut acc) = ([0f32; 8], 0f32);
+        for (wb, ab) in w
+            .chunks_exact(136)
+            .zip(a.chunks_exact(Q8K_BYTES))
+            .take(n / 256)
+        {
+            let dw = half::f16::from_bits(u16::from_le_bytes([wb[0], wb[1]])).to_f32();
+            let da = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+            let sh = u16::from_le_bytes([wb[2], wb[3]]) as i32;
+            let mut lane_dot = [0i32; 8];
+            for ib in 0..8 {
+                let lo = (wb[4 + ib / 2] >> (4 * (ib % 2))) as i32 & 0x0f;
+                let ls = (lo | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+                for v in 0..32 {
+                    let code = wb[8 + 16 * ib + v % 16] >> (4 * (v / 16)) & 0x0f;
+                    let q = values[code as usize] as i32 * ab[4 + 32 * ib + v] as i8 as i32;
+                    lane_dot[v / 4] += ls * q;
+                }
+            }
+            if tiled {
+                let dot: i32 = lane_dot.iter().sum();
+                acc = (dot as f32 * dw).mul_add(da, acc);
+            } else {
+                for (l, &d) in lanes.iter_mut().zip(&lane_dot) {
+                    *l = (dw * da).mul_add(d as f32, *l);
+                }
+            }
+        }
+        if tiled {
+            return acc;
+        }
+        // ggml's hsum_float_8: 128-bit halves, then lanes 2-3 onto 0-1, then lane 1 onto 0.
+        let h: Vec<f32> = (0..4).map(|i| lanes[i + 4] + lanes[i]).collect();
+        let (x0, x1) = (h[0] + h[2], h[1] + h[3]);
+        x0 + x1
+    };
+    let mut rng = Rng::new(31);
+    let simd = detected();
+    for n in [256, 768, 2048] {
+        let (rows, cols) = (5, 11);
+        let wrb = n / 256 * 136;
+        let w = random_weights(&mut rng, ty, rows * n);
+        let x: Vec<f32> = rng
+            .vec(cols * n)
+            .iter()
+            .map(|v| v * v * v * 300.0)
+            .collect();
+        let pb = tiled_act_bytes(ty, n);
+        let mut a = vec![0u8; cols * pb];
+        for (xr, p) in x.chunks_exact(n).zip(a.chunks_exact_mut(pb)) {
+            assert!(quantize_act_tiled(ty, xr, p));
+        }
+        for cn in [1, 2, 3, 7, 8, 11] {
+            let mut out = vec![0f32; cn * rows];
+            let t = Tile {
+                n,
+                w: &w,
+                wstride: wrb,
+                rows,
+                a: &a,
+                astride: pb,
+                cols: cn,
+                ocs: rows,
+            };
+            assert!(dot_tile(simd, ty, &t, &mut out));
+            for c in 0..cn {
+                for r in 0..rows {
+                    let want = reference(
+                        cn >= 8,
+                        &w[r * wrb..(r + 1) * wrb],
+                        &a[c * pb..(c + 1) * pb],
+                        n,
+                    );
+                    assert_eq!(
+                        out[c * rows + r].to_bits(),
+                        want.to_bits(),
+                        "n={n} cols={cn} r={r} c={c}: {} vs {want}",
+                        out[c * rows + r]
+                    );
                 }
             }
         }

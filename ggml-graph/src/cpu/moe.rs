@@ -156,7 +156,7 @@ pub(crate) fn mul_mat_id(
     // (see `crate::quant::batched_order`).
     let per_call = match wty {
         DType::Q4_K if repacked => 3,
-        DType::Q4_K | DType::Q5_K | DType::Q6_K => 7,
+        DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => 7,
         _ => 8,
     };
 

@@ -147,13 +147,16 @@ pub fn tiled(simd: Simd, ty: DType) -> bool {
         && matches!(
             ty,
             DType::Q4_0
+                | DType::Q4_1
                 | DType::Q5_0
+                | DType::Q5_1
                 | DType::Q8_0
                 | DType::IQ4_NL
                 | DType::MXFP4
                 | DType::Q4_K
                 | DType::Q5_K
                 | DType::Q6_K
+                | DType::IQ4_XS
         )
 }
 
@@ -161,7 +164,13 @@ pub fn tiled(simd: Simd, ty: DType) -> bool {
 fn prepared(ty: DType) -> bool {
     matches!(
         ty,
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::MXFP4
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::IQ4_NL
+            | DType::MXFP4
     )
 }
 
@@ -174,8 +183,9 @@ pub fn tiled_act_bytes(ty: DType, n: usize) -> usize {
     }
 }
 
-/// Quantizes `x` for [`dot_tile`] with weights of type `ty`: Q8_K blocks for the K-quants; for the
-/// 32-value types Q8_0 values laid out for the tiles (the same values [`quantize_act`] gives).
+/// Quantizes `x` for [`dot_tile`] with weights of type `ty`: Q8_K blocks for the K-quants and
+/// IQ4_XS; for the 32-value types Q8_0 (Q4_1/Q5_1: Q8_1) values laid out for the tiles (the same
+/// values [`quantize_act`] gives).
 /// False when `ty` has no tile kernel on this CPU.
 pub fn quantize_act_tiled(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
     if !tiled(detected(), ty) {
@@ -209,12 +219,13 @@ pub fn repacked(ty: DType, ne: [usize; 4]) -> bool {
 
 /// True when the x86 tile kernels sum column `i` of a product of `ty` weights with `cols`
 /// activation columns in their batched order, as llama.cpp does: Q4_K weights it repacks in
-/// whole groups of four columns (repacked gemm; the rest as mat-vec), the other K-quants from
-/// 8 columns on (tiled; fewer: `vec_dot`). The other types sum every column alike.
+/// whole groups of four columns (repacked gemm; the rest as mat-vec), the other K-quants and
+/// IQ4_XS from 8 columns on (its tiled K-quant matmul; fewer: `vec_dot`). The other types sum
+/// every column alike.
 pub fn batched_order(ty: DType, repacked: bool, cols: usize, i: usize) -> bool {
     match ty {
         DType::Q4_K if repacked => i < cols - cols % 4,
-        DType::Q4_K | DType::Q5_K | DType::Q6_K => cols >= 8,
+        DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => cols >= 8,
         _ => false,
     }
 }

@@ -1,8 +1,11 @@
-//! AVX-512 VNNI row x column tiles for the K-quants Q4_K, Q5_K and Q6_K with Q8_K activations.
+//! AVX-512 VNNI row x column tiles for the K-quants Q4_K, Q5_K and Q6_K and for IQ4_XS, all with
+//! Q8_K activations.
 //!
 //! Weight rows are decoded once per call into unsigned bytes in value order plus, per 64 values,
 //! a vector of 16-bit sub-block scales; the inner loop is then `vpmaddubsw` + `vpdpwssd` per 64
-//! values and row-column pair, exact in integers. The float steps per result follow the x86
+//! values and row-column pair, exact in integers. IQ4_XS's values are signed (-127..113, too wide
+//! for an unsigned offset under `vpmaddubsw`): they are decoded to magnitudes plus a sign mask
+//! that negates the activation bytes, ggml's sign trick, so the products stay exact. The float steps per result follow the x86
 //! kernel llama.cpp runs for the same matmul (see [`tile`] and [`Order`]), which depends on the
 //! type and on the number of activation columns of the whole matmul (`cols`); within one call
 //! the results do not depend on the tile shape.
@@ -51,22 +54,35 @@ impl Order {
     /// `fma(da * dw, lanes, acc)`; the min terms of sub-block pairs on four lanes,
     /// `m = fma(-da * dmin, pair, m)`, summed `(m0 + m2) + (m1 + m3)` and added last.
     const LANES4: u8 = 3;
+    /// IQ4_XS `vec_dot`: [`Self::LANES`] without a min chain (the result is the horizontal sum
+    /// alone).
+    const XS_LANES: u8 = 4;
+    /// IQ4_XS in the tiled matmul: `r = dot * dw`, `acc = fma(r, da, acc)`.
+    const XS_TILED: u8 = 5;
+
+    /// True for the IQ4_XS orders (signed values: the activations take the weights' signs).
+    const fn xs(ord: u8) -> bool {
+        ord >= Self::XS_LANES
+    }
 }
 
 /// Columns from which Q5_K/Q6_K take llama.cpp's tiled order.
 const TILED_MIN_COLS: usize = 8;
 
 fn supported(ty: DType) -> bool {
-    matches!(ty, DType::Q4_K | DType::Q5_K | DType::Q6_K)
+    matches!(ty, DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS)
 }
 
-/// One super-block in registers: values in order (64 per vector), the 16-bit scale of each
-/// value pair's sub-block, the mins (Q4_K/Q5_K, per 16-value group) or scales (Q6_K), d, dmin.
+/// One super-block in registers: values in order (64 per vector; IQ4_XS: magnitudes), the
+/// 16-bit scale of each value pair's sub-block, the mins (Q4_K/Q5_K, per 16-value group) or
+/// scales (Q6_K), d, dmin; for IQ4_XS the negative values' bits (one mask per 64 values, in
+/// `m16`'s place when stored).
 #[derive(Clone, Copy)]
 struct Sb {
     vals: [__m512i; 4],
     sv: [__m512i; 4],
     m16: __m256i,
+    neg: [u64; 4],
     d: f32,
     dmin: f32,
 }
@@ -91,6 +107,42 @@ unsafe fn decode_sb(ty: DType, wb: *const u8) -> Sb {
         let mut vals = [_mm512_setzero_si512(); 4];
         let mut sv = [_mm512_setzero_si512(); 4];
         {
+            if ty == DType::IQ4_XS {
+                let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    gguf::quants::iq_tables::IQ4NL_VALUES.as_ptr() as *const __m128i,
+                ));
+                let sh = u32::from(std::ptr::read_unaligned(wb.add(2) as *const u16));
+                let ls = |ib: usize| {
+                    let lo = u32::from(*wb.add(4 + ib / 2) >> (4 * (ib % 2))) & 0x0f;
+                    (lo | (((sh >> (2 * ib)) & 3) << 4)) as i16 - 32
+                };
+                let mut neg = [0u64; 4];
+                for j in 0..4 {
+                    // Sub-block ib: low nibbles are values 0..16, high nibbles 16..32.
+                    let sub = |ib: usize| {
+                        let t = _mm_loadu_si128(wb.add(8 + 16 * ib) as *const __m128i);
+                        let idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+                        _mm256_shuffle_epi8(table, idx)
+                    };
+                    let (q0, q1) = (sub(2 * j), sub(2 * j + 1));
+                    vals[j] = join(_mm256_abs_epi8(q0), _mm256_abs_epi8(q1));
+                    neg[j] = u64::from(_mm256_movemask_epi8(q0) as u32)
+                        | u64::from(_mm256_movemask_epi8(q1) as u32) << 32;
+                    sv[j] = _mm512_mask_blend_epi16(
+                        0xffff_0000,
+                        _mm512_set1_epi16(ls(2 * j)),
+                        _mm512_set1_epi16(ls(2 * j + 1)),
+                    );
+                }
+                return Sb {
+                    vals,
+                    sv,
+                    m16: _mm256_setzero_si256(),
+                    neg,
+                    d: f16_load(wb),
+                    dmin: 0.0,
+                };
+            }
             if ty == DType::Q6_K {
                 for half in 0..2 {
                     let ql = wb.add(64 * half);
@@ -130,6 +182,7 @@ unsafe fn decode_sb(ty: DType, wb: *const u8) -> Sb {
                     vals,
                     sv,
                     m16: sc16,
+                    neg: [0; 4],
                     d: f16_load(wb.add(208)),
                     dmin: 0.0,
                 }
@@ -169,6 +222,7 @@ unsafe fn decode_sb(ty: DType, wb: *const u8) -> Sb {
                     vals,
                     sv,
                     m16: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)),
+                    neg: [0; 4],
                     d: f16_load(wb),
                     dmin: f16_load(wb.add(2)),
                 }
@@ -193,7 +247,11 @@ unsafe fn decode_row(ty: DType, nb: usize, w: *const u8, out: *mut u8) {
                 _mm512_storeu_si512(o.add(64 * j) as *mut _, sb.vals[j]);
                 _mm512_storeu_si512(o.add(OFF_SC + 64 * j) as *mut _, sb.sv[j]);
             }
-            _mm256_storeu_si256(o.add(OFF_MIN) as *mut __m256i, sb.m16);
+            if ty == DType::IQ4_XS {
+                std::ptr::copy_nonoverlapping(sb.neg.as_ptr() as *const u8, o.add(OFF_MIN), 32);
+            } else {
+                _mm256_storeu_si256(o.add(OFF_MIN) as *mut __m256i, sb.m16);
+            }
             let dd = o.add(OFF_D) as *mut f32;
             *dd = sb.d;
             *dd.add(1) = sb.dmin;
@@ -246,7 +304,10 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
                     let ab = a.add(c * astride + i * Q8K_BYTES);
                     let mut sumi = _mm512_setzero_si512();
                     for j in 0..4 {
-                        let av = _mm512_loadu_si512(ab.add(4 + 64 * j) as *const _);
+                        let av = signed::<ORD>(
+                            _mm512_loadu_si512(ab.add(4 + 64 * j) as *const _),
+                            sb.neg[j],
+                        );
                         sumi = _mm512_dpwssd_epi32(
                             sumi,
                             _mm512_maddubs_epi16(sb.vals[j], av),
@@ -254,8 +315,12 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
                         );
                     }
                     let da = std::ptr::read_unaligned(ab as *const f32);
-                    let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
-                    let mm = _mm256_madd_epi16(sb.m16, bsums);
+                    let mm = if Order::xs(ORD) {
+                        _mm256_setzero_si256()
+                    } else {
+                        let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
+                        _mm256_madd_epi16(sb.m16, bsums)
+                    };
                     finish::<SIX, ORD>(
                         sumi,
                         mm,
@@ -280,6 +345,18 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
     out
 }
 
+/// The activation bytes `av` with the signs of IQ4_XS weights (negated where `neg` has a bit),
+/// for the IQ4_XS orders; `av` itself for the others.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn signed<const ORD: u8>(av: __m512i, neg: u64) -> __m512i {
+    if Order::xs(ORD) {
+        _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av)
+    } else {
+        av
+    }
+}
+
 /// One super-block's float step of one result (see [`Order`]).
 #[allow(clippy::too_many_arguments)]
 #[inline]
@@ -300,7 +377,11 @@ fn finish<const SIX: bool, const ORD: u8>(
         _mm512_castsi512_si256(sumi),
         _mm512_extracti64x4_epi64::<1>(sumi),
     );
-    if ORD == Order::TILED {
+    if ORD == Order::XS_TILED {
+        *acc_d = (hsum_i32(s8) as f32 * dw).mul_add(da, *acc_d);
+    } else if ORD == Order::XS_LANES {
+        *acc8 = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(s8), *acc8);
+    } else if ORD == Order::TILED {
         let r = if SIX {
             // (q - 32) . a in integers, then one rounding per step.
             hsum_i32(_mm256_sub_epi32(s8, _mm256_slli_epi32(mm, 5))) as f32 * dw
@@ -344,8 +425,10 @@ fn result<const SIX: bool, const ORD: u8>(
     acc_m: f32,
     acc_m4: __m128,
 ) -> f32 {
-    if ORD == Order::TILED {
+    if ORD == Order::TILED || ORD == Order::XS_TILED {
         acc_d
+    } else if ORD == Order::XS_LANES {
+        hsum_float_8(acc8)
     } else if ORD == Order::LANES4 {
         let m = _mm_add_ps(acc_m4, _mm_movehl_ps(acc_m4, acc_m4));
         hsum_float_8(acc8) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
@@ -380,6 +463,13 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool, const ORD: u8>(
         unsafe {
             let mut sumi = [[_mm512_setzero_si512(); C]; R];
             for j in 0..4 {
+                let mut neg = [0u64; R];
+                if Order::xs(ORD) {
+                    for (r, m) in neg.iter_mut().enumerate() {
+                        let wp = w.add(r * wstride + i * W_SB + OFF_MIN + 8 * j);
+                        *m = std::ptr::read_unaligned(wp as *const u64);
+                    }
+                }
                 for c in 0..C {
                     let av = _mm512_loadu_si512(
                         a.add(c * astride + i * Q8K_BYTES + 4 + 64 * j) as *const _
@@ -388,6 +478,7 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool, const ORD: u8>(
                         let wp = w.add(r * wstride + i * W_SB);
                         let wv = _mm512_loadu_si512(wp.add(64 * j) as *const _);
                         let sv = _mm512_loadu_si512(wp.add(OFF_SC + 64 * j) as *const _);
+                        let av = signed::<ORD>(av, neg[r]);
                         sumi[r][c] =
                             _mm512_dpwssd_epi32(sumi[r][c], _mm512_maddubs_epi16(wv, av), sv);
                     }
@@ -399,8 +490,12 @@ unsafe fn tile<const R: usize, const C: usize, const SIX: bool, const ORD: u8>(
                 let bsums = _mm256_loadu_si256(ab.add(4 + QK_K) as *const __m256i);
                 for r in 0..R {
                     let wp = w.add(r * wstride + i * W_SB);
-                    let m16 = _mm256_loadu_si256(wp.add(OFF_MIN) as *const __m256i);
-                    let mm = _mm256_madd_epi16(m16, bsums);
+                    let mm = if Order::xs(ORD) {
+                        _mm256_setzero_si256()
+                    } else {
+                        let m16 = _mm256_loadu_si256(wp.add(OFF_MIN) as *const __m256i);
+                        _mm256_madd_epi16(m16, bsums)
+                    };
                     let dw = std::ptr::read_unaligned(wp.add(OFF_D) as *const f32);
                     let dmin = std::ptr::read_unaligned(wp.add(OFF_D + 4) as *const f32);
                     finish::<SIX, ORD>(
@@ -686,6 +781,7 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
     }
     let six = ty == DType::Q6_K;
     let five = ty == DType::Q5_K;
+    let xs = ty == DType::IQ4_XS;
     // Q4_K as llama.cpp runs it without repacking: `vec_dot_q4_K_q8_K`, or tiled from 8 columns.
     let plain4 = ty == DType::Q4_K && !repacked;
     if cols <= 2 {
@@ -703,7 +799,11 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
                     // SAFETY: AVX-512 VNNI detected (caller path); rows `r..r + $r` hold `nb`
                     // blocks and the `cols` Q8_K rows `nb` blocks each (checked above).
                     let v = unsafe {
-                        if six {
+                        if xs {
+                            rows_direct::<$r, $c, false, { Order::XS_LANES }>(
+                                ty, nb, wr, wstride, ap, astride,
+                            )
+                        } else if six {
                             rows_direct::<$r, $c, true, { Order::LANES }>(
                                 ty, nb, wr, wstride, ap, astride,
                             )
@@ -801,6 +901,12 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
                         // `nb` super-blocks in the buffer, `$c` Q8_K rows of `nb` (checked).
                         let res = unsafe {
                             match (six, tiled) {
+                                (false, true) if xs => tile::<$r, $c, false, { Order::XS_TILED }>(
+                                    nb, wp, drb, ap, astride,
+                                ),
+                                (false, false) if xs => tile::<$r, $c, false, { Order::XS_LANES }>(
+                                    nb, wp, drb, ap, astride,
+                                ),
                                 (true, true) => {
                                     tile::<$r, $c, true, { Order::TILED }>(nb, wp, drb, ap, astride)
                                 }

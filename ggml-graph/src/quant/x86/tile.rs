@@ -1,5 +1,5 @@
-//! AVX-512 VNNI row x column tiles for the 32-value block types with Q8_0 activations (Q4_0,
-//! Q5_0, Q8_0, IQ4_NL, MXFP4).
+//! AVX-512 VNNI row x column tiles for the 32-value block types: Q4_0, Q5_0, Q8_0, IQ4_NL and
+//! MXFP4 with Q8_0 activations, Q4_1 and Q5_1 with Q8_1 activations.
 //!
 //! Every (row, column) result accumulates exactly as ggml's x86 kernels do (its `vec_dot` for one
 //! column and llamafile's tinyBLAS for several): eight f32 lanes, one 32-value block per step,
@@ -15,6 +15,11 @@
 //! offset corrections `-offset * sum(a)`, broadcast to both halves. One `vpdpbusd` (started from
 //! the correction, so each i32 lane equals the signed dot exactly), one convert, one multiply and
 //! one FMA then advance two rows of one column by a block.
+//!
+//! Q4_1 and Q5_1 (unsigned values, offset 0) add ggml's min term, `m * s` per block on its own
+//! chain (a multiply, then an add: `vec_dot_q4_1_q8_1`'s `summs`), to the horizontal sum at the
+//! end, as their AVX2 kernel does; the pair blocks carry the two rows' `m` and the prepared
+//! activation blocks their `s`.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -26,8 +31,10 @@ use crate::tensor::DType;
 
 /// Bytes of one decoded block of a row pair: 2 x 32 unsigned values, 2 x 8 f32 scales.
 const W_BLK: usize = 128;
+/// [`W_BLK`] for the types with a min (Q4_1, Q5_1): the two rows' f32 mins follow, padded.
+const W_BLK_MIN: usize = 192;
 /// Bytes of one prepared activation block: 32 i8 values, 8 i32 offset corrections, f32 scale,
-/// padding.
+/// f32 sum term `s` (Q8_1), padding.
 pub(crate) const A_BLK: usize = 128;
 /// Row pairs per register tile (4 x 4 columns: 16 accumulators; Gemma's 640x2048 Q5_0 with 128
 /// columns ran ~12% faster than with 2 pairs, the weight and activation loads shared wider).
@@ -43,23 +50,32 @@ fn offset(ty: DType) -> Option<u8> {
         DType::Q8_0 | DType::IQ4_NL | DType::MXFP4 => Some(128),
         DType::Q4_0 => Some(8),
         DType::Q5_0 => Some(16),
+        DType::Q4_1 | DType::Q5_1 => Some(0),
         _ => None,
     }
 }
 
-/// Prepares one activation row of `n / 32` Q8_0 blocks (`q8`) for weights of type `ty` into
-/// `out` (`n / 32 * A_BLK` bytes). False when the type or a length does not fit.
+/// True for the types whose blocks carry a min (dotted with Q8_1 activations).
+fn has_min(ty: DType) -> bool {
+    matches!(ty, DType::Q4_1 | DType::Q5_1)
+}
+
+/// Prepares one activation row of `n / 32` Q8_0 blocks (Q8_1 for Q4_1/Q5_1 weights; `q8`) for
+/// weights of type `ty` into `out` (`n / 32 * A_BLK` bytes). False when the type or a length
+/// does not fit.
 pub(crate) fn prepare_act(ty: DType, n: usize, q8: &[u8], out: &mut [u8]) -> bool {
     let Some(off) = offset(ty) else {
         return false;
     };
     let nb = n / QK;
-    if !n.is_multiple_of(QK) || q8.len() < nb * 34 || out.len() < nb * A_BLK {
+    let ab = if has_min(ty) { 36 } else { 34 };
+    if !n.is_multiple_of(QK) || q8.len() < nb * ab || out.len() < nb * A_BLK {
         return false;
     }
     // SAFETY: the caller reached this through Simd::Avx512 detection (AVX-512 F/BW/VL/VNNI plus
-    // AVX2/FMA/F16C); `q8` holds `nb` blocks and `out` `nb` prepared blocks (checked).
-    unsafe { prepare_row(off, nb, q8.as_ptr(), out.as_mut_ptr()) };
+    // AVX2/FMA/F16C); `q8` holds `nb` blocks of `ab` bytes and `out` `nb` prepared blocks
+    // (checked).
+    unsafe { prepare_row(off, has_min(ty), nb, q8.as_ptr(), out.as_mut_ptr()) };
     true
 }
 
@@ -76,7 +92,7 @@ pub(crate) fn quantize_prepare(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
     }
     // SAFETY: Simd::Avx512 detection (the only caller path) reported AVX-512 F/BW/VL/VNNI and
     // AVX2/FMA/F16C; `x` holds `n / 32` blocks, `out` as many prepared blocks (checked).
-    unsafe { quantize_row(off, n / QK, x.as_ptr(), out.as_mut_ptr()) };
+    unsafe { quantize_row(off, has_min(ty), n / QK, x.as_ptr(), out.as_mut_ptr()) };
     true
 }
 
@@ -88,13 +104,13 @@ pub(super) fn round_even(r: __m512) -> __m512 {
     _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(r)
 }
 
-/// Writes one prepared block: values, offset corrections, scale.
+/// Writes one prepared block: values, offset corrections, scale, sum term.
 ///
 /// # Safety
 /// AVX-512 VL/VNNI; `A_BLK` bytes writable at `o`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn put_act(off: u8, q: __m256i, d: f32, o: *mut u8) {
+unsafe fn put_act(off: u8, q: __m256i, d: f32, sum: f32, o: *mut u8) {
     let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(off as i8), q);
     // SAFETY: `A_BLK` bytes writable at `o` (caller).
     unsafe {
@@ -104,6 +120,7 @@ unsafe fn put_act(off: u8, q: __m256i, d: f32, o: *mut u8) {
             _mm256_sub_epi32(_mm256_setzero_si256(), sums),
         );
         std::ptr::write_unaligned(o.add(64) as *mut f32, d);
+        std::ptr::write_unaligned(o.add(68) as *mut f32, sum);
     }
 }
 
@@ -111,7 +128,7 @@ unsafe fn put_act(off: u8, q: __m256i, d: f32, o: *mut u8) {
 /// AVX-512 F/BW/VL/VNNI and F16C; `32 * nb` f32 readable at `x`, `nb * A_BLK` bytes writable at
 /// `out`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn quantize_row(off: u8, nb: usize, x: *const f32, out: *mut u8) {
+unsafe fn quantize_row(off: u8, with_sum: bool, nb: usize, x: *const f32, out: *mut u8) {
     for i in 0..nb {
         // SAFETY: block `i` is readable and its prepared bytes writable (caller).
         unsafe {
@@ -125,34 +142,61 @@ unsafe fn quantize_row(off: u8, nb: usize, x: *const f32, out: *mut u8) {
             let q0 = _mm512_cvtps_epi32(round_even(_mm512_mul_ps(v0, id)));
             let q1 = _mm512_cvtps_epi32(round_even(_mm512_mul_ps(v1, id)));
             let q = _mm256_set_m128i(_mm512_cvtepi32_epi8(q1), _mm512_cvtepi32_epi8(q0));
-            put_act(off, q, half::f16::from_f32(d).to_f32(), out.add(i * A_BLK));
+            // Q8_1's `s`: the unrounded scale times the values' sum, stored as f16.
+            let sum = if with_sum {
+                let n = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+                half::f16::from_f32(d * n as f32).to_f32()
+            } else {
+                0.0
+            };
+            put_act(
+                off,
+                q,
+                half::f16::from_f32(d).to_f32(),
+                sum,
+                out.add(i * A_BLK),
+            );
         }
     }
 }
 
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C; `nb` Q8_0 blocks readable at `q8`, `nb * A_BLK` bytes writable
-/// at `out`.
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` Q8_0 blocks (Q8_1 when `with_sum`) readable at `q8`,
+/// `nb * A_BLK` bytes writable at `out`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn prepare_row(off: u8, nb: usize, q8: *const u8, out: *mut u8) {
+unsafe fn prepare_row(off: u8, with_sum: bool, nb: usize, q8: *const u8, out: *mut u8) {
+    let (bytes, start) = if with_sum { (36, 4) } else { (34, 2) };
     for i in 0..nb {
         // SAFETY: block `i` is readable and its prepared bytes writable (caller).
         unsafe {
-            let ab = q8.add(i * 34);
-            let q = _mm256_loadu_si256(ab.add(2) as *const __m256i);
-            put_act(off, q, f16_load(ab), out.add(i * A_BLK));
+            let ab = q8.add(i * bytes);
+            let q = _mm256_loadu_si256(ab.add(start) as *const __m256i);
+            let sum = if with_sum { f16_load(ab.add(2)) } else { 0.0 };
+            put_act(off, q, f16_load(ab), sum, out.add(i * A_BLK));
         }
     }
 }
 
-/// Block `i` of a weight row as unsigned bytes (value plus offset) and its scale.
+/// Block `i` of a weight row as unsigned bytes (value plus offset), its scale and its min (0 for
+/// the types without one).
 ///
 /// # Safety
 /// AVX-512 BW/VL and F16C; block `i` of `ty` readable at `w`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode_block(ty: DType, w: *const u8, i: usize) -> (__m256i, f32) {
+unsafe fn decode_block(ty: DType, w: *const u8, i: usize) -> (__m256i, f32, f32) {
     let m4 = _mm256_set1_epi8(0x0f);
+    let nibbles = |p: *const u8| {
+        // SAFETY: 16 readable bytes at `p` (inside the block, caller).
+        let t = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4)
+    };
+    // Bit j of the u32 at `p` as 0x10 in byte j.
+    let high = |p: *const u8| {
+        // SAFETY: 4 readable bytes at `p` (inside the block, caller).
+        let qh = unsafe { std::ptr::read_unaligned(p as *const u32) };
+        _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10))
+    };
     // SAFETY: block `i` readable at `w` (caller).
     unsafe {
         let wb = w.add(i * ty.type_size());
@@ -161,20 +205,26 @@ unsafe fn decode_block(ty: DType, w: *const u8, i: usize) -> (__m256i, f32) {
             DType::Q8_0 => _mm256_xor_si256(_mm256_loadu_si256(wb.add(2) as *const __m256i), flip),
             DType::IQ4_NL | DType::MXFP4 => {
                 let (d, q) = decode_small_simd(ty, wb);
-                return (_mm256_xor_si256(q, flip), d);
+                return (_mm256_xor_si256(q, flip), d, 0.0);
             }
-            DType::Q4_0 => {
-                let t = _mm_loadu_si128(wb.add(2) as *const __m128i);
-                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4)
+            DType::Q4_0 => nibbles(wb.add(2)),
+            DType::Q4_1 => return (nibbles(wb.add(4)), f16_load(wb), f16_load(wb.add(2))),
+            DType::Q5_1 => {
+                let q = _mm256_or_si256(nibbles(wb.add(8)), high(wb.add(4)));
+                return (q, f16_load(wb), f16_load(wb.add(2)));
             }
-            _ => {
-                let qh = std::ptr::read_unaligned(wb.add(2) as *const u32);
-                let t = _mm_loadu_si128(wb.add(6) as *const __m128i);
-                let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-                _mm256_or_si256(nib, _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10)))
-            }
+            _ => _mm256_or_si256(nibbles(wb.add(6)), high(wb.add(2))),
         };
-        (q, f16_load(wb))
+        (q, f16_load(wb), 0.0)
+    }
+}
+
+/// Bytes of a pair block of `ty`.
+fn pair_block(ty: DType) -> usize {
+    if has_min(ty) {
+        W_BLK_MIN
+    } else {
+        W_BLK
     }
 }
 
@@ -182,60 +232,76 @@ unsafe fn decode_block(ty: DType, w: *const u8, i: usize) -> (__m256i, f32) {
 /// `out`; a missing second row decodes as zeros.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks readable at `w0` (and `w1`), `nb * W_BLK` bytes
-/// writable at `out`.
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks readable at `w0` (and `w1`),
+/// `nb * pair_block(ty)` bytes writable at `out`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn decode_pair(ty: DType, nb: usize, w0: *const u8, w1: Option<*const u8>, out: *mut u8) {
+    let pb = pair_block(ty);
     for i in 0..nb {
         // SAFETY: block `i` of both rows is readable, the pair block writable (caller).
         unsafe {
-            let o = out.add(i * W_BLK);
-            let (q0, d0) = decode_block(ty, w0, i);
-            let (q1, d1) = match w1 {
+            let o = out.add(i * pb);
+            let (q0, d0, m0) = decode_block(ty, w0, i);
+            let (q1, d1, m1) = match w1 {
                 Some(w1) => decode_block(ty, w1, i),
-                None => (_mm256_setzero_si256(), 0.0),
+                None => (_mm256_setzero_si256(), 0.0, 0.0),
             };
             _mm256_storeu_si256(o as *mut __m256i, q0);
             _mm256_storeu_si256(o.add(32) as *mut __m256i, q1);
             _mm256_storeu_ps(o.add(64) as *mut f32, _mm256_set1_ps(d0));
             _mm256_storeu_ps(o.add(96) as *mut f32, _mm256_set1_ps(d1));
+            if pb == W_BLK_MIN {
+                _mm_storeu_ps(o.add(W_BLK) as *mut f32, _mm_setr_ps(m0, m1, 0.0, 0.0));
+            }
         }
     }
 }
 
 /// `P` decoded row pairs (`wstride` bytes apart) times `C` prepared activation rows (`astride`
-/// bytes apart), `nb` blocks each: `out[2p + h][c]`.
+/// bytes apart), `nb` blocks each: `out[2p + h][c]`. `MIN`: pair blocks of [`W_BLK_MIN`] bytes
+/// whose min terms are added (Q4_1, Q5_1).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI; every row holds `nb` blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const P: usize, const C: usize>(
+unsafe fn tile<const P: usize, const C: usize, const MIN: bool>(
     nb: usize,
     w: *const u8,
     wstride: usize,
     a: *const u8,
     astride: usize,
 ) -> [[[f32; C]; 2]; P] {
+    let pb = if MIN { W_BLK_MIN } else { W_BLK };
     let mut acc = [[_mm512_setzero_ps(); C]; P];
+    // Lanes 0 and 1: the min chains of the pair's two rows.
+    let mut summ = [[_mm_setzero_ps(); C]; P];
     for i in 0..nb {
         // SAFETY: block `i` of every row is in bounds (caller).
         unsafe {
             let mut wv = [_mm512_setzero_si512(); P];
             let mut dw = [_mm512_setzero_ps(); P];
+            let mut mw = [_mm_setzero_ps(); P];
             for p in 0..P {
-                let wp = w.add(p * wstride + i * W_BLK);
+                let wp = w.add(p * wstride + i * pb);
                 wv[p] = _mm512_loadu_si512(wp as *const _);
                 dw[p] = _mm512_loadu_ps(wp.add(64) as *const f32);
+                if MIN {
+                    mw[p] = _mm_loadu_ps(wp.add(W_BLK) as *const f32);
+                }
             }
             for c in 0..C {
                 let ap = a.add(c * astride + i * A_BLK);
                 let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(ap as *const __m256i));
                 let corr = _mm512_broadcast_i64x4(_mm256_loadu_si256(ap.add(32) as *const __m256i));
                 let da = _mm512_set1_ps(std::ptr::read_unaligned(ap.add(64) as *const f32));
+                let sa = _mm_set1_ps(std::ptr::read_unaligned(ap.add(68) as *const f32));
                 for p in 0..P {
                     let d = _mm512_mul_ps(dw[p], da);
                     let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, wv[p], av));
                     acc[p][c] = _mm512_fmadd_ps(d, q, acc[p][c]);
+                    if MIN {
+                        summ[p][c] = _mm_add_ps(summ[p][c], _mm_mul_ps(mw[p], sa));
+                    }
                 }
             }
         }
@@ -244,8 +310,16 @@ unsafe fn tile<const P: usize, const C: usize>(
     for p in 0..P {
         for c in 0..C {
             let [lo, hi] = hsum8x2(acc[p][c]);
-            out[p][0][c] = lo;
-            out[p][1][c] = hi;
+            if MIN {
+                let mut m = [0f32; 4];
+                // SAFETY: `m` holds four floats.
+                unsafe { _mm_storeu_ps(m.as_mut_ptr(), summ[p][c]) };
+                out[p][0][c] = lo + m[0];
+                out[p][1][c] = hi + m[1];
+            } else {
+                out[p][0][c] = lo;
+                out[p][1][c] = hi;
+            }
         }
     }
     out
@@ -278,6 +352,8 @@ unsafe fn rows_direct<const R: usize, const C: usize>(
             DType::Q4_0 => rows_direct_body::<R, C>(DType::Q4_0, nb, w, wstride, a, astride),
             DType::IQ4_NL => rows_direct_body::<R, C>(DType::IQ4_NL, nb, w, wstride, a, astride),
             DType::MXFP4 => rows_direct_body::<R, C>(DType::MXFP4, nb, w, wstride, a, astride),
+            DType::Q4_1 => rows_direct_body::<R, C>(DType::Q4_1, nb, w, wstride, a, astride),
+            DType::Q5_1 => rows_direct_body::<R, C>(DType::Q5_1, nb, w, wstride, a, astride),
             _ => rows_direct_body::<R, C>(DType::Q5_0, nb, w, wstride, a, astride),
         }
     }
@@ -301,6 +377,9 @@ unsafe fn rows_direct_body<const R: usize, const C: usize>(
     // and of every activation row is in bounds (caller).
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); C]; R];
+        // Q4_1/Q5_1's min chains (`m * s` per block, a multiply then an add).
+        let mut summ = [[0f32; C]; R];
+        let min = has_min(ty);
         // The next group of rows, a few lines per block step: with several rows in flight the
         // accesses are no longer one sequential stream, which the hardware prefetcher follows
         // less well.
@@ -317,27 +396,32 @@ unsafe fn rows_direct_body<const R: usize, const C: usize>(
             let mut av = [_mm256_setzero_si256(); C];
             let mut corr = [_mm256_setzero_si256(); C];
             let mut da = [0f32; C];
+            let mut sa = [0f32; C];
             for c in 0..C {
                 let ap = a.add(c * astride + i * A_BLK);
                 av[c] = _mm256_loadu_si256(ap as *const __m256i);
                 corr[c] = _mm256_loadu_si256(ap.add(32) as *const __m256i);
                 da[c] = std::ptr::read_unaligned(ap.add(64) as *const f32);
+                sa[c] = std::ptr::read_unaligned(ap.add(68) as *const f32);
             }
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let (q, dw) = decode_block(ty, w.add(r * wstride), i);
+            for (r, (acc, summ)) in acc.iter_mut().zip(summ.iter_mut()).enumerate() {
+                let (q, dw, mw) = decode_block(ty, w.add(r * wstride), i);
                 for c in 0..C {
                     // The same rounding as `_mm256_mul_ps` of the broadcast scales.
                     let d = _mm256_set1_ps(dw * da[c]);
                     let p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr[c], q, av[c]));
                     acc[c] = _mm256_fmadd_ps(d, p, acc[c]);
+                    if min {
+                        summ[c] += mw * sa[c];
+                    }
                 }
             }
         }
         let mut out = [[0f32; C]; R];
-        for (o, acc) in out.iter_mut().zip(acc.iter()) {
-            for (o, &v) in o.iter_mut().zip(acc.iter()) {
+        for ((o, acc), summ) in out.iter_mut().zip(acc.iter()).zip(summ.iter()) {
+            for ((o, &v), &m) in o.iter_mut().zip(acc.iter()).zip(summ.iter()) {
                 let [lo, _] = hsum8x2(_mm512_castps256_ps512(v));
-                *o = lo;
+                *o = if min { lo + m } else { lo };
             }
         }
         out
@@ -413,9 +497,10 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32]) -> bool {
         }
         return true;
     }
+    let min = has_min(ty);
     DECODED.with(|buf| {
         let mut buf = buf.borrow_mut();
-        let dpb = nb * W_BLK;
+        let dpb = nb * pair_block(ty);
         if buf.len() < TP * dpb {
             buf.resize(TP * dpb, 0);
         }
@@ -448,7 +533,13 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32]) -> bool {
                     ($p:literal, $c:literal) => {{
                         // SAFETY: AVX-512 VNNI detected (caller path); `$p` decoded pairs of
                         // `nb` blocks in the buffer, `$c` prepared rows of `nb` blocks (checked).
-                        let res = unsafe { tile::<$p, $c>(nb, wp, dpb, ap, astride) };
+                        let res = unsafe {
+                            if min {
+                                tile::<$p, $c, true>(nb, wp, dpb, ap, astride)
+                            } else {
+                                tile::<$p, $c, false>(nb, wp, dpb, ap, astride)
+                            }
+                        };
                         for (p, pair) in res.iter().enumerate() {
                             for (h, row) in pair.iter().enumerate() {
                                 let r = 2 * p + h;
