@@ -20,8 +20,8 @@ use super::ops::{
     blocks, dense, elems, f32_rows, launch_matvec, product, product_scratch, quant_rows_ok,
     weight_type, Args, Mat, ALIGN, MMQ_MIN_COLS,
 };
-use super::{addr, gpu_err, HipDevice};
-use crate::backend::TensorMem;
+use super::{addr, gpu_err, rewritten, same_mem, HipDevice};
+use crate::backend::{GroupNode, TensorMem};
 use crate::error::Result;
 use crate::tensor::{DType, Op, Tensor};
 
@@ -161,13 +161,93 @@ fn mul_mat_id(d: &HipDevice, srcs: &[TensorMem<'_>], out: MemRange<'_>) -> Resul
         n_used: ids.ne[0],
         n_tok: ids.ne[1],
     };
-    let capturing = d.inner.capturing.load(std::sync::atomic::Ordering::Relaxed);
-    // Grouping pays once the average expert's columns reach the tile kernels; it reads the ids
-    // back, which a graph capture cannot record.
-    if !capturing && s.n_tok > 1 && s.pairs() >= MMQ_MIN_COLS * s.n_mat {
+    if by_expert(d, &s) {
         return grouped(d, srcs, &s, out);
     }
     per_pair(d, srcs, &s, out)
+}
+
+/// Whether a `mul_mat_id` of shape `s` is multiplied grouped by expert rather than per pair.
+fn by_expert(d: &HipDevice, s: &IdShape) -> bool {
+    let capturing = d.inner.capturing.load(std::sync::atomic::Ordering::Relaxed);
+    // Grouping pays once the average expert's columns reach the tile kernels; it reads the ids
+    // back, which a graph capture cannot record.
+    !capturing && s.n_tok > 1 && s.pairs() >= MMQ_MIN_COLS * s.n_mat
+}
+
+/// A mixture of experts' up product, gate product and gated activation (the scheduler's
+/// `expert_gate_up` run: `mul_mat_id`s of one activation and id tensor, `act(gate) * up` of the
+/// two) as one gated expert mat-vec (`matvec_*_id_gated`) writing the activation's rows, where
+/// both products take the per-pair path with one quantized weight type and layout. Returns 3
+/// when it launched, 0 when the nodes go their own ways.
+pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [up, gate, act, ..] = group else {
+        return Ok(0);
+    };
+    let Op::Gated(kind) = act.tensor.op else {
+        return Ok(0);
+    };
+    let ([wu, x, ids], [wg, xg, idsg], [ga, ua]) = (
+        up.srcs.as_slice(),
+        gate.srcs.as_slice(),
+        act.srcs.as_slice(),
+    ) else {
+        return Ok(0);
+    };
+    let nodes_ok = [up, gate, act].iter().all(|g| {
+        let ts: Vec<&Tensor> = g.srcs.iter().map(|m| m.tensor).collect();
+        super::ops::supports(g.tensor, &ts)
+    });
+    let (wt, w) = (weight_type(wg.tensor.dtype), wu.tensor);
+    let s = IdShape {
+        k: w.ne[0],
+        n: w.ne[1],
+        n_mat: w.ne[2],
+        n_x: x.tensor.ne[1],
+        n_used: ids.tensor.ne[0],
+        n_tok: ids.tensor.ne[1],
+    };
+    let fits = nodes_ok
+        && gate.tensor.op == Op::MulMatId
+        && same_mem(x, xg)
+        && same_mem(ids, idsg)
+        && same_mem(ga, &gate.dst)
+        && same_mem(ua, &up.dst)
+        && wg.tensor.dtype == w.dtype
+        && wg.tensor.ne == w.ne
+        && wg.tensor.nb == w.nb
+        && dense(act.tensor, DType::F32)
+        && act.tensor.ne == up.tensor.ne
+        && !by_expert(d, &s);
+    let Some(wt) = wt.filter(|_| fits) else {
+        return Ok(0);
+    };
+    rewritten(d, up)?;
+    rewritten(d, gate)?;
+    let out = rewritten(d, act)?;
+    let mut cache = d.inner.q8.lock();
+    let q8 = cache.quantized(d, addr(x)?, s.k, s.n_x * s.n_tok)?;
+    let mut a = Args::new();
+    a.push(addr(wg)?)
+        .push(addr(wu)?)
+        .push(addr(ids)?)
+        .push(MemRange::of_buffer(&q8))
+        .push(out)
+        .push(s.k as i32)
+        .push(w.nb[1] as i64)
+        .push(w.nb[2] as i64)
+        .push(s.n as i32)
+        .push(s.n_used as i32)
+        .push(s.n_x as i32)
+        .push(s.n_mat as i32)
+        .push(super::ops::act_kind(kind));
+    let grid = kernels::matvec_gated_grid(wt, s.n);
+    // SAFETY: `wg` and `wu` are stacks of `n_mat` matrices of one type and layout (`nb[2]`
+    // apart) of `n` rows, `ids` the dense `[n_used, n_tok]` I32 ids (each checked against
+    // `n_mat` by the kernel), `q8` the `n_x * n_tok` activation vectors quantized above and
+    // `out` the activation node's `pairs` dense rows of `n` f32; grid y is the pair.
+    unsafe { launch_matvec(d, wt.matvec_id_gated(), grid, s.pairs(), &a, cache)? };
+    Ok(3)
 }
 
 /// One launch over every (token, slot) pair.

@@ -977,7 +977,7 @@ pub(super) fn product(
         .map_err(|e| gpu_err("mul_mat", e))
 }
 
-fn act_kind(kind: Act) -> i32 {
+pub(super) fn act_kind(kind: Act) -> i32 {
     if kind == Act::Gelu {
         act::GELU
     } else {
