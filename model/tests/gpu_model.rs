@@ -873,6 +873,16 @@ fn stack_launches() -> usize {
 }
 
 #[cfg(feature = "hip")]
+fn expert_gate_up_launches() -> usize {
+    ggml_graph::hip::expert_gate_up_launches()
+}
+
+#[cfg(not(feature = "hip"))]
+fn expert_gate_up_launches() -> usize {
+    0
+}
+
+#[cfg(feature = "hip")]
 fn stack_portable_launches() -> usize {
     ggml_graph::hip::stack_portable_launches()
 }
@@ -955,9 +965,20 @@ fn synthetic_moe_on_gpu_equals_cpu() {
         let m = synth_moe(arch, ftype);
         let name = format!("{arch} {ftype}");
         let prompt = long_prompt(&m, 40);
+        let before = expert_gate_up_launches();
         assert_all_nodes_on_gpu(&name, &m, &prompt);
         let _ = check_model(&name, &m, &prompt, SYNTH_TOL);
         let _ = check_model(&format!("{name} short"), &m, &synth_prompt(&m), SYNTH_TOL);
+        // Decode steps take the up and gate products with their activation as one launch
+        // (replays of captured steps launch nothing new); gpt-oss's biases and clamped SwiGLU
+        // sit between them, so its products go one by one.
+        let launched = expert_gate_up_launches() - before;
+        println!("{name}: gated expert launches {launched}");
+        if arch == "gpt-oss" {
+            assert_eq!(launched, 0, "{name}");
+        } else {
+            assert!(launched > 0, "{name}: no gated expert launch");
+        }
     }
 }
 

@@ -25,6 +25,18 @@ use crate::backend::{GroupNode, TensorMem};
 use crate::error::Result;
 use crate::tensor::{DType, Op, Tensor};
 
+/// Gated expert launches (`matvec_*_id_gated`) queued by every device of this process (see
+/// [`expert_gate_up_launches`]).
+#[cfg(any(test, feature = "testing"))]
+static GATE_UP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Gated expert launches queued so far by every device of this process (for tests: whether a
+/// model's up and gate products took one launch). Only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
+pub fn expert_gate_up_launches() -> usize {
+    GATE_UP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The largest grid.y: the per-pair launch and the gather put the pairs there.
 const MAX_PAIRS: usize = 65535;
 
@@ -247,6 +259,8 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     // `n_mat` by the kernel), `q8` the `n_x * n_tok` activation vectors quantized above and
     // `out` the activation node's `pairs` dense rows of `n` f32; grid y is the pair.
     unsafe { launch_matvec(d, wt.matvec_id_gated(), grid, s.pairs(), &a, cache)? };
+    #[cfg(any(test, feature = "testing"))]
+    GATE_UP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(3)
 }
 
