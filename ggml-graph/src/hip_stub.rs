@@ -128,6 +128,12 @@ pub fn stack_launches() -> usize {
     0
 }
 
+/// Gated expert launches so far: none in this build.
+#[cfg(feature = "testing")]
+pub fn expert_gate_up_launches() -> usize {
+    0
+}
+
 /// Portable decode stack launches so far: none in this build.
 #[cfg(feature = "testing")]
 pub fn stack_portable_launches() -> usize {

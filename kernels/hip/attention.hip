@@ -301,7 +301,8 @@ template <typename KV>
 static __device__ __forceinline__ void attn_dec_one_pass(const float* __restrict__ qp, const KV* __restrict__ kb,
                                                          const KV* __restrict__ vb, int lo, int n, int G,
                                                          const attn_params& p, float* __restrict__ op,
-                                                         uint8_t* __restrict__ y8, int head, int tok,
+                                                         uint8_t* __restrict__ y8,
+                                                         const float* __restrict__ sinks, int head, int tok,
                                                          float* ml, float* red) {
     constexpr int VEC = kv_vec<KV>::VEC;
     constexpr int NT = ATTN_DEC_THREADS;
@@ -354,6 +355,7 @@ static __device__ __forceinline__ void attn_dec_one_pass(const float* __restrict
 #pragma unroll
     for (int w = 0; w < NW; ++w)
         if (ml[2 * w] != -INFINITY) L += ml[2 * w + 1] * expf(ml[2 * w] - M);
+    add_sink(sinks, head, M, L);
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     // Probability-weighted values: the lane's dims over its keys, then over the warp's groups.
     float acc[VEC];
@@ -389,12 +391,12 @@ static __device__ __forceinline__ void attn_dec_one_pass(const float* __restrict
 
 // `y8` non-null: the output (dense, o_head_stride == head_dim, head_dim a multiple of 32) also
 // goes out quantized for the decode mat-vecs, as `quantize_q8_1` would make it of each token's
-// n_heads * head_dim values.
+// n_heads * head_dim values. `sinks` (null: none) holds one logit per query head (see add_sink).
 template <typename KV>
 static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q, const KV* __restrict__ k,
                                                      const KV* __restrict__ v, const int* __restrict__ pos,
                                                      float* __restrict__ out, uint8_t* __restrict__ y8,
-                                                     const attn_params p) {
+                                                     const float* __restrict__ sinks, const attn_params p) {
     constexpr int VEC = kv_vec<KV>::VEC;
     constexpr int NT = ATTN_DEC_THREADS;
     __shared__ float sc[ATTN_DEC_MAX_KV];
@@ -420,7 +422,7 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
     const KV* vb = v + (long long)kvh * p.v_head_stride;
     if (chunks == G && n <= ngroups * ATTN_DEC_FK) {
         float* op = out + (long long)tok * p.o_tok_stride + (long long)head * p.o_head_stride;
-        attn_dec_one_pass<KV>(qp, kb, vb, lo, n, G, p, op, y8, head, tok, sc, red);
+        attn_dec_one_pass<KV>(qp, kb, vb, lo, n, G, p, op, y8, sinks, head, tok, sc, red);
         return;
     }
     float qv[2][VEC];
@@ -475,6 +477,8 @@ static __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q
         for (int j = threadIdx.x; j < n; j += NT) l += expf(sc[j] - mx);
     __syncthreads();  // `red` reused by block_sum
     l = block_sum(l, red);
+    // Every thread holds the row's max and sum: the sink joins them alike.
+    add_sink(sinks, head, mx, l);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     for (int j = threadIdx.x; j < n; j += NT) sc[j] = round_kv<KV>(expf(sc[j] - mx) * inv);
     __syncthreads();
@@ -548,15 +552,15 @@ static __device__ __forceinline__ void attn_dec_entry(const KV* k, const KV* v, 
 }
 
 RF_KERNEL void ATTN_DEC_BOUND attn_dec_f16(const float* q, const __half* k, const __half* v, const int* pos, float* out,
-                            uint8_t* y8, attn_params p) {
+                            uint8_t* y8, const float* sinks, attn_params p) {
     attn_dec_entry<__half>(k, v, pos, p);
-    attn_dec_impl<__half>(q, k, v, pos, out, y8, p);
+    attn_dec_impl<__half>(q, k, v, pos, out, y8, sinks, p);
 }
 
 RF_KERNEL void ATTN_DEC_BOUND attn_dec_f32(const float* q, const float* k, const float* v, const int* pos, float* out,
-                            uint8_t* y8, attn_params p) {
+                            uint8_t* y8, const float* sinks, attn_params p) {
     attn_dec_entry<float>(k, v, pos, p);
-    attn_dec_impl<float>(q, k, v, pos, out, y8, p);
+    attn_dec_impl<float>(q, k, v, pos, out, y8, sinks, p);
 }
 
 // Adds the `n_splits` shares of each row's output (phase 2's results, already normalized by the
@@ -604,8 +608,11 @@ RF_KERNEL void attn_q_f16(const float* __restrict__ q, __half* __restrict__ qh, 
 // One block per (query token of the chunk, KV head): scores s[kvh][tok][n_kv] (already scaled)
 // -> probabilities p (same layout, f16), zero where the causal mask or the window hides a key.
 // Query token `tok` of the chunk is token `tok0 + tok` of the batch (its position is pos[...]).
+// The rows are those of head-in-group `g` of `gqa`; `sinks` (null: none) holds one logit per
+// query head (see add_sink).
 RF_KERNEL void attn_softmax_f16(const float* __restrict__ s, __half* __restrict__ p, const int* __restrict__ pos,
-                                int n_kv, int n_rows, int tok0, int causal, int window) {
+                                int n_kv, int n_rows, int tok0, int causal, int window,
+                                const float* __restrict__ sinks, int gqa, int g) {
     rf_entry();
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     const long long base = ((long long)blockIdx.y * n_rows + blockIdx.x) * n_kv;
@@ -621,9 +628,12 @@ RF_KERNEL void attn_softmax_f16(const float* __restrict__ s, __half* __restrict_
     if (mx != -INFINITY)
         for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) sum += expf(sr[j] - mx);
     sum = block_sum(sum, scratch);
+    // A row with no visible key keeps zeros (its -inf max marks it) whatever its sink.
+    const bool any = mx != -INFINITY;
+    if (any) add_sink(sinks, blockIdx.y * gqa + g, mx, sum);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int j = threadIdx.x; j < n_kv; j += blockDim.x)
-        pr[j] = __float2half(j >= lo && j < hi && mx != -INFINITY ? expf(sr[j] - mx) * inv : 0.0f);
+        pr[j] = __float2half(j >= lo && j < hi && any ? expf(sr[j] - mx) * inv : 0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -754,8 +764,9 @@ RF_KERNEL void paged_attn_q8_0(const float* q, const blk_q8_0* k, const blk_q8_0
 // K/V row is loaded once for the whole GQA group. The groups' states merge through shuffles
 // inside a warp and through shared memory across warps. With one split the block writes the
 // output; with several, each writes its (max, sum, unnormalized output) to `part` and
-// `paged_combine_f32` merges them. The block table entries of a split are staged in shared memory
-// once, PD_TBL at a time. Keys, masks and bounds are paged_impl's: always causal, the window as in
+// `paged_combine_f32` merges them; sinks (gpt-oss) join each row's max and sum where the row is
+// finished (the one split's block, or the merge). The block table entries of a split are staged
+// in shared memory once, PD_TBL at a time. Keys, masks and bounds are paged_impl's: always causal, the window as in
 // attn_impl, a token whose column or position lies outside the tables gets zeros, a table entry
 // outside the pool hides its keys. Rounding: queries are rounded to the cache type as above, but
 // the probabilities weight V unrounded: one pass never knows the row's final sum before it
@@ -791,6 +802,7 @@ static __device__ __forceinline__ void paged_dec_impl(const float* __restrict__ 
                                                       const KV* __restrict__ v, const int* __restrict__ pos,
                                                       const int* __restrict__ seq, const int* __restrict__ tables,
                                                       float* __restrict__ out, float* __restrict__ part,
+                                                      const float* __restrict__ sinks,
                                                       const int block_size, const int max_blocks,
                                                       const int split_min, const attn_params p) {
     constexpr int VEC = kv_vec<KV>::VEC;
@@ -997,7 +1009,11 @@ static __device__ __forceinline__ void paged_dec_impl(const float* __restrict__ 
         }
         const long long row = (long long)tok * p.n_heads + head0 + h;
         if (n_splits == 1) {
-            out[(long long)tok * p.o_tok_stride + (long long)(head0 + h) * p.o_head_stride + d] = L > 0.0f ? A / L : 0.0f;
+            // The sink joins the row's max and sum; the output was summed against the old max.
+            float Ms = M, Ls = L;
+            add_sink(sinks, head0 + h, Ms, Ls);
+            const float r = M == -INFINITY ? 0.0f : expf(M - Ms);
+            out[(long long)tok * p.o_tok_stride + (long long)(head0 + h) * p.o_head_stride + d] = Ls > 0.0f ? A * r / Ls : 0.0f;
         } else {
             float* pp = part + ((long long)split * nrows + row) * (D + 2);
             if (d == 0) {
@@ -1010,38 +1026,39 @@ static __device__ __forceinline__ void paged_dec_impl(const float* __restrict__ 
 }
 
 RF_KERNEL void PD_BOUND paged_dec_f16_h4(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
-                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
-                                 int split_min, attn_params p) {
+                                 const int* tables, float* out, float* part, const float* sinks, int block_size,
+                                 int max_blocks, int split_min, attn_params p) {
     rf_entry();
-    paged_dec_impl<__half, 4>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+    paged_dec_impl<__half, 4>(q, k, v, pos, seq, tables, out, part, sinks, block_size, max_blocks, split_min, p);
 }
 
 RF_KERNEL void PD_BOUND paged_dec_f16_h8(const float* q, const __half* k, const __half* v, const int* pos, const int* seq,
-                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
-                                 int split_min, attn_params p) {
+                                 const int* tables, float* out, float* part, const float* sinks, int block_size,
+                                 int max_blocks, int split_min, attn_params p) {
     rf_entry();
-    paged_dec_impl<__half, 8>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+    paged_dec_impl<__half, 8>(q, k, v, pos, seq, tables, out, part, sinks, block_size, max_blocks, split_min, p);
 }
 
 RF_KERNEL void PD_BOUND paged_dec_f32_h4(const float* q, const float* k, const float* v, const int* pos, const int* seq,
-                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
-                                 int split_min, attn_params p) {
+                                 const int* tables, float* out, float* part, const float* sinks, int block_size,
+                                 int max_blocks, int split_min, attn_params p) {
     rf_entry();
-    paged_dec_impl<float, 4>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+    paged_dec_impl<float, 4>(q, k, v, pos, seq, tables, out, part, sinks, block_size, max_blocks, split_min, p);
 }
 
 RF_KERNEL void PD_BOUND paged_dec_f32_h8(const float* q, const float* k, const float* v, const int* pos, const int* seq,
-                                 const int* tables, float* out, float* part, int block_size, int max_blocks,
-                                 int split_min, attn_params p) {
+                                 const int* tables, float* out, float* part, const float* sinks, int block_size,
+                                 int max_blocks, int split_min, attn_params p) {
     rf_entry();
-    paged_dec_impl<float, 8>(q, k, v, pos, seq, tables, out, part, block_size, max_blocks, split_min, p);
+    paged_dec_impl<float, 8>(q, k, v, pos, seq, tables, out, part, sinks, block_size, max_blocks, split_min, p);
 }
 
 // Merges the splits of `paged_dec_*`: per row (token * n_heads + head, one block each) the splits'
 // maxima, sums and unnormalized outputs into the normalized output (zeros when no split saw a key).
+// `sinks` (null: none) holds one logit per query head (see add_sink).
 RF_KERNEL void paged_combine_f32(const float* __restrict__ part, float* __restrict__ out, int n_splits,
                                  int n_heads, int n_rows, int head_dim, long long o_tok_stride,
-                                 long long o_head_stride) {
+                                 long long o_head_stride, const float* __restrict__ sinks) {
     rf_entry();
     const long long grow = blockIdx.x;
     const int tok = (int)(grow / n_heads), head = (int)(grow % n_heads);
@@ -1058,6 +1075,9 @@ RF_KERNEL void paged_combine_f32(const float* __restrict__ part, float* __restri
             L += pp[1] * sc;
             A += pp[2 + d] * sc;
         }
-        op[d] = L > 0.0f ? A / L : 0.0f;
+        float Ms = M;
+        add_sink(sinks, head, Ms, L);
+        const float r = M == -INFINITY ? 0.0f : expf(M - Ms);
+        op[d] = L > 0.0f ? A * r / L : 0.0f;
     }
 }

@@ -1098,6 +1098,35 @@ RF_MATVEC_ID(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_ID(matvec_q6_k, matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
 RF_MATVEC_ID(matvec_mxfp4, matvec_staged, mv_mxfp4, 2)
 
+// Gated expert products: `name_id_gated` is `name_gated` (act(gate) * up, the same shapes and rows
+// per warp, so `matvec_gated_grid`) over the pairs of `name_id`: pair p multiplies gate and up
+// matrix ids[p] of their stacks (both `mat_bytes` apart) with its activation vector, into output
+// row p. One launch for a mixture of experts' gate and up products and their activation.
+#define RF_MATVEC_ID_GATED(name, attrs, shape, T, R)                                                             \
+    RF_KERNEL void attrs name##_id_gated(const uint8_t* wg, const uint8_t* wu, const int* ids, const uint8_t* y, \
+                                         float* out, int ncols, long long row_bytes, long long mat_bytes,        \
+                                         int nrows, int n_used, int n_x, int n_mat, int act_kind) {              \
+        rf_entry();                                                                                              \
+        const int e = mv_id_expert(ids, out, nrows, n_mat);                                                      \
+        if (e < 0) return;                                                                                       \
+        const uint8_t* ge = wg + (long long)e * mat_bytes;                                                       \
+        const uint8_t* ue = wu + (long long)e * mat_bytes;                                                       \
+        mv_entry<T, R, 1, 2>(ge, ue, row_bytes, nrows);                                                          \
+        shape<T, R, 1, 2>(ge, ue, nullptr, mv_id_vec(y, ncols, n_used, n_x), out, ncols, row_bytes, nrows, nrows, \
+                          act_kind);                                                                             \
+    }
+
+RF_MATVEC_ID_GATED(matvec_q4_0, MV_BOUND, matvec_staged, mv_q4_0, 2)
+RF_MATVEC_ID_GATED(matvec_q5_0, MV_BOUND, matvec_staged, mv_q5_0, 2)
+RF_MATVEC_ID_GATED(matvec_q8_0, MV_BOUND, matvec_staged, mv_q8_0, 2)
+RF_MATVEC_ID_GATED(matvec_q4_1, MV_BOUND, matvec_staged, mv_q4_1, 2)
+RF_MATVEC_ID_GATED(matvec_q5_1, MV_BOUND, matvec_staged, mv_q5_1, 2)
+RF_MATVEC_ID_GATED(matvec_q2_k, MV_BOUND, matvec_staged, mv_q2_k, 2)
+RF_MATVEC_ID_GATED(matvec_q3_k, MV_BOUND, matvec_staged, mv_q3_k, 2)
+RF_MATVEC_ID_GATED(matvec_q6_k, MV_BOUND, matvec_staged, mv_q6_k<MV_Q6K_GATED_ROUNDS>, 2)
+RF_MATVEC_ID_GATED(matvec_q5_k, MV_BOUND, matvec_direct2, mv_q5_k, 1)
+RF_MATVEC_ID_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
+
 // Float expert products: one block per output row (grid.x) and pair (grid.y), x f32 vectors of
 // `ncols` values; strides in elements.
 template <typename W>

@@ -191,6 +191,26 @@ impl WeightType {
         }
     }
 
+    /// The gated expert mat-vec ([`WeightType::matvec_id`] with two stacks: `w_gate`, `w_up`,
+    /// `ids`, `y`, `out`, `ncols`, `row_bytes`, `mat_bytes`, `nrows`, `n_used`, `n_x`, `n_mat`,
+    /// `act`: [`crate::act`]): pair `p`'s output row is `act(gate_e . y) * (up_e . y)` for
+    /// expert `e = ids[p]`; block as [`WeightType::matvec`], grid x [`crate::matvec_gated_grid`],
+    /// grid y the pairs.
+    pub fn matvec_id_gated(self) -> KernelId {
+        match self {
+            WeightType::Q4_0 => KernelId::MatvecIdGatedQ4_0,
+            WeightType::Q4_1 => KernelId::MatvecIdGatedQ4_1,
+            WeightType::Q5_0 => KernelId::MatvecIdGatedQ5_0,
+            WeightType::Q5_1 => KernelId::MatvecIdGatedQ5_1,
+            WeightType::Q8_0 => KernelId::MatvecIdGatedQ8_0,
+            WeightType::Q2_K => KernelId::MatvecIdGatedQ2_K,
+            WeightType::Q3_K => KernelId::MatvecIdGatedQ3_K,
+            WeightType::Q4_K => KernelId::MatvecIdGatedQ4_K,
+            WeightType::Q5_K => KernelId::MatvecIdGatedQ5_K,
+            WeightType::Q6_K => KernelId::MatvecIdGatedQ6_K,
+        }
+    }
+
     /// The grouped decode mat-vec (`w0`, `w1`, `w2`, `y`, `out0`, `out1`, `out2`, `ncols`,
     /// `row_bytes`, `n0`, `n1`, `n2`): up to three matrices of this type and row length times the
     /// same activations in one launch, grid x = the sum of [`crate::matvec_grid`] over the three
@@ -463,6 +483,16 @@ kernel_ids! {
     MatvecIdQ4_K => Matvec, "matvec_q4_k_id";
     MatvecIdQ5_K => Matvec, "matvec_q5_k_id";
     MatvecIdQ6_K => Matvec, "matvec_q6_k_id";
+    MatvecIdGatedQ4_0 => Matvec, "matvec_q4_0_id_gated";
+    MatvecIdGatedQ4_1 => Matvec, "matvec_q4_1_id_gated";
+    MatvecIdGatedQ5_0 => Matvec, "matvec_q5_0_id_gated";
+    MatvecIdGatedQ5_1 => Matvec, "matvec_q5_1_id_gated";
+    MatvecIdGatedQ8_0 => Matvec, "matvec_q8_0_id_gated";
+    MatvecIdGatedQ2_K => Matvec, "matvec_q2_k_id_gated";
+    MatvecIdGatedQ3_K => Matvec, "matvec_q3_k_id_gated";
+    MatvecIdGatedQ4_K => Matvec, "matvec_q4_k_id_gated";
+    MatvecIdGatedQ5_K => Matvec, "matvec_q5_k_id_gated";
+    MatvecIdGatedQ6_K => Matvec, "matvec_q6_k_id_gated";
     MatvecMxfp4 => Matvec, "matvec_mxfp4";
     MatvecIdMxfp4 => Matvec, "matvec_mxfp4_id";
     MatvecIdF32 => Matvec, "matvec_f32_id";
@@ -601,6 +631,18 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecIdMxfp4
         | K::MatvecIdF32
         | K::MatvecIdF16 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32],
+        K::MatvecIdGatedQ4_0
+        | K::MatvecIdGatedQ4_1
+        | K::MatvecIdGatedQ5_0
+        | K::MatvecIdGatedQ5_1
+        | K::MatvecIdGatedQ8_0
+        | K::MatvecIdGatedQ2_K
+        | K::MatvecIdGatedQ3_K
+        | K::MatvecIdGatedQ4_K
+        | K::MatvecIdGatedQ5_K
+        | K::MatvecIdGatedQ6_K => &[
+            Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32, I32,
+        ],
         K::MatvecGatedQ4_0
         | K::MatvecGatedQ5_0
         | K::MatvecGatedQ8_0
@@ -725,10 +767,10 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::ExpertWeightsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I32],
         K::SwigluOaiF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, F32, F32],
         K::AttnF16 | K::AttnF32 | K::AttnQ8_0 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
-        K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
+        K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
         K::AttnQF16 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
-        K::AttnSoftmaxF16 => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32],
+        K::AttnSoftmaxF16 => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32, Ptr, I32, I32],
         K::MmqQ4_0x16
         | K::MmqQ4_0x32
         | K::MmqQ4_0x64
@@ -763,9 +805,9 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::PagedAttnF16 | K::PagedAttnF32 | K::PagedAttnQ8_0 => {
             &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
         }
-        K::PagedDecF16H4 | K::PagedDecF16H8 | K::PagedDecF32H4 | K::PagedDecF32H8 => {
-            &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, Attn]
-        }
-        K::PagedCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],
+        K::PagedDecF16H4 | K::PagedDecF16H8 | K::PagedDecF32H4 | K::PagedDecF32H8 => &[
+            Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, Attn,
+        ],
+        K::PagedCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64, Ptr],
     }
 }

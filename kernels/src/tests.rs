@@ -23,7 +23,8 @@ fn every_kernel_symbol_is_in_its_sources() {
 const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_multi", "_add", "_ks"];
 
 /// True when a `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)` (for `base_gated`),
-/// `RF_MATVEC_ID(base, ...)` (for `base_id`), `RF_MMQ(name, T)` or `RF_DEQUANT(suffix, T)` line
+/// `RF_MATVEC_ID(base, ...)` (for `base_id`), `RF_MATVEC_ID_GATED(base, ...)` (for
+/// `base_id_gated`), `RF_MMQ(name, T)` or `RF_DEQUANT(suffix, T)` line
 /// defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
@@ -33,6 +34,9 @@ fn macro_defines(src: &str, name: &str) -> bool {
                 .is_some_and(|b| src.contains(&format!("RF_MMQ({b},")))
         })
         || name.strip_suffix("_gated").is_some_and(gated)
+        || name
+            .strip_suffix("_id_gated")
+            .is_some_and(|b| src.contains(&format!("RF_MATVEC_ID_GATED({b},")))
         || name
             .strip_suffix("_id")
             .is_some_and(|b| src.contains(&format!("RF_MATVEC_ID({b},")))
@@ -63,6 +67,11 @@ fn weight_types_map_to_kernels_of_the_right_module() {
         assert_eq!(t.dequant_f16().module(), Module::Dequant);
         assert_eq!(t.get_rows().module(), Module::Dequant);
         assert_eq!(t.matvec_id().module(), Module::Matvec);
+        assert_eq!(t.matvec_id_gated().module(), Module::Matvec);
+        assert_eq!(
+            t.matvec_id_gated().name(),
+            format!("{}_gated", t.matvec_id().name())
+        );
         for nt in [16, 32, 64] {
             assert_eq!(t.mmq(nt).module(), Module::Mmq);
             assert!(t.mmq(nt).name().ends_with(&format!("_{nt}")));
@@ -160,7 +169,8 @@ fn own_definition(src: &str, name: &str) -> Option<usize> {
 }
 
 /// The C parameter list of kernel `name` in `src`: its own definition, or the one of the macro
-/// that defines it (`RF_MATVEC_FAST`, `RF_MATVEC_GATED`, `RF_MATVEC_ID`, `RF_MMQ`, `RF_DEQUANT`).
+/// that defines it (`RF_MATVEC_FAST`, `RF_MATVEC_GATED`, `RF_MATVEC_ID`, `RF_MATVEC_ID_GATED`,
+/// `RF_MMQ`, `RF_DEQUANT`).
 fn c_params(src: &str, name: &str) -> Option<String> {
     let list_after = |at: usize| -> Option<String> {
         let open = at + src[at..].find('(')?;
@@ -180,6 +190,12 @@ fn c_params(src: &str, name: &str) -> Option<String> {
                 let def = src.find("#define RF_MMQ_NT(")?;
                 return list_after(def + src[def..].find(" name##_##NT(")?);
             }
+        }
+    }
+    if let Some(base) = name.strip_suffix("_id_gated") {
+        if src.contains(&format!("RF_MATVEC_ID_GATED({base},")) {
+            let def = src.find("#define RF_MATVEC_ID_GATED(")?;
+            return list_after(def + src[def..].find("name##_id_gated(")?);
         }
     }
     if let Some(base) = name.strip_suffix("_id") {

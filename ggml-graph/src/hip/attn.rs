@@ -32,13 +32,13 @@ pub(super) fn attention(
     let (hd, n_heads, n_tok) = (q.ne[0], q.ne[1], q.ne[2]);
     let (n_kv_heads, n_kv) = (k.ne[1], k.ne[2]);
     let es = k.dtype.type_size();
-    // Sinks (the last operand) join the softmax in `attn_*` only.
+    // Sinks (the last operand, gpt-oss) join every kernel's softmax.
     let sinks = match p.sinks {
         true => Some(addr(&srcs[srcs.len() - 1])?),
         false => None,
     };
-    if sinks.is_none() && n_tok >= ATTN_GEMM_FROM && k.dtype == DType::F16 && n_kv > 0 {
-        return attention_gemm(d, t, p, srcs, out);
+    if n_tok >= ATTN_GEMM_FROM && k.dtype == DType::F16 && n_kv > 0 {
+        return attention_gemm(d, t, p, srcs, sinks, out);
     }
     // Few query tokens (decode) over a cache the vector loads can read: one launch, one block
     // per (head, token).
@@ -46,7 +46,6 @@ pub(super) fn attention(
     let (k_addr, v_addr) = (addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr());
     // A Q8_0 cache takes `attn_q8_0` (its strides count blocks; see `ld_kv` there).
     let dec_ok = d.inner.opts.attn_dec
-        && sinks.is_none()
         && k.dtype != DType::Q8_0
         && n_kv <= kernels::ATTN_DEC_MAX_KV
         && hd % vec == 0
@@ -99,9 +98,11 @@ pub(super) fn attention(
             .push(addr(&srcs[3])?)
             .push(out)
             .push(q8.as_ref().map(|b| MemRange::of_buffer(b)))
+            .push(sinks)
             .push(KernelArg::Bytes(bytemuck::bytes_of(&params)));
-        // SAFETY: q, k, v, mask and output are the node's tensors, sized by the scheduler for the
-        // shapes passed here; the scratch and partials are sized above for the same shapes.
+        // SAFETY: q, k, v, mask, sinks (one f32 per query head) and output are the node's
+        // tensors, sized by the scheduler for the shapes passed here; the quantized output
+        // buffer is sized above for the same shapes.
         unsafe {
             d.launch_kernel(
                 kid,
@@ -231,13 +232,12 @@ pub(super) fn paged_attention(
     // them (a q8_0 cache takes `paged_attn_q8_0`).
     let vec = 16 / es;
     let addrs = [addr(&srcs[1])?.addr(), addr(&srcs[2])?.addr()];
-    // Sinks (the operand after the tables) join the softmax in `paged_attn_*` only.
+    // Sinks (the operand after the tables, gpt-oss) join the softmax in every paged kernel.
     let sinks = match srcs.get(6) {
         Some(s) if p.sinks => Some(addr(s)?),
         _ => None,
     };
-    if sinks.is_none()
-        && matches!(k.dtype, DType::F16 | DType::F32)
+    if matches!(k.dtype, DType::F16 | DType::F32)
         && hd % vec == 0
         && (hd / vec).is_power_of_two()
         && [k.nb[1], k.nb[2], v.nb[1], v.nb[2]]
@@ -245,7 +245,7 @@ pub(super) fn paged_attention(
             .all(|&b| b % 16 == 0)
         && addrs.iter().all(|&a| a % 16 == 0)
     {
-        return paged_decode(d, &params, gqa, block_size, srcs, out);
+        return paged_decode(d, &params, gqa, block_size, srcs, sinks, out);
     }
     let kid = match k.dtype {
         DType::F16 => KernelId::PagedAttnF16,
@@ -286,7 +286,7 @@ const PAGED_MAX_SPLITS: usize = 64;
 
 /// [`paged_attention`] through `paged_dec_*` (flash decoding: each token's keys split over
 /// blocks, one online-softmax pass, all query heads of a KV head per block) and, for several
-/// splits, `paged_combine_f32`. Splits are counted from the tables' capacity (the graph does not
+/// splits, `paged_combine_f32`; the `sinks` join whichever finishes the rows. Splits are counted from the tables' capacity (the graph does not
 /// know the sequences' lengths); each token divides its own visible range among them, so splits
 /// past a short sequence's end return at once.
 fn paged_decode(
@@ -295,6 +295,7 @@ fn paged_decode(
     gqa: usize,
     block_size: usize,
     srcs: &[TensorMem<'_>],
+    sinks: Option<MemRange<'_>>,
     out: MemRange<'_>,
 ) -> Result<()> {
     let (k, tables) = (srcs[1].tensor, srcs[5].tensor);
@@ -338,13 +339,14 @@ fn paged_decode(
     }
     a.push(out)
         .push(part)
+        .push(sinks)
         .push(block_size as i32)
         .push(tables.ne[0] as i32)
         .push(PAGED_SPLIT_MIN as i32)
         .push(KernelArg::Bytes(bytemuck::bytes_of(params)));
-    // SAFETY: q, k, v, pos, seq, tables and the output are the node's tensors, sized by the
-    // scheduler for the shapes passed here (supports_op checked them dense where the kernel
-    // indexes them flat, the caller their 16-byte alignment); the kernel bounds every column,
+    // SAFETY: q, k, v, pos, seq, tables, the sinks (one f32 per query head) and the output are
+    // the node's tensors, sized by the scheduler for the shapes passed here (supports_op checked
+    // them dense where the kernel indexes them flat, the caller their 16-byte alignment); the kernel bounds every column,
     // position and table entry it reads by the table and pool sizes passed here; the partials
     // are sized above for `splits` splits of every (token, head) row.
     unsafe {
@@ -363,9 +365,11 @@ fn paged_decode(
             .push(n_heads as i32)
             .push(n_rows as i32)
             .push(hd as i32);
-        c.push(params.o_tok_stride).push(params.o_head_stride);
+        c.push(params.o_tok_stride)
+            .push(params.o_head_stride)
+            .push(sinks);
         // SAFETY: the partials were written above for `splits` splits of `n_rows` rows; the
-        // output is the node's tensor with the strides passed here.
+        // output is the node's tensor with the strides passed here, the sinks one f32 per head.
         unsafe { d.launch_kernel(KernelId::PagedCombineF32, [n_rows as u32, 1, 1], 128, &c.0)? };
     }
     Ok(())
@@ -373,12 +377,14 @@ fn paged_decode(
 
 /// Prefill attention with an f16 cache as two batched GEMMs per head-in-group and token chunk
 /// (scores = K^T q, output = V P, one batch entry per KV head) around a masked softmax that
-/// writes f16 probabilities: tensor cores do the products, rounded as the CPU op rounds.
+/// writes f16 probabilities (with the heads' `sinks` in its sums when there are some): tensor
+/// cores do the products, rounded as the CPU op rounds.
 fn attention_gemm(
     d: &HipDevice,
     t: &Tensor,
     p: &crate::tensor::AttnParams,
     srcs: &[TensorMem<'_>],
+    sinks: Option<MemRange<'_>>,
     out: MemRange<'_>,
 ) -> Result<()> {
     let (q, k, v) = (srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
@@ -468,9 +474,13 @@ fn attention_gemm(
                 .push(cn as i32)
                 .push(t0 as i32)
                 .push(i32::from(p.causal))
-                .push(p.window.unwrap_or(0) as i32);
-            // SAFETY: q, k, v, mask and output are the node's tensors, sized by the scheduler for
-            // the shapes passed here; the scratch and partials are sized above for the same shapes.
+                .push(p.window.unwrap_or(0) as i32)
+                .push(sinks)
+                .push(gqa as i32)
+                .push(g as i32);
+            // SAFETY: q, k, v, mask, sinks (one f32 per query head: KV head * gqa + g < n_heads)
+            // and output are the node's tensors, sized by the scheduler for the shapes passed
+            // here; the scratch and partials are sized above for the same shapes.
             unsafe {
                 d.launch_kernel(
                     KernelId::AttnSoftmaxF16,

@@ -5,7 +5,9 @@
 //! k norms in one `rms_norm2_f32`; the q and k ropes with both cache writes after them go as one
 //! `rope_kv_*`, and with the q and k norms before them too as one `norm_rope_kv_*`; with the
 //! q, k and v projections before them (Q4_K, an f16 cache) the seven go as one mat-vec launch that
-//! rotates and stores its own rows (`matvec_q4_k_rope_kv`, `matvec_q4_k_q6_k_rope_kv`).
+//! rotates and stores its own rows (`matvec_q4_k_rope_kv`, `matvec_q4_k_q6_k_rope_kv`); a
+//! mixture of experts' up and gate products with their activation go as one gated expert
+//! mat-vec (`matvec_*_id_gated`).
 
 use gpu_mem::MemRange;
 
@@ -63,6 +65,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         Some(Op::Rope(_)) => ropes(d, group),
         Some(Op::SetRows) => set_rows(d, group),
         Some(Op::RmsNormMul { .. }) => norm_add(d, group),
+        Some(Op::MulMatId) => super::moe::gate_up(d, group),
         _ => Ok(0),
     }
 }

@@ -36,6 +36,8 @@ mod workspace;
 
 pub use crate::hip_options::{HipOptions, StackKernel};
 #[cfg(any(test, feature = "testing"))]
+pub use moe::expert_gate_up_launches;
+#[cfg(any(test, feature = "testing"))]
 pub use ops::mmq_launches;
 #[cfg(any(test, feature = "testing"))]
 pub use stack::{head_launches, stack_launches, stack_portable_launches};

@@ -17,13 +17,26 @@ use gpu_mem::MemRange;
 use kernels::KernelId;
 
 use super::ops::{
-    blocks, dense, elems, f32_rows, launch_matvec, product, product_scratch, quant_rows_ok,
-    weight_type, Args, Mat, ALIGN, MMQ_MIN_COLS,
+    act_kind, blocks, dense, elems, f32_rows, launch_matvec, mmq, mmq_takes, product,
+    product_scratch, quant_rows_ok, weight_type, Args, Mat, MmqProduct, ALIGN, MATVEC_MAX_COLS,
+    MMQ_MIN_COLS,
 };
-use super::{addr, gpu_err, HipDevice};
-use crate::backend::TensorMem;
+use super::{addr, gpu_err, rewritten, same_mem, HipDevice};
+use crate::backend::{GroupNode, TensorMem};
 use crate::error::Result;
-use crate::tensor::{DType, Op, Tensor};
+use crate::tensor::{Act, DType, Op, Tensor};
+
+/// Gated expert launches (`matvec_*_id_gated`) queued by every device of this process (see
+/// [`expert_gate_up_launches`]).
+#[cfg(any(test, feature = "testing"))]
+static GATE_UP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Gated expert launches queued so far by every device of this process (for tests: whether a
+/// model's up and gate products took one launch). Only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
+pub fn expert_gate_up_launches() -> usize {
+    GATE_UP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// The largest grid.y: the per-pair launch and the gather put the pairs there.
 const MAX_PAIRS: usize = 65535;
@@ -161,13 +174,113 @@ fn mul_mat_id(d: &HipDevice, srcs: &[TensorMem<'_>], out: MemRange<'_>) -> Resul
         n_used: ids.ne[0],
         n_tok: ids.ne[1],
     };
-    let capturing = d.inner.capturing.load(std::sync::atomic::Ordering::Relaxed);
-    // Grouping pays once the average expert's columns reach the tile kernels; it reads the ids
-    // back, which a graph capture cannot record.
-    if !capturing && s.n_tok > 1 && s.pairs() >= MMQ_MIN_COLS * s.n_mat {
+    if by_expert(d, &s) {
         return grouped(d, srcs, &s, out);
     }
     per_pair(d, srcs, &s, out)
+}
+
+/// Whether a `mul_mat_id` of shape `s` is multiplied grouped by expert rather than per pair.
+fn by_expert(d: &HipDevice, s: &IdShape) -> bool {
+    let capturing = d.inner.capturing.load(std::sync::atomic::Ordering::Relaxed);
+    // Grouping pays once the average expert's columns reach the tile kernels; it reads the ids
+    // back, which a graph capture cannot record.
+    !capturing && s.n_tok > 1 && s.pairs() >= MMQ_MIN_COLS * s.n_mat
+}
+
+/// A mixture of experts' up product, gate product and gated activation (the scheduler's
+/// `expert_gate_up` run: `mul_mat_id`s of one activation and id tensor, `act(gate) * up` of the
+/// two) as one gated expert mat-vec (`matvec_*_id_gated`) writing the activation's rows, where
+/// both products take the per-pair path with one quantized weight type and layout. Returns 3
+/// when it launched, 0 when the nodes go their own ways.
+pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [up, gate, act, ..] = group else {
+        return Ok(0);
+    };
+    let Op::Gated(kind) = act.tensor.op else {
+        return Ok(0);
+    };
+    let ([wu, x, ids], [wg, xg, idsg], [ga, ua]) = (
+        up.srcs.as_slice(),
+        gate.srcs.as_slice(),
+        act.srcs.as_slice(),
+    ) else {
+        return Ok(0);
+    };
+    let nodes_ok = [up, gate, act].iter().all(|g| {
+        let ts: Vec<&Tensor> = g.srcs.iter().map(|m| m.tensor).collect();
+        super::ops::supports(g.tensor, &ts)
+    });
+    let (wt, w) = (weight_type(wg.tensor.dtype), wu.tensor);
+    let s = IdShape {
+        k: w.ne[0],
+        n: w.ne[1],
+        n_mat: w.ne[2],
+        n_x: x.tensor.ne[1],
+        n_used: ids.tensor.ne[0],
+        n_tok: ids.tensor.ne[1],
+    };
+    let fits = nodes_ok
+        && gate.tensor.op == Op::MulMatId
+        && same_mem(x, xg)
+        && same_mem(ids, idsg)
+        && same_mem(ga, &gate.dst)
+        && same_mem(ua, &up.dst)
+        && wg.tensor.dtype == w.dtype
+        && wg.tensor.ne == w.ne
+        && wg.tensor.nb == w.nb
+        && dense(act.tensor, DType::F32)
+        && act.tensor.ne == up.tensor.ne;
+    let Some(wt) = wt.filter(|_| fits) else {
+        return Ok(0);
+    };
+    rewritten(d, up)?;
+    rewritten(d, gate)?;
+    let out = rewritten(d, act)?;
+    if by_expert(d, &s) {
+        // One gated product per chosen expert over its gathered rows.
+        let mats = |e: usize| Ok((expert_mat(wg, &s, e)?, expert_mat(wu, &s, e)?));
+        by_expert_runs(
+            d,
+            x,
+            ids,
+            &s,
+            out,
+            |e, c| Ok(gated_scratch(d, &mats(e)?.0, c)),
+            |e, xg, c, yg| {
+                let (g, u) = mats(e)?;
+                gated_product(d, kind, &g, &u, xg, c, yg)
+            },
+        )?;
+        #[cfg(any(test, feature = "testing"))]
+        GATE_UP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Ok(3);
+    }
+    let mut cache = d.inner.q8.lock();
+    let q8 = cache.quantized(d, addr(x)?, s.k, s.n_x * s.n_tok)?;
+    let mut a = Args::new();
+    a.push(addr(wg)?)
+        .push(addr(wu)?)
+        .push(addr(ids)?)
+        .push(MemRange::of_buffer(&q8))
+        .push(out)
+        .push(s.k as i32)
+        .push(w.nb[1] as i64)
+        .push(w.nb[2] as i64)
+        .push(s.n as i32)
+        .push(s.n_used as i32)
+        .push(s.n_x as i32)
+        .push(s.n_mat as i32)
+        .push(act_kind(kind));
+    let grid = kernels::matvec_gated_grid(wt, s.n);
+    // SAFETY: `wg` and `wu` are stacks of `n_mat` matrices of one type and layout (`nb[2]`
+    // apart) of `n` rows, `ids` the dense `[n_used, n_tok]` I32 ids (each checked against
+    // `n_mat` by the kernel), `q8` the `n_x * n_tok` activation vectors quantized above and
+    // `out` the activation node's `pairs` dense rows of `n` f32; grid y is the pair.
+    unsafe { launch_matvec(d, wt.matvec_id_gated(), grid, s.pairs(), &a, cache)? };
+    #[cfg(any(test, feature = "testing"))]
+    GATE_UP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(3)
 }
 
 /// One launch over every (token, slot) pair.
@@ -220,6 +333,86 @@ fn per_pair(d: &HipDevice, srcs: &[TensorMem<'_>], s: &IdShape, out: MemRange<'_
     // SAFETY: as above, with `x` the dense f32 activations themselves; one block per output row
     // and pair.
     unsafe { d.launch_kernel(kid, [s.n as u32, pairs as u32, 1], 4 * d.inner.warp, &a.0) }
+}
+
+/// Scratch bytes [`gated_product`] uses from the scratch's start for `m` vectors times `w`
+/// (and a matrix of its type and shape).
+fn gated_scratch(d: &HipDevice, w: &Mat<'_>, m: usize) -> usize {
+    let sms = usize::try_from(d.inner.dev.info().compute_units).unwrap_or(0);
+    let tiles = if mmq_takes(d, m) {
+        kernels::MmqPlan::new(w.n, m, w.k, 2, sms).partial_values(w.n, m) * 4
+    } else {
+        0
+    };
+    tiles.max(align(product_scratch(d, w, m)) + w.n * m * 4)
+}
+
+/// `out` (`m` rows of `n`) = `act(wg x) * (wu x)` for `m` dense f32 vectors `x`, `wg` and `wu`
+/// of one type and shape: both on integer tiles in one launch where the tile kernels take `m`,
+/// one gated mat-vec for a few vectors of a quantized type, else both products (the up one into
+/// the scratch past what a product uses) and the activation.
+fn gated_product(
+    d: &HipDevice,
+    kind: Act,
+    wg: &Mat<'_>,
+    wu: &Mat<'_>,
+    x: MemRange<'_>,
+    m: usize,
+    out: MemRange<'_>,
+) -> Result<()> {
+    let (k, n) = (wg.k, wg.n);
+    let wt = weight_type(wg.dtype);
+    if let Some(wt) = wt.filter(|_| mmq_takes(d, m)) {
+        let ws = [wg.w, wu.w];
+        let p = MmqProduct {
+            wt,
+            ws: &ws,
+            row_bytes: wg.row_bytes,
+            k,
+            n,
+            m,
+            act: Some(act_kind(kind)),
+        };
+        return mmq(d, &p, None, x, out);
+    }
+    if let Some(wt) = wt.filter(|_| m <= MATVEC_MAX_COLS) {
+        let mut cache = d.inner.q8.lock();
+        let q8 = cache.quantized(d, x, k, m)?;
+        let mut b = Args::new();
+        b.push(wg.w)
+            .push(wu.w)
+            .push(MemRange::of_buffer(&q8))
+            .push(out)
+            .push(k as i32)
+            .push(wg.row_bytes as i64)
+            .push(n as i32)
+            .push(n as i32)
+            .push(act_kind(kind));
+        let grid = kernels::matvec_gated_grid(wt, n);
+        // SAFETY: `wg` and `wu` hold `n` rows of `row_bytes` of a quantized type, `q8` the `m`
+        // vectors of `k` quantized above and `out` `m` rows of `n` f32 (the caller's shapes).
+        return unsafe { launch_matvec(d, wt.matvec_gated(), grid, m, &b, cache) };
+    }
+    let at = align(product_scratch(d, wu, m));
+    let scratch = d.scratch(at + n * m * 4)?;
+    let up = MemRange::of_buffer(&scratch)
+        .sub(at, n * m * 4)
+        .map_err(|e| gpu_err("mul_mat_id", e))?;
+    product(d, wg, x, m, out, None)?;
+    product(d, wu, x, m, up, None)?;
+    d.inner.q8.lock().written(up.addr(), up.len());
+    let mut a = Args::new();
+    a.push(out)
+        .push(up)
+        .push(out)
+        .push(n as i32)
+        .push(m as i32)
+        .push(n as i64)
+        .push(n as i64)
+        .push(n as i64)
+        .push(act_kind(kind));
+    // SAFETY: `out` and `up` hold `m` dense rows of `n` f32 (the caller's and the scratch's).
+    unsafe { d.launch_kernel(KernelId::ActF32, [blocks(n * m, 256), 1, 1], 256, &a.0) }
 }
 
 /// The pairs sorted by expert, stable: the activation row and the output row of each, and the
@@ -277,32 +470,60 @@ fn align(b: usize) -> usize {
 
 /// Gather by expert, one product per chosen expert, scatter back.
 fn grouped(d: &HipDevice, srcs: &[TensorMem<'_>], s: &IdShape, out: MemRange<'_>) -> Result<()> {
-    let w = srcs[0].tensor;
+    let mat_of = |e: usize| expert_mat(&srcs[0], s, e);
+    by_expert_runs(
+        d,
+        &srcs[1],
+        &srcs[2],
+        s,
+        out,
+        |e, c| Ok(product_scratch(d, &mat_of(e)?, c)),
+        |e, xg, c, yg| product(d, &mat_of(e)?, xg, c, yg, None).map(|_| ()),
+    )
+}
+
+/// Matrix `e` of the expert stack `w` (`s.n_mat` matrices of `s.n` rows of `s.k`).
+fn expert_mat<'a>(w: &TensorMem<'a>, s: &IdShape, e: usize) -> Result<Mat<'a>> {
+    let t = w.tensor;
+    Ok(Mat {
+        dtype: t.dtype,
+        k: s.k,
+        n: s.n,
+        row_bytes: t.nb[1],
+        w: addr(w)?
+            .sub(e * t.nb[2], s.n * t.nb[1])
+            .map_err(|e| gpu_err("mul_mat_id", e))?,
+    })
+}
+
+/// The pairs of `ids` grouped by expert: reads the ids back, gathers the activation rows of
+/// `x` into expert order, calls `run(expert, rows, count, out_rows)` for each chosen expert
+/// (`count` gathered rows of `s.k`, `count` output rows of `s.n`) and scatters the results back
+/// to their pairs' rows of `out`. `scratch_of(expert, count)` is the scratch `run` uses from the
+/// scratch's start; the gathered rows go past the largest.
+fn by_expert_runs(
+    d: &HipDevice,
+    x: &TensorMem<'_>,
+    ids: &TensorMem<'_>,
+    s: &IdShape,
+    out: MemRange<'_>,
+    scratch_of: impl Fn(usize, usize) -> Result<usize>,
+    mut run: impl FnMut(usize, MemRange<'_>, usize, MemRange<'_>) -> Result<()>,
+) -> Result<()> {
     let pairs = s.pairs();
     let mut raw = vec![0u8; pairs * 4];
     // Waits for the routing that wrote the ids (the stream's work so far).
-    srcs[2].buffer.read(srcs[2].offset, &mut raw)?;
+    ids.buffer.read(ids.offset, &mut raw)?;
     let ids: Vec<i32> = raw
         .chunks_exact(4)
         .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
     let g = group_pairs(&ids, s)?;
-    let (wp, xp) = (addr(&srcs[0])?, addr(&srcs[1])?);
+    let xp = addr(x)?;
     let views = |e| gpu_err("mul_mat_id", e);
-    let mat_of = |e: usize| -> Result<Mat<'_>> {
-        Ok(Mat {
-            dtype: w.dtype,
-            k: s.k,
-            n: s.n,
-            row_bytes: w.nb[1],
-            w: wp.sub(e * w.nb[2], s.n * w.nb[1]).map_err(views)?,
-        })
-    };
-    // The products use the scratch from its start; the sorted rows go past what the largest
-    // of them takes.
     let mut core = 0;
     for &(e, _, c) in &g.runs {
-        core = core.max(product_scratch(d, &mat_of(e)?, c));
+        core = core.max(scratch_of(e, c)?);
     }
     let idx_bytes = align(pairs * 4);
     let at_src = align(core);
@@ -345,7 +566,7 @@ fn grouped(d: &HipDevice, srcs: &[TensorMem<'_>], s: &IdShape, out: MemRange<'_>
     for &(e, first, c) in &g.runs {
         let xg = xs.sub(first * s.k * 4, c * s.k * 4).map_err(views)?;
         let yg = ys.sub(first * s.n * 4, c * s.n * 4).map_err(views)?;
-        product(d, &mat_of(e)?, xg, c, yg, None)?;
+        run(e, xg, c, yg)?;
     }
     let mut b = Args::new();
     b.push(ys)

@@ -977,7 +977,7 @@ pub(super) fn product(
         .map_err(|e| gpu_err("mul_mat", e))
 }
 
-fn act_kind(kind: Act) -> i32 {
+pub(super) fn act_kind(kind: Act) -> i32 {
     if kind == Act::Gelu {
         act::GELU
     } else {
@@ -1086,20 +1086,20 @@ pub(super) fn mmq_takes(d: &HipDevice, m: usize) -> bool {
 /// One batched product on integer tiles: `ws` (one matrix, or gate and up for a gated product
 /// with activation `act`) of `n` rows of `k` values (`row_bytes` apart) in format `wt`, times `m`
 /// vectors.
-struct MmqProduct<'a, 'b> {
-    wt: WeightType,
-    ws: &'a [MemRange<'b>],
-    row_bytes: usize,
-    k: usize,
-    n: usize,
-    m: usize,
-    act: Option<i32>,
+pub(super) struct MmqProduct<'a, 'b> {
+    pub(super) wt: WeightType,
+    pub(super) ws: &'a [MemRange<'b>],
+    pub(super) row_bytes: usize,
+    pub(super) k: usize,
+    pub(super) n: usize,
+    pub(super) m: usize,
+    pub(super) act: Option<i32>,
 }
 
 /// `out` (`m` rows of `n`) = the product `p` of `x` (`m` dense f32 vectors, quantized to Q8_1
 /// through the activation cache), plus `bias` (a row of `n`) when given: one `mmq_*` launch, and
 /// `mmq_combine` where the plan splits the rows' steps or multiplies two matrices.
-fn mmq(
+pub(super) fn mmq(
     d: &HipDevice,
     p: &MmqProduct<'_, '_>,
     bias: Option<MemRange<'_>>,

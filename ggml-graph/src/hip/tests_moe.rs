@@ -231,9 +231,84 @@ fn mxfp4_mul_mat_and_get_rows_match_cpu() {
     }
 }
 
+/// A mixture of experts' up and gate products and their gated activation (SiLU and GELU), as
+/// the model plans build them, for every weight type the mat-vecs read, give the CPU's
+/// activation as one group: for a decode token and small batches (the per-pair way) one gated
+/// expert mat-vec launch; for 40 and 400 tokens, grouped by expert, one gated product per
+/// expert (a gated mat-vec for a few rows, gate and up on integer tiles, or for 100 rows per
+/// expert both products and the activation).
+#[test]
+fn expert_gate_up_activation_matches_cpu() {
+    use crate::tensor::Act;
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x6761_7465_7570_0001);
+    let (k, n, n_mat, n_used) = (256usize, 50usize, 8usize, 2usize);
+    let types = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ];
+    for dt in types {
+        for (n_tok, act) in [
+            (1usize, Act::Silu),
+            (3, Act::Gelu),
+            (40, Act::Silu),
+            (400, Act::Gelu),
+        ] {
+            let mut g = Graph::new();
+            let wu = g.weight("up", dt, &[k, n, n_mat]).expect("up");
+            let wg = g.weight("gate", dt, &[k, n, n_mat]).expect("gate");
+            let x = g.input("x", DType::F32, &[k, 1, n_tok]).expect("x");
+            let ids = g.input("ids", DType::I32, &[n_used, n_tok]).expect("ids");
+            let up = g.mul_mat_id(wu, x, ids).expect("up product");
+            let gate = g.mul_mat_id(wg, x, ids).expect("gate product");
+            let y = g.gated(act, gate, up).expect("activation");
+            g.mark_output(y).expect("out");
+            let weights = vec![
+                (
+                    "up".to_string(),
+                    dt,
+                    vec![k, n, n_mat],
+                    weight_bytes(dt, n * n_mat, k, &mut rng),
+                ),
+                (
+                    "gate".to_string(),
+                    dt,
+                    vec![k, n, n_mat],
+                    weight_bytes(dt, n * n_mat, k, &mut rng),
+                ),
+            ];
+            let inputs = vec![
+                (x, f32_bytes(&rng.vec(k * n_tok))),
+                (ids, expert_ids(n_mat, n_used, n_tok, &mut rng)),
+            ];
+            let before = (h.grouped_launches(), h.grouped_nodes());
+            let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[y]);
+            let grouped = (
+                h.grouped_launches() - before.0,
+                h.grouped_nodes() - before.1,
+            );
+            let e = nmse(&gpu[0], &cpu[0]);
+            let what = format!("expert gate/up {dt} tokens={n_tok} {act:?}");
+            println!("{what}: NMSE {e:.3e}, grouped launches {grouped:?}");
+            assert!(e <= 2e-3, "{what}: NMSE {e:.3e}");
+            assert_eq!(grouped, (1, 3), "{what}: not one gated expert group");
+        }
+    }
+}
+
 /// Attention with sinks (one logit per query head in each row's softmax) over f16, f32 and Q8_0
-/// caches: decode over one range and split over several, prompt chunks with gpt-oss's shape and
-/// its sliding window; and paged attention with sinks, prompt chunks and decode tokens mixed.
+/// caches: decode through the one-launch kernel (within its register pass and beyond it, with
+/// gpt-oss's shape and window) and split over several blocks past its length, prompt chunks
+/// through the GEMM path (gpt-oss's shape and window, two token chunks) and the flash kernels;
+/// and paged attention with sinks, prompt chunks and decode tokens mixed.
 #[test]
 fn attention_with_sinks_matches_cpu() {
     let Some(h) = hip() else { return };
@@ -242,7 +317,11 @@ fn attention_with_sinks_matches_cpu() {
     let cases = [
         (64usize, 8usize, 2usize, 1usize, 40usize, None, DType::F16),
         (64, 8, 2, 1, 700, None, DType::F16),
-        (64, 64, 8, 20, 60, Some(16usize), DType::F16),
+        (64, 64, 8, 1, 300, Some(128usize), DType::F16),
+        (64, 64, 8, 1, 3000, None, DType::F16),
+        (64, 8, 2, 1, 5000, None, DType::F16),
+        (64, 64, 8, 20, 60, Some(16), DType::F16),
+        (64, 64, 8, 600, 600, Some(128), DType::F16),
         (64, 64, 8, 1, 300, Some(128), DType::F32),
         (128, 8, 2, 5, 70, None, DType::F32),
         (64, 8, 2, 1, 900, None, DType::Q8_0),

@@ -28,8 +28,9 @@ fn operand_is(nodes: &[Tensor], id: TensorId, at: usize, x: TensorId) -> bool {
 /// after them, see [`rope_chain`]) or `set_rows` of the same indices (two: the K and V cache
 /// writes), a chain of `rms_norm * w`, the `add` reading it and the `rms_norm * w` of that sum (a
 /// post-norm, the residual add and the next norm), two independent `rms_norm * w` (q and k
-/// norms), or consecutive fused decode layers (see [`layer_chain`]); 1 when the first node starts
-/// no such run.
+/// norms), consecutive fused decode layers (see [`layer_chain`]) or a mixture of experts' up and
+/// gate products with their gated activation (see [`expert_gate_up`]); 1 when the first node
+/// starts no such run.
 pub(super) fn group_run(graph: &Graph, ids: &[TensorId]) -> usize {
     let nodes = graph.tensors();
     match nodes[ids[0].index()].op {
@@ -38,7 +39,43 @@ pub(super) fn group_run(graph: &Graph, ids: &[TensorId]) -> usize {
         Op::SetRows => same_kind_run(nodes, ids, 2),
         Op::RmsNormMul { .. } => norm_chain(nodes, ids),
         Op::DecodeLayer(_) => layer_chain(graph, ids),
+        Op::MulMatId => expert_gate_up(graph, ids),
         _ => 1,
+    }
+}
+
+/// 3 when `ids` starts with a mixture of experts' up product, its gate product (`mul_mat_id` of
+/// the same activations and expert ids) and the gated activation `act(gate) * up` of the two,
+/// whose products nothing else reads (no other needed node, no graph output): a device may run
+/// the three as one gated expert mat-vec that writes only the activation's rows. Else 1.
+fn expert_gate_up(graph: &Graph, ids: &[TensorId]) -> usize {
+    let nodes = graph.tensors();
+    let [up, gate, act, ..] = ids else {
+        return 1;
+    };
+    let (u, g, a) = (
+        &nodes[up.index()],
+        &nodes[gate.index()],
+        &nodes[act.index()],
+    );
+    let pair =
+        g.op == Op::MulMatId && u.src.len() == 3 && g.src.len() == 3 && u.src[1..] == g.src[1..];
+    let gated = matches!(a.op, Op::Gated(_)) && a.src.as_slice() == [*gate, *up];
+    if !pair || !gated {
+        return 1;
+    }
+    let needed = crate::plan::needed_nodes(graph);
+    let private = |x: TensorId| {
+        !graph.outputs().contains(&x)
+            && nodes.iter().enumerate().all(|(i, t)| {
+                let reads = t.src.contains(&x) || t.view_of.is_some_and(|(p, _)| p == x);
+                !needed[i] || !reads || TensorId::from_index(i) == *act
+            })
+    };
+    if private(*up) && private(*gate) {
+        3
+    } else {
+        1
     }
 }
 
@@ -202,7 +239,7 @@ fn norm_chain(nodes: &[Tensor], ids: &[TensorId]) -> usize {
 mod tests {
     use super::*;
     use crate::opt::layer::tests::llama_decode;
-    use crate::tensor::Leaf;
+    use crate::tensor::{Act, DType, Leaf};
 
     /// The launched nodes of `g` a run needs, in order.
     fn launched(g: &Graph) -> Vec<TensorId> {
@@ -241,6 +278,37 @@ mod tests {
         assert_eq!(group_run(&g, &ids), 3);
         // Offered again after a device took one layer.
         assert_eq!(group_run(&g, &ids[1..]), 2);
+    }
+
+    /// A mixture of experts' up and gate products and their activation (the order the model
+    /// plans build them in) form one run, unless a product is read elsewhere.
+    #[test]
+    fn expert_gate_up_products_and_activation_form_one_run() {
+        let build = || {
+            let mut g = Graph::new();
+            let x = g.input("x", DType::F32, &[64, 1, 3]).expect("x");
+            let ids = g.input("ids", DType::I32, &[2, 3]).expect("ids");
+            let wu = g.weight("up", DType::Q8_0, &[64, 32, 4]).expect("up");
+            let wg = g.weight("gate", DType::Q8_0, &[64, 32, 4]).expect("gate");
+            let up = g.mul_mat_id(wu, x, ids).expect("up product");
+            let gate = g.mul_mat_id(wg, x, ids).expect("gate product");
+            let h = g.gated(Act::Silu, gate, up).expect("activation");
+            g.mark_output(h).expect("out");
+            (g, up, gate)
+        };
+        let (g, _, _) = build();
+        let ids = launched(&g);
+        assert_eq!(ids.len(), 3);
+        assert_eq!(group_run(&g, &ids), 3);
+        assert_eq!(group_run(&g, &ids[1..]), 1);
+        // A product another node (or the caller) reads must be written: no run.
+        let (mut g, up, _) = build();
+        g.mark_output(up).expect("out");
+        assert_eq!(group_run(&g, &launched(&g)), 1);
+        let (mut g, _, gate) = build();
+        let extra = g.scale(gate, 2.0).expect("another reader");
+        g.mark_output(extra).expect("out");
+        assert_eq!(group_run(&g, &launched(&g)), 1);
     }
 
     #[test]
