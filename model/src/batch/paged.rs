@@ -8,7 +8,7 @@ use ggml_graph::CpuBackend;
 use rayon::prelude::*;
 
 use super::kv::{block_hash, BlockPool};
-use super::EngineOptions;
+use super::{EngineOptions, StepPadding};
 use crate::arch::{build_paged_forward, PagedBatch, PagedGraph, PagedKvSpec};
 use crate::engine::{Engine, KvPool};
 use crate::error::ModelError;
@@ -30,8 +30,15 @@ pub(super) struct Item<'a> {
 /// A pass's shape: tokens, sequences, outputs, hidden states or logits, rows copied.
 type PassShape = (usize, usize, usize, bool, usize);
 
-/// Pass shapes whose optimized graphs are kept.
-const GRAPH_CACHE: usize = 8;
+/// Pass shapes whose optimized graphs are kept: every decode bucket of up to 128 sequences
+/// (see [`StepPadding`]) and a few prompt-chunk shapes.
+const GRAPH_CACHE: usize = 12;
+
+/// The batch a decode step of `n` sequences is padded to: the next power of two, at most
+/// `max_seqs`.
+fn decode_bucket(n: usize, max_seqs: usize) -> usize {
+    n.next_power_of_two().min(max_seqs).max(n)
+}
 
 /// Blocks of the KV pool for these options at most: `kv_blocks`, else every sequence at its
 /// full context (the GPU may take fewer, see [`KvPool`]).
@@ -120,6 +127,13 @@ pub(super) struct Runner {
     times: StepTimes,
     /// Host bytes the swapped-out caches hold (see [`SwappedKv`]).
     swap_used: u64,
+    /// With decode steps padded ([`StepPadding`]): the block past the pool that the padded
+    /// rows write their keys and values to (no sequence owns or reads it).
+    pad_block: Option<u32>,
+    /// Sequences per step at most.
+    max_seqs: usize,
+    /// Decode steps padded so far.
+    padded_steps: u64,
 }
 
 /// A preempted sequence's cache in host memory, taken by [`Runner::swap_out`] and written back
@@ -225,6 +239,13 @@ impl Runner {
         plan.kv.block_size = Some(o.block_size);
         spec.n_blocks = plan.kv.positions / o.block_size;
         check_host_kv(&plan, o.host_kv_limit.or_else(host_available))?;
+        let pad = match o.step_padding {
+            StepPadding::Auto => engine.on_gpu(),
+            StepPadding::On => true,
+            StepPadding::Off => false,
+        };
+        // One block of rows more than the placement counted (1/n_blocks of the cache).
+        let pad_block = pad.then_some(spec.n_blocks as u32);
         tracing::info!("batching engine: {plan}");
         Ok(Self {
             model,
@@ -241,7 +262,23 @@ impl Runner {
             copies: Vec::new(),
             times: StepTimes::default(),
             swap_used: 0,
+            pad_block,
+            max_seqs: o.max_seqs,
+            padded_steps: 0,
         })
+    }
+
+    /// The pool the graphs address: the sequences' blocks and the padding block.
+    fn graph_spec(&self) -> PagedKvSpec {
+        PagedKvSpec {
+            n_blocks: self.spec.n_blocks + usize::from(self.pad_block.is_some()),
+            ..self.spec
+        }
+    }
+
+    /// Runs so far that replayed captured GPU launches, and decode steps padded.
+    pub(super) fn reuse_counts(&self) -> (u64, u64) {
+        (self.engine.replays(), self.padded_steps)
     }
 
     /// Where the layers run.
@@ -590,12 +627,39 @@ impl Runner {
                 out_rows.push((ids.len() - 1) as i32);
             }
         }
+        let copies = std::mem::take(&mut self.copies);
+        // A decode step (one token and its logits from every item, nothing copied) is padded
+        // to its bucket: dummy tokens at position 0 of columns whose tables hold only the
+        // padding block, which they write and read alone.
+        let n_real_out = out_rows.len();
+        let mut n_tok = n_tok;
+        let mut n_cols = items.len();
+        if let Some(pb) = self.pad_block {
+            let decode = !hidden
+                && copies.is_empty()
+                && items.iter().all(|it| it.tokens.len() == 1 && it.logits);
+            let bucket = decode_bucket(items.len(), self.max_seqs);
+            if decode && bucket > items.len() {
+                for col in items.len()..bucket {
+                    ids.push(0);
+                    pos.push(0);
+                    slots.push((pb as usize * bs) as i32);
+                    layout.push((1, 0));
+                    seq.push(col as i32);
+                    seq.push(1);
+                    out_rows.push(col as i32);
+                }
+                tables.resize(mb * bucket, pb as i32);
+                n_tok = bucket;
+                n_cols = bucket;
+                self.padded_steps += 1;
+            }
+        }
         let n_out = out_rows.len().max(1);
         if out_rows.is_empty() {
             // The graph always ends in logits; one row is computed and dropped.
             out_rows.push((n_tok - 1) as i32);
         }
-        let copies = std::mem::take(&mut self.copies);
         let (mut copy_src, mut copy_dst) = (Vec::new(), Vec::new());
         for &(from, to, _) in &copies {
             for r in 0..bs {
@@ -605,7 +669,7 @@ impl Runner {
         }
         let batch = PagedBatch {
             n_tok,
-            n_seqs: items.len(),
+            n_seqs: n_cols,
             n_out,
             hidden,
             n_copy: copy_src.len(),
@@ -618,7 +682,7 @@ impl Runner {
                 let mut g = build_paged_forward(
                     self.model.config(),
                     self.model.weights(),
-                    &self.spec,
+                    &self.graph_spec(),
                     batch,
                 )?;
                 self.engine.optimize(&mut g.graph);
@@ -672,9 +736,11 @@ impl Runner {
             return Ok(vec![Some(all)]);
         }
         let n_vocab = cfg.n_vocab;
-        // Rows copied out in parallel: a large batch's logits are tens of megabytes.
+        // Rows copied out in parallel: a large batch's logits are tens of megabytes. The
+        // padded rows' logits stay where they are.
         let mut rows = self.engine.with_output_f32(g.logits, |l| {
             l.par_chunks_exact(n_vocab)
+                .take(n_real_out)
                 .map(<[f32]>::to_vec)
                 .collect::<Vec<_>>()
         })?;

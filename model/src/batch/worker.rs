@@ -599,6 +599,7 @@ impl Worker {
         c.swap_bytes = self.runner.swap_used();
         let t = self.runner.times();
         (c.build_us, c.run_us, c.output_us) = (t.build_us, t.run_us, t.output_us);
+        (c.replayed_steps, c.padded_steps) = self.runner.reuse_counts();
         if let Ok(mut s) = self.stats.lock() {
             *s = *c;
         }
