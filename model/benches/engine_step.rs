@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ggml_graph::backend::Device;
-use ggml_graph::{DummyDevice, Scheduler};
+use ggml_graph::{DummyDevice, Op, Scheduler};
 use rocmforge_model::arch::{build_paged_forward, KvType, PagedBatch, PagedKvSpec};
 use rocmforge_model::synth::{layout, SynthOptions};
 
@@ -113,10 +113,13 @@ fn main() {
         ggml_graph::opt::fold_query_scale(&mut h);
         ggml_graph::opt::fuse_decode_layers(&mut h, &|_, _| true);
         let prep = best_ms(runs, || sched.reserve(&h).expect("prepare"));
+        let needed = ggml_graph::plan::needed_nodes(&h);
+        let launched = (h.tensors().iter().zip(&needed))
+            .filter(|(t, &n)| n && !matches!(t.op, Op::Leaf(_) | Op::View))
+            .count();
         let opt = (opt - clone).max(0.0);
         println!(
-            "{name:<36} {:>6} {build:>9.3} {opt:>9.3} {prep:>9.3} {:>9.3}",
-            h.len(),
+            "{name:<36} {launched:>6} {build:>9.3} {opt:>9.3} {prep:>9.3} {:>9.3}",
             build + opt + prep
         );
     }

@@ -290,9 +290,10 @@ pub struct EngineStats {
     pub build_us: u64,
     /// Host time: inputs uploaded and the pass launched (or replayed).
     pub run_us: u64,
-    /// Host time: waiting for the pass's logits and copying them out.
+    /// Host time: waiting for the pass's logits.
     pub output_us: u64,
-    /// Host time: sampling and streaming the tokens.
+    /// Host time: sampling (from the logits where the executor holds them) and streaming the
+    /// tokens.
     pub sample_us: u64,
 }
 

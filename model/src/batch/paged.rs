@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use ggml_graph::CpuBackend;
-use rayon::prelude::*;
 
 use super::kv::{block_hash, BlockPool};
 use super::{EngineOptions, StepPadding};
@@ -169,7 +168,7 @@ fn block_runs(blocks: &[u32]) -> Vec<(usize, usize, usize)> {
 }
 
 /// Host time spent in the passes, in microseconds: building graphs for new shapes, uploading
-/// inputs and launching, waiting for and copying out the outputs.
+/// inputs and launching, waiting for the outputs.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct StepTimes {
     pub build_us: u64,
@@ -536,13 +535,21 @@ impl Runner {
         self.swap_used = self.swap_used.saturating_sub(swapped.bytes());
     }
 
-    /// Runs every item in one forward pass; the last-token logits of those that ask for them,
-    /// in item order. Every item's slot must have blocks for its tokens ([`Runner::reserve`]).
-    pub(super) fn forward(
+    /// Runs every item in one forward pass and hands `f` the last-token logits of the items
+    /// that ask for them (`[n_vocab]` rows, flat, in item order) where the executor holds them:
+    /// a large batch's logits are tens of megabytes, read once by the samplers rather than
+    /// copied first. Every item's slot must have blocks for its tokens ([`Runner::reserve`]).
+    pub(super) fn forward<R>(
         &mut self,
         items: &[Item<'_>],
-    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
-        self.pass(items, false)
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, ModelError> {
+        self.pass(items, false, f)
+    }
+
+    /// Entries of a logits row.
+    pub(super) fn n_vocab(&self) -> usize {
+        self.model.config().n_vocab
     }
 
     /// The normalized last hidden state of every token of `tokens` (a sequence of its own,
@@ -561,8 +568,7 @@ impl Runner {
                 n_past: 0,
                 logits: true,
             };
-            self.pass(std::slice::from_ref(&item), true)
-                .map(|mut v| v.pop().flatten().unwrap_or_default())
+            self.pass(std::slice::from_ref(&item), true, <[f32]>::to_vec)
         } else {
             Err(ModelError::InvalidArgument(
                 "no KV room for the embedding".into(),
@@ -573,12 +579,13 @@ impl Runner {
     }
 
     /// [`Runner::forward`]; with `hidden`, every token's normalized hidden state (all items'
-    /// rows, flat, as the first item's output) instead of logits.
-    fn pass(
+    /// rows, flat) instead of logits.
+    fn pass<R>(
         &mut self,
         items: &[Item<'_>],
         hidden: bool,
-    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, ModelError> {
         let bs = self.spec.block_size;
         let mb = self.spec.max_blocks;
         let n_tok: usize = items.iter().map(|it| it.tokens.len()).sum();
@@ -730,28 +737,24 @@ impl Runner {
         self.engine.run(Some(run_key), &g.graph, &inputs)?;
         self.times.run_us += micros(t_run);
         let t_out = std::time::Instant::now();
-        if hidden {
-            let all = self.engine.with_output_f32(g.logits, <[f32]>::to_vec)?;
-            self.times.output_us += micros(t_out);
-            return Ok(vec![Some(all)]);
-        }
-        let n_vocab = cfg.n_vocab;
-        // Rows copied out in parallel: a large batch's logits are tens of megabytes. The
-        // padded rows' logits stay where they are.
-        let mut rows = self.engine.with_output_f32(g.logits, |l| {
-            l.par_chunks_exact(n_vocab)
-                .take(n_real_out)
-                .map(<[f32]>::to_vec)
-                .collect::<Vec<_>>()
+        // The padded rows' logits stay unread.
+        let n_vals = if hidden {
+            usize::MAX
+        } else {
+            n_real_out * cfg.n_vocab
+        };
+        let times = &mut self.times;
+        let r = self.engine.with_output_f32(g.logits, |l| {
+            times.output_us += micros(t_out);
+            f(&l[..n_vals.min(l.len())])
         })?;
-        self.times.output_us += micros(t_out);
-        let mut out = Vec::with_capacity(items.len());
-        let mut next = rows.drain(..);
-        for it in items {
-            out.push(if it.logits { next.next() } else { None });
-            self.register_prompt_blocks(it.slot, it.n_past + it.tokens.len());
+        // An embedding's blocks are freed right after; they join no prefix cache.
+        if !hidden {
+            for it in items {
+                self.register_prompt_blocks(it.slot, it.n_past + it.tokens.len());
+            }
         }
-        Ok(out)
+        Ok(r)
     }
 
     /// Registers the slot's full prompt blocks computed so far in the prefix cache.

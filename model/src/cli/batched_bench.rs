@@ -64,7 +64,7 @@ fn delta(a: &EngineStats, b: &EngineStats) -> EngineStats {
 fn per_step_line(s: &EngineStats) -> String {
     let per_step = |us: u64| us as f64 / 1e3 / s.steps.max(1) as f64;
     format!(
-        "graph build {:.3} ms, inputs + launch {:.3} ms, logits wait + copy {:.3} ms, sampling \
+        "graph build {:.3} ms, inputs + launch {:.3} ms, logits wait {:.3} ms, sampling \
          {:.3} ms",
         per_step(s.build_us),
         per_step(s.run_us),
