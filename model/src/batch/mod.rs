@@ -68,7 +68,9 @@ pub struct EngineOptions {
 /// changes. The padded rows cost compute, nearly nothing on a GPU (a decode step reads every
 /// weight once whatever its width) but their full share on the CPU. Results are the same either
 /// way: every row is computed on its own (on the CPU the exact orders of
-/// [`EngineOptions::exact`] still hold).
+/// [`EngineOptions::exact`] still hold). When steps may be padded (`On`, or `Auto` on any
+/// device choice but the CPU), the KV cache holds one block more than the pool (`kv_blocks`, or
+/// what the budget leaves, counted with it) for the padded rows to write.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StepPadding {
     /// Padded when a GPU runs layers of the model; not on the CPU alone.

@@ -126,8 +126,9 @@ pub(super) struct Runner {
     times: StepTimes,
     /// Host bytes the swapped-out caches hold (see [`SwappedKv`]).
     swap_used: u64,
-    /// With decode steps padded ([`StepPadding`]): the block past the pool that the padded
-    /// rows write their keys and values to (no sequence owns or reads it).
+    /// With decode steps padded ([`StepPadding`]): the block past the pool (the last of
+    /// `spec`'s) that the padded rows write their keys and values to (no sequence owns or reads
+    /// it).
     pad_block: Option<u32>,
     /// Sequences per step at most.
     max_seqs: usize,
@@ -201,16 +202,24 @@ fn stable(p: usize, plen: usize, n_batch: usize) -> bool {
 
 impl Runner {
     pub(super) fn new(model: Arc<Model>, o: &EngineOptions) -> Result<Self, ModelError> {
+        // Padded decode steps (see `StepPadding`; whether they are padded is known once the
+        // placement says where the layers run) write their dummy rows to one block past the
+        // pool, counted in the placement with the pool's.
+        let pad_room = usize::from(match o.step_padding {
+            StepPadding::Auto => o.session.device != crate::placement::DeviceChoice::Cpu,
+            StepPadding::On => true,
+            StepPadding::Off => false,
+        });
         let mut spec = PagedKvSpec {
             dtype: o.session.kv_type,
-            n_blocks: pool_blocks(o),
+            n_blocks: pool_blocks(o) + pad_room,
             block_size: o.block_size,
             max_blocks: o.n_ctx_per_seq.div_ceil(o.block_size),
         };
         // Unless the caller fixed it, the pool holds at least one sequence at full length.
         let pool = o.kv_blocks.is_none().then_some(KvPool {
             block_size: o.block_size,
-            min_blocks: spec.max_blocks.min(spec.n_blocks),
+            min_blocks: spec.max_blocks.min(pool_blocks(o)) + pad_room,
             max_blocks: spec.n_blocks,
         });
         // The largest pass: a full step budget from every slot, logits for each.
@@ -238,20 +247,22 @@ impl Runner {
         plan.kv.block_size = Some(o.block_size);
         spec.n_blocks = plan.kv.positions / o.block_size;
         check_host_kv(&plan, o.host_kv_limit.or_else(host_available))?;
+        let n_pool = spec.n_blocks.saturating_sub(pad_room);
+        // The plan tells the sequences' share (what requests are checked against).
+        plan.kv.positions = n_pool * o.block_size;
         let pad = match o.step_padding {
             StepPadding::Auto => engine.on_gpu(),
             StepPadding::On => true,
             StepPadding::Off => false,
         };
-        // One block of rows more than the placement counted (1/n_blocks of the cache).
-        let pad_block = pad.then_some(spec.n_blocks as u32);
+        let pad_block = (pad && n_pool < spec.n_blocks).then_some(n_pool as u32);
         tracing::info!("batching engine: {plan}");
         Ok(Self {
             model,
             engine,
             plan,
             spec,
-            pool: BlockPool::new(spec.n_blocks),
+            pool: BlockPool::new(n_pool),
             prefix_cache: o.prefix_cache,
             n_batch: o.session.n_batch.min(o.n_ctx_per_seq).max(1),
             exact: o.exact,
@@ -265,14 +276,6 @@ impl Runner {
             max_seqs: o.max_seqs,
             padded_steps: 0,
         })
-    }
-
-    /// The pool the graphs address: the sequences' blocks and the padding block.
-    fn graph_spec(&self) -> PagedKvSpec {
-        PagedKvSpec {
-            n_blocks: self.spec.n_blocks + usize::from(self.pad_block.is_some()),
-            ..self.spec
-        }
     }
 
     /// Runs so far that replayed captured GPU launches, and decode steps padded.
@@ -689,7 +692,7 @@ impl Runner {
                 let mut g = build_paged_forward(
                     self.model.config(),
                     self.model.weights(),
-                    &self.graph_spec(),
+                    &self.spec,
                     batch,
                 )?;
                 self.engine.optimize(&mut g.graph);

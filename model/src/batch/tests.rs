@@ -179,6 +179,8 @@ fn padded_decode_steps_give_the_tokens_of_each_alone() {
         }
         let s = idle_stats(&e);
         assert_eq!(s.kv_blocks_used, 0, "{s:?}");
+        // The padded rows' block comes on top of the pool.
+        assert_eq!(s.kv_blocks_total, 6 * 128 / 16, "{s:?}");
         assert!(s.padded_steps > 0, "no step was padded: {s:?}");
     }
     // The CPU alone pads only when told to.
