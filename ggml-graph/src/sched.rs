@@ -323,8 +323,8 @@ impl Default for SchedulerOptions {
 const CAPTURE_TRIES: u8 = 2;
 
 /// Keyed preparations a scheduler keeps: enough for a batching engine's decode buckets
-/// (1, 2, 4, .. 128 sequences) beside a prompt chunk's graph.
-const PLANS: usize = 12;
+/// (13 batch sizes up to 128 sequences) beside a few prompt chunks' graphs.
+const PLANS: usize = 16;
 
 impl Drop for Scheduler {
     fn drop(&mut self) {

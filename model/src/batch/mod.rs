@@ -60,8 +60,9 @@ pub struct EngineOptions {
     pub step_padding: StepPadding,
 }
 
-/// Padding of decode steps (every sequence feeding one token) to 1, 2, 4, 8... sequences (up to
-/// `max_seqs`), the extra rows computing a dummy token whose cache row and logits nobody reads.
+/// Padding of decode steps (every sequence feeding one token) to 1, 2, 4, 6, 8, 12, 16, 24...
+/// sequences (powers of two and 1.5 times them, up to `max_seqs`: at most half as many rows
+/// again), the extra rows computing a dummy token whose cache row and logits nobody reads.
 /// A batch whose size changes from step to step (requests arriving and ending) then runs a
 /// few graphs over and over: each is built, optimized and planned once, and on a GPU its
 /// launches are captured once and replayed, instead of paying all of that whenever the size

@@ -30,13 +30,20 @@ pub(super) struct Item<'a> {
 type PassShape = (usize, usize, usize, bool, usize);
 
 /// Pass shapes whose optimized graphs are kept: every decode bucket of up to 128 sequences
-/// (see [`StepPadding`]) and a few prompt-chunk shapes.
-const GRAPH_CACHE: usize = 12;
+/// (13, see [`decode_bucket`]) and a few prompt-chunk shapes.
+const GRAPH_CACHE: usize = 16;
 
-/// The batch a decode step of `n` sequences is padded to: the next power of two, at most
-/// `max_seqs`.
+/// The batch a decode step of `n` sequences is padded to (see [`StepPadding`]): the smallest
+/// of 1, 2, 4, 6, 8, 12, 16, 24, 32, 48... (powers of two and, from 6 on, 1.5 times them) that
+/// holds it, at most `max_seqs`; padding adds at most half the real rows.
 fn decode_bucket(n: usize, max_seqs: usize) -> usize {
-    n.next_power_of_two().min(max_seqs).max(n)
+    let p = n.next_power_of_two();
+    let b = if p >= 8 && p / 4 * 3 >= n {
+        p / 4 * 3
+    } else {
+        p
+    };
+    b.min(max_seqs).max(n)
 }
 
 /// Blocks of the KV pool for these options at most: `kv_blocks`, else every sequence at its
@@ -795,5 +802,27 @@ impl Runner {
             self.pool.register(kv.table[i], h);
             kv.tail_hashed = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_bucket;
+
+    #[test]
+    fn decode_buckets_are_powers_of_two_and_one_and_a_half_times_them() {
+        let got: Vec<usize> = (1..=20).map(|n| decode_bucket(n, 128)).collect();
+        let want = [
+            1, 2, 4, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 24, 24, 24, 24,
+        ];
+        assert_eq!(got, want);
+        // 13 shapes serve 128 sequences; none pads by more than half the real rows.
+        let mut all: Vec<usize> = (1..=128).map(|n| decode_bucket(n, 128)).collect();
+        all.dedup();
+        assert_eq!(all, [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]);
+        assert!((1..=128).all(|n| decode_bucket(n, 128) * 2 <= n * 3));
+        // The cap: never above max_seqs, never below the batch.
+        assert_eq!(decode_bucket(5, 5), 5);
+        assert_eq!(decode_bucket(33, 40), 40);
     }
 }

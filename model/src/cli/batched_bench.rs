@@ -32,10 +32,14 @@ pub struct BatchedBenchArgs {
     /// K-quant weights) instead of each sequence's own order (bit-exact with one sequence alone).
     #[arg(long)]
     batched_order: bool,
-    /// Pad decode steps to 1, 2, 4, 8... sequences: `auto` (where a GPU runs layers), `on`,
-    /// `off`.
+    /// Pad decode steps to 1, 2, 4, 6, 8, 12, 16, 24... sequences: `auto` (where a GPU runs
+    /// layers), `on`, `off`.
     #[arg(long, default_value = "auto")]
     step_padding: StepPadding,
+    /// Launch every GPU step node by node instead of replaying the captured launches of an
+    /// earlier step of the same shape (as `ROCMFORGE_GPU_GRAPH=0`; same results).
+    #[arg(long)]
+    no_graph_capture: bool,
 }
 
 /// One row of the table.
@@ -162,6 +166,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
     let model = Arc::new(tm.model().clone());
     check_args(a, model.config().n_ctx_train)?;
     let mut session = a.m.session_options(&tm)?;
+    session.scheduler.graph_capture &= !a.no_graph_capture;
     let max_b = a.npl.iter().copied().max().unwrap_or(1).max(1);
     let longest =
         a.npp.iter().max().copied().unwrap_or(0) + a.ntg.iter().max().copied().unwrap_or(0) + 1;
