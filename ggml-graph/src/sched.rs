@@ -285,7 +285,12 @@ pub struct Scheduler {
     /// none to give, or when turned off).
     map_outputs: Vec<bool>,
     last: Option<LastRun>,
-    prepared: Option<Prepared>,
+    /// Preparations of recent keyed runs, the most recent last (at most [`PLANS`]): graphs that
+    /// take turns (a decode step's batch sizes, prompt chunks) each keep their memory plan and
+    /// captured launches.
+    prepared: Vec<Prepared>,
+    /// Runs that replayed captured launches.
+    replays: u64,
     copies_made: usize,
     placement: Option<PlacementRule>,
     /// Whether repeated keyed runs on one device are captured and replayed (see
@@ -316,6 +321,10 @@ impl Default for SchedulerOptions {
 
 /// Capture attempts per prepared graph before it stays on plain launches.
 const CAPTURE_TRIES: u8 = 2;
+
+/// Keyed preparations a scheduler keeps: enough for a batching engine's decode buckets
+/// (13 batch sizes up to 128 sequences) beside a few prompt chunks' graphs.
+const PLANS: usize = 16;
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
@@ -418,7 +427,8 @@ impl Scheduler {
             persistent: HashMap::new(),
             arenas,
             last: None,
-            prepared: None,
+            prepared: Vec::new(),
+            replays: 0,
             copies_made: 0,
             placement: None,
             capture: opts.graph_capture,
@@ -433,10 +443,22 @@ impl Scheduler {
     /// one launch per node.
     pub fn set_graph_capture(&mut self, on: bool) {
         self.capture = on;
-        if let Some(p) = self.prepared.as_mut() {
+        for p in &mut self.prepared {
             p.captured = None;
             p.capture_failures = 0;
         }
+    }
+
+    /// Drops every captured run (their launches point into a buffer about to be freed).
+    fn drop_captures(&mut self) {
+        for p in &mut self.prepared {
+            p.captured = None;
+        }
+    }
+
+    /// Runs so far that replayed captured launches instead of launching node by node.
+    pub fn replays(&self) -> u64 {
+        self.replays
     }
 
     /// Turns host-mapped outputs on or off (initially [`SchedulerOptions::mapped_outputs`]): a
@@ -445,12 +467,12 @@ impl Scheduler {
     /// device-to-host copy (a decode step's logits). Applies to graphs prepared from now on.
     pub fn set_mapped_outputs(&mut self, on: bool) {
         self.map_outputs.fill(on);
-        self.prepared = None;
+        self.prepared.clear();
     }
 
     /// True when the last keyed run's graph is held captured.
     pub fn has_captured_graph(&self) -> bool {
-        self.prepared.as_ref().is_some_and(|p| p.captured.is_some())
+        self.prepared.last().is_some_and(|p| p.captured.is_some())
     }
 
     /// The devices, highest priority first.
@@ -462,7 +484,7 @@ impl Scheduler {
     /// persistent buffers created from now on.
     pub fn set_placement(&mut self, rule: PlacementRule) {
         self.placement = Some(rule);
-        self.prepared = None;
+        self.prepared.clear();
     }
 
     /// Uploads every bound weight that the placement rule puts on a device, one
@@ -578,7 +600,7 @@ impl Scheduler {
             });
         }
         self.uploaded.remove(name);
-        self.prepared = None;
+        self.prepared.clear();
         self.weights.insert(name.to_string(), (dtype, ne, bytes));
         Ok(())
     }
@@ -639,9 +661,7 @@ impl Scheduler {
             let have = self.arenas[d].as_ref().map_or(0, |b| b.size());
             if have < prep.arena_size[d] {
                 // Captured launches point into the old arena.
-                if let Some(p) = self.prepared.as_mut() {
-                    p.captured = None;
-                }
+                self.drop_captures();
                 self.streams[d].synchronize()?;
                 self.arenas[d] = None;
                 self.arenas[d] = Some(alloc_for(
@@ -670,18 +690,12 @@ impl Scheduler {
         graph: &Graph,
         inputs: &[(TensorId, &[u8])],
     ) -> Result<()> {
-        // An unkeyed run leaves the last keyed run's preparation in place.
-        let cached = match key {
-            Some(k)
-                if self
-                    .prepared
-                    .as_ref()
-                    .is_some_and(|p| p.key == k && p.n_nodes == graph.len()) =>
-            {
-                self.prepared.take()
-            }
-            _ => None,
-        };
+        // An unkeyed run leaves the keyed runs' preparations in place.
+        let cached = key
+            .and_then(|k| {
+                (self.prepared.iter()).position(|p| p.key == k && p.n_nodes == graph.len())
+            })
+            .map(|i| self.prepared.remove(i));
         let hit = cached.is_some();
         let mut prep = match cached {
             Some(p) => p,
@@ -692,9 +706,7 @@ impl Scheduler {
             if have < prep.arena_size[d] {
                 // Captured launches point into the old arena: drop them before freeing it.
                 prep.captured = None;
-                if let Some(p) = self.prepared.as_mut() {
-                    p.captured = None;
-                }
+                self.drop_captures();
                 // A replay is not waited for: finish it before freeing the memory it uses.
                 self.streams[d].synchronize()?;
                 self.arenas[d] = None;
@@ -783,7 +795,10 @@ impl Scheduler {
             self.last = None;
         }
         if key.is_some() && result.is_ok() {
-            self.prepared = Some(prep);
+            if self.prepared.len() == PLANS {
+                self.prepared.remove(0);
+            }
+            self.prepared.push(prep);
         }
         result
     }
@@ -955,7 +970,11 @@ impl Scheduler {
             // No wait here: the device's reads of the outputs (and the next run's input writes
             // and launches) are queued behind the replay on the same stream, and copies to
             // other devices synchronize first (`copy_in`).
-            Some(c) => c.replay(),
+            Some(c) => {
+                c.replay()?;
+                self.replays += 1;
+                Ok(())
+            }
             None => self.execute(graph, prep),
         }
     }

@@ -190,3 +190,50 @@ fn failed_captures_fall_back_to_launches() {
     assert_eq!(snapshot(&c), [12, 4, 0, 0]);
     assert!(!s.has_captured_graph());
 }
+
+#[test]
+fn graphs_that_take_turns_keep_their_plans_and_captures() {
+    let (mut s, c) = recorder();
+    let (g1, x1, z1) = graph(1);
+    let (g2, x2, z2) = graph(2);
+    let b1 = f32_bytes(&Rng::new(7).vec(64));
+    let b2 = f32_bytes(&Rng::new(8).vec(128));
+    let (i1, i2) = ([(x1, b1.as_slice())], [(x2, b2.as_slice())]);
+    s.run_keyed(Some(1), &g1, &i1).unwrap();
+    let want1 = s.output_f32(z1).unwrap();
+    s.run_keyed(Some(2), &g2, &i2).unwrap();
+    let want2 = s.output_f32(z2).unwrap();
+    s.run_keyed(Some(1), &g1, &i1).unwrap();
+    s.run_keyed(Some(2), &g2, &i2).unwrap();
+    assert_eq!(
+        snapshot(&c),
+        [4, 4, 2, 2],
+        "each key recorded on its second run"
+    );
+    // (The recorder's replays compute nothing: outputs are checked after real launches.)
+    for _ in 0..3 {
+        s.run_keyed(Some(1), &g1, &i1).unwrap();
+        s.run_keyed(Some(2), &g2, &i2).unwrap();
+    }
+    assert_eq!(
+        snapshot(&c),
+        [4, 4, 2, 8],
+        "alternating keys replay their own recordings"
+    );
+    assert_eq!(s.replays(), 8);
+    // Many other keys later, the first is prepared (and recorded) afresh.
+    for k in 10..40 {
+        s.run_keyed(Some(k), &g2, &i2).unwrap();
+    }
+    let before = snapshot(&c);
+    s.run_keyed(Some(1), &g1, &i1).unwrap();
+    assert_eq!(
+        snapshot(&c)[0],
+        before[0] + 2,
+        "an evicted key launches again"
+    );
+    assert_eq!(s.output_f32(z1).unwrap(), want1);
+    s.run_keyed(Some(2), &g2, &i2).unwrap();
+    s.run_keyed(Some(2), &g2, &i2).unwrap();
+    assert_eq!(s.output_f32(z2).unwrap(), want2);
+}

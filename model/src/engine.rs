@@ -84,6 +84,16 @@ impl Engine {
         self.sched.has_captured_graph()
     }
 
+    /// Runs so far that replayed captured GPU launches.
+    pub(crate) fn replays(&self) -> u64 {
+        self.sched.replays()
+    }
+
+    /// True when a GPU runs layers of the model.
+    pub(crate) fn on_gpu(&self) -> bool {
+        self.hip.is_some()
+    }
+
     /// Runs the graph optimizer as far as the engine's devices take its output.
     pub(crate) fn optimize(&self, g: &mut Graph) {
         match &self.hip {

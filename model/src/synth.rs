@@ -999,7 +999,73 @@ pub fn write(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), M
     written
 }
 
+/// The configuration and weight table of the model [`write`] makes (the tensors' names, types
+/// and shapes, no data): what graphs are built from, so a model's step graphs can be built and
+/// planned at full size without writing or loading gigabytes of weights (the engine's host-time
+/// benchmark).
+pub fn layout(
+    o: &SynthOptions,
+    vocab: Option<&Path>,
+) -> Result<(crate::config::ModelConfig, crate::arch::WeightTable), ModelError> {
+    let (md, specs) = header(o, vocab)?;
+    let infos: Vec<gguf::TensorInfo> = specs
+        .iter()
+        .map(|t| gguf::TensorInfo {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ggml_type: t.ty,
+            offset: 0,
+            size: 0,
+            info_offset: 0,
+        })
+        .collect();
+    let n_vocab = md.get_str_array("tokenizer.ggml.tokens")?.len();
+    let cfg = crate::config::ModelConfig::from_metadata(&md, n_vocab)?;
+    let weights = crate::arch::WeightTable::from_infos(&infos);
+    crate::arch::validate::validate_weights(&cfg, &weights)?;
+    Ok((cfg, weights))
+}
+
 fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), ModelError> {
+    let (md, specs) = header(o, vocab)?;
+    let mut w = GgufWriter::create(out)?;
+    w.set_all(&md)?;
+    for t in &specs {
+        w.add_tensor_info(&t.name, &t.dims, t.ty)?;
+    }
+    w.write_header()?;
+    // One tensor is generated (in parallel over its rows) while the one before is written: the
+    // disk and the cores work at once, and at most three tensors are in memory, never the file.
+    std::thread::scope(|sc| -> Result<(), ModelError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let specs = &specs;
+        sc.spawn(move || {
+            for t in specs {
+                tracing::debug!(tensor = %t.name, ty = %t.ty, "synth");
+                let bytes = tensor_bytes(o.seed, t);
+                let failed = bytes.is_err();
+                // A closed channel: the writer failed and returned its error.
+                if tx.send(bytes).is_err() || failed {
+                    break;
+                }
+            }
+        });
+        // The generator sends every tensor in order or stops after its first error (a panic
+        // there ends this loop early and re-panics when the scope joins it).
+        for (t, bytes) in specs.iter().zip(rx.iter()) {
+            w.write_tensor_data(&t.name, &bytes?)?;
+        }
+        Ok(())
+    })?;
+    w.finish()?;
+    Ok(())
+}
+
+/// The metadata and tensor list of the model [`write`] makes.
+fn header(
+    o: &SynthOptions,
+    vocab: Option<&Path>,
+) -> Result<(gguf::Metadata, Vec<Spec>), ModelError> {
     let mut md = gguf::Metadata::new();
     let arch = o.arch.gguf_name();
     let s = o.shape;
@@ -1144,37 +1210,7 @@ fn write_to(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), Mo
     } else {
         tensor_specs(o, n_vocab)
     };
-    let mut w = GgufWriter::create(out)?;
-    w.set_all(&md)?;
-    for t in &specs {
-        w.add_tensor_info(&t.name, &t.dims, t.ty)?;
-    }
-    w.write_header()?;
-    // One tensor is generated (in parallel over its rows) while the one before is written: the
-    // disk and the cores work at once, and at most three tensors are in memory, never the file.
-    std::thread::scope(|sc| -> Result<(), ModelError> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let specs = &specs;
-        sc.spawn(move || {
-            for t in specs {
-                tracing::debug!(tensor = %t.name, ty = %t.ty, "synth");
-                let bytes = tensor_bytes(o.seed, t);
-                let failed = bytes.is_err();
-                // A closed channel: the writer failed and returned its error.
-                if tx.send(bytes).is_err() || failed {
-                    break;
-                }
-            }
-        });
-        // The generator sends every tensor in order or stops after its first error (a panic
-        // there ends this loop early and re-panics when the scope joins it).
-        for (t, bytes) in specs.iter().zip(rx.iter()) {
-            w.write_tensor_data(&t.name, &bytes?)?;
-        }
-        Ok(())
-    })?;
-    w.finish()?;
-    Ok(())
+    Ok((md, specs))
 }
 
 /// `rocmforge synth --arch A -o out --seed N` with the `tiny` preset, Q4_K_M weights and the

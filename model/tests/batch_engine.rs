@@ -69,6 +69,7 @@ fn gemma_prompts_together_give_their_tokens_alone() {
         prefix_cache: true,
         exact: true,
         swap: Default::default(),
+        step_padding: Default::default(),
     };
     let e = BatchEngine::start(model, opts).expect("engine");
     let got = greedy_together(&e, &prompts, n, "gemma");

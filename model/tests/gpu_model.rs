@@ -1486,6 +1486,7 @@ fn batch_engine_on_gpu_together_equals_alone() {
             prefix_cache: false,
             exact: false,
             swap: Default::default(),
+            step_padding: Default::default(),
         };
         let e = rocmforge_model::batch::BatchEngine::start(Arc::new(m), opts).expect("engine");
         let alone: Vec<_> = prompts

@@ -67,6 +67,7 @@ fn moe_requests_together_give_the_tokens_of_each_alone() {
             prefix_cache: false,
             exact: true,
             swap: Default::default(),
+            step_padding: Default::default(),
         };
         let e = BatchEngine::start(Arc::new(tm.model().clone()), opts).expect("engine");
         assert_eq!(greedy_together(&e, &prompts, n, arch), want, "{arch}");

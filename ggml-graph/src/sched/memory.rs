@@ -90,9 +90,7 @@ impl Scheduler {
             }
             // Captured launches write the old buffer: drop them, and let a replay finish.
             prep.captured = None;
-            if let Some(p) = self.prepared.as_mut() {
-                p.captured = None;
-            }
+            self.drop_captures();
             self.streams[d].synchronize()?;
             self.mapped[d] = None;
             match self.devices[d].buffer_type().alloc_mapped(need) {
@@ -102,6 +100,8 @@ impl Scheduler {
                         tracing::warn!("scheduler: no host-mapped outputs on device {d}: {e}");
                     }
                     self.map_outputs[d] = false;
+                    // The kept preparations place outputs in the buffer that is gone.
+                    self.prepared.clear();
                     for (m, home) in prep.mapped.iter_mut().zip(&prep.sched.device_of) {
                         if *home == Some(d) {
                             *m = None;

@@ -56,6 +56,46 @@ pub struct EngineOptions {
     pub exact: bool,
     /// How a preempted sequence's cache is kept: copied to host memory, or recomputed.
     pub swap: SwapOptions,
+    /// Whether decode steps are padded to a few batch sizes (see [`StepPadding`]).
+    pub step_padding: StepPadding,
+}
+
+/// Padding of decode steps (every sequence feeding one token) to 1, 2, 4, 6, 8, 12, 16, 24...
+/// sequences (powers of two and 1.5 times them, up to `max_seqs`: at most half as many rows
+/// again), the extra rows computing a dummy token whose cache row and logits nobody reads.
+/// A batch whose size changes from step to step (requests arriving and ending) then runs a
+/// few graphs over and over: each is built, optimized and planned once, and on a GPU its
+/// launches are captured once and replayed, instead of paying all of that whenever the size
+/// changes. The padded rows cost compute, nearly nothing on a GPU (a decode step reads every
+/// weight once whatever its width) but their full share on the CPU. Results are the same either
+/// way: every row is computed on its own (on the CPU the exact orders of
+/// [`EngineOptions::exact`] still hold). When steps may be padded (`On`, or `Auto` on any
+/// device choice but the CPU), the KV cache holds one block more than the pool (`kv_blocks`, or
+/// what the budget leaves, counted with it) for the padded rows to write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StepPadding {
+    /// Padded when a GPU runs layers of the model; not on the CPU alone.
+    #[default]
+    Auto,
+    /// Always padded.
+    On,
+    /// Never padded: each batch size has a graph of its own.
+    Off,
+}
+
+impl std::str::FromStr for StepPadding {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            _ => Err(ModelError::InvalidArgument(format!(
+                "step padding `{s}`: expected auto, on or off"
+            ))),
+        }
+    }
 }
 
 /// When the pool runs out of blocks, the newest sequence is preempted. Its cache is either
@@ -100,6 +140,7 @@ impl Default for EngineOptions {
             prefix_cache: true,
             exact: true,
             swap: SwapOptions::default(),
+            step_padding: StepPadding::Auto,
         }
     }
 }
@@ -242,14 +283,20 @@ pub struct EngineStats {
     pub swap_bytes: u64,
     /// Forward steps so far.
     pub steps: u64,
+    /// Of those, the steps a GPU ran by replaying the captured launches of an earlier step of
+    /// the same shape.
+    pub replayed_steps: u64,
+    /// Of those, the decode steps padded to a larger batch (see [`StepPadding`]).
+    pub padded_steps: u64,
     /// Host time of those steps, microseconds in all: graphs built and optimized for new pass
     /// shapes.
     pub build_us: u64,
     /// Host time: inputs uploaded and the pass launched (or replayed).
     pub run_us: u64,
-    /// Host time: waiting for the pass's logits and copying them out.
+    /// Host time: waiting for the pass's logits.
     pub output_us: u64,
-    /// Host time: sampling and streaming the tokens.
+    /// Host time: sampling (from the logits where the executor holds them) and streaming the
+    /// tokens.
     pub sample_us: u64,
 }
 

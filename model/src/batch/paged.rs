@@ -5,10 +5,9 @@
 use std::sync::Arc;
 
 use ggml_graph::CpuBackend;
-use rayon::prelude::*;
 
 use super::kv::{block_hash, BlockPool};
-use super::EngineOptions;
+use super::{EngineOptions, StepPadding};
 use crate::arch::{build_paged_forward, PagedBatch, PagedGraph, PagedKvSpec};
 use crate::engine::{Engine, KvPool};
 use crate::error::ModelError;
@@ -30,8 +29,22 @@ pub(super) struct Item<'a> {
 /// A pass's shape: tokens, sequences, outputs, hidden states or logits, rows copied.
 type PassShape = (usize, usize, usize, bool, usize);
 
-/// Pass shapes whose optimized graphs are kept.
-const GRAPH_CACHE: usize = 8;
+/// Pass shapes whose optimized graphs are kept: every decode bucket of up to 128 sequences
+/// (13, see [`decode_bucket`]) and a few prompt-chunk shapes.
+const GRAPH_CACHE: usize = 16;
+
+/// The batch a decode step of `n` sequences is padded to (see [`StepPadding`]): the smallest
+/// of 1, 2, 4, 6, 8, 12, 16, 24, 32, 48... (powers of two and, from 6 on, 1.5 times them) that
+/// holds it, at most `max_seqs`; padding adds at most half the real rows.
+fn decode_bucket(n: usize, max_seqs: usize) -> usize {
+    let p = n.next_power_of_two();
+    let b = if p >= 8 && p / 4 * 3 >= n {
+        p / 4 * 3
+    } else {
+        p
+    };
+    b.min(max_seqs).max(n)
+}
 
 /// Blocks of the KV pool for these options at most: `kv_blocks`, else every sequence at its
 /// full context (the GPU may take fewer, see [`KvPool`]).
@@ -120,6 +133,14 @@ pub(super) struct Runner {
     times: StepTimes,
     /// Host bytes the swapped-out caches hold (see [`SwappedKv`]).
     swap_used: u64,
+    /// With decode steps padded ([`StepPadding`]): the block past the pool (the last of
+    /// `spec`'s) that the padded rows write their keys and values to (no sequence owns or reads
+    /// it).
+    pad_block: Option<u32>,
+    /// Sequences per step at most.
+    max_seqs: usize,
+    /// Decode steps padded so far.
+    padded_steps: u64,
 }
 
 /// A preempted sequence's cache in host memory, taken by [`Runner::swap_out`] and written back
@@ -155,7 +176,7 @@ fn block_runs(blocks: &[u32]) -> Vec<(usize, usize, usize)> {
 }
 
 /// Host time spent in the passes, in microseconds: building graphs for new shapes, uploading
-/// inputs and launching, waiting for and copying out the outputs.
+/// inputs and launching, waiting for the outputs.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct StepTimes {
     pub build_us: u64,
@@ -188,16 +209,24 @@ fn stable(p: usize, plen: usize, n_batch: usize) -> bool {
 
 impl Runner {
     pub(super) fn new(model: Arc<Model>, o: &EngineOptions) -> Result<Self, ModelError> {
+        // Padded decode steps (see `StepPadding`; whether they are padded is known once the
+        // placement says where the layers run) write their dummy rows to one block past the
+        // pool, counted in the placement with the pool's.
+        let pad_room = usize::from(match o.step_padding {
+            StepPadding::Auto => o.session.device != crate::placement::DeviceChoice::Cpu,
+            StepPadding::On => true,
+            StepPadding::Off => false,
+        });
         let mut spec = PagedKvSpec {
             dtype: o.session.kv_type,
-            n_blocks: pool_blocks(o),
+            n_blocks: pool_blocks(o) + pad_room,
             block_size: o.block_size,
             max_blocks: o.n_ctx_per_seq.div_ceil(o.block_size),
         };
         // Unless the caller fixed it, the pool holds at least one sequence at full length.
         let pool = o.kv_blocks.is_none().then_some(KvPool {
             block_size: o.block_size,
-            min_blocks: spec.max_blocks.min(spec.n_blocks),
+            min_blocks: spec.max_blocks.min(pool_blocks(o)) + pad_room,
             max_blocks: spec.n_blocks,
         });
         // The largest pass: a full step budget from every slot, logits for each.
@@ -225,13 +254,22 @@ impl Runner {
         plan.kv.block_size = Some(o.block_size);
         spec.n_blocks = plan.kv.positions / o.block_size;
         check_host_kv(&plan, o.host_kv_limit.or_else(host_available))?;
+        let n_pool = spec.n_blocks.saturating_sub(pad_room);
+        // The plan tells the sequences' share (what requests are checked against).
+        plan.kv.positions = n_pool * o.block_size;
+        let pad = match o.step_padding {
+            StepPadding::Auto => engine.on_gpu(),
+            StepPadding::On => true,
+            StepPadding::Off => false,
+        };
+        let pad_block = (pad && n_pool < spec.n_blocks).then_some(n_pool as u32);
         tracing::info!("batching engine: {plan}");
         Ok(Self {
             model,
             engine,
             plan,
             spec,
-            pool: BlockPool::new(spec.n_blocks),
+            pool: BlockPool::new(n_pool),
             prefix_cache: o.prefix_cache,
             n_batch: o.session.n_batch.min(o.n_ctx_per_seq).max(1),
             exact: o.exact,
@@ -241,7 +279,15 @@ impl Runner {
             copies: Vec::new(),
             times: StepTimes::default(),
             swap_used: 0,
+            pad_block,
+            max_seqs: o.max_seqs,
+            padded_steps: 0,
         })
+    }
+
+    /// Runs so far that replayed captured GPU launches, and decode steps padded.
+    pub(super) fn reuse_counts(&self) -> (u64, u64) {
+        (self.engine.replays(), self.padded_steps)
     }
 
     /// Where the layers run.
@@ -499,13 +545,21 @@ impl Runner {
         self.swap_used = self.swap_used.saturating_sub(swapped.bytes());
     }
 
-    /// Runs every item in one forward pass; the last-token logits of those that ask for them,
-    /// in item order. Every item's slot must have blocks for its tokens ([`Runner::reserve`]).
-    pub(super) fn forward(
+    /// Runs every item in one forward pass and hands `f` the last-token logits of the items
+    /// that ask for them (`[n_vocab]` rows, flat, in item order) where the executor holds them:
+    /// a large batch's logits are tens of megabytes, read once by the samplers rather than
+    /// copied first. Every item's slot must have blocks for its tokens ([`Runner::reserve`]).
+    pub(super) fn forward<R>(
         &mut self,
         items: &[Item<'_>],
-    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
-        self.pass(items, false)
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, ModelError> {
+        self.pass(items, false, f)
+    }
+
+    /// Entries of a logits row.
+    pub(super) fn n_vocab(&self) -> usize {
+        self.model.config().n_vocab
     }
 
     /// The normalized last hidden state of every token of `tokens` (a sequence of its own,
@@ -524,8 +578,7 @@ impl Runner {
                 n_past: 0,
                 logits: true,
             };
-            self.pass(std::slice::from_ref(&item), true)
-                .map(|mut v| v.pop().flatten().unwrap_or_default())
+            self.pass(std::slice::from_ref(&item), true, <[f32]>::to_vec)
         } else {
             Err(ModelError::InvalidArgument(
                 "no KV room for the embedding".into(),
@@ -536,12 +589,13 @@ impl Runner {
     }
 
     /// [`Runner::forward`]; with `hidden`, every token's normalized hidden state (all items'
-    /// rows, flat, as the first item's output) instead of logits.
-    fn pass(
+    /// rows, flat) instead of logits.
+    fn pass<R>(
         &mut self,
         items: &[Item<'_>],
         hidden: bool,
-    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, ModelError> {
         let bs = self.spec.block_size;
         let mb = self.spec.max_blocks;
         let n_tok: usize = items.iter().map(|it| it.tokens.len()).sum();
@@ -590,12 +644,39 @@ impl Runner {
                 out_rows.push((ids.len() - 1) as i32);
             }
         }
+        let copies = std::mem::take(&mut self.copies);
+        // A decode step (one token and its logits from every item, nothing copied) is padded
+        // to its bucket: dummy tokens at position 0 of columns whose tables hold only the
+        // padding block, which they write and read alone.
+        let n_real_out = out_rows.len();
+        let mut n_tok = n_tok;
+        let mut n_cols = items.len();
+        if let Some(pb) = self.pad_block {
+            let decode = !hidden
+                && copies.is_empty()
+                && items.iter().all(|it| it.tokens.len() == 1 && it.logits);
+            let bucket = decode_bucket(items.len(), self.max_seqs);
+            if decode && bucket > items.len() {
+                for col in items.len()..bucket {
+                    ids.push(0);
+                    pos.push(0);
+                    slots.push((pb as usize * bs) as i32);
+                    layout.push((1, 0));
+                    seq.push(col as i32);
+                    seq.push(1);
+                    out_rows.push(col as i32);
+                }
+                tables.resize(mb * bucket, pb as i32);
+                n_tok = bucket;
+                n_cols = bucket;
+                self.padded_steps += 1;
+            }
+        }
         let n_out = out_rows.len().max(1);
         if out_rows.is_empty() {
             // The graph always ends in logits; one row is computed and dropped.
             out_rows.push((n_tok - 1) as i32);
         }
-        let copies = std::mem::take(&mut self.copies);
         let (mut copy_src, mut copy_dst) = (Vec::new(), Vec::new());
         for &(from, to, _) in &copies {
             for r in 0..bs {
@@ -605,7 +686,7 @@ impl Runner {
         }
         let batch = PagedBatch {
             n_tok,
-            n_seqs: items.len(),
+            n_seqs: n_cols,
             n_out,
             hidden,
             n_copy: copy_src.len(),
@@ -666,26 +747,24 @@ impl Runner {
         self.engine.run(Some(run_key), &g.graph, &inputs)?;
         self.times.run_us += micros(t_run);
         let t_out = std::time::Instant::now();
-        if hidden {
-            let all = self.engine.with_output_f32(g.logits, <[f32]>::to_vec)?;
-            self.times.output_us += micros(t_out);
-            return Ok(vec![Some(all)]);
-        }
-        let n_vocab = cfg.n_vocab;
-        // Rows copied out in parallel: a large batch's logits are tens of megabytes.
-        let mut rows = self.engine.with_output_f32(g.logits, |l| {
-            l.par_chunks_exact(n_vocab)
-                .map(<[f32]>::to_vec)
-                .collect::<Vec<_>>()
+        // The padded rows' logits stay unread.
+        let n_vals = if hidden {
+            usize::MAX
+        } else {
+            n_real_out * cfg.n_vocab
+        };
+        let times = &mut self.times;
+        let r = self.engine.with_output_f32(g.logits, |l| {
+            times.output_us += micros(t_out);
+            f(&l[..n_vals.min(l.len())])
         })?;
-        self.times.output_us += micros(t_out);
-        let mut out = Vec::with_capacity(items.len());
-        let mut next = rows.drain(..);
-        for it in items {
-            out.push(if it.logits { next.next() } else { None });
-            self.register_prompt_blocks(it.slot, it.n_past + it.tokens.len());
+        // An embedding's blocks are freed right after; they join no prefix cache.
+        if !hidden {
+            for it in items {
+                self.register_prompt_blocks(it.slot, it.n_past + it.tokens.len());
+            }
         }
-        Ok(out)
+        Ok(r)
     }
 
     /// Registers the slot's full prompt blocks computed so far in the prefix cache.
@@ -723,5 +802,27 @@ impl Runner {
             self.pool.register(kv.table[i], h);
             kv.tail_hashed = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_bucket;
+
+    #[test]
+    fn decode_buckets_are_powers_of_two_and_one_and_a_half_times_them() {
+        let got: Vec<usize> = (1..=20).map(|n| decode_bucket(n, 128)).collect();
+        let want = [
+            1, 2, 4, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 24, 24, 24, 24,
+        ];
+        assert_eq!(got, want);
+        // 13 shapes serve 128 sequences; none pads by more than half the real rows.
+        let mut all: Vec<usize> = (1..=128).map(|n| decode_bucket(n, 128)).collect();
+        all.dedup();
+        assert_eq!(all, [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]);
+        assert!((1..=128).all(|n| decode_bucket(n, 128) * 2 <= n * 3));
+        // The cap: never above max_seqs, never below the batch.
+        assert_eq!(decode_bucket(5, 5), 5);
+        assert_eq!(decode_bucket(33, 40), 40);
     }
 }

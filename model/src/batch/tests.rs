@@ -52,6 +52,7 @@ fn engine_opts(max_seqs: usize) -> EngineOptions {
         prefix_cache: false,
         exact: true,
         swap: Default::default(),
+        step_padding: Default::default(),
     }
 }
 
@@ -138,6 +139,65 @@ fn requests_together_give_the_tokens_of_each_alone() {
     let s = idle_stats(&e);
     assert_eq!(s.kv_blocks_used, 0, "{s:?}");
     assert_eq!(s.generated_tokens, (n * prompts.len()) as u64);
+}
+
+#[test]
+fn padded_decode_steps_give_the_tokens_of_each_alone() {
+    // Requests of different lengths end at different steps, so the decode batch shrinks
+    // 5 -> 1 through buckets 6 (the cap), 4, 2 and 1; the padded rows change no real row's bits.
+    let m = gemma();
+    let prompts = [
+        prompt(1, 5),
+        prompt(2, 23),
+        prompt(3, 40),
+        prompt(4, 2),
+        prompt(5, 17),
+    ];
+    let lens = [3usize, 9, 14, 20, 25];
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(lens)
+        .map(|(p, n)| alone(&m, p, n))
+        .collect();
+    let opts = EngineOptions {
+        step_padding: StepPadding::On,
+        ..engine_opts(6)
+    };
+    let e = BatchEngine::start(Arc::clone(&m), opts).expect("engine");
+    for round in 0..2 {
+        let rxs: Vec<_> = prompts
+            .iter()
+            .zip(lens)
+            .map(|(p, n)| {
+                e.submit_channel(Request::greedy(p.clone(), n))
+                    .expect("submit")
+                    .1
+            })
+            .collect();
+        for (i, rx) in rxs.iter().enumerate() {
+            assert_eq!(collect(rx).0, want[i], "round {round}, prompt {i}");
+        }
+        let s = idle_stats(&e);
+        assert_eq!(s.kv_blocks_used, 0, "{s:?}");
+        // The padded rows' block comes on top of the pool.
+        assert_eq!(s.kv_blocks_total, 6 * 128 / 16, "{s:?}");
+        assert!(s.padded_steps > 0, "no step was padded: {s:?}");
+    }
+    // The CPU alone pads only when told to.
+    let e = BatchEngine::start(Arc::clone(&m), engine_opts(6)).expect("engine");
+    let rxs: Vec<_> = prompts
+        .iter()
+        .zip(lens)
+        .map(|(p, n)| {
+            e.submit_channel(Request::greedy(p.clone(), n))
+                .expect("submit")
+                .1
+        })
+        .collect();
+    for (i, rx) in rxs.iter().enumerate() {
+        assert_eq!(collect(rx).0, want[i], "unpadded, prompt {i}");
+    }
+    assert_eq!(idle_stats(&e).padded_steps, 0);
 }
 
 #[test]

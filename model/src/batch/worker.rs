@@ -505,23 +505,67 @@ impl Worker {
                 return;
             }
         };
-        let items: Vec<Item<'_>> = self
-            .running
+        // The tokens fed are copied out (a few per sequence), so the samplers can hold the
+        // sequences while they read the pass's logits in place.
+        let mut fed: Vec<u32> = Vec::new();
+        let mut spans = Vec::with_capacity(self.running.len());
+        for (s, &n) in self.running.iter().zip(&take) {
+            if n > 0 {
+                let logits = s.n_cached + n == s.tokens.len();
+                let slot = s.slot.unwrap_or(usize::MAX);
+                spans.push((slot, fed.len(), n, s.n_cached, logits));
+                fed.extend_from_slice(&s.tokens[s.n_cached..s.n_cached + n]);
+            }
+        }
+        let items: Vec<Item<'_>> = spans
             .iter()
-            .zip(&take)
-            .filter(|(_, &n)| n > 0)
-            .map(|(s, &n)| Item {
-                slot: s.slot.unwrap_or(usize::MAX),
-                tokens: &s.tokens[s.n_cached..s.n_cached + n],
-                n_past: s.n_cached,
-                logits: s.n_cached + n == s.tokens.len(),
+            .map(|&(slot, at, n, n_past, logits)| Item {
+                slot,
+                tokens: &fed[at..at + n],
+                n_past,
+                logits,
             })
             .collect();
-        let result = self.runner.forward(&items);
+        let n_vocab = self.runner.n_vocab().max(1);
+        let (tokenizer, n_ctx) = (&self.tokenizer, self.opts.n_ctx_per_seq);
+        let (running, counters) = (&mut self.running, &mut self.counters);
+        let result = self.runner.forward(&items, |rows| {
+            let t_sample = std::time::Instant::now();
+            let mut rows = rows.chunks_exact(n_vocab);
+            let mut jobs = Vec::new();
+            for (i, s) in running.iter_mut().enumerate() {
+                let n = take[i];
+                if n == 0 {
+                    continue;
+                }
+                if s.n_generated == 0 && s.n_cached < s.req.prompt.len() {
+                    counters.prompt_tokens += n.min(s.req.prompt.len() - s.n_cached) as u64;
+                }
+                let wants = s.n_cached + n == s.tokens.len();
+                s.n_cached += n;
+                if wants {
+                    if let Some(l) = rows.next() {
+                        jobs.push((i, s, l));
+                    }
+                }
+            }
+            // Each sequence samples with its own sampler and streams to its own sink, so the
+            // sequences of a step sample in parallel (a 128k-entry vocabulary costs a large
+            // batch milliseconds per step on one thread).
+            let sampled: Vec<(usize, usize, Option<FinishReason>)> = jobs
+                .into_par_iter()
+                .map(|(i, s, l)| {
+                    let before = s.n_generated;
+                    let reason = sample_one(s, tokenizer, l, n_ctx);
+                    (i, s.n_generated - before, reason)
+                })
+                .collect();
+            (sampled, t_sample)
+        });
         drop(items);
         self.counters.steps += 1;
-        let mut logits = match result {
-            Ok(l) => l.into_iter(),
+        let (sampled, t_sample) = match result {
+            Ok(r) => r,
             Err(e) => {
                 // A failed pass fails the requests in it; the engine goes on.
                 let msg = e.to_string();
@@ -547,33 +591,6 @@ impl Worker {
                 return;
             }
         };
-        let t_sample = std::time::Instant::now();
-        let mut jobs = Vec::new();
-        for (i, s) in self.running.iter_mut().enumerate() {
-            let n = take[i];
-            if n == 0 {
-                continue;
-            }
-            if s.n_generated == 0 && s.n_cached < s.req.prompt.len() {
-                self.counters.prompt_tokens += n.min(s.req.prompt.len() - s.n_cached) as u64;
-            }
-            s.n_cached += n;
-            if let Some(Some(l)) = logits.next() {
-                jobs.push((i, s, l));
-            }
-        }
-        // Each sequence samples with its own sampler and streams to its own sink, so the
-        // sequences of a step sample in parallel (a 128k-entry vocabulary costs a large batch
-        // milliseconds per step on one thread).
-        let (tokenizer, n_ctx) = (&self.tokenizer, self.opts.n_ctx_per_seq);
-        let sampled: Vec<(usize, usize, Option<FinishReason>)> = jobs
-            .into_par_iter()
-            .map(|(i, s, l)| {
-                let before = s.n_generated;
-                let reason = sample_one(s, tokenizer, l, n_ctx);
-                (i, s.n_generated - before, reason)
-            })
-            .collect();
         let mut done = Vec::new();
         for (i, generated, reason) in sampled {
             self.counters.generated_tokens += generated as u64;
@@ -599,6 +616,7 @@ impl Worker {
         c.swap_bytes = self.runner.swap_used();
         let t = self.runner.times();
         (c.build_us, c.run_us, c.output_us) = (t.build_us, t.run_us, t.output_us);
+        (c.replayed_steps, c.padded_steps) = self.runner.reuse_counts();
         if let Ok(mut s) = self.stats.lock() {
             *s = *c;
         }
@@ -607,23 +625,26 @@ impl Worker {
 
 /// Samples the next token of `s` from its last logits and emits it; `Some` when the request
 /// ends. Follows [`crate::generate::generate`] step by step.
-fn sample_one(
-    s: &mut Seq,
-    tok: &Tokenizer,
-    mut logits: Vec<f32>,
-    n_ctx: usize,
-) -> Option<FinishReason> {
+fn sample_one(s: &mut Seq, tok: &Tokenizer, logits: &[f32], n_ctx: usize) -> Option<FinishReason> {
     if s.n_generated >= s.req.max_tokens {
         return Some(FinishReason::Length);
     }
-    if let Some(c) = s.req.constraint.as_mut() {
-        c.mask(&mut logits);
-    }
-    let id = s.sampler.sample(&logits);
+    // Only a constraint needs a copy of the row to mask.
+    let masked;
+    let logits = match s.req.constraint.as_mut() {
+        Some(c) => {
+            let mut l = logits.to_vec();
+            c.mask(&mut l);
+            masked = l;
+            &masked[..]
+        }
+        None => logits,
+    };
+    let id = s.sampler.sample(logits);
     if s.req.stop_tokens.contains(&id) {
         return Some(FinishReason::Stop);
     }
-    let logprob = s.req.logprobs.map(|n| logprob_of(&logits, id, n));
+    let logprob = s.req.logprobs.map(|n| logprob_of(logits, id, n));
     s.sampler.accept(id);
     s.tokens.push(id);
     s.n_generated += 1;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use clap::Args;
 
 use super::ModelArgs;
-use crate::batch::{BatchEngine, EngineOptions, Event, Request};
+use crate::batch::{BatchEngine, EngineOptions, EngineStats, Event, Request, StepPadding};
 use crate::error::ModelError;
 use crate::sampling::Rng;
 
@@ -32,12 +32,49 @@ pub struct BatchedBenchArgs {
     /// K-quant weights) instead of each sequence's own order (bit-exact with one sequence alone).
     #[arg(long)]
     batched_order: bool,
+    /// Pad decode steps to 1, 2, 4, 6, 8, 12, 16, 24... sequences: `auto` (where a GPU runs
+    /// layers), `on`, `off`.
+    #[arg(long, default_value = "auto")]
+    step_padding: StepPadding,
+    /// Launch every GPU step node by node instead of replaying the captured launches of an
+    /// earlier step of the same shape (as `ROCMFORGE_GPU_GRAPH=0`; same results).
+    #[arg(long)]
+    no_graph_capture: bool,
 }
 
 /// One row of the table.
 struct Row {
     t_pp: f64,
     t_tg: f64,
+    /// The engine's counters over the generation phase (as of the steps published by then).
+    tg: EngineStats,
+}
+
+/// `b - a` of the cumulative counters.
+fn delta(a: &EngineStats, b: &EngineStats) -> EngineStats {
+    EngineStats {
+        steps: b.steps - a.steps,
+        replayed_steps: b.replayed_steps - a.replayed_steps,
+        padded_steps: b.padded_steps - a.padded_steps,
+        build_us: b.build_us - a.build_us,
+        run_us: b.run_us - a.run_us,
+        output_us: b.output_us - a.output_us,
+        sample_us: b.sample_us - a.sample_us,
+        ..*b
+    }
+}
+
+/// Host time per step of `s` (milliseconds), as the four parts the engine counts.
+fn per_step_line(s: &EngineStats) -> String {
+    let per_step = |us: u64| us as f64 / 1e3 / s.steps.max(1) as f64;
+    format!(
+        "graph build {:.3} ms, inputs + launch {:.3} ms, logits wait {:.3} ms, sampling \
+         {:.3} ms",
+        per_step(s.build_us),
+        per_step(s.run_us),
+        per_step(s.output_us),
+        per_step(s.sample_us)
+    )
 }
 
 /// Runs `b` sequences of `pp` random prompt tokens and `tg` generated tokens each: the prompt
@@ -71,6 +108,7 @@ fn run_one(
         first(rx)?;
     }
     let t_pp = t0.elapsed().as_secs_f64();
+    let at_tg = e.stats();
     for rx in &rxs {
         loop {
             match rx.recv().map_err(|_| closed())? {
@@ -80,9 +118,11 @@ fn run_one(
             }
         }
     }
+    let t_tg = t0.elapsed().as_secs_f64() - t_pp;
     Ok(Row {
         t_pp,
-        t_tg: t0.elapsed().as_secs_f64() - t_pp,
+        t_tg,
+        tg: delta(&at_tg, &e.stats()),
     })
 }
 
@@ -126,6 +166,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
     let model = Arc::new(tm.model().clone());
     check_args(a, model.config().n_ctx_train)?;
     let mut session = a.m.session_options(&tm)?;
+    session.scheduler.graph_capture &= !a.no_graph_capture;
     let max_b = a.npl.iter().copied().max().unwrap_or(1).max(1);
     let longest =
         a.npp.iter().max().copied().unwrap_or(0) + a.ntg.iter().max().copied().unwrap_or(0) + 1;
@@ -147,6 +188,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
         prefix_cache: false,
         exact: !a.batched_order,
         swap: Default::default(),
+        step_padding: a.step_padding,
     };
     let e = BatchEngine::start(Arc::clone(&model), opts)?;
     eprintln!("{}", e.device_plan());
@@ -166,6 +208,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
     let n_vocab = model.config().n_vocab;
     let mut rng = Rng::new(1234);
     let mut decode = Vec::new();
+    let mut phases = Vec::new();
     // One short warm-up request: page faults and first-pass allocations are not measured.
     run_one(
         &e,
@@ -187,6 +230,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
                 rows += 1;
                 let t = r.t_pp + r.t_tg;
                 decode.push((pp, tg, b, (b * tg) as f64 / r.t_tg));
+                phases.push((pp, tg, b, r.tg));
                 println!(
                     "| {pp:5} | {tg:6} | {b:4} | {n_kv:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {t:8.3} | {:8.2} |",
                     r.t_pp,
@@ -215,15 +259,19 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
          tokens each sequence makes after its first (which the prompt phase samples)",
         s.steps, s.preemptions, s.swapped_out
     );
-    let per_step = |us: u64| us as f64 / 1e3 / s.steps.max(1) as f64;
-    eprintln!(
-        "host time per step: graph build {:.3} ms, inputs + launch {:.3} ms, logits wait + copy \
-         {:.3} ms, sampling {:.3} ms",
-        per_step(s.build_us),
-        per_step(s.run_us),
-        per_step(s.output_us),
-        per_step(s.sample_us)
-    );
+    eprintln!("host time per step: {}", per_step_line(&s));
+    // The generation phase alone (decode steps): a replayed step's launch is one call and its
+    // GPU time shows in the logits wait; a step launched node by node waits for its work in
+    // "inputs + launch".
+    for (pp, tg, b, t) in &phases {
+        eprintln!(
+            "PP {pp} TG {tg} B {b}, generation: {} steps ({} replayed, {} padded), {}",
+            t.steps,
+            t.replayed_steps,
+            t.padded_steps,
+            per_step_line(t)
+        );
+    }
     Ok(())
 }
 
