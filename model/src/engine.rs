@@ -211,8 +211,8 @@ fn cpu_only(
 mod gpu {
     use std::sync::Arc;
 
-    use ggml_graph::backend::{CpuDevice, Device};
-    use ggml_graph::hip::HipDevice;
+    use ggml_graph::backend::{Collective, CpuDevice, Device};
+    use ggml_graph::hip::{HipCollective, HipDevice};
     use ggml_graph::sched::PlacementRule;
     use ggml_graph::{CpuBackend, Graph, Leaf, Op, Scheduler, Tensor};
 
@@ -752,6 +752,7 @@ mod gpu {
         let heads: Vec<String> = (0..gpus.len())
             .map(|k| format!("{}/{}", ts.q_heads(k).len(), ts.ff[k].len()))
             .collect();
+        let (collective, reduction) = collective(&gpus, &opts.gpus.collectives);
         let plan = DevicePlan {
             device: format!("{} GPUs", gpus.len()),
             split,
@@ -759,7 +760,7 @@ mod gpu {
             available: Some(available.iter().sum()),
             reason: format!(
                 "split mode tensor over GPUs {ordinals:?} (query heads/feed-forward columns \
-                 per GPU {}), main GPU {}{}",
+                 per GPU {}), main GPU {}, {reduction}{}",
                 heads.join(", "),
                 ts.main,
                 if fuse { "" } else { "; unfused graph" }
@@ -775,6 +776,7 @@ mod gpu {
         }
         devices.push(Arc::new(CpuDevice::new(cpu.clone())));
         let mut sched = Scheduler::with_options(devices, opts.scheduler)?;
+        sched.set_collective(collective);
         for (name, dtype, dims, bytes) in cut.views {
             sched.bind_weight(&name, dtype, &dims, bytes)?;
         }
@@ -794,6 +796,37 @@ mod gpu {
             split_model: Some(model.with_table(cut.table)),
         };
         Ok((engine, plan))
+    }
+
+    /// What sums a tensor split's partial results over `gpus` (the scheduler's first devices):
+    /// the platform's collective library, all-reducing in place on every GPU, or (where it is
+    /// off or does not load; warned once per process) peer copies to the main GPU; with the
+    /// words the device plan says it in.
+    fn collective(
+        gpus: &[Arc<HipDevice>],
+        opts: &ggml_graph::CollectiveOptions,
+    ) -> (Option<Arc<dyn Collective>>, String) {
+        const PEER: &str = "partial sums by peer copies to the main GPU";
+        if gpus.len() < 2 {
+            return (None, "one GPU".to_owned());
+        }
+        if opts.off {
+            return (None, format!("{PEER} (collectives off)"));
+        }
+        let ranks: Vec<(usize, Arc<HipDevice>)> = gpus.iter().cloned().enumerate().collect();
+        match HipCollective::new(&ranks, opts) {
+            Ok(c) => {
+                let how = format!("partial sums by {} all-reduce on every GPU", c.name());
+                (Some(Arc::new(c)), how)
+            }
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!("--split-mode tensor: no collective library ({e}); {PEER}")
+                });
+                (None, format!("{PEER} (no collective library: {e})"))
+            }
+        }
     }
 
     /// The KV cache of a split over GPUs and each GPU's estimate with it: `kv` as asked, or a

@@ -613,18 +613,18 @@ impl<'a> Builder<'a> {
         self.tag(o, "attn_out", il)
     }
 
-    /// The sum of per-GPU partial results built in [`TensorSplit::order`]: the scheduler runs
-    /// a node that reads no weight where its newest operand was computed, so summing onto the
-    /// last partial (the main GPU's) keeps every sum there.
+    /// The sum of per-GPU partial results built in [`TensorSplit::order`], as one all-reduce
+    /// node: the scheduler runs a node that reads no weight where its newest operand was
+    /// computed, so the sum lands on the last partial's GPU (the main one). With a collective
+    /// the scheduler sums the partials in place on every GPU; without, it copies them there.
     fn sum_partials(&mut self, partials: Vec<TensorId>) -> Result<TensorId, ModelError> {
-        let mut it = partials.into_iter().rev();
-        let mut sum = it.next().ok_or_else(|| {
-            ModelError::InvalidArgument("a tensor split gives no GPU any share".into())
-        })?;
-        for p in it {
-            sum = self.g.add(sum, p)?;
+        match partials.as_slice() {
+            [] => Err(ModelError::InvalidArgument(
+                "a tensor split gives no GPU any share".into(),
+            )),
+            [one] => Ok(*one),
+            all => Ok(self.g.all_reduce(all)?),
         }
-        Ok(sum)
     }
 
     /// Attention over `part`'s heads, through its output projection.

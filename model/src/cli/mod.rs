@@ -223,6 +223,7 @@ impl ModelArgs {
                 .map(GpuSelection::parse_tensor_split)
                 .transpose()?,
             main_gpu: self.main_gpu,
+            collectives: env::collective_options(),
         })
     }
 
