@@ -161,6 +161,9 @@ pub trait Collective: Send + Sync {
     /// that device)`, all of one length), each on its device's stream, so that every part holds
     /// the sum; returns without waiting for it.
     fn all_reduce(&self, parts: &[(usize, TensorMem<'_>)]) -> Result<()>;
+    /// Told after a run's streams were waited for: every collective it queued has finished
+    /// (what a watchdog times in-flight collectives by).
+    fn settled(&self) {}
 }
 
 /// A compute device.

@@ -211,7 +211,8 @@ fn schedule_reducing(
             let mut distinct = homes.clone();
             distinct.sort_unstable();
             distinct.dedup();
-            reduced[i] = homes.len() > 1
+            // One operand: a rank of a communicator whose other ranks are other processes.
+            reduced[i] = !homes.is_empty()
                 && distinct.len() == homes.len()
                 && homes.contains(&d)
                 && c.spans(&distinct);
@@ -874,8 +875,9 @@ impl Scheduler {
             .collect();
         let maps = |d: usize| self.map_outputs[d] && !self.devices[d].buffer_type().is_host();
         let (mapped, mapped_size) = mapped_outputs(graph, &sched, nd, maps);
+        // Collectives are not captured: their other ranks run outside this graph.
         let single_device = match sched.splits.as_slice() {
-            [(d, _)] if sched.copies.is_empty() => Some(*d),
+            [(d, _)] if sched.copies.is_empty() && !sched.collective.contains(&true) => Some(*d),
             _ => None,
         };
         Ok(Prepared {
@@ -1019,6 +1021,9 @@ impl Scheduler {
         self.launch_nodes(graph, prep)?;
         for s in &self.streams {
             s.synchronize()?;
+        }
+        if let Some(c) = &self.collective {
+            c.settled();
         }
         Ok(())
     }

@@ -216,3 +216,34 @@ fn all_reduce_checks_its_operands() {
     let want: Vec<f32> = v.iter().map(|x| 3.0 * x).collect();
     assert_eq!(sch.output_f32(s).unwrap(), want);
 }
+
+/// One operand with a collective spanning its device (one rank of a communicator whose other
+/// ranks are other processes): the collective runs on it and the node reads the result.
+#[test]
+fn a_single_rank_all_reduce_goes_through_the_collective() {
+    let mut g = Graph::new();
+    let (x, _, s, _) = split_graph(&mut g, 1);
+    let coll = Arc::new(HostCollective {
+        ranks: vec![0],
+        calls: Mutex::new(Vec::new()),
+    });
+    let mut sch = Scheduler::new(vec![dev("a")]).unwrap();
+    bind(&mut sch, &mut Rng::new(7), 1);
+    sch.set_collective(Some(coll.clone()));
+    let xb = f32_bytes(&Rng::new(3).vec(D * 3));
+    for _ in 0..2 {
+        sch.run_keyed(Some(1), &g, &[(x, &xb)]).unwrap();
+    }
+    assert!(sch.last_schedule().unwrap().collective[s.index()]);
+    assert_eq!(coll.calls.lock().unwrap().len(), 2);
+    assert!(!sch.has_captured_graph());
+    let mut plain = Scheduler::new(vec![dev("a")]).unwrap();
+    bind(&mut plain, &mut Rng::new(7), 1);
+    plain.run(&g, &[(x, &xb)]).unwrap();
+    assert!(!plain.last_schedule().unwrap().collective[s.index()]);
+    close(
+        &sch.output_f32(s).unwrap(),
+        &plain.output_f32(s).unwrap(),
+        0.0,
+    );
+}

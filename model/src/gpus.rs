@@ -73,6 +73,9 @@ pub struct GpuSelection {
     /// How a tensor split sums its GPUs' partial results (NCCL/RCCL all-reduces where the
     /// library loads, else peer copies to the main GPU).
     pub collectives: ggml_graph::CollectiveOptions,
+    /// One process per GPU (`--dist-init`): this process's rank of a tensor split whose other
+    /// parts run in other processes; `None`: this process drives all its GPUs.
+    pub dist: Option<crate::dist::DistSpec>,
 }
 
 /// Parses a comma-separated list (`0,2`, `3,1`).
