@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Several GPUs on one host: rocmforge `bench` (tg128, pp512) on one GPU, with `-sm layer` and
-# with `-sm tensor` over the first two GPUs, against llama.cpp's CUDA build (`-sm layer` and
+# with `-sm tensor` over the first two GPUs (partial sums by NCCL, and by peer copies), against llama.cpp's CUDA build (`-sm layer` and
 # `-sm row`, flash attention on) on the same synthetic GGUFs (`rocmforge synth`, Q4_K_M,
 # seed 42), all in one run on the same machine.
 #
@@ -41,10 +41,16 @@ for preset in $PRESETS; do
     fi
   fi
   ls -la "$m"
-  for mode in none layer tensor; do
-    if [ "$mode" = none ]; then gpus=(--split-mode none); else gpus=(--split-mode "$mode" --devices 0,1); fi
-    echo "== rocmforge $preset ${gpus[*]}"
-    "$RF" bench -m "$m" --device gpu -p 512 -n 128 -r "$REPS" "${gpus[@]}" \
+  # tensor-peer: the tensor split summing its partials by peer copies instead of NCCL.
+  for mode in none layer tensor tensor-peer; do
+    coll=1
+    case "$mode" in
+      none) gpus=(--split-mode none) ;;
+      tensor-peer) gpus=(--split-mode tensor --devices 0,1); coll=0 ;;
+      *) gpus=(--split-mode "$mode" --devices 0,1) ;;
+    esac
+    echo "== rocmforge $preset ${gpus[*]} (ROCMFORGE_TP_COLLECTIVE=$coll)"
+    ROCMFORGE_TP_COLLECTIVE=$coll "$RF" bench -m "$m" --device gpu -p 512 -n 128 -r "$REPS" "${gpus[@]}" \
       2>"$OUT/$preset-rf-$mode.log" ||
       { echo "rocmforge $preset $mode failed:"; tail -5 "$OUT/$preset-rf-$mode.log"; }
   done

@@ -148,6 +148,24 @@ pub trait Captured: Send {
     fn replay(&self) -> Result<()>;
 }
 
+/// A collective library over several of a scheduler's devices (NCCL or RCCL over GPUs): what
+/// runs an [`crate::Op::AllReduce`] whose operands live on different devices without copying
+/// them to one device.
+pub trait Collective: Send + Sync {
+    /// Name for logs and the device plan (`NCCL 2.28.9`).
+    fn name(&self) -> &str;
+    /// True when `devices` (indices into the scheduler's devices, ascending) are exactly its
+    /// ranks' devices: every rank must join each collective, or the ones that did wait forever.
+    fn spans(&self, devices: &[usize]) -> bool;
+    /// Queues an in-place sum of `parts` (one per device, `(device index, dense f32 memory of
+    /// that device)`, all of one length), each on its device's stream, so that every part holds
+    /// the sum; returns without waiting for it.
+    fn all_reduce(&self, parts: &[(usize, TensorMem<'_>)]) -> Result<()>;
+    /// Told after a run's streams were waited for: every collective it queued has finished
+    /// (what a watchdog times in-flight collectives by).
+    fn settled(&self) {}
+}
+
 /// A compute device.
 pub trait Device: Send + Sync {
     /// Name for logs and errors.

@@ -711,6 +711,27 @@ impl Graph {
         Ok(self.push_op(Op::Concat { dim }, DType::F32, ne, vec![a, b]))
     }
 
+    /// The sum of `parts` (dense f32 tensors of one shape), as one [`Op::AllReduce`] node.
+    pub fn all_reduce(&mut self, parts: &[TensorId]) -> Result<TensorId> {
+        let Some(&first) = parts.first() else {
+            return Err(shape_err("all_reduce", "no operands"));
+        };
+        let ne = self.t(first)?.ne;
+        for &p in parts {
+            let t = self.t(p)?;
+            if t.dtype != DType::F32 || !t.is_contiguous() || t.ne != ne {
+                return Err(shape_err(
+                    "all_reduce",
+                    format!(
+                        "operands must be dense f32 {ne:?}, `{}` is {} {:?}",
+                        t.name, t.dtype, t.ne
+                    ),
+                ));
+            }
+        }
+        Ok(self.push_op(Op::AllReduce, DType::F32, ne, parts.to_vec()))
+    }
+
     /// Writes f32 rows of `src` `[K, n]` into rows `idx` (I32 `[n]`) of `dst` `[K, R]`; the result
     /// aliases `dst`.
     pub fn set_rows(&mut self, dst: TensorId, src: TensorId, idx: TensorId) -> Result<TensorId> {

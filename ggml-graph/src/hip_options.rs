@@ -65,3 +65,19 @@ impl std::str::FromStr for StackKernel {
         }
     }
 }
+
+/// How a tensor split sums its GPUs' partial results: through the platform's collective library
+/// (NCCL on NVIDIA, RCCL on AMD, loaded at run time) where it loads, else by peer copies to the
+/// main GPU. Where to look for the library is the caller's choice (the CLI reads
+/// `ROCMFORGE_NCCL`, `ROCM_PATH` and `CUDA_PATH`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CollectiveOptions {
+    /// Sum by peer copies even where the library loads (for comparisons).
+    pub off: bool,
+    /// A library file to try before the usual places.
+    pub library: Option<std::path::PathBuf>,
+    /// ROCm's install prefix (RCCL in `<it>/lib`).
+    pub rocm: Option<std::path::PathBuf>,
+    /// CUDA's install prefix (NCCL in `<it>/lib64`).
+    pub cuda: Option<std::path::PathBuf>,
+}

@@ -6,7 +6,7 @@ use crate::backend::{BufferType, Device, Stream, TensorMem};
 use crate::error::{GraphError, Result};
 use crate::tensor::Tensor;
 
-pub use crate::hip_options::{HipOptions, StackKernel};
+pub use crate::hip_options::{CollectiveOptions, HipOptions, StackKernel};
 
 // The workspace arithmetic is the backend's own, and needs no GPU.
 #[path = "hip/workspace.rs"]
@@ -113,6 +113,68 @@ impl Device for HipDevice {
         _dst: TensorMem<'_>,
         _srcs: &[TensorMem<'_>],
     ) -> Result<()> {
+        match self.never {}
+    }
+}
+
+/// A communicator over several GPUs; never made in this build.
+#[derive(Debug)]
+pub struct HipCollective {
+    never: Never,
+}
+
+impl std::fmt::Debug for Never {
+    fn fmt(&self, _f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {}
+    }
+}
+
+impl HipCollective {
+    /// Fails: this build has no HIP backend.
+    pub fn new(
+        gpus: &[(usize, std::sync::Arc<HipDevice>)],
+        opts: &crate::hip_options::CollectiveOptions,
+    ) -> Result<Self> {
+        let _ = (gpus, opts);
+        Err(GraphError::Unsupported {
+            backend: "hip",
+            op: "collective",
+            detail: "not compiled with HIP (the `hip` feature of ggml-graph)".into(),
+        })
+    }
+
+    /// Fails: this build has no HIP backend.
+    pub fn for_rank(
+        gpu: (usize, std::sync::Arc<HipDevice>),
+        rank: usize,
+        world: usize,
+        opts: &crate::hip_options::CollectiveOptions,
+        exchange: &mut dyn FnMut(&[u8]) -> std::result::Result<Vec<u8>, String>,
+    ) -> Result<Self> {
+        let _ = (gpu, rank, world, exchange);
+        Self::new(&[], opts)
+    }
+
+    /// See the HIP build's `check`.
+    pub fn check(&self) -> Result<()> {
+        match self.never {}
+    }
+
+    /// See the HIP build's `watch`.
+    pub fn watch(self: &std::sync::Arc<Self>, timeout: std::time::Duration) {
+        let _ = timeout;
+        match self.never {}
+    }
+}
+
+impl crate::backend::Collective for HipCollective {
+    fn name(&self) -> &str {
+        match self.never {}
+    }
+    fn spans(&self, _devices: &[usize]) -> bool {
+        match self.never {}
+    }
+    fn all_reduce(&self, _parts: &[(usize, TensorMem<'_>)]) -> Result<()> {
         match self.never {}
     }
 }

@@ -45,13 +45,14 @@ pub mod sched;
 pub mod tensor;
 
 pub use backend::{
-    Buffer, BufferType, Captured, CpuDevice, Device, DummyDevice, GroupNode, Stream, TensorMem,
+    Buffer, BufferType, Captured, Collective, CpuDevice, Device, DummyDevice, GroupNode, Stream,
+    TensorMem,
 };
 pub use cpu::CpuBackend;
 pub use error::{GraphError, Result};
 pub use exec::{Executor, WeightBytes};
 pub use graph::Graph;
-pub use hip_options::{HipOptions, StackKernel};
+pub use hip_options::{CollectiveOptions, HipOptions, StackKernel};
 pub use plan::Plan;
 pub use sched::{Schedule, Scheduler, SchedulerOptions};
 pub use tensor::{

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::backend::{Buffer, BufferType, Captured, Device, GroupNode, Stream};
+use crate::backend::{Buffer, BufferType, Captured, Collective, Device, GroupNode, Stream};
 use crate::error::{GraphError, Result};
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
@@ -36,6 +36,9 @@ pub struct Schedule {
     pub splits: Vec<(usize, Vec<TensorId>)>,
     /// `(storage root, device)` pairs that need a copy on a device other than the root's home.
     pub copies: Vec<(TensorId, usize)>,
+    /// Per node: true for an [`Op::AllReduce`] whose operands a [`Collective`] sums in place
+    /// on their devices (no copies); the node then reads its own device's operand, the sum.
+    pub collective: Vec<bool>,
 }
 
 /// Operands a node reads (the written destination of `cpy`/`set_rows` excluded).
@@ -110,6 +113,18 @@ pub fn schedule_with(
     persistent_home: &HashMap<String, usize>,
     rule: Option<&PlacementRule>,
 ) -> Result<Schedule> {
+    schedule_reducing(graph, devices, persistent_home, rule, None)
+}
+
+/// [`schedule_with`] where `collective` sums the operands of [`Op::AllReduce`] nodes that lie
+/// one on each of its devices, one of them the node's own: such operands get no copies.
+fn schedule_reducing(
+    graph: &Graph,
+    devices: &[Arc<dyn Device>],
+    persistent_home: &HashMap<String, usize>,
+    rule: Option<&PlacementRule>,
+    collective: Option<&dyn Collective>,
+) -> Result<Schedule> {
     let n = graph.len();
     let needed = crate::plan::needed_nodes(graph);
     let nodes = graph.tensors();
@@ -180,13 +195,29 @@ pub fn schedule_with(
     let mut splits: Vec<(usize, Vec<TensorId>)> = Vec::new();
     let mut copies = Vec::new();
     let mut seen = HashSet::new();
+    let mut reduced = vec![false; n];
     for i in 0..n {
         let t = &nodes[i];
         if !needed[i] || !launches(t) {
             continue;
         }
         let d = dev[i].unwrap_or(0);
-        for (_, s) in read_srcs(t) {
+        if let (Op::AllReduce, Some(c)) = (&t.op, collective) {
+            let homes: Vec<usize> = t
+                .src
+                .iter()
+                .map(|&s| dev[graph.storage_root(s).0.index()].unwrap_or(0))
+                .collect();
+            let mut distinct = homes.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            // One operand: a rank of a communicator whose other ranks are other processes.
+            reduced[i] = !homes.is_empty()
+                && distinct.len() == homes.len()
+                && homes.contains(&d)
+                && c.spans(&distinct);
+        }
+        for (_, s) in read_srcs(t).filter(|_| !reduced[i]) {
             let r = graph.storage_root(s).0;
             let weight = nodes[r.index()].op == Op::Leaf(Leaf::Weight);
             if !weight && dev[r.index()] != Some(d) && seen.insert((r, d)) {
@@ -202,6 +233,7 @@ pub fn schedule_with(
         device_of: dev,
         splits,
         copies,
+        collective: reduced,
     })
 }
 
@@ -293,6 +325,9 @@ pub struct Scheduler {
     replays: u64,
     copies_made: usize,
     placement: Option<PlacementRule>,
+    /// Sums the operands of [`Op::AllReduce`] nodes in place across devices (see
+    /// [`Scheduler::set_collective`]).
+    collective: Option<Arc<dyn Collective>>,
     /// Whether repeated keyed runs on one device are captured and replayed (see
     /// [`Scheduler::set_graph_capture`]).
     capture: bool,
@@ -431,6 +466,7 @@ impl Scheduler {
             replays: 0,
             copies_made: 0,
             placement: None,
+            collective: None,
             capture: opts.graph_capture,
         })
     }
@@ -485,6 +521,19 @@ impl Scheduler {
     pub fn set_placement(&mut self, rule: PlacementRule) {
         self.placement = Some(rule);
         self.prepared.clear();
+    }
+
+    /// Runs [`Op::AllReduce`] nodes through `collective` where their operands lie on devices it
+    /// covers (see [`Collective`]); `None`: their operands are copied to the node's device and
+    /// summed there. Applies to graphs prepared from now on.
+    pub fn set_collective(&mut self, collective: Option<Arc<dyn Collective>>) {
+        self.collective = collective;
+        self.prepared = None;
+    }
+
+    /// The collective set by [`Scheduler::set_collective`].
+    pub fn collective(&self) -> Option<&Arc<dyn Collective>> {
+        self.collective.as_ref()
     }
 
     /// Uploads every bound weight that the placement rule puts on a device, one
@@ -810,7 +859,13 @@ impl Scheduler {
             .iter()
             .map(|(k, p)| (k.clone(), p.device))
             .collect();
-        let sched = schedule_with(graph, &self.devices, &homes, self.placement.as_ref())?;
+        let sched = schedule_reducing(
+            graph,
+            &self.devices,
+            &homes,
+            self.placement.as_ref(),
+            self.collective.as_deref(),
+        )?;
         let nodes = graph.tensors();
         // Any run the launches may offer as one group shares its operands' lifetimes.
         let mut runs = vec![1; nodes.len()];
@@ -835,8 +890,9 @@ impl Scheduler {
             .collect();
         let maps = |d: usize| self.map_outputs[d] && !self.devices[d].buffer_type().is_host();
         let (mapped, mapped_size) = mapped_outputs(graph, &sched, nd, maps);
+        // Collectives are not captured: their other ranks run outside this graph.
         let single_device = match sched.splits.as_slice() {
-            [(d, _)] if sched.copies.is_empty() => Some(*d),
+            [(d, _)] if sched.copies.is_empty() && !sched.collective.contains(&true) => Some(*d),
             _ => None,
         };
         Ok(Prepared {
@@ -985,6 +1041,9 @@ impl Scheduler {
         for s in &self.streams {
             s.synchronize()?;
         }
+        if let Some(c) = &self.collective {
+            c.settled();
+        }
         Ok(())
     }
 
@@ -1034,6 +1093,10 @@ impl Scheduler {
                 let done = grouped.max(1);
                 for &id in &ids[j + grouped..j + done] {
                     let t = &nodes[id.index()];
+                    if sched.collective.get(id.index()).copied().unwrap_or(false) {
+                        self.all_reduce(graph, prep, &mut valid, id, d)?;
+                        continue;
+                    }
                     let mut mems = Vec::with_capacity(t.src.len());
                     for (_, s) in read_srcs(t) {
                         mems.push(self.mem(graph, prep, s, d)?);
@@ -1048,6 +1111,50 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    /// Queues the collective sum of all-reduce node `id`'s operands in place on their devices,
+    /// then the node on device `d` over the operand there (which holds the sum).
+    fn all_reduce(
+        &self,
+        graph: &Graph,
+        prep: &Prepared,
+        valid: &mut [bool],
+        id: TensorId,
+        d: usize,
+    ) -> Result<()> {
+        let nodes = graph.tensors();
+        let nd = self.devices.len();
+        let t = &nodes[id.index()];
+        let coll = self
+            .collective
+            .as_ref()
+            .ok_or_else(|| GraphError::Unsupported {
+                backend: "scheduler",
+                op: t.op.name(),
+                detail: format!("`{}` was scheduled for a collective, none is set", t.name),
+            })?;
+        let mut parts = Vec::with_capacity(t.src.len());
+        let mut local = None;
+        for &s in &t.src {
+            let r = graph.storage_root(s).0;
+            let home = prep.sched.device_of[r.index()].unwrap_or(0);
+            let m = self.mem(graph, prep, s, home)?;
+            if home == d {
+                local = Some(m);
+            }
+            parts.push((home, m));
+            // Rewritten in place: copies of it elsewhere are stale.
+            valid[r.index() * nd..(r.index() + 1) * nd].fill(false);
+        }
+        let local = local.ok_or_else(|| GraphError::Unsupported {
+            backend: "scheduler",
+            op: t.op.name(),
+            detail: format!("`{}` runs on a device without an operand", t.name),
+        })?;
+        coll.all_reduce(&parts)?;
+        let dst = self.mem(graph, prep, id, d)?;
+        self.devices[d].launch(self.streams[d].as_ref(), t, dst, &[local])
     }
 
     /// Copies the operands of node `id` that live on another device into device `d`'s arena,

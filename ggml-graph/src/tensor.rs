@@ -225,6 +225,12 @@ pub enum Op {
     /// rows quantized block by block); the
     /// result aliases `dst` (take views of the result to read what was written).
     SetRows,
+    /// `[p0, p1, ...]`: elementwise sum of dense f32 tensors of one shape: the partial results
+    /// of a tensor split, one per device. A [`crate::sched::Scheduler`] with a
+    /// [`crate::backend::Collective`] over the partials' devices sums them in place on every
+    /// device (an all-reduce) instead of copying them to one; a device that runs the node
+    /// itself adds the operands it is given.
+    AllReduce,
     /// `[a]`: I32 index of the largest value of each row.
     Argmax,
     /// `[a]`: I32 `[k, rows]`: per row of f32 `a` the indices of its `k` largest values, largest
@@ -346,6 +352,7 @@ impl Op {
             Op::View => "view",
             Op::Concat { .. } => "concat",
             Op::SetRows => "set_rows",
+            Op::AllReduce => "all_reduce",
             Op::Argmax => "argmax",
             Op::ArgTopK(_) => "argsort_top_k",
             Op::ExpertWeights { .. } => "expert_weights",

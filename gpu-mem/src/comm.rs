@@ -5,6 +5,7 @@
 //! issues a collective for all ranks inside [`grouped`]; a process per GPU makes its rank with
 //! [`Communicator::init_rank`] from a [`UniqueId`] that rank 0 made and handed over.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytemuck::Pod;
@@ -65,8 +66,8 @@ pub struct Communicator {
     device: Device,
     rank: usize,
     ranks: usize,
-    /// Set by [`Communicator::abort`]: the handle is gone.
-    aborted: bool,
+    /// Set by [`Communicator::abort`] or [`Communicator::abort_shared`]: the handle is gone.
+    aborted: AtomicBool,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -105,7 +106,7 @@ impl Communicator {
                 device: d.clone(),
                 rank,
                 ranks: ordinals.len(),
-                aborted: false,
+                aborted: AtomicBool::new(false),
             })
             .collect())
     }
@@ -135,7 +136,7 @@ impl Communicator {
             device: device.clone(),
             rank,
             ranks,
-            aborted: false,
+            aborted: AtomicBool::new(false),
         })
     }
 
@@ -160,6 +161,12 @@ impl Communicator {
     }
 
     fn on_my_device(&self, stream: &Stream, views: &[&Device]) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(GpuError::InvalidArgument(format!(
+                "rank {} of {}: the communicator was aborted",
+                self.rank, self.ranks
+            )));
+        }
         self.device
             .expect_same(stream.device(), "collective stream")?;
         for d in views {
@@ -272,23 +279,34 @@ impl Communicator {
 
     /// `Err` when the communicator has failed asynchronously (a peer died, a network error).
     pub fn check(&self) -> Result<()> {
-        // SAFETY: the handle is live while `self` is.
+        if self.aborted.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // SAFETY: the handle is live while `self` is (and not aborted).
         Ok(unsafe { self.nccl.comm_async_error(self.comm) }?)
     }
 
     /// Tears the communicator down at once, cancelling pending collectives (after a peer
     /// failed: a plain destroy could wait for it forever).
-    pub fn abort(mut self) -> Result<()> {
-        self.aborted = true;
+    pub fn abort(self) -> Result<()> {
+        self.abort_shared()
+    }
+
+    /// [`Communicator::abort`] from another thread than the one waiting on the collectives (a
+    /// watchdog): later calls fail; only the first call aborts.
+    pub fn abort_shared(&self) -> Result<()> {
+        if self.aborted.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
         self.device.bind()?;
-        // SAFETY: the handle is live; `aborted` keeps Drop from destroying it again.
+        // SAFETY: the handle is live and aborted once (the flag); Drop skips aborted handles.
         Ok(unsafe { self.nccl.comm_abort(self.comm) }?)
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        if self.aborted {
+        if *self.aborted.get_mut() {
             return;
         }
         let r = self

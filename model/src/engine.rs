@@ -221,8 +221,8 @@ fn cpu_only(
 mod gpu {
     use std::sync::Arc;
 
-    use ggml_graph::backend::{CpuDevice, Device};
-    use ggml_graph::hip::HipDevice;
+    use ggml_graph::backend::{Collective, CpuDevice, Device};
+    use ggml_graph::hip::{HipCollective, HipDevice};
     use ggml_graph::sched::PlacementRule;
     use ggml_graph::{CpuBackend, Graph, Leaf, Op, Scheduler, Tensor};
 
@@ -418,7 +418,8 @@ mod gpu {
         };
         let hip = match open_gpu(opts, first) {
             Ok(h) => h,
-            Err(e) if opts.device == DeviceChoice::Auto => {
+            // A rank without its GPU would leave the other ranks waiting.
+            Err(e) if opts.device == DeviceChoice::Auto && opts.gpus.dist.is_none() => {
                 tracing::info!("no GPU, running on the CPU: {e}");
                 return cpu_only(model, opts, kv, backend, worst, format!("no GPU: {e}"));
             }
@@ -439,6 +440,19 @@ mod gpu {
                 || (opts.n_gpu_layers.is_none() && fit_layers(&fit.needs, available) <= n_layer));
         if opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() == 1 {
             tracing::info!("--split-mode tensor with one GPU: the model runs on it whole");
+        }
+        if let Some(dist) = &opts.gpus.dist {
+            let kv_min = fit.kv_min;
+            let parts = Parts {
+                first: hip,
+                ordinals: &ordinals,
+                needs: &fit.needs,
+                fuse,
+                kv,
+                kv_min: &kv_min,
+                pool,
+            };
+            return tensor_rank(model, opts, dist, parts, backend, progress);
         }
         if opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() > 1 {
             let kv_min = fit.kv_min;
@@ -766,6 +780,7 @@ mod gpu {
         let heads: Vec<String> = (0..gpus.len())
             .map(|k| format!("{}/{}", ts.q_heads(k).len(), ts.ff[k].len()))
             .collect();
+        let (collective, reduction) = collective(&gpus, &opts.gpus.collectives);
         let plan = DevicePlan {
             device: format!("{} GPUs", gpus.len()),
             split,
@@ -773,7 +788,7 @@ mod gpu {
             available: Some(available.iter().sum()),
             reason: format!(
                 "split mode tensor over GPUs {ordinals:?} (query heads/feed-forward columns \
-                 per GPU {}), main GPU {}{}",
+                 per GPU {}), main GPU {}, {reduction}{}",
                 heads.join(", "),
                 ts.main,
                 if fuse { "" } else { "; unfused graph" }
@@ -789,6 +804,7 @@ mod gpu {
         }
         devices.push(Arc::new(CpuDevice::new(cpu.clone())));
         let mut sched = Scheduler::with_options(devices, opts.scheduler)?;
+        sched.set_collective(collective);
         for (name, dtype, dims, bytes) in cut.views {
             sched.bind_weight(&name, dtype, &dims, bytes)?;
         }
@@ -808,6 +824,172 @@ mod gpu {
             split_model: Some(model.with_table(cut.table)),
         };
         Ok((engine, plan))
+    }
+
+    /// One rank of a tensor split whose parts run in separate processes (`--dist-init`): this
+    /// process's GPU holds its part of every layer (its heads, KV cache and feed-forward
+    /// columns) plus a copy of everything not split (embeddings, norms, output head), and sums
+    /// its partials with the other ranks' by NCCL/RCCL all-reduces, so every rank computes the
+    /// same logits. The rendezvous at `dist.addr` hands rank 0's communicator id to the others;
+    /// a watchdog aborts the communicator when a collective errs or outlives `dist.timeout`.
+    fn tensor_rank(
+        model: &Model,
+        opts: &SessionOptions,
+        dist: &crate::dist::DistSpec,
+        parts: Parts<'_>,
+        backend: CpuBackend,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(Engine, DevicePlan), ModelError> {
+        let Parts {
+            first,
+            needs,
+            fuse,
+            kv,
+            pool,
+            ..
+        } = parts;
+        if opts.n_gpu_layers.is_some() || pool.is_some() {
+            return Err(ModelError::InvalidArgument(
+                "--dist-init runs a tensor split over whole GPUs for one sequence: no -ngl, \
+                 and not the batching engine yet"
+                    .into(),
+            ));
+        }
+        let (r, world) = (dist.rank, dist.world);
+        let shares = opts
+            .gpus
+            .tensor_split
+            .clone()
+            .unwrap_or_else(|| vec![1.0; world]);
+        if shares.len() != world {
+            return Err(ModelError::InvalidArgument(format!(
+                "--tensor-split gives {} shares for --world-size {world}",
+                shares.len()
+            )));
+        }
+        let ts = Arc::new(crate::tensor_split::plan(model, &shares, 0)?);
+        if let Some(k) = (0..world).find(|&k| ts.kv_heads[k].is_empty() || ts.ff[k].is_empty()) {
+            return Err(ModelError::InvalidArgument(format!(
+                "--dist-init: rank {k} gets no attention heads or no feed-forward columns of \
+                 this model ({:?}); use fewer ranks",
+                *ts
+            )));
+        }
+        let cut = crate::tensor_split::split_weights(model, Arc::clone(&ts))?;
+        let mine = move |name: &str| crate::arch::part_of(name).is_none_or(|k| k == r);
+        let views: Vec<_> = cut.views.into_iter().filter(|v| mine(&v.0)).collect();
+        let cfg = model.config();
+        let weights: u64 = views.iter().map(|v| v.3.bytes().len() as u64).sum();
+        let kv_bytes = (kv.bytes(cfg) as u64).saturating_mul(ts.kv_heads[r].len() as u64)
+            / cfg.n_head_kv.max(1) as u64;
+        let estimate = GpuEstimate {
+            weights,
+            kv: kv_bytes,
+            activations: needs.activations.saturating_add(needs.workspace_head),
+        };
+        let available = first.budget_available();
+        if estimate.total() > available {
+            return Err(ModelError::Device(format!(
+                "--dist-init rank {r}: {} needs {} (weights {}, KV cache {}), {} available",
+                first.name(),
+                mib(estimate.total()),
+                mib(estimate.weights),
+                mib(estimate.kv),
+                mib(available)
+            )));
+        }
+        let coll = HipCollective::for_rank(
+            (0, first.clone()),
+            r,
+            world,
+            &opts.gpus.collectives,
+            &mut |id| dist.exchange(id, hip_id_bytes()).map_err(|e| e.to_string()),
+        )?;
+        let coll = Arc::new(coll);
+        coll.watch(dist.timeout);
+        let n_layer = cfg.n_layer;
+        let split = LayerSplit::new(n_layer, n_layer + 1);
+        let plan = DevicePlan {
+            device: format!("rank {r} of {world}"),
+            split,
+            estimate,
+            available: Some(available),
+            reason: format!(
+                "split mode tensor, rank {r} of {world} (rendezvous {}): query heads/feed-forward \
+                 columns {}/{}, partial sums by {} all-reduce{}",
+                dist.addr,
+                ts.q_heads(r).len(),
+                ts.ff[r].len(),
+                coll.name(),
+                if fuse { "" } else { "; unfused graph" }
+            ),
+            kv: KvPlan::of(kv, cfg),
+            runtime: Some(first.runtime_bytes()),
+            gpus: vec![GpuShare {
+                device: first.name().to_string(),
+                layers: 0..n_layer,
+                output: true,
+                estimate,
+                available,
+            }],
+        };
+        let cpu = Arc::new(backend);
+        let devices: Vec<Arc<dyn Device>> =
+            vec![first.clone(), Arc::new(CpuDevice::new(cpu.clone()))];
+        let mut sched = Scheduler::with_options(devices, opts.scheduler)?;
+        sched.set_collective(Some(coll));
+        for (name, dtype, dims, bytes) in views {
+            sched.bind_weight(&name, dtype, &dims, bytes)?;
+        }
+        sched.set_placement(Arc::new(move |name: &str| mine(name).then_some(0)));
+        sched.upload_placed_weights(progress)?;
+        let engine = Engine {
+            sched,
+            hip: Some(first.clone()),
+            gpus: vec![first],
+            cpu,
+            fuse,
+            split,
+            tensor: true,
+            split_model: Some(model.with_table(cut.table.for_rank(r))),
+        };
+        Ok((engine, plan))
+    }
+
+    /// Bytes of a collective library's communicator id.
+    fn hip_id_bytes() -> usize {
+        128
+    }
+
+    /// What sums a tensor split's partial results over `gpus` (the scheduler's first devices):
+    /// the platform's collective library, all-reducing in place on every GPU, or (where it is
+    /// off or does not load; warned once per process) peer copies to the main GPU; with the
+    /// words the device plan says it in.
+    fn collective(
+        gpus: &[Arc<HipDevice>],
+        opts: &ggml_graph::CollectiveOptions,
+    ) -> (Option<Arc<dyn Collective>>, String) {
+        const PEER: &str = "partial sums by peer copies to the main GPU";
+        if gpus.len() < 2 {
+            return (None, "one GPU".to_owned());
+        }
+        if opts.off {
+            return (None, format!("{PEER} (collectives off)"));
+        }
+        let ranks: Vec<(usize, Arc<HipDevice>)> = gpus.iter().cloned().enumerate().collect();
+        match HipCollective::new(&ranks, opts) {
+            Ok(c) => {
+                let how = format!("partial sums by {} all-reduce on every GPU", c.name());
+                (Some(Arc::new(c)), how)
+            }
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!("--split-mode tensor: no collective library ({e}); {PEER}")
+                });
+                (None, format!("{PEER} (no collective library: {e})"))
+            }
+        }
     }
 
     /// The KV cache of a split over GPUs and each GPU's estimate with it: `kv` as asked, or a

@@ -24,6 +24,14 @@ pub enum ModelError {
     /// The vocabulary could not be built from the file's metadata.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// The rendezvous of rank processes at `addr` (`--dist-init`) failed.
+    #[error("rendezvous at {addr}: {reason}")]
+    Rendezvous {
+        /// The address rank 0 listens on.
+        addr: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A required metadata key is absent.
     #[error("metadata key `{0}` is missing")]
     MissingKey(String),

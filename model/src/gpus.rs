@@ -70,6 +70,12 @@ pub struct GpuSelection {
     /// tensor split also the embeddings, norms and sums) or the one GPU used (split mode none);
     /// `None`: the last GPU of a layer split, else the first.
     pub main_gpu: Option<usize>,
+    /// How a tensor split sums its GPUs' partial results (NCCL/RCCL all-reduces where the
+    /// library loads, else peer copies to the main GPU).
+    pub collectives: ggml_graph::CollectiveOptions,
+    /// One process per GPU (`--dist-init`): this process's rank of a tensor split whose other
+    /// parts run in other processes; `None`: this process drives all its GPUs.
+    pub dist: Option<crate::dist::DistSpec>,
 }
 
 /// Parses a comma-separated list (`0,2`, `3,1`).

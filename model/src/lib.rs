@@ -17,6 +17,7 @@ pub mod chat;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
+pub mod dist;
 mod engine;
 pub mod error;
 pub mod fit;

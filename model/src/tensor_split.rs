@@ -391,17 +391,58 @@ mod tests {
         );
     }
 
+    /// A collective over host buffers (what NCCL does on GPUs): sums the parts and writes the
+    /// sum into each; counts its calls.
+    struct HostSum {
+        n_dev: usize,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl ggml_graph::Collective for HostSum {
+        fn name(&self) -> &str {
+            "host"
+        }
+        fn spans(&self, devices: &[usize]) -> bool {
+            devices.iter().copied().eq(0..self.n_dev)
+        }
+        fn all_reduce(
+            &self,
+            parts: &[(usize, ggml_graph::TensorMem<'_>)],
+        ) -> ggml_graph::Result<()> {
+            let n = parts[0].1.tensor.nelements();
+            let mut sum = vec![0f32; n];
+            for (_, m) in parts {
+                let mut b = vec![0u8; n * 4];
+                m.buffer.read(m.offset, &mut b)?;
+                for (s, c) in sum.iter_mut().zip(b.chunks_exact(4)) {
+                    *s += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            let bytes: Vec<u8> = sum.iter().flat_map(|x| x.to_le_bytes()).collect();
+            for (_, m) in parts {
+                m.buffer.write(m.offset, &bytes)?;
+            }
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
     /// Logits of `tokens` after `past` (fed first) through `model`'s plans, run by a scheduler
-    /// over `n_dev` CPU devices placed by `rule`.
+    /// over `n_dev` CPU devices placed by `rule` (with `coll` summing the partials in place).
     fn run_on(
         model: &Model,
         views: Vec<WeightView>,
         n_dev: usize,
         rule: ggml_graph::sched::PlacementRule,
         steps: &[&[u32]],
+        coll: Option<Arc<HostSum>>,
     ) -> Vec<Vec<f32>> {
         use crate::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode};
         let mut sched = cpu_scheduler(views, n_dev, rule);
+        if let Some(c) = &coll {
+            sched.set_collective(Some(c.clone()));
+        }
         let kv = KvCacheSpec {
             dtype: KvType::F32,
             n_ctx: 64,
@@ -427,6 +468,23 @@ mod tests {
                 .run(&fg.graph, &[(fg.tokens, &ids), (fg.pos, &pos)])
                 .unwrap();
             out.push(sched.with_output_f32(fg.logits, |v| v.to_vec()).unwrap());
+            let reduces = fg
+                .graph
+                .tensors()
+                .iter()
+                .filter(|t| t.op == ggml_graph::Op::AllReduce)
+                .count();
+            let cfg = model.config();
+            if n_dev > 1 {
+                // Every layer's feed-forward sums two partials (its attention too where both
+                // GPUs hold heads).
+                assert!(reduces >= cfg.n_layer, "{reduces} all-reduces");
+            }
+            if let Some(c) = &coll {
+                let by_coll = sched.last_schedule().unwrap().collective.iter();
+                assert_eq!(by_coll.filter(|&&b| b).count(), reduces);
+                assert!(c.calls.load(std::sync::atomic::Ordering::Relaxed) >= reduces);
+            }
             let used: std::collections::HashSet<usize> = sched
                 .last_schedule()
                 .unwrap()
@@ -604,18 +662,38 @@ mod tests {
                 1,
                 Arc::new(|_: &str| Some(0)),
                 &steps,
+                None,
             );
             let rule_ts = Arc::clone(&ts);
             let split = run_on(
+                &tp,
+                cut.views.clone(),
+                2,
+                Arc::new(move |n: &str| device_of(&rule_ts, n)),
+                &steps,
+                None,
+            );
+            for (a, b) in whole.iter().zip(&split) {
+                let d = rel_diff(a, b);
+                assert!(d <= 1e-3, "{arch} {ftype}: logits differ by {d} (relative)");
+            }
+            // The same through a collective: the partials summed in place on both devices.
+            let rule_ts = Arc::clone(&ts);
+            let coll = Arc::new(HostSum {
+                n_dev: 2,
+                calls: Default::default(),
+            });
+            let reduced = run_on(
                 &tp,
                 cut.views,
                 2,
                 Arc::new(move |n: &str| device_of(&rule_ts, n)),
                 &steps,
+                Some(coll),
             );
-            for (a, b) in whole.iter().zip(&split) {
+            for (a, b) in split.iter().zip(&reduced) {
                 let d = rel_diff(a, b);
-                assert!(d <= 1e-3, "{arch} {ftype}: logits differ by {d} (relative)");
+                assert!(d <= 1e-6, "{arch} {ftype} collective: logits differ by {d}");
             }
             // The paged plans (the batching engine's), each GPU with its heads' share of the
             // pool.

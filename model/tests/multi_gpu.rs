@@ -8,6 +8,9 @@
 //! between the GPUs) on synthetic llama, qwen2 (biases) and gemma3 (head size 256, extra norms)
 //! models whose head groups fill whole Q4_K blocks, plus perplexity within 0.2% of one GPU's.
 //!
+//! A tensor split sums the GPUs' partial results by NCCL/RCCL all-reduces where the library
+//! loads (it must say so in its device plan), and by peer copies to the main GPU when told to.
+//!
 //! Skipped (with the reason printed) below two GPUs, even where `ROCMFORGE_REQUIRE_GPU=1`;
 //! `ROCMFORGE_REQUIRE_GPUS=2` makes a missing second GPU a failure.
 
@@ -343,6 +346,14 @@ fn synth_split_shape(arch: &str) -> Model {
     Model::load(&path, |_, _| {}).expect("load")
 }
 
+/// Whether the platform's collective library (NCCL or RCCL) loads here.
+fn have_collectives() -> bool {
+    let opts = hip_ffi::NcclOptions::default();
+    [hip_ffi::Platform::Nvidia, hip_ffi::Platform::Amd]
+        .into_iter()
+        .any(|p| hip_ffi::Nccl::load(p, &opts).is_ok())
+}
+
 fn tensor_gpus(sel: GpuSelection) -> SessionOptions {
     SessionOptions {
         gpus: GpuSelection {
@@ -403,14 +414,35 @@ fn synthetic_models_in_a_tensor_split_equal_one_gpu() {
                     ..GpuSelection::default()
                 },
             ),
+            (
+                "even, peer copies",
+                GpuSelection {
+                    collectives: ggml_graph::CollectiveOptions {
+                        off: true,
+                        ..Default::default()
+                    },
+                    ..GpuSelection::default()
+                },
+            ),
         ];
         for (how, sel) in cases {
             let what = format!("{name}, tensor split {how}");
+            let off = sel.collectives.off;
+            let sel_off = |reason: &str| {
+                assert_eq!(off, reason.contains("collectives off"), "{reason}");
+                off
+            };
             let mut two = Session::new(m, &tensor_gpus(sel)).expect("tensor-split session");
             let plan = two.device_plan().clone();
             println!("{what}: {plan}");
             assert_eq!(plan.gpus.len(), 2, "{what}: {plan}");
             assert!(plan.reason.contains("split mode tensor"), "{what}: {plan}");
+            let collective = !sel_off(&plan.reason) && have_collectives();
+            assert_eq!(
+                plan.reason.contains("all-reduce"),
+                collective,
+                "{what}: {plan}"
+            );
             for g in &plan.gpus {
                 assert_eq!(g.layers.len(), m.config().n_layer, "{what}: {plan}");
                 assert!(g.estimate.weights > 0, "{what}: {plan}");

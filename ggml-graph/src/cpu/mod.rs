@@ -242,6 +242,7 @@ pub(crate) fn compute(
         Op::Cont => ops::cont(t, out, &srcs[0]),
         Op::Concat { dim } => ops::concat(t, out, &srcs[0], &srcs[1], *dim),
         Op::SetRows => ops::set_rows(t, out, &srcs[0], &srcs[1]),
+        Op::AllReduce => ops::sum_all(t, out, srcs),
         Op::Argmax => ops::argmax(t, out, &srcs[0]),
         Op::ArgTopK(k) => moe::arg_top_k(t, out, &srcs[0], *k),
         Op::ExpertWeights { norm } => moe::expert_weights(t, out, &srcs[0], &srcs[1], *norm),

@@ -504,3 +504,31 @@ pub(crate) fn rms_norm_mul(
     });
     Ok(())
 }
+
+/// The elementwise sum of dense f32 operands of `t`'s shape (`all_reduce`).
+pub(crate) fn sum_all(t: &Tensor, out: &mut [u8], srcs: &[SrcView<'_>]) -> Result<()> {
+    let n = t.nelements();
+    let mut parts = Vec::with_capacity(srcs.len());
+    for s in srcs {
+        let v = s.f32s()?;
+        if s.aliased || !s.t.is_contiguous() || v.len() < n {
+            return Err(unsupported(
+                t,
+                format!("`{}`: operands must be dense f32 of {n} values", s.t.name),
+            ));
+        }
+        parts.push(&v[..n]);
+    }
+    let o = out_f32(t, out)?;
+    let ne0 = t.ne[0].max(1);
+    for_rows(&mut o[..n], ne0, |r, orow| {
+        let span = r * ne0..r * ne0 + orow.len();
+        orow.fill(0.0);
+        for p in &parts {
+            for (o, &x) in orow.iter_mut().zip(&p[span.clone()]) {
+                *o += x;
+            }
+        }
+    });
+    Ok(())
+}

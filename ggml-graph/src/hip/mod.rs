@@ -27,6 +27,7 @@
 //!   else an error); the scheduler drops a recording before reallocating its arena.
 
 mod attn;
+mod collective;
 mod group;
 mod moe;
 mod ops;
@@ -34,7 +35,8 @@ mod profile;
 mod stack;
 mod workspace;
 
-pub use crate::hip_options::{HipOptions, StackKernel};
+pub use crate::hip_options::{CollectiveOptions, HipOptions, StackKernel};
+pub use collective::HipCollective;
 #[cfg(any(test, feature = "testing"))]
 pub use moe::expert_gate_up_launches;
 #[cfg(any(test, feature = "testing"))]

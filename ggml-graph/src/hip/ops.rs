@@ -300,6 +300,13 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && idx.nelements() >= src.ne[1]
         }
         (Op::Argmax, [a]) => f32_rows(a) && dense(t, DType::I32),
+        (Op::AllReduce, [first, ..]) => {
+            out_f32
+                && t.is_contiguous()
+                && srcs
+                    .iter()
+                    .all(|s| dense(s, DType::F32) && s.ne == first.ne)
+        }
         (Op::ArgTopK(_) | Op::ExpertWeights { .. } | Op::MulMatId | Op::SwigluOai { .. }, _) => {
             super::moe::supports(t, srcs)
         }
@@ -512,6 +519,32 @@ pub(crate) fn launch(
             // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
             // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
             unsafe { d.launch_kernel(KernelId::ScaleF32, [blocks(n, 256), 1, 1], 256, &a.0) }
+        }
+        // The partials on this device (all of them, or after an all-reduce the one holding the
+        // sum): copied, then each further one added in place.
+        Op::AllReduce => {
+            let n = t.nelements();
+            a.push(addr(&srcs[0])?)
+                .push(out)
+                .push(n as i64)
+                .push(1.0f32)
+                .push(0.0f32);
+            // SAFETY: the memory arguments are the node's tensors, dense f32 of `n` values
+            // (checked by `supports`), sized by the scheduler.
+            unsafe { d.launch_kernel(KernelId::ScaleF32, [blocks(n, 256), 1, 1], 256, &a.0)? };
+            for s in &srcs[1..] {
+                let mut b = Args::new();
+                b.push(out).push(addr(s)?).push(out);
+                b.push(n as i32)
+                    .push(1i32)
+                    .push(n as i64)
+                    .push(0i64)
+                    .push(n as i64);
+                b.push(1i32).push(n as i32).push(binary::ADD);
+                // SAFETY: as above; each thread reads then writes one element of `out`.
+                unsafe { d.launch_kernel(KernelId::BinaryF32, [blocks(n, 256), 1, 1], 256, &b.0)? };
+            }
+            Ok(())
         }
         Op::Add | Op::Mul => {
             let (x, y) = (srcs[0].tensor, srcs[1].tensor);

@@ -87,3 +87,123 @@ fn two_gpus_pass_activations_device_to_device() {
     let usage = two.usage();
     assert!(usage[0].weights > 0 && usage[1].weights > 0, "{usage:?}");
 }
+
+/// A tensor split's sum: a partial product on each GPU, their `all_reduce` and a product of the
+/// sum on each GPU, through NCCL/RCCL (no partial copied) and through peer copies, against the
+/// CPU; and the all-reduce kernel path on one GPU (three local partials).
+#[test]
+fn two_gpus_all_reduce_partials_in_place() {
+    let Some(h0) = hip() else {
+        return;
+    };
+    let k = 512usize;
+    let mut rng = Rng(0x5eed_0042);
+    let build = |n_parts: usize| {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[k, 3]).expect("x");
+        let parts: Vec<_> = (0..n_parts)
+            .rev()
+            .map(|p| {
+                let w = g.weight(&format!("w{p}"), DType::Q8_0, &[k, k]).expect("w");
+                g.mul_mat(w, x).expect("partial")
+            })
+            .collect();
+        let s = g.all_reduce(&parts).expect("all_reduce");
+        g.mark_output(s).expect("mark");
+        let outs: Vec<_> = (0..n_parts)
+            .map(|p| {
+                let v = g.weight(&format!("v{p}"), DType::Q8_0, &[k, k]).expect("v");
+                let y = g.mul_mat(v, s).expect("next");
+                g.mark_output(y).expect("mark");
+                y
+            })
+            .collect();
+        (g, x, s, outs)
+    };
+    let weights: Vec<_> = (0..3)
+        .flat_map(|p| [format!("w{p}"), format!("v{p}")])
+        .map(|n| weight(&n, DType::Q8_0, k, k, &mut rng))
+        .collect();
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    let bind = |s: &mut Scheduler| {
+        for (name, dt, shape, bytes) in &weights {
+            s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                .expect("bind");
+        }
+    };
+    let check = |what: &str, s: &Scheduler, one: &Scheduler, ids: &[crate::TensorId]| {
+        for &id in ids {
+            let got = s.output_f32(id).expect("output");
+            let want = one.output_f32(id).expect("CPU output");
+            let e = nmse(&got, &want);
+            println!("{what}: node {}: NMSE {e:.3e}", id.index());
+            assert!(e <= 2e-3, "{what}: NMSE {e:.3e}");
+        }
+    };
+    // One GPU: the node sums three partials itself.
+    let (g, x, s, outs) = build(3);
+    let mut one = Scheduler::new(vec![cpu.clone()]).expect("CPU scheduler");
+    bind(&mut one);
+    let mut gpu = Scheduler::new(vec![h0.clone() as Arc<dyn Device>, cpu.clone()]).expect("GPU");
+    bind(&mut gpu);
+    let xb = f32_bytes(&rng.vec(k * 3));
+    one.run(&g, &[(x, &xb)]).expect("CPU run");
+    gpu.run(&g, &[(x, &xb)]).expect("GPU run");
+    assert_eq!(
+        gpu.last_schedule().expect("schedule").device_of[s.index()],
+        Some(0)
+    );
+    let mut ids = vec![s];
+    ids.extend(&outs);
+    check("one GPU", &gpu, &one, &ids);
+
+    if hip_ffi::testing::need_gpus(super::super::device_count(), 2).is_none() {
+        return;
+    }
+    let h1 = Arc::new(HipDevice::new(1).expect("GPU 1"));
+    h0.enable_peer_access(&h1).expect("peer access 0 -> 1");
+    h1.enable_peer_access(&h0).expect("peer access 1 -> 0");
+    let (g, x, s, outs) = build(2);
+    let mut ids = vec![s];
+    ids.extend(&outs);
+    let rule: PlacementRule = Arc::new(|name: &str| name[1..].parse().ok());
+    let coll = hip_ffi::testing::or_skip(crate::hip::HipCollective::new(
+        &[(0, h0.clone()), (1, h1.clone())],
+        &crate::CollectiveOptions::default(),
+    ))
+    .map(Arc::new);
+    for by_nccl in [true, false] {
+        let what = if by_nccl { "NCCL" } else { "peer copies" };
+        let mut two = Scheduler::new(vec![
+            h0.clone() as Arc<dyn Device>,
+            h1.clone() as Arc<dyn Device>,
+            cpu.clone(),
+        ])
+        .expect("two-GPU scheduler");
+        bind(&mut two);
+        two.set_placement(rule.clone());
+        if by_nccl {
+            let Some(c) = &coll else {
+                continue;
+            };
+            println!(
+                "collective: {}",
+                crate::backend::Collective::name(c.as_ref())
+            );
+            two.set_collective(Some(c.clone()));
+        }
+        for step in 0..3 {
+            let xb = f32_bytes(&rng.vec(k * 3));
+            one.run(&g, &[(x, &xb)]).expect("CPU run");
+            two.run(&g, &[(x, &xb)]).expect("two-GPU run");
+            check(&format!("{what} step {step}"), &two, &one, &ids);
+        }
+        let sched = two.last_schedule().expect("schedule");
+        assert_eq!(sched.collective[s.index()], by_nccl, "{what}");
+        if let Some(c) = coll.as_ref().filter(|_| by_nccl) {
+            c.check().expect("no asynchronous collective error");
+        }
+    }
+}

@@ -174,6 +174,9 @@ pub struct ForwardGraph {
 pub struct WeightTable {
     infos: HashMap<String, (DType, Vec<usize>)>,
     split: Option<Arc<TensorSplit>>,
+    /// With a split run by one process per GPU: this process's part (the plans build only
+    /// it, and sum it with the other processes' by an all-reduce).
+    local: Option<usize>,
 }
 
 /// What GPU `k`'s slice of a split tensor adds to its name before `.weight`/`.bias`
@@ -200,7 +203,11 @@ impl WeightTable {
                 (t.name.clone(), (t.ggml_type, dims))
             })
             .collect();
-        Self { infos, split: None }
+        Self {
+            infos,
+            split: None,
+            local: None,
+        }
     }
 
     /// This table with GPU slices added (name, type, dims) and the split the plans follow.
@@ -214,7 +221,20 @@ impl WeightTable {
         Self {
             infos,
             split: Some(split),
+            local: None,
         }
+    }
+
+    /// This table for the process of part `rank` of its split (see [`WeightTable::local`]).
+    pub(crate) fn for_rank(mut self, rank: usize) -> Self {
+        self.local = Some(rank);
+        self
+    }
+
+    /// The one part of the split this process builds, when the parts run in separate
+    /// processes.
+    pub fn local(&self) -> Option<usize> {
+        self.local
     }
 
     /// The tensor split the plans build for, if any.
@@ -601,7 +621,11 @@ impl<'a> Builder<'a> {
             return self.tag(o, "attn_out", il);
         };
         let mut partials = Vec::with_capacity(ts.n_gpus());
+        let local = self.weights.local;
         for k in ts.order(&ts.kv_heads) {
+            if local.is_some_and(|r| r != k) {
+                continue;
+            }
             let part = Part {
                 n_head: ts.q_heads(k).len(),
                 n_head_kv: ts.kv_heads[k].len(),
@@ -613,18 +637,19 @@ impl<'a> Builder<'a> {
         self.tag(o, "attn_out", il)
     }
 
-    /// The sum of per-GPU partial results built in [`TensorSplit::order`]: the scheduler runs
-    /// a node that reads no weight where its newest operand was computed, so summing onto the
-    /// last partial (the main GPU's) keeps every sum there.
+    /// The sum of per-GPU partial results built in [`TensorSplit::order`], as one all-reduce
+    /// node: the scheduler runs a node that reads no weight where its newest operand was
+    /// computed, so the sum lands on the last partial's GPU (the main one). With a collective
+    /// the scheduler sums the partials in place on every GPU; without, it copies them there.
     fn sum_partials(&mut self, partials: Vec<TensorId>) -> Result<TensorId, ModelError> {
-        let mut it = partials.into_iter().rev();
-        let mut sum = it.next().ok_or_else(|| {
-            ModelError::InvalidArgument("a tensor split gives no GPU any share".into())
-        })?;
-        for p in it {
-            sum = self.g.add(sum, p)?;
+        match partials.as_slice() {
+            [] => Err(ModelError::InvalidArgument(
+                "a tensor split gives no GPU any share".into(),
+            )),
+            // A process's one part still sums with the other processes' parts.
+            [one] if self.weights.local.is_none() => Ok(*one),
+            all => Ok(self.g.all_reduce(all)?),
         }
-        Ok(sum)
     }
 
     /// Attention over `part`'s heads, through its output projection.
@@ -849,7 +874,11 @@ impl<'a> Builder<'a> {
             return self.tag(f, "ffn_out", il);
         };
         let mut partials = Vec::with_capacity(ts.n_gpus());
+        let local = self.weights.local;
         for k in ts.order(&ts.ff) {
+            if local.is_some_and(|r| r != k) {
+                continue;
+            }
             partials.push(self.ffn_part(il, x, act, &part_suffix(k))?);
         }
         let f = self.sum_partials(partials)?;

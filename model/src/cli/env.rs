@@ -43,6 +43,7 @@ const CACHE: &str = "ROCMFORGE_CACHE";
 const PLATFORM: &str = hip_ffi::PLATFORM_VAR;
 const GPU_MEM_LIMIT: &str = "ROCMFORGE_GPU_MEM_LIMIT";
 const NCCL: &str = "ROCMFORGE_NCCL";
+const TP_COLLECTIVE: &str = "ROCMFORGE_TP_COLLECTIVE";
 /// The vendors' own install-prefix variables, read as their tools read them.
 const ROCM_PATH: &str = "ROCM_PATH";
 const CUDA_PATH: &str = "CUDA_PATH";
@@ -84,6 +85,11 @@ pub(super) const VARS: &[Var] = &[
         NCCL,
         "search",
         "the NCCL/RCCL library file to load first (else the loader path, ROCm's lib folder, pip's nvidia-nccl-cu13/-cu12)",
+    ),
+    var(
+        TP_COLLECTIVE,
+        "1",
+        "0: --split-mode tensor sums the GPUs' partial results by peer copies to the main GPU instead of NCCL/RCCL all-reduces",
     ),
     var(
         ROCM_PATH,
@@ -167,6 +173,17 @@ pub(super) fn nccl_options() -> gpu_mem::NcclOptions {
         library: get(NCCL).filter(|v| !v.is_empty()).map(Into::into),
         dirs: install_dirs(),
         skip_python: false,
+    }
+}
+
+/// How a tensor split sums its partials: where to find NCCL/RCCL, or not to use it.
+pub(super) fn collective_options() -> ggml_graph::CollectiveOptions {
+    let dirs = install_dirs();
+    ggml_graph::CollectiveOptions {
+        off: !on_unless(TP_COLLECTIVE, "0"),
+        library: get(NCCL).filter(|v| !v.is_empty()).map(Into::into),
+        rocm: dirs.rocm,
+        cuda: dirs.cuda,
     }
 }
 

@@ -143,6 +143,21 @@ pub struct ModelArgs {
     /// (`-mg` is accepted as in llama.cpp.)
     #[arg(long)]
     main_gpu: Option<usize>,
+    /// One process per GPU: this process is rank `--rank` of `--world-size` of a tensor split,
+    /// meeting the others at `HOST:PORT` (rank 0 listens there). Every rank runs the same
+    /// command on its own GPU (`--devices N` or `CUDA_VISIBLE_DEVICES`).
+    #[arg(long, value_name = "HOST:PORT", requires_all = ["rank", "world_size"])]
+    dist_init: Option<String>,
+    /// This process's rank with `--dist-init` (0 listens).
+    #[arg(long, requires = "dist_init")]
+    rank: Option<usize>,
+    /// Number of ranks with `--dist-init`.
+    #[arg(long, requires = "dist_init")]
+    world_size: Option<usize>,
+    /// Seconds the ranks wait for each other (the rendezvous, and any one collective before
+    /// the watchdog aborts it).
+    #[arg(long, default_value_t = 120)]
+    dist_timeout: u64,
     /// Runs llama-family decode layers with the per-op GPU kernels instead of the persistent
     /// decode stack (one cooperative kernel per step), which they use by default where the
     /// layers fit it.
@@ -223,6 +238,16 @@ impl ModelArgs {
                 .map(GpuSelection::parse_tensor_split)
                 .transpose()?,
             main_gpu: self.main_gpu,
+            collectives: env::collective_options(),
+            dist: match (&self.dist_init, self.rank, self.world_size) {
+                (Some(addr), Some(rank), Some(world)) => Some(crate::dist::DistSpec::new(
+                    addr,
+                    rank,
+                    world,
+                    std::time::Duration::from_secs(self.dist_timeout.max(1)),
+                )?),
+                _ => None,
+            },
         })
     }
 
