@@ -528,7 +528,7 @@ impl Scheduler {
     /// summed there. Applies to graphs prepared from now on.
     pub fn set_collective(&mut self, collective: Option<Arc<dyn Collective>>) {
         self.collective = collective;
-        self.prepared = None;
+        self.prepared.clear();
     }
 
     /// The collective set by [`Scheduler::set_collective`].
