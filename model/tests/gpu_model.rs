@@ -1520,6 +1520,81 @@ fn batch_engine_on_gpu_together_equals_alone() {
     }
 }
 
+/// Decode steps on the GPU padded to their bucket (1, 2, 4, 6 sequences here) and replayed
+/// from captured launches give the tokens of unpadded, node-by-node steps, up to the first
+/// near-tie: six prompts of different lengths finish their prompts and their outputs at
+/// different steps, so the decode batch changes size as it runs, twice over in one engine.
+#[test]
+#[serial]
+fn batch_engine_on_gpu_padded_and_replayed_steps_equal_plain_ones() {
+    if !have_gpu() {
+        return;
+    }
+    use rocmforge_model::batch::{BatchEngine, EngineOptions, StepPadding};
+    let m = Arc::new(stack_llama_of_width("batch-llama.gguf", 11, 16, 4, 4096, 4));
+    let nv = m.config().n_vocab as u32;
+    let prompts: Vec<Vec<u32>> = [5usize, 40, 77, 130, 9, 23]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            (0..len as u32)
+                .map(|j| (j * 7919 + 31 * i as u32 + 1) % nv)
+                .collect()
+        })
+        .collect();
+    let n = 24;
+    let base = EngineOptions {
+        session: opts(DeviceChoice::Gpu, None, None),
+        max_seqs: 6,
+        n_ctx_per_seq: 256,
+        block_size: 16,
+        step_tokens: 64,
+        prefix_cache: false,
+        exact: false,
+        ..EngineOptions::default()
+    };
+    let mut plain_opts = EngineOptions {
+        step_padding: StepPadding::Off,
+        ..base.clone()
+    };
+    plain_opts.session.scheduler.graph_capture = false;
+    let plain = BatchEngine::start(Arc::clone(&m), plain_opts).expect("engine");
+    let want = engine_run(&plain, &prompts, n);
+    assert_eq!(plain.stats().replayed_steps, 0);
+    plain.shutdown();
+    let e = BatchEngine::start(
+        Arc::clone(&m),
+        EngineOptions {
+            step_padding: StepPadding::On,
+            ..base
+        },
+    )
+    .expect("engine");
+    for round in 0..2 {
+        let got = engine_run(&e, &prompts, n);
+        let mut compared = 0;
+        for (i, (a, t)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(t.len(), n, "round {round} prompt {i}");
+            for (s, (x, y)) in a.iter().zip(t).enumerate() {
+                if x.2 < BATCH_TIE {
+                    break;
+                }
+                assert_eq!(
+                    x.0, y.0,
+                    "round {round} prompt {i} step {s}: plain {a:?}\npadded {t:?}"
+                );
+                compared += 1;
+            }
+        }
+        println!("round {round}: {compared} steps compared");
+    }
+    let s = e.stats();
+    println!("{s:?}");
+    assert!(s.padded_steps > 0, "{s:?}");
+    assert!(s.replayed_steps > 0, "{s:?}");
+    e.shutdown();
+}
+
 /// Preemption by swapping on the GPU: under a pool of 14 blocks (224 positions) for four
 /// sequences that reach 370, the newest ones' KV blocks are copied to host memory (gpu-mem
 /// reads) and back (writes) when they resume; each prompt gives the tokens it gives alone in
