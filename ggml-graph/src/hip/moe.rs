@@ -12,6 +12,11 @@
 //!   on the host), the activation rows gathered into expert order, one product per chosen
 //!   expert (the dense `mul_mat` paths: tile kernels, mat-vecs or dequantization and gemm) and
 //!   the results scattered back to their (token, slot) rows.
+//!
+//! Two groups of nodes the scheduler offers go as one: the up and gate products with their
+//! gated activation (per pair: `matvec_*_id_gated`; grouped by expert: one gated product per
+//! expert), and, in decode, an expert product with its experts' bias rows added
+//! (`matvec_*_id_add`, gpt-oss).
 
 use gpu_mem::MemRange;
 use kernels::KernelId;
