@@ -190,6 +190,12 @@ pub fn stack_launches() -> usize {
     0
 }
 
+/// Biased expert launches so far: none in this build.
+#[cfg(feature = "testing")]
+pub fn expert_bias_launches() -> usize {
+    0
+}
+
 /// Gated expert launches so far: none in this build.
 #[cfg(feature = "testing")]
 pub fn expert_gate_up_launches() -> usize {

@@ -1098,6 +1098,33 @@ RF_MATVEC_ID(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_ID(matvec_q6_k, matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
 RF_MATVEC_ID(matvec_mxfp4, matvec_staged, mv_mxfp4, 2)
 
+// Biased expert products (gpt-oss): `name_id_add` is `name_id` plus row `ids[p]` of `bias` (f32
+// `[nrows, n_mat]`: one row of `nrows` per expert) on pair p's output row.
+#define RF_MATVEC_ID_ADD(name, shape, T, R)                                                                        \
+    RF_KERNEL void MV_BOUND name##_id_add(const uint8_t* w, const float* bias, const int* ids, const uint8_t* y,  \
+                                          float* out, int ncols, long long row_bytes, long long mat_bytes,        \
+                                          int nrows, int n_used, int n_x, int n_mat) {                            \
+        rf_entry();                                                                                               \
+        const int e = mv_id_expert(ids, out, nrows, n_mat);                                                       \
+        if (e < 0) return;                                                                                        \
+        const uint8_t* we = w + (long long)e * mat_bytes;                                                         \
+        mv_entry<T, R, 1, 1>(we, nullptr, row_bytes, nrows);                                                      \
+        shape<T, R, 1>(we, nullptr, bias + (long long)e * nrows, mv_id_vec(y, ncols, n_used, n_x), out, ncols,    \
+                       row_bytes, nrows, nrows, 0);                                                               \
+    }
+
+RF_MATVEC_ID_ADD(matvec_q4_0, matvec_staged, mv_q4_0, 2)
+RF_MATVEC_ID_ADD(matvec_q4_1, matvec_staged, mv_q4_1, 2)
+RF_MATVEC_ID_ADD(matvec_q5_0, matvec_staged, mv_q5_0, 2)
+RF_MATVEC_ID_ADD(matvec_q5_1, matvec_staged, mv_q5_1, 2)
+RF_MATVEC_ID_ADD(matvec_q8_0, matvec_staged, mv_q8_0, 2)
+RF_MATVEC_ID_ADD(matvec_q2_k, matvec_staged, mv_q2_k, 2)
+RF_MATVEC_ID_ADD(matvec_q3_k, matvec_staged, mv_q3_k, 2)
+RF_MATVEC_ID_ADD(matvec_q4_k, matvec_direct2, mv_q4_k, 1)
+RF_MATVEC_ID_ADD(matvec_q5_k, matvec_direct2, mv_q5_k, 1)
+RF_MATVEC_ID_ADD(matvec_q6_k, matvec_staged, mv_q6_k<MV_Q6K_ROUNDS>, 2)
+RF_MATVEC_ID_ADD(matvec_mxfp4, matvec_staged, mv_mxfp4, 2)
+
 // Gated expert products: `name_id_gated` is `name_gated` (act(gate) * up, the same shapes and rows
 // per warp, so `matvec_gated_grid`) over the pairs of `name_id`: pair p multiplies gate and up
 // matrix ids[p] of their stacks (both `mat_bytes` apart) with its activation vector, into output

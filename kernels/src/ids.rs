@@ -191,6 +191,24 @@ impl WeightType {
         }
     }
 
+    /// The biased expert mat-vec ([`WeightType::matvec_id`] with `bias` after `w`: f32
+    /// `[nrows, n_mat]`, one row per expert): pair `p`'s output row plus row `ids[p]` of `bias`.
+    /// MXFP4's is [`KernelId::MatvecIdAddMxfp4`].
+    pub fn matvec_id_add(self) -> KernelId {
+        match self {
+            WeightType::Q4_0 => KernelId::MatvecIdAddQ4_0,
+            WeightType::Q4_1 => KernelId::MatvecIdAddQ4_1,
+            WeightType::Q5_0 => KernelId::MatvecIdAddQ5_0,
+            WeightType::Q5_1 => KernelId::MatvecIdAddQ5_1,
+            WeightType::Q8_0 => KernelId::MatvecIdAddQ8_0,
+            WeightType::Q2_K => KernelId::MatvecIdAddQ2_K,
+            WeightType::Q3_K => KernelId::MatvecIdAddQ3_K,
+            WeightType::Q4_K => KernelId::MatvecIdAddQ4_K,
+            WeightType::Q5_K => KernelId::MatvecIdAddQ5_K,
+            WeightType::Q6_K => KernelId::MatvecIdAddQ6_K,
+        }
+    }
+
     /// The gated expert mat-vec ([`WeightType::matvec_id`] with two stacks: `w_gate`, `w_up`,
     /// `ids`, `y`, `out`, `ncols`, `row_bytes`, `mat_bytes`, `nrows`, `n_used`, `n_x`, `n_mat`,
     /// `act`: [`crate::act`]): pair `p`'s output row is `act(gate_e . y) * (up_e . y)` for
@@ -483,6 +501,17 @@ kernel_ids! {
     MatvecIdQ4_K => Matvec, "matvec_q4_k_id";
     MatvecIdQ5_K => Matvec, "matvec_q5_k_id";
     MatvecIdQ6_K => Matvec, "matvec_q6_k_id";
+    MatvecIdAddQ4_0 => Matvec, "matvec_q4_0_id_add";
+    MatvecIdAddQ4_1 => Matvec, "matvec_q4_1_id_add";
+    MatvecIdAddQ5_0 => Matvec, "matvec_q5_0_id_add";
+    MatvecIdAddQ5_1 => Matvec, "matvec_q5_1_id_add";
+    MatvecIdAddQ8_0 => Matvec, "matvec_q8_0_id_add";
+    MatvecIdAddQ2_K => Matvec, "matvec_q2_k_id_add";
+    MatvecIdAddQ3_K => Matvec, "matvec_q3_k_id_add";
+    MatvecIdAddQ4_K => Matvec, "matvec_q4_k_id_add";
+    MatvecIdAddQ5_K => Matvec, "matvec_q5_k_id_add";
+    MatvecIdAddQ6_K => Matvec, "matvec_q6_k_id_add";
+    MatvecIdAddMxfp4 => Matvec, "matvec_mxfp4_id_add";
     MatvecIdGatedQ4_0 => Matvec, "matvec_q4_0_id_gated";
     MatvecIdGatedQ4_1 => Matvec, "matvec_q4_1_id_gated";
     MatvecIdGatedQ5_0 => Matvec, "matvec_q5_0_id_gated";
@@ -631,6 +660,17 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecIdMxfp4
         | K::MatvecIdF32
         | K::MatvecIdF16 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32],
+        K::MatvecIdAddQ4_0
+        | K::MatvecIdAddQ4_1
+        | K::MatvecIdAddQ5_0
+        | K::MatvecIdAddQ5_1
+        | K::MatvecIdAddQ8_0
+        | K::MatvecIdAddQ2_K
+        | K::MatvecIdAddQ3_K
+        | K::MatvecIdAddQ4_K
+        | K::MatvecIdAddQ5_K
+        | K::MatvecIdAddQ6_K
+        | K::MatvecIdAddMxfp4 => &[Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32],
         K::MatvecIdGatedQ4_0
         | K::MatvecIdGatedQ4_1
         | K::MatvecIdGatedQ5_0

@@ -24,7 +24,7 @@ const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_multi", "_add", "_ks"];
 
 /// True when a `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)` (for `base_gated`),
 /// `RF_MATVEC_ID(base, ...)` (for `base_id`), `RF_MATVEC_ID_GATED(base, ...)` (for
-/// `base_id_gated`), `RF_MMQ(name, T)` or `RF_DEQUANT(suffix, T)` line
+/// `base_id_gated`), `RF_MATVEC_ID_ADD(base, ...)` (for `base_id_add`), `RF_MMQ(name, T)` or `RF_DEQUANT(suffix, T)` line
 /// defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
@@ -37,6 +37,9 @@ fn macro_defines(src: &str, name: &str) -> bool {
         || name
             .strip_suffix("_id_gated")
             .is_some_and(|b| src.contains(&format!("RF_MATVEC_ID_GATED({b},")))
+        || name
+            .strip_suffix("_id_add")
+            .is_some_and(|b| src.contains(&format!("RF_MATVEC_ID_ADD({b},")))
         || name
             .strip_suffix("_id")
             .is_some_and(|b| src.contains(&format!("RF_MATVEC_ID({b},")))
@@ -68,6 +71,10 @@ fn weight_types_map_to_kernels_of_the_right_module() {
         assert_eq!(t.get_rows().module(), Module::Dequant);
         assert_eq!(t.matvec_id().module(), Module::Matvec);
         assert_eq!(t.matvec_id_gated().module(), Module::Matvec);
+        assert_eq!(
+            t.matvec_id_add().name(),
+            format!("{}_add", t.matvec_id().name())
+        );
         assert_eq!(
             t.matvec_id_gated().name(),
             format!("{}_gated", t.matvec_id().name())
@@ -170,7 +177,7 @@ fn own_definition(src: &str, name: &str) -> Option<usize> {
 
 /// The C parameter list of kernel `name` in `src`: its own definition, or the one of the macro
 /// that defines it (`RF_MATVEC_FAST`, `RF_MATVEC_GATED`, `RF_MATVEC_ID`, `RF_MATVEC_ID_GATED`,
-/// `RF_MMQ`, `RF_DEQUANT`).
+/// `RF_MATVEC_ID_ADD`, `RF_MMQ`, `RF_DEQUANT`).
 fn c_params(src: &str, name: &str) -> Option<String> {
     let list_after = |at: usize| -> Option<String> {
         let open = at + src[at..].find('(')?;
@@ -190,6 +197,12 @@ fn c_params(src: &str, name: &str) -> Option<String> {
                 let def = src.find("#define RF_MMQ_NT(")?;
                 return list_after(def + src[def..].find(" name##_##NT(")?);
             }
+        }
+    }
+    if let Some(base) = name.strip_suffix("_id_add") {
+        if src.contains(&format!("RF_MATVEC_ID_ADD({base},")) {
+            let def = src.find("#define RF_MATVEC_ID_ADD(")?;
+            return list_after(def + src[def..].find("name##_id_add(")?);
         }
     }
     if let Some(base) = name.strip_suffix("_id_gated") {

@@ -873,6 +873,16 @@ fn stack_launches() -> usize {
 }
 
 #[cfg(feature = "hip")]
+fn expert_bias_launches() -> usize {
+    ggml_graph::hip::expert_bias_launches()
+}
+
+#[cfg(not(feature = "hip"))]
+fn expert_bias_launches() -> usize {
+    0
+}
+
+#[cfg(feature = "hip")]
 fn expert_gate_up_launches() -> usize {
     ggml_graph::hip::expert_gate_up_launches()
 }
@@ -965,19 +975,26 @@ fn synthetic_moe_on_gpu_equals_cpu() {
         let m = synth_moe(arch, ftype);
         let name = format!("{arch} {ftype}");
         let prompt = long_prompt(&m, 40);
-        let before = expert_gate_up_launches();
+        let before = (expert_gate_up_launches(), expert_bias_launches());
         assert_all_nodes_on_gpu(&name, &m, &prompt);
         let _ = check_model(&name, &m, &prompt, SYNTH_TOL);
         let _ = check_model(&format!("{name} short"), &m, &synth_prompt(&m), SYNTH_TOL);
         // Decode steps take the up and gate products with their activation as one launch
         // (replays of captured steps launch nothing new); gpt-oss's biases and clamped SwiGLU
-        // sit between them, so its products go one by one.
-        let launched = expert_gate_up_launches() - before;
-        println!("{name}: gated expert launches {launched}");
+        // sit between them, so there each product goes with its experts' bias rows instead.
+        let gated = expert_gate_up_launches() - before.0;
+        let biased = expert_bias_launches() - before.1;
+        println!("{name}: gated expert launches {gated}, biased {biased}");
         if arch == "gpt-oss" {
-            assert_eq!(launched, 0, "{name}");
+            assert!(
+                gated == 0 && biased > 0,
+                "{name}: {gated} gated, {biased} biased"
+            );
         } else {
-            assert!(launched > 0, "{name}: no gated expert launch");
+            assert!(
+                gated > 0 && biased == 0,
+                "{name}: {gated} gated, {biased} biased"
+            );
         }
     }
 }

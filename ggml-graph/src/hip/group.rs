@@ -7,7 +7,8 @@
 //! q, k and v projections before them (Q4_K, an f16 cache) the seven go as one mat-vec launch that
 //! rotates and stores its own rows (`matvec_q4_k_rope_kv`, `matvec_q4_k_q6_k_rope_kv`); a
 //! mixture of experts' up and gate products with their activation go as one gated expert
-//! mat-vec (`matvec_*_id_gated`).
+//! mat-vec (`matvec_*_id_gated`), an expert product with its experts' bias rows as one biased
+//! one (`matvec_*_id_add`).
 
 use gpu_mem::MemRange;
 
@@ -65,7 +66,10 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         Some(Op::Rope(_)) => ropes(d, group),
         Some(Op::SetRows) => set_rows(d, group),
         Some(Op::RmsNormMul { .. }) => norm_add(d, group),
-        Some(Op::MulMatId) => super::moe::gate_up(d, group),
+        Some(Op::MulMatId) => match super::moe::gate_up(d, group)? {
+            0 => super::moe::with_bias(d, group),
+            n => Ok(n),
+        },
         _ => Ok(0),
     }
 }

@@ -38,7 +38,7 @@ mod workspace;
 pub use crate::hip_options::{CollectiveOptions, HipOptions, StackKernel};
 pub use collective::HipCollective;
 #[cfg(any(test, feature = "testing"))]
-pub use moe::expert_gate_up_launches;
+pub use moe::{expert_bias_launches, expert_gate_up_launches};
 #[cfg(any(test, feature = "testing"))]
 pub use ops::mmq_launches;
 #[cfg(any(test, feature = "testing"))]

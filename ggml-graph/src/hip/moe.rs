@@ -12,6 +12,11 @@
 //!   on the host), the activation rows gathered into expert order, one product per chosen
 //!   expert (the dense `mul_mat` paths: tile kernels, mat-vecs or dequantization and gemm) and
 //!   the results scattered back to their (token, slot) rows.
+//!
+//! Two groups of nodes the scheduler offers go as one: the up and gate products with their
+//! gated activation (per pair: `matvec_*_id_gated`; grouped by expert: one gated product per
+//! expert), and, in decode, an expert product with its experts' bias rows added
+//! (`matvec_*_id_add`, gpt-oss).
 
 use gpu_mem::MemRange;
 use kernels::KernelId;
@@ -36,6 +41,19 @@ static GATE_UP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::Ato
 #[cfg(any(test, feature = "testing"))]
 pub fn expert_gate_up_launches() -> usize {
     GATE_UP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Biased expert launches (`matvec_*_id_add`) queued by every device of this process (see
+/// [`expert_bias_launches`]).
+#[cfg(any(test, feature = "testing"))]
+static BIAS_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Biased expert launches queued so far by every device of this process (for tests: whether a
+/// model's expert products took their biases in the same launch). Only with the `testing`
+/// feature.
+#[cfg(any(test, feature = "testing"))]
+pub fn expert_bias_launches() -> usize {
+    BIAS_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The largest grid.y: the per-pair launch and the gather put the pairs there.
@@ -333,6 +351,84 @@ fn per_pair(d: &HipDevice, srcs: &[TensorMem<'_>], s: &IdShape, out: MemRange<'_
     // SAFETY: as above, with `x` the dense f32 activations themselves; one block per output row
     // and pair.
     unsafe { d.launch_kernel(kid, [s.n as u32, pairs as u32, 1], 4 * d.inner.warp, &a.0) }
+}
+
+/// An expert product, its experts' bias rows and their sum (the scheduler's `expert_bias` run:
+/// `mul_mat_id`, `get_rows` of a dense f32 `[n, n_mat]` bias stack by the same ids, `add`) as
+/// one biased expert mat-vec (`matvec_*_id_add`) writing the sum, where the product takes the
+/// per-pair path with a quantized or MXFP4 weight. Returns 3 when it launched, 0 otherwise.
+pub(super) fn with_bias(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [mm, rows, add, ..] = group else {
+        return Ok(0);
+    };
+    let ([w, x, ids], [b, flat], [ya, ra]) = (
+        mm.srcs.as_slice(),
+        rows.srcs.as_slice(),
+        add.srcs.as_slice(),
+    ) else {
+        return Ok(0);
+    };
+    let nodes_ok = [mm, rows, add].iter().all(|g| {
+        let ts: Vec<&Tensor> = g.srcs.iter().map(|m| m.tensor).collect();
+        super::ops::supports(g.tensor, &ts)
+    });
+    let wt = w.tensor;
+    let s = IdShape {
+        k: wt.ne[0],
+        n: wt.ne[1],
+        n_mat: wt.ne[2],
+        n_x: x.tensor.ne[1],
+        n_used: ids.tensor.ne[0],
+        n_tok: ids.tensor.ne[1],
+    };
+    let kid = match wt.dtype {
+        DType::MXFP4 => Some((KernelId::MatvecIdAddMxfp4, kernels::matvec_grid_mxfp4(s.n))),
+        dt => weight_type(dt).map(|t| (t.matvec_id_add(), kernels::matvec_grid(t, s.n))),
+    };
+    let bt = b.tensor;
+    let fits = nodes_ok
+        && rows.tensor.op == Op::GetRows
+        && same_mem(flat, ids)
+        && add.tensor.op == Op::Add
+        && dense(bt, DType::F32)
+        && bt.ne[0] == s.n
+        && bt.ne[1] == s.n_mat
+        && same_mem(ya, &mm.dst)
+        && same_mem(ra, &rows.dst)
+        && ya.tensor.ne == ra.tensor.ne
+        && dense(add.tensor, DType::F32)
+        && add.tensor.ne == mm.tensor.ne
+        && !by_expert(d, &s);
+    let Some((kid, grid)) = kid.filter(|_| fits) else {
+        return Ok(0);
+    };
+    rewritten(d, mm)?;
+    rewritten(d, rows)?;
+    let out = rewritten(d, add)?;
+    let mut cache = d.inner.q8.lock();
+    let q8 = cache.quantized(d, addr(x)?, s.k, s.n_x * s.n_tok)?;
+    let mut a = Args::new();
+    a.push(addr(w)?)
+        .push(addr(b)?)
+        .push(addr(ids)?)
+        .push(MemRange::of_buffer(&q8))
+        .push(out)
+        .push(s.k as i32)
+        .push(wt.nb[1] as i64)
+        .push(wt.nb[2] as i64)
+        .push(s.n as i32)
+        .push(s.n_used as i32)
+        .push(s.n_x as i32)
+        .push(s.n_mat as i32);
+    // SAFETY: `w` is the stack of `n_mat` matrices (`nb[2]` apart) of `n` rows, `b` the dense
+    // f32 `[n, n_mat]` bias stack, `ids` the dense `[n_used, n_tok]` I32 ids (each checked
+    // against `n_mat` by the kernel before it reads a matrix or bias row), `q8` the
+    // `n_x * n_tok` activation vectors quantized above and `out` the sum's `pairs` dense rows
+    // of `n` f32; grid y is the pair.
+    unsafe { launch_matvec(d, kid, grid, s.pairs(), &a, cache)? };
+    #[cfg(any(test, feature = "testing"))]
+    BIAS_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(3)
 }
 
 /// Scratch bytes [`gated_product`] uses from the scratch's start for `m` vectors times `w`

@@ -304,6 +304,77 @@ fn expert_gate_up_activation_matches_cpu() {
     }
 }
 
+/// An expert product with its experts' bias rows added (gpt-oss's `add_id`, as the model plans
+/// build it: `get_rows` of the bias stack by the flattened ids, then `add`), for every weight
+/// type the mat-vecs read and MXFP4: a decode token and small batches take one biased expert
+/// mat-vec launch for the three nodes, 40 tokens (grouped by expert) run node by node; all give
+/// the CPU's sums.
+#[test]
+fn expert_product_with_bias_matches_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x6269_6173_6964_0001);
+    let (k, n, n_mat, n_used) = (256usize, 50usize, 8usize, 2usize);
+    let types = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::MXFP4,
+    ];
+    for dt in types {
+        for n_tok in [1usize, 3, 40] {
+            let mut g = Graph::new();
+            let w = g.weight("w", dt, &[k, n, n_mat]).expect("w");
+            let b = g.weight("b", DType::F32, &[n, n_mat]).expect("b");
+            let x = g.input("x", DType::F32, &[k, 1, n_tok]).expect("x");
+            let ids = g.input("ids", DType::I32, &[n_used, n_tok]).expect("ids");
+            let y = g.mul_mat_id(w, x, ids).expect("product");
+            let flat = g.reshape(ids, &[n_used * n_tok]).expect("flat ids");
+            let rows = g.get_rows(b, flat).expect("bias rows");
+            let rows = g.reshape(rows, &[n, n_used, n_tok]).expect("rows");
+            let out = g.add(y, rows).expect("sum");
+            g.mark_output(out).expect("out");
+            let bias: Vec<f32> = rng.vec(n * n_mat);
+            let weights = vec![
+                (
+                    "w".to_string(),
+                    dt,
+                    vec![k, n, n_mat],
+                    weight_bytes(dt, n * n_mat, k, &mut rng),
+                ),
+                (
+                    "b".to_string(),
+                    DType::F32,
+                    vec![n, n_mat],
+                    f32_bytes(&bias),
+                ),
+            ];
+            let inputs = vec![
+                (x, f32_bytes(&rng.vec(k * n_tok))),
+                (ids, expert_ids(n_mat, n_used, n_tok, &mut rng)),
+            ];
+            let before = (h.grouped_launches(), h.grouped_nodes());
+            let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[out]);
+            let grouped = (
+                h.grouped_launches() - before.0,
+                h.grouped_nodes() - before.1,
+            );
+            let e = nmse(&gpu[0], &cpu[0]);
+            let what = format!("expert product with bias {dt} tokens={n_tok}");
+            println!("{what}: NMSE {e:.3e}, grouped launches {grouped:?}");
+            assert!(e <= 2e-3, "{what}: NMSE {e:.3e}");
+            let want = if n_tok <= 3 { (1, 3) } else { (0, 0) };
+            assert_eq!(grouped, want, "{what}: biased expert launches");
+        }
+    }
+}
+
 /// Attention with sinks (one logit per query head in each row's softmax) over f16, f32 and Q8_0
 /// caches: decode through the one-launch kernel (within its register pass and beyond it, with
 /// gpt-oss's shape and window) and split over several blocks past its length, prompt chunks

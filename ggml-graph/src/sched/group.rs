@@ -29,8 +29,8 @@ fn operand_is(nodes: &[Tensor], id: TensorId, at: usize, x: TensorId) -> bool {
 /// writes), a chain of `rms_norm * w`, the `add` reading it and the `rms_norm * w` of that sum (a
 /// post-norm, the residual add and the next norm), two independent `rms_norm * w` (q and k
 /// norms), consecutive fused decode layers (see [`layer_chain`]) or a mixture of experts' up and
-/// gate products with their gated activation (see [`expert_gate_up`]); 1 when the first node
-/// starts no such run.
+/// gate products with their gated activation (see [`expert_gate_up`]) or an expert product with
+/// its experts' bias rows added (see [`expert_bias`]); 1 when the first node starts no such run.
 pub(super) fn group_run(graph: &Graph, ids: &[TensorId]) -> usize {
     let nodes = graph.tensors();
     match nodes[ids[0].index()].op {
@@ -39,7 +39,7 @@ pub(super) fn group_run(graph: &Graph, ids: &[TensorId]) -> usize {
         Op::SetRows => same_kind_run(nodes, ids, 2),
         Op::RmsNormMul { .. } => norm_chain(nodes, ids),
         Op::DecodeLayer(_) => layer_chain(graph, ids),
-        Op::MulMatId => expert_gate_up(graph, ids),
+        Op::MulMatId => expert_gate_up(graph, ids).max(expert_bias(graph, ids)),
         _ => 1,
     }
 }
@@ -64,15 +64,64 @@ fn expert_gate_up(graph: &Graph, ids: &[TensorId]) -> usize {
     if !pair || !gated {
         return 1;
     }
+    if read_only_by(graph, *up, *act) && read_only_by(graph, *gate, *act) {
+        3
+    } else {
+        1
+    }
+}
+
+/// True when `x` is no graph output and no needed node but `reader` reads it (views of `x`
+/// count as `x` only when `reader` reads them).
+fn read_only_by(graph: &Graph, x: TensorId, reader: TensorId) -> bool {
+    let nodes = graph.tensors();
     let needed = crate::plan::needed_nodes(graph);
-    let private = |x: TensorId| {
-        !graph.outputs().contains(&x)
-            && nodes.iter().enumerate().all(|(i, t)| {
-                let reads = t.src.contains(&x) || t.view_of.is_some_and(|(p, _)| p == x);
-                !needed[i] || !reads || TensorId::from_index(i) == *act
-            })
+    // The views of `x` that `reader` reads directly stand for it.
+    let via: Vec<TensorId> = nodes[reader.index()]
+        .src
+        .iter()
+        .copied()
+        .filter(|&s| is_view_of(nodes, s, x))
+        .collect();
+    !graph.outputs().contains(&x)
+        && !via.iter().any(|v| graph.outputs().contains(v))
+        && nodes.iter().enumerate().all(|(i, t)| {
+            let id = TensorId::from_index(i);
+            let reads = t.src.contains(&x) || t.view_of.is_some_and(|(p, _)| p == x);
+            !needed[i] || !reads || id == reader || via.contains(&id)
+        })
+        && via.iter().all(|&v| {
+            v == x
+                || nodes.iter().enumerate().all(|(i, t)| {
+                    let reads = t.src.contains(&v) || t.view_of.is_some_and(|(p, _)| p == v);
+                    !needed[i] || !reads || TensorId::from_index(i) == reader
+                })
+        })
+}
+
+/// 3 when `ids` starts with an expert product `y = mul_mat_id(w, x, ids)`, a `get_rows` of a
+/// bias stack by those ids (through a view) and the `add` of `y` and those rows (through views),
+/// with `y` and the rows read by nothing else: a device may run the three as one biased expert
+/// mat-vec that writes only the sum (gpt-oss's expert biases). Else 1.
+fn expert_bias(graph: &Graph, ids: &[TensorId]) -> usize {
+    let nodes = graph.tensors();
+    let [mm, rows, add, ..] = ids else {
+        return 1;
     };
-    if private(*up) && private(*gate) {
+    let (m, r, a) = (
+        &nodes[mm.index()],
+        &nodes[rows.index()],
+        &nodes[add.index()],
+    );
+    let shape = r.op == Op::GetRows
+        && a.op == Op::Add
+        && m.src.len() == 3
+        && r.src.len() == 2
+        && is_view_of(nodes, r.src[1], m.src[2])
+        && a.src.len() == 2
+        && is_view_of(nodes, a.src[0], *mm)
+        && is_view_of(nodes, a.src[1], *rows);
+    if shape && read_only_by(graph, *mm, *add) && read_only_by(graph, *rows, *add) {
         3
     } else {
         1
@@ -308,6 +357,33 @@ mod tests {
         let (mut g, _, gate) = build();
         let extra = g.scale(gate, 2.0).expect("another reader");
         g.mark_output(extra).expect("out");
+        assert_eq!(group_run(&g, &launched(&g)), 1);
+    }
+
+    /// An expert product, the bias rows of its experts and their sum (gpt-oss's `add_id`, as the
+    /// model plans build it: through reshapes) form one run, unless the product is read elsewhere.
+    #[test]
+    fn expert_product_and_bias_rows_form_one_run() {
+        let build = || {
+            let mut g = Graph::new();
+            let x = g.input("x", DType::F32, &[64, 1, 3]).expect("x");
+            let ids = g.input("ids", DType::I32, &[2, 3]).expect("ids");
+            let w = g.weight("w", DType::Q8_0, &[64, 32, 4]).expect("w");
+            let b = g.weight("b", DType::F32, &[32, 4]).expect("b");
+            let y = g.mul_mat_id(w, x, ids).expect("product");
+            let flat = g.reshape(ids, &[6]).expect("flat ids");
+            let rows = g.get_rows(b, flat).expect("bias rows");
+            let rows = g.reshape(rows, &[32, 2, 3]).expect("rows");
+            let out = g.add(y, rows).expect("sum");
+            g.mark_output(out).expect("out");
+            (g, y)
+        };
+        let (g, _) = build();
+        let ids = launched(&g);
+        assert_eq!(ids.len(), 3);
+        assert_eq!(group_run(&g, &ids), 3);
+        let (mut g, y) = build();
+        g.mark_output(y).expect("out");
         assert_eq!(group_run(&g, &launched(&g)), 1);
     }
 
