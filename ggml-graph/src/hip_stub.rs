@@ -65,6 +65,11 @@ impl HipDevice {
         match self.never {}
     }
 
+    /// See the HIP build's `placeable_bytes`.
+    pub fn placeable_bytes(&self) -> u64 {
+        match self.never {}
+    }
+
     /// See the HIP build's `runtime_bytes_now`.
     pub fn runtime_bytes_now(&self) -> Option<u64> {
         match self.never {}

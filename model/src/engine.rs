@@ -430,7 +430,7 @@ mod gpu {
         tracing::debug!("gpu decode stack {stack}");
         let mut g = worst;
         optimize(&mut g, fuse, None);
-        let available = hip.budget_available();
+        let available = hip.placeable_bytes();
         let fit = split_for(model, opts, kv, pool, &g, available, hip.multiprocessors())?;
         let n_layer = model.config().n_layer;
         // Several GPUs when the flags ask for them, or when the model does not fit this one.
@@ -594,7 +594,7 @@ mod gpu {
             pool,
         } = parts;
         let gpus = open_all(opts, &first, ordinals)?;
-        let available: Vec<u64> = gpus.iter().map(|h| h.budget_available()).collect();
+        let available: Vec<u64> = gpus.iter().map(|h| h.placeable_bytes()).collect();
         let ms = fit_multi(
             needs,
             &available,
@@ -707,7 +707,7 @@ mod gpu {
             )));
         }
         let gpus = open_all(opts, &first, ordinals)?;
-        let available: Vec<u64> = gpus.iter().map(|h| h.budget_available()).collect();
+        let available: Vec<u64> = gpus.iter().map(|h| h.placeable_bytes()).collect();
         let shares: Vec<f64> = match &opts.gpus.tensor_split {
             Some(s) => s.clone(),
             None => available.iter().map(|&a| a as f64).collect(),
@@ -887,7 +887,7 @@ mod gpu {
             kv: kv_bytes,
             activations: needs.activations.saturating_add(needs.workspace_head),
         };
-        let available = first.budget_available();
+        let available = first.placeable_bytes();
         if estimate.total() > available {
             return Err(ModelError::Device(format!(
                 "--dist-init rank {r}: {} needs {} (weights {}, KV cache {}), {} available",

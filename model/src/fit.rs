@@ -99,7 +99,7 @@ pub fn fit(
             crate::engine::optimize(&mut g, fuse, None);
             (
                 hip.name().to_string(),
-                hip.budget_available(),
+                hip.placeable_bytes(),
                 Some(hip.runtime_bytes()),
                 None,
                 hip.multiprocessors(),
@@ -197,9 +197,10 @@ impl fmt::Display for FitReport {
             Some(r) => {
                 writeln!(
                     f,
-                    "  {:<28} {:>14} (measured)",
+                    "  {:<28} {:>14} (measured; {} more kept free for their growth)",
                     "runtime context, handles",
-                    mib(r)
+                    mib(r),
+                    mib(ggml_graph::RUNTIME_GROWTH)
                 )?;
                 writeln!(
                     f,

@@ -327,7 +327,12 @@ impl fmt::Display for DevicePlan {
             write!(f, " of {} available", mib(a))?;
         }
         if let Some(r) = self.runtime {
-            write!(f, "; runtime context and handles {} (measured)", mib(r))?;
+            write!(
+                f,
+                "; runtime context and handles {} (measured), {} more kept free for their growth",
+                mib(r),
+                mib(ggml_graph::RUNTIME_GROWTH)
+            )?;
         }
         for g in &self.gpus {
             write!(f, "\n  {g}")?;

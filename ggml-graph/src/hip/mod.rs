@@ -429,6 +429,13 @@ impl HipDevice {
         self.inner.dev.budget().available()
     }
 
+    /// What a placement may plan to allocate: the budget's available bytes less
+    /// [`crate::RUNTIME_GROWTH`], so that what the runtime adds after the open stays inside a cap.
+    pub fn placeable_bytes(&self) -> u64 {
+        self.budget_available()
+            .saturating_sub(crate::RUNTIME_GROWTH)
+    }
+
     /// Lowers the device's budget to at most `bytes` (never raises it).
     pub fn cap_budget(&self, bytes: u64) {
         let b = self.inner.dev.budget();
