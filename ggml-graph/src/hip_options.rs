@@ -81,3 +81,8 @@ pub struct CollectiveOptions {
     /// CUDA's install prefix (NCCL in `<it>/lib64`).
     pub cuda: Option<std::path::PathBuf>,
 }
+
+/// Hands a communicator id between the processes of its ranks (see `HipCollective::for_rank`):
+/// called with rank 0's id on rank 0 and an empty slice elsewhere, it returns rank 0's id on
+/// every rank, or why not.
+pub type IdExchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<u8>, String> + 'a;
