@@ -164,3 +164,46 @@ fn a_rank_without_its_peer_fails_instead_of_hanging() {
         assert!(err.contains(&addr) && err.contains("did not join"), "{err}");
     }
 }
+
+#[test]
+fn a_rank_that_dies_ends_the_other_with_an_error() {
+    if let Err(why) = two_gpus() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let m = model();
+    let addr = format!("127.0.0.1:{}", free_port());
+    // A benchmark long enough that rank 1 dies mid-run.
+    let long = |r: usize| {
+        let mut c = rf();
+        c.args(["bench", "-m"]).arg(&m).args([
+            "-p", "16", "-n", "64", "-r", "100000", "--device", "gpu", "-c", "256",
+        ]);
+        c.args([
+            "--dist-init",
+            &addr,
+            "--rank",
+            &r.to_string(),
+            "--world-size",
+            "2",
+        ])
+        .args(["--dist-timeout", "10", "--devices", &r.to_string()]);
+        c
+    };
+    let mut r1 = spawn(long(1));
+    let r0 = spawn(long(0));
+    std::thread::sleep(Duration::from_secs(4));
+    let _ = r1.kill();
+    let _ = r1.wait();
+    let out = wait(r0, Duration::from_secs(90), "rank 0 after rank 1 died");
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("{err}");
+    assert!(
+        !out.status.success(),
+        "rank 0 went on without rank 1: {err}"
+    );
+    assert!(
+        err.contains("collective") || err.contains("all_reduce") || err.contains("aborted"),
+        "{err}"
+    );
+}
