@@ -90,3 +90,8 @@ pub struct CollectiveOptions {
 /// captured decode step on the GPU; placements keep this much of the budget free (see
 /// `HipDevice::placeable_bytes`), which also absorbs the estimate's error of a few MiB.
 pub const RUNTIME_GROWTH: u64 = 32 << 20;
+
+/// Hands a communicator id between the processes of its ranks (see `HipCollective::for_rank`):
+/// called with rank 0's id on rank 0 and an empty slice elsewhere, it returns rank 0's id on
+/// every rank, or why not.
+pub type IdExchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<u8>, String> + 'a;

@@ -154,7 +154,7 @@ impl HipCollective {
         rank: usize,
         world: usize,
         opts: &crate::hip_options::CollectiveOptions,
-        exchange: &mut dyn FnMut(&[u8]) -> std::result::Result<Vec<u8>, String>,
+        exchange: &mut crate::hip_options::IdExchange<'_>,
     ) -> Result<Self> {
         let _ = (gpu, rank, world, exchange);
         Self::new(&[], opts)

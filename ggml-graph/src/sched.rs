@@ -531,11 +531,6 @@ impl Scheduler {
         self.prepared.clear();
     }
 
-    /// The collective set by [`Scheduler::set_collective`].
-    pub fn collective(&self) -> Option<&Arc<dyn Collective>> {
-        self.collective.as_ref()
-    }
-
     /// Uploads every bound weight that the placement rule puts on a device, one
     /// [`crate::backend::BufferType::alloc_weights`] call per device (a device arena instead of one allocation
     /// per tensor), so no run uploads them lazily. `progress(done, total)` reports bytes.

@@ -498,6 +498,173 @@ mod tests {
         out
     }
 
+    /// The meeting point of [`ThreadSum`] ranks.
+    struct Pool {
+        parts: std::sync::Mutex<Vec<Option<Vec<u8>>>>,
+        barrier: std::sync::Barrier,
+    }
+
+    /// A collective between threads (each one rank's process): every rank deposits its part,
+    /// all wait, each takes the sum (in rank order, the same bits everywhere).
+    struct ThreadSum {
+        pool: Arc<Pool>,
+        rank: usize,
+    }
+
+    impl ggml_graph::Collective for ThreadSum {
+        fn name(&self) -> &str {
+            "threads"
+        }
+        fn spans(&self, devices: &[usize]) -> bool {
+            devices == [0]
+        }
+        fn all_reduce(
+            &self,
+            parts: &[(usize, ggml_graph::TensorMem<'_>)],
+        ) -> ggml_graph::Result<()> {
+            let m = &parts[0].1;
+            let n = m.tensor.nelements() * 4;
+            let mut b = vec![0u8; n];
+            m.buffer.read(m.offset, &mut b)?;
+            let pool = &self.pool;
+            pool.parts.lock().unwrap()[self.rank] = Some(b);
+            pool.barrier.wait();
+            let mut sum = vec![0f32; n / 4];
+            for p in pool.parts.lock().unwrap().iter().flatten() {
+                for (s, c) in sum.iter_mut().zip(p.chunks_exact(4)) {
+                    *s += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            pool.barrier.wait();
+            pool.parts.lock().unwrap()[self.rank] = None;
+            let bytes: Vec<u8> = sum.iter().flat_map(|x| x.to_le_bytes()).collect();
+            m.buffer.write(m.offset, &bytes)
+        }
+    }
+
+    /// One process per part (`--dist-init`): each rank's graph holds only its part and the
+    /// unsplit layers, runs on its own device with only its weights, and all-reduces with the
+    /// other ranks; every rank's logits equal the whole model's.
+    #[test]
+    fn ranks_in_separate_schedulers_give_the_whole_model_logits() {
+        let dir = std::env::temp_dir().join(format!("rocmforge-tp-rank-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for arch in ["llama", "gemma3"] {
+            let o = crate::synth::SynthOptions::parse(arch, "tiny", "q8_0", 3).unwrap();
+            let path = dir.join(format!("{arch}.gguf"));
+            crate::synth::write(&o, None, &path).unwrap();
+            let m = Model::load(&path, |_, _| {}).unwrap();
+            let steps: [&[u32]; 2] = [&[1, 17, 145, 2, 99], &[7]];
+            let whole = run_on(
+                &m,
+                weight_views(&m).unwrap(),
+                1,
+                Arc::new(|_: &str| Some(0)),
+                &steps,
+                None,
+            );
+            let ts = Arc::new(plan(&m, &[1.0, 1.0], 0).unwrap());
+            assert!(ts.kv_heads.iter().all(|r| !r.is_empty()), "{arch}: {ts:?}");
+            let cut = split_weights(&m, Arc::clone(&ts)).unwrap();
+            let pool = Arc::new(Pool {
+                parts: std::sync::Mutex::new(vec![None, None]),
+                barrier: std::sync::Barrier::new(2),
+            });
+            let ranks: Vec<_> = (0..2)
+                .map(|r| {
+                    let mine = move |n: &str| part_of(n).is_none_or(|k| k == r);
+                    let views: Vec<WeightView> =
+                        cut.views.iter().filter(|v| mine(&v.0)).cloned().collect();
+                    let model = m.with_table(cut.table.clone().for_rank(r));
+                    let coll = Arc::new(ThreadSum {
+                        pool: Arc::clone(&pool),
+                        rank: r,
+                    });
+                    (model, views, coll)
+                })
+                .collect();
+            let logits: Vec<Vec<Vec<f32>>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = ranks
+                    .into_iter()
+                    .map(|(model, views, coll)| {
+                        let steps = &steps;
+                        sc.spawn(move || {
+                            run_rank(&model, views, Arc::new(|_: &str| Some(0)), steps, coll)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (r, got) in logits.iter().enumerate() {
+                for (a, b) in whole.iter().zip(got) {
+                    let d = rel_diff(a, b);
+                    assert!(
+                        d <= 1e-3,
+                        "{arch} rank {r}: logits differ by {d} (relative)"
+                    );
+                }
+            }
+            assert_eq!(
+                logits[0], logits[1],
+                "{arch}: the ranks' logits are the same bits"
+            );
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// [`run_on`] of one rank: one device, the graph of its part, `coll` summing with the
+    /// other ranks.
+    fn run_rank(
+        model: &Model,
+        views: Vec<WeightView>,
+        rule: ggml_graph::sched::PlacementRule,
+        steps: &[&[u32]],
+        coll: Arc<ThreadSum>,
+    ) -> Vec<Vec<f32>> {
+        use crate::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode};
+        let mut sched = cpu_scheduler(views, 1, rule);
+        sched.set_collective(Some(coll));
+        let kv = KvCacheSpec {
+            dtype: KvType::F32,
+            n_ctx: 64,
+        };
+        let mut n_past = 0;
+        let mut out = Vec::new();
+        for toks in steps {
+            let batch = BatchSpec {
+                n_tok: toks.len(),
+                n_past,
+                logits: LogitsMode::All,
+            };
+            let mut fg = build_forward(model.config(), model.weights(), &kv, batch).unwrap();
+            ggml_graph::opt::optimize(&mut fg.graph);
+            let reduces = fg
+                .graph
+                .tensors()
+                .iter()
+                .filter(|t| t.op == ggml_graph::Op::AllReduce && t.src.len() == 1)
+                .count();
+            assert_eq!(
+                reduces,
+                2 * model.config().n_layer,
+                "one part per all-reduce"
+            );
+            let ids: Vec<u8> = toks
+                .iter()
+                .flat_map(|&t| (t as i32).to_le_bytes())
+                .collect();
+            let pos: Vec<u8> = (n_past..n_past + toks.len())
+                .flat_map(|p| (p as i32).to_le_bytes())
+                .collect();
+            sched
+                .run(&fg.graph, &[(fg.tokens, &ids), (fg.pos, &pos)])
+                .unwrap();
+            out.push(sched.with_output_f32(fg.logits, |v| v.to_vec()).unwrap());
+            n_past += toks.len();
+        }
+        out
+    }
+
     #[test]
     fn a_tensor_split_refuses_mixtures_of_experts() {
         let dir = std::env::temp_dir().join(format!("rocmforge-tp-moe-{}", std::process::id()));

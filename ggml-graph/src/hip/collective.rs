@@ -68,7 +68,7 @@ impl HipCollective {
         rank: usize,
         world: usize,
         opts: &CollectiveOptions,
-        exchange: &mut dyn FnMut(&[u8]) -> std::result::Result<Vec<u8>, String>,
+        exchange: &mut crate::hip_options::IdExchange<'_>,
     ) -> Result<Self> {
         let nccl = load(&gpu.1, opts)?;
         let mine = if rank == 0 {

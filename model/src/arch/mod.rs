@@ -225,16 +225,11 @@ impl WeightTable {
         }
     }
 
-    /// This table for the process of part `rank` of its split (see [`WeightTable::local`]).
+    /// This table for the process of part `rank` of its split: the plans build only that part
+    /// and sum it with the other processes' parts.
     pub(crate) fn for_rank(mut self, rank: usize) -> Self {
         self.local = Some(rank);
         self
-    }
-
-    /// The one part of the split this process builds, when the parts run in separate
-    /// processes.
-    pub fn local(&self) -> Option<usize> {
-        self.local
     }
 
     /// The tensor split the plans build for, if any.
