@@ -96,9 +96,30 @@ unsafe fn group_block(ty: DType, rows: &[*const u8; G], i: usize) -> ([__m512i; 
             w[k + 4] = value(_mm512_and_si512(_mm512_srli_epi16::<4>(d[k]), m4));
         }
         let dw = if ty == DType::MXFP4 {
-            let sc: [f32; G] =
-                std::array::from_fn(|r| gguf::quants::e8m0_to_f32_half(*rows[r].add(i * bs)));
-            _mm512_loadu_ps(sc.as_ptr())
+            // `gguf::quants::e8m0_to_f32_half` on sixteen lanes: 2^(e - 128) as f32 bits.
+            let e = |r: usize| *rows[r].add(i * bs) as i8;
+            let e = _mm512_cvtepu8_epi32(_mm_setr_epi8(
+                e(0),
+                e(1),
+                e(2),
+                e(3),
+                e(4),
+                e(5),
+                e(6),
+                e(7),
+                e(8),
+                e(9),
+                e(10),
+                e(11),
+                e(12),
+                e(13),
+                e(14),
+                e(15),
+            ));
+            let small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+            let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+            let sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+            _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, sub))
         } else {
             let h = |r: usize| std::ptr::read_unaligned(rows[r].add(i * bs) as *const i16);
             _mm512_cvtph_ps(_mm256_setr_epi16(
