@@ -196,25 +196,26 @@ unsafe fn direct<const C: usize>(
     ty: DType,
     nb: usize,
     rows: &[*const u8; G],
+    wstride: usize,
     a: *const u8,
     astride: usize,
 ) -> [__m512; C] {
     let mut acc = [_mm512_setzero_ps(); C];
-    let bs = ty.type_size();
+    // The next group's rows (contiguous after this group's), a few lines per block step: sixteen
+    // row streams at once are more than the hardware prefetcher follows, one sequential run of
+    // the next group is what it follows best.
+    let next = rows[0].wrapping_add(G * wstride);
+    let lines = (G * wstride).div_ceil(64 * nb.max(1));
     for i in 0..nb {
-        // Sixteen row streams at once are more than the hardware prefetcher follows: a line
-        // ahead per row every other block (two blocks are at most 36 bytes).
-        if i % 2 == 0 {
-            for r in rows {
-                #[allow(
-                    unused_unsafe,
-                    reason = "`_mm_prefetch` is safe to call in newer Rust, unsafe in 1.89 (our MSRV)"
-                )]
-                // SAFETY: a prefetch never faults, whatever the address.
-                unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add((i + 16) * bs) as *const i8)
-                };
-            }
+        for l in 0..lines {
+            #[allow(
+                unused_unsafe,
+                reason = "`_mm_prefetch` is safe to call in newer Rust, unsafe in 1.89 (our MSRV)"
+            )]
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((i * lines + l) * 64) as *const i8)
+            };
         }
         // SAFETY: forwarded from the caller.
         unsafe {
@@ -316,9 +317,23 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32]) {
             // `cols` prepared rows `nb` blocks each (checked by the caller).
             unsafe {
                 if cols == 2 {
-                    scatter(&direct::<2>(ty, nb, &gr, ap, astride), out, ocs, 0, r0, rn);
+                    scatter(
+                        &direct::<2>(ty, nb, &gr, wstride, ap, astride),
+                        out,
+                        ocs,
+                        0,
+                        r0,
+                        rn,
+                    );
                 } else {
-                    scatter(&direct::<1>(ty, nb, &gr, ap, astride), out, ocs, 0, r0, rn);
+                    scatter(
+                        &direct::<1>(ty, nb, &gr, wstride, ap, astride),
+                        out,
+                        ocs,
+                        0,
+                        r0,
+                        rn,
+                    );
                 }
             }
         }
