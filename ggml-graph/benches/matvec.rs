@@ -3,7 +3,8 @@
 //! Set `MATVEC_QUICK=1` for the 2048x2048 shape only, `MATVEC_SIMD=avx2|scalar` to cap the SIMD
 //! level, `MATVEC_GEMMA=1` for Gemma 3 270M's shapes and types only (decode and 128-token prefill;
 //! `MATVEC_THREADS=1,2` picks the thread counts, `MATVEC_SHAPE=640x262144` one shape),
-//! `MATVEC_CPU=1` to time in process CPU seconds.
+//! `MATVEC_CPU=1` to time in process CPU seconds, `MATVEC_TYPES=q4_1,iq4_xs` for some of the
+//! weight types only (default: every type with a SIMD kernel).
 
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,7 @@ fn weights(ty: DType, k: usize, n: usize) -> Vec<u8> {
         })
         .collect();
     let scale_offsets: &[usize] = match ty {
-        DType::Q4_K => &[0, 2],
+        DType::Q4_K | DType::Q5_K | DType::Q4_1 | DType::Q5_1 => &[0, 2],
         DType::Q6_K => &[208],
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
@@ -196,30 +197,40 @@ fn main() {
     } else {
         &[(2048, 2048), (4096, 14336)]
     };
+    let only = std::env::var("MATVEC_TYPES").ok();
+    let types: Vec<DType> = [
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::Q8_0,
+        DType::Q5_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q5_K,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_1,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::MXFP4,
+    ]
+    .into_iter()
+    .filter(|ty| {
+        only.as_ref().is_none_or(|list| {
+            list.split(',')
+                .any(|name| name.trim().eq_ignore_ascii_case(&ty.to_string()))
+        })
+    })
+    .collect();
     println!("simd: {:?}", backend(1).simd());
     for threads in [1, 2] {
         let bw = bandwidth(threads);
         println!("threads={threads} memory read bandwidth: {bw:.1} GB/s");
         for &(k, n) in shapes {
-            for ty in [
-                DType::Q4_K,
-                DType::Q6_K,
-                DType::Q8_0,
-                DType::Q5_0,
-                DType::Q2_K,
-                DType::Q3_K,
-            ] {
+            for &ty in &types {
                 matvec(threads, ty, k, n, bw);
             }
         }
-        for ty in [
-            DType::Q4_K,
-            DType::Q6_K,
-            DType::Q8_0,
-            DType::Q5_0,
-            DType::Q2_K,
-            DType::Q3_K,
-        ] {
+        for &ty in &types {
             prefill(threads, ty, 2048, 2048, 128);
         }
     }

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use rocmforge_ggml_graph::quant::{
-    act_type, detected, dot_float, dot_tile, quantize_act, quantize_act_portable,
+    act_type, detected, dot_float, dot_tile, dot_tile_of, quantize_act, quantize_act_portable,
     quantize_act_tiled, tiled, tiled_act_bytes, vec_dot, vec_dot_cols, Simd, Tile, Q8K_BYTES,
 };
 use rocmforge_ggml_graph::DType;
@@ -162,6 +162,10 @@ fn one_column_and_several_columns_agree_bit_for_bit() {
     }
 }
 
+/// The 32-value types llama.cpp repacks (2-D weights, rows a multiple of 8), whose tiles take its
+/// repacked kernels' order ([`repacked_q4_0_family_sums_in_llama_cpp_order`]).
+const REPACKED_32: [DType; 3] = [DType::Q4_0, DType::IQ4_NL, DType::MXFP4];
+
 /// The tile kernels (AVX-512 VNNI; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, IQ4_NL, MXFP4, Q4_K/Q5_K/Q6_K and
 /// IQ4_XS):
 /// activations quantized for the tiles (for the 32-value types in one SIMD pass) give bit for bit
@@ -257,7 +261,11 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                             // x86 orders: `vec_dot` for the 32-value types and Q6_K, the
                             // repacked Q4_K mat-vec for Q4_K). Not Q5_K: its AVX2 kernel keeps
                             // the Q4_K mat-vec order, the tiles llama.cpp's `vec_dot_q5_K`.
-                            if rn == rows && (cn == cols || cn == 7) && ty != DType::Q5_K {
+                            if rn == rows
+                                && (cn == cols || cn == 7)
+                                && ty != DType::Q5_K
+                                && !REPACKED_32.contains(&ty)
+                            {
                                 let avx2 = vec_dot(
                                     Simd::Avx2,
                                     ty,
@@ -266,6 +274,107 @@ fn tiles_match_the_one_row_path_bit_for_bit() {
                                     &q8[c * arb..(c + 1) * arb],
                                 );
                                 assert_eq!(avx2.to_bits(), one.to_bits(), "{ty} n={n} vs AVX2");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q4_0, IQ4_NL and MXFP4 tiles against a plain statement of llama.cpp's float steps, bit for
+/// bit: for a weight it repacks (its `gemv/gemm_q4_0_8x8_q8_0` family) one chain per result,
+/// `acc = fma(dot, dw * da, acc)` per block with the block's exact integer dot; for one it does
+/// not, `vec_dot`'s eight lanes, which the AVX2 kernels also take. Every tile shape up to 35 rows
+/// (the 16-row groups and a partial one) and 9 columns.
+#[test]
+fn repacked_q4_0_family_sums_in_llama_cpp_order() {
+    if !tiled(detected(), DType::Q4_0) {
+        println!("skipped: this CPU has no AVX-512 VNNI tile kernels");
+        return;
+    }
+    let simd = detected();
+    let mut rng = Rng::new(13);
+    for ty in REPACKED_32 {
+        let values: Option<&[i8; 16]> = match ty {
+            DType::IQ4_NL => Some(&gguf::quants::iq_tables::IQ4NL_VALUES),
+            DType::MXFP4 => Some(&gguf::quants::iq_tables::MXFP4_VALUES),
+            _ => None,
+        };
+        let (bs, qoff) = (ty.type_size(), if ty == DType::MXFP4 { 1 } else { 2 });
+        let reference = |w: &[u8], a: &[u8], n: usize| -> f32 {
+            let mut acc = 0f32;
+            for (wb, ab) in w.chunks_exact(bs).zip(a.chunks_exact(34)).take(n / 32) {
+                let dw = if ty == DType::MXFP4 {
+                    gguf::quants::e8m0_to_f32_half(wb[0])
+                } else {
+                    half::f16::from_bits(u16::from_le_bytes([wb[0], wb[1]])).to_f32()
+                };
+                let da = half::f16::from_bits(u16::from_le_bytes([ab[0], ab[1]])).to_f32();
+                let dot: i32 = (0..32)
+                    .map(|v| {
+                        let code = (wb[qoff + v % 16] >> (4 * (v / 16)) & 0x0f) as usize;
+                        let q = values.map_or(code as i32 - 8, |t| t[code] as i32);
+                        q * ab[2 + v] as i8 as i32
+                    })
+                    .sum();
+                acc = (dot as f32).mul_add(dw * da, acc);
+            }
+            acc
+        };
+        for n in [32, 224, 640] {
+            let (rows, cols) = (35, 9);
+            let wrb = n / 32 * bs;
+            let mut w = random_weights(&mut rng, ty, rows * n);
+            if ty == DType::MXFP4 {
+                // The subnormal scales of E8M0 exponents 0 and 1.
+                w[0] = 0;
+                w[wrb] = 1;
+            }
+            let mut x: Vec<f32> = rng
+                .vec(cols * n)
+                .iter()
+                .map(|v| v * v * v * 300.0)
+                .collect();
+            x[..32].fill(0.0);
+            let pb = tiled_act_bytes(ty, n);
+            let mut prep = vec![0u8; cols * pb];
+            for (xr, p) in x.chunks_exact(n).zip(prep.chunks_exact_mut(pb)) {
+                assert!(quantize_act_tiled(ty, xr, p));
+            }
+            let arb = n / 32 * 34;
+            let mut q8 = vec![0u8; cols * arb];
+            quantize_act(DType::Q8_0, &x, &mut q8);
+            for rn in [1, 2, 15, 16, 17, 32, 35] {
+                for cn in 1..=cols {
+                    let t = Tile {
+                        n,
+                        w: &w,
+                        wstride: wrb,
+                        rows: rn,
+                        a: &prep,
+                        astride: pb,
+                        cols: cn,
+                        ocs: rn,
+                    };
+                    for repacked in [true, false] {
+                        let mut out = vec![0f32; cn * rn];
+                        assert!(dot_tile_of(simd, ty, &t, &mut out, repacked));
+                        for c in 0..cn {
+                            for r in 0..rn {
+                                let (wr, ar) =
+                                    (&w[r * wrb..(r + 1) * wrb], &q8[c * arb..(c + 1) * arb]);
+                                let want = if repacked {
+                                    reference(wr, ar, n)
+                                } else {
+                                    vec_dot(Simd::Avx2, ty, n, wr, ar)
+                                };
+                                assert_eq!(
+                                    out[c * rn + r].to_bits(),
+                                    want.to_bits(),
+                                    "{ty} n={n} repacked={repacked} tile {rn}x{cn} r={r} c={c}"
+                                );
                             }
                         }
                     }

@@ -208,13 +208,16 @@ pub fn quantize_act_tiled(ty: DType, x: &[f32], out: &mut [u8]) -> bool {
     }
 }
 
-/// True when llama.cpp's CPU backend (AVX2 and up) repacks a Q4_K weight of shape `ne` into its
-/// interleaved layout (2-D, rows a multiple of 8); the tile kernels then follow its repacked
-/// kernels' float steps, otherwise its plain ones (see [`dot_tile_of`]). llama.cpp also repacks
-/// Q4_0, IQ4_NL and MXFP4 (AVX2) and Q2_K (AVX-512) under the same shape rule; those orders are
-/// not followed here, so this answers for Q4_K only.
+/// True when llama.cpp's CPU backend (AVX2 and up) repacks a Q4_K, Q4_0, IQ4_NL or MXFP4 weight
+/// of shape `ne` into its interleaved layout (2-D, rows a multiple of 8); the tile kernels then
+/// follow its repacked kernels' float steps, otherwise its plain ones (see [`dot_tile_of`]).
+/// llama.cpp also repacks Q2_K (AVX-512) under the same shape rule; that order is not followed
+/// here, so this answers false for it.
 pub fn repacked(ty: DType, ne: [usize; 4]) -> bool {
-    ty == DType::Q4_K && ne[1].is_multiple_of(8) && ne[2] == 1 && ne[3] == 1
+    matches!(ty, DType::Q4_K | DType::Q4_0 | DType::IQ4_NL | DType::MXFP4)
+        && ne[1].is_multiple_of(8)
+        && ne[2] == 1
+        && ne[3] == 1
 }
 
 /// True when the x86 tile kernels sum column `i` of a product of `ty` weights with `cols`
@@ -254,21 +257,23 @@ pub struct Tile<'a> {
 }
 
 /// Dot products of the weight rows of type `ty` in `t` with its activation rows, into `out`;
-/// each weight row is decoded once for all columns. Q4_K rows take the float steps of a weight
-/// llama.cpp repacks (see [`dot_tile_of`] for the others). False when [`tiled`] does not hold or
-/// a length does not fit.
+/// each weight row is decoded once for all columns. Q4_K, Q4_0, IQ4_NL and MXFP4 rows take the
+/// float steps of a weight llama.cpp repacks (see [`dot_tile_of`] for the others). False when
+/// [`tiled`] does not hold or a length does not fit.
 pub fn dot_tile(simd: Simd, ty: DType, t: &Tile<'_>, out: &mut [f32]) -> bool {
     dot_tile_of(simd, ty, t, out, true)
 }
 
 /// [`dot_tile`] for rows of a weight that llama.cpp repacks or not (`repacked`, from
 /// [`repacked`]): for Q4_K the float steps differ (its repacked gemm/gemv kernels, or its tiled
-/// matmul from 8 columns and `vec_dot` below); the other types ignore it.
+/// matmul from 8 columns and `vec_dot` below), for Q4_0, IQ4_NL and MXFP4 too (its repacked
+/// gemm/gemv: one `fma(dot, dw * da, acc)` per block, or `vec_dot`'s lanes); the other types
+/// ignore it.
 pub fn dot_tile_of(simd: Simd, ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     if tiled(simd, ty) {
         return if prepared(ty) {
-            x86::tile::dot_tile(ty, t, out)
+            x86::tile::dot_tile(ty, t, out, repacked)
         } else {
             x86::ktile::dot_tile(ty, t, out, repacked)
         };

@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 
 mod k23;
 pub(super) mod ktile;
+mod rtile;
 pub(super) mod tile;
 use k23::cols_k23;
 

@@ -34,7 +34,8 @@ const W_BLK: usize = 128;
 /// [`W_BLK`] for the types with a min (Q4_1, Q5_1): the two rows' f32 mins follow, padded.
 const W_BLK_MIN: usize = 192;
 /// Bytes of one prepared activation block: 32 i8 values, 8 i32 offset corrections, f32 scale,
-/// f32 sum term `s` (Q8_1), padding.
+/// f32 sum term `s` (Q8_1), the i32 correction of the whole block (their sum, for
+/// [`super::rtile`]), padding.
 pub(crate) const A_BLK: usize = 128;
 /// Row pairs per register tile (4 x 4 columns: 16 accumulators; Gemma's 640x2048 Q5_0 with 128
 /// columns ran ~12% faster than with 2 pairs, the weight and activation loads shared wider).
@@ -121,6 +122,8 @@ unsafe fn put_act(off: u8, q: __m256i, d: f32, sum: f32, o: *mut u8) {
         );
         std::ptr::write_unaligned(o.add(64) as *mut f32, d);
         std::ptr::write_unaligned(o.add(68) as *mut f32, sum);
+        let whole = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(sums));
+        std::ptr::write_unaligned(o.add(72) as *mut i32, -whole);
     }
 }
 
@@ -453,8 +456,10 @@ thread_local! {
 
 /// Dot products of `rows` weight rows (`n` values of `ty` each, `wstride` bytes apart in `w`)
 /// with `cols` prepared activation rows (`astride` bytes apart in `a`): `out[c * ocs + r]`.
-/// False when the type or a length does not fit.
-pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32]) -> bool {
+/// Q4_0, IQ4_NL and MXFP4 rows of a weight llama.cpp repacks (`repacked`) take its repacked
+/// kernels' order ([`super::rtile`]), the others ggml's `vec_dot` order. False when the type or
+/// a length does not fit.
+pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool) -> bool {
     let Tile {
         n,
         w,
@@ -469,6 +474,10 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32]) -> bool {
     let bs = ty.type_size();
     if offset(ty).is_none() || !n.is_multiple_of(QK) || !tile_fits(nb, bs, A_BLK, t, out) {
         return false;
+    }
+    if repacked && super::rtile::supported(ty) {
+        super::rtile::dot_tile(ty, t, out);
+        return true;
     }
     if cols <= 2 {
         let mut r = 0;
