@@ -441,7 +441,8 @@ mod gpu {
         if opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() == 1 {
             tracing::info!("--split-mode tensor with one GPU: the model runs on it whole");
         }
-        if let Some(dist) = &opts.gpus.dist {
+        let tensor_split = opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() > 1;
+        if opts.gpus.dist.is_some() || tensor_split || several {
             let kv_min = fit.kv_min;
             let parts = Parts {
                 first: hip,
@@ -452,33 +453,11 @@ mod gpu {
                 kv_min: &kv_min,
                 pool,
             };
-            return tensor_rank(model, opts, dist, parts, backend, progress);
-        }
-        if opts.gpus.split_mode == Some(SplitMode::Tensor) && ordinals.len() > 1 {
-            let kv_min = fit.kv_min;
-            let parts = Parts {
-                first: hip,
-                ordinals: &ordinals,
-                needs: &fit.needs,
-                fuse,
-                kv,
-                kv_min: &kv_min,
-                pool,
+            return match &opts.gpus.dist {
+                Some(dist) => tensor_rank(model, opts, dist, parts, backend, progress),
+                None if tensor_split => tensor(model, opts, parts, backend, progress),
+                None => multi(model, opts, parts, g, backend, progress),
             };
-            return tensor(model, opts, parts, backend, progress);
-        }
-        if several {
-            let kv_min = fit.kv_min;
-            let parts = Parts {
-                first: hip,
-                ordinals: &ordinals,
-                needs: &fit.needs,
-                fuse,
-                kv,
-                kv_min: &kv_min,
-                pool,
-            };
-            return multi(model, opts, parts, g, backend, progress);
         }
         let Some((split, reason, kv, estimate)) = fit.gpu else {
             if opts.device == DeviceChoice::Gpu {
