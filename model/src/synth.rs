@@ -999,7 +999,7 @@ pub fn write(o: &SynthOptions, vocab: Option<&Path>, out: &Path) -> Result<(), M
     written
 }
 
-/// The configuration and weight table of the model [`write`] makes (the tensors' names, types
+/// The configuration and weight table of the model [`write()`] makes (the tensors' names, types
 /// and shapes, no data): what graphs are built from, so a model's step graphs can be built and
 /// planned at full size without writing or loading gigabytes of weights (the engine's host-time
 /// benchmark).
