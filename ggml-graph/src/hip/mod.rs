@@ -164,16 +164,22 @@ fn runtime_bytes_of(dev: &gpu_mem::Device, warm: impl FnOnce()) -> u64 {
         // The context exists (the device is open) and the BLAS handle too: what the card has
         // in use beyond our own tracked allocations is theirs (and other processes', which a
         // dedicated card has none of).
-        match dev.api().mem_get_info() {
-            Ok((free, total)) => total
-                .saturating_sub(free)
-                .saturating_sub(dev.tracker().live_bytes()),
+        match untracked_bytes(dev) {
+            Ok(b) => b,
             Err(e) => {
                 tracing::warn!("cannot measure the GPU runtime's memory: {e}");
                 0
             }
         }
     })
+}
+
+/// What the card has in use beyond `dev`'s tracked allocations.
+fn untracked_bytes(dev: &gpu_mem::Device) -> hip_ffi::Result<u64> {
+    let (free, total) = dev.api().mem_get_info()?;
+    Ok(total
+        .saturating_sub(free)
+        .saturating_sub(dev.tracker().live_bytes()))
 }
 
 impl Drop for Inner {
@@ -454,12 +460,7 @@ impl HipDevice {
     /// beside [`HipDevice::runtime_bytes`], whether the runtime grew after the open. `None`
     /// when the driver cannot say.
     pub fn runtime_bytes_now(&self) -> Option<u64> {
-        let (free, total) = self.inner.dev.api().mem_get_info().ok()?;
-        Some(
-            total
-                .saturating_sub(free)
-                .saturating_sub(self.allocated_bytes()),
-        )
+        untracked_bytes(&self.inner.dev).ok()
     }
 
     /// The device's multiprocessors (compute units), which set how the tile products split
