@@ -12,9 +12,13 @@
 # Environment: ROCMFORGE (default target/release/rocmforge), CTXS (default "4096 8192"), CAPS
 # (default "none 2G 3G 6G"), GPUS (default 0: the GPUs the runs may use, as CUDA/HIP visible
 # devices; with several, `--device auto` splits layers over them, the cap is per GPU and the peak
-# is the largest of theirs). Prints one row per run and exits 1 if any check fails.
+# is the largest of theirs), LOGS (a folder that keeps every run's output, with the estimate's
+# workspace terms logged, as MODEL-CTX-CAP[-ngl N].log). Prints one row per run and exits 1 if any
+# check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The estimate's workspace terms, for the kept logs.
+[ -z "${LOGS:-}" ] || export ROCMFORGE_LOG=${ROCMFORGE_LOG:-warn,rocmforge_model::engine=debug}
 
 rf=${ROCMFORGE:-target/release/rocmforge}
 gpus=${GPUS:-0}
@@ -48,6 +52,10 @@ run() {
   timeout 300 "$rf" generate --device auto -f "$work/prompt.txt" -n 4 --temp 0 "$@" \
     > /dev/null 2> "$work/log"
   local rc=$?
+  if [ -n "${LOGS:-}" ]; then
+    mkdir -p "$LOGS"
+    cp "$work/log" "$LOGS/$(echo "$*" | tr -c 'A-Za-z0-9.\n-' '_').log"
+  fi
   sleep 0.2
   kill "$sp" 2>/dev/null; wait "$sp" 2>/dev/null
   # Per GPU: the largest use seen less the use before; then the largest of the GPUs.

@@ -11,6 +11,7 @@ pub use crate::hip_options::{CollectiveOptions, HipOptions, StackKernel};
 // The workspace arithmetic is the backend's own, and needs no GPU.
 #[path = "hip/workspace.rs"]
 mod workspace;
+pub use workspace::Workspace;
 
 /// No value: a device never opens in this build.
 #[derive(Clone, Copy)]
@@ -57,6 +58,11 @@ impl HipDevice {
 
     /// See the HIP build's `allocated_bytes`.
     pub fn allocated_bytes(&self) -> u64 {
+        match self.never {}
+    }
+
+    /// See the HIP build's `allocated_by_tag`.
+    pub fn allocated_by_tag(&self) -> Vec<(String, u64)> {
         match self.never {}
     }
 

@@ -281,7 +281,21 @@ mod gpu {
                 gpus.iter().map(|h| h.runtime_bytes()).sum(),
                 gpus.iter().map(|h| h.runtime_bytes_now()).sum(),
             ),
+            by_tag: by_tag(gpus),
         }
+    }
+
+    /// Every GPU's allocations summed by tag over the GPUs, largest first.
+    fn by_tag(gpus: &[Arc<HipDevice>]) -> Vec<(String, u64)> {
+        let mut sum: Vec<(String, u64)> = Vec::new();
+        for (tag, bytes) in gpus.iter().flat_map(|h| h.allocated_by_tag()) {
+            match sum.iter_mut().find(|(t, _)| *t == tag) {
+                Some(e) => e.1 += bytes,
+                None => sum.push((tag, bytes)),
+            }
+        }
+        sum.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        sum
     }
 
     fn is_fused(op: &Op) -> bool {
@@ -341,7 +355,7 @@ mod gpu {
         attn_dec: bool,
         head: bool,
         sms: usize,
-    ) -> u64 {
+    ) -> ggml_graph::hip::Workspace {
         let on_gpu = |_: &Tensor, srcs: &[&Tensor]| {
             head || srcs
                 .iter()
@@ -350,7 +364,6 @@ mod gpu {
         };
         let copy_rows = if head { 0 } else { n_batch };
         HipDevice::workspace_for(g, &on_gpu, attn_dec, copy_rows, model.config().n_embd, sms)
-            .total()
     }
 
     /// What the GPU part of a session needs: weights by layer, KV rows per layer, the
@@ -372,13 +385,22 @@ mod gpu {
             .iter()
             .map(|t| (t.name.as_str(), t.size));
         let (layer_weights, other_weights) = weights_by_layer(sizes, cfg.n_layer);
+        let layers = workspace(model, g, n_batch, opts.hip.attn_dec, false, sms);
+        let head = workspace(model, g, n_batch, opts.hip.attn_dec, true, sms);
+        tracing::debug!(
+            ?layers,
+            ?head,
+            activations,
+            n_batch,
+            "GPU workspace estimate"
+        );
         Needs {
             layer_weights,
             other_weights,
             kv_per_layer: kv.bytes(cfg).checked_div(cfg.n_layer).unwrap_or(0) as u64,
             activations,
-            workspace_layers: workspace(model, g, n_batch, opts.hip.attn_dec, false, sms),
-            workspace_head: workspace(model, g, n_batch, opts.hip.attn_dec, true, sms),
+            workspace_layers: layers.total(),
+            workspace_head: head.total(),
         }
     }
 

@@ -342,7 +342,7 @@ impl fmt::Display for DevicePlan {
 }
 
 /// GPU memory a session holds, measured, and where the last pass ran.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceMemory {
     /// Every live allocation on the device (the `gpu-mem` tracker: weights, KV cache,
     /// activations, scratch and staging).
@@ -362,6 +362,9 @@ pub struct DeviceMemory {
     /// The runtime's share of the GPUs (context, library handles) as measured at open, and as
     /// it stands now (`None` where the driver cannot say).
     pub runtime: (u64, Option<u64>),
+    /// The allocations summed by what their owners named them, largest first (what
+    /// `allocated` is made of, as the allocator tracks it).
+    pub by_tag: Vec<(String, u64)>,
 }
 
 impl fmt::Display for DeviceMemory {
@@ -385,6 +388,13 @@ impl fmt::Display for DeviceMemory {
         write!(f, "; runtime share {} at open", mib(self.runtime.0))?;
         if let Some(now) = self.runtime.1 {
             write!(f, ", {} now", mib(now))?;
+        }
+        if !self.by_tag.is_empty() {
+            write!(f, "\n  allocated by owner:")?;
+            for (i, (tag, bytes)) in self.by_tag.iter().enumerate() {
+                let sep = if i == 0 { " " } else { ", " };
+                write!(f, "{sep}{tag} {}", mib(*bytes))?;
+            }
         }
         Ok(())
     }

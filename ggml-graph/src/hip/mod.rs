@@ -34,6 +34,7 @@ mod ops;
 mod profile;
 mod stack;
 mod workspace;
+pub use workspace::Workspace;
 
 pub use crate::hip_options::{CollectiveOptions, HipOptions, StackKernel};
 pub use collective::HipCollective;
@@ -472,6 +473,19 @@ impl HipDevice {
     /// Device bytes allocated now (every tracked allocation).
     pub fn allocated_bytes(&self) -> u64 {
         self.inner.dev.tracker().live_bytes()
+    }
+
+    /// The tracked allocations live now, summed by what their owners named them (`gpu-mem`'s
+    /// tags: the weight arena, the scheduler's arena and KV buffers, the backend's scratch...),
+    /// largest first: where [`HipDevice::allocated_bytes`] goes.
+    pub fn allocated_by_tag(&self) -> Vec<(String, u64)> {
+        let mut by: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+        for e in self.inner.dev.tracker().report().entries {
+            *by.entry(e.tag).or_default() += e.bytes;
+        }
+        let mut v: Vec<(String, u64)> = by.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
     }
 
     /// The device-to-device copy bandwidth (bytes read + written per second) over two buffers
