@@ -172,6 +172,18 @@ struct IdShape {
 }
 
 impl IdShape {
+    /// The shapes of a product of the stack `w` with activations `x` chosen by `ids`.
+    fn of(w: &Tensor, x: &Tensor, ids: &Tensor) -> Self {
+        Self {
+            k: w.ne[0],
+            n: w.ne[1],
+            n_mat: w.ne[2],
+            n_x: x.ne[1],
+            n_used: ids.ne[0],
+            n_tok: ids.ne[1],
+        }
+    }
+
     fn pairs(&self) -> usize {
         self.n_used * self.n_tok
     }
@@ -183,15 +195,7 @@ impl IdShape {
 }
 
 fn mul_mat_id(d: &HipDevice, srcs: &[TensorMem<'_>], out: MemRange<'_>) -> Result<()> {
-    let (w, x, ids) = (srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
-    let s = IdShape {
-        k: w.ne[0],
-        n: w.ne[1],
-        n_mat: w.ne[2],
-        n_x: x.ne[1],
-        n_used: ids.ne[0],
-        n_tok: ids.ne[1],
-    };
+    let s = IdShape::of(srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
     if by_expert(d, &s) {
         return grouped(d, srcs, &s, out);
     }
@@ -230,14 +234,7 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         super::ops::supports(g.tensor, &ts)
     });
     let (wt, w) = (weight_type(wg.tensor.dtype), wu.tensor);
-    let s = IdShape {
-        k: w.ne[0],
-        n: w.ne[1],
-        n_mat: w.ne[2],
-        n_x: x.tensor.ne[1],
-        n_used: ids.tensor.ne[0],
-        n_tok: ids.tensor.ne[1],
-    };
+    let s = IdShape::of(w, x.tensor, ids.tensor);
     let fits = nodes_ok
         && gate.tensor.op == Op::MulMatId
         && same_mem(x, xg)
@@ -277,19 +274,8 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let mut cache = d.inner.q8.lock();
     let q8 = cache.quantized(d, addr(x)?, s.k, s.n_x * s.n_tok)?;
     let mut a = Args::new();
-    a.push(addr(wg)?)
-        .push(addr(wu)?)
-        .push(addr(ids)?)
-        .push(MemRange::of_buffer(&q8))
-        .push(out)
-        .push(s.k as i32)
-        .push(w.nb[1] as i64)
-        .push(w.nb[2] as i64)
-        .push(s.n as i32)
-        .push(s.n_used as i32)
-        .push(s.n_x as i32)
-        .push(s.n_mat as i32)
-        .push(act_kind(kind));
+    a.push(addr(wg)?).push(addr(wu)?);
+    id_operands(&mut a, addr(ids)?, MemRange::of_buffer(&q8), out, w, &s).push(act_kind(kind));
     let grid = kernels::matvec_gated_grid(wt, s.n);
     // SAFETY: `wg` and `wu` are stacks of `n_mat` matrices of one type and layout (`nb[2]`
     // apart) of `n` rows, `ids` the dense `[n_used, n_tok]` I32 ids (each checked against
@@ -299,6 +285,28 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     #[cfg(any(test, feature = "testing"))]
     GATE_UP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(3)
+}
+
+/// The operands every quantized expert mat-vec takes after its weights (and bias): the ids,
+/// the Q8_1 activations, the output, then the shapes of the stack `w` and of the pairs.
+fn id_operands<'a, 'b>(
+    a: &'b mut Args<'a>,
+    ids: MemRange<'a>,
+    q8: MemRange<'a>,
+    out: MemRange<'a>,
+    w: &Tensor,
+    s: &IdShape,
+) -> &'b mut Args<'a> {
+    a.push(ids)
+        .push(q8)
+        .push(out)
+        .push(s.k as i32)
+        .push(w.nb[1] as i64)
+        .push(w.nb[2] as i64)
+        .push(s.n as i32)
+        .push(s.n_used as i32)
+        .push(s.n_x as i32)
+        .push(s.n_mat as i32)
 }
 
 /// One launch over every (token, slot) pair.
@@ -315,17 +323,8 @@ fn per_pair(d: &HipDevice, srcs: &[TensorMem<'_>], s: &IdShape, out: MemRange<'_
         let vectors = s.n_x * s.n_tok;
         let mut cache = d.inner.q8.lock();
         let q8 = cache.quantized(d, xp, s.k, vectors)?;
-        a.push(wp)
-            .push(ip)
-            .push(MemRange::of_buffer(&q8))
-            .push(out)
-            .push(s.k as i32)
-            .push(w.nb[1] as i64)
-            .push(w.nb[2] as i64)
-            .push(s.n as i32)
-            .push(s.n_used as i32)
-            .push(s.n_x as i32)
-            .push(s.n_mat as i32);
+        a.push(wp);
+        id_operands(&mut a, ip, MemRange::of_buffer(&q8), out, w, s);
         // SAFETY: `w` is the stack of `n_mat` matrices (`nb[2]` apart) of `n` rows, `ids` the
         // dense `[n_used, n_tok]` I32 ids (each checked against `n_mat` by the kernel), `q8` the
         // `n_x * n_tok` activation vectors quantized above and `out` the `pairs` dense rows of
@@ -373,14 +372,7 @@ pub(super) fn with_bias(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize>
         super::ops::supports(g.tensor, &ts)
     });
     let wt = w.tensor;
-    let s = IdShape {
-        k: wt.ne[0],
-        n: wt.ne[1],
-        n_mat: wt.ne[2],
-        n_x: x.tensor.ne[1],
-        n_used: ids.tensor.ne[0],
-        n_tok: ids.tensor.ne[1],
-    };
+    let s = IdShape::of(wt, x.tensor, ids.tensor);
     let kid = match wt.dtype {
         DType::MXFP4 => Some((KernelId::MatvecIdAddMxfp4, kernels::matvec_grid_mxfp4(s.n))),
         dt => weight_type(dt).map(|t| (t.matvec_id_add(), kernels::matvec_grid(t, s.n))),
@@ -408,18 +400,8 @@ pub(super) fn with_bias(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize>
     let mut cache = d.inner.q8.lock();
     let q8 = cache.quantized(d, addr(x)?, s.k, s.n_x * s.n_tok)?;
     let mut a = Args::new();
-    a.push(addr(w)?)
-        .push(addr(b)?)
-        .push(addr(ids)?)
-        .push(MemRange::of_buffer(&q8))
-        .push(out)
-        .push(s.k as i32)
-        .push(wt.nb[1] as i64)
-        .push(wt.nb[2] as i64)
-        .push(s.n as i32)
-        .push(s.n_used as i32)
-        .push(s.n_x as i32)
-        .push(s.n_mat as i32);
+    a.push(addr(w)?).push(addr(b)?);
+    id_operands(&mut a, addr(ids)?, MemRange::of_buffer(&q8), out, wt, &s);
     // SAFETY: `w` is the stack of `n_mat` matrices (`nb[2]` apart) of `n` rows, `b` the dense
     // f32 `[n, n_mat]` bias stack, `ids` the dense `[n_used, n_tok]` I32 ids (each checked
     // against `n_mat` by the kernel before it reads a matrix or bias row), `q8` the
