@@ -358,3 +358,33 @@ fn q8_0_kv_greedy_equals_f16_until_a_near_tie() {
     println!("{compared} greedy steps compared (q8_0 vs f16 KV)");
     assert!(compared >= 5, "too few steps before a near-tie: {compared}");
 }
+
+/// The placement's weight accounting on the real file: every tensor counted once, each of the
+/// 18 layers non-empty, and the whole model fits a GiB.
+#[test]
+fn placement_counts_every_weight_of_the_real_file() {
+    use rocmforge_model::placement::{fit_layers, weights_by_layer, Needs};
+    let Some(path) = std::env::var_os("ROCMFORGE_TEST_MODEL") else {
+        println!("skipped: ROCMFORGE_TEST_MODEL not set");
+        return;
+    };
+    let file = gguf::GgufFile::open(&path).expect("open the test model");
+    let sizes = file.tensors().iter().map(|t| (t.name.as_str(), t.size));
+    let (layers, other) = weights_by_layer(sizes, 18);
+    let total: u64 = file.tensors().iter().map(|t| t.size).sum();
+    assert_eq!(layers.len(), 18, "Gemma 3 270M has 18 layers");
+    assert!(layers.iter().all(|&l| l > 0));
+    assert_eq!(layers.iter().sum::<u64>() + other, total);
+    // Tensor data is the file minus its header, less at most the data-section padding.
+    let data = file.file_size() - file.data_offset();
+    assert!(
+        total <= data && data - total < 32 * file.tensors().len() as u64,
+        "{total} vs {data}"
+    );
+    let n = Needs {
+        layer_weights: layers,
+        other_weights: other,
+        ..Needs::default()
+    };
+    assert_eq!(fit_layers(&n, 1 << 30), 19);
+}
