@@ -12,10 +12,8 @@
 
 use gpu_mem::MemRange;
 
-use super::ops::{
-    launch_matvec, mmq_takes, supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS,
-    RMS_Q8_STEPS,
-};
+use super::matmul::{launch_matvec, mmq_takes};
+use super::ops::{supports, weight_type, Args, K_SPLIT_FROM, MATVEC_MAX_COLS, RMS_Q8_STEPS};
 use super::{addr, rewritten, same_mem, HipDevice};
 use crate::backend::GroupNode;
 use crate::error::Result;

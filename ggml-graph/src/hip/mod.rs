@@ -29,6 +29,7 @@
 mod attn;
 mod collective;
 mod group;
+mod matmul;
 mod moe;
 mod ops;
 mod profile;
@@ -39,9 +40,9 @@ pub use workspace::Workspace;
 pub use crate::hip_options::{CollectiveOptions, HipOptions, StackKernel};
 pub use collective::HipCollective;
 #[cfg(any(test, feature = "testing"))]
-pub use moe::{expert_bias_launches, expert_gate_up_launches};
+pub use matmul::mmq_launches;
 #[cfg(any(test, feature = "testing"))]
-pub use ops::mmq_launches;
+pub use moe::{expert_bias_launches, expert_gate_up_launches};
 #[cfg(any(test, feature = "testing"))]
 pub use stack::{head_launches, stack_launches, stack_portable_launches};
 

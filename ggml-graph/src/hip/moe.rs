@@ -21,9 +21,11 @@
 use gpu_mem::MemRange;
 use kernels::KernelId;
 
+use super::matmul::{
+    act_kind, launch_matvec, mmq, mmq_takes, product, product_scratch, Mat, MmqProduct,
+};
 use super::ops::{
-    act_kind, blocks, dense, elems, f32_rows, launch_matvec, mmq, mmq_takes, product,
-    product_scratch, quant_rows_ok, weight_type, Args, Mat, MmqProduct, ALIGN, MATVEC_MAX_COLS,
+    blocks, dense, elems, f32_rows, quant_rows_ok, weight_type, Args, ALIGN, MATVEC_MAX_COLS,
     MMQ_MIN_COLS,
 };
 use super::{addr, gpu_err, rewritten, same_mem, HipDevice};

@@ -5,7 +5,7 @@
 //! (32-value types) of an odd number of blocks, steps split over several blocks, a bias row and
 //! the gated product.
 
-use super::super::ops::mmq_takes;
+use super::super::matmul::mmq_takes;
 use super::{check, f32_bytes, gated_case, hip, mul_mat_add_case, weight, Case, Rng};
 use crate::graph::Graph;
 use crate::tensor::{Act, DType};
