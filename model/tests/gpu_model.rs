@@ -10,7 +10,8 @@
 //! greedy choice must equal the CPU's at every step without a near-tie, and its last-position
 //! logits must stay within a bound of the CPU's at every step.
 //! Without a GPU (or without built kernels) each GPU test prints why it skipped;
-//! `ROCMFORGE_REQUIRE_GPU=1` turns that into a failure.
+//! `ROCMFORGE_REQUIRE_GPU=1` turns that into a failure; `ROCMFORGE_TEST_STACK=portable` runs the
+//! decode stack's steps on the portable kernel wherever the device would pick.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -62,8 +63,18 @@ fn synth(arch: &str) -> Model {
     Model::load(&path, |_, _| {}).expect("load")
 }
 
+/// The decode stack kernel the suite's runs take where they leave the choice to the device:
+/// `ROCMFORGE_TEST_STACK=portable` forces AMD's portable kernel on every such run (the suite
+/// with the portable kernel, on NVIDIA as its proxy); unset, the device picks.
+fn suite_stack() -> StackKernel {
+    std::env::var("ROCMFORGE_TEST_STACK").map_or(StackKernel::Auto, |v| {
+        v.parse()
+            .unwrap_or_else(|e| panic!("ROCMFORGE_TEST_STACK: {e}"))
+    })
+}
+
 fn opts(device: DeviceChoice, ngl: Option<usize>, limit: Option<u64>) -> SessionOptions {
-    SessionOptions {
+    let mut o = SessionOptions {
         n_ctx: 256,
         n_batch: 64,
         n_threads: 2,
@@ -77,7 +88,9 @@ fn opts(device: DeviceChoice, ngl: Option<usize>, limit: Option<u64>) -> Session
             ..GpuSelection::default()
         },
         ..SessionOptions::default()
-    }
+    };
+    o.hip.stack_kernel = suite_stack();
+    o
 }
 
 /// True when a GPU with built kernels is there; otherwise prints why (or panics when the GPU
@@ -495,7 +508,7 @@ fn gpu_session(m: &Model, o: &SessionOptions) -> (Session, Arc<Mutex<Option<Devi
     let seen = Arc::new(Mutex::new(None));
     let sink = seen.clone();
     s.on_first_pass(Box::new(move |mem| {
-        *sink.lock().expect("lock") = Some(*mem);
+        *sink.lock().expect("lock") = Some(mem.clone());
     }));
     println!("{}", s.device_plan());
     (s, seen)
@@ -522,7 +535,10 @@ fn check_model_with(
             gpu_stack: stack.is_some(),
             ..opts(device, ngl, limit)
         };
-        o.hip.stack_kernel = stack.unwrap_or(StackKernel::Auto);
+        o.hip.stack_kernel = match stack {
+            Some(StackKernel::Auto) | None => suite_stack(),
+            Some(k) => k,
+        };
         o
     };
     let n_layer = m.config().n_layer;
@@ -548,6 +564,7 @@ fn check_model_with(
     let mem = seen
         .lock()
         .expect("lock")
+        .take()
         .expect("first-pass memory report");
     println!("{name}: {mem}");
     assert!(mem.weights > 0 && mem.kv > 0 && mem.allocated >= mem.weights + mem.kv);
