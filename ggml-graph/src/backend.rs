@@ -164,6 +164,14 @@ pub trait Collective: Send + Sync {
     /// Told after a run's streams were waited for: every collective it queued has finished
     /// (what a watchdog times in-flight collectives by).
     fn settled(&self) {}
+    /// True when its all-reduces may be recorded in a device's graph capture and replayed: each
+    /// run queues one part, on one device, with no host wait (a rank whose other ranks run
+    /// elsewhere).
+    fn capturable(&self) -> bool {
+        false
+    }
+    /// Told when a replayed capture queued its collectives again (until [`Collective::settled`]).
+    fn replayed(&self) {}
 }
 
 /// A compute device.

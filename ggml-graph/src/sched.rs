@@ -506,6 +506,16 @@ impl Scheduler {
         self.prepared.clear();
     }
 
+    /// True when a run of `graph` under `key` would replay a capture: its launches queued at
+    /// once, with no host wait (and none on other ranks' collectives).
+    pub fn would_replay(&self, key: Option<u64>, graph: &Graph) -> bool {
+        let Some(k) = key.filter(|_| self.capture) else {
+            return false;
+        };
+        (self.prepared.iter())
+            .any(|p| p.key == k && p.n_nodes == graph.len() && p.captured.is_some())
+    }
+
     /// True when the last keyed run's graph is held captured.
     pub fn has_captured_graph(&self) -> bool {
         self.prepared.last().is_some_and(|p| p.captured.is_some())
@@ -885,9 +895,12 @@ impl Scheduler {
             .collect();
         let maps = |d: usize| self.map_outputs[d] && !self.devices[d].buffer_type().is_host();
         let (mapped, mapped_size) = mapped_outputs(graph, &sched, nd, maps);
-        // Collectives are not captured: their other ranks run outside this graph.
+        // Collectives are captured only where the collective allows it (one rank, its other
+        // ranks replaying their own captures).
+        let capturable = !sched.collective.contains(&true)
+            || self.collective.as_ref().is_some_and(|c| c.capturable());
         let single_device = match sched.splits.as_slice() {
-            [(d, _)] if sched.copies.is_empty() && !sched.collective.contains(&true) => Some(*d),
+            [(d, _)] if sched.copies.is_empty() && capturable => Some(*d),
             _ => None,
         };
         Ok(Prepared {
@@ -1023,6 +1036,11 @@ impl Scheduler {
             // other devices synchronize first (`copy_in`).
             Some(c) => {
                 c.replay()?;
+                if prep.sched.collective.contains(&true) {
+                    if let Some(coll) = &self.collective {
+                        coll.replayed();
+                    }
+                }
                 self.replays += 1;
                 Ok(())
             }

@@ -59,6 +59,16 @@ pub fn grouped<R>(nccl: &Nccl, issue: impl FnOnce() -> Result<R>) -> Result<R> {
     Ok(v)
 }
 
+/// A view's device, address and bytes, as [`Communicator`]'s checks take them.
+fn mem_of(
+    device: &Device,
+    ptr: hip_ffi::DevicePtr,
+    len: usize,
+    elem: usize,
+) -> (&Device, u64, usize) {
+    (device, ptr.0, len.saturating_mul(elem))
+}
+
 /// One rank of a communicator, on one device; destroyed on drop.
 pub struct Communicator {
     nccl: Arc<Nccl>,
@@ -160,7 +170,10 @@ impl Communicator {
         &self.nccl
     }
 
-    fn on_my_device(&self, stream: &Stream, views: &[&Device]) -> Result<()> {
+    /// Checks `stream` and the buffers (`(device, address, bytes)`) against this rank's device
+    /// and makes it current. A capture under way records the buffers: the library's own memory
+    /// lives as long as the communicator, which a captured graph must not outlive.
+    fn on_my_device(&self, stream: &Stream, views: &[(&Device, u64, usize)]) -> Result<()> {
         if self.aborted.load(Ordering::Acquire) {
             return Err(GpuError::InvalidArgument(format!(
                 "rank {} of {}: the communicator was aborted",
@@ -169,10 +182,10 @@ impl Communicator {
         }
         self.device
             .expect_same(stream.device(), "collective stream")?;
-        for d in views {
+        for (d, _, _) in views {
             self.device.expect_same(d, "collective buffer")?;
         }
-        stream.note_unknown("a collective");
+        stream.note_use(views.iter().map(|&(_, a, n)| (a, n as u64)));
         self.device.bind()?;
         // A collective issued outside a group may run on a device the library switched to.
         Ok(self.device.api().rebind_current()?)
@@ -186,7 +199,10 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        self.on_my_device(stream, &[buf.device])?;
+        self.on_my_device(
+            stream,
+            &[mem_of(buf.device, buf.ptr, buf.len, size_of::<T>())],
+        )?;
         // SAFETY: `buf` is a checked view of this rank's device, borrowed exclusively for the
         // call; the stream is this device's.
         Ok(unsafe {
@@ -210,7 +226,13 @@ impl Communicator {
         recv: &mut DeviceViewMut<'_, T>,
         stream: &Stream,
     ) -> Result<()> {
-        self.on_my_device(stream, &[send.device, recv.device])?;
+        self.on_my_device(
+            stream,
+            &[
+                mem_of(send.device, send.ptr, send.len, size_of::<T>()),
+                mem_of(recv.device, recv.ptr, recv.len, size_of::<T>()),
+            ],
+        )?;
         let want = send.len.checked_mul(self.ranks).ok_or_else(|| {
             GpuError::InvalidArgument(format!("{} x {} elements overflow", send.len, self.ranks))
         })?;
@@ -242,7 +264,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.check_peer(peer)?;
-        self.on_my_device(stream, &[buf.device])?;
+        self.on_my_device(
+            stream,
+            &[mem_of(buf.device, buf.ptr, buf.len, size_of::<T>())],
+        )?;
         // SAFETY: a checked view of this device; the stream is this device's.
         Ok(unsafe {
             self.nccl
@@ -258,7 +283,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.check_peer(peer)?;
-        self.on_my_device(stream, &[buf.device])?;
+        self.on_my_device(
+            stream,
+            &[mem_of(buf.device, buf.ptr, buf.len, size_of::<T>())],
+        )?;
         // SAFETY: a checked view of this device, borrowed exclusively; the stream is this
         // device's.
         Ok(unsafe {

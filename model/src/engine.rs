@@ -1,6 +1,7 @@
 //! What runs a session's graphs: one multi-device scheduler, over the CPU alone, over a GPU
 //! and the CPU with a `-ngl`-style layer split, or over several GPUs (and the CPU) with a layer
-//! split ([`crate::gpus`]), and the choice between them. Builds without the
+//! split ([`crate::gpus`]); or a scheduler per GPU for a tensor split run as ranks
+//! ([`crate::ranks`]); and the choice between them. Builds without the
 //! `hip` feature go the same way: their HIP backend never opens, which reads as "no GPU".
 
 use std::sync::Arc;
@@ -13,13 +14,17 @@ use ggml_graph::{CpuBackend, Graph, GraphError, Scheduler, TensorId};
 use crate::arch::KvCacheSpec;
 use crate::error::ModelError;
 use crate::placement::LayerSplit;
+use crate::ranks::{RankGraph, Ranks};
 use crate::session::{weight_views, DeviceMemory, DevicePlan, KvPlan, Model, SessionOptions};
 
 pub(crate) use gpu::{gpu_runs_fused_nodes, open_gpu, optimize, place, split_for};
 
-/// The executor of a session: a scheduler over its devices.
+/// The executor of a session: a scheduler over its devices (with a tensor split run as ranks,
+/// rank 0's, the other ranks' in `ranks`).
 pub(crate) struct Engine {
     sched: Scheduler,
+    /// Ranks 1.. of a tensor split run as ranks.
+    ranks: Option<Ranks>,
     /// The GPU (the scheduler's first device) when layers run there; `None`: the CPU alone.
     hip: Option<Arc<HipDevice>>,
     /// Every GPU, in the scheduler's order (the CPU follows them); empty on the CPU alone.
@@ -39,20 +44,25 @@ pub(crate) struct Engine {
 
 impl Engine {
     /// Runs `graph`; equal `key`s promise identical graphs (the scheduler then reuses its
-    /// schedule and memory plan).
+    /// schedule and memory plan). With ranks, `graph` is rank 0's and `build` makes the same
+    /// pass's graph for the other ranks' models (kept per key).
     pub(crate) fn run(
         &mut self,
         key: Option<u64>,
         graph: &Graph,
         inputs: &[(TensorId, &[u8])],
-    ) -> Result<(), GraphError> {
+        build: RankGraph<'_>,
+    ) -> Result<(), ModelError> {
         let sched = &mut self.sched;
+        if let Some(ranks) = &mut self.ranks {
+            return ranks.run(sched, key, graph, inputs, build);
+        }
         if self.hip.is_some() {
-            return sched.run_keyed(key, graph, inputs);
+            return Ok(sched.run_keyed(key, graph, inputs)?);
         }
         // One entry into the pool for the whole run: every node's launch runs inside it then,
         // instead of entering it once per node.
-        self.cpu.install(|| sched.run_keyed(key, graph, inputs))
+        Ok(self.cpu.install(|| sched.run_keyed(key, graph, inputs))?)
     }
 
     /// Hands `f` an output's f32 values, in place where the executor can show them (the CPU's
@@ -77,6 +87,9 @@ impl Engine {
     /// Turns GPU graph capture of repeated decode steps on or off (the CPU records no launches).
     pub(crate) fn set_graph_capture(&mut self, on: bool) {
         self.sched.set_graph_capture(on);
+        if let Some(r) = &mut self.ranks {
+            r.set_graph_capture(on);
+        }
     }
 
     /// True when the last decode step's graph is held captured for replay.
@@ -114,11 +127,20 @@ impl Engine {
 
     /// The KV cache's persistent buffers created so far: name and bytes per row (position).
     pub(crate) fn kv_buffers(&self) -> Vec<(String, usize)> {
-        self.sched
-            .persistent_leaves()
-            .into_iter()
+        let others = self.ranks.iter().flat_map(|r| r.schedulers());
+        std::iter::once(&self.sched)
+            .chain(others)
+            .flat_map(|s| s.persistent_leaves())
             .map(|(name, dtype, ne)| (name, ggml_graph::tensor::row_bytes(dtype, ne[0])))
             .collect()
+    }
+
+    /// The scheduler holding KV buffer `name`: with ranks, that of the rank it is a part of.
+    fn kv_home(&self, name: &str) -> &Scheduler {
+        let rank = crate::arch::part_of(name).unwrap_or(0);
+        (self.ranks.as_ref())
+            .and_then(|r| r.scheduler(rank))
+            .unwrap_or(&self.sched)
     }
 
     /// Copies bytes of a KV buffer to the host (from a GPU through gpu-mem's stream).
@@ -128,7 +150,7 @@ impl Engine {
         offset: usize,
         out: &mut [u8],
     ) -> Result<(), GraphError> {
-        self.sched.read_persistent(name, offset, out)
+        self.kv_home(name).read_persistent(name, offset, out)
     }
 
     /// Writes bytes into a KV buffer, before the next pass's work.
@@ -138,14 +160,32 @@ impl Engine {
         offset: usize,
         data: &[u8],
     ) -> Result<(), GraphError> {
-        self.sched.write_persistent(name, offset, data)
+        self.kv_home(name).write_persistent(name, offset, data)
     }
 
     /// GPU memory in use and where the last pass ran; `None` on the CPU.
     pub(crate) fn device_memory(&self) -> Option<DeviceMemory> {
-        self.hip
-            .as_ref()
-            .map(|_| gpu::memory(&self.sched, &self.gpus))
+        self.hip.as_ref()?;
+        let Some(ranks) = &self.ranks else {
+            return Some(gpu::memory(&self.sched, &self.gpus));
+        };
+        let scheds = std::iter::once(&self.sched).chain(ranks.schedulers());
+        let parts = scheds
+            .zip(&self.gpus)
+            .map(|(s, g)| gpu::memory(s, std::slice::from_ref(g)));
+        parts.reduce(|a, m| DeviceMemory {
+            allocated: a.allocated + m.allocated,
+            weights: a.weights + m.weights,
+            kv: a.kv + m.kv,
+            activations: a.activations + m.activations,
+            gpu_nodes: a.gpu_nodes + m.gpu_nodes,
+            cpu_nodes: a.cpu_nodes + m.cpu_nodes,
+            copies: a.copies + m.copies,
+            runtime: (
+                a.runtime.0 + m.runtime.0,
+                a.runtime.1.zip(m.runtime.1).map(|(x, y)| x + y),
+            ),
+        })
     }
 
     /// The GPU's device-to-device copy bandwidth (bytes read + written per second) over two
@@ -207,6 +247,7 @@ fn cpu_only(
     );
     let engine = Engine {
         sched,
+        ranks: None,
         hip: None,
         gpus: Vec::new(),
         cpu,
@@ -511,6 +552,7 @@ mod gpu {
         sched.upload_placed_weights(progress)?;
         let engine = Engine {
             sched,
+            ranks: None,
             hip: Some(hip.clone()),
             gpus: vec![hip],
             cpu,
@@ -670,6 +712,7 @@ mod gpu {
         sched.upload_placed_weights(progress)?;
         let engine = Engine {
             sched,
+            ranks: None,
             hip: Some(gpus[0].clone()),
             gpus,
             cpu,
@@ -682,9 +725,13 @@ mod gpu {
     }
 
     /// A tensor split over several GPUs (`--split-mode tensor`): every layer on every GPU, its
-    /// heads and feed-forward columns divided among them (see [`crate::gpus::TensorSplit`]),
-    /// the embeddings, norms, sums of the partial results and the output head on the main
-    /// GPU. Sizes a KV pool by what every GPU has left for its heads' share of each block.
+    /// heads and feed-forward columns divided among them (see [`crate::gpus::TensorSplit`]).
+    /// Where every GPU gets heads and columns and the collective library loads, the GPUs run as
+    /// ranks ([`crate::ranks`]): each holds a copy of the embeddings, norms and output head and
+    /// runs its whole graph (captured for replay) with no copies between GPUs. Otherwise one
+    /// scheduler runs the embeddings, norms, sums of the partial results and the output head on
+    /// the main GPU. Sizes a KV pool by what every GPU has left for its heads' share of each
+    /// block.
     fn tensor(
         model: &Model,
         opts: &SessionOptions,
@@ -716,6 +763,28 @@ mod gpu {
         let main = opts.gpus.main_gpu.unwrap_or(0);
         let ts = Arc::new(crate::tensor_split::plan(model, &shares, main)?);
         let cut = crate::tensor_split::split_weights(model, Arc::clone(&ts))?;
+        let n = gpus.len();
+        let ranked = if (0..n).all(|k| !ts.kv_heads[k].is_empty() && !ts.ff[k].is_empty()) {
+            rank_collectives(&gpus, &opts.gpus.collectives)
+        } else {
+            None
+        };
+        // As ranks, each GPU holds its slices and a copy of every tensor not split.
+        let weights: Vec<u64> = match ranked {
+            Some(_) => {
+                let mut b = vec![0u64; n];
+                for (name, _, _, bytes) in &cut.views {
+                    let len = bytes.bytes().len() as u64;
+                    match crate::arch::part_of(name) {
+                        Some(k) if k < n => b[k] += len,
+                        Some(_) => {}
+                        None => b.iter_mut().for_each(|x| *x += len),
+                    }
+                }
+                b
+            }
+            None => cut.bytes.clone(),
+        };
         let cfg = model.config();
         let n_kv = cfg.n_head_kv.max(1) as u64;
         // Each GPU holds its heads' share of every layer's KV rows.
@@ -723,17 +792,19 @@ mod gpu {
             (spec.bytes(cfg) as u64).saturating_mul(ts.kv_heads[k].len() as u64) / n_kv
         };
         let estimate = |k: usize, spec: &KvCacheSpec| GpuEstimate {
-            weights: cut.bytes[k],
+            weights: weights[k],
             kv: kv_share(spec, k),
-            activations: needs.activations.saturating_add(if k == ts.main {
-                needs.workspace_head
-            } else {
-                needs.workspace_layers
-            }),
+            activations: needs
+                .activations
+                .saturating_add(if ranked.is_some() || k == ts.main {
+                    needs.workspace_head
+                } else {
+                    needs.workspace_layers
+                }),
         };
         let kv = match pool {
             Some(p) => {
-                let blocks = (0..gpus.len())
+                let blocks = (0..n)
                     .filter(|&k| !ts.kv_heads[k].is_empty())
                     .map(|k| {
                         let block_bytes = kv_share(kv_min, k) / p.min_blocks.max(1) as u64;
@@ -749,8 +820,8 @@ mod gpu {
             }
             None => *kv,
         };
-        let estimates: Vec<GpuEstimate> = (0..gpus.len()).map(|k| estimate(k, &kv)).collect();
-        if let Some(k) = (0..gpus.len()).find(|&k| estimates[k].total() > available[k]) {
+        let estimates: Vec<GpuEstimate> = (0..n).map(|k| estimate(k, &kv)).collect();
+        if let Some(k) = (0..n).find(|&k| estimates[k].total() > available[k]) {
             return Err(ModelError::Device(format!(
                 "--split-mode tensor: {} needs {} (weights {}, KV cache {}), {} available",
                 gpus[k].name(),
@@ -762,11 +833,11 @@ mod gpu {
         }
         let n_layer = cfg.n_layer;
         let split = LayerSplit::new(n_layer, n_layer + 1);
-        let shares_plan: Vec<GpuShare> = (0..gpus.len())
+        let shares_plan: Vec<GpuShare> = (0..n)
             .map(|k| GpuShare {
                 device: gpus[k].name().to_string(),
                 layers: 0..n_layer,
-                output: k == ts.main,
+                output: ranked.is_some() || k == ts.main,
                 estimate: estimates[k],
                 available: available[k],
             })
@@ -778,12 +849,22 @@ mod gpu {
                 kv: a.kv + e.kv,
                 activations: a.activations + e.activations,
             });
-        let heads: Vec<String> = (0..gpus.len())
+        let heads: Vec<String> = (0..n)
             .map(|k| format!("{}/{}", ts.q_heads(k).len(), ts.ff[k].len()))
             .collect();
-        let (collective, reduction) = collective(&gpus, &opts.gpus.collectives);
+        let (collective, reduction) = match &ranked {
+            Some(c) => (
+                None,
+                format!(
+                    "as {n} ranks (a scheduler per GPU, the output head on each), partial sums \
+                     by {} all-reduce",
+                    c[0].name().split(" rank ").next().unwrap_or_default()
+                ),
+            ),
+            None => collective(&gpus, &opts.gpus.collectives),
+        };
         let plan = DevicePlan {
-            device: format!("{} GPUs", gpus.len()),
+            device: format!("{n} GPUs"),
             split,
             estimate: total,
             available: Some(available.iter().sum()),
@@ -799,7 +880,11 @@ mod gpu {
             gpus: shares_plan,
         };
         let cpu = Arc::new(backend);
-        let mut devices: Vec<Arc<dyn Device>> = Vec::with_capacity(gpus.len() + 1);
+        if let Some(colls) = ranked {
+            let engine = ranks_engine(opts, gpus, cpu, cut, colls, fuse, model, progress)?;
+            return Ok((engine, plan));
+        }
+        let mut devices: Vec<Arc<dyn Device>> = Vec::with_capacity(n + 1);
         for h in &gpus {
             devices.push(h.clone());
         }
@@ -816,6 +901,7 @@ mod gpu {
         sched.upload_placed_weights(progress)?;
         let engine = Engine {
             sched,
+            ranks: None,
             hip: Some(gpus[ts.main].clone()),
             gpus,
             cpu,
@@ -825,6 +911,93 @@ mod gpu {
             split_model: Some(model.with_table(cut.table)),
         };
         Ok((engine, plan))
+    }
+
+    /// One collective per GPU of `gpus` (ranks of one communicator made here), unless
+    /// collectives are off or the library does not load (warned once per process).
+    fn rank_collectives(
+        gpus: &[Arc<HipDevice>],
+        opts: &ggml_graph::CollectiveOptions,
+    ) -> Option<Vec<Arc<HipCollective>>> {
+        if opts.off {
+            return None;
+        }
+        match HipCollective::per_rank(gpus, opts) {
+            Ok(c) => Some(c.into_iter().map(Arc::new).collect()),
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(
+                        "--split-mode tensor: no collective library ({e}); one scheduler over \
+                         the GPUs"
+                    )
+                });
+                None
+            }
+        }
+    }
+
+    /// The engine of a tensor split run as ranks: per GPU a scheduler over it (and the CPU)
+    /// with its slices, a copy of every tensor not split, and its rank's collective.
+    #[allow(clippy::too_many_arguments)]
+    fn ranks_engine(
+        opts: &SessionOptions,
+        gpus: Vec<Arc<HipDevice>>,
+        cpu: Arc<CpuBackend>,
+        cut: crate::tensor_split::SplitWeights,
+        colls: Vec<Arc<HipCollective>>,
+        fuse: bool,
+        model: &Model,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Engine, ModelError> {
+        let n = gpus.len();
+        let mut scheds = Vec::with_capacity(n);
+        for (r, (gpu, coll)) in gpus.iter().zip(&colls).enumerate() {
+            let mine = move |name: &str| crate::arch::part_of(name).is_none_or(|k| k == r);
+            let devices: Vec<Arc<dyn Device>> =
+                vec![gpu.clone(), Arc::new(CpuDevice::new(cpu.clone()))];
+            let mut sched = Scheduler::with_options(devices, opts.scheduler)?;
+            sched.set_collective(Some(coll.clone() as Arc<dyn Collective>));
+            for (name, dtype, dims, bytes) in cut.views.iter().filter(|v| mine(&v.0)) {
+                sched.bind_weight(name, *dtype, dims, bytes.clone())?;
+            }
+            sched.set_placement(Arc::new(move |name: &str| mine(name).then_some(0)));
+            sched.upload_placed_weights(progress)?;
+            scheds.push(sched);
+        }
+        let mut scheds = scheds.into_iter();
+        let first = scheds
+            .next()
+            .ok_or_else(|| ModelError::InvalidArgument("a tensor split over no GPU".into()))?;
+        let rest = scheds
+            .enumerate()
+            .map(|(i, sched)| crate::ranks::Rank {
+                sched,
+                model: model.with_table(cut.table.clone().for_rank(i + 1)),
+            })
+            .collect();
+        let abort = colls.clone();
+        let ranks = crate::ranks::Ranks::new(
+            rest,
+            Box::new(move |g: &mut Graph| optimize(g, fuse, None)),
+            Box::new(move |why: &str| {
+                for c in &abort {
+                    c.abort(format!("another rank failed: {why}"));
+                }
+            }),
+        );
+        let n_layer = model.config().n_layer;
+        Ok(Engine {
+            sched: first,
+            ranks: Some(ranks),
+            hip: Some(gpus[0].clone()),
+            gpus,
+            cpu,
+            fuse,
+            split: LayerSplit::new(n_layer, n_layer + 1),
+            tensor: true,
+            split_model: Some(model.with_table(cut.table.for_rank(0))),
+        })
     }
 
     /// One rank of a tensor split whose parts run in separate processes (`--dist-init`): this
@@ -946,6 +1119,7 @@ mod gpu {
         sched.upload_placed_weights(progress)?;
         let engine = Engine {
             sched,
+            ranks: None,
             hip: Some(first.clone()),
             gpus: vec![first],
             cpu,

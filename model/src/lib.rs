@@ -25,6 +25,7 @@ pub mod generate;
 pub mod gpus;
 pub mod perplexity;
 pub mod placement;
+mod ranks;
 pub mod sampling;
 pub mod session;
 pub mod stream;

@@ -713,14 +713,21 @@ impl Session {
                 .min(self.kv.n_ctx)
         });
         let built;
+        let batch = match bucket {
+            Some(n_kv) => BatchSpec {
+                n_tok: 1,
+                n_past: n_kv - 1,
+                logits: LogitsMode::Last,
+            },
+            None => BatchSpec {
+                n_tok: tokens.len(),
+                n_past: self.n_past,
+                logits: mode,
+            },
+        };
         let fg = match bucket {
             Some(n_kv) => {
                 if self.decode.as_ref().is_none_or(|(k, _)| *k != n_kv) {
-                    let batch = BatchSpec {
-                        n_tok: 1,
-                        n_past: n_kv - 1,
-                        logits: LogitsMode::Last,
-                    };
                     let mut g =
                         build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
                     self.engine.optimize(&mut g.graph);
@@ -732,11 +739,6 @@ impl Session {
                 }
             }
             None => {
-                let batch = BatchSpec {
-                    n_tok: tokens.len(),
-                    n_past: self.n_past,
-                    logits: mode,
-                };
                 let mut g =
                     build_forward(self.model.config(), self.model.weights(), &self.kv, batch)?;
                 // The optimizer keeps tensor ids valid.
@@ -753,10 +755,14 @@ impl Session {
             .flat_map(|p| (p as i32).to_le_bytes())
             .collect();
         let t1 = Instant::now();
+        let kv = self.kv;
+        // A tensor split's other ranks build the same pass from their models.
+        let rank_graph = |m: &Model| Ok(build_forward(m.config(), m.weights(), &kv, batch)?.graph);
         self.engine.run(
             bucket.map(|b| b as u64),
             &fg.graph,
             &[(fg.tokens, &ids), (fg.pos, &pos)],
+            &rank_graph,
         )?;
         let r = self.engine.with_output_f32(fg.logits, f)?;
         let t2 = Instant::now();

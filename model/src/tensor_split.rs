@@ -612,6 +612,149 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
+    /// The in-process executor of ranks ([`crate::ranks::Ranks`]): each rank a one-device
+    /// scheduler with its slices and a copy of the rest, its graph built from its own table,
+    /// ranks 1.. on threads, the partials summed by a collective between the threads. Two
+    /// ranks and four, even and uneven shares; rank 0's logits are the whole model's, and a
+    /// keyed pass repeated (its rank graphs kept) gives the same bits.
+    #[test]
+    fn ranks_run_by_one_executor_give_the_whole_model_logits() {
+        let dir = std::env::temp_dir().join(format!("rocmforge-tp-exec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // 8 KV heads of 32 values and 8 feed-forward units of 256: four ranks get some of
+        // each, even with uneven shares.
+        let wide = |arch: &str| {
+            let mut o = crate::synth::SynthOptions::parse(arch, "tiny", "q8_0", 5).unwrap();
+            (o.shape.n_head, o.shape.n_head_kv, o.shape.head_dim) = (8, 8, 32);
+            o.shape.n_ff = 2048;
+            o
+        };
+        let cases: Vec<(crate::synth::SynthOptions, Vec<f64>)> = vec![
+            (
+                crate::synth::SynthOptions::parse("llama", "tiny", "q8_0", 3).unwrap(),
+                vec![1.0, 1.0],
+            ),
+            (
+                crate::synth::SynthOptions::parse("gemma3", "tiny", "q8_0", 3).unwrap(),
+                vec![1.0, 1.0],
+            ),
+            (wide("qwen2"), vec![1.0, 1.0, 1.0, 1.0]),
+            (wide("llama"), vec![1.0, 2.0, 1.0, 3.0]),
+        ];
+        for (o, shares) in cases {
+            let what = format!("{:?} over {shares:?}", o.arch);
+            let path = dir.join(format!("{:?}-{}.gguf", o.arch, shares.len()));
+            crate::synth::write(&o, None, &path).unwrap();
+            let m = Model::load(&path, |_, _| {}).unwrap();
+            let steps: [&[u32]; 2] = [&[1, 17, 145, 2, 99], &[7]];
+            let whole = run_on(
+                &m,
+                weight_views(&m).unwrap(),
+                1,
+                Arc::new(|_: &str| Some(0)),
+                &steps,
+                None,
+            );
+            let n = shares.len();
+            let ts = Arc::new(plan(&m, &shares, 0).unwrap());
+            assert!(
+                (0..n).all(|k| !ts.kv_heads[k].is_empty() && !ts.ff[k].is_empty()),
+                "{what}: {ts:?}"
+            );
+            if shares.iter().any(|&x| x != shares[0]) {
+                assert!(
+                    (1..n).any(|k| ts.ff[k].len() != ts.ff[0].len()),
+                    "{what}: uneven shares, even parts {ts:?}"
+                );
+            }
+            let cut = split_weights(&m, Arc::clone(&ts)).unwrap();
+            let pool = Arc::new(Pool {
+                parts: std::sync::Mutex::new(vec![None; n]),
+                barrier: std::sync::Barrier::new(n),
+            });
+            let mut scheds: Vec<ggml_graph::Scheduler> = (0..n)
+                .map(|r| {
+                    let mine = move |name: &str| part_of(name).is_none_or(|k| k == r);
+                    let views: Vec<WeightView> =
+                        cut.views.iter().filter(|v| mine(&v.0)).cloned().collect();
+                    let mut sched =
+                        cpu_scheduler(views, 1, Arc::new(move |n: &str| mine(n).then_some(0)));
+                    sched.set_collective(Some(Arc::new(ThreadSum {
+                        pool: Arc::clone(&pool),
+                        rank: r,
+                    })));
+                    sched
+                })
+                .collect();
+            let mut first = scheds.remove(0);
+            let rest = scheds
+                .into_iter()
+                .enumerate()
+                .map(|(i, sched)| crate::ranks::Rank {
+                    sched,
+                    model: m.with_table(cut.table.clone().for_rank(i + 1)),
+                })
+                .collect();
+            let mut ranks = crate::ranks::Ranks::new(
+                rest,
+                Box::new(|g: &mut ggml_graph::Graph| {
+                    ggml_graph::opt::optimize(g);
+                }),
+                Box::new(|why: &str| panic!("a rank failed: {why}")),
+            );
+            let model0 = m.with_table(cut.table.clone().for_rank(0));
+            let kv = crate::arch::KvCacheSpec {
+                dtype: crate::arch::KvType::F32,
+                n_ctx: 64,
+            };
+            let mut got = Vec::new();
+            // The decode step twice at the same position, keyed: the second reuses the kept
+            // rank graphs.
+            let passes = [
+                (steps[0], 0, None),
+                (steps[1], 5, Some(9)),
+                (steps[1], 5, Some(9)),
+            ];
+            for (toks, n_past, key) in passes {
+                let batch = crate::arch::BatchSpec {
+                    n_tok: toks.len(),
+                    n_past,
+                    logits: crate::arch::LogitsMode::All,
+                };
+                let build = |m: &Model| -> Result<crate::arch::ForwardGraph, ModelError> {
+                    let mut g = crate::arch::build_forward(m.config(), m.weights(), &kv, batch)?;
+                    ggml_graph::opt::optimize(&mut g.graph);
+                    Ok(g)
+                };
+                let fg = build(&model0).unwrap();
+                let rank_graph = |m: &Model| Ok(build(m)?.graph);
+                let ids: Vec<u8> = toks
+                    .iter()
+                    .flat_map(|&t| (t as i32).to_le_bytes())
+                    .collect();
+                let pos: Vec<u8> = (n_past..n_past + toks.len())
+                    .flat_map(|p| (p as i32).to_le_bytes())
+                    .collect();
+                ranks
+                    .run(
+                        &mut first,
+                        key,
+                        &fg.graph,
+                        &[(fg.tokens, &ids), (fg.pos, &pos)],
+                        &rank_graph,
+                    )
+                    .unwrap();
+                got.push(first.with_output_f32(fg.logits, |v| v.to_vec()).unwrap());
+            }
+            for (a, b) in whole.iter().zip(&got) {
+                let d = rel_diff(a, b);
+                assert!(d <= 1e-3, "{what}: logits differ by {d} (relative)");
+            }
+            assert_eq!(got[1], got[2], "{what}: the repeated keyed pass");
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     /// [`run_on`] of one rank: one device, the graph of its part, `coll` summing with the
     /// other ranks.
     fn run_rank(

@@ -59,6 +59,33 @@ impl HipCollective {
         })
     }
 
+    /// One communicator over `gpus`, made in this process, as one collective per rank: rank
+    /// `k` on `gpus[k]`, which is device 0 of the scheduler that rank `k` gets (each rank's
+    /// scheduler and thread drive their own GPU, as processes of a `for_rank` split would).
+    pub fn per_rank(gpus: &[Arc<HipDevice>], opts: &CollectiveOptions) -> Result<Vec<Self>> {
+        let first = gpus
+            .first()
+            .ok_or_else(|| gpu_err("collective", "no GPUs"))?;
+        let nccl = load(first, opts)?;
+        let devices: Vec<gpu_mem::Device> = gpus.iter().map(|h| h.gpu().clone()).collect();
+        let comms =
+            Communicator::init_all(&nccl, &devices).map_err(|e| gpu_err("collective", e))?;
+        let kind = describe(&nccl)?;
+        let world = gpus.len();
+        Ok(comms
+            .into_iter()
+            .zip(gpus)
+            .enumerate()
+            .map(|(rank, (comm, gpu))| Self {
+                ranks: vec![(0, gpu.clone())],
+                comms: vec![comm],
+                name: format!("{kind} rank {rank} of {world}"),
+                in_flight: Mutex::new(None),
+                aborted: Mutex::new(None),
+            })
+            .collect())
+    }
+
     /// Rank `rank` of `world` on `gpu` (`(index in the scheduler's devices, device)`), the other
     /// ranks in other processes: rank 0 makes the communicator's id and hands it to
     /// `exchange`, which returns it on every rank (the others pass an empty slice and get rank
@@ -245,5 +272,15 @@ impl Collective for HipCollective {
 
     fn settled(&self) {
         *self.in_flight.lock() = None;
+    }
+
+    fn capturable(&self) -> bool {
+        // One rank here: its all-reduce is one call on one stream. Several ranks driven from
+        // one thread need a group over several devices' streams, which no one capture records.
+        self.comms.len() == 1
+    }
+
+    fn replayed(&self) {
+        self.in_flight.lock().get_or_insert_with(Instant::now);
     }
 }

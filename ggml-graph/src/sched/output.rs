@@ -56,6 +56,11 @@ impl Scheduler {
         if let Some(e) = err {
             return Err(e);
         }
+        // The read waited for the run's work on that device, its collectives included (a
+        // replayed capture's are known finished only here).
+        if let Some(c) = &self.collective {
+            c.settled();
+        }
         r.ok_or_else(|| GraphError::NotOutput(t.name.clone()))
     }
 

@@ -744,7 +744,12 @@ impl Runner {
             inputs.push((src, &src_b));
             inputs.push((dst, &dst_b));
         }
-        self.engine.run(Some(run_key), &g.graph, &inputs)?;
+        let spec = self.spec;
+        // A tensor split's other ranks build the same pass from their models.
+        let rank_graph =
+            |m: &Model| Ok(build_paged_forward(m.config(), m.weights(), &spec, batch)?.graph);
+        self.engine
+            .run(Some(run_key), &g.graph, &inputs, &rank_graph)?;
         self.times.run_us += micros(t_run);
         let t_out = std::time::Instant::now();
         // The padded rows' logits stay unread.
