@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Several GPUs on one host: rocmforge `bench` (tg128, pp512) on one GPU, with `-sm layer` and
-# with `-sm tensor` over the first two GPUs (partial sums by NCCL, and by peer copies), against llama.cpp's CUDA build (`-sm layer` and
-# `-sm row`, flash attention on) on the same synthetic GGUFs (`rocmforge synth`, Q4_K_M,
-# seed 42), all in one run on the same machine.
+# with `-sm tensor` over the GPUs of $GPUS (partial sums by NCCL, and by peer copies), against
+# llama.cpp's CUDA build (`-sm layer` and `-sm row`, flash attention on) on the same GPUs and
+# the same synthetic GGUFs (`rocmforge synth`, seed 42), all in one run on the same machine.
 #
 #   scripts/bench_multi_gpu.sh [LLAMA_BIN] [ROCMFORGE] [OUT_DIR]
 #
@@ -12,7 +12,9 @@
 # when present). PRESETS (env): the synth presets to run (default "llama3-8b llama3-70b"; a
 # preset this build does not know, or a model that does not fit, is reported and skipped).
 # REPS (env): repetitions per test (default 3). VOCAB (env): a GGUF whose vocabulary the
-# models get (`synth --vocab`; default: synth's built-in one).
+# models get (`synth --vocab`; default: synth's built-in one). GPUS (env): the GPUs to split
+# over, as `--devices` takes them (default 0,1; the one-GPU runs use the first). FTYPES (env):
+# the weight types to synthesize (default q4_k_m; e.g. "q4_k_m q8_0").
 #
 # Prints each engine's tables; the logs keep the device plans.
 set -euo pipefail
@@ -23,19 +25,24 @@ RF=${2:-target/release/rocmforge}
 OUT=${3:-/tmp/bench-multi-gpu}
 PRESETS=${PRESETS:-"llama3-8b llama3-70b"}
 REPS=${REPS:-3}
+GPUS=${GPUS:-0,1}
+FTYPES=${FTYPES:-q4_k_m}
+FIRST=${GPUS%%,*}
 # The device machines forbid NVLink multicast; children inherit it.
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$OUT"
 
 for preset in $PRESETS; do
-  m="$OUT/$preset-q4_k_m.gguf"
+for ftype in $FTYPES; do
+  m="$OUT/$preset-$ftype.gguf"
+  tag="$preset-$ftype"
   if [ ! -s "$m" ]; then
-    echo "== synth $preset"
+    echo "== synth $preset $ftype"
     vocab=(); if [ -n "${VOCAB:-}" ]; then vocab=(--vocab "$VOCAB"); fi
-    if ! "$RF" synth --arch llama --preset "$preset" --ftype q4_k_m --seed 42 "${vocab[@]}" \
-      -o "$m" >"$OUT/$preset-synth.log" 2>&1; then
-      echo "$preset: synth failed (see $OUT/$preset-synth.log), skipped"
-      tail -3 "$OUT/$preset-synth.log"
+    if ! "$RF" synth --arch llama --preset "$preset" --ftype "$ftype" --seed 42 "${vocab[@]}" \
+      -o "$m" >"$OUT/$tag-synth.log" 2>&1; then
+      echo "$tag: synth failed (see $OUT/$tag-synth.log), skipped"
+      tail -3 "$OUT/$tag-synth.log"
       rm -f "$m"
       continue
     fi
@@ -45,26 +52,27 @@ for preset in $PRESETS; do
   for mode in none layer tensor tensor-peer; do
     coll=1
     case "$mode" in
-      none) gpus=(--split-mode none) ;;
-      tensor-peer) gpus=(--split-mode tensor --devices 0,1); coll=0 ;;
-      *) gpus=(--split-mode "$mode" --devices 0,1) ;;
+      none) gpus=(--split-mode none --devices "$FIRST") ;;
+      tensor-peer) gpus=(--split-mode tensor --devices "$GPUS"); coll=0 ;;
+      *) gpus=(--split-mode "$mode" --devices "$GPUS") ;;
     esac
-    echo "== rocmforge $preset ${gpus[*]} (ROCMFORGE_TP_COLLECTIVE=$coll)"
+    echo "== rocmforge $tag ${gpus[*]} (ROCMFORGE_TP_COLLECTIVE=$coll)"
     ROCMFORGE_TP_COLLECTIVE=$coll "$RF" bench -m "$m" --device gpu -p 512 -n 128 -r "$REPS" "${gpus[@]}" \
-      2>"$OUT/$preset-rf-$mode.log" ||
-      { echo "rocmforge $preset $mode failed:"; tail -5 "$OUT/$preset-rf-$mode.log"; }
+      2>"$OUT/$tag-rf-$mode.log" ||
+      { echo "rocmforge $tag $mode failed:"; tail -5 "$OUT/$tag-rf-$mode.log"; }
   done
   if [ -x "$BIN/llama-bench" ]; then
-    echo "== llama.cpp $preset, 1 GPU"
-    CUDA_VISIBLE_DEVICES=0 "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
-      2>"$OUT/$preset-llama-1.log" || { echo "llama.cpp 1 GPU failed:"; tail -5 "$OUT/$preset-llama-1.log"; }
+    echo "== llama.cpp $tag, 1 GPU ($FIRST)"
+    CUDA_VISIBLE_DEVICES=$FIRST "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
+      2>"$OUT/$tag-llama-1.log" || { echo "llama.cpp 1 GPU failed:"; tail -5 "$OUT/$tag-llama-1.log"; }
     for sm in layer row; do
-      echo "== llama.cpp $preset -sm $sm, GPUs 0,1"
-      CUDA_VISIBLE_DEVICES=0,1 "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
-        -sm "$sm" 2>"$OUT/$preset-llama-$sm.log" ||
-        { echo "llama.cpp -sm $sm failed:"; tail -5 "$OUT/$preset-llama-$sm.log"; }
+      echo "== llama.cpp $tag -sm $sm, GPUs $GPUS"
+      CUDA_VISIBLE_DEVICES=$GPUS "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
+        -sm "$sm" 2>"$OUT/$tag-llama-$sm.log" ||
+        { echo "llama.cpp -sm $sm failed:"; tail -5 "$OUT/$tag-llama-$sm.log"; }
     done
   else
     echo "no $BIN/llama-bench: llama.cpp skipped (scripts/llamacpp.sh build)"
   fi
+done
 done

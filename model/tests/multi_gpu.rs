@@ -11,8 +11,14 @@
 //! A tensor split sums the GPUs' partial results by NCCL/RCCL all-reduces where the library
 //! loads (it must say so in its device plan), and by peer copies to the main GPU when told to.
 //!
-//! Skipped (with the reason printed) below two GPUs, even where `ROCMFORGE_REQUIRE_GPU=1`;
-//! `ROCMFORGE_REQUIRE_GPUS=2` makes a missing second GPU a failure.
+//! Where every GPU gets heads and feed-forward columns, the tensor split runs as ranks (a
+//! scheduler per GPU, no copies between them, decode steps replayed from captured graphs with the
+//! all-reduces inside); the tiny llama and the peer-copy case take the one-scheduler path.
+//!
+//! "Two GPUs" is every visible GPU (`CUDA_VISIBLE_DEVICES`/`HIP_VISIBLE_DEVICES` limit them):
+//! the same tests prove four GPUs on a 4-GPU machine. Skipped (with the reason printed) below
+//! two GPUs, even where `ROCMFORGE_REQUIRE_GPU=1`; `ROCMFORGE_REQUIRE_GPUS=2` makes a missing
+//! second GPU a failure.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -61,6 +67,25 @@ fn have_two_gpus() -> bool {
     hip_ffi::testing::skip::<()>("built without the `hip` feature").is_some()
 }
 
+/// Every visible GPU.
+#[cfg(feature = "hip")]
+fn all_gpus() -> Vec<usize> {
+    (0..ggml_graph::hip::device_count()).collect()
+}
+
+#[cfg(not(feature = "hip"))]
+fn all_gpus() -> Vec<usize> {
+    vec![0, 1]
+}
+
+/// `shares` for the first GPUs, 1 for each further one.
+fn shares(first: &[f64]) -> Vec<f64> {
+    let n = all_gpus().len().max(first.len());
+    (0..n)
+        .map(|k| first.get(k).copied().unwrap_or(1.0))
+        .collect()
+}
+
 fn one_gpu() -> SessionOptions {
     SessionOptions {
         n_ctx: 256,
@@ -79,7 +104,7 @@ fn two_gpus(sel: GpuSelection, ngl: Option<usize>) -> SessionOptions {
     SessionOptions {
         gpus: GpuSelection {
             split_mode: Some(SplitMode::Layer),
-            devices: Some(vec![0, 1]),
+            devices: Some(all_gpus()),
             ..sel
         },
         n_gpu_layers: ngl,
@@ -194,9 +219,9 @@ fn synthetic_llama_on_two_gpus_equals_one_gpu() {
     let cases = [
         ("even split", GpuSelection::default(), None),
         (
-            "--tensor-split 3,1 --main-gpu 0",
+            "--tensor-split 3,1(,1..) --main-gpu 0",
             GpuSelection {
-                tensor_split: Some(vec![3.0, 1.0]),
+                tensor_split: Some(shares(&[3.0, 1.0])),
                 main_gpu: Some(0),
                 ..GpuSelection::default()
             },
@@ -208,23 +233,26 @@ fn synthetic_llama_on_two_gpus_equals_one_gpu() {
             Some(n_layer / 2),
         ),
     ];
+    let n_gpus = all_gpus().len();
     for (what, sel, ngl) in cases {
         let mut two = Session::new(&m, &two_gpus(sel, ngl)).expect("two-GPU session");
         let plan = two.device_plan().clone();
         println!("{what}: {plan}");
-        assert_eq!(plan.gpus.len(), 2, "{what}: {plan}");
-        // An even split of the 2-layer model gives each GPU a layer; a 3:1 split or one layer
+        assert_eq!(plan.gpus.len(), n_gpus, "{what}: {plan}");
+        // An even split of the 2-layer model gives two GPUs a layer; a 3:1 split or one layer
         // on the GPUs may leave the second GPU without one (as llama.cpp's rounding does).
         let used = plan.gpus.iter().filter(|g| !g.layers.is_empty()).count();
         if what == "even split" {
-            assert_eq!(used, 2, "{what}: {plan}");
+            assert_eq!(used, n_layer.min(n_gpus), "{what}: {plan}");
         } else {
             assert!(used >= 1, "{what}: {plan}");
         }
-        assert_eq!(
-            plan.gpus[0].layers.end, plan.gpus[1].layers.start,
-            "{what}: consecutive layers"
-        );
+        for w in plan.gpus.windows(2) {
+            assert_eq!(
+                w[0].layers.end, w[1].layers.start,
+                "{what}: consecutive layers"
+            );
+        }
         let gpu_layers: usize = plan.gpus.iter().map(|g| g.layers.len()).sum();
         assert_eq!(gpu_layers, ngl.unwrap_or(n_layer), "{what}: {plan}");
         let got = greedy(&mut two, &p);
@@ -328,19 +356,20 @@ const TENSOR_LOGIT_TOL: f32 = 0.05;
 
 /// A synthetic `arch` model (Q4_K_M) of 4 layers whose KV-head groups fill whole 256-value
 /// blocks of the attention output (8B-like: 4 query heads of 128 per KV head; gemma3: 2 of
-/// 256), so a tensor split divides heads as on the real shapes; a feed-forward width of 11
-/// blocks splits unevenly.
+/// 256), with a KV head for each GPU (at least 2), so a tensor split divides heads as on the
+/// real shapes; a feed-forward width of 11 blocks splits unevenly.
 fn synth_split_shape(arch: &str) -> Model {
-    let path = scratch_dir().join(format!("synth-tp-{arch}.gguf"));
+    let kv = all_gpus().len().max(2) as u64;
+    let path = scratch_dir().join(format!("synth-tp-{arch}-{kv}.gguf"));
     let mut o = rocmforge_model::synth::SynthOptions::parse(arch, "tiny", "q4_k_m", 11)
         .expect("synth options");
-    o.shape.n_embd = 1024;
+    o.shape.n_embd = 512 * kv;
     o.shape.n_layer = 4;
     o.shape.n_ff = 2816;
     if arch == "gemma3" {
-        (o.shape.n_head, o.shape.n_head_kv, o.shape.head_dim) = (4, 2, 256);
+        (o.shape.n_head, o.shape.n_head_kv, o.shape.head_dim) = (2 * kv, kv, 256);
     } else {
-        (o.shape.n_head, o.shape.n_head_kv, o.shape.head_dim) = (8, 2, 128);
+        (o.shape.n_head, o.shape.n_head_kv, o.shape.head_dim) = (4 * kv, kv, 128);
     }
     rocmforge_model::synth::write(&o, None, &path).expect("write synthetic model");
     Model::load(&path, |_, _| {}).expect("load")
@@ -358,7 +387,7 @@ fn tensor_gpus(sel: GpuSelection) -> SessionOptions {
     SessionOptions {
         gpus: GpuSelection {
             split_mode: Some(SplitMode::Tensor),
-            devices: Some(vec![0, 1]),
+            devices: Some(all_gpus()),
             ..sel
         },
         ..one_gpu()
@@ -391,10 +420,13 @@ fn synthetic_models_in_a_tensor_split_equal_one_gpu() {
         ("qwen2", synth_split_shape("qwen2")),
         ("gemma3", synth_split_shape("gemma3")),
         // Two query heads of 64 per KV head: half a Q4_K block, so one GPU takes all heads
-        // and the other only feed-forward columns.
+        // and the other only feed-forward columns (two GPUs only: more would get nothing).
         ("tiny llama", synth("llama")),
     ];
     for (name, m) in &models {
+        if *name == "tiny llama" && all_gpus().len() > 2 {
+            continue;
+        }
         let p = prompt(m);
         let n_vocab = m.config().n_vocab;
         let mut one = Session::new(m, &one_gpu()).expect("one-GPU session");
@@ -407,9 +439,9 @@ fn synthetic_models_in_a_tensor_split_equal_one_gpu() {
         let cases = [
             ("even", GpuSelection::default()),
             (
-                "--tensor-split 3,1 --main-gpu 1",
+                "--tensor-split 3,1(,1..) --main-gpu 1",
                 GpuSelection {
-                    tensor_split: Some(vec![3.0, 1.0]),
+                    tensor_split: Some(shares(&[3.0, 1.0])),
                     main_gpu: Some(1),
                     ..GpuSelection::default()
                 },
@@ -435,8 +467,18 @@ fn synthetic_models_in_a_tensor_split_equal_one_gpu() {
             let mut two = Session::new(m, &tensor_gpus(sel)).expect("tensor-split session");
             let plan = two.device_plan().clone();
             println!("{what}: {plan}");
-            assert_eq!(plan.gpus.len(), 2, "{what}: {plan}");
+            assert_eq!(plan.gpus.len(), all_gpus().len(), "{what}: {plan}");
             assert!(plan.reason.contains("split mode tensor"), "{what}: {plan}");
+            // Ranks where every GPU gets heads (evenly, not the tiny llama) and a collective
+            // sums.
+            let ranked = plan.reason.contains("ranks");
+            if how == "even" || off {
+                assert_eq!(
+                    ranked,
+                    *name != "tiny llama" && !off && have_collectives(),
+                    "{what}: {plan}"
+                );
+            }
             let collective = !sel_off(&plan.reason) && have_collectives();
             assert_eq!(
                 plan.reason.contains("all-reduce"),
@@ -451,10 +493,18 @@ fn synthetic_models_in_a_tensor_split_equal_one_gpu() {
             compare_within(&what, &want, &got, TENSOR_LOGIT_TOL);
             let mem = two.device_memory().expect("GPU memory");
             println!("{what}: {mem}");
-            assert!(
-                mem.copies > 0,
-                "{what}: partial results cross between the GPUs"
-            );
+            if ranked {
+                assert_eq!(mem.copies, 0, "{what}: ranks copy nothing between GPUs");
+                assert!(
+                    two.has_gpu_graph(),
+                    "{what}: decode steps replay a captured graph with the all-reduces inside"
+                );
+            } else {
+                assert!(
+                    mem.copies > 0,
+                    "{what}: partial results cross between the GPUs"
+                );
+            }
             two.reset();
             let all_two = two.eval(&p, LogitsMode::All).expect("all logits");
             let d = max_diff(&all_one, &all_two);
