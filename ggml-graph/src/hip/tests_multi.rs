@@ -207,3 +207,126 @@ fn two_gpus_all_reduce_partials_in_place() {
         }
     }
 }
+
+/// A tensor split run as ranks in one process: a scheduler per GPU (every visible one), each
+/// with its rank of one communicator, each graph summing its one partial with the other ranks'.
+/// Keyed runs from a thread per rank capture the graph, all-reduce included, on the second
+/// run; later runs replay it from this one thread, rank after rank (nothing waits). Every
+/// rank's outputs match the CPU's sum.
+#[test]
+fn ranks_capture_and_replay_their_all_reduces() {
+    let Some(h0) = hip() else {
+        return;
+    };
+    let n = super::super::device_count();
+    if hip_ffi::testing::need_gpus(n, 2).is_none() {
+        return;
+    }
+    let gpus: Vec<Arc<HipDevice>> = std::iter::once(h0)
+        .chain((1..n).map(|i| Arc::new(HipDevice::new(i as i32).expect("GPU"))))
+        .collect();
+    let Some(colls) = hip_ffi::testing::or_skip(crate::hip::HipCollective::per_rank(
+        &gpus,
+        &crate::CollectiveOptions::default(),
+    )) else {
+        return;
+    };
+    let colls: Vec<Arc<crate::hip::HipCollective>> = colls.into_iter().map(Arc::new).collect();
+    let k = 512usize;
+    let mut rng = Rng(0x7a_2024);
+    let mut weights: Vec<_> = (0..n)
+        .map(|r| weight(&format!("w{r}"), DType::Q8_0, k, k, &mut rng))
+        .collect();
+    weights.push(weight("v", DType::Q8_0, k, k, &mut rng));
+    // Rank `r`'s graph, or (None) the whole sum on one device.
+    let build = |rank: Option<usize>| {
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[k, 3]).expect("x");
+        let parts: Vec<_> = (0..n)
+            .filter(|&p| rank.is_none_or(|r| r == p))
+            .map(|p| {
+                let w = g.weight(&format!("w{p}"), DType::Q8_0, &[k, k]).expect("w");
+                g.mul_mat(w, x).expect("partial")
+            })
+            .collect();
+        let s = g.all_reduce(&parts).expect("all_reduce");
+        let v = g.weight("v", DType::Q8_0, &[k, k]).expect("v");
+        let y = g.mul_mat(v, s).expect("y");
+        g.mark_output(y).expect("mark");
+        (g, x, y)
+    };
+    let cpu: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    let bind = |s: &mut Scheduler| {
+        for (name, dt, shape, bytes) in &weights {
+            s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+                .expect("bind");
+        }
+    };
+    let mut one = Scheduler::new(vec![cpu.clone()]).expect("CPU scheduler");
+    bind(&mut one);
+    let whole = build(None);
+    let graphs: Vec<_> = (0..n).map(|r| build(Some(r))).collect();
+    let mut ranks: Vec<Scheduler> = gpus
+        .iter()
+        .zip(&colls)
+        .map(|(h, c)| {
+            let mut s = Scheduler::new(vec![h.clone() as Arc<dyn Device>]).expect("scheduler");
+            bind(&mut s);
+            s.set_collective(Some(c.clone() as Arc<dyn crate::backend::Collective>));
+            s
+        })
+        .collect();
+    for step in 0..4 {
+        let xb = f32_bytes(&rng.vec(k * 3));
+        one.run(&whole.0, &[(whole.1, &xb)]).expect("CPU run");
+        let key = Some(7);
+        let replay = ranks
+            .iter()
+            .zip(&graphs)
+            .all(|(s, (g, _, _))| s.would_replay(key, g));
+        assert_eq!(
+            replay,
+            step >= 2,
+            "step {step}: replay from the third run on"
+        );
+        if replay {
+            for (s, (g, x, _)) in ranks.iter_mut().zip(&graphs) {
+                s.run_keyed(key, g, &[(*x, &xb)]).expect("replay");
+            }
+        } else {
+            std::thread::scope(|sc| {
+                let hs: Vec<_> = ranks
+                    .iter_mut()
+                    .zip(&graphs)
+                    .map(|(s, (g, x, _))| {
+                        let xb = &xb;
+                        sc.spawn(move || s.run_keyed(key, g, &[(*x, xb)]))
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().expect("rank thread").expect("rank run");
+                }
+            });
+        }
+        let want = one.output_f32(whole.2).expect("CPU output");
+        for (r, (s, (_, _, y))) in ranks.iter().zip(&graphs).enumerate() {
+            let got = s.output_f32(*y).expect("rank output");
+            let e = nmse(&got, &want);
+            println!("step {step} rank {r}: NMSE {e:.3e}");
+            assert!(e <= 2e-3, "step {step} rank {r}: NMSE {e:.3e}");
+        }
+    }
+    for (r, s) in ranks.iter().enumerate() {
+        assert!(s.has_captured_graph(), "rank {r}: captured");
+        assert_eq!(
+            s.replays(),
+            3,
+            "rank {r}: the capture's run and two replays"
+        );
+    }
+    for c in &colls {
+        c.check().expect("no asynchronous collective error");
+    }
+}
