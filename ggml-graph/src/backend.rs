@@ -170,8 +170,16 @@ pub trait Collective: Send + Sync {
     fn capturable(&self) -> bool {
         false
     }
-    /// Told when a replayed capture queued its collectives again (until [`Collective::settled`]).
-    fn replayed(&self) {}
+    /// Told when a replayed capture queued its collectives again (until [`Collective::settled`]);
+    /// an error when the collective failed (the replay queued its collectives all the same).
+    fn replayed(&self) -> Result<()> {
+        Ok(())
+    }
+    /// An error once the collective failed (a rank gone, a watchdog's abort): results read
+    /// since may hold sums that never happened.
+    fn status(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A compute device.

@@ -1035,11 +1035,14 @@ impl Scheduler {
             // and launches) are queued behind the replay on the same stream, and copies to
             // other devices synchronize first (`copy_in`).
             Some(c) => {
-                c.replay()?;
                 if prep.sched.collective.contains(&true) {
                     if let Some(coll) = &self.collective {
-                        coll.replayed();
+                        coll.status()?;
+                        c.replay()?;
+                        coll.replayed()?;
                     }
+                } else {
+                    c.replay()?;
                 }
                 self.replays += 1;
                 Ok(())

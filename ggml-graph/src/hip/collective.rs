@@ -280,7 +280,12 @@ impl Collective for HipCollective {
         self.comms.len() == 1
     }
 
-    fn replayed(&self) {
+    fn replayed(&self) -> Result<()> {
         self.in_flight.lock().get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    fn status(&self) -> Result<()> {
+        self.check()
     }
 }

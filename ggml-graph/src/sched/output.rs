@@ -60,6 +60,7 @@ impl Scheduler {
         // replayed capture's are known finished only here).
         if let Some(c) = &self.collective {
             c.settled();
+            c.status()?;
         }
         r.ok_or_else(|| GraphError::NotOutput(t.name.clone()))
     }
