@@ -173,7 +173,7 @@ impl Engine {
         let parts = scheds
             .zip(&self.gpus)
             .map(|(s, g)| gpu::memory(s, std::slice::from_ref(g)));
-        parts.reduce(|a, m| DeviceMemory {
+        let mut all = parts.reduce(|a, m| DeviceMemory {
             allocated: a.allocated + m.allocated,
             weights: a.weights + m.weights,
             kv: a.kv + m.kv,
@@ -185,7 +185,10 @@ impl Engine {
                 a.runtime.0 + m.runtime.0,
                 a.runtime.1.zip(m.runtime.1).map(|(x, y)| x + y),
             ),
-        })
+            by_tag: Vec::new(),
+        })?;
+        all.by_tag = gpu::by_tag(&self.gpus);
+        Some(all)
     }
 
     /// The GPU's device-to-device copy bandwidth (bytes read + written per second) over two
@@ -327,7 +330,7 @@ mod gpu {
     }
 
     /// Every GPU's allocations summed by tag over the GPUs, largest first.
-    fn by_tag(gpus: &[Arc<HipDevice>]) -> Vec<(String, u64)> {
+    pub(super) fn by_tag(gpus: &[Arc<HipDevice>]) -> Vec<(String, u64)> {
         let mut sum: Vec<(String, u64)> = Vec::new();
         for (tag, bytes) in gpus.iter().flat_map(|h| h.allocated_by_tag()) {
             match sum.iter_mut().find(|(t, _)| *t == tag) {
