@@ -385,10 +385,13 @@ impl Visit for AtLeast<'_> {
 /// entry must beat.
 struct TopK<'a> {
     k: usize,
+    /// `-inf` entries are candidates too (for log-probabilities rather than draws).
+    with_neg_inf: bool,
     /// Length at which the buffer is cut back to `k`.
     cap: usize,
-    /// The `k`-th best so far once the buffer was cut; later ids lose ties with it.
+    /// The `k`-th best so far once the buffer was cut (`cut`); later ids lose ties with it.
     floor: f32,
+    cut: bool,
     out: &'a mut Vec<(u32, f32)>,
 }
 
@@ -396,6 +399,8 @@ impl<'a> TopK<'a> {
     fn new(k: usize, out: &'a mut Vec<(u32, f32)>) -> Self {
         Self {
             k,
+            with_neg_inf: false,
+            cut: false,
             cap: k.saturating_add(k.max(256)),
             floor: f32::NEG_INFINITY,
             out,
@@ -415,15 +420,30 @@ impl Visit for TopK<'_> {
     }
 
     fn visit(&mut self, id: u32, v: f32) {
-        if v > f32::NEG_INFINITY && v.total_cmp(&self.floor).is_gt() {
+        let candidate = v > f32::NEG_INFINITY || (self.with_neg_inf && v == f32::NEG_INFINITY);
+        if candidate && (!self.cut || v.total_cmp(&self.floor).is_gt()) {
             self.out.push((id, v));
             if self.out.len() >= self.cap {
                 self.out.select_nth_unstable_by(self.k - 1, by_rank);
                 self.out.truncate(self.k);
                 self.floor = self.out[self.k - 1].1;
+                self.cut = true;
             }
         }
     }
+}
+
+/// The `n` largest non-NaN entries of `logits` (`-inf` included), largest first, ties by token
+/// id, into `out`: one pass over the row, no copy of it.
+pub(crate) fn top_n(logits: &[f32], n: usize, out: &mut Vec<(u32, f32)>) {
+    out.clear();
+    if n == 0 {
+        return;
+    }
+    let mut top = TopK::new(n, out);
+    top.with_neg_inf = true;
+    scan(logits, &[], &mut top);
+    top.finish();
 }
 
 /// Index of the largest value (first one on ties); NaNs never win.
@@ -760,6 +780,22 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn top_n_is_the_head_of_a_full_sort() {
+        for row in test_rows() {
+            let mut all: Vec<(u32, f32)> = (0..row.len() as u32)
+                .zip(row.iter().copied())
+                .filter(|(_, l)| !l.is_nan())
+                .collect();
+            all.sort_by(by_rank);
+            for n in [0, 1, 3, 40, 300, 10_000] {
+                let mut got = vec![(7, 7.0)];
+                top_n(&row, n, &mut got);
+                assert_eq!(got, all[..n.min(all.len())], "n {n}, {} entries", row.len());
             }
         }
     }

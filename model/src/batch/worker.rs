@@ -670,21 +670,11 @@ fn logprob_of(logits: &[f32], id: u32, n: usize) -> TokenLogprob {
         .sum();
     let lse = max as f64 + sum.ln();
     let lp = |l: f32| (l as f64 - lse) as f32;
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if n > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| !logits[i as usize].is_nan())
-            .collect();
-        let by_desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
-        if n < idx.len() {
-            idx.select_nth_unstable_by(n - 1, by_desc);
-            idx.truncate(n);
-        }
-        idx.sort_unstable_by(by_desc);
-        top = idx
-            .into_iter()
-            .map(|i| (i, lp(logits[i as usize])))
-            .collect();
+    // The best `n` in one pass over the row (no index vector of the whole vocabulary).
+    let mut top = Vec::new();
+    crate::sampling::top_n(logits, n, &mut top);
+    for t in &mut top {
+        t.1 = lp(t.1);
     }
     TokenLogprob {
         logprob: lp(logits
