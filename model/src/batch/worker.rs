@@ -20,6 +20,10 @@ use crate::session::Model;
 use crate::stream::TextStream;
 use crate::tokenizer::Tokenizer;
 
+/// Logits entries of a step (rows times vocabulary) from which its rows are sampled on the
+/// thread pool: four rows of a 128k vocabulary, about 0.1 ms of sampling on one thread.
+const PARALLEL_SAMPLING_ENTRIES: usize = 4 * 128 * 1024;
+
 /// What `submit` checks before a request is queued.
 #[derive(Clone, Debug)]
 pub(super) struct Limits {
@@ -550,16 +554,20 @@ impl Worker {
                 }
             }
             // Each sequence samples with its own sampler and streams to its own sink, so the
-            // sequences of a step sample in parallel (a 128k-entry vocabulary costs a large
-            // batch milliseconds per step on one thread).
-            let sampled: Vec<(usize, usize, Option<FinishReason>)> = jobs
-                .into_par_iter()
-                .map(|(i, s, l)| {
-                    let before = s.n_generated;
-                    let reason = sample_one(s, tokenizer, l, n_ctx);
-                    (i, s.n_generated - before, reason)
-                })
-                .collect();
+            // sequences of a large step sample in parallel; a small one stays on this thread,
+            // which is no pool worker: handing rows to the pool and waiting costs more than a
+            // few rows of sampling (one pass over each, see `Sampler::sample`).
+            let one = |(i, s, l): (usize, &mut Seq, &[f32])| {
+                let before = s.n_generated;
+                let reason = sample_one(s, tokenizer, l, n_ctx);
+                (i, s.n_generated - before, reason)
+            };
+            let sampled: Vec<(usize, usize, Option<FinishReason>)> =
+                if jobs.len() * n_vocab >= PARALLEL_SAMPLING_ENTRIES {
+                    jobs.into_par_iter().map(one).collect()
+                } else {
+                    jobs.into_iter().map(one).collect()
+                };
             (sampled, t_sample)
         });
         drop(items);
@@ -670,21 +678,11 @@ fn logprob_of(logits: &[f32], id: u32, n: usize) -> TokenLogprob {
         .sum();
     let lse = max as f64 + sum.ln();
     let lp = |l: f32| (l as f64 - lse) as f32;
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if n > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| !logits[i as usize].is_nan())
-            .collect();
-        let by_desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
-        if n < idx.len() {
-            idx.select_nth_unstable_by(n - 1, by_desc);
-            idx.truncate(n);
-        }
-        idx.sort_unstable_by(by_desc);
-        top = idx
-            .into_iter()
-            .map(|i| (i, lp(logits[i as usize])))
-            .collect();
+    // The best `n` in one pass over the row (no index vector of the whole vocabulary).
+    let mut top = Vec::new();
+    crate::sampling::top_n(logits, n, &mut top);
+    for t in &mut top {
+        t.1 = lp(t.1);
     }
     TokenLogprob {
         logprob: lp(logits
