@@ -63,6 +63,22 @@ fn launches(t: &Tensor) -> bool {
 /// devices) that holds it; `None` leaves the choice to the scheduler.
 pub type PlacementRule = Arc<dyn Fn(&str) -> Option<usize> + Send + Sync>;
 
+/// The activation arena a scheduler plans for `graph` run as one device's launches (every
+/// device's arena is the whole graph's peak, copy slots aside): the memory planner with the
+/// operands of every launch group a device may take kept alive together, as `run` plans it.
+pub fn planned_peak(graph: &Graph) -> usize {
+    let needed = crate::plan::needed_nodes(graph);
+    let ids: Vec<TensorId> = (graph.tensors().iter().enumerate())
+        .filter(|&(i, t)| needed[i] && launches(t))
+        .map(|(i, _)| TensorId::from_index(i))
+        .collect();
+    let groups: Vec<Vec<TensorId>> = possible_groups(graph, &ids)
+        .into_iter()
+        .map(|(_, g)| g)
+        .collect();
+    plan_grouped(graph, &groups).peak
+}
+
 /// Places `graph`'s nodes on `devices` (priority order). `persistent_home` pins persistent
 /// buffers that already exist.
 pub fn schedule(

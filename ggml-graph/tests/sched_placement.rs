@@ -247,3 +247,61 @@ fn host_devices_bind_placed_weights_without_copying() {
         reference.output_f32(z).unwrap()
     );
 }
+
+/// What a placement budgets for activations is what the scheduler allocates: on an attention
+/// block's head (q and k products of one input, roped with one set of positions: two launch
+/// groups, whose nodes may run together and so never work in place) the scheduler's arena is
+/// [`planned_peak`], which the ungrouped plan undercounts.
+#[test]
+fn the_arena_is_the_planned_peak_with_launch_groups() {
+    use rocmforge_ggml_graph::plan::plan;
+    use rocmforge_ggml_graph::sched::planned_peak;
+    use rocmforge_ggml_graph::tensor::{RopeMode, RopeParams};
+    const T: usize = 8;
+    let mut g = Graph::new();
+    let x = g.input("x", DType::F32, &[D, T]).unwrap();
+    let pos = g.input("pos", DType::I32, &[T]).unwrap();
+    let n = g.rms_norm(x, 1e-6).unwrap();
+    let mut prods = Vec::new();
+    for name in ["q", "k"] {
+        let w = g
+            .weight(&format!("blk.0.{name}"), DType::F32, &[D, D])
+            .unwrap();
+        let p = g.mul_mat(w, n).unwrap();
+        prods.push(g.reshape(p, &[16, D / 16, T]).unwrap());
+    }
+    let rope = RopeParams::new(RopeMode::Neox, 16, 10000.0, 1.0);
+    let roped: Vec<TensorId> = (prods.iter())
+        .map(|&p| g.rope(p, pos, rope, None).unwrap())
+        .collect();
+    let y = g.add(roped[0], roped[1]).unwrap();
+    g.mark_output(y).unwrap();
+    assert!(
+        planned_peak(&g) > plan(&g).peak,
+        "the groups keep more alive"
+    );
+
+    let mut s = Scheduler::new(vec![dev("cpu")]).unwrap();
+    let mut rng = 7u32;
+    for name in ["q", "k"] {
+        let vals: Vec<u8> = (0..D * D)
+            .flat_map(|_| {
+                rng = rng.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((rng >> 8) as f32 / (1u32 << 24) as f32 - 0.5).to_le_bytes()
+            })
+            .collect();
+        s.bind_weight(
+            &format!("blk.0.{name}"),
+            DType::F32,
+            &[D, D],
+            WeightBytes::from_vec(vals),
+        )
+        .unwrap();
+    }
+    let input: Vec<u8> = (0..D * T)
+        .flat_map(|i| (i as f32 * 0.01).to_le_bytes())
+        .collect();
+    let positions: Vec<u8> = (0..T as i32).flat_map(|p| p.to_le_bytes()).collect();
+    s.run(&g, &[(x, &input), (pos, &positions)]).unwrap();
+    assert_eq!(s.usage()[0].arena, planned_peak(&g) as u64);
+}

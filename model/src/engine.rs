@@ -1239,7 +1239,7 @@ mod gpu {
         sms: usize,
     ) -> Result<SplitFit, ModelError> {
         let n_layer = model.config().n_layer;
-        let activations = ggml_graph::plan::plan(g).peak as u64;
+        let activations = ggml_graph::sched::planned_peak(g) as u64;
         let n_batch = g
             .tensors()
             .iter()

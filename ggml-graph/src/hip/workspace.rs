@@ -86,7 +86,7 @@ pub struct Workspace {
     pub scratch: u64,
     /// The Q8_1 activation buffer of the mat-vecs.
     pub q8: u64,
-    /// The scheduler's copy slots for activations crossing devices.
+    /// The scheduler's copy slot on this device for the activations crossing to it.
     pub copies: u64,
     /// Headroom for small buffers.
     pub slack: u64,
@@ -241,9 +241,11 @@ impl HipDevice {
         Workspace {
             scratch,
             q8: (q8 as u64).max(MIN_Q8),
+            // One slot on this device: the activations entering it (what leaves it lands in a
+            // slot on the receiving device).
             copies: (copy_rows as u64)
                 .saturating_mul(row_width as u64)
-                .saturating_mul(8),
+                .saturating_mul(4),
             slack: SLACK,
         }
     }
@@ -332,11 +334,11 @@ mod tests {
         let w1 = HipDevice::workspace_for(&g1, &all, true, 0, 4096, 0);
         assert_eq!(w1.scratch, MIN_SCRATCH);
         assert_eq!(w1.q8, MIN_Q8);
-        // Nodes off the device count nothing; copies count 8 bytes per crossing value.
+        // Nodes off the device count nothing; the copy slot holds one f32 per crossing value.
         let none = |_: &Tensor, _: &[&Tensor]| false;
         let w0 = HipDevice::workspace_for(&g, &none, true, 512, 4096, 0);
         assert_eq!((w0.scratch, w0.q8), (MIN_SCRATCH, MIN_Q8));
-        assert_eq!(w0.copies, 512 * 4096 * 8);
+        assert_eq!(w0.copies, 512 * 4096 * 4);
     }
 
     /// The tile products' partial sums are what the kernels' plan launches, for devices of
