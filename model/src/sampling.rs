@@ -121,6 +121,7 @@ pub struct Sampler {
     window: Vec<u32>,
     candidates: Vec<(u32, f32)>,
     probs: Vec<f64>,
+    maxima: Vec<f32>,
 }
 
 impl Sampler {
@@ -135,6 +136,7 @@ impl Sampler {
             window: Vec::new(),
             candidates: Vec::new(),
             probs: Vec::new(),
+            maxima: Vec::new(),
         }
     }
 
@@ -162,7 +164,7 @@ impl Sampler {
     /// Picks the next token from one row of logits (one value per vocabulary entry).
     ///
     /// NaN logits are treated as impossible tokens. An empty row returns token 0. Candidates of
-    /// equal logit rank by token id. One pass over the row, most of it a vectorized maximum
+    /// equal logit rank by token id. One or two passes over the row, mostly a vectorized maximum
     /// per block, then work in proportion to `top_k` and the penalty window: only `top_k = 0`
     /// without min-p (or with top-p) sorts the whole vocabulary.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
@@ -173,6 +175,7 @@ impl Sampler {
             penalized,
             candidates: cands,
             probs,
+            maxima,
             ..
         } = self;
         if cfg.temperature <= 0.0 {
@@ -181,7 +184,7 @@ impl Sampler {
         cands.clear();
         if cfg.top_k > 0 {
             let mut top = TopK::new(cfg.top_k, cands);
-            scan(logits, penalized, &mut top);
+            top.scan(logits, penalized, maxima);
             top.finish();
         } else if cfg.top_p >= 1.0 && cfg.min_p > 0.0 {
             // min-p alone keeps what lies within ln(min_p) of the best: only that is sorted.
@@ -190,7 +193,7 @@ impl Sampler {
                 return 0;
             }
             let floor = max + cfg.min_p.ln();
-            scan(logits, penalized, &mut AtLeast { floor, out: cands });
+            scan(logits, penalized, None, &mut AtLeast { floor, out: cands });
             if cands.is_empty() {
                 cands.push((best, max));
             }
@@ -199,6 +202,7 @@ impl Sampler {
             scan(
                 logits,
                 penalized,
+                None,
                 &mut AtLeast {
                     floor: f32::NEG_INFINITY,
                     out: cands,
@@ -287,8 +291,9 @@ trait Visit {
 
 /// Feeds `v` the entries of `row`, with the values of `penalized` (ascending, distinct ids
 /// inside the row) in place of the row's, block by block: every entry of a block that holds
-/// a penalized token or whose largest value reaches `v.bar()`, in id order.
-fn scan(row: &[f32], penalized: &[(u32, f32)], v: &mut impl Visit) {
+/// a penalized token or whose largest value (`maxima[block]` where given) reaches `v.bar()`,
+/// in id order.
+fn scan(row: &[f32], penalized: &[(u32, f32)], maxima: Option<&[f32]>, v: &mut impl Visit) {
     let mut p = 0;
     for (b, block) in row.chunks(BLOCK).enumerate() {
         let start = b * BLOCK;
@@ -306,7 +311,7 @@ fn scan(row: &[f32], penalized: &[(u32, f32)], v: &mut impl Visit) {
                 };
                 v.visit(i as u32, x);
             }
-        } else if block_max(block) >= v.bar() {
+        } else if maxima.map_or_else(|| block_max(block), |m| m[b]) >= v.bar() {
             for (i, &x) in (start..).zip(block) {
                 v.visit(i as u32, x);
             }
@@ -358,7 +363,7 @@ fn argmax_in(row: &[f32], penalized: &[(u32, f32)]) -> (u32, f32) {
         best: 0,
         value: f32::NEG_INFINITY,
     };
-    scan(row, penalized, &mut a);
+    scan(row, penalized, None, &mut a);
     (a.best, a.value)
 }
 
@@ -392,6 +397,8 @@ struct TopK<'a> {
     /// The `k`-th best so far once the buffer was cut (`cut`); later ids lose ties with it.
     floor: f32,
     cut: bool,
+    /// No entry below this is among the best `k` (see [`TopK::scan`]).
+    least: f32,
     out: &'a mut Vec<(u32, f32)>,
 }
 
@@ -403,8 +410,29 @@ impl<'a> TopK<'a> {
             cut: false,
             cap: k.saturating_add(k.max(256)),
             floor: f32::NEG_INFINITY,
+            least: f32::NEG_INFINITY,
             out,
         }
+    }
+
+    /// Feeds `row` (with `penalized` in place) in two passes: the blocks' maxima first, whose
+    /// `k`-th largest bounds the `k`-th best entry from below (that many entries reach it), so
+    /// that the second pass visits only the blocks that reach the bound; `maxima` is scratch.
+    fn scan(&mut self, row: &[f32], penalized: &[(u32, f32)], maxima: &mut Vec<f32>) {
+        let n_blocks = row.len().div_ceil(BLOCK);
+        maxima.clear();
+        maxima.extend(row.chunks(BLOCK).map(block_max));
+        if n_blocks >= self.k {
+            // A block with a penalized token vouches for nothing: its raw maximum may be gone.
+            maxima.extend_from_within(..);
+            for &(id, _) in penalized {
+                maxima[n_blocks + id as usize / BLOCK] = f32::NEG_INFINITY;
+            }
+            let sel = &mut maxima[n_blocks..];
+            let desc = |a: &f32, b: &f32| b.total_cmp(a);
+            self.least = *sel.select_nth_unstable_by(self.k - 1, desc).1;
+        }
+        scan(row, penalized, Some(&maxima[..n_blocks]), self);
     }
 
     /// Leaves the best `k` in `out`, sorted by [`by_rank`].
@@ -416,12 +444,12 @@ impl<'a> TopK<'a> {
 
 impl Visit for TopK<'_> {
     fn bar(&self) -> f32 {
-        self.floor
+        self.floor.max(self.least)
     }
 
     fn visit(&mut self, id: u32, v: f32) {
         let candidate = v > f32::NEG_INFINITY || (self.with_neg_inf && v == f32::NEG_INFINITY);
-        if candidate && (!self.cut || v.total_cmp(&self.floor).is_gt()) {
+        if candidate && v >= self.least && (!self.cut || v.total_cmp(&self.floor).is_gt()) {
             self.out.push((id, v));
             if self.out.len() >= self.cap {
                 self.out.select_nth_unstable_by(self.k - 1, by_rank);
@@ -434,7 +462,7 @@ impl Visit for TopK<'_> {
 }
 
 /// The `n` largest non-NaN entries of `logits` (`-inf` included), largest first, ties by token
-/// id, into `out`: one pass over the row, no copy of it.
+/// id, into `out`: two passes over the row (see [`TopK::scan`]), no copy of it.
 pub(crate) fn top_n(logits: &[f32], n: usize, out: &mut Vec<(u32, f32)>) {
     out.clear();
     if n == 0 {
@@ -442,7 +470,7 @@ pub(crate) fn top_n(logits: &[f32], n: usize, out: &mut Vec<(u32, f32)>) {
     }
     let mut top = TopK::new(n, out);
     top.with_neg_inf = true;
-    scan(logits, &[], &mut top);
+    top.scan(logits, &[], &mut Vec::new());
     top.finish();
 }
 
@@ -832,9 +860,24 @@ mod tests {
             presence_penalty: -100.0,
             ..SamplerConfig::greedy()
         };
-        let mut s = Sampler::new(cfg);
+        let mut s = Sampler::new(cfg.clone());
         s.accept(5);
         assert_eq!(s.sample(&row), 5);
+        // And the best of top-k, whose block bound leaves the penalized block out. Token 55
+        // holds its block's raw maximum; a positive penalty must not let that bound stand.
+        for (presence_penalty, want) in [(-100.0, 5), (100.0, 99)] {
+            let mut row = row.clone();
+            row[55] = 50.0;
+            row[99] = 20.0;
+            let mut s = Sampler::new(SamplerConfig {
+                temperature: 1.0,
+                top_k: 1,
+                presence_penalty,
+                ..cfg.clone()
+            });
+            s.accept(if presence_penalty < 0.0 { 5 } else { 55 });
+            assert_eq!(s.sample(&row), want, "presence penalty {presence_penalty}");
+        }
     }
 
     proptest! {
