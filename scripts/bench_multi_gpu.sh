@@ -14,7 +14,9 @@
 # REPS (env): repetitions per test (default 3). VOCAB (env): a GGUF whose vocabulary the
 # models get (`synth --vocab`; default: synth's built-in one). GPUS (env): the GPUs to split
 # over, as `--devices` takes them (default 0,1; the one-GPU runs use the first). FTYPES (env):
-# the weight types to synthesize (default q4_k_m; e.g. "q4_k_m q8_0").
+# the weight types to synthesize (default q4_k_m; e.g. "q4_k_m q8_0"). MODES (env): rocmforge's
+# runs (default "none layer tensor tensor-peer"; none: one GPU). LLAMA_ONE (env): 0 skips
+# llama.cpp's one-GPU run (default 1).
 #
 # Prints each engine's tables; the logs keep the device plans.
 set -euo pipefail
@@ -28,6 +30,8 @@ REPS=${REPS:-3}
 GPUS=${GPUS:-0,1}
 FTYPES=${FTYPES:-q4_k_m}
 FIRST=${GPUS%%,*}
+MODES=${MODES:-"none layer tensor tensor-peer"}
+LLAMA_ONE=${LLAMA_ONE:-1}
 # The device machines forbid NVLink multicast; children inherit it.
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$OUT"
@@ -49,7 +53,7 @@ for ftype in $FTYPES; do
   fi
   ls -la "$m"
   # tensor-peer: the tensor split summing its partials by peer copies instead of NCCL.
-  for mode in none layer tensor tensor-peer; do
+  for mode in $MODES; do
     coll=1
     case "$mode" in
       none) gpus=(--split-mode none --devices "$FIRST") ;;
@@ -62,9 +66,11 @@ for ftype in $FTYPES; do
       { echo "rocmforge $tag $mode failed:"; tail -5 "$OUT/$tag-rf-$mode.log"; }
   done
   if [ -x "$BIN/llama-bench" ]; then
-    echo "== llama.cpp $tag, 1 GPU ($FIRST)"
-    CUDA_VISIBLE_DEVICES=$FIRST "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
-      2>"$OUT/$tag-llama-1.log" || { echo "llama.cpp 1 GPU failed:"; tail -5 "$OUT/$tag-llama-1.log"; }
+    if [ "$LLAMA_ONE" = 1 ]; then
+      echo "== llama.cpp $tag, 1 GPU ($FIRST)"
+      CUDA_VISIBLE_DEVICES=$FIRST "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
+        2>"$OUT/$tag-llama-1.log" || { echo "llama.cpp 1 GPU failed:"; tail -5 "$OUT/$tag-llama-1.log"; }
+    fi
     for sm in layer row; do
       echo "== llama.cpp $tag -sm $sm, GPUs $GPUS"
       CUDA_VISIBLE_DEVICES=$GPUS "$BIN/llama-bench" -m "$m" -p 512 -n 128 -r "$REPS" -ngl 99 -fa 1 \
