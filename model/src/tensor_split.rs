@@ -689,7 +689,7 @@ mod tests {
                         sched
                     })
                     .collect();
-                let mut first = scheds.remove(0);
+                let first = scheds.remove(0);
                 let rest = scheds
                     .into_iter()
                     .enumerate()
