@@ -15,6 +15,9 @@
 //! scheduler per GPU, no copies between them, decode steps replayed from captured graphs with the
 //! all-reduces inside); the tiny llama and the peer-copy case take the one-scheduler path.
 //!
+//! A model file of a real shape (`ROCMFORGE_TP_MODEL`, e.g. `rocmforge synth --preset
+//! llama3-8b`) runs in both split modes against one GPU too, where the variable is set.
+//!
 //! "Two GPUs" is every visible GPU (`CUDA_VISIBLE_DEVICES`/`HIP_VISIBLE_DEVICES` limit them):
 //! the same tests prove four GPUs on a 4-GPU machine. Skipped (with the reason printed) below
 //! two GPUs, even where `ROCMFORGE_REQUIRE_GPU=1`; `ROCMFORGE_REQUIRE_GPUS=2` makes a missing
