@@ -237,3 +237,94 @@ fn graphs_that_take_turns_keep_their_plans_and_captures() {
     s.run_keyed(Some(2), &g2, &i2).unwrap();
     assert_eq!(s.output_f32(z2).unwrap(), want2);
 }
+
+/// One rank of a collective whose other ranks run elsewhere (its sum is its own part here):
+/// counts what the scheduler tells it, and fails when told to.
+struct OneRank {
+    capturable: bool,
+    calls: AtomicUsize,
+    replayed: AtomicUsize,
+    failed: AtomicBool,
+}
+
+impl rocmforge_ggml_graph::Collective for OneRank {
+    fn name(&self) -> &str {
+        "one rank"
+    }
+    fn spans(&self, devices: &[usize]) -> bool {
+        devices == [0]
+    }
+    fn all_reduce(&self, _parts: &[(usize, TensorMem<'_>)]) -> Result<()> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn capturable(&self) -> bool {
+        self.capturable
+    }
+    fn replayed(&self) -> Result<()> {
+        self.replayed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn status(&self) -> Result<()> {
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(GraphError::Unsupported {
+                backend: "one rank",
+                op: "all_reduce",
+                detail: "a peer failed".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_rank_s_all_reduce_is_captured_where_its_collective_allows_it() {
+    for capturable in [true, false] {
+        let (mut s, c) = recorder();
+        let coll = Arc::new(OneRank {
+            capturable,
+            calls: AtomicUsize::new(0),
+            replayed: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        });
+        s.set_collective(Some(coll.clone()));
+        let mut g = Graph::new();
+        let x = g.input("x", DType::F32, &[64, 1]).unwrap();
+        let y = g.gelu(x).unwrap();
+        let sum = g.all_reduce(&[y]).unwrap();
+        let z = g.add(sum, x).unwrap();
+        g.mark_output(z).unwrap();
+        let xb = f32_bytes(&Rng::new(9).vec(64));
+        let ins = [(x, xb.as_slice())];
+        let mut outs = Vec::new();
+        for run in 0..4 {
+            assert_eq!(
+                s.would_replay(Some(3), &g),
+                capturable && run >= 2,
+                "run {run}"
+            );
+            s.run_keyed(Some(3), &g, &ins).unwrap();
+            outs.push(s.output_f32(z).unwrap());
+        }
+        assert!(outs.iter().all(|o| *o == outs[0]));
+        let calls = coll.calls.load(Ordering::Relaxed);
+        let replayed = coll.replayed.load(Ordering::Relaxed);
+        if capturable {
+            assert!(s.has_captured_graph());
+            // Plain, recorded (then replayed), replayed, replayed.
+            assert_eq!((calls, replayed, snapshot(&c)[3]), (2, 3, 3));
+        } else {
+            assert!(!s.has_captured_graph(), "its other ranks run outside");
+            assert_eq!((calls, replayed), (4, 0));
+        }
+        // A failed collective: the next run and the reads of its results are errors.
+        coll.failed.store(true, Ordering::Relaxed);
+        if capturable {
+            assert!(
+                s.run_keyed(Some(3), &g, &ins).is_err(),
+                "a replay after a failure"
+            );
+        }
+        assert!(s.output_f32(z).is_err(), "results read after a failure");
+    }
+}

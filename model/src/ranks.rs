@@ -124,16 +124,27 @@ impl Ranks {
             let handles: Vec<_> = (self.rest.iter_mut().zip(built.iter()).zip(&per_rank))
                 .map(|((r, b), inp)| {
                     let fail = &fail;
-                    s.spawn(move || r.sched.run_keyed(key, &b.graph, inp).map_err(fail))
+                    s.spawn(move || {
+                        // A rank that panics must still release the ranks waiting on it.
+                        let run = std::panic::AssertUnwindSafe(|| {
+                            r.sched.run_keyed(key, &b.graph, inp).map_err(fail)
+                        });
+                        std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                            let e =
+                                ModelError::Device("a tensor-split rank's thread panicked".into());
+                            on_error(&e.to_string());
+                            Err(e)
+                        })
+                    })
                 })
                 .collect();
             let mine = first.run_keyed(key, graph, inputs).map_err(fail);
             let mut result = mine;
             for h in handles {
                 let r = h.join().unwrap_or_else(|_| {
-                    let e = ModelError::Device("a tensor-split rank's thread panicked".into());
-                    on_error(&e.to_string());
-                    Err(e)
+                    Err(ModelError::Device(
+                        "a tensor-split rank's thread panicked".into(),
+                    ))
                 });
                 if result.is_ok() {
                     result = r;

@@ -615,8 +615,9 @@ mod tests {
     /// The in-process executor of ranks ([`crate::ranks::Ranks`]): each rank a one-device
     /// scheduler with its slices and a copy of the rest, its graph built from its own table,
     /// ranks 1.. on threads, the partials summed by a collective between the threads. Two
-    /// ranks and four, even and uneven shares; rank 0's logits are the whole model's, and a
-    /// keyed pass repeated (its rank graphs kept) gives the same bits.
+    /// ranks and four, even and uneven shares; rank 0's logits are the whole model's, through
+    /// the session's plans and the batching engine's paged ones, and a keyed pass repeated (its
+    /// rank graphs kept) gives the same bits.
     #[test]
     fn ranks_run_by_one_executor_give_the_whole_model_logits() {
         let dir = std::env::temp_dir().join(format!("rocmforge-tp-exec-{}", std::process::id()));
@@ -668,40 +669,45 @@ mod tests {
                 );
             }
             let cut = split_weights(&m, Arc::clone(&ts)).unwrap();
-            let pool = Arc::new(Pool {
-                parts: std::sync::Mutex::new(vec![None; n]),
-                barrier: std::sync::Barrier::new(n),
-            });
-            let mut scheds: Vec<ggml_graph::Scheduler> = (0..n)
-                .map(|r| {
-                    let mine = move |name: &str| part_of(name).is_none_or(|k| k == r);
-                    let views: Vec<WeightView> =
-                        cut.views.iter().filter(|v| mine(&v.0)).cloned().collect();
-                    let mut sched =
-                        cpu_scheduler(views, 1, Arc::new(move |n: &str| mine(n).then_some(0)));
-                    sched.set_collective(Some(Arc::new(ThreadSum {
-                        pool: Arc::clone(&pool),
-                        rank: r,
-                    })));
-                    sched
-                })
-                .collect();
-            let mut first = scheds.remove(0);
-            let rest = scheds
-                .into_iter()
-                .enumerate()
-                .map(|(i, sched)| crate::ranks::Rank {
-                    sched,
-                    model: m.with_table(cut.table.clone().for_rank(i + 1)),
-                })
-                .collect();
-            let mut ranks = crate::ranks::Ranks::new(
-                rest,
-                Box::new(|g: &mut ggml_graph::Graph| {
-                    ggml_graph::opt::optimize(g);
-                }),
-                Box::new(|why: &str| panic!("a rank failed: {why}")),
-            );
+            // Rank 0's scheduler and the executor of the others, with a fresh KV cache.
+            let make_ranks = || {
+                let pool = Arc::new(Pool {
+                    parts: std::sync::Mutex::new(vec![None; n]),
+                    barrier: std::sync::Barrier::new(n),
+                });
+                let mut scheds: Vec<ggml_graph::Scheduler> = (0..n)
+                    .map(|r| {
+                        let mine = move |name: &str| part_of(name).is_none_or(|k| k == r);
+                        let views: Vec<WeightView> =
+                            cut.views.iter().filter(|v| mine(&v.0)).cloned().collect();
+                        let mut sched =
+                            cpu_scheduler(views, 1, Arc::new(move |n: &str| mine(n).then_some(0)));
+                        sched.set_collective(Some(Arc::new(ThreadSum {
+                            pool: Arc::clone(&pool),
+                            rank: r,
+                        })));
+                        sched
+                    })
+                    .collect();
+                let first = scheds.remove(0);
+                let rest = scheds
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, sched)| crate::ranks::Rank {
+                        sched,
+                        model: m.with_table(cut.table.clone().for_rank(i + 1)),
+                    })
+                    .collect();
+                let ranks = crate::ranks::Ranks::new(
+                    rest,
+                    Box::new(|g: &mut ggml_graph::Graph| {
+                        ggml_graph::opt::optimize(g);
+                    }),
+                    Box::new(|why: &str| panic!("a rank failed: {why}")),
+                );
+                (first, ranks)
+            };
+            let (mut first, mut ranks) = make_ranks();
             let model0 = m.with_table(cut.table.clone().for_rank(0));
             let kv = crate::arch::KvCacheSpec {
                 dtype: crate::arch::KvType::F32,
@@ -751,6 +757,26 @@ mod tests {
                 assert!(d <= 1e-3, "{what}: logits differ by {d} (relative)");
             }
             assert_eq!(got[1], got[2], "{what}: the repeated keyed pass");
+            // The paged plans (the batching engine's), keyed by pass.
+            let whole = run_paged_on(
+                &m,
+                weight_views(&m).unwrap(),
+                1,
+                Arc::new(|_: &str| Some(0)),
+            );
+            let (mut first, mut ranks) = make_ranks();
+            let mut key = 0;
+            let got = paged_passes(&model0, &mut |g, inputs, build| {
+                key += 1;
+                ranks
+                    .run(&mut first, Some(key), &g.graph, inputs, build)
+                    .unwrap();
+                first.with_output_f32(g.logits, |v| v.to_vec()).unwrap()
+            });
+            for (a, b) in whole.iter().zip(&got) {
+                let d = rel_diff(a, b);
+                assert!(d <= 1e-3, "{what} paged: logits differ by {d} (relative)");
+            }
         }
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -849,8 +875,26 @@ mod tests {
         n_dev: usize,
         rule: ggml_graph::sched::PlacementRule,
     ) -> Vec<Vec<f32>> {
-        use crate::arch::{build_paged_forward, KvType, PagedBatch, PagedKvSpec};
         let mut sched = cpu_scheduler(views, n_dev, rule);
+        paged_passes(model, &mut |g, inputs, _| {
+            sched.run(&g.graph, inputs).unwrap();
+            sched.with_output_f32(g.logits, |v| v.to_vec()).unwrap()
+        })
+    }
+
+    /// The passes of [`run_paged_on`] through `model`'s plans, each run by `run` (given the
+    /// graph, its inputs and a builder of the same pass for another model), which returns the
+    /// logits.
+    #[allow(clippy::type_complexity)]
+    fn paged_passes(
+        model: &Model,
+        run: &mut dyn FnMut(
+            &crate::arch::PagedGraph,
+            &[(ggml_graph::TensorId, &[u8])],
+            &dyn Fn(&Model) -> Result<ggml_graph::Graph, ModelError>,
+        ) -> Vec<f32>,
+    ) -> Vec<Vec<f32>> {
+        use crate::arch::{build_paged_forward, KvType, PagedBatch, PagedKvSpec};
         let spec = PagedKvSpec {
             dtype: KvType::F32,
             n_blocks: 4,
@@ -898,8 +942,12 @@ mod tests {
                 (g.tables, &tb),
                 (g.out_rows, &r),
             ];
-            sched.run(&g.graph, &inputs).unwrap();
-            out.push(sched.with_output_f32(g.logits, |v| v.to_vec()).unwrap());
+            let build = |m: &Model| {
+                let mut h = build_paged_forward(m.config(), m.weights(), &spec, batch)?;
+                ggml_graph::opt::optimize(&mut h.graph);
+                Ok(h.graph)
+            };
+            out.push(run(&g, &inputs, &build));
         }
         out
     }

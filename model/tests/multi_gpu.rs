@@ -15,6 +15,9 @@
 //! scheduler per GPU, no copies between them, decode steps replayed from captured graphs with the
 //! all-reduces inside); the tiny llama and the peer-copy case take the one-scheduler path.
 //!
+//! A model file of a real shape (`ROCMFORGE_TP_MODEL`, e.g. `rocmforge synth --preset
+//! llama3-8b`) runs in both split modes against one GPU too, where the variable is set.
+//!
 //! "Two GPUs" is every visible GPU (`CUDA_VISIBLE_DEVICES`/`HIP_VISIBLE_DEVICES` limit them):
 //! the same tests prove four GPUs on a 4-GPU machine. Skipped (with the reason printed) below
 //! two GPUs, even where `ROCMFORGE_REQUIRE_GPU=1`; `ROCMFORGE_REQUIRE_GPUS=2` makes a missing
@@ -576,5 +579,50 @@ fn batch_engine_in_a_tensor_split_equals_one_gpu() {
                 got[i]
             );
         }
+    }
+}
+
+/// Largest |logit difference| allowed for a model file of a real shape (32 layers of per-op
+/// kernels with partial sums against one GPU's persistent decode kernel).
+const FILE_LOGIT_TOL: f32 = 0.1;
+
+/// A model of a real shape (the Llama-3-8B shape: `rocmforge synth --preset llama3-8b`) named by
+/// `ROCMFORGE_TP_MODEL`: both split modes over every visible GPU give one GPU's greedy tokens up
+/// to the first near-tie and its perplexity within 0.2%.
+#[test]
+#[serial]
+fn a_model_file_in_both_splits_equals_one_gpu() {
+    if !have_two_gpus() {
+        return;
+    }
+    let Some(path) = std::env::var_os("ROCMFORGE_TP_MODEL") else {
+        println!("skipped: ROCMFORGE_TP_MODEL not set");
+        return;
+    };
+    let m = Model::load(&path, |_, _| {}).expect("load ROCMFORGE_TP_MODEL");
+    let p = prompt(&m);
+    let n_vocab = m.config().n_vocab;
+    let mut one = Session::new(&m, &one_gpu()).expect("one-GPU session");
+    let want = greedy(&mut one, &p);
+    one.reset();
+    let ppl_one = ppl(&mut one, n_vocab);
+    drop(one);
+    let n = all_gpus().len();
+    for (how, opts) in [
+        ("tensor split", tensor_gpus(GpuSelection::default())),
+        ("layer split", two_gpus(GpuSelection::default(), None)),
+    ] {
+        let what = format!("{} on {n} GPUs, {how}", path.to_string_lossy());
+        let mut s = Session::new(&m, &opts).expect("split session");
+        let plan = s.device_plan().clone();
+        println!("{what}: {plan}");
+        assert_eq!(plan.gpus.len(), n, "{what}: {plan}");
+        let got = greedy(&mut s, &p);
+        compare_within(&what, &want, &got, FILE_LOGIT_TOL);
+        s.reset();
+        let ppl_s = ppl(&mut s, n_vocab);
+        let rel = (ppl_s - ppl_one).abs() / ppl_one;
+        println!("{what}: perplexity {ppl_s:.4} vs {ppl_one:.4} on one GPU ({rel:.2e})");
+        assert!(rel <= 0.002, "{what}: perplexity {ppl_s} vs {ppl_one}");
     }
 }
