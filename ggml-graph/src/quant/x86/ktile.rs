@@ -345,6 +345,138 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
     out
 }
 
+/// Rows per call of [`gemv_q4k`].
+const GEMV_ROWS: usize = 4;
+
+/// Q4_K mat-vec in llama.cpp's repacked gemv order ([`Order::GEMV`]) for four rows read straight
+/// from their blocks: the same results as [`rows_direct`], with fewer instructions per block.
+/// The activation's 256-bit halves are paired to the weight bytes' nibble halves at load, so the
+/// nibbles need no shuffle; the scales come from one byte shuffle of the 12 packed bytes; the four
+/// rows' dots and min terms are reduced together, and both fma chains of all four rows run as
+/// one eight-lane fma (lanes 0-3 the dots, 4-7 the mins).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` Q4_K blocks readable at `w + r * wstride` for `r < 4`,
+/// one Q8_K row of `nb` blocks at `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn gemv_q4k(nb: usize, w: *const u8, wstride: usize, a: *const u8) -> [f32; GEMV_ROWS] {
+    const BS: usize = 144;
+    let m4 = _mm512_set1_epi8(0x0f);
+    // vpshufb indices into the 16 bytes [scales 0..8, mins 0..8] (in every 128-bit lane): the
+    // i16 scale of sub-blocks (s0 on the low 256 bits, s1 on the high), zero-extended (0x80).
+    let sc_idx = |s0: i16, s1: i16| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi16(s0 | -0x8000)),
+            _mm256_set1_epi16(s1 | -0x8000),
+        )
+    };
+    // Nibble vector k pairs with sub-blocks (0, 2), (1, 3), (4, 6), (5, 7).
+    let sc = [sc_idx(0, 2), sc_idx(1, 3), sc_idx(4, 6), sc_idx(5, 7)];
+    // The min of each 16-value group (i16 lane g: min g / 2).
+    let min_idx = _mm256_setr_epi16(
+        -0x7ff8, -0x7ff8, -0x7ff7, -0x7ff7, -0x7ff6, -0x7ff6, -0x7ff5, -0x7ff5, -0x7ff4, -0x7ff4,
+        -0x7ff3, -0x7ff3, -0x7ff2, -0x7ff2, -0x7ff1, -0x7ff1,
+    );
+    // [d0, dmin0, d1, dmin1, ...] to [d0..d3, dmin0..dmin3].
+    let split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    let mut acc = _mm256_setzero_ps();
+    // The next four rows, a few lines per block (a longer distance measured no faster).
+    let next = w.wrapping_add(GEMV_ROWS * wstride);
+    let lines = (GEMV_ROWS * wstride).div_ceil(64 * nb.max(1));
+    for i in 0..nb {
+        for l in 0..lines {
+            #[allow(
+                unused_unsafe,
+                reason = "`_mm_prefetch` is safe to call in newer Rust, unsafe in 1.89 (our MSRV)"
+            )]
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((i * lines + l) * 64) as *const i8)
+            };
+        }
+        // SAFETY: super-block `i` of the four rows and of the activation row is in bounds
+        // (caller).
+        unsafe {
+            let ab = a.add(i * Q8K_BYTES + 4);
+            let half = |o: usize| _mm256_loadu_si256(ab.add(o) as *const __m256i);
+            let pair = |o0: usize, o1: usize| {
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(o0)), half(o1))
+            };
+            // Weight bytes 64k..64k+64: low nibbles sub-blocks 4k and 4k + 2, high 4k+1, 4k+3.
+            let av = [pair(0, 64), pair(32, 96), pair(128, 192), pair(160, 224)];
+            let bsums = _mm256_loadu_si256(ab.add(QK_K) as *const __m256i);
+            let mut dots = [_mm512_setzero_si512(); GEMV_ROWS];
+            let mut mins = [_mm512_setzero_si512(); GEMV_ROWS];
+            let mut dd = [0u32; GEMV_ROWS];
+            for r in 0..GEMV_ROWS {
+                let wb = w.add(r * wstride + i * BS);
+                dd[r] = std::ptr::read_unaligned(wb as *const u32);
+                let [u0, u1, u2, u3] = k4_scales(wb.add(4));
+                let s = _mm512_broadcast_i32x4(_mm_setr_epi32(
+                    u0 as i32, u1 as i32, u2 as i32, u3 as i32,
+                ));
+                let q0 = _mm512_loadu_si512(wb.add(16) as *const _);
+                let q1 = _mm512_loadu_si512(wb.add(80) as *const _);
+                let v = [
+                    _mm512_and_si512(q0, m4),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
+                    _mm512_and_si512(q1, m4),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
+                ];
+                let mut sum = _mm512_setzero_si512();
+                for k in 0..4 {
+                    sum = _mm512_dpwssd_epi32(
+                        sum,
+                        _mm512_maddubs_epi16(v[k], av[k]),
+                        _mm512_shuffle_epi8(s, sc[k]),
+                    );
+                }
+                dots[r] = sum;
+                let m16 = _mm256_shuffle_epi8(_mm512_castsi512_si256(s), min_idx);
+                mins[r] = _mm512_zextsi256_si512(_mm256_madd_epi16(m16, bsums));
+            }
+            let sums = hsum8(dots, mins);
+            let f = |r: usize| dd[r] as i32;
+            let dw = _mm256_permutevar8x32_ps(
+                _mm256_cvtph_ps(_mm_setr_epi32(f(0), f(1), f(2), f(3))),
+                split,
+            );
+            let da = _mm256_set1_ps(std::ptr::read_unaligned(ab.sub(4) as *const f32));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dw, da), acc);
+        }
+    }
+    let mut o = [0f32; GEMV_ROWS];
+    let res = _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    // SAFETY: `o` holds four floats.
+    unsafe { _mm_storeu_ps(o.as_mut_ptr(), res) };
+    o
+}
+
+/// The lane sums of eight i32 vectors, `x` then `y`: lane j of the result is the sum of the
+/// j-th vector (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum8(x: [__m512i; 4], y: [__m512i; 4]) -> __m256i {
+    // Per 128-bit quarter: [a, b, a, b] partials, then [a, b, c, d].
+    let two = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    };
+    let four = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+    };
+    let p = four(two(x[0], x[1]), two(x[2], x[3]));
+    let q = four(two(y[0], y[1]), two(y[2], y[3]));
+    // Quarters [p0 + p2, p1 + p3, q0 + q2, q1 + q3], then [p, q, p, q].
+    let quarters = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i64x2::<0b1000_1000>(a, b),
+            _mm512_shuffle_i64x2::<0b1101_1101>(a, b),
+        )
+    };
+    let t = quarters(p, q);
+    _mm512_castsi512_si256(quarters(t, t))
+}
+
 /// The activation bytes `av` with the signs of IQ4_XS weights (negated where `neg` has a bit),
 /// for the IQ4_XS orders; `av` itself for the others.
 #[inline]
@@ -786,6 +918,17 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
     let plain4 = ty == DType::Q4_K && !repacked;
     if cols <= 2 {
         let mut r = 0;
+        if cols == 1 && ty == DType::Q4_K && !plain4 {
+            while rows - r >= GEMV_ROWS {
+                // SAFETY: AVX-512 VNNI detected (caller path); rows `r..r + 4` hold `nb` blocks
+                // and the Q8_K row `nb` blocks (checked above).
+                let v = unsafe { gemv_q4k(nb, w[r * wstride..].as_ptr(), wstride, a.as_ptr()) };
+                for (dr, &x) in v.iter().enumerate() {
+                    out[r + dr] = x;
+                }
+                r += GEMV_ROWS;
+            }
+        }
         while r < rows {
             let rn = if rows - r >= DIRECT_ROWS {
                 DIRECT_ROWS
