@@ -176,9 +176,14 @@ fn k_quant_tiles_sum_in_llama_cpp_order() {
         return;
     }
     let mut rng = Rng::new(31);
-    for ty in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+    // 37 rows: Q4_K's two interleaved 16-row groups and a remainder.
+    for (ty, rows) in [
+        (DType::Q4_K, 7),
+        (DType::Q4_K, 37),
+        (DType::Q5_K, 7),
+        (DType::Q6_K, 7),
+    ] {
         for n in [256, 768, 2048] {
-            let rows = 7;
             let Fixture {
                 w, wrb, prep, pb, ..
             } = fixture(&mut rng, ty, n, rows, 14);

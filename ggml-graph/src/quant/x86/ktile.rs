@@ -405,12 +405,11 @@ unsafe fn gemv_q4k(nb: usize, w: *const u8, wstride: usize, a: *const u8) -> [f3
             // Weight bytes 64k..64k+64: low nibbles sub-blocks 4k and 4k + 2, high 4k+1, 4k+3.
             let av = [pair(0, 64), pair(32, 96), pair(128, 192), pair(160, 224)];
             let bsums = _mm256_loadu_si256(ab.add(QK_K) as *const __m256i);
-            let mut dots = [_mm512_setzero_si512(); GEMV_ROWS];
-            let mut mins = [_mm512_setzero_si512(); GEMV_ROWS];
-            let mut dd = [0u32; GEMV_ROWS];
-            for r in 0..GEMV_ROWS {
+            // One row's dot and min-term lanes and its d, dmin; called once per row (not a
+            // loop over arrays, which the compiler kept in memory).
+            let row = |r: usize| {
                 let wb = w.add(r * wstride + i * BS);
-                dd[r] = std::ptr::read_unaligned(wb as *const u32);
+                let dd = std::ptr::read_unaligned(wb as *const i32);
                 let [u0, u1, u2, u3] = k4_scales(wb.add(4));
                 let s = _mm512_broadcast_i32x4(_mm_setr_epi32(
                     u0 as i32, u1 as i32, u2 as i32, u3 as i32,
@@ -431,16 +430,17 @@ unsafe fn gemv_q4k(nb: usize, w: *const u8, wstride: usize, a: *const u8) -> [f3
                         _mm512_shuffle_epi8(s, sc[k]),
                     );
                 }
-                dots[r] = sum;
                 let m16 = _mm256_shuffle_epi8(_mm512_castsi512_si256(s), min_idx);
-                mins[r] = _mm512_zextsi256_si512(_mm256_madd_epi16(m16, bsums));
-            }
-            let sums = hsum8(dots, mins);
-            let f = |r: usize| dd[r] as i32;
-            let dw = _mm256_permutevar8x32_ps(
-                _mm256_cvtph_ps(_mm_setr_epi32(f(0), f(1), f(2), f(3))),
-                split,
-            );
+                let mins = _mm512_zextsi256_si512(_mm256_madd_epi16(m16, bsums));
+                (sum, mins, dd)
+            };
+            let (d0, m0, f0) = row(0);
+            let (d1, m1, f1) = row(1);
+            let (d2, m2, f2) = row(2);
+            let (d3, m3, f3) = row(3);
+            let sums = hsum8([d0, d1, d2, d3], [m0, m1, m2, m3]);
+            let dw =
+                _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_setr_epi32(f0, f1, f2, f3)), split);
             let da = _mm256_set1_ps(std::ptr::read_unaligned(ab.sub(4) as *const f32));
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dw, da), acc);
         }
@@ -475,6 +475,267 @@ fn hsum8(x: [__m512i; 4], y: [__m512i; 4]) -> __m256i {
     };
     let t = quarters(p, q);
     _mm512_castsi512_si256(quarters(t, t))
+}
+
+/// Rows of one interleaved Q4_K group ([`interleave_q4k`]): one per 32-bit lane.
+const IL_ROWS: usize = 16;
+/// Offsets in one interleaved super-block: 64 vectors of values (vector g: every row's values
+/// 4g..4g + 4), 8 of sub-block scales, 4 of min pairs, the rows' d and dmin.
+const IL_SC: usize = 64 * 64;
+const IL_MIN: usize = IL_SC + 8 * 64;
+const IL_D: usize = IL_MIN + 4 * 64;
+const IL_DMIN: usize = IL_D + 64;
+/// Bytes of one interleaved super-block of [`IL_ROWS`] rows.
+const IL_SB: usize = IL_DMIN + 64;
+
+/// Lays out 16 Q4_K rows (`wstride` bytes apart, `nb` super-blocks) with one row per 32-bit lane,
+/// llama.cpp's repacking idea in a wider form: the values of four consecutive positions of all
+/// rows in one vector, each sub-block's scale as a 16-bit pair per row, the min pair of each
+/// 64-value chunk, d and dmin as f32. The product kernel ([`gemm_q4k`]) then needs no horizontal
+/// sums: a row's dot stays in its lane.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks readable at `w + r * wstride` for `r < 16`,
+/// `nb * IL_SB` bytes writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn interleave_q4k(nb: usize, w: *const u8, wstride: usize, out: *mut u8) {
+    const BS: usize = 144;
+    let m4 = _mm256_set1_epi8(0x0f);
+    // One super-block of every row in value order.
+    let mut vals = [[_mm512_setzero_si512(); 4]; IL_ROWS];
+    for i in 0..nb {
+        // SAFETY: block `i` of every row is readable and the output super-block writable
+        // (caller); the lane arrays are 16 u32 (64 bytes) each.
+        unsafe {
+            let o = out.add(i * IL_SB);
+            let mut sc = [[0u32; IL_ROWS]; 8];
+            let mut mn = [[0u32; IL_ROWS]; 4];
+            let mut dd = [0u32; IL_ROWS];
+            for (r, v) in vals.iter_mut().enumerate() {
+                let wb = w.add(r * wstride + i * BS);
+                dd[r] = std::ptr::read_unaligned(wb as *const u32);
+                let [u0, u1, u2, u3] = k4_scales(wb.add(4));
+                let b = (u0 as u64 | (u1 as u64) << 32).to_le_bytes();
+                let m = (u2 as u64 | (u3 as u64) << 32).to_le_bytes();
+                for s in 0..8 {
+                    sc[s][r] = u32::from(b[s]) * 0x1_0001;
+                }
+                for j in 0..4 {
+                    mn[j][r] = u32::from(m[2 * j]) | u32::from(m[2 * j + 1]) << 16;
+                }
+                for (j, vj) in v.iter_mut().enumerate() {
+                    let bits = _mm256_loadu_si256(wb.add(16 + 32 * j) as *const __m256i);
+                    let lo = _mm256_and_si256(bits, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    *vj = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                }
+            }
+            for j in 0..4 {
+                let t = transpose16(std::array::from_fn(|r| vals[r][j]));
+                for (g, tg) in t.iter().enumerate() {
+                    _mm512_storeu_si512(o.add(64 * (16 * j + g)) as *mut _, *tg);
+                }
+            }
+            for (s, v) in sc.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, o.add(IL_SC + 64 * s), 64);
+            }
+            for (j, v) in mn.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, o.add(IL_MIN + 64 * j), 64);
+            }
+            let halves = |k: usize| {
+                _mm256_setr_epi32(
+                    dd[8 * k] as i32,
+                    dd[8 * k + 1] as i32,
+                    dd[8 * k + 2] as i32,
+                    dd[8 * k + 3] as i32,
+                    dd[8 * k + 4] as i32,
+                    dd[8 * k + 5] as i32,
+                    dd[8 * k + 6] as i32,
+                    dd[8 * k + 7] as i32,
+                )
+            };
+            // Each u32: d (low half) and dmin (high half) as f16.
+            let (h0, h1) = (halves(0), halves(1));
+            let lo16 = _mm256_set1_epi32(0xffff);
+            let d16 = _mm256_packus_epi32(_mm256_and_si256(h0, lo16), _mm256_and_si256(h1, lo16));
+            let m16 = _mm256_packus_epi32(_mm256_srli_epi32(h0, 16), _mm256_srli_epi32(h1, 16));
+            // packus interleaves 128-bit halves: [h0 lo, h1 lo, h0 hi, h1 hi] in 64-bit units.
+            let d16 = _mm256_permute4x64_epi64::<0b1101_1000>(d16);
+            let m16 = _mm256_permute4x64_epi64::<0b1101_1000>(m16);
+            _mm512_storeu_ps(o.add(IL_D) as *mut f32, _mm512_cvtph_ps(d16));
+            _mm512_storeu_ps(o.add(IL_DMIN) as *mut f32, _mm512_cvtph_ps(m16));
+        }
+    }
+}
+
+/// The 16 x 16 transpose of 32-bit elements: lane r of result e is lane e of `x[r]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn transpose16(x: [__m512i; 16]) -> [__m512i; 16] {
+    // Within each 128-bit lane: rows 4q..4q + 4 at element k (u[q][k]).
+    let mut u = [[_mm512_setzero_si512(); 4]; 4];
+    for q in 0..4 {
+        let (a, b, c, d) = (x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+        let (ab0, ab1) = (_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        let (cd0, cd1) = (_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+        u[q] = [
+            _mm512_unpacklo_epi64(ab0, cd0),
+            _mm512_unpackhi_epi64(ab0, cd0),
+            _mm512_unpacklo_epi64(ab1, cd1),
+            _mm512_unpackhi_epi64(ab1, cd1),
+        ];
+    }
+    let mut out = [_mm512_setzero_si512(); 16];
+    for k in 0..4 {
+        let v01lo = _mm512_shuffle_i32x4::<0b0100_0100>(u[0][k], u[1][k]);
+        let v01hi = _mm512_shuffle_i32x4::<0b1110_1110>(u[0][k], u[1][k]);
+        let v23lo = _mm512_shuffle_i32x4::<0b0100_0100>(u[2][k], u[3][k]);
+        let v23hi = _mm512_shuffle_i32x4::<0b1110_1110>(u[2][k], u[3][k]);
+        // Element 4L + k of every row, L the 128-bit lane.
+        out[k] = _mm512_shuffle_i32x4::<0b1000_1000>(v01lo, v23lo);
+        out[4 + k] = _mm512_shuffle_i32x4::<0b1101_1101>(v01lo, v23lo);
+        out[8 + k] = _mm512_shuffle_i32x4::<0b1000_1000>(v01hi, v23hi);
+        out[12 + k] = _mm512_shuffle_i32x4::<0b1101_1101>(v01hi, v23hi);
+    }
+    out
+}
+
+/// 16 interleaved Q4_K rows ([`interleave_q4k`] at `d`) times `C` Q8_K rows (`astride` bytes
+/// apart): lane r of result c is row r's dot with column c. `GEMM`: llama.cpp's repacked gemm
+/// order ([`tile_gemm`]: per 64 values `a = fma(dot, dw * da, a)`, `m = fma(mins, dmin * da, m)`);
+/// otherwise its repacked gemv order ([`Order::GEMV`]: the same per super-block).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; `nb * IL_SB` bytes at `d`, `C` Q8_K rows of `nb` blocks at `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn gemm_q4k<const C: usize, const GEMM: bool>(
+    nb: usize,
+    d: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [__m512; C] {
+    let mut acc_d = [_mm512_setzero_ps(); C];
+    let mut acc_m = [_mm512_setzero_ps(); C];
+    for i in 0..nb {
+        // SAFETY: super-block `i` of the interleaved rows and of every column is in bounds
+        // (caller).
+        unsafe {
+            let db = d.add(i * IL_SB);
+            let ab: [*const u8; C] = std::array::from_fn(|c| a.add(c * astride + i * Q8K_BYTES));
+            let dw = _mm512_loadu_ps(db.add(IL_D) as *const f32);
+            let dmin = _mm512_loadu_ps(db.add(IL_DMIN) as *const f32);
+            let da: [__m512; C] = std::array::from_fn(|c| {
+                _mm512_set1_ps(std::ptr::read_unaligned(ab[c] as *const f32))
+            });
+            let sd: [__m512; C] = std::array::from_fn(|c| _mm512_mul_ps(dw, da[c]));
+            let sm: [__m512; C] = std::array::from_fn(|c| _mm512_mul_ps(dmin, da[c]));
+            let mut dot = [_mm512_setzero_si512(); C];
+            let mut mins = [_mm512_setzero_si512(); C];
+            for j in 0..4 {
+                if GEMM {
+                    dot = [_mm512_setzero_si512(); C];
+                }
+                for half in 0..2 {
+                    let sc = _mm512_loadu_si512(db.add(IL_SC + 64 * (2 * j + half)) as *const _);
+                    for g in 8 * half..8 * half + 8 {
+                        let wv = _mm512_loadu_si512(db.add(64 * (16 * j + g)) as *const _);
+                        for c in 0..C {
+                            let av = _mm512_set1_epi32(std::ptr::read_unaligned(
+                                ab[c].add(4 + 64 * j + 4 * g) as *const i32,
+                            ));
+                            dot[c] = _mm512_dpwssd_epi32(dot[c], _mm512_maddubs_epi16(wv, av), sc);
+                        }
+                    }
+                }
+                let mn = _mm512_loadu_si512(db.add(IL_MIN + 64 * j) as *const _);
+                for c in 0..C {
+                    // The 32-value sums of sub-blocks 2j and 2j + 1 (each of two 16-value sums).
+                    let bs = |s: usize| {
+                        let p = ab[c].add(4 + QK_K + 4 * s) as *const i16;
+                        i32::from(std::ptr::read_unaligned(p))
+                            + i32::from(std::ptr::read_unaligned(p.add(1)))
+                    };
+                    let pair = (bs(2 * j) & 0xffff) | bs(2 * j + 1) << 16;
+                    let mj = _mm512_madd_epi16(mn, _mm512_set1_epi32(pair));
+                    if GEMM {
+                        acc_d[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c]), sd[c], acc_d[c]);
+                        acc_m[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mj), sm[c], acc_m[c]);
+                    } else {
+                        mins[c] = _mm512_add_epi32(mins[c], mj);
+                    }
+                }
+            }
+            if !GEMM {
+                for c in 0..C {
+                    acc_d[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c]), sd[c], acc_d[c]);
+                    acc_m[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins[c]), sm[c], acc_m[c]);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|c| _mm512_sub_ps(acc_d[c], acc_m[c]))
+}
+
+thread_local! {
+    /// Interleaved Q4_K rows of the current call (reused: no allocation per call).
+    static INTERLEAVED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Repacked Q4_K rows `r0..` in whole groups of 16 through [`interleave_q4k`] and [`gemm_q4k`]:
+/// columns below `gemm_cols` in the gemm order, the rest in the gemv order. Returns the rows
+/// done (a multiple of 16).
+fn q4k_interleaved(t: &Tile<'_>, nb: usize, gemm_cols: usize, out: &mut [f32]) -> usize {
+    let groups = t.rows / IL_ROWS;
+    if groups == 0 {
+        return 0;
+    }
+    INTERLEAVED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() < nb * IL_SB {
+            buf.resize(nb * IL_SB, 0);
+        }
+        let mut res = [0f32; IL_ROWS];
+        for grp in 0..groups {
+            let r0 = grp * IL_ROWS;
+            // SAFETY: AVX-512 VNNI detected (caller path); rows `r0..r0 + 16` hold `nb` blocks
+            // (checked by the caller), the buffer `nb * IL_SB` bytes.
+            unsafe {
+                interleave_q4k(
+                    nb,
+                    t.w[r0 * t.wstride..].as_ptr(),
+                    t.wstride,
+                    buf.as_mut_ptr(),
+                )
+            };
+            let dp = buf.as_ptr();
+            let mut c0 = 0;
+            while c0 < t.cols {
+                let gemm = c0 < gemm_cols;
+                let cn = if gemm { 4 } else { 1 };
+                let ap = t.a[c0 * t.astride..].as_ptr();
+                let mut put = |c: usize, vc: __m512| {
+                    // SAFETY: `res` holds 16 floats.
+                    unsafe { _mm512_storeu_ps(res.as_mut_ptr(), vc) };
+                    let o = (c0 + c) * t.ocs + r0;
+                    out[o..o + IL_ROWS].copy_from_slice(&res);
+                };
+                if gemm {
+                    // SAFETY: as above; 4 Q8_K rows of `nb` blocks from column `c0` (checked by
+                    // the caller; `gemm_cols` is a multiple of 4).
+                    let v = unsafe { gemm_q4k::<4, true>(nb, dp, ap, t.astride) };
+                    for (c, vc) in v.into_iter().enumerate() {
+                        put(c, vc);
+                    }
+                } else {
+                    // SAFETY: as above; column `c0 < cols` holds `nb` Q8_K blocks.
+                    let [v] = unsafe { gemm_q4k::<1, false>(nb, dp, ap, t.astride) };
+                    put(0, v);
+                }
+                c0 += cn;
+            }
+        }
+    });
+    groups * IL_ROWS
 }
 
 /// The activation bytes `av` with the signs of IQ4_XS weights (negated where `neg` has a bit),
@@ -991,7 +1252,12 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
         if buf.len() < TR * drb {
             buf.resize(TR * drb, 0);
         }
-        let mut r0 = 0;
+        // Repacked Q4_K: whole groups of 16 rows interleaved, the rest below.
+        let mut r0 = if ty == DType::Q4_K && !plain4 {
+            q4k_interleaved(t, nb, gemm_cols, out)
+        } else {
+            0
+        };
         while r0 < rows {
             let rn = (rows - r0).min(TR);
             for r in 0..rn {
