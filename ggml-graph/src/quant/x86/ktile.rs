@@ -689,37 +689,159 @@ thread_local! {
     static INTERLEAVED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Repacked Q4_K rows `r0..` in whole groups of 16 through [`interleave_q4k`] and [`gemm_q4k`]:
-/// columns below `gemm_cols` in the gemm order, the rest in the gemv order. Returns the rows
-/// done (a multiple of 16).
-fn q4k_interleaved(t: &Tile<'_>, nb: usize, gemm_cols: usize, out: &mut [f32]) -> usize {
+/// Bytes of one interleaved super-block of 16 Q6_K rows ([`interleave_q6k`]): values, scales
+/// as i32, scale pairs as i16, d.
+const IL6_SC: usize = 64 * 64;
+const IL6_PAIR: usize = IL6_SC + 16 * 64;
+const IL6_D: usize = IL6_PAIR + 8 * 64;
+const IL6_SB: usize = IL6_D + 64;
+
+/// 16 Q6_K rows laid out as [`interleave_q4k`] lays out Q4_K: values 0..63 four positions per
+/// lane, each sub-block's scale as an i32 per row and, in pairs of sub-blocks, as i16 pairs (for
+/// the `- 32` term), d as f32.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks readable at `w + r * wstride` for `r < 16`,
+/// `nb * IL6_SB` bytes writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn interleave_q6k(nb: usize, w: *const u8, wstride: usize, out: *mut u8) {
+    const BS: usize = 210;
+    let mut vals = [[_mm512_setzero_si512(); 4]; IL_ROWS];
+    for i in 0..nb {
+        // SAFETY: block `i` of every row is readable and the output super-block writable
+        // (caller); the lane arrays are 16 u32 (64 bytes) each.
+        unsafe {
+            let o = out.add(i * IL6_SB);
+            let mut sc = [[0i32; IL_ROWS]; 16];
+            let mut pair = [[0u32; IL_ROWS]; 8];
+            let mut d = [0f32; IL_ROWS];
+            for (r, v) in vals.iter_mut().enumerate() {
+                let wb = w.add(r * wstride + i * BS);
+                *v = decode_sb(DType::Q6_K, wb).vals;
+                let scale = |s: usize| *wb.add(192 + s) as i8;
+                for (s, lanes) in sc.iter_mut().enumerate() {
+                    lanes[r] = i32::from(scale(s));
+                }
+                for (p, lanes) in pair.iter_mut().enumerate() {
+                    lanes[r] = u32::from(i16::from(scale(2 * p)) as u16)
+                        | u32::from(i16::from(scale(2 * p + 1)) as u16) << 16;
+                }
+                d[r] = f16_load(wb.add(208));
+            }
+            for j in 0..4 {
+                let t = transpose16(std::array::from_fn(|r| vals[r][j]));
+                for (g, tg) in t.iter().enumerate() {
+                    _mm512_storeu_si512(o.add(64 * (16 * j + g)) as *mut _, *tg);
+                }
+            }
+            for (s, v) in sc.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, o.add(IL6_SC + 64 * s), 64);
+            }
+            for (p, v) in pair.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(
+                    v.as_ptr() as *const u8,
+                    o.add(IL6_PAIR + 64 * p),
+                    64,
+                );
+            }
+            std::ptr::copy_nonoverlapping(d.as_ptr() as *const u8, o.add(IL6_D), 64);
+        }
+    }
+}
+
+/// 16 interleaved Q6_K rows ([`interleave_q6k`] at `d`) times `C` Q8_K rows in llama.cpp's tiled
+/// order ([`Order::TILED`]: per super-block `r = dot * dw`, `acc = fma(r, da, acc)`, the dot
+/// `(q - 32) . a` exact in integers); lane r of result c is row r's.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; `nb * IL6_SB` bytes at `d`, `C` Q8_K rows of `nb` blocks at `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn gemm_q6k<const C: usize>(
+    nb: usize,
+    d: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [__m512; C] {
+    let mut acc = [_mm512_setzero_ps(); C];
+    for i in 0..nb {
+        // SAFETY: super-block `i` of the interleaved rows and of every column is in bounds
+        // (caller).
+        unsafe {
+            let db = d.add(i * IL6_SB);
+            let ab: [*const u8; C] = std::array::from_fn(|c| a.add(c * astride + i * Q8K_BYTES));
+            let mut dot = [_mm512_setzero_si512(); C];
+            for s in 0..16 {
+                let mut t = [_mm512_setzero_si512(); C];
+                for g in 4 * s..4 * s + 4 {
+                    let wv = _mm512_loadu_si512(db.add(64 * g) as *const _);
+                    for c in 0..C {
+                        let av = _mm512_set1_epi32(std::ptr::read_unaligned(
+                            ab[c].add(4 + 4 * g) as *const i32
+                        ));
+                        t[c] = _mm512_dpbusd_epi32(t[c], wv, av);
+                    }
+                }
+                let sc = _mm512_loadu_si512(db.add(IL6_SC + 64 * s) as *const _);
+                for c in 0..C {
+                    dot[c] = _mm512_add_epi32(dot[c], _mm512_mullo_epi32(t[c], sc));
+                }
+            }
+            let dw = _mm512_loadu_ps(db.add(IL6_D) as *const f32);
+            for c in 0..C {
+                // Sum over sub-blocks of scale times 16-value sum, for the `- 32` term.
+                let mut off = _mm512_setzero_si512();
+                for p in 0..8 {
+                    let sp = _mm512_loadu_si512(db.add(IL6_PAIR + 64 * p) as *const _);
+                    let bs = std::ptr::read_unaligned(ab[c].add(4 + QK_K + 4 * p) as *const i32);
+                    off = _mm512_add_epi32(off, _mm512_madd_epi16(sp, _mm512_set1_epi32(bs)));
+                }
+                let total = _mm512_sub_epi32(dot[c], _mm512_slli_epi32::<5>(off));
+                let da = _mm512_set1_ps(std::ptr::read_unaligned(ab[c] as *const f32));
+                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(total), dw);
+                acc[c] = _mm512_fmadd_ps(r, da, acc[c]);
+            }
+        }
+    }
+    acc
+}
+
+/// Rows `0..` of a Q4_K weight llama.cpp repacks, or of a Q6_K weight in its tiled order, in
+/// whole groups of 16 through the interleaved layouts ([`interleave_q4k`], [`interleave_q6k`]):
+/// Q4_K columns below `gemm_cols` in the gemm order and the rest in the gemv order, Q6_K columns
+/// all tiled. Returns the rows done (a multiple of 16).
+fn k_interleaved(ty: DType, t: &Tile<'_>, nb: usize, gemm_cols: usize, out: &mut [f32]) -> usize {
     let groups = t.rows / IL_ROWS;
     if groups == 0 {
         return 0;
     }
+    let six = ty == DType::Q6_K;
+    let sb = if six { IL6_SB } else { IL_SB };
     INTERLEAVED.with(|buf| {
         let mut buf = buf.borrow_mut();
-        if buf.len() < nb * IL_SB {
-            buf.resize(nb * IL_SB, 0);
+        if buf.len() < nb * sb {
+            buf.resize(nb * sb, 0);
         }
         let mut res = [0f32; IL_ROWS];
         for grp in 0..groups {
             let r0 = grp * IL_ROWS;
+            let wp = t.w[r0 * t.wstride..].as_ptr();
             // SAFETY: AVX-512 VNNI detected (caller path); rows `r0..r0 + 16` hold `nb` blocks
-            // (checked by the caller), the buffer `nb * IL_SB` bytes.
+            // (checked by the caller), the buffer `nb * sb` bytes.
             unsafe {
-                interleave_q4k(
-                    nb,
-                    t.w[r0 * t.wstride..].as_ptr(),
-                    t.wstride,
-                    buf.as_mut_ptr(),
-                )
+                if six {
+                    interleave_q6k(nb, wp, t.wstride, buf.as_mut_ptr())
+                } else {
+                    interleave_q4k(nb, wp, t.wstride, buf.as_mut_ptr())
+                }
             };
             let dp = buf.as_ptr();
             let mut c0 = 0;
             while c0 < t.cols {
-                let gemm = c0 < gemm_cols;
-                let cn = if gemm { 4 } else { 1 };
+                let four = if six {
+                    t.cols - c0 >= 4
+                } else {
+                    c0 < gemm_cols
+                };
                 let ap = t.a[c0 * t.astride..].as_ptr();
                 let mut put = |c: usize, vc: __m512| {
                     // SAFETY: `res` holds 16 floats.
@@ -727,19 +849,31 @@ fn q4k_interleaved(t: &Tile<'_>, nb: usize, gemm_cols: usize, out: &mut [f32]) -
                     let o = (c0 + c) * t.ocs + r0;
                     out[o..o + IL_ROWS].copy_from_slice(&res);
                 };
-                if gemm {
+                if four {
                     // SAFETY: as above; 4 Q8_K rows of `nb` blocks from column `c0` (checked by
                     // the caller; `gemm_cols` is a multiple of 4).
-                    let v = unsafe { gemm_q4k::<4, true>(nb, dp, ap, t.astride) };
+                    let v = unsafe {
+                        if six {
+                            gemm_q6k::<4>(nb, dp, ap, t.astride)
+                        } else {
+                            gemm_q4k::<4, true>(nb, dp, ap, t.astride)
+                        }
+                    };
                     for (c, vc) in v.into_iter().enumerate() {
                         put(c, vc);
                     }
                 } else {
                     // SAFETY: as above; column `c0 < cols` holds `nb` Q8_K blocks.
-                    let [v] = unsafe { gemm_q4k::<1, false>(nb, dp, ap, t.astride) };
+                    let [v] = unsafe {
+                        if six {
+                            gemm_q6k::<1>(nb, dp, ap, t.astride)
+                        } else {
+                            gemm_q4k::<1, false>(nb, dp, ap, t.astride)
+                        }
+                    };
                     put(0, v);
                 }
-                c0 += cn;
+                c0 += if four { 4 } else { 1 };
             }
         }
     });
@@ -1260,9 +1394,9 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
         if buf.len() < TR * drb {
             buf.resize(TR * drb, 0);
         }
-        // Repacked Q4_K: whole groups of 16 rows interleaved, the rest below.
-        let mut r0 = if ty == DType::Q4_K && !plain4 {
-            q4k_interleaved(t, nb, gemm_cols, out)
+        // Repacked Q4_K and tiled Q6_K: whole groups of 16 rows interleaved, the rest below.
+        let mut r0 = if (ty == DType::Q4_K && !plain4) || (six && tiled) {
+            k_interleaved(ty, t, nb, gemm_cols, out)
         } else {
             0
         };
