@@ -9,6 +9,11 @@
 //! kernel llama.cpp runs for the same matmul (see [`tile`] and [`Order`]), which depends on the
 //! type and on the number of activation columns of the whole matmul (`cols`); within one call
 //! the results do not depend on the tile shape.
+//!
+//! Two paths skip the horizontal sums: for several columns, Q4_K weights llama.cpp repacks and
+//! Q6_K in its tiled order are laid out per call in groups of 16 rows, one row per 32-bit lane
+//! ([`interleave_q4k`], [`interleave_q6k`]), so `vpdpbusd` against a broadcast activation leaves
+//! each row's dot in its lane; and the Q4_K mat-vec ([`gemv_q4k`]) reduces four rows at once.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
