@@ -366,22 +366,6 @@ const GEMV_ROWS: usize = 4;
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn gemv_q4k(nb: usize, w: *const u8, wstride: usize, a: *const u8) -> [f32; GEMV_ROWS] {
     const BS: usize = 144;
-    let m4 = _mm512_set1_epi8(0x0f);
-    // vpshufb indices into the 16 bytes [scales 0..8, mins 0..8] (in every 128-bit lane): the
-    // i16 scale of sub-blocks (s0 on the low 256 bits, s1 on the high), zero-extended (0x80).
-    let sc_idx = |s0: i16, s1: i16| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set1_epi16(s0 | -0x8000)),
-            _mm256_set1_epi16(s1 | -0x8000),
-        )
-    };
-    // Nibble vector k pairs with sub-blocks (0, 2), (1, 3), (4, 6), (5, 7).
-    let sc = [sc_idx(0, 2), sc_idx(1, 3), sc_idx(4, 6), sc_idx(5, 7)];
-    // The min of each 16-value group (i16 lane g: min g / 2).
-    let min_idx = _mm256_setr_epi16(
-        -0x7ff8, -0x7ff8, -0x7ff7, -0x7ff7, -0x7ff6, -0x7ff6, -0x7ff5, -0x7ff5, -0x7ff4, -0x7ff4,
-        -0x7ff3, -0x7ff3, -0x7ff2, -0x7ff2, -0x7ff1, -0x7ff1,
-    );
     // [d0, dmin0, d1, dmin1, ...] to [d0..d3, dmin0..dmin3].
     let split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     let mut acc = _mm256_setzero_ps();
@@ -410,39 +394,11 @@ unsafe fn gemv_q4k(nb: usize, w: *const u8, wstride: usize, a: *const u8) -> [f3
             // Weight bytes 64k..64k+64: low nibbles sub-blocks 4k and 4k + 2, high 4k+1, 4k+3.
             let av = [pair(0, 64), pair(32, 96), pair(128, 192), pair(160, 224)];
             let bsums = _mm256_loadu_si256(ab.add(QK_K) as *const __m256i);
-            // One row's dot and min-term lanes and its d, dmin; called once per row (not a
-            // loop over arrays, which the compiler kept in memory).
-            let row = |r: usize| {
-                let wb = w.add(r * wstride + i * BS);
-                let dd = std::ptr::read_unaligned(wb as *const i32);
-                let [u0, u1, u2, u3] = k4_scales(wb.add(4));
-                let s = _mm512_broadcast_i32x4(_mm_setr_epi32(
-                    u0 as i32, u1 as i32, u2 as i32, u3 as i32,
-                ));
-                let q0 = _mm512_loadu_si512(wb.add(16) as *const _);
-                let q1 = _mm512_loadu_si512(wb.add(80) as *const _);
-                let v = [
-                    _mm512_and_si512(q0, m4),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
-                    _mm512_and_si512(q1, m4),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
-                ];
-                let mut sum = _mm512_setzero_si512();
-                for k in 0..4 {
-                    sum = _mm512_dpwssd_epi32(
-                        sum,
-                        _mm512_maddubs_epi16(v[k], av[k]),
-                        _mm512_shuffle_epi8(s, sc[k]),
-                    );
-                }
-                let m16 = _mm256_shuffle_epi8(_mm512_castsi512_si256(s), min_idx);
-                let mins = _mm512_zextsi256_si512(_mm256_madd_epi16(m16, bsums));
-                (sum, mins, dd)
-            };
-            let (d0, m0, f0) = row(0);
-            let (d1, m1, f1) = row(1);
-            let (d2, m2, f2) = row(2);
-            let (d3, m3, f3) = row(3);
+            let wb = w.add(i * BS);
+            let (d0, m0, f0) = gemv_q4k_row(wb, &av, bsums);
+            let (d1, m1, f1) = gemv_q4k_row(wb.add(wstride), &av, bsums);
+            let (d2, m2, f2) = gemv_q4k_row(wb.add(2 * wstride), &av, bsums);
+            let (d3, m3, f3) = gemv_q4k_row(wb.add(3 * wstride), &av, bsums);
             let sums = hsum8([d0, d1, d2, d3], [m0, m1, m2, m3]);
             let dw =
                 _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_setr_epi32(f0, f1, f2, f3)), split);
@@ -455,6 +411,63 @@ unsafe fn gemv_q4k(nb: usize, w: *const u8, wstride: usize, a: *const u8) -> [f3
     // SAFETY: `o` holds four floats.
     unsafe { _mm_storeu_ps(o.as_mut_ptr(), res) };
     o
+}
+
+/// One row's super-block for [`gemv_q4k`]: its dot lanes (scaled), its min-term lanes (low
+/// half) and its d, dmin bits. A function, not a closure, so that it is inlined: a closure
+/// returning vectors was compiled apart and passed them through memory.
+///
+/// # Safety
+/// Only called from functions compiled with AVX-512 F/BW/VL/VNNI; one Q4_K block readable at
+/// `wb`.
+#[inline(always)]
+unsafe fn gemv_q4k_row(
+    wb: *const u8,
+    av: &[__m512i; 4],
+    bsums: __m256i,
+) -> (__m512i, __m512i, i32) {
+    // SAFETY: the caller runs with the features these intrinsics need; the block's 144 bytes
+    // are readable.
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0f);
+        // vpshufb indices into the 16 bytes [scales 0..8, mins 0..8] (in every 128-bit lane):
+        // the i16 scale of sub-blocks (s0 on the low 256 bits, s1 on the high), zero-extended.
+        let sc_idx = |s0: i16, s1: i16| {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi16(s0 | -0x8000)),
+                _mm256_set1_epi16(s1 | -0x8000),
+            )
+        };
+        // Nibble vector k pairs with sub-blocks (0, 2), (1, 3), (4, 6), (5, 7).
+        let sc = [sc_idx(0, 2), sc_idx(1, 3), sc_idx(4, 6), sc_idx(5, 7)];
+        // The min of each 16-value group (i16 lane g: min g / 2).
+        let min_idx = _mm256_setr_epi16(
+            -0x7ff8, -0x7ff8, -0x7ff7, -0x7ff7, -0x7ff6, -0x7ff6, -0x7ff5, -0x7ff5, -0x7ff4,
+            -0x7ff4, -0x7ff3, -0x7ff3, -0x7ff2, -0x7ff2, -0x7ff1, -0x7ff1,
+        );
+        let dd = std::ptr::read_unaligned(wb as *const i32);
+        let [u0, u1, u2, u3] = k4_scales(wb.add(4));
+        let s = _mm512_broadcast_i32x4(_mm_setr_epi32(u0 as i32, u1 as i32, u2 as i32, u3 as i32));
+        let q0 = _mm512_loadu_si512(wb.add(16) as *const _);
+        let q1 = _mm512_loadu_si512(wb.add(80) as *const _);
+        let v = [
+            _mm512_and_si512(q0, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
+            _mm512_and_si512(q1, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
+        ];
+        let mut sum = _mm512_setzero_si512();
+        for k in 0..4 {
+            sum = _mm512_dpwssd_epi32(
+                sum,
+                _mm512_maddubs_epi16(v[k], av[k]),
+                _mm512_shuffle_epi8(s, sc[k]),
+            );
+        }
+        let m16 = _mm256_shuffle_epi8(_mm512_castsi512_si256(s), min_idx);
+        let mins = _mm512_zextsi256_si512(_mm256_madd_epi16(m16, bsums));
+        (sum, mins, dd)
+    }
 }
 
 /// The lane sums of eight i32 vectors, `x` then `y`: lane j of the result is the sum of the
