@@ -639,7 +639,10 @@ unsafe fn gemm_q4k<const C: usize, const GEMM: bool>(
         // (caller).
         unsafe {
             let db = d.add(i * IL_SB);
-            let ab: [*const u8; C] = std::array::from_fn(|c| a.add(c * astride + i * Q8K_BYTES));
+            let mut ab = [a; C];
+            for (c, p) in ab.iter_mut().enumerate() {
+                *p = a.add(c * astride + i * Q8K_BYTES);
+            }
             let dw = _mm512_loadu_ps(db.add(IL_D) as *const f32);
             let dmin = _mm512_loadu_ps(db.add(IL_DMIN) as *const f32);
             let da: [__m512; C] = std::array::from_fn(|c| {
@@ -786,7 +789,10 @@ unsafe fn gemm_q6k<const C: usize>(
         // (caller).
         unsafe {
             let db = d.add(i * IL6_SB);
-            let ab: [*const u8; C] = std::array::from_fn(|c| a.add(c * astride + i * Q8K_BYTES));
+            let mut ab = [a; C];
+            for (c, p) in ab.iter_mut().enumerate() {
+                *p = a.add(c * astride + i * Q8K_BYTES);
+            }
             let mut dot = [_mm512_setzero_si512(); C];
             for s in 0..16 {
                 let mut t = [_mm512_setzero_si512(); C];
