@@ -2,7 +2,8 @@
 //! read bandwidth, on 1 and 2 threads. Run: `cargo bench -p rocmforge-ggml-graph --bench matvec`.
 //! Set `MATVEC_QUICK=1` for the 2048x2048 shape only, `MATVEC_SIMD=avx2|scalar` to cap the SIMD
 //! level, `MATVEC_GEMMA=1` for Gemma 3 270M's shapes and types only (decode and 128-token prefill;
-//! `MATVEC_THREADS=1,2` picks the thread counts, `MATVEC_SHAPE=640x262144` one shape),
+//! `MATVEC_THREADS=1,2` picks the thread counts, `MATVEC_SHAPE=640x262144` one shape; without
+//! `MATVEC_GEMMA` that shape alone for every type),
 //! `MATVEC_CPU=1` to time in process CPU seconds, `MATVEC_TYPES=q4_1,iq4_xs` for some of the
 //! weight types only (default: every type with a SIMD kernel).
 
@@ -192,10 +193,15 @@ fn main() {
         return;
     }
     let quick = std::env::var_os("MATVEC_QUICK").is_some();
-    let shapes: &[(usize, usize)] = if quick {
-        &[(2048, 2048)]
-    } else {
-        &[(2048, 2048), (4096, 14336)]
+    // `MATVEC_SHAPE=KxN`: that shape only (one larger than the caches times memory streaming).
+    let one: Option<(usize, usize)> = std::env::var("MATVEC_SHAPE").ok().and_then(|s| {
+        let (k, n) = s.split_once('x')?;
+        Some((k.trim().parse().ok()?, n.trim().parse().ok()?))
+    });
+    let shapes: &[(usize, usize)] = match &one {
+        Some(shape) => std::slice::from_ref(shape),
+        None if quick => &[(2048, 2048)],
+        None => &[(2048, 2048), (4096, 14336)],
     };
     let only = std::env::var("MATVEC_TYPES").ok();
     let types: Vec<DType> = [

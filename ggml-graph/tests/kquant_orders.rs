@@ -176,9 +176,15 @@ fn k_quant_tiles_sum_in_llama_cpp_order() {
         return;
     }
     let mut rng = Rng::new(31);
-    for ty in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+    // 37 rows: two interleaved 16-row groups (Q4_K, and Q6_K from 8 columns) and a remainder.
+    for (ty, rows) in [
+        (DType::Q4_K, 7),
+        (DType::Q4_K, 37),
+        (DType::Q5_K, 7),
+        (DType::Q6_K, 7),
+        (DType::Q6_K, 37),
+    ] {
         for n in [256, 768, 2048] {
-            let rows = 7;
             let Fixture {
                 w, wrb, prep, pb, ..
             } = fixture(&mut rng, ty, n, rows, 14);

@@ -9,6 +9,11 @@
 //! kernel llama.cpp runs for the same matmul (see [`tile`] and [`Order`]), which depends on the
 //! type and on the number of activation columns of the whole matmul (`cols`); within one call
 //! the results do not depend on the tile shape.
+//!
+//! Two paths skip the horizontal sums: for several columns, Q4_K weights llama.cpp repacks and
+//! Q6_K in its tiled order are laid out per call in groups of 16 rows, one row per 32-bit lane
+//! ([`interleave_q4k`], [`interleave_q6k`]), so `vpdpbusd` against a broadcast activation leaves
+//! each row's dot in its lane; and the Q4_K mat-vec ([`gemv_q4k`]) reduces four rows at once.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -343,6 +348,560 @@ unsafe fn rows_direct<const R: usize, const C: usize, const SIX: bool, const ORD
         }
     }
     out
+}
+
+/// Rows per call of [`gemv_q4k`].
+const GEMV_ROWS: usize = 4;
+
+/// Q4_K mat-vec in llama.cpp's repacked gemv order ([`Order::GEMV`]) for four rows read straight
+/// from their blocks: the same results as [`rows_direct`], with fewer instructions per block.
+/// The activation's 256-bit halves are paired to the weight bytes' nibble halves at load, so the
+/// nibbles need no shuffle; the scales come from one byte shuffle of the 12 packed bytes; the four
+/// rows' dots and min terms are reduced together, and both fma chains of all four rows run as
+/// one eight-lane fma (lanes 0-3 the dots, 4-7 the mins).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` Q4_K blocks readable at `w + r * wstride` for `r < 4`,
+/// one Q8_K row of `nb` blocks at `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn gemv_q4k(nb: usize, w: *const u8, wstride: usize, a: *const u8) -> [f32; GEMV_ROWS] {
+    const BS: usize = 144;
+    // [d0, dmin0, d1, dmin1, ...] to [d0..d3, dmin0..dmin3].
+    let split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    let mut acc = _mm256_setzero_ps();
+    // The next four rows, a few lines per block (a longer distance measured no faster).
+    let next = w.wrapping_add(GEMV_ROWS * wstride);
+    let lines = (GEMV_ROWS * wstride).div_ceil(64 * nb.max(1));
+    for i in 0..nb {
+        for l in 0..lines {
+            #[allow(
+                unused_unsafe,
+                reason = "`_mm_prefetch` is safe to call in newer Rust, unsafe in 1.89 (our MSRV)"
+            )]
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((i * lines + l) * 64) as *const i8)
+            };
+        }
+        // SAFETY: super-block `i` of the four rows and of the activation row is in bounds
+        // (caller).
+        unsafe {
+            let ab = a.add(i * Q8K_BYTES + 4);
+            let half = |o: usize| _mm256_loadu_si256(ab.add(o) as *const __m256i);
+            let pair = |o0: usize, o1: usize| {
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(o0)), half(o1))
+            };
+            // Weight bytes 64k..64k+64: low nibbles sub-blocks 4k and 4k + 2, high 4k+1, 4k+3.
+            let av = [pair(0, 64), pair(32, 96), pair(128, 192), pair(160, 224)];
+            let bsums = _mm256_loadu_si256(ab.add(QK_K) as *const __m256i);
+            let wb = w.add(i * BS);
+            let (d0, m0, f0) = gemv_q4k_row(wb, &av, bsums);
+            let (d1, m1, f1) = gemv_q4k_row(wb.add(wstride), &av, bsums);
+            let (d2, m2, f2) = gemv_q4k_row(wb.add(2 * wstride), &av, bsums);
+            let (d3, m3, f3) = gemv_q4k_row(wb.add(3 * wstride), &av, bsums);
+            let sums = hsum8([d0, d1, d2, d3], [m0, m1, m2, m3]);
+            let dw =
+                _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_setr_epi32(f0, f1, f2, f3)), split);
+            let da = _mm256_set1_ps(std::ptr::read_unaligned(ab.sub(4) as *const f32));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dw, da), acc);
+        }
+    }
+    let mut o = [0f32; GEMV_ROWS];
+    let res = _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    // SAFETY: `o` holds four floats.
+    unsafe { _mm_storeu_ps(o.as_mut_ptr(), res) };
+    o
+}
+
+/// One row's super-block for [`gemv_q4k`]: its dot lanes (scaled), its min-term lanes (low
+/// half) and its d, dmin bits. A function, not a closure, so that it is inlined: a closure
+/// returning vectors was compiled apart and passed them through memory.
+///
+/// # Safety
+/// Only called from functions compiled with AVX-512 F/BW/VL/VNNI; one Q4_K block readable at
+/// `wb`.
+#[inline(always)]
+unsafe fn gemv_q4k_row(
+    wb: *const u8,
+    av: &[__m512i; 4],
+    bsums: __m256i,
+) -> (__m512i, __m512i, i32) {
+    // SAFETY: the caller runs with the features these intrinsics need; the block's 144 bytes
+    // are readable.
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0f);
+        // vpshufb indices into the 16 bytes [scales 0..8, mins 0..8] (in every 128-bit lane):
+        // the i16 scale of sub-blocks (s0 on the low 256 bits, s1 on the high), zero-extended.
+        let sc_idx = |s0: i16, s1: i16| {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi16(s0 | -0x8000)),
+                _mm256_set1_epi16(s1 | -0x8000),
+            )
+        };
+        // Nibble vector k pairs with sub-blocks (0, 2), (1, 3), (4, 6), (5, 7).
+        let sc = [sc_idx(0, 2), sc_idx(1, 3), sc_idx(4, 6), sc_idx(5, 7)];
+        // The min of each 16-value group (i16 lane g: min g / 2).
+        let min_idx = _mm256_setr_epi16(
+            -0x7ff8, -0x7ff8, -0x7ff7, -0x7ff7, -0x7ff6, -0x7ff6, -0x7ff5, -0x7ff5, -0x7ff4,
+            -0x7ff4, -0x7ff3, -0x7ff3, -0x7ff2, -0x7ff2, -0x7ff1, -0x7ff1,
+        );
+        let dd = std::ptr::read_unaligned(wb as *const i32);
+        let [u0, u1, u2, u3] = k4_scales(wb.add(4));
+        let s = _mm512_broadcast_i32x4(_mm_setr_epi32(u0 as i32, u1 as i32, u2 as i32, u3 as i32));
+        let q0 = _mm512_loadu_si512(wb.add(16) as *const _);
+        let q1 = _mm512_loadu_si512(wb.add(80) as *const _);
+        let v = [
+            _mm512_and_si512(q0, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
+            _mm512_and_si512(q1, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
+        ];
+        let mut sum = _mm512_setzero_si512();
+        for k in 0..4 {
+            sum = _mm512_dpwssd_epi32(
+                sum,
+                _mm512_maddubs_epi16(v[k], av[k]),
+                _mm512_shuffle_epi8(s, sc[k]),
+            );
+        }
+        let m16 = _mm256_shuffle_epi8(_mm512_castsi512_si256(s), min_idx);
+        let mins = _mm512_zextsi256_si512(_mm256_madd_epi16(m16, bsums));
+        (sum, mins, dd)
+    }
+}
+
+/// The lane sums of eight i32 vectors, `x` then `y`: lane j of the result is the sum of the
+/// j-th vector (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum8(x: [__m512i; 4], y: [__m512i; 4]) -> __m256i {
+    // Per 128-bit quarter: [a, b, a, b] partials, then [a, b, c, d].
+    let two = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    };
+    let four = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+    };
+    let p = four(two(x[0], x[1]), two(x[2], x[3]));
+    let q = four(two(y[0], y[1]), two(y[2], y[3]));
+    // Quarters [p0 + p2, p1 + p3, q0 + q2, q1 + q3], then [p, q, p, q].
+    let quarters = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i64x2::<0b1000_1000>(a, b),
+            _mm512_shuffle_i64x2::<0b1101_1101>(a, b),
+        )
+    };
+    let t = quarters(p, q);
+    _mm512_castsi512_si256(quarters(t, t))
+}
+
+/// Rows of one interleaved Q4_K group ([`interleave_q4k`]): one per 32-bit lane.
+const IL_ROWS: usize = 16;
+/// Offsets in one interleaved super-block: 64 vectors of values (vector g: every row's values
+/// 4g..4g + 4), 8 of sub-block scales, 4 of min pairs, the rows' d and dmin.
+const IL_SC: usize = 64 * 64;
+const IL_MIN: usize = IL_SC + 8 * 64;
+const IL_D: usize = IL_MIN + 4 * 64;
+const IL_DMIN: usize = IL_D + 64;
+/// Bytes of one interleaved super-block of [`IL_ROWS`] rows.
+const IL_SB: usize = IL_DMIN + 64;
+
+/// Lays out 16 Q4_K rows (`wstride` bytes apart, `nb` super-blocks) with one row per 32-bit lane,
+/// llama.cpp's repacking idea in a wider form: the values of four consecutive positions of all
+/// rows in one vector, each sub-block's scale as an i32 per row, the min pair of each
+/// 64-value chunk, d and dmin as f32. The product kernel ([`gemm_q4k`]) then needs no horizontal
+/// sums: a row's dot stays in its lane.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks readable at `w + r * wstride` for `r < 16`,
+/// `nb * IL_SB` bytes writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn interleave_q4k(nb: usize, w: *const u8, wstride: usize, out: *mut u8) {
+    const BS: usize = 144;
+    let m4 = _mm256_set1_epi8(0x0f);
+    // One super-block of every row in value order.
+    let mut vals = [[_mm512_setzero_si512(); 4]; IL_ROWS];
+    for i in 0..nb {
+        // SAFETY: block `i` of every row is readable and the output super-block writable
+        // (caller); the lane arrays are 16 u32 (64 bytes) each.
+        unsafe {
+            let o = out.add(i * IL_SB);
+            let mut sc = [[0u32; IL_ROWS]; 8];
+            let mut mn = [[0u32; IL_ROWS]; 4];
+            let mut dd = [0u32; IL_ROWS];
+            for (r, v) in vals.iter_mut().enumerate() {
+                let wb = w.add(r * wstride + i * BS);
+                dd[r] = std::ptr::read_unaligned(wb as *const u32);
+                let [u0, u1, u2, u3] = k4_scales(wb.add(4));
+                let b = (u0 as u64 | (u1 as u64) << 32).to_le_bytes();
+                let m = (u2 as u64 | (u3 as u64) << 32).to_le_bytes();
+                for s in 0..8 {
+                    sc[s][r] = u32::from(b[s]);
+                }
+                for j in 0..4 {
+                    mn[j][r] = u32::from(m[2 * j]) | u32::from(m[2 * j + 1]) << 16;
+                }
+                for (j, vj) in v.iter_mut().enumerate() {
+                    let bits = _mm256_loadu_si256(wb.add(16 + 32 * j) as *const __m256i);
+                    let lo = _mm256_and_si256(bits, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    *vj = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                }
+            }
+            for j in 0..4 {
+                let t = transpose16(std::array::from_fn(|r| vals[r][j]));
+                for (g, tg) in t.iter().enumerate() {
+                    _mm512_storeu_si512(o.add(64 * (16 * j + g)) as *mut _, *tg);
+                }
+            }
+            for (s, v) in sc.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, o.add(IL_SC + 64 * s), 64);
+            }
+            for (j, v) in mn.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, o.add(IL_MIN + 64 * j), 64);
+            }
+            let halves = |k: usize| {
+                _mm256_setr_epi32(
+                    dd[8 * k] as i32,
+                    dd[8 * k + 1] as i32,
+                    dd[8 * k + 2] as i32,
+                    dd[8 * k + 3] as i32,
+                    dd[8 * k + 4] as i32,
+                    dd[8 * k + 5] as i32,
+                    dd[8 * k + 6] as i32,
+                    dd[8 * k + 7] as i32,
+                )
+            };
+            // Each u32: d (low half) and dmin (high half) as f16.
+            let (h0, h1) = (halves(0), halves(1));
+            let lo16 = _mm256_set1_epi32(0xffff);
+            let d16 = _mm256_packus_epi32(_mm256_and_si256(h0, lo16), _mm256_and_si256(h1, lo16));
+            let m16 = _mm256_packus_epi32(_mm256_srli_epi32(h0, 16), _mm256_srli_epi32(h1, 16));
+            // packus interleaves 128-bit halves: [h0 lo, h1 lo, h0 hi, h1 hi] in 64-bit units.
+            let d16 = _mm256_permute4x64_epi64::<0b1101_1000>(d16);
+            let m16 = _mm256_permute4x64_epi64::<0b1101_1000>(m16);
+            _mm512_storeu_ps(o.add(IL_D) as *mut f32, _mm512_cvtph_ps(d16));
+            _mm512_storeu_ps(o.add(IL_DMIN) as *mut f32, _mm512_cvtph_ps(m16));
+        }
+    }
+}
+
+/// The 16 x 16 transpose of 32-bit elements: lane r of result e is lane e of `x[r]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn transpose16(x: [__m512i; 16]) -> [__m512i; 16] {
+    // Within each 128-bit lane: rows 4q..4q + 4 at element k (u[q][k]).
+    let mut u = [[_mm512_setzero_si512(); 4]; 4];
+    for q in 0..4 {
+        let (a, b, c, d) = (x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+        let (ab0, ab1) = (_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        let (cd0, cd1) = (_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+        u[q] = [
+            _mm512_unpacklo_epi64(ab0, cd0),
+            _mm512_unpackhi_epi64(ab0, cd0),
+            _mm512_unpacklo_epi64(ab1, cd1),
+            _mm512_unpackhi_epi64(ab1, cd1),
+        ];
+    }
+    let mut out = [_mm512_setzero_si512(); 16];
+    for k in 0..4 {
+        let v01lo = _mm512_shuffle_i32x4::<0b0100_0100>(u[0][k], u[1][k]);
+        let v01hi = _mm512_shuffle_i32x4::<0b1110_1110>(u[0][k], u[1][k]);
+        let v23lo = _mm512_shuffle_i32x4::<0b0100_0100>(u[2][k], u[3][k]);
+        let v23hi = _mm512_shuffle_i32x4::<0b1110_1110>(u[2][k], u[3][k]);
+        // Element 4L + k of every row, L the 128-bit lane.
+        out[k] = _mm512_shuffle_i32x4::<0b1000_1000>(v01lo, v23lo);
+        out[4 + k] = _mm512_shuffle_i32x4::<0b1101_1101>(v01lo, v23lo);
+        out[8 + k] = _mm512_shuffle_i32x4::<0b1000_1000>(v01hi, v23hi);
+        out[12 + k] = _mm512_shuffle_i32x4::<0b1101_1101>(v01hi, v23hi);
+    }
+    out
+}
+
+/// 16 interleaved Q4_K rows ([`interleave_q4k`] at `d`) times `C` Q8_K rows (`astride` bytes
+/// apart): lane r of result c is row r's dot with column c. `GEMM`: llama.cpp's repacked gemm
+/// order ([`tile_gemm`]: per 64 values `a = fma(dot, dw * da, a)`, `m = fma(mins, dmin * da, m)`);
+/// otherwise its repacked gemv order ([`Order::GEMV`]: the same per super-block).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; `nb * IL_SB` bytes at `d`, `C` Q8_K rows of `nb` blocks at `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn gemm_q4k<const C: usize, const GEMM: bool>(
+    nb: usize,
+    d: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [__m512; C] {
+    let mut acc_d = [_mm512_setzero_ps(); C];
+    let mut acc_m = [_mm512_setzero_ps(); C];
+    for i in 0..nb {
+        // SAFETY: super-block `i` of the interleaved rows and of every column is in bounds
+        // (caller).
+        unsafe {
+            let db = d.add(i * IL_SB);
+            let mut ab = [a; C];
+            for (c, p) in ab.iter_mut().enumerate() {
+                *p = a.add(c * astride + i * Q8K_BYTES);
+            }
+            let dw = _mm512_loadu_ps(db.add(IL_D) as *const f32);
+            let dmin = _mm512_loadu_ps(db.add(IL_DMIN) as *const f32);
+            let da: [__m512; C] = std::array::from_fn(|c| {
+                _mm512_set1_ps(std::ptr::read_unaligned(ab[c] as *const f32))
+            });
+            let sd: [__m512; C] = std::array::from_fn(|c| _mm512_mul_ps(dw, da[c]));
+            let sm: [__m512; C] = std::array::from_fn(|c| _mm512_mul_ps(dmin, da[c]));
+            let mut dot = [_mm512_setzero_si512(); C];
+            let mut mins = [_mm512_setzero_si512(); C];
+            for j in 0..4 {
+                if GEMM {
+                    dot = [_mm512_setzero_si512(); C];
+                }
+                for half in 0..2 {
+                    // A sub-block's unscaled dot (`vpdpbusd`, four products per lane), then
+                    // times its scale: exact in 32 bits, half the instructions of scaling
+                    // every pair.
+                    let mut t = [_mm512_setzero_si512(); C];
+                    let sb = 16 * j + 8 * half;
+                    for g in sb..sb + 8 {
+                        let wv = _mm512_loadu_si512(db.add(64 * g) as *const _);
+                        for c in 0..C {
+                            let av = _mm512_set1_epi32(std::ptr::read_unaligned(
+                                ab[c].add(4 + 4 * g) as *const i32,
+                            ));
+                            t[c] = _mm512_dpbusd_epi32(t[c], wv, av);
+                        }
+                    }
+                    let sc = _mm512_loadu_si512(db.add(IL_SC + 64 * (2 * j + half)) as *const _);
+                    for c in 0..C {
+                        dot[c] = _mm512_add_epi32(dot[c], _mm512_mullo_epi32(t[c], sc));
+                    }
+                }
+                let mn = _mm512_loadu_si512(db.add(IL_MIN + 64 * j) as *const _);
+                for c in 0..C {
+                    // The 32-value sums of sub-blocks 2j and 2j + 1 (each of two 16-value sums).
+                    let bs = |s: usize| {
+                        let p = ab[c].add(4 + QK_K + 4 * s) as *const i16;
+                        i32::from(std::ptr::read_unaligned(p))
+                            + i32::from(std::ptr::read_unaligned(p.add(1)))
+                    };
+                    let pair = (bs(2 * j) & 0xffff) | bs(2 * j + 1) << 16;
+                    let mj = _mm512_madd_epi16(mn, _mm512_set1_epi32(pair));
+                    if GEMM {
+                        acc_d[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c]), sd[c], acc_d[c]);
+                        acc_m[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mj), sm[c], acc_m[c]);
+                    } else {
+                        mins[c] = _mm512_add_epi32(mins[c], mj);
+                    }
+                }
+            }
+            if !GEMM {
+                for c in 0..C {
+                    acc_d[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c]), sd[c], acc_d[c]);
+                    acc_m[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins[c]), sm[c], acc_m[c]);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|c| _mm512_sub_ps(acc_d[c], acc_m[c]))
+}
+
+thread_local! {
+    /// Interleaved Q4_K rows of the current call (reused: no allocation per call).
+    static INTERLEAVED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Bytes of one interleaved super-block of 16 Q6_K rows ([`interleave_q6k`]): values, scales
+/// as i32, scale pairs as i16, d.
+const IL6_SC: usize = 64 * 64;
+const IL6_PAIR: usize = IL6_SC + 16 * 64;
+const IL6_D: usize = IL6_PAIR + 8 * 64;
+const IL6_SB: usize = IL6_D + 64;
+
+/// 16 Q6_K rows laid out as [`interleave_q4k`] lays out Q4_K: values 0..63 four positions per
+/// lane, each sub-block's scale as an i32 per row and, in pairs of sub-blocks, as i16 pairs (for
+/// the `- 32` term), d as f32.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` blocks readable at `w + r * wstride` for `r < 16`,
+/// `nb * IL6_SB` bytes writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn interleave_q6k(nb: usize, w: *const u8, wstride: usize, out: *mut u8) {
+    const BS: usize = 210;
+    let mut vals = [[_mm512_setzero_si512(); 4]; IL_ROWS];
+    for i in 0..nb {
+        // SAFETY: block `i` of every row is readable and the output super-block writable
+        // (caller); the lane arrays are 16 u32 (64 bytes) each.
+        unsafe {
+            let o = out.add(i * IL6_SB);
+            let mut sc = [[0i32; IL_ROWS]; 16];
+            let mut pair = [[0u32; IL_ROWS]; 8];
+            let mut d = [0f32; IL_ROWS];
+            for (r, v) in vals.iter_mut().enumerate() {
+                let wb = w.add(r * wstride + i * BS);
+                *v = decode_sb(DType::Q6_K, wb).vals;
+                let scale = |s: usize| *wb.add(192 + s) as i8;
+                for (s, lanes) in sc.iter_mut().enumerate() {
+                    lanes[r] = i32::from(scale(s));
+                }
+                for (p, lanes) in pair.iter_mut().enumerate() {
+                    lanes[r] = u32::from(i16::from(scale(2 * p)) as u16)
+                        | u32::from(i16::from(scale(2 * p + 1)) as u16) << 16;
+                }
+                d[r] = f16_load(wb.add(208));
+            }
+            for j in 0..4 {
+                let t = transpose16(std::array::from_fn(|r| vals[r][j]));
+                for (g, tg) in t.iter().enumerate() {
+                    _mm512_storeu_si512(o.add(64 * (16 * j + g)) as *mut _, *tg);
+                }
+            }
+            for (s, v) in sc.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, o.add(IL6_SC + 64 * s), 64);
+            }
+            for (p, v) in pair.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(
+                    v.as_ptr() as *const u8,
+                    o.add(IL6_PAIR + 64 * p),
+                    64,
+                );
+            }
+            std::ptr::copy_nonoverlapping(d.as_ptr() as *const u8, o.add(IL6_D), 64);
+        }
+    }
+}
+
+/// 16 interleaved Q6_K rows ([`interleave_q6k`] at `d`) times `C` Q8_K rows in llama.cpp's tiled
+/// order ([`Order::TILED`]: per super-block `r = dot * dw`, `acc = fma(r, da, acc)`, the dot
+/// `(q - 32) . a` exact in integers); lane r of result c is row r's.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI; `nb * IL6_SB` bytes at `d`, `C` Q8_K rows of `nb` blocks at `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn gemm_q6k<const C: usize>(
+    nb: usize,
+    d: *const u8,
+    a: *const u8,
+    astride: usize,
+) -> [__m512; C] {
+    let mut acc = [_mm512_setzero_ps(); C];
+    for i in 0..nb {
+        // SAFETY: super-block `i` of the interleaved rows and of every column is in bounds
+        // (caller).
+        unsafe {
+            let db = d.add(i * IL6_SB);
+            let mut ab = [a; C];
+            for (c, p) in ab.iter_mut().enumerate() {
+                *p = a.add(c * astride + i * Q8K_BYTES);
+            }
+            let mut dot = [_mm512_setzero_si512(); C];
+            for s in 0..16 {
+                let mut t = [_mm512_setzero_si512(); C];
+                for g in 4 * s..4 * s + 4 {
+                    let wv = _mm512_loadu_si512(db.add(64 * g) as *const _);
+                    for c in 0..C {
+                        let av = _mm512_set1_epi32(std::ptr::read_unaligned(
+                            ab[c].add(4 + 4 * g) as *const i32
+                        ));
+                        t[c] = _mm512_dpbusd_epi32(t[c], wv, av);
+                    }
+                }
+                let sc = _mm512_loadu_si512(db.add(IL6_SC + 64 * s) as *const _);
+                for c in 0..C {
+                    dot[c] = _mm512_add_epi32(dot[c], _mm512_mullo_epi32(t[c], sc));
+                }
+            }
+            let dw = _mm512_loadu_ps(db.add(IL6_D) as *const f32);
+            for c in 0..C {
+                // Sum over sub-blocks of scale times 16-value sum, for the `- 32` term.
+                let mut off = _mm512_setzero_si512();
+                for p in 0..8 {
+                    let sp = _mm512_loadu_si512(db.add(IL6_PAIR + 64 * p) as *const _);
+                    let bs = std::ptr::read_unaligned(ab[c].add(4 + QK_K + 4 * p) as *const i32);
+                    off = _mm512_add_epi32(off, _mm512_madd_epi16(sp, _mm512_set1_epi32(bs)));
+                }
+                let total = _mm512_sub_epi32(dot[c], _mm512_slli_epi32::<5>(off));
+                let da = _mm512_set1_ps(std::ptr::read_unaligned(ab[c] as *const f32));
+                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(total), dw);
+                acc[c] = _mm512_fmadd_ps(r, da, acc[c]);
+            }
+        }
+    }
+    acc
+}
+
+/// Rows `0..` of a Q4_K weight llama.cpp repacks, or of a Q6_K weight in its tiled order, in
+/// whole groups of 16 through the interleaved layouts ([`interleave_q4k`], [`interleave_q6k`]):
+/// Q4_K columns below `gemm_cols` in the gemm order and the rest in the gemv order, Q6_K columns
+/// all tiled. Returns the rows done (a multiple of 16).
+fn k_interleaved(ty: DType, t: &Tile<'_>, nb: usize, gemm_cols: usize, out: &mut [f32]) -> usize {
+    let groups = t.rows / IL_ROWS;
+    if groups == 0 {
+        return 0;
+    }
+    let six = ty == DType::Q6_K;
+    let sb = if six { IL6_SB } else { IL_SB };
+    INTERLEAVED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() < nb * sb {
+            buf.resize(nb * sb, 0);
+        }
+        let mut res = [0f32; IL_ROWS];
+        for grp in 0..groups {
+            let r0 = grp * IL_ROWS;
+            let wp = t.w[r0 * t.wstride..].as_ptr();
+            // SAFETY: AVX-512 VNNI detected (caller path); rows `r0..r0 + 16` hold `nb` blocks
+            // (checked by the caller), the buffer `nb * sb` bytes.
+            unsafe {
+                if six {
+                    interleave_q6k(nb, wp, t.wstride, buf.as_mut_ptr())
+                } else {
+                    interleave_q4k(nb, wp, t.wstride, buf.as_mut_ptr())
+                }
+            };
+            let dp = buf.as_ptr();
+            let mut c0 = 0;
+            while c0 < t.cols {
+                let four = if six {
+                    t.cols - c0 >= 4
+                } else {
+                    c0 < gemm_cols
+                };
+                let ap = t.a[c0 * t.astride..].as_ptr();
+                let mut put = |c: usize, vc: __m512| {
+                    // SAFETY: `res` holds 16 floats.
+                    unsafe { _mm512_storeu_ps(res.as_mut_ptr(), vc) };
+                    let o = (c0 + c) * t.ocs + r0;
+                    out[o..o + IL_ROWS].copy_from_slice(&res);
+                };
+                if four {
+                    // SAFETY: as above; 4 Q8_K rows of `nb` blocks from column `c0` (checked by
+                    // the caller; `gemm_cols` is a multiple of 4).
+                    let v = unsafe {
+                        if six {
+                            gemm_q6k::<4>(nb, dp, ap, t.astride)
+                        } else {
+                            gemm_q4k::<4, true>(nb, dp, ap, t.astride)
+                        }
+                    };
+                    for (c, vc) in v.into_iter().enumerate() {
+                        put(c, vc);
+                    }
+                } else {
+                    // SAFETY: as above; column `c0 < cols` holds `nb` Q8_K blocks.
+                    let [v] = unsafe {
+                        if six {
+                            gemm_q6k::<1>(nb, dp, ap, t.astride)
+                        } else {
+                            gemm_q4k::<1, false>(nb, dp, ap, t.astride)
+                        }
+                    };
+                    put(0, v);
+                }
+                c0 += if four { 4 } else { 1 };
+            }
+        }
+    });
+    groups * IL_ROWS
 }
 
 /// The activation bytes `av` with the signs of IQ4_XS weights (negated where `neg` has a bit),
@@ -786,6 +1345,17 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
     let plain4 = ty == DType::Q4_K && !repacked;
     if cols <= 2 {
         let mut r = 0;
+        if cols == 1 && ty == DType::Q4_K && !plain4 {
+            while rows - r >= GEMV_ROWS {
+                // SAFETY: AVX-512 VNNI detected (caller path); rows `r..r + 4` hold `nb` blocks
+                // and the Q8_K row `nb` blocks (checked above).
+                let v = unsafe { gemv_q4k(nb, w[r * wstride..].as_ptr(), wstride, a.as_ptr()) };
+                for (dr, &x) in v.iter().enumerate() {
+                    out[r + dr] = x;
+                }
+                r += GEMV_ROWS;
+            }
+        }
         while r < rows {
             let rn = if rows - r >= DIRECT_ROWS {
                 DIRECT_ROWS
@@ -848,7 +1418,12 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32], repacked: bool)
         if buf.len() < TR * drb {
             buf.resize(TR * drb, 0);
         }
-        let mut r0 = 0;
+        // Repacked Q4_K and tiled Q6_K: whole groups of 16 rows interleaved, the rest below.
+        let mut r0 = if (ty == DType::Q4_K && !plain4) || (six && tiled) {
+            k_interleaved(ty, t, nb, gemm_cols, out)
+        } else {
+            0
+        };
         while r0 < rows {
             let rn = (rows - r0).min(TR);
             for r in 0..rn {
