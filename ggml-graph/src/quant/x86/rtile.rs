@@ -226,6 +226,136 @@ unsafe fn direct<const C: usize>(
     acc
 }
 
+/// Four Q4_0 rows' 16 nibble bytes of one block, row `o[l]` bytes after `b` in 128-bit lane `l`.
+///
+/// # Safety
+/// Only called from functions compiled with AVX-512 F; 16 readable bytes at every `b + o[l]`.
+#[inline(always)]
+unsafe fn lanes4(b: *const u8, o: [usize; 4]) -> __m512i {
+    // SAFETY: the caller runs with AVX-512 F; the reads are in bounds (caller). `read_unaligned`
+    // rather than `_mm_loadu_si128`, whose copy is checked and spilled in builds with debug
+    // assertions.
+    unsafe {
+        let ld = |r: usize| std::ptr::read_unaligned(b.wrapping_add(o[r]) as *const __m128i);
+        let x = _mm512_castsi128_si512(ld(0));
+        let x = _mm512_inserti32x4::<1>(x, ld(1));
+        let x = _mm512_inserti32x4::<2>(x, ld(2));
+        _mm512_inserti32x4::<3>(x, ld(3))
+    }
+}
+
+/// The four i32 lanes of each 128-bit lane of `s[k]` summed into lane `4l + k` (exact).
+#[inline(always)]
+fn sum_quads(s: [__m512i; 4]) -> __m512i {
+    // SAFETY: only reached from functions compiled with AVX-512 F (callers' target features).
+    unsafe {
+        let t0 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(s[0], s[1]),
+            _mm512_unpackhi_epi32(s[0], s[1]),
+        );
+        let t1 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(s[2], s[3]),
+            _mm512_unpackhi_epi32(s[2], s[3]),
+        );
+        _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1))
+    }
+}
+
+/// [`direct`] for Q4_0 without interleaving: each row's block is dotted where it lies (four rows
+/// per vector, one per 128-bit lane, against the activation's halves broadcast to every lane),
+/// then the sixteen rows' partial sums are reduced together into one vector, lane = row, and the
+/// scales come in one gather. The block dots are exact integers, so the results are [`direct`]'s
+/// bit for bit, for fewer instructions per block than the transpose takes. Row `r` of the group
+/// starts `offs[r]` bytes after `w` (a partial group repeats a row).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and F16C; `nb` Q4_0 blocks readable at every `w + offs[r]`, every
+/// `offs[r] + 4 <= i32::MAX`, `C` prepared rows of `nb` blocks at `a + c * astride`; `next` is
+/// only prefetched.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn direct_q4_0<const C: usize>(
+    nb: usize,
+    w: *const u8,
+    offs: &[usize; G],
+    next: *const u8,
+    lines: usize,
+    a: *const u8,
+    astride: usize,
+) -> [__m512; C] {
+    const BS: usize = 18;
+    let m4 = _mm512_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); C];
+    // Vector k: rows 4l + k, l = 0..4.
+    let quad = |k: usize| [offs[k], offs[4 + k], offs[8 + k], offs[12 + k]];
+    let o = [quad(0), quad(1), quad(2), quad(3)];
+    let g = |r: usize| offs[r] as i32;
+    let gidx = _mm512_setr_epi32(
+        g(0),
+        g(1),
+        g(2),
+        g(3),
+        g(4),
+        g(5),
+        g(6),
+        g(7),
+        g(8),
+        g(9),
+        g(10),
+        g(11),
+        g(12),
+        g(13),
+        g(14),
+        g(15),
+    );
+    for i in 0..nb {
+        for l in 0..lines {
+            #[allow(
+                unused_unsafe,
+                reason = "`_mm_prefetch` is safe to call in newer Rust, unsafe in 1.89 (our MSRV)"
+            )]
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(
+                    next.wrapping_add((i * lines + l) * 64) as *const i8
+                )
+            };
+        }
+        let b = w.wrapping_add(i * BS);
+        // SAFETY: block `i` of every row and of every prepared column is in bounds (caller).
+        unsafe {
+            let mut lo = [_mm512_setzero_si512(); 4];
+            let mut hi = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                let x = lanes4(b.wrapping_add(2), o[k]);
+                lo[k] = _mm512_and_si512(x, m4);
+                hi[k] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
+            }
+            // The first four bytes of every row's block: its f16 scale in the low half.
+            let d = _mm512_i32gather_epi32::<1>(gidx, b as *const i32);
+            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let ap = a.wrapping_add(c * astride + i * A_BLK);
+                let av = std::ptr::read_unaligned(ap as *const __m256i);
+                let alo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(av));
+                let ahi = _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(av));
+                let mut s = [_mm512_setzero_si512(); 4];
+                for k in 0..4 {
+                    s[k] = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[k], alo),
+                        hi[k],
+                        ahi,
+                    );
+                }
+                let corr = _mm512_set1_epi32(std::ptr::read_unaligned(ap.add(72) as *const i32));
+                let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(sum_quads(s), corr));
+                let da = _mm512_set1_ps(std::ptr::read_unaligned(ap.add(64) as *const f32));
+                *acc = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, da), *acc);
+            }
+        }
+    }
+    acc
+}
+
 /// Interleaves `nb` blocks of a group into `out` (`nb * G_BLK` bytes).
 ///
 /// # Safety
@@ -310,8 +440,31 @@ pub(crate) fn dot_tile(ty: DType, t: &Tile<'_>, out: &mut [f32]) {
     let nb = n / QK;
     let ap = a.as_ptr();
     if cols <= 2 {
+        // The gather's i32 offsets reach row 15's first four bytes.
+        let q4_0 = ty == DType::Q4_0 && (G - 1) * wstride + 4 <= i32::MAX as usize;
         for r0 in (0..rows).step_by(G) {
             let rn = (rows - r0).min(G);
+            if q4_0 {
+                let offs: [usize; G] = std::array::from_fn(|g| g.min(rn - 1) * wstride);
+                let wr = w[r0 * wstride..].as_ptr();
+                // The next group's rows (contiguous after this group's), as [`direct`] takes
+                // them.
+                let next = wr.wrapping_add(G * wstride);
+                let lines = (G * wstride).div_ceil(64 * nb.max(1));
+                // SAFETY: AVX-512 VNNI detected (caller path); rows `r0..r0 + rn` hold `nb`
+                // blocks (checked by the caller), which `offs` stays inside, with the i32 bound
+                // checked above; the `cols` prepared rows hold `nb` blocks each.
+                unsafe {
+                    if cols == 2 {
+                        let v = direct_q4_0::<2>(nb, wr, &offs, next, lines, ap, astride);
+                        scatter(&v, out, ocs, 0, r0, rn);
+                    } else {
+                        let v = direct_q4_0::<1>(nb, wr, &offs, next, lines, ap, astride);
+                        scatter(&v, out, ocs, 0, r0, rn);
+                    }
+                }
+                continue;
+            }
             let gr = group_rows(w, wstride, r0, rn);
             // SAFETY: AVX-512 VNNI detected (caller path); every row holds `nb` blocks and the
             // `cols` prepared rows `nb` blocks each (checked by the caller).
