@@ -229,14 +229,15 @@ unsafe fn direct<const C: usize>(
 /// Four Q4_0 rows' 16 nibble bytes of one block, row `o[l]` bytes after `b` in 128-bit lane `l`.
 ///
 /// # Safety
-/// Only called from functions compiled with AVX-512 F; 16 readable bytes at every `b + o[l]`.
+/// Only called from functions compiled with AVX-512 F/BW/VL; 16 readable bytes at every
+/// `b + o[l]`.
 #[inline(always)]
 unsafe fn lanes4(b: *const u8, o: [usize; 4]) -> __m512i {
-    // SAFETY: the caller runs with AVX-512 F; the reads are in bounds (caller). `read_unaligned`
-    // rather than `_mm_loadu_si128`, whose copy is checked and spilled in builds with debug
-    // assertions.
+    // SAFETY: the caller runs with AVX-512 F/BW/VL; the reads are in bounds (caller). Masked
+    // loads (all lanes) rather than `_mm_loadu_si128` or `read_unaligned`, whose copies are
+    // checked and spilled through the stack in builds with debug assertions (the `ci` profile).
     unsafe {
-        let ld = |r: usize| std::ptr::read_unaligned(b.wrapping_add(o[r]) as *const __m128i);
+        let ld = |r: usize| _mm_maskz_loadu_epi8(!0, b.wrapping_add(o[r]) as *const i8);
         let x = _mm512_castsi128_si512(ld(0));
         let x = _mm512_inserti32x4::<1>(x, ld(1));
         let x = _mm512_inserti32x4::<2>(x, ld(2));
@@ -335,9 +336,11 @@ unsafe fn direct_q4_0<const C: usize>(
             let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
             for (c, acc) in acc.iter_mut().enumerate() {
                 let ap = a.wrapping_add(c * astride + i * A_BLK);
-                let av = std::ptr::read_unaligned(ap as *const __m256i);
-                let alo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(av));
-                let ahi = _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(av));
+                // Bytes 0..32: the values; 64: the f32 scale; 72: the i32 block correction.
+                let av = _mm512_maskz_loadu_epi8(!0, ap as *const i8);
+                let tail = _mm512_maskz_loadu_epi32(!0, ap.wrapping_add(64) as *const i32);
+                let alo = _mm512_broadcast_i32x4(_mm512_castsi512_si128(av));
+                let ahi = _mm512_shuffle_i32x4::<0b0101_0101>(av, av);
                 let mut s = [_mm512_setzero_si512(); 4];
                 for k in 0..4 {
                     s[k] = _mm512_dpbusd_epi32(
@@ -346,9 +349,9 @@ unsafe fn direct_q4_0<const C: usize>(
                         ahi,
                     );
                 }
-                let corr = _mm512_set1_epi32(std::ptr::read_unaligned(ap.add(72) as *const i32));
+                let corr = _mm512_permutexvar_epi32(_mm512_set1_epi32(2), tail);
                 let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(sum_quads(s), corr));
-                let da = _mm512_set1_ps(std::ptr::read_unaligned(ap.add(64) as *const f32));
+                let da = _mm512_permutexvar_ps(_mm512_setzero_si512(), _mm512_castsi512_ps(tail));
                 *acc = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, da), *acc);
             }
         }
