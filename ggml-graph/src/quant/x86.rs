@@ -404,6 +404,27 @@ unsafe fn dot_q6_k(nb: usize, w: *const u8, a: *const u8) -> f32 {
     unsafe { hsum(acc) }
 }
 
+/// Elements `i..i + 8` of a F32, F16 or BF16 row as f32. A function, not a closure in
+/// [`dot_float_avx2`]: a closure returning a vector was compiled apart in the CLI build.
+///
+/// # Safety
+/// Only called from functions compiled with AVX2 and F16C; elements `i..i + 8` readable at `w`.
+#[inline(always)]
+unsafe fn float8(ty: DType, w: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller runs with the features these intrinsics need; the read is in bounds
+    // (caller).
+    unsafe {
+        match ty {
+            DType::F32 => _mm256_loadu_ps((w as *const f32).add(i)),
+            DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i)),
+            _ => _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * i) as *const __m128i)),
+                16,
+            )),
+        }
+    }
+}
+
 /// # Safety
 /// AVX2/FMA/F16C; `w` holds `n` elements of `ty`, `a` holds `n` f32.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -413,23 +434,13 @@ unsafe fn dot_float_avx2(ty: DType, n: usize, w: *const u8, a: *const f32) -> f3
     let mut i = 0;
     // SAFETY: every load covers elements below `n` (loop bounds), readable per the caller.
     unsafe {
-        let load = |i: usize| -> __m256 {
-            match ty {
-                DType::F32 => _mm256_loadu_ps((w as *const f32).add(i)),
-                DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i)),
-                _ => _mm256_castsi256_ps(_mm256_slli_epi32(
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * i) as *const __m128i)),
-                    16,
-                )),
-            }
-        };
         while i + 16 <= n {
-            acc0 = _mm256_fmadd_ps(load(i), _mm256_loadu_ps(a.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(load(i + 8), _mm256_loadu_ps(a.add(i + 8)), acc1);
+            acc0 = _mm256_fmadd_ps(float8(ty, w, i), _mm256_loadu_ps(a.add(i)), acc0);
+            acc1 = _mm256_fmadd_ps(float8(ty, w, i + 8), _mm256_loadu_ps(a.add(i + 8)), acc1);
             i += 16;
         }
         while i + 8 <= n {
-            acc0 = _mm256_fmadd_ps(load(i), _mm256_loadu_ps(a.add(i)), acc0);
+            acc0 = _mm256_fmadd_ps(float8(ty, w, i), _mm256_loadu_ps(a.add(i)), acc0);
             i += 8;
         }
         let mut s = hsum(_mm256_add_ps(acc0, acc1));
