@@ -316,9 +316,7 @@ unsafe fn direct_q4_0<const C: usize>(
             )]
             // SAFETY: a prefetch never faults, whatever the address.
             unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    next.wrapping_add((i * lines + l) * 64) as *const i8
-                )
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((i * lines + l) * 64) as *const i8)
             };
         }
         let b = w.wrapping_add(i * BS);
