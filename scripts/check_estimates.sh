@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The memory estimate against the run, on the GPU machine (issue "Memory estimates that match the
 # run"): for each model, context and cap, `rocmforge generate` with a prompt longer than one batch
-# (so the first pass is the largest), then
-#   - the estimated GPU total against what the allocator holds after that pass (within 5%),
+# (so the first pass is a full batch), then
+#   - the estimated GPU total against what the allocator holds at the end of the run (within 5%),
 #   - the card's peak (nvidia-smi, 50 ms polls, less what was in use before) within the cap,
 #   - under a cap that leaves layers on the CPU: one more layer (`-ngl placed+1`, no cap) peaks
 #     above the cap, so the plan placed the most layers that fit.
@@ -13,8 +13,8 @@
 # (default "none 2G 3G 6G"), GPUS (default 0: the GPUs the runs may use, as CUDA/HIP visible
 # devices; with several, `--device auto` splits layers over them, the cap is per GPU and the peak
 # is the largest of theirs), LOGS (a folder that keeps every run's output, with the estimate's
-# workspace terms logged, as MODEL-CTX-CAP[-ngl N].log). Prints one row per run and exits 1 if any
-# check fails.
+# workspace terms logged, as MODEL-CTX-CAP[-ngl N].log), FILL (1: prompts of about 90% of the
+# context, see `prompt` below). Prints one row per run and exits 1 if any check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The estimate's workspace terms, for the kept logs.
@@ -30,8 +30,15 @@ command -v nvidia-smi >/dev/null || { echo "nvidia-smi not found: run this on th
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# About 700 tokens with any vocabulary: longer than the default batch of 512.
-for _ in $(seq 1 100); do printf 'the quick brown fox jumps over the lazy dog. '; done > "$work/prompt.txt"
+# About 700 tokens with any vocabulary: longer than the default batch of 512. With FILL=1, about
+# 90% of each context instead (written per context below), so that the last prompt chunk attends
+# over nearly all of it, where the attention's scratch is largest (worth it for small models,
+# whose scratch is a larger share; slow with layers on the CPU).
+prompt() {
+  local n=100
+  [ "${FILL:-0}" = 1 ] && n=$(( $1 * 9 / 10 / 11 ))
+  for _ in $(seq 1 "$n"); do printf 'the quick brown fox jumps over the lazy dog. '; done > "$work/prompt.txt"
+}
 
 # "index, MiB" per visible GPU.
 used() { nvidia-smi -i "$gpus" --query-gpu=index,memory.used --format=csv,noheader,nounits; }
@@ -42,14 +49,14 @@ to_mib() {
   esac
 }
 
-# run ARGS...: runs generate, leaves its stderr in $work/log and the card's peak (MiB over the
+# run ARGS...: runs generate (with --stats: the memory at the end), leaves its stderr in $work/log and the card's peak (MiB over the
 # use before) in $peak.
 run() {
   local base sp
   used > "$work/base"
   nvidia-smi -i "$gpus" --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 50 > "$work/smi" 2>/dev/null &
   sp=$!
-  timeout 300 "$rf" generate --device auto -f "$work/prompt.txt" -n 4 --temp 0 "$@" \
+  timeout 300 "$rf" generate --device auto -f "$work/prompt.txt" -n 4 --temp 0 --stats "$@" \
     > /dev/null 2> "$work/log"
   local rc=$?
   if [ -n "${LOGS:-}" ]; then
@@ -69,6 +76,7 @@ printf '%-28s %-6s %-5s %-9s %9s %9s %7s %9s %s\n' model ctx cap layers estimate
 for m in "$@"; do
   name=$(basename "$m" .gguf)
   for c in $ctxs; do
+    prompt "$c"
     for cap in $caps; do
       args=(-m "$m" -c "$c")
       [ "$cap" = none ] || args+=(--gpu-mem-limit "$cap")
@@ -80,7 +88,8 @@ for m in "$@"; do
       layers=$(grep -o 'layers on GPU: [0-9]*/[0-9]*' "$work/log" | head -1 | cut -d' ' -f4)
       head_gpu=$(grep -c 'output head on GPU' "$work/log")
       est=$(grep -o 'total [0-9.]* MiB' "$work/log" | head -1 | awk '{print $2}')
-      alloc=$(grep -o 'GPU memory allocated: [0-9.]* MiB' "$work/log" | head -1 | awk '{print $4}')
+      # At the end of the run (`--stats`): allocations only grow, so this is the run's largest.
+      alloc=$(grep -o 'GPU memory allocated: [0-9.]* MiB' "$work/log" | tail -1 | awk '{print $4}')
       if [ -z "$est" ] || [ -z "$alloc" ]; then
         printf '%-28s %-6s %-5s no plan or no GPU pass in the output\n' "$name" "$c" "$cap"
         fail=1
