@@ -166,8 +166,23 @@ impl HipCollective {
         Self::new(&[], opts)
     }
 
+    /// Fails: this build has no HIP backend.
+    pub fn per_rank(
+        gpus: &[std::sync::Arc<HipDevice>],
+        opts: &crate::hip_options::CollectiveOptions,
+    ) -> Result<Vec<Self>> {
+        let _ = gpus;
+        Self::new(&[], opts).map(|c| vec![c])
+    }
+
     /// See the HIP build's `check`.
     pub fn check(&self) -> Result<()> {
+        match self.never {}
+    }
+
+    /// See the HIP build's `abort`.
+    pub fn abort(&self, why: String) {
+        let _ = why;
         match self.never {}
     }
 
