@@ -583,8 +583,8 @@ fn batch_engine_in_a_tensor_split_equals_one_gpu() {
     }
 }
 
-/// Perplexity as `rocmforge perplexity -c 512` measures it, over a text-like stream (an
-/// 11-token sentence repeated) in two windows of 512: a model of a real shape scores its later
+/// Perplexity as `rocmforge perplexity -c 512` measures it (sessions of batch 512), over a
+/// text-like stream (an 11-token sentence repeated) in two windows of 512: a model of a real shape scores its later
 /// windows' tokens from a long context, where the splits' sums must hold.
 fn text_ppl(s: &mut Session, n_vocab: usize) -> f64 {
     let sentence: Vec<u32> = (0..11u64)
@@ -626,6 +626,7 @@ fn a_model_file_in_both_splits_equals_one_gpu() {
     let per_op = SessionOptions {
         gpu_stack: false,
         n_ctx: 512,
+        n_batch: 512,
         ..one_gpu()
     };
     let mut one = Session::new(&m, &per_op).expect("one-GPU session");
@@ -642,6 +643,7 @@ fn a_model_file_in_both_splits_equals_one_gpu() {
         let opts = SessionOptions {
             gpu_stack: false,
             n_ctx: 512,
+            n_batch: 512,
             ..opts
         };
         let mut s = Session::new(&m, &opts).expect("split session");
