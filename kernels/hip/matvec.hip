@@ -860,30 +860,59 @@ RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 // an 8B's matrices between the columns' blocks).
 // =============================================================================================
 
+// Warp sums of the N values v[0 .. N) (N a power of two up to the warp size) in N - 1 +
+// log2(warp / N) shuffles instead of N log2(warp): each halving step, lanes with the step's lane
+// bit set keep the upper half of their values and the others the lower half, each adding its
+// partner's copy of the half it keeps. Returns the total of value lane / (warp / N), which every
+// lane of that group of warp / N lanes holds.
+template <int N>
+static __device__ __forceinline__ float warp_sum_many(float* v, int lane) {
+    static_assert(N >= 1 && N <= RF_WARP && (N & (N - 1)) == 0, "N: a power of two up to the warp size");
+    constexpr int STEPS = N >= 32 ? 5 : N >= 16 ? 4 : N >= 8 ? 3 : N >= 4 ? 2 : N >= 2 ? 1 : 0;
+#pragma unroll
+    for (int st = 0; st < STEPS; ++st) {
+        const int half = N >> (st + 1), o = RF_WARP >> (st + 1);
+        // A bit mask, not `up ? v[i + half] : v[i]`, which compilers may turn into a select of
+        // addresses and so put v in local memory.
+        const int sel = (lane & o) != 0 ? -1 : 0;
+#pragma unroll
+        for (int i = 0; i < half; ++i) {
+            const int lo = __float_as_int(v[i]), hi = __float_as_int(v[i + half]);
+            const float keep = __int_as_float((hi & sel) | (lo & ~sel));
+            const float send = __int_as_float((lo & sel) | (hi & ~sel));
+            v[i] = keep + rf_shfl_xor(send, o);
+        }
+    }
+#pragma unroll
+    for (int o = RF_WARP >> (STEPS + 1); o > 0; o /= 2) v[0] += rf_shfl_xor(v[0], o);
+    return v[0];
+}
+
 // Epilogue of the column mat-vecs for rows row0 .. row0 + R - 1 and columns c0 .. c0 + nc - 1:
-// warp sums of the lanes' acc[matrix][column][row], then lane 0 writes out = dot (NM = 1) or
-// act(gate) * up (NM = 2), plus bias[row] when a bias is given.
+// warp sums of the lanes' acc[matrix][column][row] (warp_sum_many: value (m NC + j) R + r ends
+// in lane group (m NC + j) R + r, so a gate's up value is warp / 2 lanes away), then the first
+// lane of each group writes out = dot (NM = 1) or act(gate) * up (NM = 2), plus bias[row] when a
+// bias is given.
 template <int R, int NM, int NC>
 static __device__ __forceinline__ void mv_finish_cols(float (*acc)[NC][R], const float* __restrict__ bias,
                                                       int act_kind, float* __restrict__ out, int lane, int row0,
                                                       int nrows, int out_stride, int c0, int nc) {
+    constexpr int N = NM * NC * R, GROUP = RF_WARP / N;
+    float v[N];
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
         for (int j = 0; j < NC; ++j)
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][j][r] = warp_sum(acc[m][j][r]);
-    if (lane != 0) return;
-#pragma unroll
-    for (int j = 0; j < NC; ++j)
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (j < nc && row0 + r < nrows) {
-                float v = acc[0][j][r];
-                if (NM == 2) v = act_fn(act_kind, v) * acc[NM - 1][j][r];
-                if (bias) v += bias[row0 + r];
-                out[(size_t)(c0 + j) * out_stride + row0 + r] = v;
-            }
+            for (int r = 0; r < R; ++r) v[(m * NC + j) * R + r] = acc[m][j][r];
+    float s = warp_sum_many<N>(v, lane);
+    const float u = NM == 2 ? rf_shfl_xor(s, RF_WARP / 2) : 0.0f;
+    const int idx = lane / GROUP, j = idx / R, r = idx % R;
+    if (lane % GROUP == 0 && idx < NC * R && j < nc && row0 + r < nrows) {
+        if (NM == 2) s = act_fn(act_kind, s) * u;
+        if (bias) s += bias[row0 + r];
+        out[(size_t)(c0 + j) * out_stride + row0 + r] = s;
+    }
 }
 
 // Q4_K/Q5_K read directly: one row per warp, U blocks per lane in flight, each block's raw words
