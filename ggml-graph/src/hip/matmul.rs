@@ -49,7 +49,7 @@ pub(super) unsafe fn launch_matvec(
 /// Columns up to which Q4_K/Q6_K products take the column mat-vecs (each weight read once for
 /// all columns; [`kernels::WeightType::matvec_cols`]) ahead of the tile kernels, which start at
 /// `MMQ_MIN_COLS` (as llama.cpp's mmvq takes up to 8 columns).
-const COLS_MAX: usize = kernels::MATVEC_COLS_MAX;
+pub(super) const COLS_MAX: usize = kernels::MATVEC_COLS_MAX;
 
 /// Whether a product of `m` vectors with `dtype` weights takes the column mat-vecs (then not
 /// the tile kernels, whatever [`mmq_takes`] says).

@@ -29,7 +29,7 @@ const MATVEC_MAX_COLS: usize = 8;
 const MMQ_MIN_COLS: usize = 8;
 const MMQ_MAX_COLS: usize = 64;
 /// Columns up to which Q4_K and Q6_K products take the column mat-vecs ahead of the tile
-/// products (`matmul::takes_cols`, `kernels::MATVEC_COLS_MAX`): no partial sums.
+/// products (`matmul::COLS_MAX`, `matmul::takes_cols`): no partial sums.
 const COLS_MAX: usize = 8;
 /// Most shares a tile product splits its steps into (`kernels::MMQ_MAX_SPLITS`).
 const MMQ_MAX_SPLITS: usize = 8;
@@ -53,7 +53,7 @@ const ATTN_DEC_MAX_KV: usize = 4096;
 const _: () = {
     assert!(MATVEC_MAX_COLS == super::ops::MATVEC_MAX_COLS);
     assert!(MMQ_MIN_COLS == super::ops::MMQ_MIN_COLS);
-    assert!(COLS_MAX == kernels::MATVEC_COLS_MAX);
+    assert!(COLS_MAX == super::matmul::COLS_MAX);
     assert!(MMQ_MAX_COLS == super::ops::MMQ_MMA_MAX_COLS);
     assert!(MMQ_MAX_COLS >= super::ops::MMQ_MAX_COLS);
     assert!(MMQ_MAX_SPLITS == kernels::MMQ_MAX_SPLITS);
@@ -374,7 +374,9 @@ mod tests {
     #[test]
     fn column_mat_vecs_need_no_tile_partials() {
         let input = Op::Leaf(Leaf::Input);
-        let x = tensor(DType::F32, [4096, 8, 1, 1], input.clone());
+        // The tile products' first width, which Q4_K and Q6_K leave to the column mat-vecs.
+        let m = MMQ_MIN_COLS;
+        let x = tensor(DType::F32, [4096, m, 1, 1], input.clone());
         for dt in [DType::Q4_K, DType::Q6_K, DType::Q8_0] {
             let w = tensor(dt, [4096, 1024, 1, 1], input.clone());
             let tiles = if dt == DType::Q8_0 { 1 } else { 0 };
@@ -382,12 +384,12 @@ mod tests {
                 (Op::MulMat, vec![&w, &x], 1),
                 (Op::MulMatGated(Act::Silu), vec![&w, &w, &x], 2),
             ] {
-                let t = tensor(DType::F32, [1024, 8, 1, 1], op);
+                let t = tensor(DType::F32, [1024, m, 1, 1], op);
                 let (scratch, q8) = node_needs(&t, &srcs, true, 0);
-                assert_eq!(q8, 8 * q8_1_vector_bytes(4096), "{dt}");
+                assert_eq!(q8, m * q8_1_vector_bytes(4096), "{dt}");
                 assert_eq!(
                     scratch,
-                    tiles * mats * MMQ_MAX_SPLITS * 8 * 1024 * 4,
+                    tiles * mats * MMQ_MAX_SPLITS * m * 1024 * 4,
                     "{dt}"
                 );
             }
