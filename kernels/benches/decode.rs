@@ -4,7 +4,8 @@
 //! with stream events over many launches; the weights rotate over copies that together exceed
 //! the L2 cache several times, so every launch reads its weights from device memory.
 //! Without a GPU or built kernels it prints why and exits. `DECODE_BATCHED=1` runs only the
-//! batched products (mat-vec, integer tiles, dequantize + gemmEx at 1 to 256 vectors).
+//! batched products (mat-vec, the column mat-vecs of 2 to 8 vectors, integer tiles, dequantize +
+//! gemmEx at 1 to 256 vectors).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -440,6 +441,22 @@ fn batched(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64, sms: usize) {
                         )
                     };
                 };
+                let cols_kid = t.matvec_cols(m, false);
+                let col_mv = |i: u32| {
+                    let Some(kid) = cols_kid else { return };
+                    let [a0, a1, a2, a3, a4, a5, a6] =
+                        matvec_args(wsub(i), &y, &out, rows, cols, row_bytes);
+                    // SAFETY: the buffers were allocated above for the shapes and counts passed
+                    // here.
+                    unsafe {
+                        g.launch(
+                            kid,
+                            rocmforge_kernels::matvec_cols_grid(t, rows, m),
+                            MATVEC_WARPS * g.warp,
+                            &[a0, a1, a2, a3, a4, a5, a6, Arg::I32(m as i32)],
+                        )
+                    };
+                };
                 let plan = MmqPlan::new(rows, m, cols, 1, sms);
                 let mmq = |i: u32| {
                     let p = plan.partial.then(|| part.range());
@@ -534,6 +551,7 @@ fn batched(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64, sms: usize) {
                 let mut line = format!("  {:5} {what:11} m={m:3}", t.ggml_name());
                 for (name, ms) in [
                     ("matvec", (m <= 32).then(|| graph_ms(g, ITERS / 4, matvec))),
+                    ("cols", cols_kid.map(|_| graph_ms(g, ITERS / 4, col_mv))),
                     ("mmq", (m >= 2).then(|| graph_ms(g, ITERS / 4, mmq))),
                     ("dq+gemm", (m >= 8).then(|| time_ms(g, 20, gemm))),
                 ] {

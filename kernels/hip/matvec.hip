@@ -289,13 +289,14 @@ struct stage_dims {
     static constexpr int WORDS = ((SPAN + 3) / 4 + 2 + 3) & ~3;  // + start offset, + slack, 16-byte rows
 };
 
-// Dot products of rows row0 .. row0 + R - 1 of `w` with the activation vector over the steps
-// kp, kp + KS, ... (each step G blocks), per lane (the caller sums across the warp).
-template <typename T, int R, int KS, bool A16>
-static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w, q8_vec yv, int ncols,
-                                                   long long row_bytes, int nrows, int row0, int lane, int wid,
-                                                   int kp, uint32_t (*stage)[R][stage_dims<T>::WORDS],
-                                                   float* acc) {
+// Dot products of rows row0 .. row0 + R - 1 of `w` with the activation vectors c0 .. c0 + nc - 1
+// of `y` (nc at most NC) over the steps kp, kp + KS, ... (each step G blocks), per lane, into acc[column][row]
+// (the caller sums across the warp). Each staged weight block serves every column.
+template <typename T, int R, int KS, bool A16, int NC = 1>
+static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w, const uint8_t* __restrict__ y,
+                                                   int c0, int nc, int ncols, long long row_bytes, int nrows, int row0, int lane,
+                                                   int wid, int kp, uint32_t (*stage)[R][stage_dims<T>::WORDS],
+                                                   float (*acc)[R]) {
     constexpr int G = stage_dims<T>::G;
     constexpr int SPAN = stage_dims<T>::SPAN;
     constexpr int IT = A16 ? (SPAN / 16 + RF_WARP - 1) / RF_WARP : (SPAN / 4 + 2 + RF_WARP - 1) / RF_WARP;
@@ -347,12 +348,16 @@ static __device__ __forceinline__ void staged_rows(const uint8_t* __restrict__ w
 #pragma unroll
         for (int k = 0; k < T::ROUNDS; ++k) {
             const int bk = bl + k * (RF_WARP / T::LPB);
-            if (b0 + bk < nblk) {
-                typename T::Act a;
-                T::load_act(yv, b0 + bk, part, a);
+            if (b0 + bk < nblk)
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[r] += T::dot(stage[wid][r], off[r] + bk * T::BYTES, part, a);
-            }
+                for (int j = 0; j < NC; ++j)
+                    if (NC == 1 || j < nc) {
+                        typename T::Act a;
+                        T::load_act(q8_vec_at(y, ncols, c0 + j), b0 + bk, part, a);
+#pragma unroll
+                        for (int r = 0; r < R; ++r)
+                            acc[j][r] += T::dot(stage[wid][r], off[r] + bk * T::BYTES, part, a);
+                    }
         }
         rf_syncwarp();
     }
@@ -516,7 +521,6 @@ static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restr
     const int lane = threadIdx.x % RF_WARP;
     const int wid = threadIdx.x / RF_WARP;
     if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
-    const q8_vec yv = q8_vec_at(y, ncols, blockIdx.y);
     constexpr int PB = mv_rows<R, KS>::PER_BLOCK;
     const int kp = wid % KS;
     // A grid smaller than the row count loops; with KS > 1 every warp of a block runs the same
@@ -525,10 +529,10 @@ static __device__ __forceinline__ void matvec_staged_impl(const uint8_t* __restr
         float acc[2][R];
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = 0.0f;
-        staged_rows<T, R, KS, A16>(w, yv, ncols, row_bytes, nrows, row0, lane, wid, kp, stage, acc[0]);
+        staged_rows<T, R, KS, A16>(w, y, blockIdx.y, 1, ncols, row_bytes, nrows, row0, lane, wid, kp, stage, &acc[0]);
         // (a runtime branch: choosing it at compile time measured 1% slower on an all-Q5_0 8B)
         if (w2) {
-            staged_rows<T, R, KS, A16>(w2, yv, ncols, row_bytes, nrows, row0, lane, wid, kp, stage, acc[1]);
+            staged_rows<T, R, KS, A16>(w2, y, blockIdx.y, 1, ncols, row_bytes, nrows, row0, lane, wid, kp, stage, &acc[1]);
             mv_finish<R, 2, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride, ep);
         } else {
             mv_finish<R, 1, KS>(acc, bias, act_kind, out, lane, wid, row0, nrows, out_stride, ep);
@@ -848,6 +852,230 @@ RF_MATVEC_GATED(matvec_q5_k, MV_BOUND, matvec_direct2, mv_q5_k, 1)
 // load) within 64 registers (8 blocks of 128 threads per SM);
 // `kernels::WeightType::matvec_gated_rows_per_block` is 8.
 RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
+
+// =============================================================================================
+// Mat-vecs of a few activation vectors (a batched decode step, 2 to 8 columns): each block takes
+// NC columns (grid.y = ceil(m / NC)) and dots every weight block it reads with all of them, where
+// the kernels above read the weights once per column (one vector per grid row; L2 does not hold
+// an 8B's matrices between the columns' blocks).
+// =============================================================================================
+
+// Warp sums of the N values v[0 .. N) (N a power of two up to the warp size) in N - 1 +
+// log2(warp / N) shuffles instead of N log2(warp): each halving step, lanes with the step's lane
+// bit set keep the upper half of their values and the others the lower half, each adding its
+// partner's copy of the half it keeps. Returns the total of value lane / (warp / N), which every
+// lane of that group of warp / N lanes holds.
+template <int N>
+static __device__ __forceinline__ float warp_sum_many(float* v, int lane) {
+    static_assert(N >= 1 && N <= RF_WARP && (N & (N - 1)) == 0, "N: a power of two up to the warp size");
+    constexpr int STEPS = N >= 32 ? 5 : N >= 16 ? 4 : N >= 8 ? 3 : N >= 4 ? 2 : N >= 2 ? 1 : 0;
+#pragma unroll
+    for (int st = 0; st < STEPS; ++st) {
+        const int half = N >> (st + 1), o = RF_WARP >> (st + 1);
+        // A bit mask, not `up ? v[i + half] : v[i]`, which compilers may turn into a select of
+        // addresses and so put v in local memory.
+        const int sel = (lane & o) != 0 ? -1 : 0;
+#pragma unroll
+        for (int i = 0; i < half; ++i) {
+            const int lo = __float_as_int(v[i]), hi = __float_as_int(v[i + half]);
+            const float keep = __int_as_float((hi & sel) | (lo & ~sel));
+            const float send = __int_as_float((lo & sel) | (hi & ~sel));
+            v[i] = keep + rf_shfl_xor(send, o);
+        }
+    }
+#pragma unroll
+    for (int o = RF_WARP >> (STEPS + 1); o > 0; o /= 2) v[0] += rf_shfl_xor(v[0], o);
+    return v[0];
+}
+
+// Epilogue of the column mat-vecs for rows row0 .. row0 + R - 1 and columns c0 .. c0 + nc - 1:
+// warp sums of the lanes' acc[matrix][column][row] (warp_sum_many: value (m NC + j) R + r ends
+// in lane group (m NC + j) R + r, so a gate's up value is warp / 2 lanes away), then the first
+// lane of each group writes out = dot (NM = 1) or act(gate) * up (NM = 2), plus bias[row] when a
+// bias is given.
+template <int R, int NM, int NC>
+static __device__ __forceinline__ void mv_finish_cols(float (*acc)[NC][R], const float* __restrict__ bias,
+                                                      int act_kind, float* __restrict__ out, int lane, int row0,
+                                                      int nrows, int out_stride, int c0, int nc) {
+    constexpr int N = NM * NC * R, GROUP = RF_WARP / N;
+    float v[N];
+#pragma unroll
+    for (int m = 0; m < NM; ++m)
+#pragma unroll
+        for (int j = 0; j < NC; ++j)
+#pragma unroll
+            for (int r = 0; r < R; ++r) v[(m * NC + j) * R + r] = acc[m][j][r];
+    float s = warp_sum_many<N>(v, lane);
+    const float u = NM == 2 ? rf_shfl_xor(s, RF_WARP / 2) : 0.0f;
+    const int idx = lane / GROUP, j = idx / R, r = idx % R;
+    if (lane % GROUP == 0 && idx < NC * R && j < nc && row0 + r < nrows) {
+        if (NM == 2) s = act_fn(act_kind, s) * u;
+        if (bias) s += bias[row0 + r];
+        out[(size_t)(c0 + j) * out_stride + row0 + r] = s;
+    }
+}
+
+// Q4_K/Q5_K read directly: one row per warp, U blocks per lane in flight, each block's raw words
+// kept in registers while every column's activations are dotted with them.
+template <typename T, int NC, int NM, int U, bool A16>
+static __device__ __forceinline__ void matvec_direct_cols_impl(const uint8_t* __restrict__ w,
+                                                               const uint8_t* __restrict__ w2,
+                                                               const float* __restrict__ bias,
+                                                               const uint8_t* __restrict__ y, float* __restrict__ out,
+                                                               int ncols, long long row_bytes, int out_stride,
+                                                               int nrows, int act_kind, int m) {
+    const int lane = threadIdx.x % RF_WARP;
+    const int wid = threadIdx.x / RF_WARP;
+    if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
+    const int c0 = blockIdx.y * NC, nc = min(NC, m - c0);
+    constexpr int G = RF_WARP / T::LPB;
+    const int nblk = ncols / T::QK, part = lane % T::LPB;
+    const uint8_t* ws[2] = {w, w2};
+    for (int row = blockIdx.x * MV_WARPS + wid; row < nrows; row += gridDim.x * MV_WARPS) {
+        float acc[NM][NC][1];
+#pragma unroll
+        for (int k = 0; k < NM; ++k)
+#pragma unroll
+            for (int j = 0; j < NC; ++j) acc[k][j][0] = 0.0f;
+        const uint8_t* wr[NM];
+#pragma unroll
+        for (int k = 0; k < NM; ++k) wr[k] = ws[k] + (long long)row * row_bytes;
+        for (int b0 = lane / T::LPB; b0 < nblk; b0 += U * G) {
+            typename T::Raw raw[U][NM];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int b = min(b0 + u * G, nblk - 1);
+#pragma unroll
+                for (int k = 0; k < NM; ++k) raw[u][k] = T::template load<A16>(wr[k] + (size_t)b * T::BYTES, part);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (b0 + u * G < nblk)
+#pragma unroll
+                    for (int j = 0; j < NC; ++j)
+                        if (j < nc) {
+                            typename T::Act a;
+                            T::load_act(q8_vec_at(y, ncols, c0 + j), b0 + u * G, part, a);
+#pragma unroll
+                            for (int k = 0; k < NM; ++k) acc[k][j][0] += T::compute(raw[u][k], part, a);
+                        }
+        }
+        mv_finish_cols<1, NM, NC>(acc, bias, act_kind, out, lane, row, nrows, out_stride, c0, nc);
+    }
+}
+
+template <typename T, int NC, int NM, int U>
+static __device__ __forceinline__ void matvec_direct_cols(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                          const float* __restrict__ bias,
+                                                          const uint8_t* __restrict__ y, float* __restrict__ out,
+                                                          int ncols, long long row_bytes, int out_stride, int nrows,
+                                                          int act_kind, int m) {
+    if ((((uintptr_t)w | (uintptr_t)(w2 ? w2 : w) | (uintptr_t)row_bytes) & 15) == 0)
+        matvec_direct_cols_impl<T, NC, NM, U, true>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows,
+                                                    act_kind, m);
+    else
+        matvec_direct_cols_impl<T, NC, NM, U, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows,
+                                                     act_kind, m);
+}
+
+// The staged types (Q6_K): R rows per warp through the shared-memory stage (no cp.async
+// pipeline), each staged block dotted with every column.
+template <typename T, int R, int NC, int NM, bool A16>
+static __device__ __forceinline__ void matvec_staged_cols_impl(const uint8_t* __restrict__ w,
+                                                               const uint8_t* __restrict__ w2,
+                                                               const float* __restrict__ bias,
+                                                               const uint8_t* __restrict__ y, float* __restrict__ out,
+                                                               int ncols, long long row_bytes, int out_stride,
+                                                               int nrows, int act_kind, int m,
+                                                               uint32_t (*stage)[R][stage_dims<T>::WORDS]) {
+    const int lane = threadIdx.x % RF_WARP;
+    const int wid = threadIdx.x / RF_WARP;
+    if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
+    const int c0 = blockIdx.y * NC, nc = min(NC, m - c0);
+    constexpr int PB = MV_WARPS * R;
+    for (int row0 = blockIdx.x * PB + wid * R; row0 < nrows; row0 += gridDim.x * PB) {
+        float acc[NM][NC][R];
+#pragma unroll
+        for (int k = 0; k < NM; ++k)
+#pragma unroll
+            for (int j = 0; j < NC; ++j)
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[k][j][r] = 0.0f;
+        staged_rows<T, R, 1, A16, NC>(w, y, c0, nc, ncols, row_bytes, nrows, row0, lane, wid, 0, stage, acc[0]);
+        if (NM == 2)
+            staged_rows<T, R, 1, A16, NC>(w2, y, c0, nc, ncols, row_bytes, nrows, row0, lane, wid, 0, stage,
+                                          acc[NM - 1]);
+        mv_finish_cols<R, NM, NC>(acc, bias, act_kind, out, lane, row0, nrows, out_stride, c0, nc);
+    }
+}
+
+template <typename T, int R, int NC, int NM>
+static __device__ __forceinline__ void matvec_staged_cols(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                          const float* __restrict__ bias,
+                                                          const uint8_t* __restrict__ y, float* __restrict__ out,
+                                                          int ncols, long long row_bytes, int out_stride, int nrows,
+                                                          int act_kind, int m) {
+    static_assert(pipe_smem<T, R, NM>::WORDS == 0, "the kernels' mv_entry must not leave the wait to a pipeline");
+    __shared__ __align__(16) uint32_t smem[MV_WARPS * R * stage_dims<T>::WORDS];
+    auto stage = reinterpret_cast<uint32_t(*)[R][stage_dims<T>::WORDS]>(smem);
+    if ((((uintptr_t)w | (uintptr_t)(w2 ? w2 : w) | (uintptr_t)row_bytes) & 15) == 0)
+        matvec_staged_cols_impl<T, R, NC, NM, true>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows,
+                                                    act_kind, m, stage);
+    else
+        matvec_staged_cols_impl<T, R, NC, NM, false>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows,
+                                                     act_kind, m, stage);
+}
+
+// The column mat-vec bodies of each type: Q4_K two blocks per lane in flight for one matrix of
+// two columns, else one (more columns' activations in registers instead); Q6_K two rows per warp,
+// one stage round.
+template <int NC, int NM>
+static __device__ __forceinline__ void mv_cols_q4_k(const uint8_t* w, const uint8_t* w2, const float* bias,
+                                                    const uint8_t* y, float* out, int ncols, long long row_bytes,
+                                                    int out_stride, int nrows, int act_kind, int m) {
+    matvec_direct_cols<mv_q4_k, NC, NM, NM == 1 && NC == 2 ? 2 : 1>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows,
+                                                         act_kind, m);
+}
+
+using mv_cols_q6_k_t = mv_q6_k<1>;
+
+template <int NC, int NM>
+static __device__ __forceinline__ void mv_cols_q6_k(const uint8_t* w, const uint8_t* w2, const float* bias,
+                                                    const uint8_t* y, float* out, int ncols, long long row_bytes,
+                                                    int out_stride, int nrows, int act_kind, int m) {
+    matvec_staged_cols<mv_cols_q6_k_t, 2, NC, NM>(w, w2, bias, y, out, ncols, row_bytes, out_stride, nrows, act_kind,
+                                                  m);
+}
+
+// `name_cNC` (w, y, out, ncols, row_bytes, out_stride, nrows, m), `name_cNC_add` (bias after w)
+// and `name_cNC_gated` (wg, wu, y, out, ncols, row_bytes, out_stride, nrows, act_kind, m): the
+// plain, biased and gated mat-vecs of m vectors, NC per grid row (grid.y = ceil(m / NC)); grid x
+// ceil(nrows / `kernels::WeightType::matvec_cols_rows_per_block`), which is MV_WARPS * R. `body`
+// is mv_cols_<type>, T its weight type.
+#define RF_MATVEC_COLS(name, NC, T, R, body)                                                                         \
+    RF_KERNEL void MV_BOUND name##_c##NC(const uint8_t* w, const uint8_t* y, float* out, int ncols,                 \
+                                         long long row_bytes, int out_stride, int nrows, int m) {                    \
+        mv_entry<T, R, 1, 1>(w, nullptr, row_bytes, nrows);                                                          \
+        body<NC, 1>(w, nullptr, nullptr, y, out, ncols, row_bytes, out_stride, nrows, 0, m);                         \
+    }                                                                                                                \
+    RF_KERNEL void MV_BOUND name##_c##NC##_add(const uint8_t* w, const float* bias, const uint8_t* y, float* out,   \
+                                               int ncols, long long row_bytes, int out_stride, int nrows, int m) {  \
+        mv_entry<T, R, 1, 1>(w, nullptr, row_bytes, nrows);                                                          \
+        body<NC, 1>(w, nullptr, bias, y, out, ncols, row_bytes, out_stride, nrows, 0, m);                            \
+    }                                                                                                                \
+    RF_KERNEL void MV_BOUND name##_c##NC##_gated(const uint8_t* wg, const uint8_t* wu, const uint8_t* y, float* out, \
+                                                 int ncols, long long row_bytes, int out_stride, int nrows,         \
+                                                 int act_kind, int m) {                                             \
+        mv_entry<T, R, 1, 2>(wg, wu, row_bytes, nrows);                                                              \
+        body<NC, 2>(wg, wu, nullptr, y, out, ncols, row_bytes, out_stride, nrows, act_kind, m);                      \
+    }
+
+RF_MATVEC_COLS(matvec_q4_k, 2, mv_q4_k, 1, mv_cols_q4_k)
+RF_MATVEC_COLS(matvec_q4_k, 4, mv_q4_k, 1, mv_cols_q4_k)
+RF_MATVEC_COLS(matvec_q4_k, 8, mv_q4_k, 1, mv_cols_q4_k)
+RF_MATVEC_COLS(matvec_q6_k, 2, mv_cols_q6_k_t, 2, mv_cols_q6_k)
+RF_MATVEC_COLS(matvec_q6_k, 4, mv_cols_q6_k_t, 2, mv_cols_q6_k)
+RF_MATVEC_COLS(matvec_q6_k, 8, mv_cols_q6_k_t, 2, mv_cols_q6_k)
 
 // Q4_K_M keeps some layers' v projection in Q6_K: q and k (Q4_K, `rb` bytes per row) and v
 // (Q6_K, `rb2`) in one launch. Blocks [0, b2) run the Q4_K multi kernel's body over w0 and w1,

@@ -288,6 +288,47 @@ impl WeightType {
         crate::MATVEC_WARPS as usize * per_warp
     }
 
+    /// The column mat-vec of `m` activation vectors (2 to 8; [`crate::matvec_cols_per_block`] of
+    /// them per grid row), plain or adding a `bias` row (`w`, [`bias`,] `y`, `out`, `ncols`,
+    /// `row_bytes`, `out_stride`, `nrows`, `m`), for the types that have one (Q4_K, Q6_K): each
+    /// weight block is read once for all of a block's vectors. Grid [`crate::matvec_cols_grid`],
+    /// [`crate::MATVEC_WARPS`] warps per block.
+    pub fn matvec_cols(self, m: usize, bias: bool) -> Option<KernelId> {
+        let ids = self.cols_ids(m)?;
+        Some(if bias { ids[1] } else { ids[0] })
+    }
+
+    /// The gated column mat-vec (`w_gate`, `w_up`, `y`, `out`, `ncols`, `row_bytes`,
+    /// `out_stride`, `nrows`, `act_kind`, `m`): `act(gate) * up` for `m` vectors, launched as
+    /// [`WeightType::matvec_cols`].
+    pub fn matvec_cols_gated(self, m: usize) -> Option<KernelId> {
+        self.cols_ids(m).map(|ids| ids[2])
+    }
+
+    /// The plain, biased and gated column mat-vecs for `m` vectors.
+    fn cols_ids(self, m: usize) -> Option<[KernelId; 3]> {
+        use KernelId as K;
+        if !(2..=crate::MATVEC_COLS_MAX).contains(&m) {
+            return None;
+        }
+        let nc = crate::matvec_cols_per_block(m);
+        Some(match (self, nc) {
+            (WeightType::Q4_K, 2) => [K::MatvecQ4_KC2, K::MatvecAddQ4_KC2, K::MatvecGatedQ4_KC2],
+            (WeightType::Q4_K, 4) => [K::MatvecQ4_KC4, K::MatvecAddQ4_KC4, K::MatvecGatedQ4_KC4],
+            (WeightType::Q4_K, _) => [K::MatvecQ4_KC8, K::MatvecAddQ4_KC8, K::MatvecGatedQ4_KC8],
+            (WeightType::Q6_K, 2) => [K::MatvecQ6_KC2, K::MatvecAddQ6_KC2, K::MatvecGatedQ6_KC2],
+            (WeightType::Q6_K, 4) => [K::MatvecQ6_KC4, K::MatvecAddQ6_KC4, K::MatvecGatedQ6_KC4],
+            (WeightType::Q6_K, _) => [K::MatvecQ6_KC8, K::MatvecAddQ6_KC8, K::MatvecGatedQ6_KC8],
+            _ => return None,
+        })
+    }
+
+    /// Output rows one block of the column mat-vecs computes ([`WeightType::matvec_cols`]):
+    /// [`crate::MATVEC_WARPS`] warps of one row (Q4_K) or two (the staged Q6_K).
+    pub fn matvec_cols_rows_per_block(self) -> usize {
+        self.matvec_rows_per_block()
+    }
+
     /// Output rows one block of [`WeightType::matvec_gated`] computes: Q4_K takes two rows per
     /// warp there (each activation load serves four weight rows), the others as
     /// [`WeightType::matvec_rows_per_block`].
@@ -446,6 +487,24 @@ kernel_ids! {
     MatvecGatedQ4_1 => Matvec, "matvec_q4_1_gated";
     MatvecGatedQ5_1 => Matvec, "matvec_q5_1_gated";
     MatvecMultiQ4_KQ6_K => Matvec, "matvec_q4_k_q6_k_multi";
+    MatvecQ4_KC2 => Matvec, "matvec_q4_k_c2";
+    MatvecAddQ4_KC2 => Matvec, "matvec_q4_k_c2_add";
+    MatvecGatedQ4_KC2 => Matvec, "matvec_q4_k_c2_gated";
+    MatvecQ4_KC4 => Matvec, "matvec_q4_k_c4";
+    MatvecAddQ4_KC4 => Matvec, "matvec_q4_k_c4_add";
+    MatvecGatedQ4_KC4 => Matvec, "matvec_q4_k_c4_gated";
+    MatvecQ4_KC8 => Matvec, "matvec_q4_k_c8";
+    MatvecAddQ4_KC8 => Matvec, "matvec_q4_k_c8_add";
+    MatvecGatedQ4_KC8 => Matvec, "matvec_q4_k_c8_gated";
+    MatvecQ6_KC2 => Matvec, "matvec_q6_k_c2";
+    MatvecAddQ6_KC2 => Matvec, "matvec_q6_k_c2_add";
+    MatvecGatedQ6_KC2 => Matvec, "matvec_q6_k_c2_gated";
+    MatvecQ6_KC4 => Matvec, "matvec_q6_k_c4";
+    MatvecAddQ6_KC4 => Matvec, "matvec_q6_k_c4_add";
+    MatvecGatedQ6_KC4 => Matvec, "matvec_q6_k_c4_gated";
+    MatvecQ6_KC8 => Matvec, "matvec_q6_k_c8";
+    MatvecAddQ6_KC8 => Matvec, "matvec_q6_k_c8_add";
+    MatvecGatedQ6_KC8 => Matvec, "matvec_q6_k_c8_gated";
     MatvecRopeKvQ4_K => Matvec, "matvec_q4_k_rope_kv";
     MatvecRopeKvQ4_KQ6_K => Matvec, "matvec_q4_k_q6_k_rope_kv";
     MatvecMultiQ4_0 => Matvec, "matvec_q4_0_multi";
@@ -703,6 +762,24 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecMultiQ3_K
         | K::MatvecMultiQ4_1
         | K::MatvecMultiQ5_1 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        K::MatvecQ4_KC2
+        | K::MatvecQ4_KC4
+        | K::MatvecQ4_KC8
+        | K::MatvecQ6_KC2
+        | K::MatvecQ6_KC4
+        | K::MatvecQ6_KC8 => &[Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        K::MatvecAddQ4_KC2
+        | K::MatvecAddQ4_KC4
+        | K::MatvecAddQ4_KC8
+        | K::MatvecAddQ6_KC2
+        | K::MatvecAddQ6_KC4
+        | K::MatvecAddQ6_KC8 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        K::MatvecGatedQ4_KC2
+        | K::MatvecGatedQ4_KC4
+        | K::MatvecGatedQ4_KC8
+        | K::MatvecGatedQ6_KC2
+        | K::MatvecGatedQ6_KC4
+        | K::MatvecGatedQ6_KC8 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
         K::MatvecMultiQ4_KQ6_K => &[
             Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32,
         ],

@@ -216,6 +216,28 @@ pub fn matvec_grid(t: WeightType, nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(t.matvec_rows_per_block()).max(1)).unwrap_or(u32::MAX)
 }
 
+/// The most activation vectors the column mat-vecs ([`WeightType::matvec_cols`]) take.
+pub const MATVEC_COLS_MAX: usize = 8;
+
+/// Activation vectors per grid row of the column mat-vecs for `m` vectors: 2, 4 or 8 (`NC` in
+/// `hip/matvec.hip`), so that `m` up to 8 takes one grid row and reads each weight once.
+pub fn matvec_cols_per_block(m: usize) -> usize {
+    match m {
+        0..=2 => 2,
+        3..=4 => 4,
+        _ => 8,
+    }
+}
+
+/// Grid of a column mat-vec ([`WeightType::matvec_cols`]) of type `t` over `nrows` rows and `m`
+/// activation vectors.
+pub fn matvec_cols_grid(t: WeightType, nrows: usize, m: usize) -> [u32; 3] {
+    let x =
+        u32::try_from(nrows.div_ceil(t.matvec_cols_rows_per_block()).max(1)).unwrap_or(u32::MAX);
+    let y = u32::try_from(m.div_ceil(matvec_cols_per_block(m)).max(1)).unwrap_or(u32::MAX);
+    [x, y, 1]
+}
+
 /// Output rows one block of the MXFP4 mat-vecs computes ([`MATVEC_WARPS`] warps of two rows).
 /// MXFP4 is read by its own kernels ([`KernelId::MatvecMxfp4`], [`KernelId::MatvecIdMxfp4`],
 /// [`KernelId::DequantF16Mxfp4`], [`KernelId::GetRowsMxfp4`]), not through [`WeightType`].

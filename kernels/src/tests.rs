@@ -28,7 +28,8 @@ const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_multi", "_add", "_ks"];
 /// defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
-    if src.contains(&format!("RF_MATVEC_FAST({name},"))
+    if cols_entry(src, name).is_some()
+        || src.contains(&format!("RF_MATVEC_FAST({name},"))
         || ["_16", "_32", "_64"].iter().any(|sfx| {
             name.strip_suffix(sfx)
                 .is_some_and(|b| src.contains(&format!("RF_MMQ({b},")))
@@ -88,6 +89,42 @@ fn weight_types_map_to_kernels_of_the_right_module() {
             .matvec()
             .name()
             .ends_with(&t.ggml_name().to_ascii_lowercase()));
+    }
+}
+
+/// Q4_K and Q6_K have column mat-vecs for 2 to 8 vectors, whose one grid row takes them all;
+/// the other types and other counts keep the one-vector kernels.
+#[test]
+fn column_matvecs_take_two_to_eight_vectors_in_one_grid_row() {
+    for t in WeightType::ALL {
+        let has = matches!(t, WeightType::Q4_K | WeightType::Q6_K);
+        for m in 0..=MATVEC_COLS_MAX + 1 {
+            let takes = has && (2..=MATVEC_COLS_MAX).contains(&m);
+            assert_eq!(t.matvec_cols(m, false).is_some(), takes, "{t:?} m={m}");
+            assert_eq!(t.matvec_cols(m, true).is_some(), takes, "{t:?} m={m}");
+            assert_eq!(t.matvec_cols_gated(m).is_some(), takes, "{t:?} m={m}");
+            let (Some(plain), Some(add), Some(gated)) = (
+                t.matvec_cols(m, false),
+                t.matvec_cols(m, true),
+                t.matvec_cols_gated(m),
+            ) else {
+                continue;
+            };
+            let nc = matvec_cols_per_block(m);
+            assert!(nc >= m, "m={m} takes {nc} per grid row");
+            assert_eq!(
+                plain.name(),
+                format!("{}_c{nc}", t.matvec().name()),
+                "m={m}"
+            );
+            assert_eq!(add.name(), format!("{}_add", plain.name()));
+            assert_eq!(gated.name(), format!("{}_gated", plain.name()));
+            assert_eq!(matvec_cols_grid(*t, 4096, m)[1], 1);
+            assert_eq!(
+                matvec_cols_grid(*t, 4097, m)[0] as usize,
+                4097usize.div_ceil(t.matvec_cols_rows_per_block())
+            );
+        }
     }
 }
 
@@ -175,6 +212,19 @@ fn own_definition(src: &str, name: &str) -> Option<usize> {
     })
 }
 
+/// For a column mat-vec `base_cNC[_add|_gated]` that a `RF_MATVEC_COLS(base, NC, ...)` line
+/// defines: the entry's name in the macro (`name##_c##NC[##_add|##_gated]`).
+fn cols_entry(src: &str, name: &str) -> Option<String> {
+    let (rest, sfx) = ["_add", "_gated"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s).map(|r| (r, *s)))
+        .unwrap_or((name, ""));
+    let at = rest.rfind("_c")?;
+    let (base, nc) = (&rest[..at], &rest[at + 2..]);
+    (nc.parse::<u32>().is_ok() && src.contains(&format!("RF_MATVEC_COLS({base}, {nc},")))
+        .then(|| format!("name##_c##NC{}(", sfx.replace('_', "##_")))
+}
+
 /// The C parameter list of kernel `name` in `src`: its own definition, or the one of the macro
 /// that defines it (`RF_MATVEC_FAST`, `RF_MATVEC_GATED`, `RF_MATVEC_ID`, `RF_MATVEC_ID_GATED`,
 /// `RF_MATVEC_ID_ADD`, `RF_MMQ`, `RF_DEQUANT`).
@@ -186,6 +236,10 @@ fn c_params(src: &str, name: &str) -> Option<String> {
     };
     if let Some(at) = own_definition(src, name) {
         return list_after(at);
+    }
+    if let Some(entry) = cols_entry(src, name) {
+        let def = src.find("#define RF_MATVEC_COLS(")?;
+        return list_after(def + src[def..].find(&format!(" {entry}"))?);
     }
     if src.contains(&format!("RF_MATVEC_FAST({name},")) {
         let def = src.find("#define RF_MATVEC_FAST(")?;

@@ -46,6 +46,68 @@ pub(super) unsafe fn launch_matvec(
     r
 }
 
+/// Columns up to which Q4_K/Q6_K products take the column mat-vecs (each weight read once for
+/// all columns; [`kernels::WeightType::matvec_cols`]) ahead of the tile kernels, which start at
+/// `MMQ_MIN_COLS` (as llama.cpp's mmvq takes up to 8 columns).
+pub(super) const COLS_MAX: usize = kernels::MATVEC_COLS_MAX;
+
+/// Whether a product of `m` vectors with `dtype` weights takes the column mat-vecs (then not
+/// the tile kernels, whatever [`mmq_takes`] says).
+pub(super) fn takes_cols(dtype: DType, m: usize) -> bool {
+    cols_kernel(dtype, m, false, false).is_some()
+}
+
+/// Column mat-vec launches queued by every device of this process (tests: whether a product
+/// took them).
+#[cfg(test)]
+static COLS_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[cfg(test)]
+pub(super) fn cols_launches() -> usize {
+    COLS_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The column mat-vec for a product of `m` vectors with `dtype` weights, plain or with a bias
+/// row, or `gated`; `None` where the one-vector kernels or the tile kernels take it.
+fn cols_kernel(dtype: DType, m: usize, bias: bool, gated: bool) -> Option<(WeightType, KernelId)> {
+    let wt = weight_type(dtype).filter(|_| m <= COLS_MAX)?;
+    let kid = if gated {
+        wt.matvec_cols_gated(m)
+    } else {
+        wt.matvec_cols(m, bias)
+    };
+    kid.map(|k| (wt, k))
+}
+
+/// Queues column mat-vec `kid` (type `wt`) over `n` rows and `m` vectors; releases the
+/// quantization cache's guard once queued, as [`launch_matvec`].
+///
+/// # Safety
+/// As for [`HipDevice::launch_kernel`]: `args` meet `kid`'s contract for `n` rows and `m`.
+unsafe fn launch_cols(
+    d: &HipDevice,
+    kid: KernelId,
+    wt: WeightType,
+    n: usize,
+    m: usize,
+    args: &Args<'_>,
+    cache: parking_lot::MutexGuard<'_, Q8Cache>,
+) -> Result<()> {
+    // SAFETY: the caller's promise for `args`, `n` and `m`.
+    let r = unsafe {
+        d.launch_kernel(
+            kid,
+            kernels::matvec_cols_grid(wt, n, m),
+            kernels::MATVEC_WARPS * d.inner.warp,
+            &args.0,
+        )
+    };
+    drop(cache);
+    #[cfg(test)]
+    COLS_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    r
+}
+
 pub(super) fn mul_mat(
     d: &HipDevice,
     w: &TensorMem<'_>,
@@ -90,7 +152,7 @@ pub(super) fn product_scratch(d: &HipDevice, w: &Mat<'_>, m: usize) -> usize {
     let (k, n) = (w.k, w.n);
     let gemm = (m * k * 2).div_ceil(ALIGN) * ALIGN + (n * k * 2).div_ceil(ALIGN) * ALIGN;
     let sms = usize::try_from(d.inner.dev.info().compute_units).unwrap_or(0);
-    let tiles = if mmq_takes(d, m) {
+    let tiles = if mmq_takes(d, m) && !takes_cols(w.dtype, m) {
         kernels::MmqPlan::new(n, m, k, 1, sms).partial_values(n, m) * 4
     } else {
         0
@@ -135,6 +197,25 @@ pub(super) fn product(
             )
             .map(|()| false)
         };
+    }
+    if let Some((wt, kid)) = cols_kernel(w.dtype, m, bias.is_some(), false) {
+        let mut cache = d.inner.q8.lock();
+        let q8 = cache.quantized(d, xp, k, m)?;
+        let mut b = Args::new();
+        b.push(wp);
+        if let Some(bias) = bias {
+            b.push(bias);
+        }
+        b.push(MemRange::of_buffer(&q8))
+            .push(out)
+            .push(k as i32)
+            .push(w.row_bytes as i64)
+            .push(n as i32)
+            .push(n as i32)
+            .push(m as i32);
+        // SAFETY: `w` holds `n` rows of `k` values of `wt`, `q8` the `m` vectors quantized above,
+        // `bias` (when given) a row of `n` f32 and `out` `m` rows of `n` f32 (the caller's shapes).
+        return unsafe { launch_cols(d, kid, wt, n, m, &b, cache).map(|()| bias.is_some()) };
     }
     if let (true, Some(wt)) = (mmq_takes(d, m), weight_type(w.dtype)) {
         let ws = [wp];
@@ -310,6 +391,25 @@ pub(super) fn mul_mat_gated(
     let (wg, wu, x) = (&srcs[0], &srcs[1], &srcs[2]);
     let (k, n, m) = (wg.tensor.ne[0], wg.tensor.ne[1], x.tensor.nrows());
     let gated = weight_type(wg.tensor.dtype).map(|wt| (wt, wt.matvec_gated()));
+    let same = wu.tensor.dtype == wg.tensor.dtype && wu.tensor.nb[1] == wg.tensor.nb[1];
+    if let (true, Some((wt, kid))) = (same, cols_kernel(wg.tensor.dtype, m, false, true)) {
+        let mut cache = d.inner.q8.lock();
+        let q8 = cache.quantized(d, addr(x)?, k, m)?;
+        let mut b = Args::new();
+        b.push(addr(wg)?)
+            .push(addr(wu)?)
+            .push(MemRange::of_buffer(&q8))
+            .push(out)
+            .push(k as i32)
+            .push(wg.tensor.nb[1] as i64)
+            .push(n as i32)
+            .push(n as i32)
+            .push(act_kind(kind))
+            .push(m as i32);
+        // SAFETY: gate and up hold `n` rows of `k` values of `wt` each (`same` row bytes), `q8`
+        // the `m` vectors quantized above and `out` `m` rows of `n` f32 (the node's shapes).
+        return unsafe { launch_cols(d, kid, wt, n, m, &b, cache) };
+    }
     if let (true, Some((wt, _))) = (
         mmq_takes(d, m) && wu.tensor.dtype == wg.tensor.dtype && wu.tensor.nb[1] == wg.tensor.nb[1],
         gated,

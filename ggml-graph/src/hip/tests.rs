@@ -234,7 +234,7 @@ fn mul_mat_matches_cpu_for_every_weight_type_decode_and_prefill() {
         DType::F32,
     ];
     for dt in types {
-        for m in [1usize, 3, 17] {
+        for m in [1usize, 2, 3, 5, 8, 17] {
             let mut g = Graph::new();
             let w = g.weight("w", dt, &[k, n]).expect("w");
             let x = g.input("x", DType::F32, &[k, m]).expect("x");
@@ -499,7 +499,7 @@ fn fused_nodes_match_cpu() {
     let Some(h) = hip() else { return };
     let mut rng = Rng(0x0f05_ed00_1234_5678);
     let (k, n) = (512usize, 136usize);
-    for m in [1usize, 2, 20] {
+    for m in [1usize, 2, 5, 8, 20] {
         // rms_norm * weight
         let mut g = Graph::new();
         let x = g.input("x", DType::F32, &[k, m]).expect("x");

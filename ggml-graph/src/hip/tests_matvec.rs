@@ -1,16 +1,17 @@
 //! GPU-against-CPU checks of the decode mat-vec launches: long rows with and without a bias row
-//! (the K-split kernels where the backend takes them), and the q, k and v projections grouped
-//! into one launch.
+//! (the K-split kernels where the backend takes them), the column mat-vecs of 2 to 8 vectors, and
+//! the q, k and v projections grouped into one launch.
 
 use std::sync::Arc;
 
-use super::{check, f32_bytes, hip, nmse, weight, Case, Rng};
+use super::super::matmul::{cols_launches, takes_cols};
+use super::{check, f32_bytes, gated_case, hip, mul_mat_add_case, nmse, weight, Case, Rng};
 use crate::backend::{CpuDevice, Device};
 use crate::cpu::CpuBackend;
 use crate::exec::WeightBytes;
 use crate::graph::Graph;
 use crate::sched::Scheduler;
-use crate::tensor::DType;
+use crate::tensor::{Act, DType};
 
 /// Long rows (from `K_SPLIT_FROM`) against the CPU for every fast weight type, alone and with a
 /// bias row: the K-split kernels where the backend takes them (Q8_0), one row per warp otherwise.
@@ -57,6 +58,73 @@ fn k_split_mat_vec_matches_cpu() {
                     &c,
                     2e-3,
                 );
+            }
+        }
+    }
+}
+
+/// Products of 2 to 8 vectors with Q4_K and Q6_K weights take the column mat-vecs (each weight
+/// block read once for all vectors: 2, 4 or 8 per grid row, the last ones partial), plain, with
+/// a bias row and gated, and match the CPU: rows not a multiple of a block's, rows of an odd
+/// number of blocks (Q4_K's two blocks per lane in flight) and Q6_K rows that are and are not
+/// 16-byte aligned (k = 2048: 1680 bytes; 512 and 2304: 420 and 1890).
+#[test]
+fn column_mat_vecs_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0xc01c_0150_2468_ace0);
+    let n = 100usize;
+    for dt in [DType::Q4_K, DType::Q6_K] {
+        for k in [512usize, 2048, 2304] {
+            for m in [2usize, 3, 4, 5, 7, 8] {
+                assert!(
+                    takes_cols(dt, m),
+                    "{dt} m={m} does not take the column mat-vecs"
+                );
+                let mut g = Graph::new();
+                let w = g.weight("w", dt, &[k, n]).expect("w");
+                let x = g.input("x", DType::F32, &[k, m]).expect("x");
+                let y = g.mul_mat(w, x).expect("mm");
+                g.mark_output(y).expect("out");
+                let c = Case {
+                    g,
+                    weights: vec![weight("w", dt, k, n, &mut rng)],
+                    inputs: vec![(x, f32_bytes(&rng.vec(k * m)))],
+                    out: y,
+                };
+                let before = cols_launches();
+                check(&h, &format!("column mul_mat {dt} k={k} m={m}"), &c, 2e-3);
+                assert!(
+                    cols_launches() > before,
+                    "{dt} k={k} m={m}: no column mat-vec"
+                );
+
+                let c = mul_mat_add_case(dt, k, n, m, &mut rng);
+                let before = cols_launches();
+                check(
+                    &h,
+                    &format!("column mul_mat_add {dt} k={k} m={m}"),
+                    &c,
+                    2e-3,
+                );
+                assert!(
+                    cols_launches() > before,
+                    "{dt} k={k} m={m}: no column mat-vec"
+                );
+
+                for act in [Act::Silu, Act::Gelu] {
+                    let c = gated_case(act, dt, k, n, m, &mut rng);
+                    let before = cols_launches();
+                    check(
+                        &h,
+                        &format!("column mul_mat_gated {act:?} {dt} k={k} m={m}"),
+                        &c,
+                        4e-3,
+                    );
+                    assert!(
+                        cols_launches() > before,
+                        "{dt} k={k} m={m}: no column mat-vec"
+                    );
+                }
             }
         }
     }

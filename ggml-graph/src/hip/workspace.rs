@@ -28,6 +28,9 @@ const MATVEC_MAX_COLS: usize = 8;
 /// scratch.
 const MMQ_MIN_COLS: usize = 8;
 const MMQ_MAX_COLS: usize = 64;
+/// Columns up to which Q4_K and Q6_K products take the column mat-vecs ahead of the tile
+/// products (`matmul::COLS_MAX`, `matmul::takes_cols`): no partial sums.
+const COLS_MAX: usize = 8;
 /// Most shares a tile product splits its steps into (`kernels::MMQ_MAX_SPLITS`).
 const MMQ_MAX_SPLITS: usize = 8;
 /// Weight rows per tile, steps' width and resident tiles per multiprocessor by tile width
@@ -50,6 +53,7 @@ const ATTN_DEC_MAX_KV: usize = 4096;
 const _: () = {
     assert!(MATVEC_MAX_COLS == super::ops::MATVEC_MAX_COLS);
     assert!(MMQ_MIN_COLS == super::ops::MMQ_MIN_COLS);
+    assert!(COLS_MAX == super::matmul::COLS_MAX);
     assert!(MMQ_MAX_COLS == super::ops::MMQ_MMA_MAX_COLS);
     assert!(MMQ_MAX_COLS >= super::ops::MMQ_MAX_COLS);
     assert!(MMQ_MAX_SPLITS == kernels::MMQ_MAX_SPLITS);
@@ -143,10 +147,13 @@ fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool, sms: usize) -> (usiz
         (Op::MulMat | Op::MulMatAdd, [w, x, ..]) | (Op::MulMatGated(_), [w, _, x]) => {
             let (k, n, m) = (w.ne[0], w.ne[1], x.nrows());
             let gated = matches!(t.op, Op::MulMatGated(_));
+            let cols = matches!(w.dtype, DType::Q4_K | DType::Q6_K)
+                && (2..=COLS_MAX).contains(&m)
+                && (!gated || (srcs[1].dtype == w.dtype && srcs[1].nb[1] == w.nb[1]));
             // Mat-vecs quantize the activations; a decode pass (one column) always does.
-            let mmq = w.dtype.is_quantized() && (MMQ_MIN_COLS..=MMQ_MAX_COLS).contains(&m);
+            let mmq = !cols && w.dtype.is_quantized() && (MMQ_MIN_COLS..=MMQ_MAX_COLS).contains(&m);
             // Mat-vecs and tile products read Q8_1 activations; GEMM products do not.
-            let q8 = if w.dtype.is_quantized() && (mmq || m <= MATVEC_MAX_COLS) {
+            let q8 = if w.dtype.is_quantized() && (mmq || cols || m <= MATVEC_MAX_COLS) {
                 m.max(1) * q8_1_vector_bytes(k)
             } else {
                 0
@@ -359,6 +366,33 @@ mod tests {
                 mmq_partials(n, m, k, mats, 0),
                 mats * MMQ_MAX_SPLITS * m * n
             );
+        }
+    }
+
+    /// Q4_K and Q6_K products of 2 to 8 vectors take the column mat-vecs (Q8_1 vectors, no tile
+    /// partials), gated ones too; another type's 8 vectors take the tile products.
+    #[test]
+    fn column_mat_vecs_need_no_tile_partials() {
+        let input = Op::Leaf(Leaf::Input);
+        // The tile products' first width, which Q4_K and Q6_K leave to the column mat-vecs.
+        let m = MMQ_MIN_COLS;
+        let x = tensor(DType::F32, [4096, m, 1, 1], input.clone());
+        for dt in [DType::Q4_K, DType::Q6_K, DType::Q8_0] {
+            let w = tensor(dt, [4096, 1024, 1, 1], input.clone());
+            let tiles = if dt == DType::Q8_0 { 1 } else { 0 };
+            for (op, srcs, mats) in [
+                (Op::MulMat, vec![&w, &x], 1),
+                (Op::MulMatGated(Act::Silu), vec![&w, &w, &x], 2),
+            ] {
+                let t = tensor(DType::F32, [1024, m, 1, 1], op);
+                let (scratch, q8) = node_needs(&t, &srcs, true, 0);
+                assert_eq!(q8, m * q8_1_vector_bytes(4096), "{dt}");
+                assert_eq!(
+                    scratch,
+                    tiles * mats * MMQ_MAX_SPLITS * m * 1024 * 4,
+                    "{dt}"
+                );
+            }
         }
     }
 
