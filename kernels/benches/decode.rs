@@ -4,7 +4,7 @@
 //! with stream events over many launches; the weights rotate over copies that together exceed
 //! the L2 cache several times, so every launch reads its weights from device memory.
 //! Without a GPU or built kernels it prints why and exits. `DECODE_BATCHED=1` runs only the
-//! batched products (mat-vec, the column mat-vecs of 2 to 8 vectors, integer tiles, dequantize +
+//! batched products (mat-vec, the column mat-vecs of 2 to 4 vectors, integer tiles, dequantize +
 //! gemmEx at 1 to 256 vectors).
 
 #[path = "../tests/common/mod.rs"]

@@ -854,7 +854,7 @@ RF_MATVEC_GATED(matvec_q5_k, MV_BOUND, matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 
 // =============================================================================================
-// Mat-vecs of a few activation vectors (a batched decode step, 2 to 8 columns): each block takes
+// Mat-vecs of a few activation vectors (a batched decode step, 2 to 4 columns): each block takes
 // NC columns (grid.y = ceil(m / NC)) and dots every weight block it reads with all of them, where
 // the kernels above read the weights once per column (one vector per grid row; L2 does not hold
 // an 8B's matrices between the columns' blocks).
@@ -1072,10 +1072,8 @@ static __device__ __forceinline__ void mv_cols_q6_k(const uint8_t* w, const uint
 
 RF_MATVEC_COLS(matvec_q4_k, 2, mv_q4_k, 1, mv_cols_q4_k)
 RF_MATVEC_COLS(matvec_q4_k, 4, mv_q4_k, 1, mv_cols_q4_k)
-RF_MATVEC_COLS(matvec_q4_k, 8, mv_q4_k, 1, mv_cols_q4_k)
 RF_MATVEC_COLS(matvec_q6_k, 2, mv_cols_q6_k_t, 2, mv_cols_q6_k)
 RF_MATVEC_COLS(matvec_q6_k, 4, mv_cols_q6_k_t, 2, mv_cols_q6_k)
-RF_MATVEC_COLS(matvec_q6_k, 8, mv_cols_q6_k_t, 2, mv_cols_q6_k)
 
 // Q4_K_M keeps some layers' v projection in Q6_K: q and k (Q4_K, `rb` bytes per row) and v
 // (Q6_K, `rb2`) in one launch. Blocks [0, b2) run the Q4_K multi kernel's body over w0 and w1,

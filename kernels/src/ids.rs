@@ -288,7 +288,7 @@ impl WeightType {
         crate::MATVEC_WARPS as usize * per_warp
     }
 
-    /// The column mat-vec of `m` activation vectors (2 to 8; [`crate::matvec_cols_per_block`] of
+    /// The column mat-vec of `m` activation vectors (2 to [`crate::MATVEC_COLS_MAX`]; [`crate::matvec_cols_per_block`] of
     /// them per grid row), plain or adding a `bias` row (`w`, [`bias`,] `y`, `out`, `ncols`,
     /// `row_bytes`, `out_stride`, `nrows`, `m`), for the types that have one (Q4_K, Q6_K): each
     /// weight block is read once for all of a block's vectors. Grid [`crate::matvec_cols_grid`],
@@ -314,11 +314,9 @@ impl WeightType {
         let nc = crate::matvec_cols_per_block(m);
         Some(match (self, nc) {
             (WeightType::Q4_K, 2) => [K::MatvecQ4_KC2, K::MatvecAddQ4_KC2, K::MatvecGatedQ4_KC2],
-            (WeightType::Q4_K, 4) => [K::MatvecQ4_KC4, K::MatvecAddQ4_KC4, K::MatvecGatedQ4_KC4],
-            (WeightType::Q4_K, _) => [K::MatvecQ4_KC8, K::MatvecAddQ4_KC8, K::MatvecGatedQ4_KC8],
+            (WeightType::Q4_K, _) => [K::MatvecQ4_KC4, K::MatvecAddQ4_KC4, K::MatvecGatedQ4_KC4],
             (WeightType::Q6_K, 2) => [K::MatvecQ6_KC2, K::MatvecAddQ6_KC2, K::MatvecGatedQ6_KC2],
-            (WeightType::Q6_K, 4) => [K::MatvecQ6_KC4, K::MatvecAddQ6_KC4, K::MatvecGatedQ6_KC4],
-            (WeightType::Q6_K, _) => [K::MatvecQ6_KC8, K::MatvecAddQ6_KC8, K::MatvecGatedQ6_KC8],
+            (WeightType::Q6_K, _) => [K::MatvecQ6_KC4, K::MatvecAddQ6_KC4, K::MatvecGatedQ6_KC4],
             _ => return None,
         })
     }
@@ -493,18 +491,12 @@ kernel_ids! {
     MatvecQ4_KC4 => Matvec, "matvec_q4_k_c4";
     MatvecAddQ4_KC4 => Matvec, "matvec_q4_k_c4_add";
     MatvecGatedQ4_KC4 => Matvec, "matvec_q4_k_c4_gated";
-    MatvecQ4_KC8 => Matvec, "matvec_q4_k_c8";
-    MatvecAddQ4_KC8 => Matvec, "matvec_q4_k_c8_add";
-    MatvecGatedQ4_KC8 => Matvec, "matvec_q4_k_c8_gated";
     MatvecQ6_KC2 => Matvec, "matvec_q6_k_c2";
     MatvecAddQ6_KC2 => Matvec, "matvec_q6_k_c2_add";
     MatvecGatedQ6_KC2 => Matvec, "matvec_q6_k_c2_gated";
     MatvecQ6_KC4 => Matvec, "matvec_q6_k_c4";
     MatvecAddQ6_KC4 => Matvec, "matvec_q6_k_c4_add";
     MatvecGatedQ6_KC4 => Matvec, "matvec_q6_k_c4_gated";
-    MatvecQ6_KC8 => Matvec, "matvec_q6_k_c8";
-    MatvecAddQ6_KC8 => Matvec, "matvec_q6_k_c8_add";
-    MatvecGatedQ6_KC8 => Matvec, "matvec_q6_k_c8_gated";
     MatvecRopeKvQ4_K => Matvec, "matvec_q4_k_rope_kv";
     MatvecRopeKvQ4_KQ6_K => Matvec, "matvec_q4_k_q6_k_rope_kv";
     MatvecMultiQ4_0 => Matvec, "matvec_q4_0_multi";
@@ -762,24 +754,16 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecMultiQ3_K
         | K::MatvecMultiQ4_1
         | K::MatvecMultiQ5_1 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
-        K::MatvecQ4_KC2
-        | K::MatvecQ4_KC4
-        | K::MatvecQ4_KC8
-        | K::MatvecQ6_KC2
-        | K::MatvecQ6_KC4
-        | K::MatvecQ6_KC8 => &[Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
-        K::MatvecAddQ4_KC2
-        | K::MatvecAddQ4_KC4
-        | K::MatvecAddQ4_KC8
-        | K::MatvecAddQ6_KC2
-        | K::MatvecAddQ6_KC4
-        | K::MatvecAddQ6_KC8 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32],
+        K::MatvecQ4_KC2 | K::MatvecQ4_KC4 | K::MatvecQ6_KC2 | K::MatvecQ6_KC4 => {
+            &[Ptr, Ptr, Ptr, I32, I64, I32, I32, I32]
+        }
+        K::MatvecAddQ4_KC2 | K::MatvecAddQ4_KC4 | K::MatvecAddQ6_KC2 | K::MatvecAddQ6_KC4 => {
+            &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32]
+        }
         K::MatvecGatedQ4_KC2
         | K::MatvecGatedQ4_KC4
-        | K::MatvecGatedQ4_KC8
         | K::MatvecGatedQ6_KC2
-        | K::MatvecGatedQ6_KC4
-        | K::MatvecGatedQ6_KC8 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
+        | K::MatvecGatedQ6_KC4 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
         K::MatvecMultiQ4_KQ6_K => &[
             Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32,
         ],

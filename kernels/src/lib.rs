@@ -217,15 +217,16 @@ pub fn matvec_grid(t: WeightType, nrows: usize) -> u32 {
 }
 
 /// The most activation vectors the column mat-vecs ([`WeightType::matvec_cols`]) take.
-pub const MATVEC_COLS_MAX: usize = 8;
+pub const MATVEC_COLS_MAX: usize = 4;
 
-/// Activation vectors per grid row of the column mat-vecs for `m` vectors: 2, 4 or 8 (`NC` in
-/// `hip/matvec.hip`), so that `m` up to 8 takes one grid row and reads each weight once.
+/// Activation vectors per grid row of the column mat-vecs for `m` vectors: 2 or 4 (`NC` in
+/// `hip/matvec.hip`), so that `m` up to [`MATVEC_COLS_MAX`] takes one grid row and reads each
+/// weight once.
 pub fn matvec_cols_per_block(m: usize) -> usize {
-    match m {
-        0..=2 => 2,
-        3..=4 => 4,
-        _ => 8,
+    if m <= 2 {
+        2
+    } else {
+        4
     }
 }
 

@@ -48,7 +48,8 @@ pub(super) unsafe fn launch_matvec(
 
 /// Columns up to which Q4_K/Q6_K products take the column mat-vecs (each weight read once for
 /// all columns; [`kernels::WeightType::matvec_cols`]) ahead of the tile kernels, which start at
-/// `MMQ_MIN_COLS` (as llama.cpp's mmvq takes up to 8 columns).
+/// `MMQ_MIN_COLS`: on an H200 the tile products beat them from 5 columns (kernels/PERF.md,
+/// "Batched products: thresholds").
 pub(super) const COLS_MAX: usize = kernels::MATVEC_COLS_MAX;
 
 /// Whether a product of `m` vectors with `dtype` weights takes the column mat-vecs (then not

@@ -18,7 +18,7 @@ pub(super) const MATVEC_MAX_COLS: usize = 8;
 /// Columns from which `mul_mat` and the gated product take the integer tile kernels (`mmq.hip`)
 /// for quantized weights instead of the mat-vecs, grouped or not (kernels/PERF.md, "Batched
 /// products: thresholds").
-pub(super) const MMQ_MIN_COLS: usize = 8;
+pub(super) const MMQ_MIN_COLS: usize = 5;
 /// Columns up to which they take them instead of dequantization to f16 + gemmEx (the same),
 /// where the products run as dp4a-style 8-bit dot products (AMD, NVIDIA before compute
 /// capability 8.0).

@@ -499,7 +499,7 @@ fn fused_nodes_match_cpu() {
     let Some(h) = hip() else { return };
     let mut rng = Rng(0x0f05_ed00_1234_5678);
     let (k, n) = (512usize, 136usize);
-    for m in [1usize, 2, 5, 8, 20] {
+    for m in [1usize, 2, 4, 5, 8, 20] {
         // rms_norm * weight
         let mut g = Graph::new();
         let x = g.input("x", DType::F32, &[k, m]).expect("x");

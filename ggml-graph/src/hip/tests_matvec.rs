@@ -1,5 +1,5 @@
 //! GPU-against-CPU checks of the decode mat-vec launches: long rows with and without a bias row
-//! (the K-split kernels where the backend takes them), the column mat-vecs of 2 to 8 vectors, and
+//! (the K-split kernels where the backend takes them), the column mat-vecs of 2 to 4 vectors, and
 //! the q, k and v projections grouped into one launch.
 
 use std::sync::Arc;
@@ -63,8 +63,8 @@ fn k_split_mat_vec_matches_cpu() {
     }
 }
 
-/// Products of 2 to 8 vectors with Q4_K and Q6_K weights take the column mat-vecs (each weight
-/// block read once for all vectors: 2, 4 or 8 per grid row, the last ones partial), plain, with
+/// Products of 2 to 4 vectors with Q4_K and Q6_K weights take the column mat-vecs (each weight
+/// block read once for all vectors: 2 or 4 per grid row, the last one partial), plain, with
 /// a bias row and gated, and match the CPU: rows not a multiple of a block's, rows of an odd
 /// number of blocks (Q4_K's two blocks per lane in flight) and Q6_K rows that are and are not
 /// 16-byte aligned (k = 2048: 1680 bytes; 512 and 2304: 420 and 1890).
@@ -75,7 +75,7 @@ fn column_mat_vecs_match_cpu() {
     let n = 100usize;
     for dt in [DType::Q4_K, DType::Q6_K] {
         for k in [512usize, 2048, 2304] {
-            for m in [2usize, 3, 4, 5, 7, 8] {
+            for m in [2usize, 3, 4] {
                 assert!(
                     takes_cols(dt, m),
                     "{dt} m={m} does not take the column mat-vecs"

@@ -2,7 +2,7 @@
 //! weight type the mat-vecs take, 2 to 256 activation vectors (the tile kernels from
 //! `MMQ_MIN_COLS` to the device's most, `mmq_max_cols`: 32 with dp4a products, 256 on tensor
 //! cores; in full and partial tiles; the mat-vecs and gemmEx around them; Q4_K and Q6_K take the
-//! column mat-vecs up to 8), row counts that are not a multiple of a tile's, rows of whole 256-value steps and
+//! column mat-vecs up to 4), row counts that are not a multiple of a tile's, rows of whole 256-value steps and
 //! (32-value types) of an odd number of blocks, steps split over several blocks, a bias row and
 //! the gated product.
 

@@ -26,11 +26,11 @@ const MATVEC_MAX_COLS: usize = 8;
 /// `ops::MMQ_MAX_COLS` and `ops::MMQ_MMA_MAX_COLS`; the estimate knows no device): their
 /// activations go through the Q8_1 buffer too, and split launches write partial sums to the
 /// scratch.
-const MMQ_MIN_COLS: usize = 8;
+const MMQ_MIN_COLS: usize = 5;
 const MMQ_MAX_COLS: usize = 64;
 /// Columns up to which Q4_K and Q6_K products take the column mat-vecs ahead of the tile
 /// products (`matmul::COLS_MAX`, `matmul::takes_cols`): no partial sums.
-const COLS_MAX: usize = 8;
+const COLS_MAX: usize = 4;
 /// Most shares a tile product splits its steps into (`kernels::MMQ_MAX_SPLITS`).
 const MMQ_MAX_SPLITS: usize = 8;
 /// Weight rows per tile, steps' width and resident tiles per multiprocessor by tile width
@@ -369,29 +369,31 @@ mod tests {
         }
     }
 
-    /// Q4_K and Q6_K products of 2 to 8 vectors take the column mat-vecs (Q8_1 vectors, no tile
-    /// partials), gated ones too; another type's 8 vectors take the tile products.
+    /// Q4_K and Q6_K products of 2 to 4 vectors take the column mat-vecs (Q8_1 vectors, no tile
+    /// partials), gated ones too; another type's 4 vectors take the mat-vecs, and 5 vectors the
+    /// tile products.
     #[test]
     fn column_mat_vecs_need_no_tile_partials() {
         let input = Op::Leaf(Leaf::Input);
-        // The tile products' first width, which Q4_K and Q6_K leave to the column mat-vecs.
-        let m = MMQ_MIN_COLS;
-        let x = tensor(DType::F32, [4096, m, 1, 1], input.clone());
-        for dt in [DType::Q4_K, DType::Q6_K, DType::Q8_0] {
-            let w = tensor(dt, [4096, 1024, 1, 1], input.clone());
-            let tiles = if dt == DType::Q8_0 { 1 } else { 0 };
-            for (op, srcs, mats) in [
-                (Op::MulMat, vec![&w, &x], 1),
-                (Op::MulMatGated(Act::Silu), vec![&w, &w, &x], 2),
-            ] {
-                let t = tensor(DType::F32, [1024, m, 1, 1], op);
-                let (scratch, q8) = node_needs(&t, &srcs, true, 0);
-                assert_eq!(q8, m * q8_1_vector_bytes(4096), "{dt}");
-                assert_eq!(
-                    scratch,
-                    tiles * mats * MMQ_MAX_SPLITS * m * 1024 * 4,
-                    "{dt}"
-                );
+        // The column mat-vecs' widest, and the tile products' first width.
+        for (m, cols) in [(COLS_MAX, true), (MMQ_MIN_COLS, false)] {
+            let x = tensor(DType::F32, [4096, m, 1, 1], input.clone());
+            for dt in [DType::Q4_K, DType::Q6_K, DType::Q8_0] {
+                let w = tensor(dt, [4096, 1024, 1, 1], input.clone());
+                let tiles = usize::from(!cols);
+                for (op, srcs, mats) in [
+                    (Op::MulMat, vec![&w, &x], 1),
+                    (Op::MulMatGated(Act::Silu), vec![&w, &w, &x], 2),
+                ] {
+                    let t = tensor(DType::F32, [1024, m, 1, 1], op);
+                    let (scratch, q8) = node_needs(&t, &srcs, true, 0);
+                    assert_eq!(q8, m * q8_1_vector_bytes(4096), "{dt}");
+                    assert_eq!(
+                        scratch,
+                        tiles * mats * MMQ_MAX_SPLITS * m * 1024 * 4,
+                        "{dt} m={m}"
+                    );
+                }
             }
         }
     }
