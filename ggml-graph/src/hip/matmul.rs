@@ -457,6 +457,26 @@ pub(super) fn mul_mat_gated(
         .map_err(|e| gpu_err("mul_mat_gated", e))?;
     mul_mat(d, wg, x, out)?;
     mul_mat(d, wu, x, up)?;
+    act_in_place(d, kind, out, up, n, m)
+}
+
+/// `out = act(out) * up` over `m` dense rows of `n` f32: the gated products' last step where
+/// the two products ran apart.
+pub(super) fn act_in_place(
+    d: &HipDevice,
+    kind: Act,
+    out: MemRange<'_>,
+    up: MemRange<'_>,
+    n: usize,
+    m: usize,
+) -> Result<()> {
+    let rows = n * m * 4;
+    if out.len() < rows || up.len() < rows {
+        return Err(gpu_err(
+            "gated activation",
+            format!("{m} rows of {n} f32 do not fit the given ranges"),
+        ));
+    }
     let mut a = Args::new();
     a.push(out)
         .push(up)
@@ -467,8 +487,8 @@ pub(super) fn mul_mat_gated(
         .push(n as i64)
         .push(n as i64)
         .push(act_kind(kind));
-    // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
-    // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
+    // SAFETY: `out` and `up` are device ranges of at least `m` dense rows of `n` f32 (checked
+    // above); the kernel reads and writes only those.
     unsafe { d.launch_kernel(KernelId::ActF32, [blocks(n * m, 256), 1, 1], 256, &a.0) }
 }
 

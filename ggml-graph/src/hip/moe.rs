@@ -22,7 +22,8 @@ use gpu_mem::MemRange;
 use kernels::KernelId;
 
 use super::matmul::{
-    act_kind, launch_matvec, mmq, mmq_takes, product, product_scratch, Mat, MmqProduct,
+    act_in_place, act_kind, launch_matvec, mmq, mmq_takes, product, product_scratch, Mat,
+    MmqProduct,
 };
 use super::ops::{
     blocks, dense, elems, f32_rows, quant_rows_ok, weight_type, Args, ALIGN, MATVEC_MAX_COLS,
@@ -481,18 +482,7 @@ fn gated_product(
     product(d, wg, x, m, out, None)?;
     product(d, wu, x, m, up, None)?;
     d.inner.q8.lock().written(up.addr(), up.len());
-    let mut a = Args::new();
-    a.push(out)
-        .push(up)
-        .push(out)
-        .push(n as i32)
-        .push(m as i32)
-        .push(n as i64)
-        .push(n as i64)
-        .push(n as i64)
-        .push(act_kind(kind));
-    // SAFETY: `out` and `up` hold `m` dense rows of `n` f32 (the caller's and the scratch's).
-    unsafe { d.launch_kernel(KernelId::ActF32, [blocks(n * m, 256), 1, 1], 256, &a.0) }
+    act_in_place(d, kind, out, up, n, m)
 }
 
 /// The pairs sorted by expert, stable: the activation row and the output row of each, and the
