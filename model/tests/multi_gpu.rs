@@ -398,19 +398,29 @@ fn tensor_gpus(sel: GpuSelection) -> SessionOptions {
     }
 }
 
-/// Perplexity of a fixed pseudo-random token stream in windows of 64.
-fn ppl(s: &mut Session, n_vocab: usize) -> f64 {
-    let tokens: Vec<u32> = (0..256u64)
-        .map(|i| ((i * 2654435761 + 12345) % n_vocab as u64) as u32)
-        .collect();
+/// Perplexity of `s` over `tokens` in windows of `n_ctx`.
+fn ppl_of(s: &mut Session, tokens: &[u32], n_ctx: usize) -> f64 {
     let opts = PplOptions {
-        n_ctx: 64,
+        n_ctx,
         max_chunks: None,
         bos: None,
     };
-    perplexity(s, &tokens, &opts, |_, _, _| {})
+    perplexity(s, tokens, &opts, |_, _, _| {})
         .expect("perplexity")
         .ppl
+}
+
+/// `len` tokens of a fixed pseudo-random stream whose period is `period` (0: none).
+fn token_stream(n_vocab: usize, len: usize, period: usize) -> Vec<u32> {
+    (0..len as u64)
+        .map(|i| if period == 0 { i } else { i % period as u64 })
+        .map(|i| ((i * 2654435761 + 12345) % n_vocab as u64) as u32)
+        .collect()
+}
+
+/// Perplexity of a fixed pseudo-random token stream in windows of 64.
+fn ppl(s: &mut Session, n_vocab: usize) -> f64 {
+    ppl_of(s, &token_stream(n_vocab, 256, 0), 64)
 }
 
 #[test]
@@ -587,18 +597,7 @@ fn batch_engine_in_a_tensor_split_equals_one_gpu() {
 /// text-like stream (an 11-token sentence repeated) in two windows of 512: a model of a real shape scores its later
 /// windows' tokens from a long context, where the splits' sums must hold.
 fn text_ppl(s: &mut Session, n_vocab: usize) -> f64 {
-    let sentence: Vec<u32> = (0..11u64)
-        .map(|i| ((i * 2654435761 + 12345) % n_vocab as u64) as u32)
-        .collect();
-    let tokens: Vec<u32> = (0..1024).map(|i| sentence[i % sentence.len()]).collect();
-    let opts = PplOptions {
-        n_ctx: 512,
-        max_chunks: None,
-        bos: None,
-    };
-    perplexity(s, &tokens, &opts, |_, _, _| {})
-        .expect("perplexity")
-        .ppl
+    ppl_of(s, &token_stream(n_vocab, 1024, 11), 512)
 }
 
 /// Largest |logit difference| allowed for a model file of a real shape against one GPU running
