@@ -46,7 +46,9 @@ pub struct BatchedBenchArgs {
 struct Row {
     t_pp: f64,
     t_tg: f64,
-    /// The engine's counters over the generation phase (as of the steps published by then).
+    /// The engine's counters over the prompt phase and the generation phase (as of the steps
+    /// published by then).
+    pp: EngineStats,
     tg: EngineStats,
 }
 
@@ -88,6 +90,7 @@ fn run_one(
     tg: usize,
     b: usize,
 ) -> Result<Row, ModelError> {
+    let before = e.stats();
     let t0 = Instant::now();
     let mut rxs = Vec::with_capacity(b);
     for _ in 0..b {
@@ -108,7 +111,18 @@ fn run_one(
         first(rx)?;
     }
     let t_pp = t0.elapsed().as_secs_f64();
-    let at_tg = e.stats();
+    // The engine publishes its counters after the step that emitted the first tokens; wait for
+    // that (briefly: the events are already here) so the step lands in the prompt phase.
+    let published = Instant::now();
+    let at_tg = loop {
+        let s = e.stats();
+        if s.generated_tokens >= before.generated_tokens + b as u64
+            || published.elapsed() > std::time::Duration::from_secs(1)
+        {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    };
     for rx in &rxs {
         loop {
             match rx.recv().map_err(|_| closed())? {
@@ -122,6 +136,7 @@ fn run_one(
     Ok(Row {
         t_pp,
         t_tg,
+        pp: delta(&before, &at_tg),
         tg: delta(&at_tg, &e.stats()),
     })
 }
@@ -230,7 +245,7 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
                 rows += 1;
                 let t = r.t_pp + r.t_tg;
                 decode.push((pp, tg, b, (b * tg) as f64 / r.t_tg));
-                phases.push((pp, tg, b, r.tg));
+                phases.push((pp, tg, b, r.pp, r.tg));
                 println!(
                     "| {pp:5} | {tg:6} | {b:4} | {n_kv:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {t:8.3} | {:8.2} |",
                     r.t_pp,
@@ -263,7 +278,12 @@ pub(super) fn batched_bench(a: &BatchedBenchArgs) -> Result<(), ModelError> {
     // The generation phase alone (decode steps): a replayed step's launch is one call and its
     // GPU time shows in the logits wait; a step launched node by node waits for its work in
     // "inputs + launch".
-    for (pp, tg, b, t) in &phases {
+    for (pp, tg, b, p, t) in &phases {
+        eprintln!(
+            "PP {pp} TG {tg} B {b}, prompt: {} steps, {}",
+            p.steps,
+            per_step_line(p)
+        );
         eprintln!(
             "PP {pp} TG {tg} B {b}, generation: {} steps ({} replayed, {} padded), {}",
             t.steps,
