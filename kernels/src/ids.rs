@@ -288,9 +288,10 @@ impl WeightType {
         crate::MATVEC_WARPS as usize * per_warp
     }
 
-    /// The column mat-vec of `m` activation vectors (2 to [`crate::MATVEC_COLS_MAX`]; [`crate::matvec_cols_per_block`] of
-    /// them per grid row), plain or adding a `bias` row (`w`, [`bias`,] `y`, `out`, `ncols`,
-    /// `row_bytes`, `out_stride`, `nrows`, `m`), for the types that have one (Q4_K, Q6_K): each
+    /// The column mat-vec of `m` activation vectors (2 to [`crate::MATVEC_COLS_MAX`];
+    /// [`crate::matvec_cols_per_block`] of them per grid row), plain or adding a `bias` row (`w`,
+    /// `bias` when adding, `y`, `out`, `ncols`, `row_bytes`, `out_stride`, `nrows`, `m`), for the
+    /// types that have one (Q4_K, Q6_K): each
     /// weight block is read once for all of a block's vectors. Grid [`crate::matvec_cols_grid`],
     /// [`crate::MATVEC_WARPS`] warps per block.
     pub fn matvec_cols(self, m: usize, bias: bool) -> Option<KernelId> {
