@@ -236,6 +236,39 @@ fn moe_sum_matches_unfused_cpu_bit_exact() {
     }
 }
 
+/// Float-weight mat-vecs as a router's (f32 `[2048, 128]`: wide blocks, four values per load),
+/// rows whose length is no multiple of 4 (one value per load) and a long output (narrow
+/// blocks), f32 and f16 weights, one and three vectors.
+#[test]
+fn float_mat_vecs_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x726f_7574_6572_0001);
+    for dt in [DType::F32, DType::F16] {
+        for (k, n) in [(2048usize, 128usize), (130, 7), (2050, 1500)] {
+            for m in [1usize, 3] {
+                let mut g = Graph::new();
+                let w = g.weight("w", dt, &[k, n]).expect("w");
+                let x = g.input("x", DType::F32, &[k, m]).expect("x");
+                let y = g.mul_mat(w, x).expect("mul_mat");
+                g.mark_output(y).expect("out");
+                let weights = vec![(
+                    "w".to_string(),
+                    dt,
+                    vec![k, n],
+                    weight_bytes(dt, n, k, &mut rng),
+                )];
+                let inputs = [(x, f32_bytes(&rng.vec(k * m)))];
+                let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[y]);
+                let e = nmse(&gpu[0], &cpu[0]);
+                println!("mul_mat {dt} k={k} n={n} m={m}: NMSE {e:.3e}");
+                // The CPU may round the activations to f16 for f16 weights.
+                let bound = if dt == DType::F32 { 1e-10 } else { 1e-5 };
+                assert!(e <= bound, "mul_mat {dt} k={k} n={n} m={m}: NMSE {e:.3e}");
+            }
+        }
+    }
+}
+
 /// gpt-oss's clamped SwiGLU on values well past the clamp, decode and prompt rows.
 #[test]
 fn swiglu_oai_matches_cpu() {
