@@ -875,22 +875,39 @@ RF_KERNEL void expert_weights_f32(const float* __restrict__ probs, const int* __
     }
 }
 
+// A product and a sum rounded on their own, never contracted into a fused multiply-add: NVIDIA's
+// intrinsics promise it; AMD's headers define them as plain operators that the default
+// `-ffp-contract=fast` may fuse, so there the operators are compiled with contraction off.
+static __device__ __forceinline__ float mul_rn(float a, float b) {
+#if defined(RF_NVIDIA)
+    return __fmul_rn(a, b);
+#else
+#pragma clang fp contract(off)
+    return a * b;
+#endif
+}
+static __device__ __forceinline__ float add_rn(float a, float b) {
+#if defined(RF_NVIDIA)
+    return __fadd_rn(a, b);
+#else
+#pragma clang fp contract(off)
+    return a + b;
+#endif
+}
+
 // The chosen experts' outputs weighted and summed: y[:, r] = x[:, 0, r] * w[0, r] + x[:, 1, r] *
-// w[1, r] + ..., left to right, each product rounded before its add (no contraction into a fused
-// multiply-add), so the result equals a separate multiply and chain of adds bit for bit.
+// w[1, r] + ..., left to right, each product rounded before its add, so the result equals a
+// separate multiply and chain of adds bit for bit.
 RF_KERNEL void moe_sum_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int n,
                            int k, int rows, long long x_slot, long long x_row, long long w_slot, long long w_row) {
-#if defined(RF_AMD)
-#pragma clang fp contract(off)
-#endif
     rf_entry();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * rows) return;
     const long long r = t / n, c = t % n;
     const float* xr = x + r * x_row + c;
     const float* wr = w + r * w_row;
-    float acc = __fmul_rn(xr[0], wr[0]);
-    for (int s = 1; s < k; ++s) acc = __fadd_rn(acc, __fmul_rn(xr[s * x_slot], wr[s * w_slot]));
+    float acc = mul_rn(xr[0], wr[0]);
+    for (int s = 1; s < k; ++s) acc = add_rn(acc, mul_rn(xr[s * x_slot], wr[s * w_slot]));
     y[r * n + c] = acc;
 }
 
