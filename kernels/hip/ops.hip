@@ -907,6 +907,8 @@ RF_KERNEL void moe_sum_f32(const float* __restrict__ x, const float* __restrict_
     const float* xr = x + r * x_row + c;
     const float* wr = w + r * w_row;
     float acc = mul_rn(xr[0], wr[0]);
+    // Unrolled so that the loads of several slots are in flight before the first add needs one.
+#pragma unroll 8
     for (int s = 1; s < k; ++s) acc = add_rn(acc, mul_rn(xr[s * x_slot], wr[s * w_slot]));
     y[r * n + c] = acc;
 }
