@@ -266,8 +266,30 @@ fn moe_sum_operands(g: &Graph, id: TensorId, readers: &[usize]) -> Option<Vec<Te
     slots_ok.then_some(src)
 }
 
+/// The operands `[experts, weights, r]` of an [`Op::MoeSum`] that `add` node `t` (operands
+/// `srcs`) may become: the sum of a two-operand `moe_sum` read only here and a residual `r` of
+/// its shape (either order: f32 sums commute exactly).
+fn moe_sum_residual(
+    g: &Graph,
+    t: &Tensor,
+    srcs: &[Tensor],
+    readers: &[usize],
+) -> Option<Vec<TensorId>> {
+    let residual_ok = |r: &Tensor| r.dtype == DType::F32 && r.ne == t.ne && r.rows_contiguous();
+    (0..2).find_map(|j| {
+        let (sum, r) = (&srcs[j], &srcs[1 - j]);
+        (sum.op == Op::MoeSum
+            && sum.src.len() == 2
+            && t.src[0] != t.src[1]
+            && can_fuse(g, t.src[j], readers)
+            && residual_ok(r))
+        .then(|| vec![sum.src[0], sum.src[1], t.src[1 - j]])
+    })
+}
+
 /// Fuses `rms_norm * w`, `mul_mat + bias`, `act(mul_mat(wg, x)) * mul_mat(wu, x)` and the
-/// weighted sum of the chosen experts' outputs (`mul` and the `add`s over its slots).
+/// weighted sum of the chosen experts' outputs (`mul` and the `add`s over its slots, then the
+/// residual `add`).
 pub fn fuse(g: &mut Graph) -> usize {
     let mut fused = 0;
     let mut readers = consumers(g);
@@ -288,7 +310,8 @@ pub fn fuse(g: &mut Graph) -> usize {
             }
             Op::Add => {
                 let (a, b) = (t.src[0], t.src[1]);
-                let moe = moe_sum_operands(g, TensorId::from_index(i), &readers);
+                let moe = moe_sum_operands(g, TensorId::from_index(i), &readers)
+                    .or_else(|| moe_sum_residual(g, &t, &srcs, &readers));
                 let bias_ok =
                     srcs[1].ne[0] == t.ne[0] && srcs[1].ne[1] == 1 && srcs[1].rows_contiguous();
                 match srcs[0].op {

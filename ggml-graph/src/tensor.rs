@@ -256,11 +256,13 @@ pub enum Op {
         /// Clamp of both halves (gpt-oss: 7).
         limit: f32,
     },
-    /// Fused `[experts, weights]`: f32 `[n, rows]`, per row `t` the sum over the `k` slots of
-    /// `experts[:, s, t] * weights[0, s, t]` (`experts` `[n, k, rows]`, `weights` `[1, k, rows]`),
-    /// slot 0 plus slot 1 first and then each further slot, every product rounded before its
-    /// add: the mixture-of-experts output as the `mul` and the chain of `add`s over slot views
-    /// that llama.cpp builds compute it, bit for bit. Made by the optimizer.
+    /// Fused `[experts, weights]` or `[experts, weights, r]`: f32 `[n, rows]`, per row `t` the
+    /// sum over the `k` slots of `experts[:, s, t] * weights[0, s, t]` (`experts` `[n, k, rows]`,
+    /// `weights` `[1, k, rows]`), slot 0 plus slot 1 first and then each further slot, every
+    /// product rounded before its add, and `r` `[n, rows]` (the residual) added to that sum when
+    /// given: the mixture-of-experts output as the `mul` and the chain of `add`s over slot views
+    /// that llama.cpp builds compute it (then the residual `add`), bit for bit. Made by the
+    /// optimizer.
     MoeSum,
     /// Fused `[x, w]`: `rms_norm(x, eps) * w` (`w` broadcast), made by the optimizer.
     RmsNormMul {

@@ -286,8 +286,14 @@ fn query_scale_folds_into_attention() {
 
 /// The tail of a mixture-of-experts block as the model builds it: the chosen experts' outputs
 /// `[n, k, nt]` times their weights, then slot 0 + slot 1, + slot 2, ... over views of the
-/// product. Returns the graph, its two inputs, the sum and the product.
-fn moe_tail(n: usize, k: usize, nt: usize) -> (Graph, [TensorId; 2], TensorId, TensorId) {
+/// product, with `residual` then plus the residual. Returns the graph, its inputs, the result
+/// and the product.
+fn moe_tail(
+    n: usize,
+    k: usize,
+    nt: usize,
+    residual: bool,
+) -> (Graph, Vec<TensorId>, TensorId, TensorId) {
     let mut g = Graph::new();
     let experts = g.input("experts", DType::F32, &[n, k, nt]).unwrap();
     let weights = g.input("weights", DType::F32, &[k, nt]).unwrap();
@@ -299,24 +305,29 @@ fn moe_tail(n: usize, k: usize, nt: usize) -> (Graph, [TensorId; 2], TensorId, T
         let s = slot(&mut g, i);
         out = g.add(out, s).unwrap();
     }
+    let mut ins = vec![experts, weights];
+    if residual {
+        let r = g.input("residual", DType::F32, &[n, nt]).unwrap();
+        out = g.add(out, r).unwrap();
+        ins.push(r);
+    }
     g.mark_output(out).unwrap();
-    (g, [experts, weights], out, prod)
+    (g, ins, out, prod)
 }
 
-fn moe_tail_output(g: &Graph, ins: [TensorId; 2], out: TensorId, seed: u64) -> Vec<u32> {
+/// The bits of `out` for random inputs of mixed magnitudes (another order of the sums or a
+/// fused multiply-add would show).
+fn moe_tail_output(g: &Graph, ins: &[TensorId], out: TensorId, seed: u64) -> Vec<u32> {
     let mut rng = Rng::new(seed);
-    let [n, k, nt] = {
-        let t = &g.tensors()[ins[0].index()];
-        [t.ne[0], t.ne[1], t.ne[2]]
-    };
-    // Values of mixed magnitudes, so that a different order or a fused multiply-add would show.
-    let e: Vec<f32> = rng
-        .vec(n * k * nt)
+    let inputs: Vec<(TensorId, Vec<u8>)> = ins
         .iter()
-        .map(|v| v * 1e3 * v.abs())
+        .map(|&i| {
+            let n = g.tensors()[i.index()].nelements();
+            let v: Vec<f32> = rng.vec(n).iter().map(|v| v * 1e3 * v.abs()).collect();
+            (i, f32_bytes(&v))
+        })
         .collect();
-    let w = rng.vec(k * nt);
-    let ex = run(g, &[], &[(ins[0], f32_bytes(&e)), (ins[1], f32_bytes(&w))]);
+    let ex = run(g, &[], &inputs);
     ex.output_f32(out)
         .unwrap()
         .iter()
@@ -332,26 +343,35 @@ fn expert_sum_fuses_into_one_node_bit_exact() {
         (2880, 4, 5),
         (16, 3, 70),
     ] {
-        let (g0, ins, out, _) = moe_tail(n, k, nt);
-        let mut g = g0.clone();
-        assert_eq!(fuse(&mut g), 1, "n={n} k={k} nt={nt}");
-        assert_eq!(live_ops(&g), ["view", "moe_sum"], "n={n} k={k} nt={nt}");
-        assert_eq!(
-            moe_tail_output(&g, ins, out, 7 + n as u64),
-            moe_tail_output(&g0, ins, out, 7 + n as u64),
-            "n={n} k={k} nt={nt}: the fused sum differs from the mul and adds"
-        );
+        for residual in [false, true] {
+            let what = format!("n={n} k={k} nt={nt} residual={residual}");
+            let (g0, ins, out, _) = moe_tail(n, k, nt, residual);
+            let mut g = g0.clone();
+            assert_eq!(fuse(&mut g), 1 + usize::from(residual), "{what}");
+            assert_eq!(live_ops(&g), ["view", "moe_sum"], "{what}");
+            assert_eq!(
+                moe_tail_output(&g, &ins, out, 7 + n as u64),
+                moe_tail_output(&g0, &ins, out, 7 + n as u64),
+                "{what}: the fused sum differs from the mul and adds"
+            );
+        }
     }
 }
 
 #[test]
 fn expert_sum_is_not_fused_when_its_parts_are_read() {
     // The weighted outputs are read besides the slot views (a debugging output).
-    let (mut g, _, _, prod) = moe_tail(32, 4, 2);
+    let (mut g, _, _, prod) = moe_tail(32, 4, 2, false);
     g.mark_output(prod).unwrap();
     assert_eq!(fuse(&mut g), 0);
+    // The sum before the residual is an output: the residual stays a separate add.
+    let (mut g, _, out, _) = moe_tail(32, 4, 2, true);
+    let sum = g.tensors()[out.index()].src[0];
+    g.mark_output(sum).unwrap();
+    assert_eq!(fuse(&mut g), 1);
+    assert_eq!(live_ops(&g), ["view", "moe_sum", "add"]);
     // A partial sum is an output.
-    let (mut g, ..) = moe_tail(32, 4, 2);
+    let (mut g, ..) = moe_tail(32, 4, 2, false);
     let first_add = g
         .tensors()
         .iter()

@@ -896,10 +896,11 @@ static __device__ __forceinline__ float add_rn(float a, float b) {
 }
 
 // The chosen experts' outputs weighted and summed: y[:, r] = x[:, 0, r] * w[0, r] + x[:, 1, r] *
-// w[1, r] + ..., left to right, each product rounded before its add, so the result equals a
-// separate multiply and chain of adds bit for bit.
-RF_KERNEL void moe_sum_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int n,
-                           int k, int rows, long long x_slot, long long x_row, long long w_slot, long long w_row) {
+// w[1, r] + ..., left to right, each product rounded before its add, then the residual res[:, r]
+// added (when not null), so the result equals a separate multiply and chain of adds bit for bit.
+RF_KERNEL void moe_sum_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ res,
+                           float* __restrict__ y, int n, int k, int rows, long long x_slot, long long x_row,
+                           long long w_slot, long long w_row, long long res_row) {
     rf_entry();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * rows) return;
@@ -910,6 +911,7 @@ RF_KERNEL void moe_sum_f32(const float* __restrict__ x, const float* __restrict_
     // Unrolled so that the loads of several slots are in flight before the first add needs one.
 #pragma unroll 8
     for (int s = 1; s < k; ++s) acc = add_rn(acc, mul_rn(xr[s * x_slot], wr[s * w_slot]));
+    if (res) acc = add_rn(acc, res[r * res_row + c]);
     y[r * n + c] = acc;
 }
 

@@ -869,7 +869,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::ArgTopKF32 => &[Ptr, Ptr, I32, I32, I64],
         K::ExpertWeightsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I32],
         K::SwigluOaiF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, F32, F32],
-        K::MoeSumF32 => &[Ptr, Ptr, Ptr, I32, I32, I32, I64, I64, I64, I64],
+        K::MoeSumF32 => &[Ptr, Ptr, Ptr, Ptr, I32, I32, I32, I64, I64, I64, I64, I64],
         K::MoeRouteF32 => &[Ptr, Ptr, Ptr, Ptr, I32, I32, I64, F32, I32, I32],
         K::AttnF16 | K::AttnF32 | K::AttnQ8_0 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],

@@ -136,9 +136,10 @@ fn moe_greedy_tokens_equal_llama_cpp() {
     }
 }
 
-/// Every expert layer's weighted sum of its experts' outputs becomes one `moe_sum` node in the
-/// graphs the CPU runs (the optimizer's fusion of the `mul` and the chain of `add`s), for a
-/// decode step and a prompt, in all three expert architectures.
+/// Every expert layer's weighted sum of its experts' outputs, plus the residual, becomes one
+/// `moe_sum` node in the graphs the CPU runs (the optimizer's fusion of the `mul`, the chain of
+/// `add`s and the residual `add`), for a decode step and a prompt, in all three expert
+/// architectures.
 #[test]
 fn expert_sums_are_fused_in_every_layer() {
     use rocmforge_model::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode};
@@ -159,12 +160,21 @@ fn expert_sums_are_fused_in_every_layer() {
             let mut fg = build_forward(cfg, m.weights(), &kv, batch).expect("forward graph");
             ggml_graph::opt::optimize(&mut fg.graph);
             let (g, _) = ggml_graph::opt::eliminate_dead(&fg.graph);
-            let sums = g
+            let sums: Vec<_> = g
                 .tensors()
                 .iter()
                 .filter(|t| t.op.name() == "moe_sum")
-                .count();
-            assert_eq!(sums, cfg.n_layer, "{arch} n_tok={n_tok}: moe_sum nodes");
+                .collect();
+            assert_eq!(
+                sums.len(),
+                cfg.n_layer,
+                "{arch} n_tok={n_tok}: moe_sum nodes"
+            );
+            // Each with the layer's residual added in the same node.
+            assert!(
+                sums.iter().all(|t| t.src.len() == 3),
+                "{arch} n_tok={n_tok}: a residual add was left out"
+            );
         }
     }
 }

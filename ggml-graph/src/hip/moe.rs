@@ -78,8 +78,14 @@ pub(super) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && out_f32
         }
         (Op::SwigluOai { .. }, [g, u]) => f32_rows(g) && f32_rows(u) && g.ne == u.ne && out_f32,
-        (Op::MoeSum, [x, w]) => {
-            f32_rows(x)
+        (Op::MoeSum, [x, w, rest @ ..]) => {
+            let residual_ok = match rest {
+                [] => true,
+                [r] => f32_rows(r) && r.ne == t.ne,
+                _ => false,
+            };
+            residual_ok
+                && f32_rows(x)
                 && x.ne[3] == 1
                 && w.dtype == DType::F32
                 && w.ne[..3] == [1, x.ne[1], x.ne[2]]
@@ -173,8 +179,13 @@ pub(super) fn launch(
         }
         Op::MoeSum => {
             let (x, w) = (srcs[0].tensor, srcs[1].tensor);
+            let (r, r_row) = match srcs.get(2) {
+                Some(m) => (Some(addr(m)?), elems(m.tensor.nb[1], m.tensor)),
+                None => (None, 0),
+            };
             a.push(addr(&srcs[0])?)
                 .push(addr(&srcs[1])?)
+                .push(r)
                 .push(out)
                 .push(x.ne[0] as i32)
                 .push(x.ne[1] as i32)
@@ -182,10 +193,12 @@ pub(super) fn launch(
                 .push(elems(x.nb[1], x))
                 .push(elems(x.nb[2], x))
                 .push(elems(w.nb[1], w))
-                .push(elems(w.nb[2], w));
+                .push(elems(w.nb[2], w))
+                .push(r_row);
             // SAFETY: `x` holds `ne[2]` rows of `ne[1]` slots of `ne[0]` f32 (`nb` apart), `w` one
-            // f32 per slot and row (`nb` apart), `out` `ne[2]` dense rows of `ne[0]` (the shapes
-            // `supports` checked); one thread per output value.
+            // f32 per slot and row (`nb` apart), the residual (when given) and `out` `ne[2]` rows
+            // of `ne[0]` (`r_row` apart, dense) (the shapes `supports` checked); one thread per
+            // output value.
             unsafe {
                 d.launch_kernel(
                     KernelId::MoeSumF32,

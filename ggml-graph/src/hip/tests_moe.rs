@@ -185,8 +185,8 @@ fn routing_matches_cpu() {
 }
 
 /// The weighted sum of the chosen experts' outputs, fused by the optimizer into one `moe_sum`
-/// node, equals the CPU's unfused `mul` and `add` chain bit for bit (decode, a few tokens, a
-/// prompt; 2 to 8 experts; gpt-oss's 2880-wide rows).
+/// node (with and without the residual added), equals the CPU's unfused `mul` and `add` chain
+/// bit for bit (decode, a few tokens, a prompt; 2 to 8 experts; gpt-oss's 2880-wide rows).
 #[test]
 fn moe_sum_matches_unfused_cpu_bit_exact() {
     let Some(h) = hip() else { return };
@@ -197,42 +197,50 @@ fn moe_sum_matches_unfused_cpu_bit_exact() {
         (64, 2, 5),
         (512, 8, 70),
     ] {
-        let mut g = Graph::new();
-        let experts = g
-            .input("experts", DType::F32, &[n, k, nt])
-            .expect("experts");
-        let weights = g.input("weights", DType::F32, &[k, nt]).expect("weights");
-        let wr = g.reshape(weights, &[1, k, nt]).expect("reshape");
-        let prod = g.mul(experts, wr).expect("mul");
-        let mut out = g.view(prod, &[n, nt], &[n * k * 4], 0).expect("slot 0");
-        for i in 1..k {
-            let s = g
-                .view(prod, &[n, nt], &[n * k * 4], i * n * 4)
-                .expect("slot");
-            out = g.add(out, s).expect("add");
+        for residual in [false, true] {
+            let what = format!("moe_sum n={n} k={k} nt={nt} residual={residual}");
+            let mut g = Graph::new();
+            let experts = g
+                .input("experts", DType::F32, &[n, k, nt])
+                .expect("experts");
+            let weights = g.input("weights", DType::F32, &[k, nt]).expect("weights");
+            let wr = g.reshape(weights, &[1, k, nt]).expect("reshape");
+            let prod = g.mul(experts, wr).expect("mul");
+            let mut out = g.view(prod, &[n, nt], &[n * k * 4], 0).expect("slot 0");
+            for i in 1..k {
+                let s = g
+                    .view(prod, &[n, nt], &[n * k * 4], i * n * 4)
+                    .expect("slot");
+                out = g.add(out, s).expect("add");
+            }
+            // Values of mixed magnitudes: another order or a fused multiply-add would show.
+            let mut mixed = |len: usize| {
+                let v: Vec<f32> = rng.vec(len).iter().map(|v| v * 1e3 * v.abs()).collect();
+                f32_bytes(&v)
+            };
+            let mut inputs = vec![(experts, mixed(n * k * nt)), (weights, mixed(k * nt))];
+            if residual {
+                let r = g.input("residual", DType::F32, &[n, nt]).expect("residual");
+                out = g.add(out, r).expect("residual add");
+                inputs.push((r, mixed(n * nt)));
+            }
+            g.mark_output(out).expect("out");
+            let unfused = g.clone();
+            assert_eq!(
+                crate::opt::fuse(&mut g),
+                1 + usize::from(residual),
+                "{what}"
+            );
+            assert_eq!(g.tensors()[out.index()].op, Op::MoeSum, "{what}");
+            let [gpu, _] = run_both(&h, &g, &[], &inputs, &[out]);
+            let [_, cpu] = run_both(&h, &unfused, &[], &inputs, &[out]);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&gpu[0]),
+                bits(&cpu[0]),
+                "{what}: GPU differs from the unfused CPU graph"
+            );
         }
-        g.mark_output(out).expect("out");
-        let unfused = g.clone();
-        assert_eq!(crate::opt::fuse(&mut g), 1);
-        assert_eq!(g.tensors()[out.index()].op, Op::MoeSum);
-        // Values of mixed magnitudes: another order or a fused multiply-add would show.
-        let e: Vec<f32> = rng
-            .vec(n * k * nt)
-            .iter()
-            .map(|v| v * 1e3 * v.abs())
-            .collect();
-        let inputs = [
-            (experts, f32_bytes(&e)),
-            (weights, f32_bytes(&rng.vec(k * nt))),
-        ];
-        let [gpu, _] = run_both(&h, &g, &[], &inputs, &[out]);
-        let [_, cpu] = run_both(&h, &unfused, &[], &inputs, &[out]);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&gpu[0]),
-            bits(&cpu[0]),
-            "moe_sum n={n} k={k} nt={nt}: GPU differs from the unfused CPU graph"
-        );
     }
 }
 
