@@ -755,6 +755,7 @@ static __device__ __forceinline__ void top_k_warp(const float* x, int n, int k, 
     for (int j = 0; j < k; ++j) {
         float bv = 0.0f;
         int bi = -1;
+#pragma unroll 4
         for (int c = lane; c < n; c += RF_WARP) {
             const float v = x[c];
             if (pi >= 0 && !topk_before(pv, pi, v, c)) continue;
@@ -784,6 +785,7 @@ static __device__ __forceinline__ void top_k_warp(const float* x, int n, int k, 
 static __device__ __forceinline__ void softmax_warp(const float* x, float* y, int n, float scale) {
     const int lane = threadIdx.x % RF_WARP;
     float mx = -INFINITY;
+#pragma unroll 4
     for (int i = lane; i < n; i += RF_WARP) {
         const float v = x[i] * scale;
         y[i] = v;
@@ -791,6 +793,7 @@ static __device__ __forceinline__ void softmax_warp(const float* x, float* y, in
     }
     mx = warp_max(mx);
     float sum = 0.0f;
+#pragma unroll 4
     for (int i = lane; i < n; i += RF_WARP) {
         const float e = mx == -INFINITY ? 0.0f : expf(y[i] - mx);
         y[i] = e;
