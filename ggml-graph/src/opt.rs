@@ -199,7 +199,97 @@ fn is_row_broadcast(x: &Tensor, w: &Tensor) -> bool {
     w.dtype == DType::F32 && w.ne[0] == x.ne[0] && w.rows_contiguous()
 }
 
-/// Fuses `rms_norm * w`, `mul_mat + bias` and `act(mul_mat(wg, x)) * mul_mat(wu, x)`.
+/// The most experts per token a [`Op::MoeSum`] is made for (llama.cpp's models use up to 8;
+/// longer `add` chains are not walked).
+const MAX_EXPERTS_USED: usize = 64;
+
+/// The operands `[experts, weights]` of an [`Op::MoeSum`] that add `id` may become: `id` ends a
+/// chain `((v0 + v1) + v2) + ...` over views `v_s` of slot `s` of one `mul(experts, weights)`
+/// (`[n, k, rows]` times `[1, k, rows]`), one view per slot of the product, each view and every
+/// link of the chain read only by the next one and no output.
+fn moe_sum_operands(g: &Graph, id: TensorId, readers: &[usize]) -> Option<Vec<TensorId>> {
+    let only_next = |v: TensorId| readers[v.index()] == 1 && !g.outputs.contains(&v);
+    let mut slots = Vec::new();
+    let mut cur = id;
+    loop {
+        let t = &g.nodes[cur.index()];
+        let (left, right) = (t.src[0], t.src[1]);
+        slots.push(right);
+        if slots.len() > MAX_EXPERTS_USED {
+            return None;
+        }
+        if g.nodes[left.index()].op == Op::Add && left != right && only_next(left) {
+            cur = left;
+        } else {
+            slots.push(left);
+            break;
+        }
+    }
+    slots.reverse();
+    let k = slots.len();
+    let (m, _) = g.nodes[slots[0].index()].view_of?;
+    let mt = &g.nodes[m.index()];
+    let [n, rows] = [mt.ne[0], mt.ne[2]];
+    let f = DType::F32.type_size();
+    let product_ok = mt.op == Op::Mul
+        && mt.dtype == DType::F32
+        && mt.ne == [n, k, rows, 1]
+        && mt.is_contiguous()
+        && readers[m.index()] == k
+        && !g.outputs.contains(&m);
+    if !product_ok {
+        return None;
+    }
+    let slots_ok = slots.iter().enumerate().all(|(s, &v)| {
+        let vt = &g.nodes[v.index()];
+        vt.op == Op::View
+            && vt.view_of == Some((m, s * n * f))
+            && vt.dtype == DType::F32
+            && vt.ne == [n, rows, 1, 1]
+            && vt.nb[0] == f
+            && vt.nb[1] == n * k * f
+            && only_next(v)
+    });
+    let (a, b) = (mt.src[0], mt.src[1]);
+    let is_experts = |x: &Tensor| x.dtype == DType::F32 && x.ne == mt.ne && x.rows_contiguous();
+    let is_weights =
+        |x: &Tensor| x.dtype == DType::F32 && x.ne == [1, k, rows, 1] && x.rows_contiguous();
+    // f32 products commute exactly: either operand order is the same value.
+    let (xa, xb) = (&g.nodes[a.index()], &g.nodes[b.index()]);
+    let src = if is_experts(xa) && is_weights(xb) {
+        vec![a, b]
+    } else if is_experts(xb) && is_weights(xa) {
+        vec![b, a]
+    } else {
+        return None;
+    };
+    slots_ok.then_some(src)
+}
+
+/// The operands `[experts, weights, r]` of an [`Op::MoeSum`] that `add` node `t` (operands
+/// `srcs`) may become: the sum of a two-operand `moe_sum` read only here and a residual `r` of
+/// its shape (either order: f32 sums commute exactly).
+fn moe_sum_residual(
+    g: &Graph,
+    t: &Tensor,
+    srcs: &[Tensor],
+    readers: &[usize],
+) -> Option<Vec<TensorId>> {
+    let residual_ok = |r: &Tensor| r.dtype == DType::F32 && r.ne == t.ne && r.rows_contiguous();
+    (0..2).find_map(|j| {
+        let (sum, r) = (&srcs[j], &srcs[1 - j]);
+        (sum.op == Op::MoeSum
+            && sum.src.len() == 2
+            && t.src[0] != t.src[1]
+            && can_fuse(g, t.src[j], readers)
+            && residual_ok(r))
+        .then(|| vec![sum.src[0], sum.src[1], t.src[1 - j]])
+    })
+}
+
+/// Fuses `rms_norm * w`, `mul_mat + bias`, `act(mul_mat(wg, x)) * mul_mat(wu, x)` and the
+/// weighted sum of the chosen experts' outputs (`mul` and the `add`s over its slots, then the
+/// residual `add`).
 pub fn fuse(g: &mut Graph) -> usize {
     let mut fused = 0;
     let mut readers = consumers(g);
@@ -220,9 +310,12 @@ pub fn fuse(g: &mut Graph) -> usize {
             }
             Op::Add => {
                 let (a, b) = (t.src[0], t.src[1]);
+                let moe = moe_sum_operands(g, TensorId::from_index(i), &readers)
+                    .or_else(|| moe_sum_residual(g, &t, &srcs, &readers));
                 let bias_ok =
                     srcs[1].ne[0] == t.ne[0] && srcs[1].ne[1] == 1 && srcs[1].rows_contiguous();
                 match srcs[0].op {
+                    _ if moe.is_some() => moe.map(|src| (Op::MoeSum, src)),
                     Op::MulMat if can_fuse(g, a, &readers) && bias_ok => {
                         Some((Op::MulMatAdd, vec![srcs[0].src[0], srcs[0].src[1], b]))
                     }

@@ -256,6 +256,14 @@ pub enum Op {
         /// Clamp of both halves (gpt-oss: 7).
         limit: f32,
     },
+    /// Fused `[experts, weights]` or `[experts, weights, r]`: f32 `[n, rows]`, per row `t` the
+    /// sum over the `k` slots of `experts[:, s, t] * weights[0, s, t]` (`experts` `[n, k, rows]`,
+    /// `weights` `[1, k, rows]`), slot 0 plus slot 1 first and then each further slot, every
+    /// product rounded before its add, and `r` `[n, rows]` (the residual) added to that sum when
+    /// given: the mixture-of-experts output as the `mul` and the chain of `add`s over slot views
+    /// that llama.cpp builds compute it (then the residual `add`), bit for bit. Made by the
+    /// optimizer.
+    MoeSum,
     /// Fused `[x, w]`: `rms_norm(x, eps) * w` (`w` broadcast), made by the optimizer.
     RmsNormMul {
         /// Epsilon inside the square root.
@@ -358,6 +366,7 @@ impl Op {
             Op::ExpertWeights { .. } => "expert_weights",
             Op::MulMatId => "mul_mat_id",
             Op::SwigluOai { .. } => "swiglu_oai",
+            Op::MoeSum => "moe_sum",
             Op::RmsNormMul { .. } => "rms_norm_mul",
             Op::MulMatAdd => "mul_mat_add",
             Op::MulMatGated(Act::Silu) => "mul_mat_swiglu",

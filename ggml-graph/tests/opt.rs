@@ -283,3 +283,110 @@ fn query_scale_folds_into_attention() {
         assert_close("folded attention", &got, &want64, 1e-10);
     }
 }
+
+/// The tail of a mixture-of-experts block as the model builds it: the chosen experts' outputs
+/// `[n, k, nt]` times their weights, then slot 0 + slot 1, + slot 2, ... over views of the
+/// product, with `residual` then plus the residual. Returns the graph, its inputs, the result
+/// and the product.
+fn moe_tail(
+    n: usize,
+    k: usize,
+    nt: usize,
+    residual: bool,
+) -> (Graph, Vec<TensorId>, TensorId, TensorId) {
+    let mut g = Graph::new();
+    let experts = g.input("experts", DType::F32, &[n, k, nt]).unwrap();
+    let weights = g.input("weights", DType::F32, &[k, nt]).unwrap();
+    let wr = g.reshape(weights, &[1, k, nt]).unwrap();
+    let prod = g.mul(experts, wr).unwrap();
+    let slot = |g: &mut Graph, i: usize| g.view(prod, &[n, nt], &[n * k * 4], i * n * 4).unwrap();
+    let mut out = slot(&mut g, 0);
+    for i in 1..k {
+        let s = slot(&mut g, i);
+        out = g.add(out, s).unwrap();
+    }
+    let mut ins = vec![experts, weights];
+    if residual {
+        let r = g.input("residual", DType::F32, &[n, nt]).unwrap();
+        out = g.add(out, r).unwrap();
+        ins.push(r);
+    }
+    g.mark_output(out).unwrap();
+    (g, ins, out, prod)
+}
+
+/// The bits of `out` for random inputs of mixed magnitudes (another order of the sums or a
+/// fused multiply-add would show).
+fn moe_tail_output(g: &Graph, ins: &[TensorId], out: TensorId, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    let inputs: Vec<(TensorId, Vec<u8>)> = ins
+        .iter()
+        .map(|&i| {
+            let n = g.tensors()[i.index()].nelements();
+            let v: Vec<f32> = rng.vec(n).iter().map(|v| v * 1e3 * v.abs()).collect();
+            (i, f32_bytes(&v))
+        })
+        .collect();
+    let ex = run(g, &[], &inputs);
+    ex.output_f32(out)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+#[test]
+fn expert_sum_fuses_into_one_node_bit_exact() {
+    for (n, k, nt) in [
+        (64usize, 8usize, 1usize),
+        (40, 2, 3),
+        (2880, 4, 5),
+        (16, 3, 70),
+    ] {
+        for residual in [false, true] {
+            let what = format!("n={n} k={k} nt={nt} residual={residual}");
+            let (g0, ins, out, _) = moe_tail(n, k, nt, residual);
+            let mut g = g0.clone();
+            assert_eq!(fuse(&mut g), 1 + usize::from(residual), "{what}");
+            assert_eq!(live_ops(&g), ["view", "moe_sum"], "{what}");
+            assert_eq!(
+                moe_tail_output(&g, &ins, out, 7 + n as u64),
+                moe_tail_output(&g0, &ins, out, 7 + n as u64),
+                "{what}: the fused sum differs from the mul and adds"
+            );
+        }
+    }
+}
+
+#[test]
+fn expert_sum_is_not_fused_when_its_parts_are_read() {
+    // The weighted outputs are read besides the slot views (a debugging output).
+    let (mut g, _, _, prod) = moe_tail(32, 4, 2, false);
+    g.mark_output(prod).unwrap();
+    assert_eq!(fuse(&mut g), 0);
+    // The sum before the residual is an output: the residual stays a separate add.
+    let (mut g, _, out, _) = moe_tail(32, 4, 2, true);
+    let sum = g.tensors()[out.index()].src[0];
+    g.mark_output(sum).unwrap();
+    assert_eq!(fuse(&mut g), 1);
+    assert_eq!(live_ops(&g), ["view", "moe_sum", "add"]);
+    // A partial sum is an output.
+    let (mut g, ..) = moe_tail(32, 4, 2, false);
+    let first_add = g
+        .tensors()
+        .iter()
+        .position(|t| t.op.name() == "add")
+        .unwrap();
+    g.mark_output(TensorId::from_index(first_add)).unwrap();
+    assert_eq!(fuse(&mut g), 0);
+    // Fewer slot views than the product has slots: not the whole sum.
+    let mut g = Graph::new();
+    let e = g.input("experts", DType::F32, &[8, 3, 1]).unwrap();
+    let w = g.input("weights", DType::F32, &[1, 3, 1]).unwrap();
+    let p = g.mul(e, w).unwrap();
+    let s0 = g.view(p, &[8, 1], &[96], 0).unwrap();
+    let s1 = g.view(p, &[8, 1], &[96], 32).unwrap();
+    let y = g.add(s0, s1).unwrap();
+    g.mark_output(y).unwrap();
+    assert_eq!(fuse(&mut g), 0);
+}

@@ -1208,6 +1208,21 @@ __device__ __forceinline__ float ld_w<float>(const float* p, int i) { return p[i
 template <>
 __device__ __forceinline__ float ld_w<__half>(const __half* p, int i) { return __half2float(p[i]); }
 
+// Four weights from `p + i` (aligned to four of them).
+template <typename W>
+static __device__ __forceinline__ float4 ld_w4(const W* p, int i);
+template <>
+__device__ __forceinline__ float4 ld_w4<float>(const float* p, int i) {
+    return *reinterpret_cast<const float4*>(p + i);
+}
+template <>
+__device__ __forceinline__ float4 ld_w4<__half>(const __half* p, int i) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
 template <typename W>
 static __device__ __forceinline__ void matvec_f(const W* __restrict__ w, const float* __restrict__ x,
                                                 float* __restrict__ out, int ncols, long long row_stride,
@@ -1217,7 +1232,20 @@ static __device__ __forceinline__ void matvec_f(const W* __restrict__ w, const f
     const W* wr = w + (long long)row * row_stride;
     const float* xc = x + (size_t)col * ncols;
     float acc = 0.0f;
-    for (int i = threadIdx.x; i < ncols; i += blockDim.x) acc += ld_w(wr, i) * xc[i];
+    // Four values per load where the rows allow it: one row per block leaves few blocks for a
+    // short output (a router's 128 experts), so each thread must have several loads in flight.
+    const bool v4 = ncols % 4 == 0 && (reinterpret_cast<uintptr_t>(wr) % (4 * sizeof(W))) == 0 &&
+                    (reinterpret_cast<uintptr_t>(xc) % 16) == 0;
+    if (v4) {
+#pragma unroll 4
+        for (int i = 4 * threadIdx.x; i < ncols; i += 4 * blockDim.x) {
+            const float4 xv = *reinterpret_cast<const float4*>(xc + i);
+            const float4 wv = ld_w4(wr, i);
+            acc += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+        }
+    } else {
+        for (int i = threadIdx.x; i < ncols; i += blockDim.x) acc += ld_w(wr, i) * xc[i];
+    }
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) out[(size_t)col * out_stride + row] = acc;
 }

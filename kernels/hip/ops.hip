@@ -746,6 +746,115 @@ RF_KERNEL void arg_top_k_f32(const float* __restrict__ a, int* __restrict__ out,
     }
 }
 
+// Top k of one row in shared memory by the calling warp (arg_top_k_f32's order and ties); the
+// picks land in `pick`, visible to the whole warp on return.
+static __device__ __forceinline__ void top_k_warp(const float* x, int n, int k, int* pick) {
+    const int lane = threadIdx.x % RF_WARP;
+    float pv = 0.0f;
+    int pi = -1;
+    for (int j = 0; j < k; ++j) {
+        float bv = 0.0f;
+        int bi = -1;
+#pragma unroll 4
+        for (int c = lane; c < n; c += RF_WARP) {
+            const float v = x[c];
+            if (pi >= 0 && !topk_before(pv, pi, v, c)) continue;
+            if (bi < 0 || topk_before(v, c, bv, bi)) {
+                bv = v;
+                bi = c;
+            }
+        }
+#pragma unroll
+        for (int m = RF_WARP / 2; m > 0; m >>= 1) {
+            const float ov = rf_shfl_xor(bv, m);
+            const int oi = rf_shfl_xor_int(bi, m);
+            if (oi >= 0 && (bi < 0 || topk_before(ov, oi, bv, bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) pick[j] = bi;
+        pv = bv;
+        pi = bi;
+    }
+    __syncthreads();
+}
+
+// Softmax of n values scaled by `scale` (softmax_f32's arithmetic) by the calling warp, from `x`
+// into `y` (the same memory allowed: each lane reads and writes only its own indices).
+static __device__ __forceinline__ void softmax_warp(const float* x, float* y, int n, float scale) {
+    const int lane = threadIdx.x % RF_WARP;
+    float mx = -INFINITY;
+#pragma unroll 4
+    for (int i = lane; i < n; i += RF_WARP) {
+        const float v = x[i] * scale;
+        y[i] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll 4
+    for (int i = lane; i < n; i += RF_WARP) {
+        const float e = mx == -INFINITY ? 0.0f : expf(y[i] - mx);
+        y[i] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int i = lane; i < n; i += RF_WARP) y[i] *= inv;
+}
+
+// A mixture of experts' routing for each row of router logits `x` (one warp per row, grid.x
+// rows, n <= RF_ROUTE_MAX experts, k chosen), in one launch instead of three:
+// - top_first 0 (softmax gating): `vals` := softmax(scale x) (rows of n), `ids` := its top k,
+//   `w` := the probabilities at the ids, divided by their sum (at least the smallest normal f16)
+//   when `norm` is 1;
+// - top_first 1 (gpt-oss): `ids` := top k of x, `vals` := x at the ids (rows of k), `w` :=
+//   softmax(scale vals).
+#define RF_ROUTE_MAX 1024
+RF_KERNEL void moe_route_f32(const float* __restrict__ x, float* __restrict__ vals, int* __restrict__ ids,
+                             float* __restrict__ w, int n, int k, long long x_stride, float scale, int top_first,
+                             int norm) {
+    rf_entry();
+    __shared__ float row[RF_ROUTE_MAX];
+    __shared__ int pick[RF_ROUTE_MAX];
+    const int lane = threadIdx.x % RF_WARP;
+    if (threadIdx.x >= RF_WARP) return;  // one warp (the host launches one)
+    const long long r = blockIdx.x;
+    const float* xr = x + r * x_stride;
+    int* ir = ids + r * k;
+    float* wr = w + r * k;
+    if (!top_first) {
+        float* pr = vals + r * n;
+        softmax_warp(xr, row, n, scale);
+        for (int i = lane; i < n; i += RF_WARP) pr[i] = row[i];
+        __syncthreads();
+        top_k_warp(row, n, k, pick);
+        float s = 0.0f;
+        for (int i = lane; i < k; i += RF_WARP) {
+            ir[i] = pick[i];
+            s += row[pick[i]];
+        }
+        const float sum = norm ? fmaxf(warp_sum(s), 6.103515625e-5f) : 1.0f;
+        for (int i = lane; i < k; i += RF_WARP) {
+            const float v = row[pick[i]];
+            wr[i] = norm ? v / sum : v;
+        }
+    } else {
+        float* pr = vals + r * k;
+        for (int i = lane; i < n; i += RF_WARP) row[i] = xr[i];
+        __syncthreads();
+        top_k_warp(row, n, k, pick);
+        for (int i = lane; i < k; i += RF_WARP) {
+            const float v = row[pick[i]];
+            ir[i] = pick[i];
+            pr[i] = v;
+            wr[i] = v;
+        }
+        softmax_warp(wr, wr, k, scale);
+    }
+}
+
 // The values of each row of `probs` at that row's k ids (one warp per row), divided by their sum
 // (at least the smallest normal f16, as llama.cpp clamps it) when `norm` is 1. An id outside the
 // row gives 0.
@@ -767,6 +876,46 @@ RF_KERNEL void expert_weights_f32(const float* __restrict__ probs, const int* __
         const float v = e >= 0 && e < n ? p[e] : 0.0f;
         out[r * k + i] = norm ? v / sum : v;
     }
+}
+
+// A product and a sum rounded on their own, never contracted into a fused multiply-add: NVIDIA's
+// intrinsics promise it; AMD's headers define them as plain operators that the default
+// `-ffp-contract=fast` may fuse, so there the operators are compiled with contraction off.
+static __device__ __forceinline__ float mul_rn(float a, float b) {
+#if defined(RF_NVIDIA)
+    return __fmul_rn(a, b);
+#else
+#pragma clang fp contract(off)
+    return a * b;
+#endif
+}
+static __device__ __forceinline__ float add_rn(float a, float b) {
+#if defined(RF_NVIDIA)
+    return __fadd_rn(a, b);
+#else
+#pragma clang fp contract(off)
+    return a + b;
+#endif
+}
+
+// The chosen experts' outputs weighted and summed: y[:, r] = x[:, 0, r] * w[0, r] + x[:, 1, r] *
+// w[1, r] + ..., left to right, each product rounded before its add, then the residual res[:, r]
+// added (when not null), so the result equals a separate multiply and chain of adds bit for bit.
+RF_KERNEL void moe_sum_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ res,
+                           float* __restrict__ y, int n, int k, int rows, long long x_slot, long long x_row,
+                           long long w_slot, long long w_row, long long res_row) {
+    rf_entry();
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)n * rows) return;
+    const long long r = t / n, c = t % n;
+    const float* xr = x + r * x_row + c;
+    const float* wr = w + r * w_row;
+    float acc = mul_rn(xr[0], wr[0]);
+    // Unrolled so that the loads of several slots are in flight before the first add needs one.
+#pragma unroll 8
+    for (int s = 1; s < k; ++s) acc = add_rn(acc, mul_rn(xr[s * x_slot], wr[s * w_slot]));
+    if (res) acc = add_rn(acc, res[r * res_row + c]);
+    y[r * n + c] = acc;
 }
 
 // gpt-oss's clamped SwiGLU (ggml's swiglu_oai): g = min(gate, limit), u = clamp(up, -limit,

@@ -631,6 +631,8 @@ kernel_ids! {
     ArgTopKF32 => Ops, "arg_top_k_f32";
     ExpertWeightsF32 => Ops, "expert_weights_f32";
     SwigluOaiF32 => Ops, "swiglu_oai_f32";
+    MoeSumF32 => Ops, "moe_sum_f32";
+    MoeRouteF32 => Ops, "moe_route_f32";
     ArgmaxF32 => Ops, "argmax_f32";
     AttnF16 => Attention, "attn_f16";
     AttnF32 => Attention, "attn_f32";
@@ -868,6 +870,8 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::ArgTopKF32 => &[Ptr, Ptr, I32, I32, I64],
         K::ExpertWeightsF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I32],
         K::SwigluOaiF32 => &[Ptr, Ptr, Ptr, I32, I32, I64, I64, I64, F32, F32],
+        K::MoeSumF32 => &[Ptr, Ptr, Ptr, Ptr, I32, I32, I32, I64, I64, I64, I64, I64],
+        K::MoeRouteF32 => &[Ptr, Ptr, Ptr, Ptr, I32, I32, I64, F32, I32, I32],
         K::AttnF16 | K::AttnF32 | K::AttnQ8_0 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnDecF16 | K::AttnDecF32 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Attn],
         K::AttnCombineF32 => &[Ptr, Ptr, I32, I32, I32, I32, I64, I64],

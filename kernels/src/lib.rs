@@ -349,6 +349,8 @@ pub fn q8_1_vector_bytes(ncols: usize) -> usize {
 pub fn q8_16_vector_bytes(ncols: usize) -> usize {
     (ncols + ncols / 16 * 4).div_ceil(16) * 16
 }
+/// Most experts (router logits per token) `moe_route_f32` takes (`RF_ROUTE_MAX`).
+pub const ROUTE_MAX_EXPERTS: usize = 1024;
 /// Largest head dimension the attention kernels take.
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
 /// Most cache positions `attn_dec_f16`/`attn_dec_f32` take (their scores live in shared memory).

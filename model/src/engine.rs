@@ -345,7 +345,7 @@ mod gpu {
     fn is_fused(op: &Op) -> bool {
         matches!(
             op,
-            Op::RmsNormMul { .. } | Op::MulMatAdd | Op::MulMatGated(_)
+            Op::RmsNormMul { .. } | Op::MulMatAdd | Op::MulMatGated(_) | Op::MoeSum
         )
     }
 

@@ -135,3 +135,46 @@ fn moe_greedy_tokens_equal_llama_cpp() {
         assert_eq!(Some(&got[..]), want, "{arch} {ftype}; all: {got_all:?}");
     }
 }
+
+/// Every expert layer's weighted sum of its experts' outputs, plus the residual, becomes one
+/// `moe_sum` node in the graphs the CPU runs (the optimizer's fusion of the `mul`, the chain of
+/// `add`s and the residual `add`), for a decode step and a prompt, in all three expert
+/// architectures.
+#[test]
+fn expert_sums_are_fused_in_every_layer() {
+    use rocmforge_model::arch::{build_forward, BatchSpec, KvCacheSpec, KvType, LogitsMode};
+    for arch in ["mixtral", "qwen3moe", "gpt-oss"] {
+        let tm = synth(arch, "q8_0");
+        let m = tm.model();
+        let cfg = m.config();
+        let kv = KvCacheSpec {
+            dtype: KvType::F16,
+            n_ctx: 64,
+        };
+        for n_tok in [1, 7] {
+            let batch = BatchSpec {
+                n_tok,
+                n_past: 0,
+                logits: LogitsMode::Last,
+            };
+            let mut fg = build_forward(cfg, m.weights(), &kv, batch).expect("forward graph");
+            ggml_graph::opt::optimize(&mut fg.graph);
+            let (g, _) = ggml_graph::opt::eliminate_dead(&fg.graph);
+            let sums: Vec<_> = g
+                .tensors()
+                .iter()
+                .filter(|t| t.op.name() == "moe_sum")
+                .collect();
+            assert_eq!(
+                sums.len(),
+                cfg.n_layer,
+                "{arch} n_tok={n_tok}: moe_sum nodes"
+            );
+            // Each with the layer's residual added in the same node.
+            assert!(
+                sums.iter().all(|t| t.src.len() == 3),
+                "{arch} n_tok={n_tok}: a residual add was left out"
+            );
+        }
+    }
+}

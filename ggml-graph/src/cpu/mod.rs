@@ -247,6 +247,7 @@ pub(crate) fn compute(
         Op::ArgTopK(k) => moe::arg_top_k(t, out, &srcs[0], *k),
         Op::ExpertWeights { norm } => moe::expert_weights(t, out, &srcs[0], &srcs[1], *norm),
         Op::MulMatId => moe::mul_mat_id(be, t, out, &srcs[0], &srcs[1], &srcs[2]),
+        Op::MoeSum => moe::moe_sum(t, out, &srcs[0], &srcs[1], srcs.get(2)),
     }
 }
 

@@ -1,5 +1,6 @@
-//! Mixture-of-experts kernels: top-k routing, the chosen experts' weights, and llama.cpp's
-//! `mul_mat_id` over a stack of expert matrices.
+//! Mixture-of-experts kernels: top-k routing, the chosen experts' weights, llama.cpp's
+//! `mul_mat_id` over a stack of expert matrices, and the weighted sum of the chosen experts'
+//! outputs.
 //!
 //! `mul_mat_id` groups the (token, slot) columns by expert so that each expert's rows are read
 //! once per pass for all the tokens that chose it, and never for an expert no token chose. Every
@@ -8,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::{out_f32, unsupported, CpuBackend, SrcView};
+use super::{for_rows, out_f32, unsupported, CpuBackend, SrcView};
 use crate::error::Result;
 use crate::quant::{
     act_type, dot_float, dot_tile_of, quantize_act, quantize_act_tiled, tiled, tiled_act_bytes,
@@ -70,6 +71,42 @@ pub(crate) fn expert_weights(
             orow.iter_mut().for_each(|v| *v /= sum);
         }
     }
+    Ok(())
+}
+
+/// `out[:, t] = experts[:, 0, t] * w[0, 0, t] + experts[:, 1, t] * w[0, 1, t] + ...`, added
+/// left to right with every product rounded first (Rust never contracts `a * b + c` into a
+/// fused multiply-add), then `r[:, t]` added when given, so the result equals the unfused `mul`
+/// and `add` chain (and the residual `add`) bit for bit.
+pub(crate) fn moe_sum(
+    t: &Tensor,
+    out: &mut [u8],
+    experts: &SrcView<'_>,
+    w: &SrcView<'_>,
+    r: Option<&SrcView<'_>>,
+) -> Result<()> {
+    let (ev, wv) = (experts.f32s()?, w.f32s()?);
+    let rv = r.map(|r| r.f32s()).transpose()?;
+    let k = experts.t.ne[1];
+    let o = out_f32(t, out)?;
+    for_rows(o, t.ne[0].max(1), |row, orow| {
+        let weight = |s: usize| w.row(wv, s, row, 0)[0];
+        let w0 = weight(0);
+        for (d, &x) in orow.iter_mut().zip(experts.row(ev, 0, row, 0)) {
+            *d = x * w0;
+        }
+        for s in 1..k {
+            let ws = weight(s);
+            for (d, &x) in orow.iter_mut().zip(experts.row(ev, s, row, 0)) {
+                *d += x * ws;
+            }
+        }
+        if let (Some(r), Some(rv)) = (r, rv) {
+            for (d, &x) in orow.iter_mut().zip(r.row(rv, row, 0, 0)) {
+                *d += x;
+            }
+        }
+    });
     Ok(())
 }
 

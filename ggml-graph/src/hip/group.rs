@@ -68,6 +68,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
             0 => super::moe::with_bias(d, group),
             n => Ok(n),
         },
+        Some(Op::SoftMax { .. } | Op::ArgTopK(_)) => super::moe::routing(d, group),
         _ => Ok(0),
     }
 }

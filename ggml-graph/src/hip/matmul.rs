@@ -18,6 +18,9 @@ use crate::tensor::{Act, DType};
 /// The largest grid.y (and grid.z) a launch may use on every HIP platform.
 const MAX_GRID_Y: usize = 65535;
 
+/// Float mat-vecs with fewer output values than this run 8 warps per row instead of 4.
+const FLOAT_MATVEC_WIDE_BELOW: usize = 1024;
+
 /// Queues decode mat-vec kernel `kid`: grid x `grid`, one grid row per activation vector (`m`),
 /// [`kernels::MATVEC_WARPS`] warps per block. Takes the quantization cache's guard and releases it
 /// once the launch is queued, so that no other launch requantizes into the buffer `args` read
@@ -293,10 +296,17 @@ pub(super) fn product(
             .push(k as i32)
             .push((w.row_bytes / w.dtype.type_size()) as i64)
             .push(n as i32);
+        // One block per row: a short output (a router's 128 experts) gets wider blocks, so
+        // that enough loads are in flight to approach the memory bandwidth.
+        let threads = if n * m < FLOAT_MATVEC_WIDE_BELOW {
+            8 * warp
+        } else {
+            4 * warp
+        };
         // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
         // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
         return unsafe {
-            d.launch_kernel(kid, [n as u32, m as u32, 1], 4 * warp, &a.0)
+            d.launch_kernel(kid, [n as u32, m as u32, 1], threads, &a.0)
                 .map(|()| false)
         };
     }

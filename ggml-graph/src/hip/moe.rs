@@ -1,6 +1,7 @@
 //! Mixture-of-experts nodes on the HIP device: top-k routing (`argsort_top_k`), the chosen
-//! experts' weights (`expert_weights`), gpt-oss's clamped SwiGLU (`swiglu_oai`) and llama.cpp's
-//! `mul_mat_id` over a stack of expert matrices.
+//! experts' weights (`expert_weights`), gpt-oss's clamped SwiGLU (`swiglu_oai`), llama.cpp's
+//! `mul_mat_id` over a stack of expert matrices, and the weighted sum of the chosen experts'
+//! outputs (`moe_sum`).
 //!
 //! `mul_mat_id` takes one of two ways:
 //! - per pair: one launch whose grid runs over the (token, slot) pairs, each block multiplying
@@ -13,10 +14,11 @@
 //!   expert (the dense `mul_mat` paths: tile kernels, mat-vecs or dequantization and gemm) and
 //!   the results scattered back to their (token, slot) rows.
 //!
-//! Two groups of nodes the scheduler offers go as one: the up and gate products with their
+//! Three groups of nodes the scheduler offers go as one: the up and gate products with their
 //! gated activation (per pair: `matvec_*_id_gated`; grouped by expert: one gated product per
-//! expert), and, in decode, an expert product with its experts' bias rows added
-//! (`matvec_*_id_add`, gpt-oss).
+//! expert), in decode an expert product with its experts' bias rows added (`matvec_*_id_add`,
+//! gpt-oss), and the routing's softmax, top k and picked weights in either gating's order
+//! (`moe_route_f32`, which writes all three nodes' results).
 
 use gpu_mem::MemRange;
 use kernels::KernelId;
@@ -76,6 +78,22 @@ pub(super) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                 && out_f32
         }
         (Op::SwigluOai { .. }, [g, u]) => f32_rows(g) && f32_rows(u) && g.ne == u.ne && out_f32,
+        (Op::MoeSum, [x, w, rest @ ..]) => {
+            let residual_ok = match rest {
+                [] => true,
+                [r] => f32_rows(r) && r.ne == t.ne,
+                _ => false,
+            };
+            residual_ok
+                && f32_rows(x)
+                && x.ne[3] == 1
+                && w.dtype == DType::F32
+                && w.ne[..3] == [1, x.ne[1], x.ne[2]]
+                && w.ne[3] == 1
+                && out_f32
+                && t.ne[..2] == [x.ne[0], x.ne[2]]
+                && x.nelements() <= i32::MAX as usize
+        }
         (Op::MulMatId, [w, x, ids]) => {
             let k = w.ne[0];
             let wt_ok = quant_rows_ok(w.dtype, k) || matches!(w.dtype, DType::F32 | DType::F16);
@@ -159,8 +177,116 @@ pub(super) fn launch(
                 )
             }
         }
+        Op::MoeSum => {
+            let (x, w) = (srcs[0].tensor, srcs[1].tensor);
+            let (r, r_row) = match srcs.get(2) {
+                Some(m) => (Some(addr(m)?), elems(m.tensor.nb[1], m.tensor)),
+                None => (None, 0),
+            };
+            a.push(addr(&srcs[0])?)
+                .push(addr(&srcs[1])?)
+                .push(r)
+                .push(out)
+                .push(x.ne[0] as i32)
+                .push(x.ne[1] as i32)
+                .push(x.ne[2] as i32)
+                .push(elems(x.nb[1], x))
+                .push(elems(x.nb[2], x))
+                .push(elems(w.nb[1], w))
+                .push(elems(w.nb[2], w))
+                .push(r_row);
+            // SAFETY: `x` holds `ne[2]` rows of `ne[1]` slots of `ne[0]` f32 (`nb` apart), `w` one
+            // f32 per slot and row (`nb` apart), the residual (when given) and `out` `ne[2]` rows
+            // of `ne[0]` (`r_row` apart, dense) (the shapes `supports` checked); one thread per
+            // output value.
+            unsafe {
+                d.launch_kernel(
+                    KernelId::MoeSumF32,
+                    [blocks(t.nelements(), 256), 1, 1],
+                    256,
+                    &a.0,
+                )
+            }
+        }
         _ => mul_mat_id(d, srcs, out),
     }
+}
+
+/// Queues a mixture of experts' routing, three nodes the scheduler offers as a group, as one
+/// `moe_route_f32` launch and returns 3; 0 when `group` does not start with one. The softmax
+/// gating's `probs = soft_max(x)`, `ids = argsort_top_k(probs)`, `expert_weights(probs, ids)`,
+/// or gpt-oss's `ids = argsort_top_k(x)`, `picked = expert_weights(x, ids)`,
+/// `soft_max(picked)`: unmasked softmaxes, every result dense (each is written, as the separate
+/// launches would).
+pub(super) fn routing(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
+    let [a, b, c, ..] = group else {
+        return Ok(0);
+    };
+    let nodes_ok = [a, b, c].iter().all(|g| {
+        let ts: Vec<&Tensor> = g.srcs.iter().map(|m| m.tensor).collect();
+        super::ops::supports(g.tensor, &ts) && g.tensor.is_contiguous()
+    });
+    if !nodes_ok {
+        return Ok(0);
+    }
+    // (x, the n-wide or k-wide values, ids, weights, scale, top first, norm)
+    let (x, vals, ids, w, scale, top_first, norm) = match (&a.tensor.op, &b.tensor.op, &c.tensor.op)
+    {
+        (Op::SoftMax { scale }, Op::ArgTopK(_), Op::ExpertWeights { norm })
+            if a.srcs.len() == 1
+                && same_mem(&b.srcs[0], &a.dst)
+                && same_mem(&c.srcs[0], &a.dst)
+                && same_mem(&c.srcs[1], &b.dst) =>
+        {
+            (&a.srcs[0], a, b, c, *scale, false, *norm)
+        }
+        (Op::ArgTopK(_), Op::ExpertWeights { norm: false }, Op::SoftMax { scale })
+            if c.srcs.len() == 1
+                && same_mem(&b.srcs[0], &a.srcs[0])
+                && same_mem(&b.srcs[1], &a.dst)
+                && same_mem(&c.srcs[0], &b.dst) =>
+        {
+            (&a.srcs[0], b, a, c, *scale, true, false)
+        }
+        _ => return Ok(0),
+    };
+    let xt = x.tensor;
+    let (n, k, rows) = (xt.ne[0], ids.tensor.ne[0], ids.tensor.ne[1]);
+    let shapes_ok = n <= kernels::ROUTE_MAX_EXPERTS
+        && k <= n
+        && xt.ne[1] == rows
+        && xt.ne[2] * xt.ne[3] == 1
+        && vals.tensor.ne[..2] == [if top_first { k } else { n }, rows]
+        && w.tensor.ne[..2] == [k, rows]
+        && ids.tensor.ne[2] * ids.tensor.ne[3] == 1;
+    if !shapes_ok {
+        return Ok(0);
+    }
+    let xa = addr(x)?;
+    let (vo, io, wo) = (rewritten(d, vals)?, rewritten(d, ids)?, rewritten(d, w)?);
+    let mut args = Args::new();
+    args.push(xa)
+        .push(vo)
+        .push(io)
+        .push(wo)
+        .push(n as i32)
+        .push(k as i32)
+        .push(elems(xt.nb[1], xt))
+        .push(scale)
+        .push(i32::from(top_first))
+        .push(i32::from(norm));
+    // SAFETY: `x` holds `rows` rows of `n` f32 (`nb[1]` apart); the values, ids and weights are
+    // the group's dense results of `rows` rows of n (or k) f32, k I32 and k f32 (the shapes
+    // checked above, n within the kernel's shared row); one warp per row.
+    unsafe {
+        d.launch_kernel(
+            KernelId::MoeRouteF32,
+            [rows as u32, 1, 1],
+            d.inner.warp,
+            &args.0,
+        )?
+    };
+    Ok(3)
 }
 
 /// The shapes of a `mul_mat_id` node: `n_mat` matrices of `n` rows of `k` values, `n_x`

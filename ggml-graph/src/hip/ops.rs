@@ -308,9 +308,14 @@ pub(crate) fn supports(t: &Tensor, srcs: &[&Tensor]) -> bool {
                     .iter()
                     .all(|s| dense(s, DType::F32) && s.ne == first.ne)
         }
-        (Op::ArgTopK(_) | Op::ExpertWeights { .. } | Op::MulMatId | Op::SwigluOai { .. }, _) => {
-            super::moe::supports(t, srcs)
-        }
+        (
+            Op::ArgTopK(_)
+            | Op::ExpertWeights { .. }
+            | Op::MulMatId
+            | Op::SwigluOai { .. }
+            | Op::MoeSum,
+            _,
+        ) => super::moe::supports(t, srcs),
         // Soft-capped scores have no GPU kernel yet: such layers run on the CPU.
         (Op::Attention(p), [q, k, v, pos, rest @ ..]) => {
             let d = q.ne[0];
@@ -724,9 +729,11 @@ pub(crate) fn launch(
             // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
             unsafe { d.launch_kernel(KernelId::ArgmaxF32, [x.nrows() as u32, 1, 1], 256, &a.0) }
         }
-        Op::ArgTopK(_) | Op::ExpertWeights { .. } | Op::MulMatId | Op::SwigluOai { .. } => {
-            super::moe::launch(d, t, srcs, out)
-        }
+        Op::ArgTopK(_)
+        | Op::ExpertWeights { .. }
+        | Op::MulMatId
+        | Op::SwigluOai { .. }
+        | Op::MoeSum => super::moe::launch(d, t, srcs, out),
         Op::Attention(p) => super::attn::attention(d, t, p, srcs, out, warp),
         Op::PagedAttention { params, block_size } => {
             super::attn::paged_attention(d, t, params, *block_size, srcs, out, warp)

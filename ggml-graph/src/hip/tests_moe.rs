@@ -131,7 +131,8 @@ fn mul_mat_id_matches_cpu_for_every_weight_type() {
 
 /// The routing of both gatings, as the model builds it: softmax, top k, the picked weights
 /// (normalised or not); and top k of the raw logits, the picked logits, softmax over them
-/// (gpt-oss). Logits rounded to halves make ties, which both sides break by the lower index.
+/// (gpt-oss), each as one grouped `moe_route_f32` launch. Logits rounded to halves make ties,
+/// which both sides break by the lower index.
 #[test]
 fn routing_matches_cpu() {
     let Some(h) = hip() else { return };
@@ -163,14 +164,119 @@ fn routing_matches_cpu() {
             if ties {
                 v.iter_mut().for_each(|x| *x = (*x * 4.0).round() / 2.0);
             }
+            let before = h.grouped_nodes();
             let [gpu, cpu] = run_both(&h, &g, &[], &[(logits, f32_bytes(&v))], &outs);
             let what = format!("routing n_exp={n_exp} k={k} m={m} ties={ties} norm={norm}");
+            // Both routings went as one `moe_route_f32` launch each (other tests running at
+            // the same time only add to the count).
+            assert!(
+                h.grouped_nodes() - before >= 6,
+                "{what}: the routing nodes were not launched as groups"
+            );
             assert_eq!(gpu[0], cpu[0], "{what}: ids of the probabilities");
             assert_eq!(gpu[2], cpu[2], "{what}: ids of the logits");
             for i in [1, 3] {
                 let e = nmse(&gpu[i], &cpu[i]);
                 println!("{what} #{i}: NMSE {e:.3e}");
                 assert!(e <= 1e-10, "{what} #{i}: NMSE {e:.3e}");
+            }
+        }
+    }
+}
+
+/// The weighted sum of the chosen experts' outputs, fused by the optimizer into one `moe_sum`
+/// node (with and without the residual added), equals the CPU's unfused `mul` and `add` chain
+/// bit for bit (decode, a few tokens, a prompt; 2 to 8 experts; gpt-oss's 2880-wide rows).
+#[test]
+fn moe_sum_matches_unfused_cpu_bit_exact() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x6d6f_6573_756d_0001);
+    for (n, k, nt) in [
+        (2048usize, 8usize, 1usize),
+        (2880, 4, 3),
+        (64, 2, 5),
+        (512, 8, 70),
+    ] {
+        for residual in [false, true] {
+            let what = format!("moe_sum n={n} k={k} nt={nt} residual={residual}");
+            let mut g = Graph::new();
+            let experts = g
+                .input("experts", DType::F32, &[n, k, nt])
+                .expect("experts");
+            let weights = g.input("weights", DType::F32, &[k, nt]).expect("weights");
+            let wr = g.reshape(weights, &[1, k, nt]).expect("reshape");
+            let prod = g.mul(experts, wr).expect("mul");
+            let mut out = g.view(prod, &[n, nt], &[n * k * 4], 0).expect("slot 0");
+            for i in 1..k {
+                let s = g
+                    .view(prod, &[n, nt], &[n * k * 4], i * n * 4)
+                    .expect("slot");
+                out = g.add(out, s).expect("add");
+            }
+            // Values of mixed magnitudes: another order or a fused multiply-add would show.
+            let mut mixed = |len: usize| {
+                let v: Vec<f32> = rng.vec(len).iter().map(|v| v * 1e3 * v.abs()).collect();
+                f32_bytes(&v)
+            };
+            let mut inputs = vec![(experts, mixed(n * k * nt)), (weights, mixed(k * nt))];
+            if residual {
+                let r = g.input("residual", DType::F32, &[n, nt]).expect("residual");
+                out = g.add(out, r).expect("residual add");
+                inputs.push((r, mixed(n * nt)));
+            }
+            g.mark_output(out).expect("out");
+            let unfused = g.clone();
+            assert_eq!(
+                crate::opt::fuse(&mut g),
+                1 + usize::from(residual),
+                "{what}"
+            );
+            assert_eq!(g.tensors()[out.index()].op, Op::MoeSum, "{what}");
+            // Without the replaced nodes, which no schedule places.
+            let (fused, map) = crate::opt::eliminate_dead(&g);
+            let remap = |id: TensorId| map[id.index()].expect("kept");
+            let fused_inputs: Vec<(TensorId, Vec<u8>)> =
+                inputs.iter().map(|(i, b)| (remap(*i), b.clone())).collect();
+            let [gpu, _] = run_both(&h, &fused, &[], &fused_inputs, &[remap(out)]);
+            let [_, cpu] = run_both(&h, &unfused, &[], &inputs, &[out]);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&gpu[0]),
+                bits(&cpu[0]),
+                "{what}: GPU differs from the unfused CPU graph"
+            );
+        }
+    }
+}
+
+/// Float-weight mat-vecs as a router's (f32 `[2048, 128]`: wide blocks, four values per load),
+/// rows whose length is no multiple of 4 (one value per load) and a long output (narrow
+/// blocks), f32 and f16 weights, one and three vectors.
+#[test]
+fn float_mat_vecs_match_cpu() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x726f_7574_6572_0001);
+    for dt in [DType::F32, DType::F16] {
+        for (k, n) in [(2048usize, 128usize), (130, 7), (2050, 1500)] {
+            for m in [1usize, 3] {
+                let mut g = Graph::new();
+                let w = g.weight("w", dt, &[k, n]).expect("w");
+                let x = g.input("x", DType::F32, &[k, m]).expect("x");
+                let y = g.mul_mat(w, x).expect("mul_mat");
+                g.mark_output(y).expect("out");
+                let weights = vec![(
+                    "w".to_string(),
+                    dt,
+                    vec![k, n],
+                    weight_bytes(dt, n, k, &mut rng),
+                )];
+                let inputs = [(x, f32_bytes(&rng.vec(k * m)))];
+                let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[y]);
+                let e = nmse(&gpu[0], &cpu[0]);
+                println!("mul_mat {dt} k={k} n={n} m={m}: NMSE {e:.3e}");
+                // The CPU may round the activations to f16 for f16 weights.
+                let bound = if dt == DType::F32 { 1e-10 } else { 1e-5 };
+                assert!(e <= bound, "mul_mat {dt} k={k} n={n} m={m}: NMSE {e:.3e}");
             }
         }
     }

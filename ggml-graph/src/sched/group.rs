@@ -30,7 +30,8 @@ fn operand_is(nodes: &[Tensor], id: TensorId, at: usize, x: TensorId) -> bool {
 /// post-norm, the residual add and the next norm), two independent `rms_norm * w` (q and k
 /// norms), consecutive fused decode layers (see [`layer_chain`]) or a mixture of experts' up and
 /// gate products with their gated activation (see [`expert_gate_up`]) or an expert product with
-/// its experts' bias rows added (see [`expert_bias`]); 1 when the first node starts no such run.
+/// its experts' bias rows added (see [`expert_bias`]) or a mixture of experts' routing (see
+/// [`routing`]); 1 when the first node starts no such run.
 pub(super) fn group_run(graph: &Graph, ids: &[TensorId]) -> usize {
     let nodes = graph.tensors();
     match nodes[ids[0].index()].op {
@@ -40,7 +41,35 @@ pub(super) fn group_run(graph: &Graph, ids: &[TensorId]) -> usize {
         Op::RmsNormMul { .. } => norm_chain(nodes, ids),
         Op::DecodeLayer(_) => layer_chain(graph, ids),
         Op::MulMatId => expert_gate_up(graph, ids).max(expert_bias(graph, ids)),
+        Op::SoftMax { .. } | Op::ArgTopK(_) => routing(nodes, ids),
         _ => 1,
+    }
+}
+
+/// 3 when `ids` starts with a mixture of experts' routing: the softmax gating's unmasked
+/// `probs = soft_max(x)`, `argsort_top_k(probs)` and `expert_weights(probs, ids)`, or gpt-oss's
+/// `argsort_top_k(x)`, `expert_weights(x, ids)` (not normalised) and the unmasked `soft_max` of
+/// those picked values: a device may compute all three results in one launch. Else 1.
+fn routing(nodes: &[Tensor], ids: &[TensorId]) -> usize {
+    let [a, b, c, ..] = ids else {
+        return 1;
+    };
+    let (ta, tb, tc) = (&nodes[a.index()], &nodes[b.index()], &nodes[c.index()]);
+    let softmax_first = matches!(ta.op, Op::SoftMax { .. })
+        && ta.src.len() == 1
+        && matches!(tb.op, Op::ArgTopK(_))
+        && tb.src == [*a]
+        && matches!(tc.op, Op::ExpertWeights { .. })
+        && tc.src == [*a, *b];
+    let top_first = matches!(ta.op, Op::ArgTopK(_))
+        && tb.op == (Op::ExpertWeights { norm: false })
+        && tb.src == [ta.src[0], *a]
+        && matches!(tc.op, Op::SoftMax { .. })
+        && tc.src == [*b];
+    if softmax_first || top_first {
+        3
+    } else {
+        1
     }
 }
 
@@ -384,6 +413,39 @@ mod tests {
         assert_eq!(group_run(&g, &ids), 3);
         let (mut g, y) = build();
         g.mark_output(y).expect("out");
+        assert_eq!(group_run(&g, &launched(&g)), 1);
+    }
+
+    /// Both gatings' routing (softmax, top k, picked weights; top k, picked logits, softmax)
+    /// form one run of three; a masked softmax or another order does not.
+    #[test]
+    fn moe_routing_forms_one_run() {
+        let mut g = Graph::new();
+        let x = g.input("logits", DType::F32, &[16, 3]).expect("x");
+        let probs = g.soft_max_ext(x, None, 1.0).expect("probs");
+        let ids = g.arg_top_k(probs, 4).expect("ids");
+        let w = g.expert_weights(probs, ids, true).expect("weights");
+        let raw = g.arg_top_k(x, 4).expect("ids of the logits");
+        let picked = g.expert_weights(x, raw, false).expect("picked");
+        let w2 = g
+            .soft_max_ext(picked, None, 1.0)
+            .expect("softmax of picked");
+        for o in [w, w2] {
+            g.mark_output(o).expect("out");
+        }
+        let ids = launched(&g);
+        assert_eq!(ids.len(), 6);
+        assert_eq!(group_run(&g, &ids), 3);
+        assert_eq!(group_run(&g, &ids[3..]), 3);
+        assert_eq!(group_run(&g, &ids[1..]), 1);
+        assert_eq!(group_run(&g, &ids[2..]), 1);
+        let mut g = Graph::new();
+        let x = g.input("logits", DType::F32, &[16, 3]).expect("x");
+        let mask = g.input("mask", DType::F32, &[16, 3]).expect("mask");
+        let probs = g.soft_max_ext(x, Some(mask), 1.0).expect("probs");
+        let ids = g.arg_top_k(probs, 4).expect("ids");
+        let w = g.expert_weights(probs, ids, true).expect("weights");
+        g.mark_output(w).expect("out");
         assert_eq!(group_run(&g, &launched(&g)), 1);
     }
 
