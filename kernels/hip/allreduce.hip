@@ -17,7 +17,11 @@
 // which a peer writes only after its previous launch (the one reading that phase) ended. A flag
 // may run one epoch ahead of the waiter (a fast peer already in the next launch), hence "or
 // later". Block b waits only for block b of the peers, so the grid must be the same on every
-// rank and every launch (AR_BLOCKS), and all blocks of a launch fit on the device at once.
+// rank and every launch (AR_BLOCKS), and all blocks of a launch fit on the device at once. A
+// message of n floats takes the first ceil(n / AR_MIN_FLOATS) blocks (the same on every rank);
+// the rest only advance their epochs, so the phase stays one per launch: a phase is rewritten
+// two launches later only after block 0 (active in every launch) of each peer signalled the
+// launch between, which a peer starts only after its launch reading that phase ended.
 #include "common.h"
 
 // Most ranks (`PEER_MAX_RANKS` in the kernels crate).
@@ -26,6 +30,8 @@
 #define AR_BLOCKS 32
 #define AR_THREADS 512
 #define AR_BOUND RF_AMD_BOUNDS(AR_THREADS)
+// Floats per block below which a message takes fewer blocks (`PEER_MIN_FLOATS`).
+#define AR_MIN_FLOATS 512
 // The sync area of a rank, in 32-bit words: flags [AR_BLOCKS][AR_MAX_RANKS], then the epochs
 // [AR_BLOCKS] (`PEER_SYNC_WORDS`).
 #define AR_SYNC_WORDS (AR_BLOCKS * AR_MAX_RANKS + AR_BLOCKS)
@@ -97,8 +103,15 @@ RF_KERNEL void AR_BOUND all_reduce_peer_f32(float* x, int n, ar_params p) {
     __syncthreads();
     const unsigned epoch = s_epoch;
     const int phase = (int)(epoch & 1u);
+    // A small message takes fewer blocks (fewer flags to exchange); the others only count the
+    // call, so that every block's epoch, and with it the phase, stays the same.
+    const int active = min(AR_BLOCKS, (n + AR_MIN_FLOATS - 1) / AR_MIN_FLOATS);
+    if (b >= active) {
+        if (t == 0) epochs[b] = epoch;
+        return;
+    }
     // Block b's slice: whole float4s, so every slice but the last starts 16-byte aligned.
-    const int per = (((n + AR_BLOCKS - 1) / AR_BLOCKS) + 3) & ~3;
+    const int per = (((n + active - 1) / active) + 3) & ~3;
     const int lo = min(n, b * per);
     const int hi = min(n, lo + per);
     const bool vec = ((unsigned long long)x & 15ull) == 0;
@@ -107,11 +120,12 @@ RF_KERNEL void AR_BOUND all_reduce_peer_f32(float* x, int n, ar_params p) {
 
     for (int i = lo + 4 * t; i < vhi; i += 4 * AR_THREADS) *(float4*)(mine + i) = *(const float4*)(x + i);
     for (int i = vhi + t; i < hi; i += AR_THREADS) mine[i] = x[i];
-    // Each thread's copy is visible system-wide before the block signals.
-    __threadfence_system();
+    // The block's copies, ordered before the signalling threads' system-scope fences by the
+    // barrier (as a cooperative grid barrier orders a block's writes before its arrival).
     __syncthreads();
 
     if (t < p.world) {
+        __threadfence_system();
         unsigned* flag = (unsigned*)p.sync[t] + b * AR_MAX_RANKS + p.rank;
         atomicExch_system(flag, epoch);
         const unsigned* got = own + b * AR_MAX_RANKS + t;

@@ -612,6 +612,9 @@ pub const PEER_MAX_RANKS: usize = 8;
 /// Blocks of every `all_reduce_peer_f32` launch (`AR_BLOCKS`): the same grid on every rank and
 /// every call, since block `b` of one rank waits for block `b` of the others.
 pub const PEER_BLOCKS: u32 = 32;
+/// Floats per block below which `all_reduce_peer_f32` runs a message on fewer blocks
+/// (`AR_MIN_FLOATS`): a message of `n` floats takes `ceil(n / PEER_MIN_FLOATS)` of them.
+pub const PEER_MIN_FLOATS: usize = 512;
 /// Threads per block of `all_reduce_peer_f32` (`AR_THREADS`).
 pub const PEER_THREADS: u32 = 512;
 /// 32-bit words of a rank's sync area (`AR_SYNC_WORDS`): the peers' flags per block, then the

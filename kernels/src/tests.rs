@@ -512,6 +512,7 @@ fn peer_all_reduce_mirrors_the_source() {
     assert_eq!(source_define(f, "AR_MAX_RANKS"), PEER_MAX_RANKS);
     assert_eq!(source_define(f, "AR_BLOCKS"), PEER_BLOCKS as usize);
     assert_eq!(source_define(f, "AR_THREADS"), PEER_THREADS as usize);
+    assert_eq!(source_define(f, "AR_MIN_FLOATS"), PEER_MIN_FLOATS);
     assert_eq!(PEER_SYNC_WORDS, PEER_BLOCKS as usize * (PEER_MAX_RANKS + 1));
     // 16 addresses, the error word's address, a 64-bit timeout, four ints: no padding.
     assert_eq!(
