@@ -15,7 +15,9 @@
 # models get (`synth --vocab`; default: synth's built-in one). GPUS (env): the GPUs to split
 # over, as `--devices` takes them (default 0,1; the one-GPU runs use the first). FTYPES (env):
 # the weight types to synthesize (default q4_k_m; e.g. "q4_k_m q8_0"). MODES (env): rocmforge's
-# runs (default "none layer tensor tensor-peer"; none: one GPU). LLAMA_ONE (env): 0 skips
+# runs (default "none layer tensor tensor-peer"; none: one GPU; tensor: small all-reduces by the
+# one-shot peer all-reduce where it works, NCCL for the rest; tensor-nccl: NCCL for every
+# all-reduce; tensor-peer: partial sums by peer copies to the main GPU). LLAMA_ONE (env): 0 skips
 # llama.cpp's one-GPU run (default 1).
 #
 # Prints each engine's tables; the logs keep the device plans.
@@ -58,6 +60,7 @@ for ftype in $FTYPES; do
     case "$mode" in
       none) gpus=(--split-mode none --devices "$FIRST") ;;
       tensor-peer) gpus=(--split-mode tensor --devices "$GPUS"); coll=0 ;;
+      tensor-nccl) gpus=(--split-mode tensor --devices "$GPUS"); coll=nccl ;;
       *) gpus=(--split-mode "$mode" --devices "$GPUS") ;;
     esac
     echo "== rocmforge $tag ${gpus[*]} (ROCMFORGE_TP_COLLECTIVE=$coll)"

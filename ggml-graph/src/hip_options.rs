@@ -74,12 +74,44 @@ impl std::str::FromStr for StackKernel {
 pub struct CollectiveOptions {
     /// Sum by peer copies even where the library loads (for comparisons).
     pub off: bool,
+    /// Which all-reduce small messages take where every rank is in this process.
+    pub all_reduce: AllReduceKind,
     /// A library file to try before the usual places.
     pub library: Option<std::path::PathBuf>,
     /// ROCm's install prefix (RCCL in `<it>/lib`).
     pub rocm: Option<std::path::PathBuf>,
     /// CUDA's install prefix (NCCL in `<it>/lib64`).
     pub cuda: Option<std::path::PathBuf>,
+}
+
+/// Which all-reduce the ranks of a collective made in one process use for small messages (a
+/// decode step's hidden states). Bigger messages, and ranks in other processes, always go
+/// through the collective library.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllReduceKind {
+    /// The one-shot peer all-reduce where every pair of GPUs reaches the other's memory (and
+    /// the platform has it), the collective library otherwise.
+    #[default]
+    Auto,
+    /// The collective library for every message.
+    Nccl,
+    /// The one-shot peer all-reduce; making the collective fails where it cannot work.
+    Peer,
+}
+
+impl std::str::FromStr for AllReduceKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "nccl" | "rccl" => Ok(Self::Nccl),
+            "peer" => Ok(Self::Peer),
+            _ => Err(format!(
+                "unknown all-reduce {s:?} (expected auto, nccl or peer)"
+            )),
+        }
+    }
 }
 
 /// Device bytes the runtime takes after the open, during the first passes, that neither the

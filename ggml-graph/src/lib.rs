@@ -52,7 +52,9 @@ pub use cpu::CpuBackend;
 pub use error::{GraphError, Result};
 pub use exec::{Executor, WeightBytes};
 pub use graph::Graph;
-pub use hip_options::{CollectiveOptions, HipOptions, IdExchange, StackKernel, RUNTIME_GROWTH};
+pub use hip_options::{
+    AllReduceKind, CollectiveOptions, HipOptions, IdExchange, StackKernel, RUNTIME_GROWTH,
+};
 pub use plan::Plan;
 pub use sched::{Schedule, Scheduler, SchedulerOptions};
 pub use tensor::{

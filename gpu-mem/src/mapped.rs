@@ -136,6 +136,28 @@ impl MappedHostBuffer {
         Ok(f(bytes))
     }
 
+    /// The 32-bit word at `offset` as it is now, without waiting for any stream: for a flag that
+    /// kernels set while the host keeps queueing work (a value written by a kernel still running
+    /// may arrive later). `offset` must be 4-byte aligned.
+    pub fn peek_u32(&self, offset: usize) -> Result<u32> {
+        if offset & 3 != 0 || offset.checked_add(4).is_none_or(|e| e > self.bytes) {
+            return Err(GpuError::OutOfBounds {
+                start: offset as u64,
+                end: (offset as u64).saturating_add(4),
+                len: self.bytes as u64,
+            });
+        }
+        // SAFETY: the word lies in the live allocation (checked) and is 4-byte aligned (host
+        // allocations are page aligned, `offset` checked); devices write it only with whole-word
+        // atomics, and the atomic load never forms a reference that a device write could alias
+        // in a way Rust forbids.
+        let v = unsafe {
+            std::sync::atomic::AtomicU32::from_ptr(self.host.add(offset).cast::<u32>())
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        Ok(v)
+    }
+
     /// Waits for `stream` (work queued before may still read or write the bytes), then copies
     /// `data` in at `offset`; work queued on `stream` afterwards sees it.
     pub fn write(&self, stream: &Stream, offset: usize, data: &[u8]) -> Result<()> {

@@ -59,6 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Param::F32 => ParamKind::F32,
             Param::Attn => ParamKind::Bytes(size_of::<rocmforge_kernels::AttnParams>()),
             Param::Stack => ParamKind::Bytes(size_of::<rocmforge_kernels::StackParams>()),
+            Param::Peer => ParamKind::Bytes(size_of::<rocmforge_kernels::PeerReduceParams>()),
         })
         .collect();
     let ncols = i32::try_from(n).map_err(|_| "N must fit in an i32")?;

@@ -15,6 +15,8 @@ pub enum Module {
     Stack,
     /// `mmq.hip`: batched quantized matrix products on integer tiles, and their split combine.
     Mmq,
+    /// `allreduce.hip`: the one-shot all-reduce of small messages over peer memory.
+    AllReduce,
 }
 
 impl Module {
@@ -26,6 +28,7 @@ impl Module {
         Module::Attention,
         Module::Stack,
         Module::Mmq,
+        Module::AllReduce,
     ];
 
     /// The source file stem (`kernels/hip/<stem>.hip`).
@@ -37,6 +40,7 @@ impl Module {
             Module::Attention => "attention",
             Module::Stack => "stack",
             Module::Mmq => "mmq",
+            Module::AllReduce => "allreduce",
         }
     }
 }
@@ -411,6 +415,8 @@ pub enum Param {
     Attn,
     /// `ds_params` by value ([`crate::StackParams`]).
     Stack,
+    /// `ar_params` by value ([`crate::PeerReduceParams`]).
+    Peer,
 }
 
 impl Param {
@@ -419,6 +425,7 @@ impl Param {
         match self {
             Param::Attn => Some(std::mem::size_of::<crate::AttnParams>()),
             Param::Stack => Some(std::mem::size_of::<crate::StackParams>()),
+            Param::Peer => Some(std::mem::size_of::<crate::PeerReduceParams>()),
             _ => None,
         }
     }
@@ -681,12 +688,14 @@ kernel_ids! {
     PagedDecF32H4 => Attention, "paged_dec_f32_h4";
     PagedDecF32H8 => Attention, "paged_dec_f32_h8";
     PagedCombineF32 => Attention, "paged_combine_f32";
+    AllReducePeerF32 => AllReduce, "all_reduce_peer_f32";
 }
 
 fn params_of(k: KernelId) -> &'static [Param] {
     use KernelId as K;
-    use Param::{Attn, Ptr, Stack, F32, I32, I64};
+    use Param::{Attn, Peer, Ptr, Stack, F32, I32, I64};
     match k {
+        K::AllReducePeerF32 => &[Ptr, I32, Peer],
         K::DecodeStack | K::DecodeStackPortable => &[Stack],
         K::QuantizeQ8_1 => &[Ptr, Ptr, I32, I64],
         K::HeadQ6_K

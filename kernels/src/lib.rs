@@ -609,5 +609,43 @@ impl Default for StackParams {
     }
 }
 
+/// Most ranks of a peer all-reduce (`AR_MAX_RANKS` in `hip/allreduce.hip`).
+pub const PEER_MAX_RANKS: usize = 8;
+/// Blocks of every `all_reduce_peer_f32` launch (`AR_BLOCKS`): the same grid on every rank and
+/// every call, since block `b` of one rank waits for block `b` of the others.
+pub const PEER_BLOCKS: u32 = 32;
+/// Floats per block below which `all_reduce_peer_f32` runs a message on fewer blocks
+/// (`AR_MIN_FLOATS`): a message of `n` floats takes `ceil(n / PEER_MIN_FLOATS)` of them.
+pub const PEER_MIN_FLOATS: usize = 512;
+/// Threads per block of `all_reduce_peer_f32` (`AR_THREADS`).
+pub const PEER_THREADS: u32 = 512;
+/// 32-bit words of a rank's sync area (`AR_SYNC_WORDS`): the peers' flags per block, then the
+/// per-block epochs; zeroed once before the first launch.
+pub const PEER_SYNC_WORDS: usize = PEER_BLOCKS as usize * PEER_MAX_RANKS + PEER_BLOCKS as usize;
+
+/// `all_reduce_peer_f32`'s peer table, passed by value (layout mirrors `ar_params` in
+/// `hip/allreduce.hip`; no implicit padding).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PeerReduceParams {
+    /// Device address of each rank's exchange buffer: two phases of `phase_floats` floats.
+    pub bufs: [u64; PEER_MAX_RANKS],
+    /// Device address of each rank's sync area ([`PEER_SYNC_WORDS`] zeroed words).
+    pub sync: [u64; PEER_MAX_RANKS],
+    /// Device address of a 32-bit word in mapped host memory, made nonzero when a wait for the
+    /// peers timed out.
+    pub error: u64,
+    /// How long a block waits for its peers, in nanoseconds.
+    pub timeout_ns: i64,
+    /// This rank.
+    pub rank: i32,
+    /// Ranks taking part (at most [`PEER_MAX_RANKS`]).
+    pub world: i32,
+    /// Floats per phase: a multiple of 4, at least every message's length.
+    pub phase_floats: i32,
+    /// Tail padding (0).
+    pub pad: i32,
+}
+
 #[cfg(test)]
 mod tests;

@@ -311,6 +311,8 @@ fn param_of_c(decl: &str) -> Option<Param> {
         Some(Param::Attn)
     } else if d.starts_with("ds_params ") {
         Some(Param::Stack)
+    } else if d.starts_with("ar_params ") {
+        Some(Param::Peer)
     } else {
         None
     }
@@ -502,6 +504,24 @@ fn source_define(file: &str, name: &str) -> usize {
     line.trim()
         .parse()
         .unwrap_or_else(|e| panic!("{file}: {name} {line}: {e}"))
+}
+
+#[test]
+fn peer_all_reduce_mirrors_the_source() {
+    let f = "allreduce.hip";
+    assert_eq!(source_define(f, "AR_MAX_RANKS"), PEER_MAX_RANKS);
+    assert_eq!(source_define(f, "AR_BLOCKS"), PEER_BLOCKS as usize);
+    assert_eq!(source_define(f, "AR_THREADS"), PEER_THREADS as usize);
+    assert_eq!(source_define(f, "AR_MIN_FLOATS"), PEER_MIN_FLOATS);
+    assert_eq!(PEER_SYNC_WORDS, PEER_BLOCKS as usize * (PEER_MAX_RANKS + 1));
+    // 16 addresses, the error word's address, a 64-bit timeout, four ints: no padding.
+    assert_eq!(
+        std::mem::size_of::<PeerReduceParams>(),
+        16 * 8 + 8 + 8 + 4 * 4
+    );
+    assert_eq!(std::mem::offset_of!(PeerReduceParams, error), 128);
+    assert_eq!(std::mem::offset_of!(PeerReduceParams, rank), 144);
+    assert_eq!(Param::Peer.struct_bytes(), Some(160));
 }
 
 #[test]

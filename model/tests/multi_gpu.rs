@@ -461,6 +461,16 @@ fn synthetic_models_in_a_tensor_split_equal_one_gpu() {
                 },
             ),
             (
+                "even, NCCL/RCCL for every all-reduce",
+                GpuSelection {
+                    collectives: ggml_graph::CollectiveOptions {
+                        all_reduce: ggml_graph::AllReduceKind::Nccl,
+                        ..Default::default()
+                    },
+                    ..GpuSelection::default()
+                },
+            ),
+            (
                 "even, peer copies",
                 GpuSelection {
                     collectives: ggml_graph::CollectiveOptions {
@@ -486,7 +496,7 @@ fn synthetic_models_in_a_tensor_split_equal_one_gpu() {
             // Ranks where every GPU gets heads (evenly, not the tiny llama) and a collective
             // sums.
             let ranked = plan.reason.contains("ranks");
-            if how == "even" || off {
+            if how.starts_with("even") {
                 assert_eq!(
                     ranked,
                     *name != "tiny llama" && !off && have_collectives(),

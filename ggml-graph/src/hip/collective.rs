@@ -1,5 +1,7 @@
 //! The HIP backend's [`Collective`]: one NCCL/RCCL communicator with a rank on each GPU of a
 //! scheduler, all driven by this process, its all-reduces queued on the GPUs' own streams.
+//! Where every rank is in this process, small all-reduces take the one-shot peer all-reduce
+//! instead ([`super::peer_reduce`], as [`AllReduceKind`] says).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -9,8 +11,9 @@ use parking_lot::Mutex;
 use gpu_mem::{Communicator, NcclOptions, ReduceOp};
 use hip_ffi::nccl::UNIQUE_ID_BYTES;
 
-use crate::hip_options::CollectiveOptions;
+use crate::hip_options::{AllReduceKind, CollectiveOptions};
 
+use super::peer_reduce::{self, PeerReduce};
 use super::{addr, gpu_err, HipDevice};
 use crate::backend::{Collective, TensorMem};
 use crate::error::Result;
@@ -20,6 +23,8 @@ pub struct HipCollective {
     /// Per rank: the scheduler's index of its device, and the device.
     ranks: Vec<(usize, Arc<HipDevice>)>,
     comms: Vec<Communicator>,
+    /// Per rank, its peer all-reduce (empty: every message goes through the library).
+    peer: Vec<PeerReduce>,
     name: String,
     /// When the oldest collective not yet known finished was queued.
     in_flight: Mutex<Option<Instant>>,
@@ -50,10 +55,14 @@ impl HipCollective {
         let devices: Vec<gpu_mem::Device> = gpus.iter().map(|(_, h)| h.gpu().clone()).collect();
         let comms =
             Communicator::init_all(&nccl, &devices).map_err(|e| gpu_err("collective", e))?;
+        let hips: Vec<Arc<HipDevice>> = gpus.iter().map(|(_, h)| h.clone()).collect();
+        let peer = peer_ranks(&hips, opts.all_reduce)?;
+        let name = named(describe(&nccl)?, !peer.is_empty());
         Ok(Self {
             ranks: gpus.to_vec(),
             comms,
-            name: describe(&nccl)?,
+            peer,
+            name,
             in_flight: Mutex::new(None),
             aborted: Mutex::new(None),
         })
@@ -70,8 +79,10 @@ impl HipCollective {
         let devices: Vec<gpu_mem::Device> = gpus.iter().map(|h| h.gpu().clone()).collect();
         let comms =
             Communicator::init_all(&nccl, &devices).map_err(|e| gpu_err("collective", e))?;
-        let kind = describe(&nccl)?;
+        let peer = peer_ranks(gpus, opts.all_reduce)?;
+        let kind = named(describe(&nccl)?, !peer.is_empty());
         let world = gpus.len();
+        let mut peer = peer.into_iter();
         Ok(comms
             .into_iter()
             .zip(gpus)
@@ -79,6 +90,7 @@ impl HipCollective {
             .map(|(rank, (comm, gpu))| Self {
                 ranks: vec![(0, gpu.clone())],
                 comms: vec![comm],
+                peer: peer.next().into_iter().collect(),
                 name: format!("{kind} rank {rank} of {world}"),
                 in_flight: Mutex::new(None),
                 aborted: Mutex::new(None),
@@ -122,6 +134,7 @@ impl HipCollective {
         Ok(Self {
             ranks: vec![gpu],
             comms: vec![comm],
+            peer: Vec::new(),
             name,
             in_flight: Mutex::new(None),
             aborted: Mutex::new(None),
@@ -136,6 +149,11 @@ impl HipCollective {
         }
         for c in &self.comms {
             c.check().map_err(|e| gpu_err("collective", e))?;
+        }
+        for p in &self.peer {
+            if let Some(why) = p.failure()? {
+                return Err(gpu_err("collective", why));
+            }
         }
         Ok(())
     }
@@ -184,6 +202,34 @@ impl HipCollective {
         if let Err(e) = spawned {
             tracing::warn!("{}: no watchdog thread: {e}", self.name);
         }
+    }
+}
+
+/// The peer all-reduce's ranks over `gpus` as `kind` asks: none for [`AllReduceKind::Nccl`] or
+/// where it cannot work under [`AllReduceKind::Auto`] (logged), an error under
+/// [`AllReduceKind::Peer`].
+fn peer_ranks(gpus: &[Arc<HipDevice>], kind: AllReduceKind) -> Result<Vec<PeerReduce>> {
+    match kind {
+        AllReduceKind::Nccl => Ok(Vec::new()),
+        AllReduceKind::Peer => PeerReduce::all(gpus, peer_reduce::TIMEOUT),
+        AllReduceKind::Auto => Ok(PeerReduce::all(gpus, peer_reduce::TIMEOUT).unwrap_or_else(
+            |e| {
+                tracing::debug!(
+                    "collective: no peer all-reduce ({e}); the library takes every size"
+                );
+                Vec::new()
+            },
+        )),
+    }
+}
+
+/// The collective's name: the library's, after `peer/` where small messages take the peer
+/// all-reduce (up to [`peer_reduce::PEER_MAX_BYTES`]).
+fn named(library: String, peer: bool) -> String {
+    if peer {
+        format!("peer/{library}")
+    } else {
+        library
     }
 }
 
@@ -259,6 +305,14 @@ impl Collective for HipCollective {
             ));
         }
         self.in_flight.lock().get_or_insert_with(Instant::now);
+        let bytes = views.first().map_or(0, |(_, v)| v.byte_len() as usize);
+        if !self.peer.is_empty() && peer_reduce::takes(bytes) {
+            for (rank, view) in &views {
+                let dev = &self.ranks[*rank].1;
+                self.peer[*rank].launch(dev, gpu_mem::MemRange::of_view_mut(view))?;
+            }
+            return Ok(());
+        }
         let nccl = self.comms[0].library();
         gpu_mem::grouped(nccl, || {
             for (rank, view) in &mut views {

@@ -32,6 +32,7 @@ mod group;
 mod matmul;
 mod moe;
 mod ops;
+mod peer_reduce;
 mod profile;
 mod stack;
 mod workspace;
@@ -712,6 +713,9 @@ fn param_kinds(k: kernels::KernelId) -> &'static [ParamKind] {
                         }
                         kernels::Param::Stack => {
                             ParamKind::Bytes(std::mem::size_of::<kernels::StackParams>())
+                        }
+                        kernels::Param::Peer => {
+                            ParamKind::Bytes(std::mem::size_of::<kernels::PeerReduceParams>())
                         }
                     })
                     .collect();

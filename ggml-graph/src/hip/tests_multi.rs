@@ -213,6 +213,8 @@ fn two_gpus_all_reduce_partials_in_place() {
 /// Keyed runs from a thread per rank capture the graph, all-reduce included, on the second
 /// run; later runs replay it from this one thread, rank after rank (nothing waits). Every
 /// rank's outputs match the CPU's sum.
+/// Both all-reduces run: the collective library's and the peer all-reduce (where it can be
+/// made; this message of 1536 floats takes it), whose ranks end with identical bytes.
 #[test]
 fn ranks_capture_and_replay_their_all_reduces() {
     let Some(h0) = hip() else {
@@ -225,12 +227,31 @@ fn ranks_capture_and_replay_their_all_reduces() {
     let gpus: Vec<Arc<HipDevice>> = std::iter::once(h0)
         .chain((1..n).map(|i| Arc::new(HipDevice::new(i as i32).expect("GPU"))))
         .collect();
-    let Some(colls) = hip_ffi::testing::or_skip(crate::hip::HipCollective::per_rank(
-        &gpus,
-        &crate::CollectiveOptions::default(),
-    )) else {
+    for kind in [crate::AllReduceKind::Nccl, crate::AllReduceKind::Peer] {
+        ranks_capture_and_replay(&gpus, kind);
+    }
+}
+
+fn ranks_capture_and_replay(gpus: &[Arc<HipDevice>], kind: crate::AllReduceKind) {
+    let n = gpus.len();
+    let opts = crate::CollectiveOptions {
+        all_reduce: kind,
+        ..crate::CollectiveOptions::default()
+    };
+    let peer = kind == crate::AllReduceKind::Peer;
+    if peer && gpus[0].gpu().info().platform == gpu_mem::Platform::Amd {
+        println!("{kind:?}: skipped: no peer all-reduce on AMD yet");
+        return;
+    }
+    let Some(colls) = hip_ffi::testing::or_skip(crate::hip::HipCollective::per_rank(gpus, &opts))
+    else {
         return;
     };
+    for c in &colls {
+        let name = crate::backend::Collective::name(c);
+        println!("{kind:?}: {name}");
+        assert_eq!(name.starts_with("peer/"), peer, "{name}");
+    }
     let colls: Vec<Arc<crate::hip::HipCollective>> = colls.into_iter().map(Arc::new).collect();
     let k = 512usize;
     let mut rng = Rng(0x7a_2024);
@@ -311,11 +332,20 @@ fn ranks_capture_and_replay_their_all_reduces() {
             });
         }
         let want = one.output_f32(whole.2).expect("CPU output");
+        let mut first: Option<Vec<f32>> = None;
         for (r, (s, (_, _, y))) in ranks.iter().zip(&graphs).enumerate() {
             let got = s.output_f32(*y).expect("rank output");
             let e = nmse(&got, &want);
-            println!("step {step} rank {r}: NMSE {e:.3e}");
-            assert!(e <= 2e-3, "step {step} rank {r}: NMSE {e:.3e}");
+            println!("{kind:?} step {step} rank {r}: NMSE {e:.3e}");
+            assert!(e <= 2e-3, "{kind:?} step {step} rank {r}: NMSE {e:.3e}");
+            // The same sum's bytes on every rank, through the same kernels on like GPUs.
+            if peer {
+                let f = first.get_or_insert_with(|| got.clone());
+                assert!(
+                    f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "step {step} rank {r}: not rank 0's bytes"
+                );
+            }
         }
     }
     for (r, s) in ranks.iter().enumerate() {
@@ -329,4 +359,116 @@ fn ranks_capture_and_replay_their_all_reduces() {
     for c in &colls {
         c.check().expect("no asynchronous collective error");
     }
+}
+
+/// Every visible GPU (2 or more) as a rank of the peer all-reduce.
+fn peer_ranks(
+    timeout: std::time::Duration,
+) -> Option<(
+    Vec<Arc<HipDevice>>,
+    Vec<super::super::peer_reduce::PeerReduce>,
+)> {
+    let h0 = hip()?;
+    let n = super::super::device_count();
+    hip_ffi::testing::need_gpus(n, 2)?;
+    let gpus: Vec<Arc<HipDevice>> = std::iter::once(h0)
+        .chain((1..n).map(|i| Arc::new(HipDevice::new(i as i32).expect("GPU"))))
+        .collect();
+    if gpus[0].gpu().info().platform == gpu_mem::Platform::Amd {
+        println!("skipped: no peer all-reduce on AMD yet");
+        return None;
+    }
+    let peers =
+        super::super::peer_reduce::PeerReduce::all(&gpus, timeout).expect("peer all-reduce");
+    Some((gpus, peers))
+}
+
+/// The peer all-reduce over every visible GPU: back-to-back calls of several lengths (a decode
+/// token's 4096 floats, its largest message, lengths that end in a partial float4, and one from
+/// a buffer not 16-byte aligned), queued on every rank with no wait between them, leave every
+/// rank with exactly the rank-order sum of the parts.
+#[test]
+fn peer_all_reduce_sums_the_parts_in_rank_order() {
+    let Some((gpus, peers)) = peer_ranks(std::time::Duration::from_secs(30)) else {
+        return;
+    };
+    let mut rng = Rng(0x9e37_79b9);
+    let calls = [
+        (4096usize, 0usize),
+        (1001, 0),
+        (super::super::peer_reduce::PEER_MAX_BYTES / 4, 0),
+        (3, 0),
+        (4096, 1),
+        (4096, 0),
+        (24, 0),
+    ];
+    // Per call, per rank: the part and its device buffer (`off` floats of padding first).
+    let mut parts: Vec<Vec<(Vec<f32>, gpu_mem::DeviceBuffer<f32>)>> = Vec::new();
+    for &(len, off) in &calls {
+        let mut mine = Vec::new();
+        for g in &gpus {
+            let v = rng.vec(len);
+            let mut b = gpu_mem::DeviceBuffer::<f32>::new(g.gpu(), off + len, "part").expect("buf");
+            let stream = g.inner.sb.stream();
+            let mut dst = b.slice_mut(off..off + len).expect("slice");
+            stream.write(&v, &mut dst).expect("write");
+            mine.push((v, b));
+        }
+        parts.push(mine);
+    }
+    for (c, &(len, off)) in calls.iter().enumerate() {
+        for ((g, p), (_, b)) in gpus.iter().zip(&peers).zip(&parts[c]) {
+            let x = gpu_mem::MemRange::of_buffer(b)
+                .sub(off * 4, len * 4)
+                .expect("range");
+            p.launch(g, x).expect("launch");
+        }
+    }
+    for (c, &(len, off)) in calls.iter().enumerate() {
+        let mut want = parts[c][0].0.clone();
+        for (v, _) in &parts[c][1..] {
+            for (w, x) in want.iter_mut().zip(v) {
+                *w += *x;
+            }
+        }
+        for (r, (g, (_, b))) in gpus.iter().zip(&parts[c]).enumerate() {
+            let mut got = vec![0f32; len];
+            let stream = g.inner.sb.stream();
+            stream
+                .read(&b.slice(off..off + len).expect("slice"), &mut got)
+                .expect("read");
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "call {c} ({len} floats) rank {r}: not the rank-order sum"
+            );
+        }
+    }
+    for p in &peers {
+        assert_eq!(p.failure().expect("error word"), None);
+    }
+}
+
+/// A rank whose peers never launch gives up after its timeout and reports it; nothing hangs.
+#[test]
+fn peer_all_reduce_reports_peers_that_never_arrive() {
+    let Some((gpus, peers)) = peer_ranks(std::time::Duration::from_millis(200)) else {
+        return;
+    };
+    let mut b = gpu_mem::DeviceBuffer::<f32>::new(gpus[0].gpu(), 4096, "part").expect("buf");
+    let stream = gpus[0].inner.sb.stream();
+    stream
+        .write(&[1f32; 4096], &mut b.view_mut())
+        .expect("write");
+    peers[0]
+        .launch(&gpus[0], gpu_mem::MemRange::of_buffer(&b))
+        .expect("launch");
+    stream.synchronize().expect("the launch ends");
+    let why = peers[0].failure().expect("error word");
+    println!("{why:?}");
+    assert!(why.is_some_and(|w| w.contains("did not arrive")));
+    assert_eq!(peers[1].failure().expect("error word"), None);
 }

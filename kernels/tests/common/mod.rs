@@ -122,6 +122,9 @@ fn param_kinds(k: KernelId) -> Vec<ParamKind> {
             rocmforge_kernels::Param::Stack => {
                 ParamKind::Bytes(std::mem::size_of::<rocmforge_kernels::StackParams>())
             }
+            rocmforge_kernels::Param::Peer => {
+                ParamKind::Bytes(std::mem::size_of::<rocmforge_kernels::PeerReduceParams>())
+            }
         })
         .collect()
 }

@@ -89,7 +89,7 @@ pub(super) const VARS: &[Var] = &[
     var(
         TP_COLLECTIVE,
         "1",
-        "0: --split-mode tensor sums the GPUs' partial results by peer copies to the main GPU instead of NCCL/RCCL all-reduces",
+        "0: --split-mode tensor sums the GPUs' partial results by peer copies to the main GPU instead of NCCL/RCCL all-reduces; nccl: NCCL/RCCL for every all-reduce; peer: the one-shot peer all-reduce for small messages (up to 256 KiB) of ranks in one process (failing where it cannot work); 1 or auto: peer where it works, else NCCL/RCCL",
     ),
     var(
         ROCM_PATH,
@@ -179,8 +179,16 @@ pub(super) fn nccl_options() -> gpu_mem::NcclOptions {
 /// How a tensor split sums its partials: where to find NCCL/RCCL, or not to use it.
 pub(super) fn collective_options() -> ggml_graph::CollectiveOptions {
     let dirs = install_dirs();
+    let all_reduce = match get(TP_COLLECTIVE).as_deref() {
+        None | Some("0" | "1") => ggml_graph::AllReduceKind::Auto,
+        Some(v) => v.parse().unwrap_or_else(|e| {
+            tracing::warn!("{TP_COLLECTIVE}: {e}; auto");
+            ggml_graph::AllReduceKind::Auto
+        }),
+    };
     ggml_graph::CollectiveOptions {
         off: !on_unless(TP_COLLECTIVE, "0"),
+        all_reduce,
         library: get(NCCL).filter(|v| !v.is_empty()).map(Into::into),
         rocm: dirs.rocm,
         cuda: dirs.cuda,
