@@ -189,10 +189,12 @@ fn consumers(g: &Graph) -> Vec<usize> {
 /// output, a computed (non-leaf, non-alias) node.
 pub fn can_fuse(g: &Graph, producer: TensorId, readers: &[usize]) -> bool {
     let t = &g.nodes[producer.index()];
-    readers[producer.index()] == 1
-        && !g.outputs.contains(&producer)
-        && !matches!(t.op, Op::Leaf(_))
-        && !t.op.is_alias()
+    read_once(g, producer, readers) && !matches!(t.op, Op::Leaf(_)) && !t.op.is_alias()
+}
+
+/// True when `id` has one reader and is no output of the graph.
+fn read_once(g: &Graph, id: TensorId, readers: &[usize]) -> bool {
+    readers[id.index()] == 1 && !g.outputs.contains(&id)
 }
 
 fn is_row_broadcast(x: &Tensor, w: &Tensor) -> bool {
@@ -208,7 +210,8 @@ const MAX_EXPERTS_USED: usize = 64;
 /// (`[n, k, rows]` times `[1, k, rows]`), one view per slot of the product, each view and every
 /// link of the chain read only by the next one and no output.
 fn moe_sum_operands(g: &Graph, id: TensorId, readers: &[usize]) -> Option<Vec<TensorId>> {
-    let only_next = |v: TensorId| readers[v.index()] == 1 && !g.outputs.contains(&v);
+    // Views are aliases, which `can_fuse` refuses: the chain's links and views need only this.
+    let only_next = |v: TensorId| read_once(g, v, readers);
     let mut slots = Vec::new();
     let mut cur = id;
     loop {
