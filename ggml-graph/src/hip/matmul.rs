@@ -407,16 +407,7 @@ pub(super) fn mul_mat_gated(
         let mut cache = d.inner.q8.lock();
         let q8 = cache.quantized(d, addr(x)?, k, m)?;
         let mut b = Args::new();
-        b.push(addr(wg)?)
-            .push(addr(wu)?)
-            .push(MemRange::of_buffer(&q8))
-            .push(out)
-            .push(k as i32)
-            .push(wg.tensor.nb[1] as i64)
-            .push(n as i32)
-            .push(n as i32)
-            .push(act_kind(kind))
-            .push(m as i32);
+        gated_args(&mut b, wg, wu, MemRange::of_buffer(&q8), out, kind)?.push(m as i32);
         // SAFETY: gate and up hold `n` rows of `k` values of `wt` each (`same` row bytes), `q8`
         // the `m` vectors quantized above and `out` `m` rows of `n` f32 (the node's shapes).
         return unsafe { launch_cols(d, kid, wt, n, m, &b, cache) };
@@ -441,15 +432,7 @@ pub(super) fn mul_mat_gated(
         let mut cache = d.inner.q8.lock();
         let q8 = cache.quantized(d, addr(x)?, k, m)?;
         let mut b = Args::new();
-        b.push(addr(wg)?)
-            .push(addr(wu)?)
-            .push(MemRange::of_buffer(&q8))
-            .push(out)
-            .push(k as i32)
-            .push(wg.tensor.nb[1] as i64)
-            .push(n as i32)
-            .push(n as i32)
-            .push(act_kind(kind));
+        gated_args(&mut b, wg, wu, MemRange::of_buffer(&q8), out, kind)?;
         let grid = kernels::matvec_gated_grid(wt, n);
         // SAFETY: the memory arguments are the node's tensors, sized by the scheduler for the
         // shapes passed here (a layout `supports` accepts), and buffers sized above for them.
@@ -468,6 +451,29 @@ pub(super) fn mul_mat_gated(
     mul_mat(d, wg, x, out)?;
     mul_mat(d, wu, x, up)?;
     act_in_place(d, kind, out, up, n, m)
+}
+
+/// The arguments the gated mat-vecs (one vector and columns) share: gate and up weights, the
+/// Q8_1 activations `q8`, the output, the row length, row bytes, rows, output stride and the
+/// activation.
+fn gated_args<'a, 'b>(
+    b: &'b mut Args<'a>,
+    wg: &TensorMem<'a>,
+    wu: &TensorMem<'a>,
+    q8: MemRange<'a>,
+    out: MemRange<'a>,
+    kind: Act,
+) -> Result<&'b mut Args<'a>> {
+    let (k, n) = (wg.tensor.ne[0], wg.tensor.ne[1]);
+    Ok(b.push(addr(wg)?)
+        .push(addr(wu)?)
+        .push(q8)
+        .push(out)
+        .push(k as i32)
+        .push(wg.tensor.nb[1] as i64)
+        .push(n as i32)
+        .push(n as i32)
+        .push(act_kind(kind)))
 }
 
 /// `out = act(out) * up` over `m` dense rows of `n` f32: the gated products' last step where
