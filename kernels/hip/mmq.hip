@@ -16,7 +16,10 @@
 // (MMQ_MMA, `mmq_tile_mma`): each warp multiplies 16 staged weight rows by NT / 16 tiles of 8
 // vectors with mma.sync m16n8k32 (signed 8-bit, 32-bit sums), one per 32 values, and applies the
 // group scales to the integer sums in the same place as above; 16-value groups take two products
-// with the other half of the vectors' values zeroed. The staging is the same for both.
+// with the other half of the vectors' values zeroed. The staging is the same for both; there,
+// each step's weight bytes are copied as they lie into a ring of shared-memory slots by cp.async
+// (`mmq_ring`, `mmq_issue`) two steps ahead, and L2 prefetches run MMQ_PF_AHEAD steps further, so
+// that a block's next loads are in flight while it converts and multiplies.
 // Staged vectors are MMQ_LD words apart (16-byte aligned, 4 mod 32 words), so lanes read 4 words
 // at once and the 8 vectors that a quarter-warp's 16-byte reads at one offset touch fall in 8
 // different 4-bank groups; the lanes of a quarter-warp read one staged weight row. Nothing
@@ -258,31 +261,70 @@ struct __align__(16) mmq_smem {
     float sa[NT][T::MIN ? NG + 1 : 1];
 };
 
-// Stages step `kc` of rows row0.. of `w` and of vectors col0.. of `y` (NT of them).
-template <typename T, int NT>
+// Bytes of one weight row per step, and the pitch of a row's copy in a staging ring slot: the
+// 16-byte pieces that cover the step's bytes at any address alignment (one more than the bytes
+// need when they start mid-piece), so that the copy keeps every byte's address modulo 16 and
+// the `unit` readers' aligned loads stay aligned.
+template <typename T>
+struct mmq_raw {
+    static constexpr int SB = (T::QK == 32 ? MMQ_KT / 32 : 1) * T::BYTES;
+    static constexpr int PIECES = (SB + 30) / 16;
+    static constexpr int RS = 16 * PIECES;
+};
+
+// Stages step `kc` of rows row0.. of `w` and of vectors col0.. of `y` (NT of them). With RAW the
+// weight bytes are read from `raw` (MMQ_ROWS rows mmq_raw<T>::RS apart, copied there by
+// mmq_issue) instead of from `w`; the values staged are the same.
+template <typename T, int NT, bool RAW = false>
 static __device__ __forceinline__ void mmq_stage(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w,
                                                  const uint8_t* __restrict__ y, int kc, int k, long long row_bytes,
-                                                 int nrows, int m, int row0, int col0) {
+                                                 int nrows, int m, int row0, int col0,
+                                                 const uint8_t* raw = nullptr) {
     constexpr int NG = mmq_smem<T, NT>::NG;
     constexpr int GPS = 32 / T::G;  // groups per sub-block
+    constexpr int AP = (NT * 16 + MMQ_THREADS - 1) / MMQ_THREADS;  // activation pieces per thread
     const int tid = threadIdx.x;
     const int nblk = k / T::QK;
-    // Weights: MMQ_ROWS rows x 8 sub-blocks of 32 values.
+    // Activations (NT vectors x 16 pieces of 16 values) are loaded first, so that their loads
+    // are under way while the weights are converted.
+    const size_t vb = q8_vec_bytes(k);
+    int4 av[AP];
+    uint32_t ads[AP];
 #pragma unroll
-    for (int i = 0; i < MMQ_ROWS * 8 / MMQ_THREADS; ++i) {
+    for (int i = 0; i < AP; ++i) {
+        const int p = tid + i * MMQ_THREADS;
+        const int c = p >> 4, piece = p & 15;
+        const int v0 = kc * MMQ_KT + 16 * piece;  // first value
+        av[i] = make_int4(0, 0, 0, 0);
+        ads[i] = 0;
+        if (p < NT * 16 && col0 + c < m && v0 < k) {
+            const uint8_t* yv = y + (size_t)(col0 + c) * vb;
+            av[i] = ld_b128(yv + v0);
+            ads[i] = *reinterpret_cast<const uint32_t*>(yv + k + 4 * (v0 / 32));
+        }
+    }
+    // Weights: MMQ_ROWS rows x 8 sub-blocks of 32 values. From global memory every load is
+    // issued before the first conversion; from the ring (shared memory, short latency) one
+    // sub-block at a time keeps the registers for the activations' loads.
+    constexpr int WU = MMQ_ROWS * 8 / MMQ_THREADS, WUNROLL = RAW ? 1 : WU;
+#pragma unroll WUNROLL
+    for (int i = 0; i < WU; ++i) {
         const int u = tid + i * MMQ_THREADS;
         const int r = u >> 3, j = u & 7;
         const uint8_t* wr = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
+        // The step's first byte, in the ring slot or in the matrix.
+        const uint8_t* ws = wr + (long long)kc * mmq_raw<T>::SB;
+        if (RAW) ws = raw + r * mmq_raw<T>::RS + (int)(reinterpret_cast<uintptr_t>(ws) & 15);
         int q[8];
         float d[GPS], mn[GPS];
         bool ok;
         if (T::QK == 32) {
             const int blk = kc * 8 + j;
             ok = blk < nblk;
-            if (ok) T::unit(wr + (long long)blk * T::BYTES, 0, q, d, mn);
+            if (ok) T::unit(ws + j * T::BYTES, 0, q, d, mn);
         } else {
             ok = true;
-            T::unit(wr + (long long)kc * T::BYTES, j, q, d, mn);
+            T::unit(ws, j, q, d, mn);
         }
         *reinterpret_cast<int4*>(&s.qw[r][mmq_swz(r, 8 * j)]) = ok ? make_int4(q[0], q[1], q[2], q[3])
                                                                    : make_int4(0, 0, 0, 0);
@@ -294,24 +336,13 @@ static __device__ __forceinline__ void mmq_stage(mmq_smem<T, NT>& s, const uint8
             if (T::MIN) s.mw[r][GPS * j + h] = ok ? mn[h] : 0.0f;
         }
     }
-    // Activations: NT vectors x 16 pieces of 16 values.
-    const size_t vb = q8_vec_bytes(k);
 #pragma unroll
-    for (int i = 0; i < (NT * 16 + MMQ_THREADS - 1) / MMQ_THREADS; ++i) {
+    for (int i = 0; i < AP; ++i) {
         const int p = tid + i * MMQ_THREADS;
         if (p >= NT * 16) break;
         const int c = p >> 4, piece = p & 15;
-        const int v0 = kc * MMQ_KT + 16 * piece;  // first value
-        const bool ok = col0 + c < m && v0 < k;
-        int4 a = make_int4(0, 0, 0, 0);
-        float d = 0.0f, sum = 0.0f;
-        if (ok) {
-            const uint8_t* yv = y + (size_t)(col0 + c) * vb;
-            a = ld_b128(yv + v0);
-            const uint32_t ds = *reinterpret_cast<const uint32_t*>(yv + k + 4 * (v0 / 32));
-            d = lo_f16(ds);
-            sum = hi_f16(ds);
-        }
+        const int4 a = av[i];
+        const float d = lo_f16(ads[i]), sum = hi_f16(ads[i]);
         *reinterpret_cast<int4*>(&s.qa[c][4 * piece]) = a;
         if ((piece & 1) == 0) s.da[c][piece >> 1] = d;
         if (T::MIN) {
@@ -484,7 +515,7 @@ static __device__ __forceinline__ void mmq_step_mma(const mmq_smem<T, NT>& s, fl
 }
 
 // Asks L2 for the weight bytes of step kc of the block's rows, each thread for the pieces its
-// staging reads, so that the next step's loads find them there (1-5% on H200; kernels/PERF.md).
+// staging reads, so that the step's later loads or copies find them there.
 template <typename T>
 static __device__ __forceinline__ void mmq_prefetch(const uint8_t* __restrict__ w, int kc, int k, long long row_bytes,
                                                     int nrows, int row0) {
@@ -504,14 +535,62 @@ static __device__ __forceinline__ void mmq_prefetch(const uint8_t* __restrict__ 
     }
 }
 
-// mmq_tile on the tensor cores (same arguments and results).
+// Steps of weights whose L2 prefetch runs ahead of the ring's copies (or of the staging loads
+// without a ring): the block's next MMQ_RING + MMQ_PF_AHEAD steps are always requested.
+#ifndef MMQ_PF_AHEAD
+#define MMQ_PF_AHEAD 2
+#endif
+
+// The staging ring of a block: STAGES slots, each one step's weight bytes of the block's rows as
+// they lie in the matrix (mmq_raw), copied by cp.async while earlier steps are converted and
+// multiplied. As many slots as the static shared-memory limit (48 KiB) leaves room for beside
+// mmq_smem, at most 2; none where not even one fits (the 64-vector tiles: those stage from the
+// matrix with the L2 prefetch alone).
 template <typename T, int NT>
-static __device__ __forceinline__ void mmq_tile_mma(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w,
-                                                    const float* __restrict__ bias, const uint8_t* __restrict__ y,
-                                                    float* __restrict__ out, float* __restrict__ part, int k,
-                                                    long long row_bytes, int out_stride, int nrows, int m,
-                                                    int splits) {
+struct mmq_ring_dims {
+    static constexpr int SLOT = MMQ_ROWS * mmq_raw<T>::RS;
+    static constexpr int ROOM = 48 * 1024 - (int)sizeof(mmq_smem<T, NT>);
+    static constexpr int STAGES = ROOM / SLOT >= 2 ? 2 : ROOM / SLOT;
+};
+
+template <typename T, int NT>
+struct __align__(16) mmq_ring {
+    using D = mmq_ring_dims<T, NT>;
+    uint8_t raw[D::STAGES > 0 ? D::STAGES : 1][D::STAGES > 0 ? D::SLOT : 16];
+};
+
+// Copies step kc of the block's rows into ring slot `raw` (row r at r * mmq_raw<T>::RS): the
+// 16-byte pieces covering each row's bytes of the step, lanes taking consecutive pieces. Pieces
+// may reach up to 15 bytes past either end of those bytes, never past the 16-byte-aligned piece
+// holding a byte of the matrix, so never onto another page. The 32-value types' last step of a
+// row may hold fewer than 8 blocks: only those are copied.
+template <typename T>
+static __device__ __forceinline__ void mmq_issue(uint8_t* raw, const uint8_t* __restrict__ w, int kc, int k,
+                                                 long long row_bytes, int nrows, int row0) {
+    constexpr int P = mmq_raw<T>::PIECES, N = MMQ_ROWS * P;
+    const int len = T::QK == 32 ? min(MMQ_KT / 32, k / 32 - kc * 8) * T::BYTES : T::BYTES;
+#pragma unroll
+    for (int i = 0; i < (N + MMQ_THREADS - 1) / MMQ_THREADS; ++i) {
+        const int p = threadIdx.x + i * MMQ_THREADS;
+        if (N % MMQ_THREADS != 0 && p >= N) break;
+        const int r = p / P, c = p % P;
+        const uint8_t* a = w + (long long)min(row0 + r, nrows - 1) * row_bytes + (long long)kc * mmq_raw<T>::SB;
+        const int off = (int)(reinterpret_cast<uintptr_t>(a) & 15);
+        if (16 * c < off + len) cp_async16(raw + r * mmq_raw<T>::RS + 16 * c, a - off + 16 * c);
+    }
+}
+
+// mmq_tile on the tensor cores (same arguments and results). With a ring, the copies of the next
+// STAGES steps are in flight while a step is converted and multiplied; the conversion and the
+// products are those of the ring-less staging, so the results are the same bits.
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_tile_mma(mmq_smem<T, NT>& s, mmq_ring<T, NT>& ring,
+                                                    const uint8_t* __restrict__ w, const float* __restrict__ bias,
+                                                    const uint8_t* __restrict__ y, float* __restrict__ out,
+                                                    float* __restrict__ part, int k, long long row_bytes,
+                                                    int out_stride, int nrows, int m, int splits) {
     constexpr int NJ = NT / 16;
+    constexpr int ST = mmq_ring_dims<T, NT>::STAGES;
     const int col0 = blockIdx.x * NT, row0 = blockIdx.y * MMQ_ROWS;
     const int nch = (k + MMQ_KT - 1) / MMQ_KT;
     int kc0 = 0, kc1 = nch;
@@ -525,11 +604,35 @@ static __device__ __forceinline__ void mmq_tile_mma(mmq_smem<T, NT>& s, const ui
     for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    // The first steps: copies into the ring, then L2 requests for the ones after them.
+    if constexpr (ST > 0) {
+#pragma unroll
+        for (int st = 0; st < ST; ++st) {
+            if (kc0 + st < kc1) mmq_issue<T>(ring.raw[st], w, kc0 + st, k, row_bytes, nrows, row0);
+            cp_async_commit();
+        }
+    }
+    constexpr int PF0 = ST > 0 ? ST : 1;
+#pragma unroll
+    for (int st = PF0; st < ST + MMQ_PF_AHEAD; ++st)
+        if (kc0 + st < kc1) mmq_prefetch<T>(w, kc0 + st, k, row_bytes, nrows, row0);
     for (int kc = kc0; kc < kc1; ++kc) {
-        __syncthreads();  // the previous step's reads are done
-        mmq_stage<T, NT>(s, w, y, kc, k, row_bytes, nrows, m, row0, col0);
-        if (kc + 1 < kc1) mmq_prefetch<T>(w, kc + 1, k, row_bytes, nrows, row0);
-        __syncthreads();
+        if constexpr (ST > 0) {
+            const int slot = (kc - kc0) % ST;
+            cp_async_wait<ST - 1>();  // this thread's copies of step kc have landed
+            __syncthreads();          // everyone's, and the previous step's reads are done
+            mmq_stage<T, NT, true>(s, w, y, kc, k, row_bytes, nrows, m, row0, col0, ring.raw[slot]);
+            __syncthreads();
+            // The slot is converted: it takes step kc + ST (an empty group past the end, so
+            // that the wait above keeps counting steps).
+            if (kc + ST < kc1) mmq_issue<T>(ring.raw[slot], w, kc + ST, k, row_bytes, nrows, row0);
+            cp_async_commit();
+        } else {
+            __syncthreads();  // the previous step's reads are done
+            mmq_stage<T, NT>(s, w, y, kc, k, row_bytes, nrows, m, row0, col0);
+            __syncthreads();
+        }
+        if (kc + ST + MMQ_PF_AHEAD < kc1) mmq_prefetch<T>(w, kc + ST + MMQ_PF_AHEAD, k, row_bytes, nrows, row0);
         mmq_step_mma<T, NT>(s, acc);
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -559,7 +662,8 @@ static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t
     __shared__ mmq_smem<T, NT> s;
     const uint8_t* w = (part && (int)blockIdx.z >= splits) ? w1 : w0;
 #if defined(MMQ_MMA)
-    mmq_tile_mma<T, NT>(s, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
+    __shared__ mmq_ring<T, NT> ring;
+    mmq_tile_mma<T, NT>(s, ring, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
 #else
     mmq_tile<T, NT>(s, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
 #endif
