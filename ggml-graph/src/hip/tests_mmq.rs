@@ -2,9 +2,9 @@
 //! weight type the mat-vecs take, 2 to 256 activation vectors (the tile kernels from
 //! `MMQ_MIN_COLS` to the device's most, `mmq_max_cols`: 32 with dp4a products, 256 on tensor
 //! cores; in full and partial tiles; the mat-vecs and gemmEx around them; Q4_K and Q6_K take the
-//! column mat-vecs up to 4), row counts that are not a multiple of a tile's, rows of whole 256-value steps and
-//! (32-value types) of an odd number of blocks, steps split over several blocks, a bias row and
-//! the gated product.
+//! column mat-vecs up to 4), row counts that are not a multiple of a tile's, rows of whole 256-value steps
+//! (an even and an odd number) and (32-value types) of an odd number of blocks, steps split over
+//! several blocks, a bias row and the gated product.
 
 use super::super::matmul::{mmq_takes, takes_cols};
 use super::{check, f32_bytes, gated_case, hip, mul_mat_add_case, weight, Case, Rng};
@@ -25,12 +25,14 @@ const TYPES: [DType; 10] = [
 ];
 
 /// Row lengths to check for `dt`: 2048 (eight 256-value steps, split over several blocks for
-/// few tiles) and, for 32-value blocks, 45 blocks (a partial last step).
+/// few tiles) and, for 32-value blocks, 45 blocks (a partial last step), for 256-value blocks
+/// 9 (split into shares of unequal length, some empty; Q3_K and Q6_K rows then start at 2-byte offsets
+/// from 16-byte boundaries, which the staging ring's copies must cover).
 fn row_lengths(dt: DType) -> &'static [usize] {
     if dt.block_size() == 32 {
         &[2048, 32 * 45]
     } else {
-        &[2048]
+        &[2048, 256 * 9]
     }
 }
 
