@@ -272,40 +272,74 @@ struct mmq_raw {
     static constexpr int RS = 16 * PIECES;
 };
 
-// Stages step `kc` of rows row0.. of `w` and of vectors col0.. of `y` (NT of them). With RAW the
-// weight bytes are read from `raw` (MMQ_ROWS rows mmq_raw<T>::RS apart, copied there by
-// mmq_issue) instead of from `w`; the values staged are the same.
-template <typename T, int NT, bool RAW = false>
-static __device__ __forceinline__ void mmq_stage(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w,
-                                                 const uint8_t* __restrict__ y, int kc, int k, long long row_bytes,
-                                                 int nrows, int m, int row0, int col0,
-                                                 const uint8_t* raw = nullptr) {
-    constexpr int NG = mmq_smem<T, NT>::NG;
-    constexpr int GPS = 32 / T::G;  // groups per sub-block
-    constexpr int AP = (NT * 16 + MMQ_THREADS - 1) / MMQ_THREADS;  // activation pieces per thread
-    const int tid = threadIdx.x;
-    const int nblk = k / T::QK;
-    // Activations (NT vectors x 16 pieces of 16 values) are loaded first, so that their loads
-    // are under way while the weights are converted.
+// A thread's share of one step's activations (NT vectors x 16 pieces of 16 values), held in
+// registers between their loads and their stores to shared memory.
+template <int NT>
+struct mmq_act {
+    static constexpr int AP = (NT * 16 + MMQ_THREADS - 1) / MMQ_THREADS;  // pieces per thread
+    int4 v[AP];
+    uint32_t ds[AP];  // the half2 (d, d * sum) of the piece's 32 values
+};
+
+// Loads this thread's share of step kc of vectors col0.. of `y` (zeros past m or k).
+template <int NT>
+static __device__ __forceinline__ void mmq_act_load(mmq_act<NT>& a, const uint8_t* __restrict__ y, int kc, int k,
+                                                    int m, int col0) {
     const size_t vb = q8_vec_bytes(k);
-    int4 av[AP];
-    uint32_t ads[AP];
 #pragma unroll
-    for (int i = 0; i < AP; ++i) {
-        const int p = tid + i * MMQ_THREADS;
+    for (int i = 0; i < mmq_act<NT>::AP; ++i) {
+        const int p = threadIdx.x + i * MMQ_THREADS;
         const int c = p >> 4, piece = p & 15;
         const int v0 = kc * MMQ_KT + 16 * piece;  // first value
-        av[i] = make_int4(0, 0, 0, 0);
-        ads[i] = 0;
+        a.v[i] = make_int4(0, 0, 0, 0);
+        a.ds[i] = 0;
         if (p < NT * 16 && col0 + c < m && v0 < k) {
             const uint8_t* yv = y + (size_t)(col0 + c) * vb;
-            av[i] = ld_b128(yv + v0);
-            ads[i] = *reinterpret_cast<const uint32_t*>(yv + k + 4 * (v0 / 32));
+            a.v[i] = ld_b128(yv + v0);
+            a.ds[i] = *reinterpret_cast<const uint32_t*>(yv + k + 4 * (v0 / 32));
         }
     }
-    // Weights: MMQ_ROWS rows x 8 sub-blocks of 32 values. From global memory every load is
-    // issued before the first conversion; from the ring (shared memory, short latency) one
-    // sub-block at a time keeps the registers for the activations' loads.
+}
+
+// Stores loaded activations to the staging: values, scales and (types with minimums) group sums.
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_act_store(mmq_smem<T, NT>& s, const mmq_act<NT>& av) {
+#pragma unroll
+    for (int i = 0; i < mmq_act<NT>::AP; ++i) {
+        const int p = threadIdx.x + i * MMQ_THREADS;
+        if (p >= NT * 16) break;
+        const int c = p >> 4, piece = p & 15;
+        const int4 a = av.v[i];
+        const float d = lo_f16(av.ds[i]), sum = hi_f16(av.ds[i]);
+        *reinterpret_cast<int4*>(&s.qa[c][4 * piece]) = a;
+        if ((piece & 1) == 0) s.da[c][piece >> 1] = d;
+        if (T::MIN) {
+            if (T::G == 16) {
+                int t = dot4_i8(a.x, 0x01010101, 0);
+                t = dot4_i8(a.y, 0x01010101, t);
+                t = dot4_i8(a.z, 0x01010101, t);
+                t = dot4_i8(a.w, 0x01010101, t);
+                s.sa[c][piece] = d * (float)t;
+            } else if ((piece & 1) == 0) {
+                s.sa[c][piece >> 1] = sum;
+            }
+        }
+    }
+}
+
+// Converts step `kc` of rows row0.. of `w` into the staging. With RAW the weight bytes are read
+// from `raw` (MMQ_ROWS rows mmq_raw<T>::RS apart, copied there by mmq_issue) instead of from
+// `w`; the values staged are the same.
+template <typename T, int NT, bool RAW = false>
+static __device__ __forceinline__ void mmq_stage_w(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w, int kc, int k,
+                                                   long long row_bytes, int nrows, int row0,
+                                                   const uint8_t* raw = nullptr) {
+    constexpr int GPS = 32 / T::G;  // groups per sub-block
+    const int tid = threadIdx.x;
+    const int nblk = k / T::QK;
+    // MMQ_ROWS rows x 8 sub-blocks of 32 values. From global memory every load is issued before
+    // the first conversion; from the ring (shared memory, short latency) one sub-block at a time
+    // keeps registers free.
     constexpr int WU = MMQ_ROWS * 8 / MMQ_THREADS, WUNROLL = RAW ? 1 : WU;
 #pragma unroll WUNROLL
     for (int i = 0; i < WU; ++i) {
@@ -336,28 +370,19 @@ static __device__ __forceinline__ void mmq_stage(mmq_smem<T, NT>& s, const uint8
             if (T::MIN) s.mw[r][GPS * j + h] = ok ? mn[h] : 0.0f;
         }
     }
-#pragma unroll
-    for (int i = 0; i < AP; ++i) {
-        const int p = tid + i * MMQ_THREADS;
-        if (p >= NT * 16) break;
-        const int c = p >> 4, piece = p & 15;
-        const int4 a = av[i];
-        const float d = lo_f16(ads[i]), sum = hi_f16(ads[i]);
-        *reinterpret_cast<int4*>(&s.qa[c][4 * piece]) = a;
-        if ((piece & 1) == 0) s.da[c][piece >> 1] = d;
-        if (T::MIN) {
-            if (T::G == 16) {
-                int t = dot4_i8(a.x, 0x01010101, 0);
-                t = dot4_i8(a.y, 0x01010101, t);
-                t = dot4_i8(a.z, 0x01010101, t);
-                t = dot4_i8(a.w, 0x01010101, t);
-                s.sa[c][piece] = d * (float)t;
-            } else if ((piece & 1) == 0) {
-                s.sa[c][piece >> 1] = sum;
-            }
-        }
-    }
-    (void)NG;
+}
+
+// Stages step `kc` of rows row0.. of `w` and of vectors col0.. of `y` (NT of them); the
+// activations' loads are issued first, so that they are under way while the weights are
+// converted.
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_stage(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w,
+                                                 const uint8_t* __restrict__ y, int kc, int k, long long row_bytes,
+                                                 int nrows, int m, int row0, int col0) {
+    mmq_act<NT> av;
+    mmq_act_load<NT>(av, y, kc, k, m, col0);
+    mmq_stage_w<T, NT>(s, w, kc, k, row_bytes, nrows, row0);
+    mmq_act_store<T, NT>(s, av);
 }
 
 // One tile: RN = NT / 16 vectors per thread.
@@ -616,17 +641,26 @@ static __device__ __forceinline__ void mmq_tile_mma(mmq_smem<T, NT>& s, mmq_ring
 #pragma unroll
     for (int st = PF0; st < ST + MMQ_PF_AHEAD; ++st)
         if (kc0 + st < kc1) mmq_prefetch<T>(w, kc0 + st, k, row_bytes, nrows, row0);
+    // With a ring, the 16-vector tiles load a step's activations while the step before it is
+    // multiplied (one piece per thread); wider ones, whose registers are spoken for by then,
+    // while its weights are converted.
+    constexpr bool ACT_AHEAD = mmq_act<NT>::AP == 1;
+    mmq_act<NT> av;
+    if constexpr (ST > 0 && ACT_AHEAD) mmq_act_load<NT>(av, y, kc0, k, m, col0);
     for (int kc = kc0; kc < kc1; ++kc) {
         if constexpr (ST > 0) {
             const int slot = (kc - kc0) % ST;
             cp_async_wait<ST - 1>();  // this thread's copies of step kc have landed
             __syncthreads();          // everyone's, and the previous step's reads are done
-            mmq_stage<T, NT, true>(s, w, y, kc, k, row_bytes, nrows, m, row0, col0, ring.raw[slot]);
+            if constexpr (!ACT_AHEAD) mmq_act_load<NT>(av, y, kc, k, m, col0);
+            mmq_stage_w<T, NT, true>(s, w, kc, k, row_bytes, nrows, row0, ring.raw[slot]);
+            mmq_act_store<T, NT>(s, av);
             __syncthreads();
             // The slot is converted: it takes step kc + ST (an empty group past the end, so
             // that the wait above keeps counting steps).
             if (kc + ST < kc1) mmq_issue<T>(ring.raw[slot], w, kc + ST, k, row_bytes, nrows, row0);
             cp_async_commit();
+            if (ACT_AHEAD && kc + 1 < kc1) mmq_act_load<NT>(av, y, kc + 1, k, m, col0);
         } else {
             __syncthreads();  // the previous step's reads are done
             mmq_stage<T, NT>(s, w, y, kc, k, row_bytes, nrows, m, row0, col0);
