@@ -285,7 +285,9 @@ pub struct MmqPlan {
 impl MmqPlan {
     /// The plan for a device with `sms` multiprocessors (0 when unknown: no split). A launch
     /// with fewer blocks than the multiprocessors keep resident ([`MMQ_BLOCKS_PER_SM`]) splits
-    /// the steps, up to [`MMQ_MAX_SPLITS`] shares of at least two steps each.
+    /// the steps into as many shares as keep the blocks within that number (one wave: a
+    /// second, partial one would leave most multiprocessors idle while it runs), up to
+    /// [`MMQ_MAX_SPLITS`] shares of at least two steps each.
     pub fn new(nrows: usize, m: usize, k: usize, mats: usize, sms: usize) -> Self {
         let nt = match m {
             0..=16 => 16,
@@ -300,14 +302,9 @@ impl MmqPlan {
             .find(|&&(w, _)| w == nt)
             .map_or(1, |&(_, b)| b);
         let target = per_sm * sms;
-        let splits = if tiles >= target {
-            1
-        } else {
-            target
-                .div_ceil(tiles)
-                .min((steps / 2).max(1))
-                .min(MMQ_MAX_SPLITS)
-        };
+        let splits = (target / tiles)
+            .min((steps / 2).max(1))
+            .clamp(1, MMQ_MAX_SPLITS);
         let u = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         Self {
             nt,

@@ -604,9 +604,14 @@ fn mmq_plans_split_only_small_grids() {
     assert_eq!((p.nt, p.splits, p.grid), (32, 8, [1, 64, 8]));
     assert!(p.partial);
     assert_eq!(p.partial_values(4096, 32), 8 * 32 * 4096);
-    // 64 vectors, 2 blocks each: 64 tiles, 5 shares.
+    // 64 vectors, 2 blocks each: 64 tiles, 4 shares (5 would need a second wave).
     let p = MmqPlan::new(4096, 64, 4096, 1, 132);
-    assert_eq!((p.nt, p.splits, p.grid), (64, 5, [1, 64, 5]));
+    assert_eq!((p.nt, p.splits, p.grid), (64, 4, [1, 64, 4]));
+    // The 8B FFN up projection, 8 vectors: 224 tiles, 2 shares (448 of 528 resident blocks).
+    let p = MmqPlan::new(14336, 8, 4096, 1, 132);
+    assert_eq!((p.nt, p.splits, p.grid), (16, 2, [1, 224, 2]));
+    // More tiles than half the resident blocks: one share.
+    assert_eq!(MmqPlan::new(14336, 8, 4096, 2, 132).splits, 1);
     // At most MMQ_MAX_SPLITS shares.
     assert_eq!(MmqPlan::new(4096, 16, 4096, 1, 132).splits, MMQ_MAX_SPLITS);
     // Enough tiles: one share, written directly.

@@ -123,15 +123,9 @@ fn mmq_partials(n: usize, m: usize, k: usize, mats: usize, sms: usize) -> usize 
             .iter()
             .find(|&&(w, _)| w == nt)
             .map_or(1, |&(_, b)| b);
-        let target = per_sm * sms;
-        if tiles >= target {
-            1
-        } else {
-            target
-                .div_ceil(tiles)
-                .min((k.div_ceil(MMQ_STEP) / 2).max(1))
-                .min(MMQ_MAX_SPLITS)
-        }
+        (per_sm * sms / tiles)
+            .min((k.div_ceil(MMQ_STEP) / 2).max(1))
+            .clamp(1, MMQ_MAX_SPLITS)
     };
     if mats > 1 || splits > 1 {
         mats * splits * m * n
