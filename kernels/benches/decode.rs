@@ -458,15 +458,20 @@ fn batched(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64, sms: usize) {
                     };
                 };
                 let plan = MmqPlan::new(rows, m, cols, 1, sms);
+                let smem = plan.smem_bytes(&g.target);
+                if smem > 0 {
+                    g.allow_smem(t.mmq(plan.nt), smem);
+                }
                 let mmq = |i: u32| {
                     let p = plan.partial.then(|| part.range());
                     // SAFETY: the buffers were allocated above for the shapes and counts passed
                     // here (`part` holds MMQ_MAX_SPLITS results).
                     unsafe {
-                        g.launch(
+                        g.launch_smem(
                             t.mmq(plan.nt),
                             plan.grid,
                             MMQ_THREADS,
+                            smem,
                             &[
                                 Arg::Mem(wsub(i)),
                                 Arg::Null,

@@ -18,8 +18,9 @@
 // group scales to the integer sums in the same place as above; 16-value groups take two products
 // with the other half of the vectors' values zeroed. The staging is the same for both; there,
 // each step's weight bytes are copied as they lie into a ring of shared-memory slots by cp.async
-// (`mmq_ring`, `mmq_issue`) two steps ahead, and L2 prefetches run MMQ_PF_AHEAD steps further, so
-// that a block's next loads are in flight while it converts and multiplies.
+// (`mmq_ring`, `mmq_issue`; dynamic shared memory of MMQ_SMEM_<NT> bytes) up to MMQ_RING_MAX steps
+// ahead, and L2 prefetches run MMQ_PF_AHEAD steps further, so that a block's next loads are in
+// flight while it converts and multiplies.
 // Staged vectors are MMQ_LD words apart (16-byte aligned, 4 mod 32 words), so lanes read 4 words
 // at once and the 8 vectors that a quarter-warp's 16-byte reads at one offset touch fall in 8
 // different 4-bank groups; the lanes of a quarter-warp read one staged weight row. Nothing
@@ -566,22 +567,49 @@ static __device__ __forceinline__ void mmq_prefetch(const uint8_t* __restrict__ 
 #define MMQ_PF_AHEAD 2
 #endif
 
+// Bytes of dynamic shared memory the tensor-core kernels of 16, 32 and 64 vectors per tile are
+// launched with (`kernels::MMQ_SMEM_BYTES`): the staging (mmq_smem) and ring slots, within what
+// MMQ_MIN_BLOCKS_<NT> resident blocks leave per block on H100/H200 (228 KiB per multiprocessor,
+// 1 KiB of it reserved per block) and within the 99 KiB per block of compute capability 8.6/8.9.
+#define MMQ_SMEM_16 57344
+#define MMQ_SMEM_32 57344
+#define MMQ_SMEM_64 98304
+
+template <int NT>
+struct mmq_smem_budget;
+template <>
+struct mmq_smem_budget<16> {
+    static constexpr int BYTES = MMQ_SMEM_16;
+};
+template <>
+struct mmq_smem_budget<32> {
+    static constexpr int BYTES = MMQ_SMEM_32;
+};
+template <>
+struct mmq_smem_budget<64> {
+    static constexpr int BYTES = MMQ_SMEM_64;
+};
+
 // The staging ring of a block: STAGES slots, each one step's weight bytes of the block's rows as
 // they lie in the matrix (mmq_raw), copied by cp.async while earlier steps are converted and
-// multiplied. As many slots as the static shared-memory limit (48 KiB) leaves room for beside
-// mmq_smem, at most 2; none where not even one fits (the 64-vector tiles: those stage from the
-// matrix with the L2 prefetch alone).
+// multiplied; as many as the budget leaves room for beside mmq_smem (at BASE), at most
+// MMQ_RING_MAX.
+#ifndef MMQ_RING_MAX
+#define MMQ_RING_MAX 3
+#endif
 template <typename T, int NT>
 struct mmq_ring_dims {
     static constexpr int SLOT = MMQ_ROWS * mmq_raw<T>::RS;
-    static constexpr int ROOM = 48 * 1024 - (int)sizeof(mmq_smem<T, NT>);
-    static constexpr int STAGES = ROOM / SLOT >= 2 ? 2 : ROOM / SLOT;
+    static constexpr int BASE = ((int)sizeof(mmq_smem<T, NT>) + 15) & ~15;
+    static constexpr int FIT = (mmq_smem_budget<NT>::BYTES - BASE) / SLOT;
+    static constexpr int STAGES = FIT < MMQ_RING_MAX ? FIT : MMQ_RING_MAX;
+    static constexpr int BYTES = BASE + STAGES * SLOT;
+    static_assert(STAGES >= 1, "the budget holds the staging and one ring slot");
 };
 
 template <typename T, int NT>
 struct __align__(16) mmq_ring {
-    using D = mmq_ring_dims<T, NT>;
-    uint8_t raw[D::STAGES > 0 ? D::STAGES : 1][D::STAGES > 0 ? D::SLOT : 16];
+    uint8_t raw[mmq_ring_dims<T, NT>::STAGES][mmq_ring_dims<T, NT>::SLOT];
 };
 
 // Copies step kc of the block's rows into ring slot `raw` (row r at r * mmq_raw<T>::RS): the
@@ -630,42 +658,33 @@ static __device__ __forceinline__ void mmq_tile_mma(mmq_smem<T, NT>& s, mmq_ring
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
     // The first steps: copies into the ring, then L2 requests for the ones after them.
-    if constexpr (ST > 0) {
 #pragma unroll
-        for (int st = 0; st < ST; ++st) {
-            if (kc0 + st < kc1) mmq_issue<T>(ring.raw[st], w, kc0 + st, k, row_bytes, nrows, row0);
-            cp_async_commit();
-        }
+    for (int st = 0; st < ST; ++st) {
+        if (kc0 + st < kc1) mmq_issue<T>(ring.raw[st], w, kc0 + st, k, row_bytes, nrows, row0);
+        cp_async_commit();
     }
-    constexpr int PF0 = ST > 0 ? ST : 1;
 #pragma unroll
-    for (int st = PF0; st < ST + MMQ_PF_AHEAD; ++st)
+    for (int st = ST; st < ST + MMQ_PF_AHEAD; ++st)
         if (kc0 + st < kc1) mmq_prefetch<T>(w, kc0 + st, k, row_bytes, nrows, row0);
-    // With a ring, the 16-vector tiles load a step's activations while the step before it is
-    // multiplied (one piece per thread); wider ones, whose registers are spoken for by then,
-    // while its weights are converted.
+    // The 16-vector tiles load a step's activations while the step before it is multiplied (one
+    // piece per thread); wider ones, whose registers are spoken for by then, while its weights
+    // are converted.
     constexpr bool ACT_AHEAD = mmq_act<NT>::AP == 1;
     mmq_act<NT> av;
-    if constexpr (ST > 0 && ACT_AHEAD) mmq_act_load<NT>(av, y, kc0, k, m, col0);
+    if constexpr (ACT_AHEAD) mmq_act_load<NT>(av, y, kc0, k, m, col0);
     for (int kc = kc0; kc < kc1; ++kc) {
-        if constexpr (ST > 0) {
-            const int slot = (kc - kc0) % ST;
-            cp_async_wait<ST - 1>();  // this thread's copies of step kc have landed
-            __syncthreads();          // everyone's, and the previous step's reads are done
-            if constexpr (!ACT_AHEAD) mmq_act_load<NT>(av, y, kc, k, m, col0);
-            mmq_stage_w<T, NT, true>(s, w, kc, k, row_bytes, nrows, row0, ring.raw[slot]);
-            mmq_act_store<T, NT>(s, av);
-            __syncthreads();
-            // The slot is converted: it takes step kc + ST (an empty group past the end, so
-            // that the wait above keeps counting steps).
-            if (kc + ST < kc1) mmq_issue<T>(ring.raw[slot], w, kc + ST, k, row_bytes, nrows, row0);
-            cp_async_commit();
-            if (ACT_AHEAD && kc + 1 < kc1) mmq_act_load<NT>(av, y, kc + 1, k, m, col0);
-        } else {
-            __syncthreads();  // the previous step's reads are done
-            mmq_stage<T, NT>(s, w, y, kc, k, row_bytes, nrows, m, row0, col0);
-            __syncthreads();
-        }
+        const int slot = (kc - kc0) % ST;
+        cp_async_wait<ST - 1>();  // this thread's copies of step kc have landed
+        __syncthreads();          // everyone's, and the previous step's reads are done
+        if constexpr (!ACT_AHEAD) mmq_act_load<NT>(av, y, kc, k, m, col0);
+        mmq_stage_w<T, NT, true>(s, w, kc, k, row_bytes, nrows, row0, ring.raw[slot]);
+        mmq_act_store<T, NT>(s, av);
+        __syncthreads();
+        // The slot is converted: it takes step kc + ST (an empty group past the end, so that
+        // the wait above keeps counting steps).
+        if (kc + ST < kc1) mmq_issue<T>(ring.raw[slot], w, kc + ST, k, row_bytes, nrows, row0);
+        cp_async_commit();
+        if (ACT_AHEAD && kc + 1 < kc1) mmq_act_load<NT>(av, y, kc + 1, k, m, col0);
         if (kc + ST + MMQ_PF_AHEAD < kc1) mmq_prefetch<T>(w, kc + ST + MMQ_PF_AHEAD, k, row_bytes, nrows, row0);
         mmq_step_mma<T, NT>(s, acc);
     }
@@ -693,12 +712,21 @@ static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t
                                                 const uint8_t* y, float* out, float* part, int k,
                                                 long long row_bytes, int out_stride, int nrows, int m,
                                                 int splits) {
-    __shared__ mmq_smem<T, NT> s;
     const uint8_t* w = (part && (int)blockIdx.z >= splits) ? w1 : w0;
 #if defined(MMQ_MMA)
-    __shared__ mmq_ring<T, NT> ring;
-    mmq_tile_mma<T, NT>(s, ring, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
+    // Dynamic shared memory (more than the 48 KiB static limit): the staging, then the ring. A
+    // launch with less than the budget is the host's mistake: stop rather than overrun.
+    using D = mmq_ring_dims<T, NT>;
+    static_assert(D::BYTES <= mmq_smem_budget<NT>::BYTES, "staging and ring fit the budget");
+    extern __shared__ __align__(16) uint8_t mmq_dyn[];
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (uint32_t)D::BYTES) __trap();
+    mmq_tile_mma<T, NT>(*reinterpret_cast<mmq_smem<T, NT>*>(mmq_dyn),
+                        *reinterpret_cast<mmq_ring<T, NT>*>(mmq_dyn + D::BASE), w, bias, y, out, part, k,
+                        row_bytes, out_stride, nrows, m, splits);
 #else
+    __shared__ mmq_smem<T, NT> s;
     mmq_tile<T, NT>(s, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
 #endif
 }

@@ -267,6 +267,12 @@ pub const MMQ_MAX_SPLITS: usize = 8;
 /// registers for (`MMQ_MIN_BLOCKS_16/32/64`).
 pub const MMQ_BLOCKS_PER_SM: [(usize, usize); 3] = [(16, 4), (32, 4), (64, 2)];
 
+/// Bytes of dynamic shared memory the `mmq_*` kernels of 16, 32 and 64 vectors per tile are
+/// launched with where their products run on tensor cores (NVIDIA, compute capability 8.0 and
+/// later: `MMQ_SMEM_16/32/64` in `hip/mmq.hip`, the staging plus a ring of weight copies, more
+/// than the 48 KiB a kernel gets without opting in); elsewhere they use static shared memory.
+pub const MMQ_SMEM_BYTES: [(usize, u32); 3] = [(16, 57344), (32, 57344), (64, 98304)];
+
 /// How a batched product on integer tiles ([`WeightType::mmq`]) is launched: `mats` matrices
 /// (1, or 2 for a gated product: gate and up) of `nrows` rows of `k` values times `m` vectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -311,6 +317,18 @@ impl MmqPlan {
             splits,
             grid: [u(col_tiles), u(row_tiles), u(mats * splits)],
             partial: mats > 1 || splits > 1,
+        }
+    }
+
+    /// Bytes of dynamic shared memory the launch takes on `target` ([`MMQ_SMEM_BYTES`] on
+    /// NVIDIA, 0 on AMD); beyond 48 KiB the kernel must have been opted in to them.
+    pub fn smem_bytes(&self, target: &Device) -> u32 {
+        match target {
+            Device::Nvidia { major, .. } if *major >= 8 => MMQ_SMEM_BYTES
+                .iter()
+                .find(|&&(w, _)| w == self.nt)
+                .map_or(0, |&(_, b)| b),
+            _ => 0,
         }
     }
 

@@ -594,6 +594,24 @@ fn mmq_constants_mirror_the_source() {
             blocks
         );
     }
+    for (nt, bytes) in MMQ_SMEM_BYTES {
+        assert_eq!(
+            source_define("mmq.hip", &format!("MMQ_SMEM_{nt}")),
+            bytes as usize
+        );
+    }
+    // The resident blocks' budgets fit an H100's or H200's 228 KiB per multiprocessor (1 KiB
+    // reserved per block).
+    for (nt, bytes) in MMQ_SMEM_BYTES {
+        let blocks = MMQ_BLOCKS_PER_SM
+            .iter()
+            .find(|b| b.0 == nt)
+            .map_or(1, |b| b.1);
+        assert!(
+            blocks * (bytes as usize + 1024) <= 228 * 1024,
+            "{nt}: {bytes}"
+        );
+    }
 }
 
 #[test]
@@ -623,6 +641,14 @@ fn mmq_plans_split_only_small_grids() {
     let p = MmqPlan::new(100, 9, 512, 2, 132);
     assert_eq!((p.nt, p.splits, p.grid), (16, 1, [1, 2, 2]));
     assert!(p.partial);
+    // Dynamic shared memory on NVIDIA only.
+    let nv = Device::Nvidia { major: 9, minor: 0 };
+    assert_eq!(MmqPlan::new(4096, 8, 4096, 1, 132).smem_bytes(&nv), 57344);
+    assert_eq!(MmqPlan::new(4096, 64, 4096, 1, 132).smem_bytes(&nv), 98304);
+    assert_eq!(
+        MmqPlan::new(4096, 8, 4096, 1, 132).smem_bytes(&Device::Amd("gfx90a".into())),
+        0
+    );
     // Unknown multiprocessor count: no split.
     assert_eq!(MmqPlan::new(4096, 7, 4096, 1, 0).splits, 1);
 }

@@ -589,10 +589,22 @@ pub(super) fn mmq(
         .push(n as i32)
         .push(m as i32)
         .push(plan.splits as i32);
+    let kid = p.wt.mmq(plan.nt);
+    let smem = plan.smem_bytes(&d.inner.target);
+    if smem > 0 && !d.kernel_fits(kid, kernels::MMQ_THREADS, smem, "the product fails") {
+        return Err(gpu_err(
+            "mmq",
+            format!(
+                "{}: a block with {smem} bytes of shared memory does not fit this device",
+                kid.name()
+            ),
+        ));
+    }
     // SAFETY: the weights are the node's `n` rows of `row_bytes`, `q8` holds `m` quantized
     // vectors of `k` values (`quantized` above), `out` the node's `m` rows of `n` f32 and `part`
-    // the plan's partial values; the grid and block are the plan's.
-    unsafe { d.launch_kernel(p.wt.mmq(plan.nt), plan.grid, kernels::MMQ_THREADS, &a.0)? };
+    // the plan's partial values; the grid, block and shared memory are the plan's, and
+    // `kernel_fits` opted the kernel in to the latter.
+    unsafe { d.launch_kernel_smem(kid, plan.grid, kernels::MMQ_THREADS, smem, &a.0)? };
     #[cfg(any(test, feature = "testing"))]
     MMQ_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if let Some(part) = part {

@@ -553,6 +553,19 @@ impl HipDevice {
     /// cannot hold it, nor an H100's 227 KiB the input of a very wide FFN); answered once per
     /// size. Where it cannot, the layers go to the per-op kernels.
     pub(crate) fn stack_fits(&self, k: kernels::KernelId, smem: u32) -> bool {
+        self.kernel_fits(k, kernels::STACK_THREADS, smem, "its work runs per op")
+    }
+
+    /// Whether `k` can have one resident block of `threads` threads with `smem` bytes of
+    /// dynamic shared memory here, opting the kernel in to them where they exceed the default;
+    /// answered once per size. `otherwise` says what runs instead (for the log).
+    pub(crate) fn kernel_fits(
+        &self,
+        k: kernels::KernelId,
+        threads: u32,
+        smem: u32,
+        otherwise: &str,
+    ) -> bool {
         let known = self
             .inner
             .stack
@@ -576,14 +589,14 @@ impl HipDevice {
                     st.smem_allowed.retain(|a| a.0 != k);
                     st.smem_allowed.push((k, smem));
                 }
-                Ok(f.max_active_blocks_per_sm(kernels::STACK_THREADS, smem)
+                Ok(f.max_active_blocks_per_sm(threads, smem)
                     .is_ok_and(|b| b >= 1))
             })
             .unwrap_or(false);
         if !ok {
             tracing::info!(
                 "hip backend: {} cannot keep a block per multiprocessor with {smem} bytes of shared \
-                 memory; its work runs per op",
+                 memory; {otherwise}",
                 k.name()
             );
         }
@@ -592,7 +605,7 @@ impl HipDevice {
     }
 
     /// Queues `k` over `grid` blocks of `block` threads with `smem` bytes of dynamic shared
-    /// memory (beyond 48 KiB only where [`HipDevice::stack_fits`] has opted the kernel in), after
+    /// memory (beyond 48 KiB only where [`HipDevice::kernel_fits`] has opted the kernel in), after
     /// `gpu-mem`'s checks of the arguments against the kernel's parameter table.
     ///
     /// # Safety
@@ -611,7 +624,7 @@ impl HipDevice {
             let stream = self.inner.sb.stream();
             // SAFETY: `param_kinds(k)` is the kernel's own list (tested against the HIP sources
             // in `kernels`), the arguments meet its contract (the caller's promise), and
-            // `stack_fits` opted the kernel in to `smem` where it exceeds the default.
+            // `kernel_fits` opted the kernel in to `smem` where it exceeds the default.
             unsafe {
                 stream.launch_checked(f, k.name(), param_kinds(k), grid, [block, 1, 1], smem, args)
             }

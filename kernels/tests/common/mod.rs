@@ -178,6 +178,41 @@ impl Gpu {
     /// `args` meet `k`'s contract (its HIP source): for the integer arguments and grid given,
     /// every buffer covers all the bytes the kernel reads or writes through it.
     pub unsafe fn launch(&self, k: KernelId, grid: [u32; 3], block: u32, args: &[Arg<'_>]) {
+        // SAFETY: the caller's promise, with no dynamic shared memory.
+        unsafe { self.launch_smem(k, grid, block, 0, args) }
+    }
+
+    /// Opts `k` in to `smem` bytes of dynamic shared memory (needed beyond 48 KiB on NVIDIA;
+    /// not while a stream captures).
+    pub fn allow_smem(&self, k: KernelId, smem: u32) {
+        let name = k.name();
+        let mut mods = self.modules.lock();
+        let module = mods.entry(k.module()).or_insert_with(|| {
+            let img = rocmforge_kernels::image(k.module(), &self.target)
+                .unwrap_or_else(|e| panic!("{e}"));
+            gpu_mem::Module::load(&self.device, img.bytes)
+                .unwrap_or_else(|e| panic!("loading {:?}: {e}", k.module()))
+        });
+        module
+            .function(name)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .set_max_dynamic_shared(smem)
+            .unwrap_or_else(|e| panic!("{name}: {smem} bytes of shared memory: {e}"));
+    }
+
+    /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory (beyond 48 KiB only after
+    /// [`Gpu::allow_smem`]).
+    ///
+    /// # Safety
+    /// As for [`Gpu::launch`].
+    pub unsafe fn launch_smem(
+        &self,
+        k: KernelId,
+        grid: [u32; 3],
+        block: u32,
+        smem: u32,
+        args: &[Arg<'_>],
+    ) {
         let name = k.name();
         let mut mods = self.modules.lock();
         let module = mods.entry(k.module()).or_insert_with(|| {
@@ -194,7 +229,7 @@ impl Gpu {
         // meet its contract (the caller's promise).
         unsafe {
             self.stream
-                .launch_checked(&f, name, &params, grid, [block, 1, 1], 0, args)
+                .launch_checked(&f, name, &params, grid, [block, 1, 1], smem, args)
         }
         .unwrap_or_else(|e| panic!("launch {name}: {e}"));
         if self.sync_launches {
