@@ -282,14 +282,15 @@ struct mmq_act {
     uint32_t ds[AP];  // the half2 (d, d * sum) of the piece's 32 values
 };
 
-// Loads this thread's share of step kc of vectors col0.. of `y` (zeros past m or k).
-template <int NT>
-static __device__ __forceinline__ void mmq_act_load(mmq_act<NT>& a, const uint8_t* __restrict__ y, int kc, int k,
-                                                    int m, int col0) {
+// Loads this thread's share of step kc of the NT vectors col0.. of `y` (zeros past m or k):
+// NA / 16 pieces from p0 on (piece i is the tile's (p0 + i) * MMQ_THREADS + threadIdx.x).
+template <int NT, int NA = NT>
+static __device__ __forceinline__ void mmq_act_load(mmq_act<NA>& a, const uint8_t* __restrict__ y, int kc, int k,
+                                                    int m, int col0, int p0 = 0) {
     const size_t vb = q8_vec_bytes(k);
 #pragma unroll
-    for (int i = 0; i < mmq_act<NT>::AP; ++i) {
-        const int p = threadIdx.x + i * MMQ_THREADS;
+    for (int i = 0; i < mmq_act<NA>::AP; ++i) {
+        const int p = threadIdx.x + (p0 + i) * MMQ_THREADS;
         const int c = p >> 4, piece = p & 15;
         const int v0 = kc * MMQ_KT + 16 * piece;  // first value
         a.v[i] = make_int4(0, 0, 0, 0);
@@ -302,12 +303,13 @@ static __device__ __forceinline__ void mmq_act_load(mmq_act<NT>& a, const uint8_
     }
 }
 
-// Stores loaded activations to the staging: values, scales and (types with minimums) group sums.
-template <typename T, int NT>
-static __device__ __forceinline__ void mmq_act_store(mmq_smem<T, NT>& s, const mmq_act<NT>& av) {
+// Stores loaded activations (as mmq_act_load left them) to the staging: values, scales and
+// (types with minimums) group sums.
+template <typename T, int NT, int NA = NT>
+static __device__ __forceinline__ void mmq_act_store(mmq_smem<T, NT>& s, const mmq_act<NA>& av, int p0 = 0) {
 #pragma unroll
-    for (int i = 0; i < mmq_act<NT>::AP; ++i) {
-        const int p = threadIdx.x + i * MMQ_THREADS;
+    for (int i = 0; i < mmq_act<NA>::AP; ++i) {
+        const int p = threadIdx.x + (p0 + i) * MMQ_THREADS;
         if (p >= NT * 16) break;
         const int c = p >> 4, piece = p & 15;
         const int4 a = av.v[i];
@@ -386,18 +388,18 @@ static __device__ __forceinline__ void mmq_stage(mmq_smem<T, NT>& s, const uint8
     mmq_act_store<T, NT>(s, av);
 }
 
-// One tile: RN = NT / 16 vectors per thread.
+// One tile of vectors col0..: RN = NT / 16 vectors per thread.
 template <typename T, int NT>
 static __device__ __forceinline__ void mmq_tile(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w,
                                                 const float* __restrict__ bias, const uint8_t* __restrict__ y,
                                                 float* __restrict__ out, float* __restrict__ part, int k,
                                                 long long row_bytes, int out_stride, int nrows, int m,
-                                                int splits) {
+                                                int splits, int col0) {
     constexpr int RN = NT / MMQ_TN;
     constexpr int NG = mmq_smem<T, NT>::NG;
     constexpr int GW = T::G / 4;  // words per group
     const int tr = threadIdx.x / MMQ_TN, tc = threadIdx.x % MMQ_TN;
-    const int col0 = blockIdx.x * NT, row0 = blockIdx.y * MMQ_ROWS;
+    const int row0 = blockIdx.y * MMQ_ROWS;
     const int nch = (k + MMQ_KT - 1) / MMQ_KT;
     int kc0 = 0, kc1 = nch;
     if (part) {
@@ -567,13 +569,14 @@ static __device__ __forceinline__ void mmq_prefetch(const uint8_t* __restrict__ 
 #define MMQ_PF_AHEAD 2
 #endif
 
-// Bytes of dynamic shared memory the tensor-core kernels of 16, 32 and 64 vectors per tile are
-// launched with (`kernels::MMQ_SMEM_BYTES`): the staging (mmq_smem) and ring slots, within what
+// Bytes of dynamic shared memory the tensor-core kernels of 16, 32, 64 and 128 vectors per tile
+// are launched with (`kernels::MMQ_SMEM_BYTES`): the staging (mmq_smem) and ring slots, within what
 // MMQ_MIN_BLOCKS_<NT> resident blocks leave per block on H100/H200 (228 KiB per multiprocessor,
 // 1 KiB of it reserved per block) and within the 99 KiB per block of compute capability 8.6/8.9.
 #define MMQ_SMEM_16 57344
 #define MMQ_SMEM_32 57344
 #define MMQ_SMEM_64 98304
+#define MMQ_SMEM_128 98304
 
 template <int NT>
 struct mmq_smem_budget;
@@ -588,6 +591,10 @@ struct mmq_smem_budget<32> {
 template <>
 struct mmq_smem_budget<64> {
     static constexpr int BYTES = MMQ_SMEM_64;
+};
+template <>
+struct mmq_smem_budget<128> {
+    static constexpr int BYTES = MMQ_SMEM_128;
 };
 
 // The staging ring of a block: STAGES slots, each one step's weight bytes of the block's rows as
@@ -667,18 +674,30 @@ static __device__ __forceinline__ void mmq_tile_mma(mmq_smem<T, NT>& s, mmq_ring
     for (int st = ST; st < ST + MMQ_PF_AHEAD; ++st)
         if (kc0 + st < kc1) mmq_prefetch<T>(w, kc0 + st, k, row_bytes, nrows, row0);
     // The 16-vector tiles load a step's activations while the step before it is multiplied (one
-    // piece per thread); wider ones, whose registers are spoken for by then, while its weights
-    // are converted.
-    constexpr bool ACT_AHEAD = mmq_act<NT>::AP == 1;
+    // piece per thread); 32- and 64-vector ones, whose registers are spoken for by then, while
+    // its weights are converted; 128-vector ones (8 pieces per thread) after that.
+    constexpr int AP = mmq_act<NT>::AP;
+    constexpr bool ACT_AHEAD = AP == 1;
     mmq_act<NT> av;
     if constexpr (ACT_AHEAD) mmq_act_load<NT>(av, y, kc0, k, m, col0);
     for (int kc = kc0; kc < kc1; ++kc) {
         const int slot = (kc - kc0) % ST;
         cp_async_wait<ST - 1>();  // this thread's copies of step kc have landed
         __syncthreads();          // everyone's, and the previous step's reads are done
-        if constexpr (!ACT_AHEAD) mmq_act_load<NT>(av, y, kc, k, m, col0);
+        if constexpr (!ACT_AHEAD && AP <= 4) mmq_act_load<NT>(av, y, kc, k, m, col0);
         mmq_stage_w<T, NT, true>(s, w, kc, k, row_bytes, nrows, row0, ring.raw[slot]);
-        mmq_act_store<T, NT>(s, av);
+        if constexpr (AP > 4) {
+            // Two pieces at a time (a 32-vector share), so that the wide accumulators keep
+            // their registers.
+#pragma unroll 1
+            for (int p0 = 0; p0 < AP; p0 += 2) {
+                mmq_act<32> a2;
+                mmq_act_load<NT, 32>(a2, y, kc, k, m, col0, p0);
+                mmq_act_store<T, NT, 32>(s, a2, p0);
+            }
+        } else {
+            mmq_act_store<T, NT>(s, av);
+        }
         __syncthreads();
         // The slot is converted: it takes step kc + ST (an empty group past the end, so that
         // the wait above keeps counting steps).
@@ -726,8 +745,14 @@ static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t
                         *reinterpret_cast<mmq_ring<T, NT>*>(mmq_dyn + D::BASE), w, bias, y, out, part, k,
                         row_bytes, out_stride, nrows, m, splits);
 #else
-    __shared__ mmq_smem<T, NT> s;
-    mmq_tile<T, NT>(s, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);
+    // Without tensor cores the tiles are of at most 64 vectors (wider ones would exceed AMD's
+    // 64 KiB of shared memory): a wider tile is computed as that many tiles of 64 in turn.
+    constexpr int NS = NT < 64 ? NT : 64;
+    __shared__ mmq_smem<T, NS> s;
+#pragma unroll 1
+    for (int c = 0; c < NT / NS; ++c)
+        mmq_tile<T, NS>(s, w, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits,
+                        blockIdx.x * NT + c * NS);
 #endif
 }
 
@@ -743,8 +768,11 @@ static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t
 #ifndef MMQ_MIN_BLOCKS_64
 #define MMQ_MIN_BLOCKS_64 2
 #endif
+#ifndef MMQ_MIN_BLOCKS_128
+#define MMQ_MIN_BLOCKS_128 2
+#endif
 
-// name_16, name_32, name_64: tiles of 16, 32 or 64 vectors, each with (w0, w1, bias, y, out,
+// name_16, name_32, name_64, name_128: tiles of 16, 32, 64 or 128 vectors, each with (w0, w1, bias, y, out,
 // part, k, row_bytes, out_stride, nrows, m, splits): see the top of the file; w1 is read only
 // with `part` and blockIdx.z >= splits, bias only without `part`.
 #define RF_MMQ_NT(name, T, NT)                                                                                  \
@@ -754,7 +782,8 @@ static __device__ __forceinline__ void mmq_body(const uint8_t* w0, const uint8_t
         rf_entry();                                                                                            \
         mmq_body<T, NT>(w0, w1, bias, y, out, part, k, row_bytes, out_stride, nrows, m, splits);             \
     }
-#define RF_MMQ(name, T) RF_MMQ_NT(name, T, 16) RF_MMQ_NT(name, T, 32) RF_MMQ_NT(name, T, 64)
+#define RF_MMQ(name, T) \
+    RF_MMQ_NT(name, T, 16) RF_MMQ_NT(name, T, 32) RF_MMQ_NT(name, T, 64) RF_MMQ_NT(name, T, 128)
 
 RF_MMQ(mmq_q4_0, mq_q4_0)
 RF_MMQ(mmq_q4_1, mq_q4_1)

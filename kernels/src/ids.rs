@@ -342,28 +342,79 @@ impl WeightType {
         }
     }
 
-    /// The batched product on integer tiles of `nt` (16, 32 or 64; others take 64) activation
+    /// The batched product on integer tiles of `nt` (16, 32, 64 or 128; others take 128) activation
     /// vectors (`w0`, `w1`, `bias`, `y`, `out`, `part`, `k`, `row_bytes`, `out_stride`,
     /// `nrows`, `m`, `splits`; `hip/mmq.hip`), launched as [`crate::MmqPlan`] says with
     /// [`crate::MMQ_THREADS`] threads per block.
     pub fn mmq(self, nt: usize) -> KernelId {
         use KernelId as K;
         let ids = match self {
-            WeightType::Q4_0 => [K::MmqQ4_0x16, K::MmqQ4_0x32, K::MmqQ4_0x64],
-            WeightType::Q4_1 => [K::MmqQ4_1x16, K::MmqQ4_1x32, K::MmqQ4_1x64],
-            WeightType::Q5_0 => [K::MmqQ5_0x16, K::MmqQ5_0x32, K::MmqQ5_0x64],
-            WeightType::Q5_1 => [K::MmqQ5_1x16, K::MmqQ5_1x32, K::MmqQ5_1x64],
-            WeightType::Q8_0 => [K::MmqQ8_0x16, K::MmqQ8_0x32, K::MmqQ8_0x64],
-            WeightType::Q2_K => [K::MmqQ2_Kx16, K::MmqQ2_Kx32, K::MmqQ2_Kx64],
-            WeightType::Q3_K => [K::MmqQ3_Kx16, K::MmqQ3_Kx32, K::MmqQ3_Kx64],
-            WeightType::Q4_K => [K::MmqQ4_Kx16, K::MmqQ4_Kx32, K::MmqQ4_Kx64],
-            WeightType::Q5_K => [K::MmqQ5_Kx16, K::MmqQ5_Kx32, K::MmqQ5_Kx64],
-            WeightType::Q6_K => [K::MmqQ6_Kx16, K::MmqQ6_Kx32, K::MmqQ6_Kx64],
+            WeightType::Q4_0 => [
+                K::MmqQ4_0x16,
+                K::MmqQ4_0x32,
+                K::MmqQ4_0x64,
+                K::MmqQ4_0x128,
+            ],
+            WeightType::Q4_1 => [
+                K::MmqQ4_1x16,
+                K::MmqQ4_1x32,
+                K::MmqQ4_1x64,
+                K::MmqQ4_1x128,
+            ],
+            WeightType::Q5_0 => [
+                K::MmqQ5_0x16,
+                K::MmqQ5_0x32,
+                K::MmqQ5_0x64,
+                K::MmqQ5_0x128,
+            ],
+            WeightType::Q5_1 => [
+                K::MmqQ5_1x16,
+                K::MmqQ5_1x32,
+                K::MmqQ5_1x64,
+                K::MmqQ5_1x128,
+            ],
+            WeightType::Q8_0 => [
+                K::MmqQ8_0x16,
+                K::MmqQ8_0x32,
+                K::MmqQ8_0x64,
+                K::MmqQ8_0x128,
+            ],
+            WeightType::Q2_K => [
+                K::MmqQ2_Kx16,
+                K::MmqQ2_Kx32,
+                K::MmqQ2_Kx64,
+                K::MmqQ2_Kx128,
+            ],
+            WeightType::Q3_K => [
+                K::MmqQ3_Kx16,
+                K::MmqQ3_Kx32,
+                K::MmqQ3_Kx64,
+                K::MmqQ3_Kx128,
+            ],
+            WeightType::Q4_K => [
+                K::MmqQ4_Kx16,
+                K::MmqQ4_Kx32,
+                K::MmqQ4_Kx64,
+                K::MmqQ4_Kx128,
+            ],
+            WeightType::Q5_K => [
+                K::MmqQ5_Kx16,
+                K::MmqQ5_Kx32,
+                K::MmqQ5_Kx64,
+                K::MmqQ5_Kx128,
+            ],
+            WeightType::Q6_K => [
+                K::MmqQ6_Kx16,
+                K::MmqQ6_Kx32,
+                K::MmqQ6_Kx64,
+                K::MmqQ6_Kx128,
+            ],
         };
         match nt {
             16 => ids[0],
             32 => ids[1],
-            _ => ids[2],
+            64 => ids[2],
+            _ => ids[3],
         }
     }
 
@@ -655,33 +706,43 @@ kernel_ids! {
     MmqQ4_0x16 => Mmq, "mmq_q4_0_16";
     MmqQ4_0x32 => Mmq, "mmq_q4_0_32";
     MmqQ4_0x64 => Mmq, "mmq_q4_0_64";
+    MmqQ4_0x128 => Mmq, "mmq_q4_0_128";
     MmqQ4_1x16 => Mmq, "mmq_q4_1_16";
     MmqQ4_1x32 => Mmq, "mmq_q4_1_32";
     MmqQ4_1x64 => Mmq, "mmq_q4_1_64";
+    MmqQ4_1x128 => Mmq, "mmq_q4_1_128";
     MmqQ5_0x16 => Mmq, "mmq_q5_0_16";
     MmqQ5_0x32 => Mmq, "mmq_q5_0_32";
     MmqQ5_0x64 => Mmq, "mmq_q5_0_64";
+    MmqQ5_0x128 => Mmq, "mmq_q5_0_128";
     MmqQ5_1x16 => Mmq, "mmq_q5_1_16";
     MmqQ5_1x32 => Mmq, "mmq_q5_1_32";
     MmqQ5_1x64 => Mmq, "mmq_q5_1_64";
+    MmqQ5_1x128 => Mmq, "mmq_q5_1_128";
     MmqQ8_0x16 => Mmq, "mmq_q8_0_16";
     MmqQ8_0x32 => Mmq, "mmq_q8_0_32";
     MmqQ8_0x64 => Mmq, "mmq_q8_0_64";
+    MmqQ8_0x128 => Mmq, "mmq_q8_0_128";
     MmqQ2_Kx16 => Mmq, "mmq_q2_k_16";
     MmqQ2_Kx32 => Mmq, "mmq_q2_k_32";
     MmqQ2_Kx64 => Mmq, "mmq_q2_k_64";
+    MmqQ2_Kx128 => Mmq, "mmq_q2_k_128";
     MmqQ3_Kx16 => Mmq, "mmq_q3_k_16";
     MmqQ3_Kx32 => Mmq, "mmq_q3_k_32";
     MmqQ3_Kx64 => Mmq, "mmq_q3_k_64";
+    MmqQ3_Kx128 => Mmq, "mmq_q3_k_128";
     MmqQ4_Kx16 => Mmq, "mmq_q4_k_16";
     MmqQ4_Kx32 => Mmq, "mmq_q4_k_32";
     MmqQ4_Kx64 => Mmq, "mmq_q4_k_64";
+    MmqQ4_Kx128 => Mmq, "mmq_q4_k_128";
     MmqQ5_Kx16 => Mmq, "mmq_q5_k_16";
     MmqQ5_Kx32 => Mmq, "mmq_q5_k_32";
     MmqQ5_Kx64 => Mmq, "mmq_q5_k_64";
+    MmqQ5_Kx128 => Mmq, "mmq_q5_k_128";
     MmqQ6_Kx16 => Mmq, "mmq_q6_k_16";
     MmqQ6_Kx32 => Mmq, "mmq_q6_k_32";
     MmqQ6_Kx64 => Mmq, "mmq_q6_k_64";
+    MmqQ6_Kx128 => Mmq, "mmq_q6_k_128";
     MmqCombine => Mmq, "mmq_combine";
     PagedDecF16H4 => Attention, "paged_dec_f16_h4";
     PagedDecF16H8 => Attention, "paged_dec_f16_h8";
@@ -889,33 +950,43 @@ fn params_of(k: KernelId) -> &'static [Param] {
         K::MmqQ4_0x16
         | K::MmqQ4_0x32
         | K::MmqQ4_0x64
+        | K::MmqQ4_0x128
         | K::MmqQ4_1x16
         | K::MmqQ4_1x32
         | K::MmqQ4_1x64
+        | K::MmqQ4_1x128
         | K::MmqQ5_0x16
         | K::MmqQ5_0x32
         | K::MmqQ5_0x64
+        | K::MmqQ5_0x128
         | K::MmqQ5_1x16
         | K::MmqQ5_1x32
         | K::MmqQ5_1x64
+        | K::MmqQ5_1x128
         | K::MmqQ8_0x16
         | K::MmqQ8_0x32
         | K::MmqQ8_0x64
+        | K::MmqQ8_0x128
         | K::MmqQ2_Kx16
         | K::MmqQ2_Kx32
         | K::MmqQ2_Kx64
+        | K::MmqQ2_Kx128
         | K::MmqQ3_Kx16
         | K::MmqQ3_Kx32
         | K::MmqQ3_Kx64
+        | K::MmqQ3_Kx128
         | K::MmqQ4_Kx16
         | K::MmqQ4_Kx32
         | K::MmqQ4_Kx64
+        | K::MmqQ4_Kx128
         | K::MmqQ5_Kx16
         | K::MmqQ5_Kx32
         | K::MmqQ5_Kx64
+        | K::MmqQ5_Kx128
         | K::MmqQ6_Kx16
         | K::MmqQ6_Kx32
-        | K::MmqQ6_Kx64 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
+        | K::MmqQ6_Kx64
+        | K::MmqQ6_Kx128 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
         K::MmqCombine => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32, I32],
         K::PagedAttnF16 | K::PagedAttnF32 | K::PagedAttnQ8_0 => {
             &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]

@@ -263,21 +263,21 @@ pub const MMQ_ROWS: usize = 64;
 pub const MMQ_STEP: usize = 256;
 /// Most shares of a row's steps one `mmq_*` launch is split into.
 pub const MMQ_MAX_SPLITS: usize = 8;
-/// Blocks per multiprocessor the `mmq_*` kernels of 16, 32 and 64 vectors per tile keep their
-/// registers for (`MMQ_MIN_BLOCKS_16/32/64`).
-pub const MMQ_BLOCKS_PER_SM: [(usize, usize); 3] = [(16, 4), (32, 4), (64, 2)];
+/// Blocks per multiprocessor the `mmq_*` kernels of 16, 32, 64 and 128 vectors per tile keep
+/// their registers for (`MMQ_MIN_BLOCKS_16/32/64/128`).
+pub const MMQ_BLOCKS_PER_SM: [(usize, usize); 4] = [(16, 4), (32, 4), (64, 2), (128, 2)];
 
-/// Bytes of dynamic shared memory the `mmq_*` kernels of 16, 32 and 64 vectors per tile are
+/// Bytes of dynamic shared memory the `mmq_*` kernels of 16, 32, 64 and 128 vectors per tile are
 /// launched with where their products run on tensor cores (NVIDIA, compute capability 8.0 and
-/// later: `MMQ_SMEM_16/32/64` in `hip/mmq.hip`, the staging plus a ring of weight copies, more
+/// later: `MMQ_SMEM_<NT>` in `hip/mmq.hip`, the staging plus a ring of weight copies, more
 /// than the 48 KiB a kernel gets without opting in); elsewhere they use static shared memory.
-pub const MMQ_SMEM_BYTES: [(usize, u32); 3] = [(16, 57344), (32, 57344), (64, 98304)];
+pub const MMQ_SMEM_BYTES: [(usize, u32); 4] = [(16, 57344), (32, 57344), (64, 98304), (128, 98304)];
 
 /// How a batched product on integer tiles ([`WeightType::mmq`]) is launched: `mats` matrices
 /// (1, or 2 for a gated product: gate and up) of `nrows` rows of `k` values times `m` vectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmqPlan {
-    /// Vectors per tile (16, 32 or 64: the kernel [`WeightType::mmq`] picks).
+    /// Vectors per tile (16, 32, 64 or 128: the kernel [`WeightType::mmq`] picks).
     pub nt: usize,
     /// Shares each row's steps are split into (`splits`).
     pub splits: usize,
@@ -298,7 +298,8 @@ impl MmqPlan {
         let nt = match m {
             0..=16 => 16,
             17..=32 => 32,
-            _ => 64,
+            33..=64 => 64,
+            _ => 128,
         };
         let (col_tiles, row_tiles) = (m.div_ceil(nt).max(1), nrows.div_ceil(MMQ_ROWS).max(1));
         let tiles = col_tiles * row_tiles * mats;

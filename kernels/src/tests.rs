@@ -80,7 +80,7 @@ fn weight_types_map_to_kernels_of_the_right_module() {
             t.matvec_id_gated().name(),
             format!("{}_gated", t.matvec_id().name())
         );
-        for nt in [16, 32, 64] {
+        for nt in [16, 32, 64, 128] {
             assert_eq!(t.mmq(nt).module(), Module::Mmq);
             assert!(t.mmq(nt).name().ends_with(&format!("_{nt}")));
         }
@@ -634,7 +634,7 @@ fn mmq_plans_split_only_small_grids() {
     assert_eq!(MmqPlan::new(4096, 16, 4096, 1, 132).splits, MMQ_MAX_SPLITS);
     // Enough tiles: one share, written directly.
     let p = MmqPlan::new(14336, 256, 4096, 1, 132);
-    assert_eq!((p.nt, p.splits, p.grid), (64, 1, [4, 224, 1]));
+    assert_eq!((p.nt, p.splits, p.grid), (128, 1, [2, 224, 1]));
     assert!(!p.partial);
     assert_eq!(p.partial_values(14336, 256), 0);
     // Gated (two matrices) always combines; short rows cap the split (two steps per share).
@@ -645,6 +645,7 @@ fn mmq_plans_split_only_small_grids() {
     let nv = Device::Nvidia { major: 9, minor: 0 };
     assert_eq!(MmqPlan::new(4096, 8, 4096, 1, 132).smem_bytes(&nv), 57344);
     assert_eq!(MmqPlan::new(4096, 64, 4096, 1, 132).smem_bytes(&nv), 98304);
+    assert_eq!(MmqPlan::new(4096, 65, 4096, 1, 132).nt, 128);
     assert_eq!(
         MmqPlan::new(4096, 8, 4096, 1, 132).smem_bytes(&Device::Amd("gfx90a".into())),
         0

@@ -73,7 +73,7 @@ fn mmq_mul_mat_matches_cpu() {
 
 /// The fused bias (`mul_mat + b`) and gated (`act(w_gate x) * (w_up x)`) products on the tile
 /// kernels against the CPU for every type: one block per tile (short rows) and split steps,
-/// partial and full tiles of 16, 32 and 64 vectors, and several tiles of 64 where the device
+/// partial and full tiles of 16, 32, 64 and 128 vectors, and several tiles of 128 where the device
 /// takes that many.
 #[test]
 fn mmq_bias_and_gated_match_cpu() {

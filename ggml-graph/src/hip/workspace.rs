@@ -27,7 +27,7 @@ const MATVEC_MAX_COLS: usize = 8;
 /// activations go through the Q8_1 buffer too, and split launches write partial sums to the
 /// scratch.
 const MMQ_MIN_COLS: usize = 5;
-const MMQ_MAX_COLS: usize = 64;
+const MMQ_MAX_COLS: usize = 256;
 /// Columns up to which Q4_K and Q6_K products take the column mat-vecs ahead of the tile
 /// products (`matmul::COLS_MAX`, `matmul::takes_cols`): no partial sums.
 const COLS_MAX: usize = 4;
@@ -37,7 +37,7 @@ const MMQ_MAX_SPLITS: usize = 8;
 /// (`kernels::{MMQ_ROWS, MMQ_STEP, MMQ_BLOCKS_PER_SM}`), for the split rule of `kernels::MmqPlan`.
 const MMQ_ROWS: usize = 64;
 const MMQ_STEP: usize = 256;
-const MMQ_BLOCKS_PER_SM: [(usize, usize); 3] = [(16, 4), (32, 4), (64, 2)];
+const MMQ_BLOCKS_PER_SM: [(usize, usize); 4] = [(16, 4), (32, 4), (64, 2), (128, 2)];
 /// Alignment of the areas inside the scratch (`ops::ALIGN`).
 const ALIGN: usize = 256;
 /// Attention (`attn.rs`): single-token key splits, the GEMM prefill and its chunking.
@@ -65,6 +65,8 @@ const _: () = {
     assert!(MMQ_BLOCKS_PER_SM[1].1 == kernels::MMQ_BLOCKS_PER_SM[1].1);
     assert!(MMQ_BLOCKS_PER_SM[2].0 == kernels::MMQ_BLOCKS_PER_SM[2].0);
     assert!(MMQ_BLOCKS_PER_SM[2].1 == kernels::MMQ_BLOCKS_PER_SM[2].1);
+    assert!(MMQ_BLOCKS_PER_SM[3].0 == kernels::MMQ_BLOCKS_PER_SM[3].0);
+    assert!(MMQ_BLOCKS_PER_SM[3].1 == kernels::MMQ_BLOCKS_PER_SM[3].1);
     assert!(ALIGN == super::ops::ALIGN);
     assert!(ATTN_DEC_MAX_KV == kernels::ATTN_DEC_MAX_KV);
     assert!(SPLIT_K_FROM == super::attn::SPLIT_K_FROM);
@@ -116,7 +118,8 @@ fn mmq_partials(n: usize, m: usize, k: usize, mats: usize, sms: usize) -> usize 
         let nt = match m {
             0..=16 => 16,
             17..=32 => 32,
-            _ => 64,
+            33..=64 => 64,
+            _ => 128,
         };
         let tiles = m.div_ceil(nt).max(1) * n.div_ceil(MMQ_ROWS).max(1) * mats;
         let per_sm = MMQ_BLOCKS_PER_SM
