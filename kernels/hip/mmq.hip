@@ -563,8 +563,8 @@ static __device__ __forceinline__ void mmq_prefetch(const uint8_t* __restrict__ 
     }
 }
 
-// Steps of weights whose L2 prefetch runs ahead of the ring's copies (or of the staging loads
-// without a ring): the block's next MMQ_RING + MMQ_PF_AHEAD steps are always requested.
+// Steps of weights whose L2 prefetch runs ahead of the ring's copies: the block's next
+// STAGES + MMQ_PF_AHEAD steps are always requested.
 #ifndef MMQ_PF_AHEAD
 #define MMQ_PF_AHEAD 2
 #endif
@@ -640,9 +640,9 @@ static __device__ __forceinline__ void mmq_issue(uint8_t* raw, const uint8_t* __
     }
 }
 
-// mmq_tile on the tensor cores (same arguments and results). With a ring, the copies of the next
-// STAGES steps are in flight while a step is converted and multiplied; the conversion and the
-// products are those of the ring-less staging, so the results are the same bits.
+// mmq_tile on the tensor cores (same arguments and results). The copies of the next STAGES steps
+// are in flight while a step is converted and multiplied; the conversion and the products are
+// those of the ring-less staging, so the results are the same bits.
 template <typename T, int NT>
 static __device__ __forceinline__ void mmq_tile_mma(mmq_smem<T, NT>& s, mmq_ring<T, NT>& ring,
                                                     const uint8_t* __restrict__ w, const float* __restrict__ bias,
