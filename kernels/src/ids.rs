@@ -349,66 +349,16 @@ impl WeightType {
     pub fn mmq(self, nt: usize) -> KernelId {
         use KernelId as K;
         let ids = match self {
-            WeightType::Q4_0 => [
-                K::MmqQ4_0x16,
-                K::MmqQ4_0x32,
-                K::MmqQ4_0x64,
-                K::MmqQ4_0x128,
-            ],
-            WeightType::Q4_1 => [
-                K::MmqQ4_1x16,
-                K::MmqQ4_1x32,
-                K::MmqQ4_1x64,
-                K::MmqQ4_1x128,
-            ],
-            WeightType::Q5_0 => [
-                K::MmqQ5_0x16,
-                K::MmqQ5_0x32,
-                K::MmqQ5_0x64,
-                K::MmqQ5_0x128,
-            ],
-            WeightType::Q5_1 => [
-                K::MmqQ5_1x16,
-                K::MmqQ5_1x32,
-                K::MmqQ5_1x64,
-                K::MmqQ5_1x128,
-            ],
-            WeightType::Q8_0 => [
-                K::MmqQ8_0x16,
-                K::MmqQ8_0x32,
-                K::MmqQ8_0x64,
-                K::MmqQ8_0x128,
-            ],
-            WeightType::Q2_K => [
-                K::MmqQ2_Kx16,
-                K::MmqQ2_Kx32,
-                K::MmqQ2_Kx64,
-                K::MmqQ2_Kx128,
-            ],
-            WeightType::Q3_K => [
-                K::MmqQ3_Kx16,
-                K::MmqQ3_Kx32,
-                K::MmqQ3_Kx64,
-                K::MmqQ3_Kx128,
-            ],
-            WeightType::Q4_K => [
-                K::MmqQ4_Kx16,
-                K::MmqQ4_Kx32,
-                K::MmqQ4_Kx64,
-                K::MmqQ4_Kx128,
-            ],
-            WeightType::Q5_K => [
-                K::MmqQ5_Kx16,
-                K::MmqQ5_Kx32,
-                K::MmqQ5_Kx64,
-                K::MmqQ5_Kx128,
-            ],
-            WeightType::Q6_K => [
-                K::MmqQ6_Kx16,
-                K::MmqQ6_Kx32,
-                K::MmqQ6_Kx64,
-                K::MmqQ6_Kx128,
-            ],
+            WeightType::Q4_0 => [K::MmqQ4_0x16, K::MmqQ4_0x32, K::MmqQ4_0x64, K::MmqQ4_0x128],
+            WeightType::Q4_1 => [K::MmqQ4_1x16, K::MmqQ4_1x32, K::MmqQ4_1x64, K::MmqQ4_1x128],
+            WeightType::Q5_0 => [K::MmqQ5_0x16, K::MmqQ5_0x32, K::MmqQ5_0x64, K::MmqQ5_0x128],
+            WeightType::Q5_1 => [K::MmqQ5_1x16, K::MmqQ5_1x32, K::MmqQ5_1x64, K::MmqQ5_1x128],
+            WeightType::Q8_0 => [K::MmqQ8_0x16, K::MmqQ8_0x32, K::MmqQ8_0x64, K::MmqQ8_0x128],
+            WeightType::Q2_K => [K::MmqQ2_Kx16, K::MmqQ2_Kx32, K::MmqQ2_Kx64, K::MmqQ2_Kx128],
+            WeightType::Q3_K => [K::MmqQ3_Kx16, K::MmqQ3_Kx32, K::MmqQ3_Kx64, K::MmqQ3_Kx128],
+            WeightType::Q4_K => [K::MmqQ4_Kx16, K::MmqQ4_Kx32, K::MmqQ4_Kx64, K::MmqQ4_Kx128],
+            WeightType::Q5_K => [K::MmqQ5_Kx16, K::MmqQ5_Kx32, K::MmqQ5_Kx64, K::MmqQ5_Kx128],
+            WeightType::Q6_K => [K::MmqQ6_Kx16, K::MmqQ6_Kx32, K::MmqQ6_Kx64, K::MmqQ6_Kx128],
         };
         match nt {
             16 => ids[0],
