@@ -25,8 +25,8 @@ pub(super) const MMQ_MIN_COLS: usize = 5;
 pub(super) const MMQ_MAX_COLS: usize = 32;
 /// The same where they run on the tensor cores (NVIDIA, compute capability 8.0 and later:
 /// `MMQ_MMA` in mmq.hip, tiles of up to 128 vectors; kernels/PERF.md, "Batched products:
-/// thresholds with tensor cores").
-pub(super) const MMQ_MMA_MAX_COLS: usize = 256;
+/// thresholds with tensor cores": at 256 vectors gemmEx wins for every type and shape).
+pub(super) const MMQ_MMA_MAX_COLS: usize = 128;
 /// Threads per block of `rms_norm_q8_split_f32` (four values each per block slice).
 const RMS_Q8_SPLIT_THREADS: u32 = 256;
 /// Value steps of four per thread the one-block RMS norm kernels take (`RMS_Q8_STEPS` in ops.hip).

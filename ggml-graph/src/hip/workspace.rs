@@ -27,7 +27,7 @@ const MATVEC_MAX_COLS: usize = 8;
 /// activations go through the Q8_1 buffer too, and split launches write partial sums to the
 /// scratch.
 const MMQ_MIN_COLS: usize = 5;
-const MMQ_MAX_COLS: usize = 256;
+const MMQ_MAX_COLS: usize = 128;
 /// Columns up to which Q4_K and Q6_K products take the column mat-vecs ahead of the tile
 /// products (`matmul::COLS_MAX`, `matmul::takes_cols`): no partial sums.
 const COLS_MAX: usize = 4;
