@@ -30,7 +30,7 @@ fn macro_defines(src: &str, name: &str) -> bool {
     let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
     if cols_entry(src, name).is_some()
         || src.contains(&format!("RF_MATVEC_FAST({name},"))
-        || ["_16", "_32", "_64"].iter().any(|sfx| {
+        || ["_16", "_32", "_64", "_128"].iter().any(|sfx| {
             name.strip_suffix(sfx)
                 .is_some_and(|b| src.contains(&format!("RF_MMQ({b},")))
         })
@@ -245,7 +245,7 @@ fn c_params(src: &str, name: &str) -> Option<String> {
         let def = src.find("#define RF_MATVEC_FAST(")?;
         return list_after(def + src[def..].find(" name(")?);
     }
-    for sfx in ["_16", "_32", "_64"] {
+    for sfx in ["_16", "_32", "_64", "_128"] {
         if let Some(base) = name.strip_suffix(sfx) {
             if src.contains(&format!("RF_MMQ({base},")) {
                 let def = src.find("#define RF_MMQ_NT(")?;
