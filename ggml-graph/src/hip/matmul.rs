@@ -8,7 +8,7 @@ use kernels::{act, KernelId, WeightType};
 
 use super::ops::{
     blocks, dequant_kernel, weight_type, Args, Q8Cache, ALIGN, K_SPLIT_FROM, MATVEC_MAX_COLS,
-    MMQ_MAX_COLS, MMQ_MIN_COLS, MMQ_MMA_MAX_COLS,
+    MMQ_MAX_COLS, MMQ_MIN_COLS, MMQ_MMA_MAX_COLS, MMQ_MMA_MAX_COLS_Q6_K,
 };
 use super::{addr, gpu_err, HipDevice};
 use crate::backend::TensorMem;
@@ -156,7 +156,7 @@ pub(super) fn product_scratch(d: &HipDevice, w: &Mat<'_>, m: usize) -> usize {
     let (k, n) = (w.k, w.n);
     let gemm = (m * k * 2).div_ceil(ALIGN) * ALIGN + (n * k * 2).div_ceil(ALIGN) * ALIGN;
     let sms = usize::try_from(d.inner.dev.info().compute_units).unwrap_or(0);
-    let tiles = if mmq_takes(d, m) && !takes_cols(w.dtype, m) {
+    let tiles = if mmq_takes_weight(d, w.dtype, m) && !takes_cols(w.dtype, m) {
         kernels::MmqPlan::new(n, m, k, 1, sms).partial_values(n, m) * 4
     } else {
         0
@@ -221,7 +221,7 @@ pub(super) fn product(
         // `bias` (when given) a row of `n` f32 and `out` `m` rows of `n` f32 (the caller's shapes).
         return unsafe { launch_cols(d, kid, wt, n, m, &b, cache).map(|()| bias.is_some()) };
     }
-    if let (true, Some(wt)) = (mmq_takes(d, m), weight_type(w.dtype)) {
+    if let (true, Some(wt)) = (mmq_takes_weight(d, w.dtype, m), weight_type(w.dtype)) {
         let ws = [wp];
         let p = MmqProduct {
             wt,
@@ -413,7 +413,9 @@ pub(super) fn mul_mat_gated(
         return unsafe { launch_cols(d, kid, wt, n, m, &b, cache) };
     }
     if let (true, Some((wt, _))) = (
-        mmq_takes(d, m) && wu.tensor.dtype == wg.tensor.dtype && wu.tensor.nb[1] == wg.tensor.nb[1],
+        mmq_takes_weight(d, wg.tensor.dtype, m)
+            && wu.tensor.dtype == wg.tensor.dtype
+            && wu.tensor.nb[1] == wg.tensor.nb[1],
         gated,
     ) {
         let ws = [addr(wg)?, addr(wu)?];
@@ -532,6 +534,12 @@ pub(super) fn mmq_max_cols(d: &HipDevice) -> usize {
 /// on `d`.
 pub(super) fn mmq_takes(d: &HipDevice, m: usize) -> bool {
     (MMQ_MIN_COLS..=mmq_max_cols(d)).contains(&m)
+}
+
+/// [`mmq_takes`] for `mul_mat` and its fused forms with weights of `dtype`: Q6_K stops at
+/// `MMQ_MMA_MAX_COLS_Q6_K`.
+pub(super) fn mmq_takes_weight(d: &HipDevice, dtype: DType, m: usize) -> bool {
+    mmq_takes(d, m) && (dtype != DType::Q6_K || m <= MMQ_MMA_MAX_COLS_Q6_K)
 }
 
 /// One batched product on integer tiles: `ws` (one matrix, or gate and up for a gated product

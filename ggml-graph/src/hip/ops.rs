@@ -27,6 +27,9 @@ pub(super) const MMQ_MAX_COLS: usize = 32;
 /// `MMQ_MMA` in mmq.hip, tiles of up to 128 vectors; kernels/PERF.md, "Batched products:
 /// thresholds with tensor cores": at 256 vectors gemmEx wins for every type and shape).
 pub(super) const MMQ_MMA_MAX_COLS: usize = 128;
+/// The same for Q6_K weights, whose 128-vector tiles lose to gemmEx at every shape measured (up
+/// to 1.6x; kernels/PERF.md, the same section).
+pub(super) const MMQ_MMA_MAX_COLS_Q6_K: usize = 64;
 /// Threads per block of `rms_norm_q8_split_f32` (four values each per block slice).
 const RMS_Q8_SPLIT_THREADS: u32 = 256;
 /// Value steps of four per thread the one-block RMS norm kernels take (`RMS_Q8_STEPS` in ops.hip).

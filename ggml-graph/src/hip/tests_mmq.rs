@@ -1,12 +1,12 @@
 //! GPU-against-CPU checks of the batched quantized products on integer tiles (`mmq.hip`): every
 //! weight type the mat-vecs take, 2 to 256 activation vectors (the tile kernels from
 //! `MMQ_MIN_COLS` to the device's most, `mmq_max_cols`: 32 with dp4a products, 128 on tensor
-//! cores; in full and partial tiles; the mat-vecs and gemmEx around them; Q4_K and Q6_K take the
+//! cores, Q6_K 64; in full and partial tiles; the mat-vecs and gemmEx around them; Q4_K and Q6_K take the
 //! column mat-vecs up to 4), row counts that are not a multiple of a tile's, rows of whole 256-value steps
 //! (an even and an odd number) and (32-value types) of an odd number of blocks, steps split over
 //! several blocks, a bias row and the gated product.
 
-use super::super::matmul::{mmq_takes, takes_cols};
+use super::super::matmul::{mmq_takes_weight, takes_cols};
 use super::{check, f32_bytes, gated_case, hip, mul_mat_add_case, weight, Case, Rng};
 use crate::graph::Graph;
 use crate::tensor::{Act, DType};
@@ -36,7 +36,7 @@ fn row_lengths(dt: DType) -> &'static [usize] {
     }
 }
 
-/// `mul_mat` of 2 to 256 vectors against the CPU for every type; where `mmq_takes` says so it
+/// `mul_mat` of 2 to 256 vectors against the CPU for every type; where `mmq_takes_weight` says so it
 /// takes the tile kernels.
 #[test]
 fn mmq_mul_mat_matches_cpu() {
@@ -60,7 +60,7 @@ fn mmq_mul_mat_matches_cpu() {
                 let before = crate::hip::mmq_launches();
                 check(&h, &format!("mmq mul_mat {dt} k={k} m={m}"), &c, 2e-3);
                 // (Other tests may launch tile kernels meanwhile: only a launch is conclusive.)
-                if mmq_takes(&h, m) && !takes_cols(dt, m) {
+                if mmq_takes_weight(&h, dt, m) && !takes_cols(dt, m) {
                     assert!(
                         crate::hip::mmq_launches() > before,
                         "{dt} k={k} m={m}: no tile kernel launched"
@@ -82,7 +82,7 @@ fn mmq_bias_and_gated_match_cpu() {
     for dt in TYPES {
         for k in [512usize, 2048] {
             for m in [8usize, 20, 32, 64, 100, 128, 256] {
-                if !mmq_takes(&h, m) || takes_cols(dt, m) {
+                if !mmq_takes_weight(&h, dt, m) || takes_cols(dt, m) {
                     continue;
                 }
                 let c = mul_mat_add_case(dt, k, n, m, &mut rng);

@@ -28,6 +28,8 @@ const MATVEC_MAX_COLS: usize = 8;
 /// scratch.
 const MMQ_MIN_COLS: usize = 5;
 const MMQ_MAX_COLS: usize = 128;
+/// The same for Q6_K weights (`ops::MMQ_MMA_MAX_COLS_Q6_K`).
+const MMQ_MAX_COLS_Q6_K: usize = 64;
 /// Columns up to which Q4_K and Q6_K products take the column mat-vecs ahead of the tile
 /// products (`matmul::COLS_MAX`, `matmul::takes_cols`): no partial sums.
 const COLS_MAX: usize = 4;
@@ -55,6 +57,8 @@ const _: () = {
     assert!(MMQ_MIN_COLS == super::ops::MMQ_MIN_COLS);
     assert!(COLS_MAX == super::matmul::COLS_MAX);
     assert!(MMQ_MAX_COLS == super::ops::MMQ_MMA_MAX_COLS);
+    assert!(MMQ_MAX_COLS_Q6_K == super::ops::MMQ_MMA_MAX_COLS_Q6_K);
+    assert!(MMQ_MAX_COLS_Q6_K >= super::ops::MMQ_MAX_COLS);
     assert!(MMQ_MAX_COLS >= super::ops::MMQ_MAX_COLS);
     assert!(MMQ_MAX_SPLITS == kernels::MMQ_MAX_SPLITS);
     assert!(MMQ_ROWS == kernels::MMQ_ROWS);
@@ -148,7 +152,12 @@ fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool, sms: usize) -> (usiz
                 && (2..=COLS_MAX).contains(&m)
                 && (!gated || (srcs[1].dtype == w.dtype && srcs[1].nb[1] == w.nb[1]));
             // Mat-vecs quantize the activations; a decode pass (one column) always does.
-            let mmq = !cols && w.dtype.is_quantized() && (MMQ_MIN_COLS..=MMQ_MAX_COLS).contains(&m);
+            let most = if w.dtype == DType::Q6_K {
+                MMQ_MAX_COLS_Q6_K
+            } else {
+                MMQ_MAX_COLS
+            };
+            let mmq = !cols && w.dtype.is_quantized() && (MMQ_MIN_COLS..=most).contains(&m);
             // Mat-vecs and tile products read Q8_1 activations; GEMM products do not.
             let q8 = if w.dtype.is_quantized() && (mmq || cols || m <= MATVEC_MAX_COLS) {
                 m.max(1) * q8_1_vector_bytes(k)
