@@ -486,6 +486,18 @@ static __device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], int a0, int a
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Four (x4) or two (x2) 8x8 matrices of 16-bit elements from shared memory: lanes 8i..8i + 7 give
+// the addresses of matrix i's rows (16 bytes each); lane 4g + t receives word t of row g of each
+// matrix, as an mma fragment wants it.
+static __device__ __forceinline__ void ldsm_x4(uint32_t addr, int& r0, int& r1, int& r2, int& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void ldsm_x2(uint32_t addr, int& r0, int& r1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
 // One step's products of a staged tile on the tensor cores: warp w takes rows 16 (w % 4).. and
 // the vector tiles of 8 starting at 8 (w / 4 + 2 j), j < NJ = NT / 16; acc[j] holds the lane's
 // four results of tile j (rows g, g + 8 x vectors 2t, 2t + 1).
@@ -496,12 +508,17 @@ static __device__ __forceinline__ void mmq_step_mma(const mmq_smem<T, NT>& s, fl
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t = lane & 3;
     const int ra = 16 * (warp & 3) + g, rb = ra + 8;
+    // The fragments come by ldmatrix: the weight fragment's four matrices are rows ra - g.. and
+    // rb - g.. at words 8u.. and 8u + 4.. (lane l addresses row 16 (warp % 4) + l % 16, the
+    // half l / 16), the vectors' two are vectors cb.. at the same words (lanes l % 16). A row's
+    // four words at 8u (+ 4) stay together under the swizzle, which moves whole 16-byte pieces.
+    const int lr = 16 * (warp & 3) + (lane & 15), lh = lane >> 4;
+    const uint32_t qw0 = (uint32_t)__cvta_generic_to_shared(&s.qw[lr][0]);
+    const uint32_t qa0 = (uint32_t)__cvta_generic_to_shared(&s.qa[lane & 7][0]) + 16 * ((lane >> 3) & 1);
 #pragma unroll
     for (int u = 0; u < MMQ_KT / 32; ++u) {
-        const int w0 = 8 * u + t;
-        // Rows ra and rb = ra + 8 share their low three bits (g): one swizzle for both.
-        const int x0 = mmq_swz(g, w0), x1 = mmq_swz(g, w0 + 4);
-        const int a0 = s.qw[ra][x0], a1 = s.qw[rb][x0], a2 = s.qw[ra][x1], a3 = s.qw[rb][x1];
+        int a0, a1, a2, a3;
+        ldsm_x4(qw0 + 4 * mmq_swz(lr, 8 * u + 4 * lh), a0, a1, a2, a3);
         float dwa[GPS], dwb[GPS], mwa[GPS], mwb[GPS];
 #pragma unroll
         for (int h = 0; h < GPS; ++h) {
@@ -513,7 +530,8 @@ static __device__ __forceinline__ void mmq_step_mma(const mmq_smem<T, NT>& s, fl
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             const int cb = 8 * ((warp >> 2) + 2 * j);  // the tile's first vector
-            const int b0 = s.qa[cb + g][w0], b1 = s.qa[cb + g][w0 + 4];
+            int b0, b1;
+            ldsm_x2(qa0 + 4 * (cb * MMQ_LD + 8 * u), b0, b1);
             const int ca = cb + 2 * t;  // the lane's first result vector
             const float da0 = s.da[ca][u], da1 = s.da[ca + 1][u];
 #pragma unroll
