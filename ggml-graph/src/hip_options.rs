@@ -40,14 +40,22 @@ impl Default for HipOptions {
 }
 
 /// The kernel of the persistent decode stack: the NVIDIA-specific `decode_stack` (cp.async
-/// weight ring; NVIDIA compute capability 8.0 and later) or the portable
-/// `decode_stack_portable` (AMD, and NVIDIA as its proxy).
+/// weight ring; NVIDIA compute capability 8.0 and later), with its long-context form
+/// `decode_stack_split` (attention by KV head and share of its keys) from
+/// `kernels::STACK_SPLIT_MIN_KV` cache positions on, or the portable `decode_stack_portable`
+/// (AMD, and NVIDIA as its proxy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StackKernel {
-    /// `decode_stack` where the device runs it, else the portable kernel (AMD).
+    /// `decode_stack` (or `decode_stack_split` by KV length) where the device runs it, else the
+    /// portable kernel (AMD).
     Auto,
-    /// `decode_stack` only: no stack where the device cannot run it.
+    /// `decode_stack` (or `decode_stack_split` by KV length) only: no stack where the device
+    /// cannot run it.
     Native,
+    /// `decode_stack` at every KV length (to time it against the split one).
+    Short,
+    /// `decode_stack_split` at every KV length (to check and time it on short contexts too).
+    Split,
     /// The portable kernel on every device, NVIDIA included (to check and time it there).
     Portable,
 }
@@ -58,9 +66,12 @@ impl std::str::FromStr for StackKernel {
         match s {
             "auto" => Ok(Self::Auto),
             "native" => Ok(Self::Native),
+            "short" => Ok(Self::Short),
+            "split" => Ok(Self::Split),
             "portable" => Ok(Self::Portable),
             _ => Err(format!(
-                "unknown decode stack kernel {s:?} (expected auto, native or portable)"
+                "unknown decode stack kernel {s:?} (expected auto, native, short, split or \
+                 portable)"
             )),
         }
     }

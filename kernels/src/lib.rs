@@ -433,6 +433,52 @@ pub fn stack_shared_bytes(max_cols: usize) -> usize {
         + q8_16_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
 }
 
+/// Dynamic shared memory of a `decode_stack_split` launch: as [`stack_shared_bytes`], the last
+/// area at least the split attention's ([`STACK_ATTN_BYTES`]).
+pub fn stack_split_shared_bytes(max_cols: usize) -> usize {
+    let warps = STACK_THREADS as usize / 32;
+    let ring = STACK_STAGES * warps * STACK_SLOT;
+    ring + STACK_MAX_ITEMS * STACK_ITEM_BYTES + q8_16_vector_bytes(max_cols).max(STACK_ATTN_BYTES)
+}
+
+/// KV length (positions of the step's cache views: the keys rounded up to the decode step's
+/// bucket) from which the host runs `decode_stack_split` instead of `decode_stack`. Below it the
+/// per-query-head attention is faster (its phase leaves the product phases their registers);
+/// above it most blocks would sit idle in attention while a few read every key once per query
+/// head. Measured on the H200 (kernels/PERF.md, "attention at depth"): `decode_stack` 501 t/s
+/// against 418 at 1024 keys, 278 against 371 at 4096.
+pub const STACK_SPLIT_MIN_KV: usize = 2048;
+/// Shared memory `decode_stack_split`'s attention uses in the dynamic area (the queries of a KV
+/// head, one tile of their scores, the value pass's sums; `DS_ATTN_FLOATS` within it).
+pub const STACK_ATTN_BYTES: usize = 16384;
+/// Most query heads per KV head `decode_stack_split` takes (`DS_ATTN_MAX_GRP`).
+pub const STACK_MAX_GQA: usize = 8;
+/// Most KV heads `decode_stack_split` takes (`DS_ATTN_MAX_KV`): their attention counters follow
+/// the grid barrier's word in [`STACK_BARRIER_WORDS`].
+pub const STACK_MAX_KV_HEADS: usize = 64;
+/// u32 words of the decode stack's barrier buffer: the grid barrier at 0, `decode_stack_split`'s
+/// per-KV-head counters from [`STACK_MAX_KV_HEADS`] on; all zero between launches.
+pub const STACK_BARRIER_WORDS: usize = 2 * STACK_MAX_KV_HEADS;
+/// Keys per share of a KV head in `decode_stack_split`'s attention: shorter contexts take fewer
+/// shares, longer ones up to [`stack_attn_splits`].
+pub const STACK_ATTN_KEYS_PER_SPLIT: i32 = 256;
+/// Most bytes of the shares' partial outputs ([`StackParams::attn_part`]).
+const STACK_ATTN_PART_MAX: usize = 1 << 20;
+
+/// Most shares of each KV head's keys in `decode_stack_split`'s attention over `blocks` blocks:
+/// enough that every block has a share on long contexts, within [`STACK_ATTN_PART_MAX`] bytes of
+/// partial outputs for `n_head` query heads.
+pub fn stack_attn_splits(blocks: usize, n_head: usize, n_head_kv: usize) -> usize {
+    let per_share = n_head * (STACK_HEAD_DIM + 2) * 4;
+    let fit = STACK_ATTN_PART_MAX / per_share.max(1);
+    (blocks / n_head_kv.max(1)).min(fit).max(1)
+}
+
+/// Bytes of [`StackParams::attn_part`] for `splits` shares of `n_head` query heads.
+pub fn stack_attn_part_bytes(splits: usize, n_head: usize) -> usize {
+    splits * n_head * (STACK_HEAD_DIM + 2) * 4
+}
+
 /// Dynamic shared memory of a `decode_stack_portable` launch: as [`stack_shared_bytes`] without
 /// the weight ring (its weights stream through registers).
 pub fn stack_portable_shared_bytes(max_cols: usize) -> usize {
@@ -560,7 +606,9 @@ pub struct StackParams {
     pub hq: u64,
     /// Scratch: `2 * n_layer` f32 sums of squares.
     pub ss: u64,
-    /// The grid barrier's u32 counter, 0 before the first launch (each launch leaves it so).
+    /// The barrier buffer ([`STACK_BARRIER_WORDS`] u32 words, 0 before the first launch; each
+    /// launch leaves them so): the grid barrier's counter, then `decode_stack_split`'s per-KV-head
+    /// counters.
     pub bar: u64,
     /// Cache elements between positions.
     pub kv_stride: i64,
@@ -601,6 +649,15 @@ pub struct StackParams {
     /// Gate/up work items whose rows each block without an attention head asks into L2 during
     /// the attention phase ([`stack_prefetch_items`]).
     pub prefetch_items: i32,
+    /// `decode_stack_split`: most shares a KV head's keys are split into in the attention phase,
+    /// one block each ([`stack_attn_splits`]).
+    pub attn_splits: i32,
+    /// `decode_stack_split`: keys per share below which the attention takes fewer shares
+    /// ([`STACK_ATTN_KEYS_PER_SPLIT`]).
+    pub attn_keys_per_split: i32,
+    /// `decode_stack_split`'s scratch: the shares' partial attention outputs (f32,
+    /// [`stack_attn_part_bytes`]).
+    pub attn_part: u64,
 }
 
 impl Default for StackParams {
