@@ -707,7 +707,9 @@ fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
 /// the blocks, so their last round goes out as half groups split between warp pairs (one layer
 /// with Q4_K v, one with Q6_K), as gate/up's does. Teacher-forced on the CPU's tokens, the stack
 /// must give the per-op kernels' logits (both quantize the same activations to Q8_1), and both
-/// must stay as close to the CPU as the per-op kernels are at this width.
+/// must stay as close to the CPU as the per-op kernels are at this width. The same for
+/// `decode_stack_split` forced on these short contexts (one share per KV head: its output
+/// quantized by the item's own block, no partials).
 #[test]
 #[serial]
 fn synthetic_llama_8b_layers_decode_stack_equals_per_op() {
@@ -719,17 +721,20 @@ fn synthetic_llama_8b_layers_decode_stack_equals_per_op() {
     let mut cpu = Session::new(&m, &opts(DeviceChoice::Cpu, None, None)).expect("CPU session");
     let want = greedy(&mut cpu, &prompt, STEPS);
     drop(cpu);
-    let run = |gpu_stack: bool| {
-        let o = SessionOptions {
-            gpu_stack,
+    let run = |kernel: Option<StackKernel>| {
+        let mut o = SessionOptions {
+            gpu_stack: kernel.is_some(),
             ..opts(DeviceChoice::Gpu, None, None)
         };
+        if let Some(StackKernel::Split) = kernel {
+            o.hip.stack_kernel = StackKernel::Split;
+        }
         let (mut s, _) = gpu_session(&m, &o);
         forced(&mut s, &prompt, &want.tokens)
     };
-    let per_op = run(false);
+    let per_op = run(None);
     let before = stack_launches();
-    let stack = run(true);
+    let stack = run(Some(StackKernel::Auto));
     // Replays of a captured step launch nothing new: one launch shows the layers took the stack.
     let launched = stack_launches() - before;
     println!("decode_stack launches: {launched}");
@@ -760,6 +765,16 @@ fn synthetic_llama_8b_layers_decode_stack_equals_per_op() {
     check_diffs(
         "llama 8b layers stack against per op",
         &diffs(&per_op, &stack),
+        tight,
+    );
+    let before = stack_split_launches();
+    let split = run(Some(StackKernel::Split));
+    let launched = stack_split_launches() - before;
+    println!("decode_stack_split launches: {launched}");
+    assert!(launched > 0, "no decode_stack_split launch");
+    check_diffs(
+        "llama 8b layers split stack against per op",
+        &diffs(&per_op, &split),
         tight,
     );
 }
