@@ -52,9 +52,11 @@ pub enum StackKernel {
     /// `decode_stack` (or `decode_stack_split` by KV length) only: no stack where the device
     /// cannot run it.
     Native,
-    /// `decode_stack` at every KV length (to time it against the split one).
+    /// `decode_stack` at every KV length (to time it against the split one); NVIDIA only, as
+    /// `Native`.
     Short,
-    /// `decode_stack_split` at every KV length (to check and time it on short contexts too).
+    /// `decode_stack_split` at every KV length (to check and time it on short contexts too);
+    /// NVIDIA only, as `Native`.
     Split,
     /// The portable kernel on every device, NVIDIA included (to check and time it there).
     Portable,
