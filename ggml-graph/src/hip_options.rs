@@ -142,3 +142,23 @@ pub const RUNTIME_GROWTH: u64 = 16 << 20;
 /// called with rank 0's id on rank 0 and an empty slice elsewhere, it returns rank 0's id on
 /// every rank, or why not.
 pub type IdExchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<u8>, String> + 'a;
+
+#[cfg(test)]
+mod tests {
+    use super::StackKernel;
+
+    #[test]
+    fn stack_kernels_parse_by_name() {
+        for (s, k) in [
+            ("auto", StackKernel::Auto),
+            ("native", StackKernel::Native),
+            ("short", StackKernel::Short),
+            ("split", StackKernel::Split),
+            ("portable", StackKernel::Portable),
+        ] {
+            assert_eq!(s.parse::<StackKernel>(), Ok(k));
+        }
+        let e = "long".parse::<StackKernel>().expect_err("unknown name");
+        assert!(e.contains("\"long\"") && e.contains("split"), "{e}");
+    }
+}
