@@ -459,9 +459,9 @@ pub const STACK_MAX_KV_HEADS: usize = 64;
 /// u32 words of the decode stack's barrier buffer: the grid barrier at 0, `decode_stack_split`'s
 /// per-KV-head counters from [`STACK_MAX_KV_HEADS`] on; all zero between launches.
 pub const STACK_BARRIER_WORDS: usize = 2 * STACK_MAX_KV_HEADS;
-/// Keys per share of a KV head in `decode_stack_split`'s attention: shorter contexts take fewer
-/// shares, longer ones up to [`stack_attn_splits`].
-pub const STACK_ATTN_KEYS_PER_SPLIT: i32 = 256;
+/// Keys per tile of `decode_stack_split`'s attention (`DS_ATTN_TILE`), also the keys per share
+/// below which it takes fewer shares (longer contexts take up to [`stack_attn_splits`]).
+pub const STACK_ATTN_TILE: usize = 256;
 /// Most bytes of the shares' partial outputs ([`StackParams::attn_part`]).
 const STACK_ATTN_PART_MAX: usize = 1 << 20;
 
@@ -472,6 +472,19 @@ pub fn stack_attn_splits(blocks: usize, n_head: usize, n_head_kv: usize) -> usiz
     let per_share = n_head * (STACK_HEAD_DIM + 2) * 4;
     let fit = STACK_ATTN_PART_MAX / per_share.max(1);
     (blocks / n_head_kv.max(1)).min(fit).max(1)
+}
+
+/// Rows at the start of each share of `decode_stack_split`'s attention (`splits` shares of each of
+/// `n_head_kv` KV heads) that its blocks ask into L2 while phase 0 runs: as many as keep all the
+/// shares' keys and values (512 bytes a row) within [`STACK_PREFETCH_L2_SHARE`] of an `l2_bytes`
+/// L2; none where the L2 size is unknown (0). On the 8B (8 KV heads, 16 shares) and a 50 MiB L2:
+/// 480, so contexts up to about 7,700 keys prefetch every row, as `decode_stack` does, and
+/// 32,768 prefetches 31 MB of the layer's 134 MB.
+pub fn stack_attn_prefetch_rows(l2_bytes: usize, splits: usize, n_head_kv: usize) -> i32 {
+    let row = 2 * STACK_HEAD_DIM * 2;
+    let items = (splits * n_head_kv).max(1);
+    let rows = (l2_bytes as f64 * STACK_PREFETCH_L2_SHARE) as usize / (items * row);
+    i32::try_from(rows).unwrap_or(i32::MAX)
 }
 
 /// Bytes of [`StackParams::attn_part`] for `splits` shares of `n_head` query heads.
@@ -533,7 +546,8 @@ pub fn stack_items(
     n_layer * per_layer
 }
 
-/// Share of the L2 that `decode_stack`'s prefetch during the attention phase may fill.
+/// Share of the L2 that `decode_stack`'s prefetch during the attention phase may fill (and
+/// `decode_stack_split`'s of keys and values during phase 0, [`stack_attn_prefetch_rows`]).
 const STACK_PREFETCH_L2_SHARE: f64 = 0.6;
 
 /// Gate/up work items (32 gate and 32 up rows of `n_embd` Q4_K values each) whose rows each
@@ -652,9 +666,9 @@ pub struct StackParams {
     /// `decode_stack_split`: most shares a KV head's keys are split into in the attention phase,
     /// one block each ([`stack_attn_splits`]).
     pub attn_splits: i32,
-    /// `decode_stack_split`: keys per share below which the attention takes fewer shares
-    /// ([`STACK_ATTN_KEYS_PER_SPLIT`]).
-    pub attn_keys_per_split: i32,
+    /// `decode_stack_split`: rows at the start of each share asked into L2 during phase 0
+    /// ([`stack_attn_prefetch_rows`]).
+    pub attn_prefetch_rows: i32,
     /// `decode_stack_split`'s scratch: the shares' partial attention outputs (f32,
     /// [`stack_attn_part_bytes`]).
     pub attn_part: u64,

@@ -542,7 +542,8 @@ fn decode_stack_mirrors_the_source() {
     assert_eq!(source_define(a, "DS_ATTN_MAX_GRP"), STACK_MAX_GQA);
     assert_eq!(source_define(a, "DS_ATTN_MAX_KV"), STACK_MAX_KV_HEADS);
     // The split attention's floats (queries, then the outputs; a tile of scores) fit its area.
-    let attn = STACK_MAX_GQA * STACK_HEAD_DIM + STACK_MAX_GQA * source_define(a, "DS_ATTN_TILE");
+    assert_eq!(source_define(a, "DS_ATTN_TILE"), STACK_ATTN_TILE);
+    let attn = STACK_MAX_GQA * STACK_HEAD_DIM + STACK_MAX_GQA * STACK_ATTN_TILE;
     assert!(attn * 4 <= STACK_ATTN_BYTES);
     // The 8B over 132 blocks: 16 shares of each of 8 KV heads, 266 KB of partial outputs.
     assert_eq!(stack_attn_splits(132, 32, 8), 16);
@@ -550,6 +551,10 @@ fn decode_stack_mirrors_the_source() {
     // The 70B shape's 64 query heads: 16 shares too (532 KB); MHA over 32 KV heads: 4.
     assert_eq!(stack_attn_splits(132, 64, 8), 16);
     assert_eq!(stack_attn_splits(132, 32, 32), 4);
+    // Their keys and values asked into L2 ahead: 480 rows a share on the 8B and 50 MiB (31.5
+    // MB in all), none without a known L2.
+    assert_eq!(stack_attn_prefetch_rows(50 << 20, 16, 8), 480);
+    assert_eq!(stack_attn_prefetch_rows(0, 16, 8), 0);
     // The 8B's widest Q8 input already covers the split attention's area.
     assert_eq!(stack_split_shared_bytes(14336), stack_shared_bytes(14336));
     assert_eq!(

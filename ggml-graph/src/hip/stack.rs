@@ -462,7 +462,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         kernels::stack_prefetch_items(l2_bytes, sms as usize, dims.n_head, dims.n_embd);
     if split {
         p.attn_splits = i32_of(splits)?;
-        p.attn_keys_per_split = kernels::STACK_ATTN_KEYS_PER_SPLIT;
+        p.attn_prefetch_rows = kernels::stack_attn_prefetch_rows(l2_bytes, splits, dims.n_head_kv);
         p.attn_part = part.addr();
     }
     // SAFETY: every layer's tensors match `dims` (`layer_dims`), the scratch areas are sized

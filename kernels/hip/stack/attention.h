@@ -20,9 +20,9 @@ static_assert(DS_ATTN_FLOATS * 4 <= 16384, "attention shared memory past its flo
 #define DS_ATTN_MAX_KV 64
 
 // Shares per KV head for nkv keys: enough that every block works on long contexts, one per
-// `attn_keys_per_split` keys so that short ones stay one item per head.
+// tile of keys so that short ones stay one item per head.
 static __device__ __forceinline__ int ds_attn_splits(const ds_params& p, int nkv) {
-    const int want = (nkv + p.attn_keys_per_split - 1) / p.attn_keys_per_split;
+    const int want = (nkv + DS_ATTN_TILE - 1) / DS_ATTN_TILE;
     return max(1, min(p.attn_splits, want));
 }
 
@@ -326,13 +326,16 @@ static __device__ __forceinline__ void ds_attention_split(const ds_params& p, in
 }
 
 // Asks for the earlier keys and values of this block's items (ds_attention_split) in layer l into
-// L2 while the other blocks finish phase 0.
+// L2 while the other blocks finish phase 0: the first `attn_prefetch_rows` of each share (the
+// ones its block reads first), so that every item's requests together stay within the L2 share
+// the host sized them for (more would evict the first rows before they are read, and read them
+// from memory twice).
 static __device__ __forceinline__ void ds_prefetch_kv_split(const ds_params& p, int l, int nkv, int pos, int tid) {
     const int S = ds_attn_splits(p, nkv);
     for (int it = blockIdx.x; it < p.n_head_kv * S; it += gridDim.x) {
         const int g = it / S;
         const int2 range = ds_attn_range(it % S, S, nkv);
-        const int end = min(range.y, pos);
+        const int end = min(min(range.y, pos), range.x + p.attn_prefetch_rows);
         for (int i = range.x * 2 + tid; i < end * 2; i += DS_THREADS) {  // two 128-byte lines per row
             const long long off = (long long)(i / 2) * p.kv_stride + g * DS_HEAD + (i & 1) * 64;
             rf_prefetch_l2(p.layer[l].kc + off);

@@ -43,6 +43,6 @@ struct ds_params {
     int prefetch_items;  // gate/up items a headless block asks into L2 during attention
     // decode_stack_split only (the others leave them unread):
     int attn_splits;          // most shares of a KV head's keys (one block each)
-    int attn_keys_per_split;  // keys per share below which fewer shares are taken
+    int attn_prefetch_rows;   // rows at the start of each share asked into L2 during phase 0
     float* attn_part;         // the shares' partial outputs, attn_splits * n_head * (DS_HEAD + 2)
 };
