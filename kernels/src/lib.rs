@@ -465,13 +465,21 @@ pub const STACK_ATTN_TILE: usize = 256;
 /// Most bytes of the shares' partial outputs ([`StackParams::attn_part`]).
 const STACK_ATTN_PART_MAX: usize = 1 << 20;
 
+/// Most shares times query heads per KV head of `decode_stack_split`'s attention
+/// (`DS_ATTN_MAX_COMBINE`: the combination's weights sit in its shared memory).
+pub const STACK_ATTN_MAX_COMBINE: usize = 1024;
+
 /// Most shares of each KV head's keys in `decode_stack_split`'s attention over `blocks` blocks:
 /// enough that every block has a share on long contexts, within [`STACK_ATTN_PART_MAX`] bytes of
-/// partial outputs for `n_head` query heads.
+/// partial outputs for `n_head` query heads and [`STACK_ATTN_MAX_COMBINE`].
 pub fn stack_attn_splits(blocks: usize, n_head: usize, n_head_kv: usize) -> usize {
     let per_share = n_head * (STACK_HEAD_DIM + 2) * 4;
     let fit = STACK_ATTN_PART_MAX / per_share.max(1);
-    (blocks / n_head_kv.max(1)).min(fit).max(1)
+    let grp = (n_head / n_head_kv.max(1)).max(1);
+    (blocks / n_head_kv.max(1))
+        .min(fit)
+        .min(STACK_ATTN_MAX_COMBINE / grp)
+        .max(1)
 }
 
 /// Rows at the start of each share of `decode_stack_split`'s attention (`splits` shares of each of

@@ -543,6 +543,10 @@ fn decode_stack_mirrors_the_source() {
     assert_eq!(source_define(a, "DS_ATTN_MAX_KV"), STACK_MAX_KV_HEADS);
     // The split attention's floats (queries, then the outputs; a tile of scores) fit its area.
     assert_eq!(source_define(a, "DS_ATTN_TILE"), STACK_ATTN_TILE);
+    assert_eq!(
+        source_define(a, "DS_ATTN_MAX_COMBINE"),
+        STACK_ATTN_MAX_COMBINE
+    );
     let attn = STACK_MAX_GQA * STACK_HEAD_DIM + STACK_MAX_GQA * STACK_ATTN_TILE;
     assert!(attn * 4 <= STACK_ATTN_BYTES);
     // The 8B over 132 blocks: 16 shares of each of 8 KV heads, 266 KB of partial outputs.
@@ -551,6 +555,9 @@ fn decode_stack_mirrors_the_source() {
     // The 70B shape's 64 query heads: 16 shares too (532 KB); MHA over 32 KV heads: 4.
     assert_eq!(stack_attn_splits(132, 64, 8), 16);
     assert_eq!(stack_attn_splits(132, 32, 32), 4);
+    // One KV head (MQA) under eight query heads: the combination's 1024 weights bound it.
+    assert_eq!(stack_attn_splits(132, 8, 1), 128);
+    assert_eq!(stack_attn_splits(264, 8, 1), 128);
     // Their keys and values asked into L2 ahead: 480 rows a share on the 8B and 50 MiB (31.5
     // MB in all), none without a known L2.
     assert_eq!(stack_attn_prefetch_rows(50 << 20, 16, 8), 480);

@@ -18,6 +18,11 @@
 static_assert(DS_ATTN_FLOATS * 4 <= 16384, "attention shared memory past its floor");
 // Most KV heads: their completion counters follow the grid barrier's word in `bar`.
 #define DS_ATTN_MAX_KV 64
+// Most shares times query heads per KV head (`kernels::stack_attn_splits` keeps within it): the
+// combination's weights and sums, 2 * DS_ATTN_MAX_COMBINE floats, sit in the attention's area.
+#define DS_ATTN_MAX_COMBINE 1024
+static_assert(DS_THREADS == 2 * DS_ATTN_TILE, "a tile's prefetch takes one line of each row per thread");
+static_assert(2 * DS_ATTN_MAX_COMBINE <= DS_ATTN_FLOATS, "the combination's weights past the attention's area");
 
 // Shares per KV head for nkv keys: enough that every block works on long contexts, one per
 // tile of keys so that short ones stay one item per head.
@@ -188,6 +193,14 @@ static __device__ __forceinline__ void ds_attention_split(const ds_params& p, in
     const int sub = lane & 7;
     for (int t0 = range.x; t0 < range.y; t0 += DS_ATTN_TILE) {
         const int nt = min(DS_ATTN_TILE, range.y - t0);
+        // The next tile's keys and values asked into L2 while this one is worked on (its value
+        // pass has four rows in flight per thread: from memory it would wait on each round).
+        // Two 128-byte lines per row, one row's per thread pair (DS_THREADS == 2 * DS_ATTN_TILE).
+        if (tid < 2 * (range.y - t0 - DS_ATTN_TILE)) {
+            const long long off = (long long)(t0 + DS_ATTN_TILE + tid / 2) * stride + (tid & 1) * 64;
+            rf_prefetch_l2(kc + off);
+            rf_prefetch_l2(vc - vd + off);
+        }
         // Scores: each warp eight keys per round (two per group of eight lanes).
         for (int base = wid * 8; base < nt; base += DS_WARPS * 8) {
             rf_b128 kr[2][2];
@@ -306,19 +319,45 @@ static __device__ __forceinline__ void ds_attention_split(const ds_params& p, in
     if (last) {
         __threadfence();
         const float* parts = p.attn_part + (long long)g * S * part_floats;
+        // Every share's maxima and sums, one load per thread (a thread looping over the shares
+        // would wait for each load in turn, on the layer's critical path), then per head the
+        // shares' weights exp(m_t - max) / sum, in shared memory over the queries and scores
+        // (S * grp <= DS_ATTN_MAX_COMBINE).
+        float* wt = sm;
+        float* lt = sm + S * grp;
+        for (int i = tid; i < S * grp; i += DS_THREADS) {
+            const float* pt = parts + (i / grp) * part_floats + O + i % grp;
+            wt[i] = ds_ldcg(pt);
+            lt[i] = ds_ldcg(pt + grp);
+        }
+        __syncthreads();
+        if (tid < grp) {
+            float mx = -INFINITY;
+            for (int t = 0; t < S; ++t) mx = fmaxf(mx, wt[t * grp + tid]);
+            float ls = 0.0f;
+            for (int t = 0; t < S; ++t) {
+                const float mt = wt[t * grp + tid];
+                const float e = mt == -INFINITY ? 0.0f : expf(mt - mx);
+                wt[t * grp + tid] = e;
+                ls += lt[t * grp + tid] * e;
+            }
+            for (int t = 0; t < S; ++t) wt[t * grp + tid] /= ls;
+        }
+        __syncthreads();
+        // The outputs: four shares' loads in flight per step.
         for (int o = tid; o < O; o += DS_THREADS) {
             const int i = o / DS_HEAD;
-            float mx = -INFINITY;
-            for (int t = 0; t < S; ++t) mx = fmaxf(mx, ds_ldcg(parts + t * part_floats + O + i));
-            float ls = 0.0f, os = 0.0f;
-            for (int t = 0; t < S; ++t) {
-                const float* pt = parts + t * part_floats;
-                const float mt = ds_ldcg(pt + O + i);
-                const float e = mt == -INFINITY ? 0.0f : expf(mt - mx);
-                ls += ds_ldcg(pt + O + grp + i) * e;
-                os += ds_ldcg(pt + o) * e;
+            float os = 0.0f;
+            int t = 0;
+            for (; t + 4 <= S; t += 4) {
+                float v[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) v[u] = ds_ldcg(parts + (t + u) * part_floats + o);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) os += v[u] * wt[(t + u) * grp + i];
             }
-            q8_1_put(os / ls, p.aq, nq, g * O + o);
+            for (; t < S; ++t) os += ds_ldcg(parts + t * part_floats + o) * wt[t * grp + i];
+            q8_1_put(os, p.aq, nq, g * O + o);
         }
         if (tid == 0) p.bar[DS_ATTN_MAX_KV + g] = 0u;
     }
