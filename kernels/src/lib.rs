@@ -470,8 +470,8 @@ const STACK_ATTN_PART_MAX: usize = 1 << 20;
 pub const STACK_ATTN_MAX_COMBINE: usize = 1024;
 
 /// Most shares of each KV head's keys in `decode_stack_split`'s attention over `blocks` blocks:
-/// enough that every block has a share on long contexts, within [`STACK_ATTN_PART_MAX`] bytes of
-/// partial outputs for `n_head` query heads and [`STACK_ATTN_MAX_COMBINE`].
+/// enough that every block has a share on long contexts, within `STACK_ATTN_PART_MAX` (1 MiB)
+/// of partial outputs for `n_head` query heads and within [`STACK_ATTN_MAX_COMBINE`].
 pub fn stack_attn_splits(blocks: usize, n_head: usize, n_head_kv: usize) -> usize {
     let per_share = n_head * (STACK_HEAD_DIM + 2) * 4;
     let fit = STACK_ATTN_PART_MAX / per_share.max(1);
@@ -484,10 +484,10 @@ pub fn stack_attn_splits(blocks: usize, n_head: usize, n_head_kv: usize) -> usiz
 
 /// Rows at the start of each share of `decode_stack_split`'s attention (`splits` shares of each of
 /// `n_head_kv` KV heads) that its blocks ask into L2 while phase 0 runs: as many as keep all the
-/// shares' keys and values (512 bytes a row) within [`STACK_PREFETCH_L2_SHARE`] of an `l2_bytes`
-/// L2; none where the L2 size is unknown (0). On the 8B (8 KV heads, 16 shares) and a 50 MiB L2:
-/// 480, so contexts up to about 7,700 keys prefetch every row, as `decode_stack` does, and
-/// 32,768 prefetches 31 MB of the layer's 134 MB.
+/// shares' keys and values (512 bytes a row) within `STACK_PREFETCH_L2_SHARE` (60%) of an
+/// `l2_bytes` L2; none where the L2 size is unknown (0). On the 8B (8 KV heads, 16 shares) and a
+/// 50 MiB L2: 480, so contexts up to about 7,700 keys prefetch every row, as `decode_stack` does,
+/// and 32,768 prefetches 31 MB of the layer's 134 MB.
 pub fn stack_attn_prefetch_rows(l2_bytes: usize, splits: usize, n_head_kv: usize) -> i32 {
     let row = 2 * STACK_HEAD_DIM * 2;
     let items = (splits * n_head_kv).max(1);
