@@ -40,14 +40,24 @@ impl Default for HipOptions {
 }
 
 /// The kernel of the persistent decode stack: the NVIDIA-specific `decode_stack` (cp.async
-/// weight ring; NVIDIA compute capability 8.0 and later) or the portable
-/// `decode_stack_portable` (AMD, and NVIDIA as its proxy).
+/// weight ring; NVIDIA compute capability 8.0 and later), with its long-context form
+/// `decode_stack_split` (attention by KV head and share of its keys) from
+/// `kernels::STACK_SPLIT_MIN_KV` cache positions on, or the portable `decode_stack_portable`
+/// (AMD, and NVIDIA as its proxy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StackKernel {
-    /// `decode_stack` where the device runs it, else the portable kernel (AMD).
+    /// `decode_stack` (or `decode_stack_split` by KV length) where the device runs it, else the
+    /// portable kernel (AMD).
     Auto,
-    /// `decode_stack` only: no stack where the device cannot run it.
+    /// `decode_stack` (or `decode_stack_split` by KV length) only: no stack where the device
+    /// cannot run it.
     Native,
+    /// `decode_stack` at every KV length (to time it against the split one); NVIDIA only, as
+    /// `Native`.
+    Short,
+    /// `decode_stack_split` at every KV length (to check and time it on short contexts too);
+    /// NVIDIA only, as `Native`.
+    Split,
     /// The portable kernel on every device, NVIDIA included (to check and time it there).
     Portable,
 }
@@ -58,9 +68,12 @@ impl std::str::FromStr for StackKernel {
         match s {
             "auto" => Ok(Self::Auto),
             "native" => Ok(Self::Native),
+            "short" => Ok(Self::Short),
+            "split" => Ok(Self::Split),
             "portable" => Ok(Self::Portable),
             _ => Err(format!(
-                "unknown decode stack kernel {s:?} (expected auto, native or portable)"
+                "unknown decode stack kernel {s:?} (expected auto, native, short, split or \
+                 portable)"
             )),
         }
     }
@@ -129,3 +142,23 @@ pub const RUNTIME_GROWTH: u64 = 16 << 20;
 /// called with rank 0's id on rank 0 and an empty slice elsewhere, it returns rank 0's id on
 /// every rank, or why not.
 pub type IdExchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<u8>, String> + 'a;
+
+#[cfg(test)]
+mod tests {
+    use super::StackKernel;
+
+    #[test]
+    fn stack_kernels_parse_by_name() {
+        for (s, k) in [
+            ("auto", StackKernel::Auto),
+            ("native", StackKernel::Native),
+            ("short", StackKernel::Short),
+            ("split", StackKernel::Split),
+            ("portable", StackKernel::Portable),
+        ] {
+            assert_eq!(s.parse::<StackKernel>(), Ok(k));
+        }
+        let e = "long".parse::<StackKernel>().expect_err("unknown name");
+        assert!(e.contains("\"long\"") && e.contains("split"), "{e}");
+    }
+}

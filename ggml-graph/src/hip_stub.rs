@@ -234,6 +234,12 @@ pub fn stack_portable_launches() -> usize {
     0
 }
 
+/// Split-attention decode stack launches so far: none in this build.
+#[cfg(feature = "testing")]
+pub fn stack_split_launches() -> usize {
+    0
+}
+
 /// `head_q6_k` launches so far: none in this build.
 #[cfg(feature = "testing")]
 pub fn head_launches() -> usize {

@@ -6,7 +6,10 @@
 //   0  q/k/v: q, k and v projections of rms_norm(x) * attn_norm; q and k roped (adjacent pairs), k
 //      and v stored in the f16 caches at the step's position, q kept in `q`;
 //   1  attention: one head per block and pass (online softmax per warp over every 16th key, the
-//      warps' shares combined in shared memory), its output quantized for phase 2;
+//      warps' shares combined in shared memory), its output quantized for phase 2; in
+//      decode_stack_split (long contexts) one block per KV head and share of its keys instead
+//      (all the head's queries at once, tiles of scores in shared memory), the shares combined by
+//      the block finishing a head's last one;
 //   2  o: o projection plus the residual: x, and x * ffn_norm quantized for phase 3;
 //   3  gate/up: gate and up projections of rms_norm(x) * ffn_norm, act(gate) * up quantized for
 //      phase 4;
@@ -41,7 +44,7 @@
 //   stack/ring.h         the per-warp cp.async weight ring
 //   stack/exchange.h     the grid barrier, input fetch, L2 prefetch of later items
 //   stack/attention.h    phase 1
-// and here the two kernels: decode_stack and head_q6_k.
+// and here the kernels: decode_stack, decode_stack_split, decode_stack_portable and head_q6_k.
 #include "qdot.h"
 #include "stack/params.h"
 
@@ -57,11 +60,14 @@
 // One block per multiprocessor: the whole register file is this block's.
 #define DS_ATTRS __launch_bounds__(DS_THREADS, 1)
 
-// The step, both variants: RING, decode_stack's cp.async ring (NVIDIA only); else
-// decode_stack_portable's register stream (stream.h). `lane` and `wid` are a logical 32-lane
-// warp's: on wave64 targets each wave holds two of them, which share nothing but the wave's
-// barrier (rf_syncwarp) and take every shuffle within their 32 lanes.
-template <bool RING>
+// The step, every variant: RING, decode_stack's cp.async ring (NVIDIA only); else
+// decode_stack_portable's register stream (stream.h). SPLIT: phase 1 by KV head and share of its
+// keys (ds_attention_split, decode_stack_split), else by query head (ds_attention); two kernels
+// rather than a branch, since each phase's code costs the others registers (kernels/PERF.md,
+// "attention at depth"). `lane` and `wid` are a logical 32-lane warp's: on wave64 targets each
+// wave holds two of them, which share nothing but the wave's barrier (rf_syncwarp) and take every
+// shuffle within their 32 lanes.
+template <bool RING, bool SPLIT>
 static __device__ __forceinline__ void ds_step(const ds_params& p) {
     extern __shared__ __align__(16) uint8_t ds_sm[];
     uint8_t* sm = ds_sm;
@@ -134,7 +140,10 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
             wid = tid / 32;
             is.tid = cu.tid = tid;
         }
-        if (k == 1) ds_prefetch_kv(p, l, min(pos, nkv), tid);
+        if (k == 1) {
+            if constexpr (SPLIT) ds_prefetch_kv_split(p, l, nkv, pos, tid);
+            else ds_prefetch_kv(p, l, min(pos, nkv), tid);
+        }
         // Grid barrier: wait until every block has arrived at the end of the phase before.
         if (q > 0) {
             if (threadIdx.x == 0) {
@@ -148,10 +157,19 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
             __syncthreads();
         }
         if (k == 1) {
-            // Phase 1, attention; the blocks without a head ask L2 for their next gate/up rows.
-            for (int h = blockIdx.x; h < p.n_head; h += gridDim.x)
-                ds_attention<!RING>(p, l, h, nkv, reinterpret_cast<float*>(act), wid, lane, tid);
-            if ((int)blockIdx.x >= p.n_head) ds_prefetch_items(cu.it, end, q + 2, p.prefetch_items, tid);
+            // Phase 1, attention; the blocks without a head (or item; and past as many blocks as
+            // heads, which `prefetch_items` is sized for) ask L2 for their next gate/up rows.
+            int busy = p.n_head;
+            if constexpr (SPLIT) {
+                const int S = ds_attn_splits(p, nkv);
+                busy = max(busy, p.n_head_kv * S);
+                for (int it = blockIdx.x; it < p.n_head_kv * S; it += gridDim.x)
+                    ds_attention_split(p, l, it / S, it % S, S, nkv, reinterpret_cast<float*>(act), wid, lane, tid);
+            } else {
+                for (int h = blockIdx.x; h < p.n_head; h += gridDim.x)
+                    ds_attention<!RING>(p, l, h, nkv, reinterpret_cast<float*>(act), wid, lane, tid);
+            }
+            if ((int)blockIdx.x >= busy) ds_prefetch_items(cu.it, end, q + 2, p.prefetch_items, tid);
         } else if (cu.q == q) {
             // Phases 0 (q/k/v), 2 (o), 3 (gate/up) and 4 (down): a product. Fetch its Q8 input
             // into shared memory, then stream this block's groups of the phase through the rings.
@@ -323,13 +341,22 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
 
 RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
 #if defined(RF_CP_ASYNC)
-    ds_step<true>(p);
+    ds_step<true, false>(p);
+#endif
+}
+
+// decode_stack with phase 1 split by KV head and share of its keys: the host takes it for long
+// contexts (`kernels::STACK_SPLIT_MIN_KV`), where one block per query head leaves most blocks
+// idle and reads each KV head's keys once per query head.
+RF_KERNEL void DS_ATTRS decode_stack_split(ds_params p) {
+#if defined(RF_CP_ASYNC)
+    ds_step<true, true>(p);
 #endif
 }
 
 // The portable variant (AMD, and NVIDIA on request): no inline assembly, the weights streamed
 // through registers (stream.h), the grid barrier by volatile loads and fences.
-RF_KERNEL void DS_ATTRS decode_stack_portable(ds_params p) { ds_step<false>(p); }
+RF_KERNEL void DS_ATTRS decode_stack_portable(ds_params p) { ds_step<false, false>(p); }
 
 // The output head (or any tall Q6_K mat-vec over one Q8_1 vector): out[r] = w[r] . y, with
 // decode_stack's weight streaming. One block per multiprocessor takes the 32-row groups b,

@@ -449,6 +449,73 @@ pub fn stack_shared_bytes(max_cols: usize) -> usize {
         + q8_16_vector_bytes(max_cols).max(warps * STACK_HEAD_DIM * 4)
 }
 
+/// Dynamic shared memory of a `decode_stack_split` launch: as [`stack_shared_bytes`], the last
+/// area at least the split attention's ([`STACK_ATTN_BYTES`]).
+pub fn stack_split_shared_bytes(max_cols: usize) -> usize {
+    let warps = STACK_THREADS as usize / 32;
+    let ring = STACK_STAGES * warps * STACK_SLOT;
+    ring + STACK_MAX_ITEMS * STACK_ITEM_BYTES + q8_16_vector_bytes(max_cols).max(STACK_ATTN_BYTES)
+}
+
+/// KV length (positions of the step's cache views: the keys rounded up to the decode step's
+/// bucket) from which the host runs `decode_stack_split` instead of `decode_stack`. Below it the
+/// per-query-head attention is faster (its phase leaves the product phases their registers);
+/// above it most blocks would sit idle in attention while a few read every key once per query
+/// head. Measured on the H200 (kernels/PERF.md, "attention at depth"): `decode_stack` 501 t/s
+/// against 418 at 1024 keys, 278 against 371 at 4096.
+pub const STACK_SPLIT_MIN_KV: usize = 2048;
+/// Shared memory `decode_stack_split`'s attention uses in the dynamic area (the queries of a KV
+/// head, one tile of their scores, the value pass's sums; `DS_ATTN_FLOATS` within it).
+pub const STACK_ATTN_BYTES: usize = 16384;
+/// Most query heads per KV head `decode_stack_split` takes (`DS_ATTN_MAX_GRP`).
+pub const STACK_MAX_GQA: usize = 8;
+/// Most KV heads `decode_stack_split` takes (`DS_ATTN_MAX_KV`): their attention counters follow
+/// the grid barrier's word in [`STACK_BARRIER_WORDS`].
+pub const STACK_MAX_KV_HEADS: usize = 64;
+/// u32 words of the decode stack's barrier buffer: the grid barrier at 0, `decode_stack_split`'s
+/// per-KV-head counters from [`STACK_MAX_KV_HEADS`] on; all zero between launches.
+pub const STACK_BARRIER_WORDS: usize = 2 * STACK_MAX_KV_HEADS;
+/// Keys per tile of `decode_stack_split`'s attention (`DS_ATTN_TILE`), also the keys per share
+/// below which it takes fewer shares (longer contexts take up to [`stack_attn_splits`]).
+pub const STACK_ATTN_TILE: usize = 256;
+/// Most bytes of the shares' partial outputs ([`StackParams::attn_part`]).
+const STACK_ATTN_PART_MAX: usize = 1 << 20;
+
+/// Most shares times query heads per KV head of `decode_stack_split`'s attention
+/// (`DS_ATTN_MAX_COMBINE`: the combination's weights sit in its shared memory).
+pub const STACK_ATTN_MAX_COMBINE: usize = 1024;
+
+/// Most shares of each KV head's keys in `decode_stack_split`'s attention over `blocks` blocks:
+/// enough that every block has a share on long contexts, within `STACK_ATTN_PART_MAX` (1 MiB)
+/// of partial outputs for `n_head` query heads and within [`STACK_ATTN_MAX_COMBINE`].
+pub fn stack_attn_splits(blocks: usize, n_head: usize, n_head_kv: usize) -> usize {
+    let per_share = n_head * (STACK_HEAD_DIM + 2) * 4;
+    let fit = STACK_ATTN_PART_MAX / per_share.max(1);
+    let grp = (n_head / n_head_kv.max(1)).max(1);
+    (blocks / n_head_kv.max(1))
+        .min(fit)
+        .min(STACK_ATTN_MAX_COMBINE / grp)
+        .max(1)
+}
+
+/// Rows at the start of each share of `decode_stack_split`'s attention (`splits` shares of each of
+/// `n_head_kv` KV heads) that its blocks ask into L2 while phase 0 runs: as many as keep all the
+/// shares' keys and values (512 bytes a row) within `STACK_PREFETCH_L2_SHARE` (60%) of an
+/// `l2_bytes` L2; none where the L2 size is unknown (0). On the 8B (8 KV heads, 16 shares) and a
+/// 50 MiB L2: 480, so contexts up to about 7,700 keys prefetch every row, as `decode_stack` does,
+/// and 32,768 prefetches 31 MB of the layer's 134 MB.
+pub fn stack_attn_prefetch_rows(l2_bytes: usize, splits: usize, n_head_kv: usize) -> i32 {
+    let row = 2 * STACK_HEAD_DIM * 2;
+    let items = (splits * n_head_kv).max(1);
+    let rows = (l2_bytes as f64 * STACK_PREFETCH_L2_SHARE) as usize / (items * row);
+    i32::try_from(rows).unwrap_or(i32::MAX)
+}
+
+/// Bytes of [`StackParams::attn_part`] for `splits` shares of `n_head` query heads.
+pub fn stack_attn_part_bytes(splits: usize, n_head: usize) -> usize {
+    splits * n_head * (STACK_HEAD_DIM + 2) * 4
+}
+
 /// Dynamic shared memory of a `decode_stack_portable` launch: as [`stack_shared_bytes`] without
 /// the weight ring (its weights stream through registers).
 pub fn stack_portable_shared_bytes(max_cols: usize) -> usize {
@@ -503,7 +570,8 @@ pub fn stack_items(
     n_layer * per_layer
 }
 
-/// Share of the L2 that `decode_stack`'s prefetch during the attention phase may fill.
+/// Share of the L2 that `decode_stack`'s prefetch during the attention phase may fill (and
+/// `decode_stack_split`'s of keys and values during phase 0, [`stack_attn_prefetch_rows`]).
 const STACK_PREFETCH_L2_SHARE: f64 = 0.6;
 
 /// Gate/up work items (32 gate and 32 up rows of `n_embd` Q4_K values each) whose rows each
@@ -576,7 +644,9 @@ pub struct StackParams {
     pub hq: u64,
     /// Scratch: `2 * n_layer` f32 sums of squares.
     pub ss: u64,
-    /// The grid barrier's u32 counter, 0 before the first launch (each launch leaves it so).
+    /// The barrier buffer ([`STACK_BARRIER_WORDS`] u32 words, 0 before the first launch; each
+    /// launch leaves them so): the grid barrier's counter, then `decode_stack_split`'s per-KV-head
+    /// counters.
     pub bar: u64,
     /// Cache elements between positions.
     pub kv_stride: i64,
@@ -617,6 +687,15 @@ pub struct StackParams {
     /// Gate/up work items whose rows each block without an attention head asks into L2 during
     /// the attention phase ([`stack_prefetch_items`]).
     pub prefetch_items: i32,
+    /// `decode_stack_split`: most shares a KV head's keys are split into in the attention phase,
+    /// one block each ([`stack_attn_splits`]).
+    pub attn_splits: i32,
+    /// `decode_stack_split`: rows at the start of each share asked into L2 during phase 0
+    /// ([`stack_attn_prefetch_rows`]).
+    pub attn_prefetch_rows: i32,
+    /// `decode_stack_split`'s scratch: the shares' partial attention outputs (f32,
+    /// [`stack_attn_part_bytes`]).
+    pub attn_part: u64,
 }
 
 impl Default for StackParams {

@@ -369,6 +369,7 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
             // The decode stack and the head request their first weights before they wait
             // (checked below).
             if head.contains(" decode_stack(")
+                || head.contains(" decode_stack_split(")
                 || head.contains(" decode_stack_portable(")
                 || head.contains(" head_q6_k(")
             {
@@ -442,8 +443,8 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
         "// ",
     ];
     let src = hip_source("stack.hip");
-    // Both stack kernels are ds_step (decode_stack: ds_step<true>, the portable one
-    // ds_step<false>).
+    // The stack kernels are ds_step (decode_stack: ds_step<true, false>, decode_stack_split
+    // ds_step<true, true>, the portable one ds_step<false, false>).
     for name in ["ds_step", "head_q6_k"] {
         let at = src.find(&format!(" {name}(")).expect("kernel defined");
         let open = at + src[at..].find('{').expect("kernel opens");
@@ -532,11 +533,41 @@ fn decode_stack_mirrors_the_source() {
     assert_eq!(source_define(f, "DS_HEAD"), STACK_HEAD_DIM);
     assert_eq!(source_define(f, "DS_STAGES"), STACK_STAGES);
     assert_eq!(source_define(f, "DS_SLOT"), STACK_SLOT);
-    // 11 pointers per layer, 10 more pointers, a 64-bit stride, 18 32-bit fields: no padding,
+    // 11 pointers per layer, 11 more pointers, a 64-bit stride, 20 32-bit fields: no padding,
     // and under the 4 KB parameter limit.
     let size = std::mem::size_of::<StackParams>();
-    assert_eq!(size, STACK_MAX_LAYERS * 88 + 10 * 8 + 8 + 18 * 4);
+    assert_eq!(size, STACK_MAX_LAYERS * 88 + 11 * 8 + 8 + 20 * 4);
     assert!(size <= 4096);
+    let a = "stack/attention.h";
+    assert_eq!(source_define(a, "DS_ATTN_MAX_GRP"), STACK_MAX_GQA);
+    assert_eq!(source_define(a, "DS_ATTN_MAX_KV"), STACK_MAX_KV_HEADS);
+    // The split attention's floats (queries, then the outputs; a tile of scores) fit its area.
+    assert_eq!(source_define(a, "DS_ATTN_TILE"), STACK_ATTN_TILE);
+    assert_eq!(
+        source_define(a, "DS_ATTN_MAX_COMBINE"),
+        STACK_ATTN_MAX_COMBINE
+    );
+    let attn = STACK_MAX_GQA * STACK_HEAD_DIM + STACK_MAX_GQA * STACK_ATTN_TILE;
+    assert!(attn * 4 <= STACK_ATTN_BYTES);
+    // The 8B over 132 blocks: 16 shares of each of 8 KV heads, 266 KB of partial outputs.
+    assert_eq!(stack_attn_splits(132, 32, 8), 16);
+    assert_eq!(stack_attn_part_bytes(16, 32), 16 * 32 * 130 * 4);
+    // The 70B shape's 64 query heads: 16 shares too (532 KB); MHA over 32 KV heads: 4.
+    assert_eq!(stack_attn_splits(132, 64, 8), 16);
+    assert_eq!(stack_attn_splits(132, 32, 32), 4);
+    // One KV head (MQA) under eight query heads: the combination's 1024 weights bound it.
+    assert_eq!(stack_attn_splits(132, 8, 1), 128);
+    assert_eq!(stack_attn_splits(264, 8, 1), 128);
+    // Their keys and values asked into L2 ahead: 480 rows a share on the 8B and 50 MiB (31.5
+    // MB in all), none without a known L2.
+    assert_eq!(stack_attn_prefetch_rows(50 << 20, 16, 8), 480);
+    assert_eq!(stack_attn_prefetch_rows(0, 16, 8), 0);
+    // The 8B's widest Q8 input already covers the split attention's area.
+    assert_eq!(stack_split_shared_bytes(14336), stack_shared_bytes(14336));
+    assert_eq!(
+        stack_split_shared_bytes(2048),
+        5 * 16 * 2304 + 512 * 32 + STACK_ATTN_BYTES
+    );
     assert_eq!(source_define(f, "DS_MAX_ITEMS"), STACK_MAX_ITEMS);
     // The 8B shapes: a 14336-wide Q8 input (16-value scales) and the work list beside the ring,
     // within an H100's 227 KB.

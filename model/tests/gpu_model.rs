@@ -662,6 +662,8 @@ fn stack_llama_of_width(
     o.shape.head_dim = 128;
     o.shape.n_ff = n_ff;
     o.shape.n_layer = n_layer;
+    // Room for the long-context tests (the tiny preset's context is short).
+    o.shape.n_ctx = o.shape.n_ctx.max(8192);
     o.extras.rope_freqs = true;
     rocmforge_model::synth::write(&o, None, &path).expect("write synthetic model");
     Model::load(&path, |_, _| {}).expect("load")
@@ -705,7 +707,9 @@ fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
 /// the blocks, so their last round goes out as half groups split between warp pairs (one layer
 /// with Q4_K v, one with Q6_K), as gate/up's does. Teacher-forced on the CPU's tokens, the stack
 /// must give the per-op kernels' logits (both quantize the same activations to Q8_1), and both
-/// must stay as close to the CPU as the per-op kernels are at this width.
+/// must stay as close to the CPU as the per-op kernels are at this width. The same for
+/// `decode_stack_split` forced on these short contexts (one share per KV head: its output
+/// quantized by the item's own block, no partials).
 #[test]
 #[serial]
 fn synthetic_llama_8b_layers_decode_stack_equals_per_op() {
@@ -717,17 +721,20 @@ fn synthetic_llama_8b_layers_decode_stack_equals_per_op() {
     let mut cpu = Session::new(&m, &opts(DeviceChoice::Cpu, None, None)).expect("CPU session");
     let want = greedy(&mut cpu, &prompt, STEPS);
     drop(cpu);
-    let run = |gpu_stack: bool| {
-        let o = SessionOptions {
-            gpu_stack,
+    let run = |kernel: Option<StackKernel>| {
+        let mut o = SessionOptions {
+            gpu_stack: kernel.is_some(),
             ..opts(DeviceChoice::Gpu, None, None)
         };
+        if let Some(StackKernel::Split) = kernel {
+            o.hip.stack_kernel = StackKernel::Split;
+        }
         let (mut s, _) = gpu_session(&m, &o);
         forced(&mut s, &prompt, &want.tokens)
     };
-    let per_op = run(false);
+    let per_op = run(None);
     let before = stack_launches();
-    let stack = run(true);
+    let stack = run(Some(StackKernel::Auto));
     // Replays of a captured step launch nothing new: one launch shows the layers took the stack.
     let launched = stack_launches() - before;
     println!("decode_stack launches: {launched}");
@@ -760,6 +767,136 @@ fn synthetic_llama_8b_layers_decode_stack_equals_per_op() {
         &diffs(&per_op, &stack),
         tight,
     );
+    let before = stack_split_launches();
+    let split = run(Some(StackKernel::Split));
+    let launched = stack_split_launches() - before;
+    println!("decode_stack_split launches: {launched}");
+    assert!(launched > 0, "no decode_stack_split launch");
+    check_diffs(
+        "llama 8b layers split stack against per op",
+        &diffs(&per_op, &split),
+        tight,
+    );
+}
+
+/// The model of the long-context stack tests: 4096 wide (32 query heads, 8 KV heads, as
+/// Llama-3-8B), a narrow FFN and two layers, so that its thousands of prompt positions go fast.
+fn long_context_llama() -> Model {
+    stack_llama_of_width("synth-llama-long.gguf", 17, 32, 8, 2048, 2)
+}
+
+/// A GPU session over `n_ctx` positions with the decode stack on (`kernel`, whatever the suite's
+/// choice) or off (`None`).
+fn long_context_session(m: &Model, n_ctx: usize, kernel: Option<StackKernel>) -> Session {
+    let mut o = SessionOptions {
+        gpu_stack: kernel.is_some(),
+        n_ctx,
+        n_batch: 512,
+        ..opts(DeviceChoice::Gpu, None, None)
+    };
+    if let Some(k) = kernel {
+        o.hip.stack_kernel = k;
+    }
+    gpu_session(m, &o).0
+}
+
+/// The decode stack's two native kernels over a long context: with 4,600 positions cached,
+/// `decode_stack_split` (forced, and the device's own pick at this length) gives each KV head's
+/// keys out in shares (one block each) of more than one 256-key tile, combined by the block
+/// finishing the last share; `decode_stack` (forced short) takes one block per query head over
+/// every key. Teacher-forced on the per-op kernels' tokens (their attention splits the keys its
+/// own way), both must give the per-op kernels' logits.
+#[test]
+#[serial]
+fn synthetic_llama_decode_stack_over_a_long_context_equals_per_op() {
+    if !have_gpu() {
+        return;
+    }
+    let m = long_context_llama();
+    let n = m.config().n_vocab as u64;
+    let prompt: Vec<u32> = (0..4600u64)
+        .map(|i| ((i * 2654435761 + 7) % n) as u32)
+        .collect();
+    let want = greedy(&mut long_context_session(&m, 4800, None), &prompt, 16);
+    // Rounding only (the kernels sum scores and values in other orders): 0.08 on an H200 for
+    // the split kernel; a wrong share, head or combination would be far off.
+    let tight = Bounds {
+        full: 0.2,
+        top: 0.2,
+        kld_mean: 1e-3,
+    };
+    for (kernel, split) in [
+        (StackKernel::Split, true),
+        (StackKernel::Auto, true),
+        (StackKernel::Short, false),
+    ] {
+        let (before, split_before) = (stack_launches(), stack_split_launches());
+        let got = forced(
+            &mut long_context_session(&m, 4800, Some(kernel)),
+            &prompt,
+            &want.tokens,
+        );
+        let launched = stack_launches() - before;
+        let launched_split = stack_split_launches() - split_before;
+        println!("{kernel:?}: decode stack launches {launched}, split {launched_split}");
+        assert!(
+            launched > 0,
+            "{kernel:?}: no decode stack launch: the decode layers did not take the stack"
+        );
+        if split {
+            assert_eq!(
+                launched_split, launched,
+                "{kernel:?}: not every launch split"
+            );
+        } else {
+            assert_eq!(launched_split, 0, "{kernel:?}: split launches");
+        }
+        check_diffs(
+            &format!("llama long context {kernel:?} stack against per op"),
+            &diffs(&want.logits, &got),
+            tight,
+        );
+    }
+}
+
+/// A generation whose context grows past the KV length where the device switches from
+/// `decode_stack` to `decode_stack_split` (`kernels::STACK_SPLIT_MIN_KV`, 2048: from the
+/// 2048-position KV bucket on): the first steps run the one kernel, the later ones the other
+/// (each KV bucket's graph is captured and replayed on its own), and the greedy tokens are the
+/// per-op kernels' up to the first near-tie.
+#[test]
+#[serial]
+fn synthetic_llama_decode_stack_switching_to_split_attention_equals_per_op() {
+    if !have_gpu() {
+        return;
+    }
+    let m = long_context_llama();
+    let n = m.config().n_vocab as u64;
+    // Steps at 1785 .. 1792 keys take the 1792-position bucket, the next ones 2048's.
+    let prompt: Vec<u32> = (0..1784u64)
+        .map(|i| ((i * 40503 + 11) % n) as u32)
+        .collect();
+    let steps = 24;
+    let want = greedy(&mut long_context_session(&m, 2304, None), &prompt, steps);
+    let (before, split_before) = (stack_launches(), stack_split_launches());
+    let got = greedy(
+        &mut long_context_session(&m, 2304, Some(StackKernel::Auto)),
+        &prompt,
+        steps,
+    );
+    let launched = stack_launches() - before;
+    let launched_split = stack_split_launches() - split_before;
+    println!("decode stack launches {launched}, split {launched_split}");
+    assert!(
+        launched_split > 0 && launched > launched_split,
+        "the decode did not take both kernels ({launched} launches, {launched_split} split)"
+    );
+    let tight = Bounds {
+        full: 0.2,
+        top: 0.2,
+        kld_mean: 1e-3,
+    };
+    compare("llama stack across the split threshold", &want, &got, tight);
 }
 
 /// The portable decode stack kernel (the one AMD GPUs run), forced on this GPU: on the native
@@ -919,6 +1056,16 @@ fn stack_portable_launches() -> usize {
 
 #[cfg(not(feature = "hip"))]
 fn stack_portable_launches() -> usize {
+    0
+}
+
+#[cfg(feature = "hip")]
+fn stack_split_launches() -> usize {
+    ggml_graph::hip::stack_split_launches()
+}
+
+#[cfg(not(feature = "hip"))]
+fn stack_split_launches() -> usize {
     0
 }
 

@@ -45,7 +45,7 @@ pub use matmul::mmq_launches;
 #[cfg(any(test, feature = "testing"))]
 pub use moe::{expert_bias_launches, expert_gate_up_launches};
 #[cfg(any(test, feature = "testing"))]
-pub use stack::{head_launches, stack_launches, stack_portable_launches};
+pub use stack::{head_launches, stack_launches, stack_portable_launches, stack_split_launches};
 
 /// GPUs of the platform `hip-ffi` selects (0 without one); opens no device.
 pub fn device_count() -> usize {
@@ -327,11 +327,15 @@ impl HipDevice {
             .device_attribute(hip_ffi::DeviceAttribute::CooperativeLaunch, ordinal)
             .is_ok_and(|v| v != 0);
         let native = matches!(target, kernels::Device::Nvidia { major, .. } if *major >= 8);
-        let kernel = match opts.stack_kernel {
-            StackKernel::Auto if native => Some(kernels::KernelId::DecodeStack),
-            StackKernel::Native => native.then_some(kernels::KernelId::DecodeStack),
+        let nvidia = native.then_some(kernels::KernelId::DecodeStack);
+        let by_kv = Some(kernels::STACK_SPLIT_MIN_KV);
+        let (kernel, split_from) = match opts.stack_kernel {
+            StackKernel::Auto if native => (nvidia, by_kv),
+            StackKernel::Native => (nvidia, by_kv),
+            StackKernel::Short => (nvidia, None),
+            StackKernel::Split => (nvidia, Some(0)),
             StackKernel::Auto | StackKernel::Portable => {
-                Some(kernels::KernelId::DecodeStackPortable)
+                (Some(kernels::KernelId::DecodeStackPortable), None)
             }
         };
         let can = opts.stack
@@ -340,8 +344,9 @@ impl HipDevice {
             && sms > 0
             && kernels::image(kernels::Module::Stack, target).is_ok();
         let bar = if can {
-            let mut b = DeviceBuffer::<u32>::new(dev, 64, "decode stack barrier")
-                .map_err(|e| gpu_err("open", e))?;
+            let mut b =
+                DeviceBuffer::<u32>::new(dev, kernels::STACK_BARRIER_WORDS, "decode stack barrier")
+                    .map_err(|e| gpu_err("open", e))?;
             sb.stream()
                 .memset(&mut b.view_mut(), 0)
                 .and_then(|()| sb.stream().synchronize())
@@ -365,6 +370,7 @@ impl HipDevice {
         Ok(stack::State {
             on: false,
             kernel,
+            split_from,
             bar,
             smem_allowed: Vec::new(),
             fits: Vec::new(),

@@ -2,6 +2,11 @@
 //! by `opt::fuse_decode_layers` where [`takes`] accepts them) as one cooperative `decode_stack`
 //! launch per up to [`kernels::STACK_MAX_LAYERS`] consecutive layers.
 //!
+//! Long contexts take `decode_stack_split` instead (attention by KV head and share of its keys),
+//! chosen by the layers' KV length (see [`chosen`]): a property of the graph, so a decode step
+//! captured and replayed under its graph's key (the session keys them by KV bucket) keeps the
+//! kernel its KV length asks for.
+//!
 //! The kernel keeps every intermediate of a layer on chip or in its own scratch: it writes only
 //! the last residual and the K and V cache rows, which is why the scheduler chains only layers
 //! whose residuals nothing else reads. Its blocks meet at grid barriers, so the launch is
@@ -39,6 +44,18 @@ pub fn stack_portable_launches() -> usize {
     PORTABLE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Those of the [`stack_launches`] that ran `decode_stack_split` (see [`stack_split_launches`]).
+#[cfg(any(test, feature = "testing"))]
+static SPLIT_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Decode stack launches of the split-attention kernel queued so far by every device of this
+/// process (tests: whether a long context, or a forced `HipOptions::stack_kernel`, took it).
+/// Only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
+pub fn stack_split_launches() -> usize {
+    SPLIT_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// `head_q6_k` launches queued by every device of this process (see [`head_launches`]).
 #[cfg(any(test, feature = "testing"))]
 static HEAD_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -64,6 +81,9 @@ pub(crate) struct State {
     pub(crate) on: bool,
     /// `DecodeStack` or `DecodeStackPortable` (see `HipOptions::stack_kernel`).
     pub(crate) kernel: kernels::KernelId,
+    /// With `DecodeStack`: the KV length from which layers take `DecodeStackSplit` (see
+    /// [`chosen`]); `None`, never.
+    pub(crate) split_from: Option<usize>,
     pub(crate) bar: Option<DeviceBuffer<u32>>,
     pub(crate) smem_allowed: Vec<(kernels::KernelId, u32)>,
     pub(crate) fits: Vec<(kernels::KernelId, u32, bool)>,
@@ -188,12 +208,36 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
 /// Dynamic shared memory of a launch of `kernel` over layers of `dims`.
 fn shared_bytes(kernel: kernels::KernelId, dims: &Dims) -> u32 {
     let max_cols = dims.n_embd.max(dims.n_ff).max(dims.n_head * STACK_HEAD_DIM);
-    let bytes = if kernel == kernels::KernelId::DecodeStackPortable {
-        kernels::stack_portable_shared_bytes(max_cols)
-    } else {
-        kernels::stack_shared_bytes(max_cols)
+    let bytes = match kernel {
+        kernels::KernelId::DecodeStackPortable => kernels::stack_portable_shared_bytes(max_cols),
+        kernels::KernelId::DecodeStackSplit => kernels::stack_split_shared_bytes(max_cols),
+        _ => kernels::stack_shared_bytes(max_cols),
     };
     u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// The kernel that runs layers of `dims` on `d`: `decode_stack_split` where the device's kernel
+/// is `decode_stack`, the layers' KV length (the cache views' positions, the step's keys rounded
+/// up to the session's KV bucket) reaches `State::split_from`
+/// ([`kernels::STACK_SPLIT_MIN_KV`] unless forced), the split attention takes the heads and its
+/// block fits; else the device's kernel. Only `dims` decides among the device's two, so every
+/// run of one graph (a captured one's replays too) takes the same kernel.
+fn chosen(d: &HipDevice, dims: &Dims) -> kernels::KernelId {
+    let (kernel, split_from) = {
+        let st = d.inner.stack.lock();
+        (st.kernel, st.split_from)
+    };
+    let split = kernels::KernelId::DecodeStackSplit;
+    let take = kernel == kernels::KernelId::DecodeStack
+        && split_from.is_some_and(|n| dims.n_kv >= n)
+        && dims.n_head_kv <= kernels::STACK_MAX_KV_HEADS
+        && dims.n_head / dims.n_head_kv <= kernels::STACK_MAX_GQA
+        && d.stack_fits(split, shared_bytes(split, dims));
+    if take {
+        split
+    } else {
+        kernel
+    }
 }
 
 /// Work items of the busiest block of a launch over `n_layer` layers of `dims` on `sms` blocks.
@@ -213,11 +257,12 @@ fn items(sms: u32, n_layer: usize, dims: &Dims) -> usize {
 /// (one resident block per multiprocessor with its shared memory, the busiest block's work
 /// within the kernel's bound).
 pub(crate) fn takes(d: &HipDevice, t: &Tensor, srcs: &[&Tensor]) -> bool {
-    let (on, sms, kernel) = {
+    let (on, sms) = {
         let st = d.inner.stack.lock();
-        (st.on, st.sms, st.kernel)
+        (st.on, st.sms)
     };
     on && layer_dims(t, srcs).is_some_and(|dims| {
+        let kernel = chosen(d, &dims);
         items(sms, 1, &dims) <= kernels::STACK_MAX_ITEMS
             && d.stack_fits(kernel, shared_bytes(kernel, &dims))
     })
@@ -247,15 +292,16 @@ fn layer_ptrs<'a>(l: &GroupNode<'a>, uses: &mut Vec<MemRange<'a>>) -> Result<Sta
 }
 
 /// The kernel's scratch areas, `(offset, bytes)` in one buffer, each 256-byte aligned: the roped
-/// queries, the three Q8_1 vectors (normed residual, attention output, FFN activation) and the
-/// sums of squares.
+/// queries, the three Q8_1 vectors (normed residual, attention output, FFN activation), the
+/// sums of squares and `decode_stack_split`'s partial outputs (`splits` shares per KV head; none
+/// for the other kernels).
 struct Scratch {
-    areas: [(usize, usize); 5],
+    areas: [(usize, usize); 6],
     bytes: usize,
 }
 
 impl Scratch {
-    fn new(d: &Dims) -> Self {
+    fn new(d: &Dims, splits: usize) -> Self {
         let n_q = d.n_head * STACK_HEAD_DIM;
         let lens = [
             n_q * 4,
@@ -263,8 +309,9 @@ impl Scratch {
             kernels::q8_1_vector_bytes(n_q),
             kernels::q8_16_vector_bytes(d.n_ff),
             2 * STACK_MAX_LAYERS * 4,
+            kernels::stack_attn_part_bytes(splits, d.n_head),
         ];
-        let mut areas = [(0, 0); 5];
+        let mut areas = [(0, 0); 6];
         let mut bytes = 0;
         for (area, len) in areas.iter_mut().zip(lens) {
             *area = (bytes, len);
@@ -284,9 +331,9 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         op: "decode_layer",
         detail: format!("the decode stack cannot run this layer: {why}"),
     };
-    let (on, sms, kernel) = {
+    let (on, sms) = {
         let st = d.inner.stack.lock();
-        (st.on, st.sms, st.kernel)
+        (st.on, st.sms)
     };
     if !on {
         return Err(refused("the stack is off"));
@@ -321,17 +368,24 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     if !layers.iter().all(aligned) {
         return Err(refused("a matrix is not 16-byte aligned"));
     }
+    let kernel = chosen(d, &dims);
     let smem = shared_bytes(kernel, &dims);
     if !d.stack_fits(kernel, smem) {
         return Err(refused("its shared memory"));
     }
-    let scratch = Scratch::new(&dims);
+    let split = kernel == kernels::KernelId::DecodeStackSplit;
+    let splits = if split {
+        kernels::stack_attn_splits(sms as usize, dims.n_head, dims.n_head_kv)
+    } else {
+        0
+    };
+    let scratch = Scratch::new(&dims, splits);
     let buf = d.scratch(scratch.bytes)?;
     let sbuf = MemRange::of_buffer(&*buf);
-    let [q, xq, aq, hq, ss] = scratch
+    let [q, xq, aq, hq, ss, part] = scratch
         .areas
         .map(|(off, len)| sbuf.sub(off, len).map_err(|e| gpu_err("decode_stack", e)));
-    let (q, xq, aq, hq, ss) = (q?, xq?, aq?, hq?, ss?);
+    let (q, xq, aq, hq, ss, part) = (q?, xq?, aq?, hq?, ss?, part?);
     let mut uses = Vec::with_capacity(n_layer * 11 + 8);
     let mut p = StackParams::default();
     let mut v_q6 = 0u32;
@@ -371,6 +425,9 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     };
     uses.extend([x_in, x_out, pos, q, xq, aq, hq, ss]);
     uses.extend(ff);
+    if split {
+        uses.push(part);
+    }
     let corr = dims.rope.yarn_corr_dims();
     let i32_of = |v: usize| i32::try_from(v).map_err(|_| gpu_err("decode_stack", "size overflow"));
     p.freq_factors = ff.map_or(0, |f| f.addr());
@@ -403,6 +460,11 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     p.corr_hi = corr[1];
     p.prefetch_items =
         kernels::stack_prefetch_items(l2_bytes, sms as usize, dims.n_head, dims.n_embd);
+    if split {
+        p.attn_splits = i32_of(splits)?;
+        p.attn_prefetch_rows = kernels::stack_attn_prefetch_rows(l2_bytes, splits, dims.n_head_kv);
+        p.attn_part = part.addr();
+    }
     // SAFETY: every layer's tensors match `dims` (`layer_dims`), the scratch areas are sized
     // for them (`Scratch::new`), and `uses` holds all memory the parameter block points to.
     unsafe {
@@ -420,6 +482,9 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if kernel == kernels::KernelId::DecodeStackPortable {
             PORTABLE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if split {
+            SPLIT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
     // The scratch stays alive through the launch: a later, larger request waits for the

@@ -34,10 +34,15 @@ struct ds_params {
     float* q;                   // roped queries, n_head * 128
     uint8_t *xq, *aq, *hq;      // Q8_1: x * norm weight, attention output; Q8_16: FFN activation
     float* ss;                  // 2 * n_layer sums of squares of x (before attention, before FFN)
-    unsigned* bar;              // grid barrier counter, 0 between launches
+    unsigned* bar;              // grid barrier counter, then decode_stack_split's per-KV-head
+                                // counters (from DS_ATTN_MAX_KV on); all 0 between launches
     long long kv_stride;        // cache elements between positions
     unsigned v_q6, d_q6;        // bit l: layer l's v (down) projection is Q6_K, else Q4_K
     int n_layer, n_embd, n_ff, n_head, n_head_kv, n_kv, n_dims;
     float eps, attn_scale, base, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
     int prefetch_items;  // gate/up items a headless block asks into L2 during attention
+    // decode_stack_split only (the others leave them unread):
+    int attn_splits;          // most shares of a KV head's keys (one block each)
+    int attn_prefetch_rows;   // rows at the start of each share asked into L2 during phase 0
+    float* attn_part;         // the shares' partial outputs, attn_splits * n_head * (DS_HEAD + 2)
 };

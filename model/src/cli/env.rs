@@ -109,7 +109,7 @@ pub(super) const VARS: &[Var] = &[
     var(
         GPU_STACK,
         "1",
-        "0: no persistent decode stack (as --no-gpu-stack); native, portable: its kernel (as --gpu-stack)",
+        "0: no persistent decode stack (as --no-gpu-stack); native, short, split, portable: its kernel (as --gpu-stack)",
     ),
     var(
         GPU_GRAPH,

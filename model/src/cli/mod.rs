@@ -164,7 +164,8 @@ pub struct ModelArgs {
     #[arg(long)]
     no_gpu_stack: bool,
     /// The persistent decode stack's kernel: auto (the NVIDIA-specific one where the GPU runs
-    /// it, else the portable one, as on AMD), native, portable (also on NVIDIA), or off (as
+    /// it, its split-attention form on long contexts; else the portable one, as on AMD), native,
+    /// short (never the split form), split (always it), portable (also on NVIDIA), or off (as
     /// `--no-gpu-stack`).
     #[arg(long, value_name = "KERNEL", conflicts_with = "no_gpu_stack")]
     gpu_stack: Option<String>,

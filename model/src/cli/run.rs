@@ -366,6 +366,11 @@ pub struct SynthArgs {
     /// Random seed of the weights.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Trained context length written to the file (`<arch>.context_length`; default the
+    /// preset's): room for benchmarks at depth (`bench -d 32768` on the 8B shape, whose preset
+    /// says 8192). Weights stay the same.
+    #[arg(long, value_name = "N")]
+    ctx: Option<u32>,
     /// Copy the tokenizer from this GGUF (default: a minimal byte-level vocabulary).
     #[arg(long)]
     vocab: Option<PathBuf>,
@@ -375,7 +380,16 @@ pub struct SynthArgs {
 }
 
 pub(super) fn synth(a: &SynthArgs) -> Result<(), ModelError> {
-    let opts = crate::synth::SynthOptions::parse(&a.arch, &a.preset, &a.ftype, a.seed)?;
+    let mut opts = crate::synth::SynthOptions::parse(&a.arch, &a.preset, &a.ftype, a.seed)?;
+    match a.ctx {
+        Some(0) => {
+            return Err(ModelError::InvalidArgument(
+                "--ctx 0: a model needs a context of at least one position".into(),
+            ))
+        }
+        Some(n) => opts.shape.n_ctx = n,
+        None => {}
+    }
     crate::synth::write(&opts, a.vocab.as_deref(), &a.out)?;
     eprintln!("wrote {}", a.out.display());
     Ok(())
@@ -449,6 +463,37 @@ mod tests {
             Ok(other) => panic!("parsed as {other:?}"),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    #[test]
+    fn synth_writes_the_context_length_asked_for() {
+        let out =
+            std::env::temp_dir().join(format!("rocmforge-synth-ctx-{}.gguf", std::process::id()));
+        let args = |ctx: &str| {
+            let o = out.to_str().expect("path");
+            let argv = [
+                "rocmforge",
+                "synth",
+                "--arch",
+                "llama",
+                "--ctx",
+                ctx,
+                "-o",
+                o,
+            ];
+            match Cli::try_parse_from(argv).map(|c| c.cmd) {
+                Ok(Cmd::Synth(a)) => a,
+                Ok(other) => panic!("parsed as {other:?}"),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let e = synth(&args("0")).expect_err("a context of 0");
+        assert!(e.to_string().contains("--ctx 0"), "{e}");
+        synth(&args("40000")).expect("synth");
+        let m = crate::session::Model::load(&out, |_, _| {}).expect("load");
+        assert_eq!(m.config().n_ctx_train, 40000);
+        drop(m);
+        let _ = std::fs::remove_file(&out);
     }
 
     #[test]
