@@ -299,6 +299,20 @@ pub struct DecodeLayerParams {
     pub n_head: usize,
     /// Values per query and key head.
     pub head_dim: usize,
+    /// The q, k and v projections add biases (operands [`layer_src::BQ`] ..= [`layer_src::BV`]).
+    pub qkv_bias: bool,
+}
+
+impl DecodeLayerParams {
+    /// Operand position of the rope's frequency factors, when the node has them (its last
+    /// operand, after the biases).
+    pub fn freq_factors_src(&self) -> usize {
+        if self.qkv_bias {
+            layer_src::BV + 1
+        } else {
+            layer_src::W_DOWN + 1
+        }
+    }
 }
 
 /// Operand positions of an [`Op::DecodeLayer`] node.
@@ -330,8 +344,15 @@ pub mod layer_src {
     pub const W_UP: usize = 11;
     /// See [`W_GATE`].
     pub const W_DOWN: usize = 12;
-    /// The rope's frequency factors, when it has them (the last operand).
-    pub const FREQ_FACTORS: usize = 13;
+    /// The q projection's bias (f32 `[n_head * head_dim]`), when the layer has biases
+    /// ([`super::DecodeLayerParams::qkv_bias`]). The rope's frequency factors, when it has them,
+    /// follow the last operand of the layer (see
+    /// [`super::DecodeLayerParams::freq_factors_src`]).
+    pub const BQ: usize = 13;
+    /// The k projection's bias, as [`BQ`].
+    pub const BK: usize = 14;
+    /// The v projection's bias, as [`BQ`].
+    pub const BV: usize = 15;
 }
 
 impl Op {

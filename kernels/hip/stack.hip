@@ -3,8 +3,9 @@
 //
 // One block of DS_THREADS threads per multiprocessor runs five phases per layer, with a grid
 // barrier between consecutive phases:
-//   0  q/k/v: q, k and v projections of rms_norm(x) * attn_norm; q and k roped (adjacent pairs), k
-//      and v stored in the f16 caches at the step's position, q kept in `q`;
+//   0  q/k/v: q, k and v projections of rms_norm(x) * attn_norm (plus their biases, Qwen2); q and k
+//      roped (adjacent pairs, or NeoX's dims 64 apart), k and v stored in the f16 caches at the
+//      step's position, q kept in `q`;
 //   1  attention: one head per block and pass (online softmax per warp over every 16th key, the
 //      warps' shares combined in shared memory), its output quantized for phase 2;
 //   2  o: o projection plus the residual: x, and x * ffn_norm quantized for phase 3;
@@ -29,7 +30,7 @@
 // between launches); every block walks the phases in the same order and arrives at every barrier;
 // the kernel sits at its register limit, so state added to the hot loop slows all of it (measure
 // any change, see kernels/PERF.md).
-// Limits: weights q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
+// Limits: rope over all 128 dims of a head where NeoX; weights q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
 // every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
 // host never launches it.
@@ -56,6 +57,21 @@
 
 // One block per multiprocessor: the whole register file is this block's.
 #define DS_ATTRS __launch_bounds__(DS_THREADS, 1)
+
+// The q/k/v row (rows of q, then k, then v) whose sum lane `lane` of warp 0 holds in the
+// epilogue of a phase-0 group: a split half's lanes 16..31 repeat lanes 0..15's rows; in a
+// DS_NEOX group lane 2i holds row i and lane 2i + 1 its rope partner, 64 rows on.
+static __device__ __forceinline__ int ds_qkv_row(const ds_cursor& cu, int lane) {
+    if (cu.kind & DS_NEOX) return cu.r16 * 16 + lane / 2 + 64 * (lane & 1);
+    return cu.r16 * 16 + (cu.kind & DS_SPLIT ? lane & 15 : lane);
+}
+
+// Layer l's bias of q/k/v row `row` (DS_QKV_BIAS).
+static __device__ __forceinline__ float ds_qkv_bias(const ds_params& p, int l, int row) {
+    const int nq = p.n_head * DS_HEAD, nk = p.n_head_kv * DS_HEAD;
+    const ds_layer& L = p.layer[l];
+    return row < nq ? L.qkv_bias[0][row] : row < nq + nk ? L.qkv_bias[1][row - nq] : L.qkv_bias[2][row - nq - nk];
+}
 
 // The step, both variants: RING, decode_stack's cp.async ring (NVIDIA only); else
 // decode_stack_portable's register stream (stream.h). `lane` and `wid` are a logical 32-lane
@@ -250,6 +266,9 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                     // in acc[r] of lanes 16..31; a half group's one gate and one up row in acc[0]
                     // and acc[1].
                     const bool half = cu.kind & DS_HALF;
+                    // Phase 0's biases: asked for before the block's barrier, used after it.
+                    const bool biased = k == 0 && (p.qkv & DS_QKV_BIAS) && wid == 0;
+                    const float bias = biased ? ds_qkv_bias(p, l, ds_qkv_row(cu, lane)) : 0.0f;
                     float up0 = 0.0f, up1 = 0.0f;
                     if (lay == DS_GATED) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
@@ -287,15 +306,21 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                         if (k == 0) {
                             const int nq_rows = p.n_head * DS_HEAD, nk_rows = p.n_head_kv * DS_HEAD;
                             const bool put = !split || lane < 16;
-                            if (row < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
-                                const int d = row % DS_HEAD;
+                            const int qr = ds_qkv_row(cu, lane);
+                            v += bias;
+                            if (qr < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
+                                // The rope: this lane's dim d and its pair's other one, in the
+                                // next lane or the one before, adjacent (normal) or 64 apart
+                                // (DS_NEOX).
+                                const int d = qr % DS_HEAD;
+                                const bool neox = cu.kind & DS_NEOX;
                                 const float other = rf_shfl_xor(v, 1, 32);
-                                const float2 o = rope_cs[d / 2];
-                                v = (d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
-                                if (put && row < nq_rows) p.q[row] = v;
-                                else if (put) p.layer[l].kc[pos * p.kv_stride + row - nq_rows] = __float2half(v);
+                                const float2 o = rope_cs[neox ? d % 64 : d / 2];
+                                v = (neox ? d >= 64 : d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
+                                if (put && qr < nq_rows) p.q[qr] = v;
+                                else if (put) p.layer[l].kc[pos * p.kv_stride + qr - nq_rows] = __float2half(v);
                             } else if (put) {
-                                p.layer[l].vc[pos * p.kv_stride + row - nq_rows - nk_rows] = __float2half(v);
+                                p.layer[l].vc[pos * p.kv_stride + qr - nq_rows - nk_rows] = __float2half(v);
                             }
                         } else if (k == 3) {
                             q8_put<16>(v, p.hq, p.n_ff, row, row, !half || lane < 16);

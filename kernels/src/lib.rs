@@ -532,7 +532,16 @@ pub struct StackLayer {
     pub kc: u64,
     /// V cache.
     pub vc: u64,
+    /// The q, k and v biases (f32), where [`StackParams::qkv`] has [`STACK_QKV_BIAS`]; else 0.
+    pub qkv_bias: [u64; 3],
 }
+
+/// [`StackParams::qkv`] flag: every layer adds its [`StackLayer::qkv_bias`] rows to the q, k and
+/// v projections (Qwen2).
+pub const STACK_QKV_BIAS: u32 = 1;
+/// [`StackParams::qkv`] flag: the rope rotates dims `i` and `i + 64` of a head (NeoX, all of its
+/// [`STACK_HEAD_DIM`] dims rotated), else `2i` and `2i + 1`.
+pub const STACK_QKV_NEOX: u32 = 2;
 
 /// `decode_stack`'s parameter block, passed by value (layout mirrors `ds_params` in
 /// `hip/stack/params.h`; no implicit padding).
@@ -568,6 +577,10 @@ pub struct StackParams {
     pub v_q6: u32,
     /// Bit `l`: layer `l`'s `ffn_down` is Q6_K (else Q4_K).
     pub d_q6: u32,
+    /// [`STACK_QKV_BIAS`] and [`STACK_QKV_NEOX`] flags.
+    pub qkv: u32,
+    /// 0 (no implicit padding).
+    pub pad: u32,
     /// Layers in this launch (1 ..= [`STACK_MAX_LAYERS`]).
     pub n_layer: i32,
     /// Residual width.

@@ -532,12 +532,14 @@ fn decode_stack_mirrors_the_source() {
     assert_eq!(source_define(f, "DS_HEAD"), STACK_HEAD_DIM);
     assert_eq!(source_define(f, "DS_STAGES"), STACK_STAGES);
     assert_eq!(source_define(f, "DS_SLOT"), STACK_SLOT);
-    // 11 pointers per layer, 10 more pointers, a 64-bit stride, 18 32-bit fields: no padding,
+    // 14 pointers per layer, 10 more pointers, a 64-bit stride, 20 32-bit fields: no padding,
     // and under the 4 KB parameter limit.
     let size = std::mem::size_of::<StackParams>();
-    assert_eq!(size, STACK_MAX_LAYERS * 88 + 10 * 8 + 8 + 18 * 4);
+    assert_eq!(size, STACK_MAX_LAYERS * 112 + 10 * 8 + 8 + 20 * 4);
     assert!(size <= 4096);
     assert_eq!(source_define(f, "DS_MAX_ITEMS"), STACK_MAX_ITEMS);
+    assert_eq!(source_define(f, "DS_QKV_BIAS"), STACK_QKV_BIAS as usize);
+    assert_eq!(source_define(f, "DS_QKV_NEOX"), STACK_QKV_NEOX as usize);
     // The 8B shapes: a 14336-wide Q8 input (16-value scales) and the work list beside the ring,
     // within an H100's 227 KB.
     assert_eq!(stack_shared_bytes(14336), 5 * 16 * 2304 + 512 * 32 + 17920);

@@ -83,6 +83,8 @@ struct Dims {
     attn: AttnParams,
     n_kv: usize,
     kv_stride: usize,
+    /// q/k/v biases (operands `ls::BQ ..= ls::BV`).
+    qkv_bias: bool,
 }
 
 /// `w` is a 2-D `[cols, rows]` matrix of one of `dtypes` with dense rows, 16 bytes apart (the
@@ -124,7 +126,7 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
     let Op::DecodeLayer(p) = t.op else {
         return None;
     };
-    if s.len() < ls::W_DOWN + 1 {
+    if s.len() < p.freq_factors_src() {
         return None;
     }
     let (rope, attn) = (p.rope, p.attn);
@@ -135,6 +137,20 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
     let (kview, vview) = (s[ls::K], s[ls::V]);
     let f16 = DType::F16.type_size();
     let kv_stride = n_head_kv * STACK_HEAD_DIM;
+    let biases_ok = !p.qkv_bias
+        || [
+            (ls::BQ, n_head * STACK_HEAD_DIM),
+            (ls::BK, kv_stride),
+            (ls::BV, kv_stride),
+        ]
+        .iter()
+        .all(|&(i, n)| vector_ok(s[i], n));
+    // Normal rope over any even number of dims; NeoX's pairs meet in a group only with all of
+    // the head's dims rotated (`DS_NEOX` in `hip/stack/activations.h`).
+    let rope_ok = match rope.mode {
+        RopeMode::Normal => rope.n_dims.is_multiple_of(2) && rope.n_dims <= STACK_HEAD_DIM,
+        RopeMode::Neox => rope.n_dims == STACK_HEAD_DIM,
+    };
     // Whole 8-block Q4_K chunks (and 16-byte aligned Q6_K rows) in every product.
     let ok = n_embd.is_multiple_of(STACK_CHUNK_COLS)
         && n_ff.is_multiple_of(STACK_CHUNK_COLS)
@@ -156,9 +172,8 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
         && matrix_ok(s[ls::W_UP], &[DType::Q4_K], n_embd, n_ff)
         && matrix_ok(s[ls::W_DOWN], &[DType::Q4_K, DType::Q6_K], n_ff, n_embd)
         && p.act == Act::Silu
-        && rope.mode == RopeMode::Normal
-        && rope.n_dims.is_multiple_of(2)
-        && rope.n_dims <= STACK_HEAD_DIM
+        && rope_ok
+        && biases_ok
         && s[ls::POS].dtype == DType::I32
         && (p.head_dim, p.n_head) == (STACK_HEAD_DIM, n_head)
         && attn.causal
@@ -182,6 +197,7 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
         attn,
         n_kv: kview.ne[2],
         kv_stride,
+        qkv_bias: p.qkv_bias,
     })
 }
 
@@ -223,15 +239,25 @@ pub(crate) fn takes(d: &HipDevice, t: &Tensor, srcs: &[&Tensor]) -> bool {
     })
 }
 
-/// Device addresses of layer `l`'s weights and caches, and the memory they cover (for the
-/// capture's record of what the launch uses).
-fn layer_ptrs<'a>(l: &GroupNode<'a>, uses: &mut Vec<MemRange<'a>>) -> Result<StackLayer> {
+/// Device addresses of layer `l`'s weights, caches and (with `qkv_bias`) q/k/v biases, and the
+/// memory they cover (for the capture's record of what the launch uses).
+fn layer_ptrs<'a>(
+    l: &GroupNode<'a>,
+    qkv_bias: bool,
+    uses: &mut Vec<MemRange<'a>>,
+) -> Result<StackLayer> {
     let mut at = |i: usize| -> Result<u64> {
         let m = addr(&l.srcs[i])?;
         uses.push(m);
         Ok(m.addr())
     };
+    let qkv_bias = if qkv_bias {
+        [at(ls::BQ)?, at(ls::BK)?, at(ls::BV)?]
+    } else {
+        [0; 3]
+    };
     Ok(StackLayer {
+        qkv_bias,
         wq: at(ls::WQ)?,
         wk: at(ls::WK)?,
         wv: at(ls::WV)?,
@@ -298,15 +324,15 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let dims = layer_dims(first.tensor, &tensors(first)).ok_or_else(|| refused("its shapes"))?;
     // Every layer of one launch shares the first one's shapes, norms, rope and positions.
     let rope0 = &first.srcs;
+    let ff_at = match first.tensor.op {
+        Op::DecodeLayer(p) => p.freq_factors_src(),
+        _ => return Err(refused("not a decode layer")),
+    };
     let same = |l: &GroupNode<'_>| {
         layer_dims(l.tensor, &tensors(l)) == Some(dims)
             && l.srcs.len() == rope0.len()
             && same_mem(&l.srcs[ls::POS], &rope0[ls::POS])
-            && (l
-                .srcs
-                .get(ls::FREQ_FACTORS)
-                .zip(rope0.get(ls::FREQ_FACTORS)))
-            .is_none_or(|(a, b)| same_mem(a, b))
+            && (l.srcs.get(ff_at).zip(rope0.get(ff_at))).is_none_or(|(a, b)| same_mem(a, b))
     };
     let n_layer = group
         .iter()
@@ -332,12 +358,12 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         .areas
         .map(|(off, len)| sbuf.sub(off, len).map_err(|e| gpu_err("decode_stack", e)));
     let (q, xq, aq, hq, ss) = (q?, xq?, aq?, hq?, ss?);
-    let mut uses = Vec::with_capacity(n_layer * 11 + 8);
+    let mut uses = Vec::with_capacity(n_layer * 14 + 8);
     let mut p = StackParams::default();
     let mut v_q6 = 0u32;
     let mut d_q6 = 0u32;
     for (i, l) in layers.iter().enumerate() {
-        p.layer[i] = layer_ptrs(l, &mut uses)?;
+        p.layer[i] = layer_ptrs(l, dims.qkv_bias, &mut uses)?;
         if l.srcs[ls::WV].tensor.dtype == DType::Q6_K {
             v_q6 |= 1 << i;
         }
@@ -347,7 +373,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     }
     let x_in = addr(&first.srcs[ls::X])?;
     let pos = addr(&first.srcs[ls::POS])?;
-    let ff = first.srcs.get(ls::FREQ_FACTORS).map(addr).transpose()?;
+    let ff = first.srcs.get(ff_at).map(addr).transpose()?;
     // Every layer's residual counts as rewritten for the quantization cache (the kernel writes
     // the last one; the others' bytes are stale now).
     let mut x_out = None;
@@ -386,6 +412,12 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     p.kv_stride = dims.kv_stride as i64;
     p.v_q6 = v_q6;
     p.d_q6 = d_q6;
+    if dims.qkv_bias {
+        p.qkv |= kernels::STACK_QKV_BIAS;
+    }
+    if dims.rope.mode == RopeMode::Neox {
+        p.qkv |= kernels::STACK_QKV_NEOX;
+    }
     p.n_layer = i32_of(n_layer)?;
     p.n_embd = i32_of(dims.n_embd)?;
     p.n_ff = i32_of(dims.n_ff)?;

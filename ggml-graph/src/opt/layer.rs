@@ -2,7 +2,8 @@
 //! [`Op::DecodeLayer`] node, where the device that will run it says it takes the whole layer.
 //!
 //! The pattern is the 13 launched nodes that [`super::optimize`] leaves of a layer, in order:
-//! `rms_norm * w`; the q, k and v `mul_mat`s of it; the q and k ropes (one position vector); the K
+//! `rms_norm * w`; the q, k and v `mul_mat`s of it (or all three `mul_mat + bias`, Qwen2's); the q
+//! and k ropes (one position vector); the K
 //! and V cache writes at those positions; the attention (no mask) over views of the caches; the o
 //! projection plus the residual `x`; `rms_norm * w` of that sum; the gated FFN front
 //! (`mul_mat_swiglu`); the down projection plus the sum. A fused layer keeps every intermediate to
@@ -40,9 +41,12 @@ fn is_layer(nodes: &[Tensor], l: &[TensorId]) -> bool {
         return false;
     };
     let x = src(0, 0);
+    // The projections: all plain, or all with a bias.
+    let proj = &t(1).op;
     matches!(n0.op, Op::RmsNormMul { .. })
         && n0.ne[1] * n0.ne[2] * n0.ne[3] == 1
-        && (1..4).all(|i| t(i).op == Op::MulMat && src(i, 1) == Some(l[0]))
+        && matches!(proj, Op::MulMat | Op::MulMatAdd)
+        && (1..4).all(|i| &t(i).op == proj && src(i, 1) == Some(l[0]))
         && matches!(r4.op, Op::Rope(_))
         && from(4, 0, 1)
         && r5.op == r4.op
@@ -104,6 +108,10 @@ fn fused_node(g: &Graph, l: &[TensorId]) -> Option<Tensor> {
     src[layer_src::W_GATE] = t(11).src[0];
     src[layer_src::W_UP] = t(11).src[1];
     src[layer_src::W_DOWN] = t(12).src[0];
+    let qkv_bias = t(1).op == Op::MulMatAdd;
+    if qkv_bias {
+        src.extend((1..4).map(|i| t(i).src[2]));
+    }
     if let Some(&ff) = t(4).src.get(2) {
         src.push(ff);
     }
@@ -116,6 +124,7 @@ fn fused_node(g: &Graph, l: &[TensorId]) -> Option<Tensor> {
         act: *act,
         n_head: q.ne[1],
         head_dim: q.ne[0],
+        qkv_bias,
     });
     node.src = src;
     Some(node)
@@ -189,12 +198,23 @@ pub(crate) mod tests {
     /// `n_layer` llama-family decode layers (one token) as the model plans build them, then
     /// optimized: the graph and each layer's q projection.
     pub(crate) fn llama_decode(n_layer: usize) -> (Graph, Vec<TensorId>) {
+        decode_graph(n_layer, false)
+    }
+
+    /// [`llama_decode`], or with `qwen2` Qwen2's layers: biases added to the q, k and v
+    /// projections, NeoX rope.
+    fn decode_graph(n_layer: usize, qwen2: bool) -> (Graph, Vec<TensorId>) {
         let (e, hd, nh, nkv, ff, ctx) = (256, 64, 4, 2, 512, 32);
         let mut g = Graph::new();
         let pos = g.input("pos", DType::I32, &[1]).expect("pos");
         let mut x = g.input("x", DType::F32, &[e, 1]).expect("x");
         let mut qs = Vec::new();
-        let rope = RopeParams::new(RopeMode::Normal, hd, 10000.0, 1.0);
+        let mode = if qwen2 {
+            RopeMode::Neox
+        } else {
+            RopeMode::Normal
+        };
+        let rope = RopeParams::new(mode, hd, 10000.0, 1.0);
         for il in 0..n_layer {
             let w = |g: &mut Graph, n: &str, s: &[usize], t| g.weight(&format!("{n}.{il}"), t, s);
             let an = w(&mut g, "attn_norm", &[e], DType::F32).expect("w");
@@ -203,9 +223,15 @@ pub(crate) mod tests {
             let wq = w(&mut g, "q", &[e, hd * nh], DType::Q4_K).expect("w");
             let wk = w(&mut g, "k", &[e, hd * nkv], DType::Q4_K).expect("w");
             let wv = w(&mut g, "v", &[e, hd * nkv], DType::Q6_K).expect("w");
-            let q = g.mul_mat(wq, h).expect("q");
-            let k = g.mul_mat(wk, h).expect("k");
-            let v = g.mul_mat(wv, h).expect("v");
+            let mut q = g.mul_mat(wq, h).expect("q");
+            let mut k = g.mul_mat(wk, h).expect("k");
+            let mut v = g.mul_mat(wv, h).expect("v");
+            if qwen2 {
+                for (y, name, n) in [(&mut q, "bq", nh), (&mut k, "bk", nkv), (&mut v, "bv", nkv)] {
+                    let b = w(&mut g, name, &[hd * n], DType::F32).expect("w");
+                    *y = g.add(*y, b).expect("bias");
+                }
+            }
             qs.push(q);
             let q3 = g.reshape(q, &[hd, nh, 1]).expect("r");
             let k3 = g.reshape(k, &[hd, nkv, 1]).expect("r");
@@ -290,6 +316,50 @@ pub(crate) mod tests {
         // Each layer reads the residual the one before it leaves; the last is the output.
         assert_eq!(nodes[ids[1]].src[layer_src::X].index(), ids[0]);
         assert_eq!(g.outputs()[0].index(), ids[2]);
+    }
+
+    #[test]
+    fn qwen2_layers_fuse_with_their_biases_and_neox_rope() {
+        let (mut g, _) = decode_graph(2, true);
+        assert_eq!(launched(&g).len(), 2 * LAYER_NODES);
+        assert_eq!(fuse_decode_layers(&mut g, &|_, _| true), 2);
+        assert_eq!(launched(&g), ["decode_layer"; 2]);
+        let nodes = g.tensors();
+        for (il, t) in nodes
+            .iter()
+            .filter(|t| matches!(t.op, Op::DecodeLayer(_)))
+            .enumerate()
+        {
+            let Op::DecodeLayer(p) = t.op else {
+                unreachable!("filtered above")
+            };
+            assert!(p.qkv_bias);
+            assert_eq!(p.rope.mode, RopeMode::Neox);
+            // No frequency factors: the biases are the last operands.
+            assert_eq!(t.src.len(), p.freq_factors_src());
+            let name = |k: usize| &nodes[g.storage_root(t.src[k]).0.index()].name;
+            assert_eq!(name(layer_src::WQ), &format!("q.{il}"));
+            assert_eq!(name(layer_src::BQ), &format!("bq.{il}"));
+            assert_eq!(name(layer_src::BK), &format!("bk.{il}"));
+            assert_eq!(name(layer_src::BV), &format!("bv.{il}"));
+        }
+        // A llama layer has no bias operands.
+        let (mut g, _) = llama_decode(1);
+        assert_eq!(fuse_decode_layers(&mut g, &|_, _| true), 1);
+        let t = g
+            .tensors()
+            .iter()
+            .find(|t| matches!(t.op, Op::DecodeLayer(_)));
+        let Some(Tensor {
+            op: Op::DecodeLayer(p),
+            src,
+            ..
+        }) = t
+        else {
+            panic!("no fused layer")
+        };
+        assert!(!p.qkv_bias);
+        assert_eq!(src.len(), layer_src::W_DOWN + 1);
     }
 
     #[test]

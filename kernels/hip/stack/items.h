@@ -29,10 +29,14 @@ static __device__ __forceinline__ int ds_groups(const ds_params& p, int k) {
 // of 2 (mean 1.45), or with Q6_K v one Q4_K group and a v half. A q/k/v half is split by
 // columns between warp pairs (DS_SPLIT), which takes an even number of chunks per row whose
 // second half starts at a Q6_K chunk pair: inputs a multiple of 4096 wide.
+// Under NeoX rope a q or k group pairs rows 64 apart (DS_NEOX), which a half cannot: there the
+// q/k/v halves go out only where they are all v groups.
 static __device__ __forceinline__ int ds_halves(const ds_params& p, int k) {
     if (k != 3 && (k != 0 || p.n_embd % 4096 != 0)) return 0;
-    const int r = ds_groups(p, k) % (int)gridDim.x;
-    return r > 0 && 2 * r <= (int)gridDim.x ? 2 * r : 0;
+    const int n = ds_groups(p, k), r = n % (int)gridDim.x;
+    const int h = r > 0 && 2 * r <= (int)gridDim.x ? 2 * r : 0;
+    const bool qk_half = n - h / 2 < (p.n_head + p.n_head_kv) * DS_HEAD / 32;
+    return k == 0 && (p.qkv & DS_QKV_NEOX) && qk_half ? 0 : h;
 }
 
 // Phase 0's group in dealing place g. The v groups (Q6_K in Q4_K_M, the heaviest) go to blocks
@@ -119,7 +123,15 @@ static __device__ __forceinline__ int ds_build(const ds_params& p, ds_item* item
         const bool half = g >= nfull;  // the block's half group (its last item of the phase)
         const int hrow = nfull * 32 + 16 * (int)blockIdx.x;  // the half's first row
         ds_mat m = ds_matrix(p, l, k, half ? hrow / 32 : g);
-        int kind = m.kind;
+        int kind = m.kind, r16 = half ? hrow / 16 : 2 * (k == 0 ? ds_qkv_group(p, g) : g);
+        if (k == 0 && !half && (p.qkv & DS_QKV_NEOX) && r16 * 16 < (p.n_head + p.n_head_kv) * DS_HEAD) {
+            // Group j of a q or k head under NeoX rope: rows 16j .. 16j + 15 and 64 on (DS_NEOX).
+            const int j = (r16 / 2) & 3;
+            m.row -= 16 * j;
+            m.w2 = m.w + 64 * m.rb;
+            r16 -= j;
+            kind |= DS_NEOX;
+        }
         if (half && k == 0) {
             m.row += hrow % 32;
             kind |= DS_SPLIT;
@@ -132,7 +144,7 @@ static __device__ __forceinline__ int ds_build(const ds_params& p, ds_item* item
         t.w2 = m.w2 ? m.w2 + (long long)m.row * m.rb : t.w + m.rb;
         t.rb = (int)m.rb;
         t.q = (short)(l * DS_PHASES + k);
-        t.r16 = (short)(half ? hrow / 16 : 2 * (k == 0 ? ds_qkv_group(p, g) : g));
+        t.r16 = (short)r16;
         t.kind = (unsigned char)(kind | (k == 4 ? DS_A16 : 0));
         t.n = (unsigned char)((kind & 3) == DS_Q4 ? m.nblk / 8 : m.nblk / 4);
         items[i] = t;
@@ -157,7 +169,7 @@ struct ds_cursor {
             r16 = t.r16;
             kind = t.kind;
             rb = t.rb;
-            const int rows = t.kind & DS_HALF ? 1 : 2;  // per warp, of each matrix
+            const int rows = t.kind & (DS_HALF | DS_NEOX) ? 1 : 2;  // per warp, of each matrix
             int pair = tid / 32;
             c = 0;
             n = t.n;

@@ -17,11 +17,18 @@
 // Most work items (32-row groups) one block takes in a launch: its list sits in shared memory.
 #define DS_MAX_ITEMS 512
 
+// ds_params::qkv flags. DS_QKV_BIAS: each layer adds its qkv_bias rows to the q, k and v
+// projections (Qwen2). DS_QKV_NEOX: the rope rotates dims i and i + 64 of a head (NeoX, all 128
+// dims rotated), else 2i and 2i + 1.
+#define DS_QKV_BIAS 1
+#define DS_QKV_NEOX 2
+
 // One layer's weights (GGUF rows in place) and caches.
 struct ds_layer {
     const uint8_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
     const float *attn_norm, *ffn_norm;
     __half *kc, *vc;
+    const float* qkv_bias[3];  // q, k and v biases (f32 rows), where ds_params::qkv has DS_QKV_BIAS
 };
 
 // Passed by value (under the 4 KB parameter limit); `kernels::StackParams` mirrors it.
@@ -37,6 +44,8 @@ struct ds_params {
     unsigned* bar;              // grid barrier counter, 0 between launches
     long long kv_stride;        // cache elements between positions
     unsigned v_q6, d_q6;        // bit l: layer l's v (down) projection is Q6_K, else Q4_K
+    unsigned qkv;               // DS_QKV_* flags: the launch's q/k/v biases and rope pairs
+    unsigned pad;               // 0: no implicit padding in the block
     int n_layer, n_embd, n_ff, n_head, n_head_kv, n_kv, n_dims;
     float eps, attn_scale, base, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
     int prefetch_items;  // gate/up items a headless block asks into L2 during attention
