@@ -70,20 +70,79 @@ static __device__ __forceinline__ int ds_qkv_row(const ds_cursor& cu, int lane) 
 static __device__ __forceinline__ float ds_qkv_bias(const ds_params& p, int l, int row) {
     const int nq = p.n_head * DS_HEAD, nk = p.n_head_kv * DS_HEAD;
     const ds_layer& L = p.layer[l];
-    return row < nq ? L.qkv_bias[0][row] : row < nq + nk ? L.qkv_bias[1][row - nq] : L.qkv_bias[2][row - nq - nk];
+    return row < nq ? L.qkv_vec[0][row] : row < nq + nk ? L.qkv_vec[1][row - nq] : L.qkv_vec[2][row - nq - nk];
+}
+
+// Q/K head norms (DS_QKV_NORM), after a block's phase-0 groups `first` .. `last` (past the last):
+// their q and k rows were stored as products, unroped (rope_cs is the identity then), the queries
+// in `q`, the keys in the f16 cache (kc: key row r - nq at kc[r]). Each warp takes one of the
+// block's q/k groups (whole groups of one head, DS_HEAD / 32 of them), adds its rows' squares to
+// the head's sum and counts the group in (in `bar`, see DS_NORM_AT); the warp that counts a
+// head's last group scales all of its rows by rsqrt(sum / 128 + eps) and the norm weight (wq or
+// wk), ropes them ((cos, sin) per pair in `cs`), and leaves the head's counter and sum 0. The rows
+// travel through L2 (ds_ldcg), ordered by fences; a key is rounded to f16 twice. Inlined (as a
+// call the portable kernel's spills doubled).
+static __device__ __forceinline__ void ds_qk_norms(float* q, __half* kc, unsigned* bar, const float* wq, const float* wk,
+                                                const float2* cs, int nq, int nqk, float eps, bool neox,
+                                                const ds_item* first, const ds_item* last, int wid, int lane) {
+    for (const ds_item* t = first + wid; t < last; t += DS_WARPS) {
+        const int base = t->r16 * 16;
+        if (base >= nqk) continue;  // a v group
+        const int row = base + (t->kind & DS_NEOX ? lane / 2 + 64 * (lane & 1) : lane), h = row / DS_HEAD;
+        const float x = row < nq ? ds_ldcg(q + row) : __half2float(ds_ldcg(kc + row));
+        const float s2 = warp_sum<32>(x * x);
+        unsigned* cnt = bar + DS_NORM_AT + 2 * h;
+        float* ss = reinterpret_cast<float*>(cnt + 1);
+        __threadfence();
+        rf_syncwarp();
+        int done = 0;
+        if (lane == 0) {
+            atomicAdd(ss, s2);
+            __threadfence();
+            done = atomicAdd(cnt, 1u) == DS_HEAD / 32 - 1;
+        }
+#pragma unroll
+        for (int m = 1; m < 32; m <<= 1) done |= rf_shfl_xor_int(done, m, 32);
+        if (!done) continue;
+        __threadfence();
+        const float r = rsqrtf(ds_ldcg(ss) / DS_HEAD + eps);
+        const float* w = row < nq ? wq : wk;
+        for (int j = lane; j < DS_HEAD / 2; j += 32) {
+            // Pair j: dims j and j + 64 (NeoX) or 2j and 2j + 1.
+            const int a = neox ? j : 2 * j, b = neox ? j + DS_HEAD / 2 : 2 * j + 1;
+            const int ra = h * DS_HEAD + a, rb = h * DS_HEAD + b;
+            const float xa = (ra < nq ? ds_ldcg(q + ra) : __half2float(ds_ldcg(kc + ra))) * r * w[a];
+            const float xb = (rb < nq ? ds_ldcg(q + rb) : __half2float(ds_ldcg(kc + rb))) * r * w[b];
+            const float2 o = cs[j];
+            const float ya = xa * o.x - xb * o.y, yb = xa * o.y + xb * o.x;
+            if (ra < nq) {
+                q[ra] = ya;
+                q[rb] = yb;
+            } else {
+                kc[ra] = __float2half(ya);
+                kc[rb] = __float2half(yb);
+            }
+        }
+        rf_syncwarp();
+        if (lane == 0) {
+            *ss = 0.0f;
+            *cnt = 0u;
+        }
+    }
 }
 
 // The step, both variants: RING, decode_stack's cp.async ring (NVIDIA only); else
 // decode_stack_portable's register stream (stream.h). `lane` and `wid` are a logical 32-lane
 // warp's: on wave64 targets each wave holds two of them, which share nothing but the wave's
 // barrier (rf_syncwarp) and take every shuffle within their 32 lanes.
-template <bool RING>
+template <bool RING, bool QKN>
 static __device__ __forceinline__ void ds_step(const ds_params& p) {
     extern __shared__ __align__(16) uint8_t ds_sm[];
     uint8_t* sm = ds_sm;
     __shared__ float rowv2[2][32];
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     __shared__ float2 rope_cs[DS_HEAD / 2];  // (cos, sin) per dimension pair at the step's position
+    __shared__ float2 rope_qk[DS_HEAD / 2];  // ... where rope_cs is the identity (DS_QKV_NORM)
     constexpr int ring_bytes = RING ? DS_STAGES * DS_TILE : 0;
     ds_item* items = reinterpret_cast<ds_item*>(sm + ring_bytes);
     uint8_t* act = sm + ring_bytes + DS_MAX_ITEMS * sizeof(ds_item);
@@ -131,7 +190,10 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
     if (threadIdx.x < DS_HEAD / 2) {
         const rope_rot o = rope_angle(threadIdx.x, (float)pos, p.n_dims, p.base, p.freq_scale, p.freq_factors, 0,
                                       p.ext_factor, p.mscale, p.corr_lo, p.corr_hi);
-        rope_cs[threadIdx.x] = o.rot ? make_float2(o.c, o.s) : make_float2(1.0f, 0.0f);
+        // Under q/k norms the rope waits for the head's norm (ds_qk_norms): none in the epilogue.
+        const float2 cs = o.rot ? make_float2(o.c, o.s) : make_float2(1.0f, 0.0f);
+        rope_cs[threadIdx.x] = QKN ? make_float2(1.0f, 0.0f) : cs;
+        if constexpr (QKN) rope_qk[threadIdx.x] = cs;
     }
     __syncthreads();
     // The phases, layer by layer: q = layer * DS_PHASES + phase.
@@ -342,19 +404,39 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
             }
         }
         __syncthreads();
+        if (QKN && k == 0) {
+            // This block's groups of the phase: those before the use cursor's item, past them.
+            const ds_item* first = cu.it;
+            while (first > items && first[-1].q == q) --first;
+            const ds_layer& L = p.layer[l];
+            const int nq_rows = p.n_head * DS_HEAD;
+            ds_qk_norms(p.q, L.kc + pos * p.kv_stride - nq_rows, p.bar, L.qkv_vec[0], L.qkv_vec[1], rope_qk, nq_rows,
+                        nq_rows + p.n_head_kv * DS_HEAD, p.eps, p.qkv & DS_QKV_NEOX, first, cu.it, wid, lane);
+            __syncthreads();
+        }
         if (threadIdx.x == 0 && q + 1 < nq) bar_old = ds_barrier_arrive(p);
     }
 }
 
 RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
 #if defined(RF_CP_ASYNC)
-    ds_step<true>(p);
+    ds_step<true, false>(p);
 #endif
 }
 
 // The portable variant (AMD, and NVIDIA on request): no inline assembly, the weights streamed
 // through registers (stream.h), the grid barrier by volatile loads and fences.
-RF_KERNEL void DS_ATTRS decode_stack_portable(ds_params p) { ds_step<false>(p); }
+RF_KERNEL void DS_ATTRS decode_stack_portable(ds_params p) { ds_step<false, false>(p); }
+
+// Both with q/k head norms (DS_QKV_NORM, Qwen3): kernels of their own, so that the others'
+// register allocation stays as it was (the norms' step after phase 0 raised decode_stack's).
+RF_KERNEL void DS_ATTRS decode_stack_qk_norm(ds_params p) {
+#if defined(RF_CP_ASYNC)
+    ds_step<true, true>(p);
+#endif
+}
+
+RF_KERNEL void DS_ATTRS decode_stack_portable_qk_norm(ds_params p) { ds_step<false, true>(p); }
 
 // The output head (or any tall Q6_K mat-vec over one Q8_1 vector): out[r] = w[r] . y, with
 // decode_stack's weight streaming. One block per multiprocessor takes the 32-row groups b,

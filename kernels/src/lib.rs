@@ -532,16 +532,29 @@ pub struct StackLayer {
     pub kc: u64,
     /// V cache.
     pub vc: u64,
-    /// The q, k and v biases (f32), where [`StackParams::qkv`] has [`STACK_QKV_BIAS`]; else 0.
-    pub qkv_bias: [u64; 3],
+    /// f32 vectors: the q, k and v biases where [`StackParams::qkv`] has [`STACK_QKV_BIAS`], the
+    /// q and k heads' norm weights (and 0) where it has [`STACK_QKV_NORM`]; else 0.
+    pub qkv_vec: [u64; 3],
 }
 
-/// [`StackParams::qkv`] flag: every layer adds its [`StackLayer::qkv_bias`] rows to the q, k and
+/// [`StackParams::qkv`] flag: every layer adds its [`StackLayer::qkv_vec`] rows to the q, k and
 /// v projections (Qwen2).
 pub const STACK_QKV_BIAS: u32 = 1;
 /// [`StackParams::qkv`] flag: the rope rotates dims `i` and `i + 64` of a head (NeoX, all of its
 /// [`STACK_HEAD_DIM`] dims rotated), else `2i` and `2i + 1`.
 pub const STACK_QKV_NEOX: u32 = 2;
+/// [`StackParams::qkv`] flag: every layer RMS-norms each q and k head (epsilon
+/// [`StackParams::eps`]) times its [`StackLayer::qkv_vec`] weight before the rope (Qwen3).
+pub const STACK_QKV_NORM: u32 = 4;
+/// Most q plus k heads of a launch with [`STACK_QKV_NORM`]: each has a counter and a sum of
+/// squares in the barrier buffer.
+pub const STACK_NORM_HEADS: usize = 192;
+/// Where the q/k norms' (counter, sum) pairs start in the barrier buffer, in u32 words.
+const STACK_NORM_AT: usize = 128;
+/// u32 words of the decode stack's barrier buffer, zeroed once and left so by every launch: the
+/// grid barrier's counter at 0, the q/k norms' per-head counters and sums of squares from
+/// `STACK_NORM_AT` (`DS_NORM_AT`) on.
+pub const STACK_BARRIER_WORDS: usize = STACK_NORM_AT + 2 * STACK_NORM_HEADS;
 
 /// `decode_stack`'s parameter block, passed by value (layout mirrors `ds_params` in
 /// `hip/stack/params.h`; no implicit padding).
@@ -577,7 +590,7 @@ pub struct StackParams {
     pub v_q6: u32,
     /// Bit `l`: layer `l`'s `ffn_down` is Q6_K (else Q4_K).
     pub d_q6: u32,
-    /// [`STACK_QKV_BIAS`] and [`STACK_QKV_NEOX`] flags.
+    /// [`STACK_QKV_BIAS`], [`STACK_QKV_NEOX`] and [`STACK_QKV_NORM`] flags.
     pub qkv: u32,
     /// 0 (no implicit padding).
     pub pad: u32,

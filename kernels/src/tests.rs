@@ -540,6 +540,8 @@ fn decode_stack_mirrors_the_source() {
     assert_eq!(source_define(f, "DS_MAX_ITEMS"), STACK_MAX_ITEMS);
     assert_eq!(source_define(f, "DS_QKV_BIAS"), STACK_QKV_BIAS as usize);
     assert_eq!(source_define(f, "DS_QKV_NEOX"), STACK_QKV_NEOX as usize);
+    assert_eq!(source_define(f, "DS_QKV_NORM"), STACK_QKV_NORM as usize);
+    assert_eq!(source_define(f, "DS_NORM_AT"), STACK_NORM_AT);
     // The 8B shapes: a 14336-wide Q8 input (16-value scales) and the work list beside the ring,
     // within an H100's 227 KB.
     assert_eq!(stack_shared_bytes(14336), 5 * 16 * 2304 + 512 * 32 + 17920);

@@ -745,17 +745,48 @@ fn synthetic_qwen2_decode_stack_on_gpu_equals_cpu() {
     );
 }
 
-/// The decode stack on Qwen2 layers at Qwen3-8B-like widths (4096, 32 heads, 8 key-value heads,
-/// FFN 12288; on 132 multiprocessors the q/k/v halves of the last round are all v groups), both
-/// kernels teacher-forced against the per-op path: a wrong bias row, rope pair or group layout
-/// would be far off.
+/// A Qwen3 model of the decode stack's shapes (q/k head norms, NeoX rope; as the qwen2 one): its
+/// decode steps must run as `decode_stack_qk_norm` launches (each head normed once all of its
+/// groups are in) and give the CPU's tokens and logits.
 #[test]
 #[serial]
-fn synthetic_qwen2_8b_layers_decode_stack_equals_per_op() {
+fn synthetic_qwen3_decode_stack_on_gpu_equals_cpu() {
     if !have_gpu() {
         return;
     }
-    let m = stack_shaped("qwen2", "synth-qwen2-8b-layers.gguf", 19, [32, 8, 12288, 2]);
+    let m = stack_shaped("qwen3", "synth-qwen3-stack.gguf", 23, [16, 4, 6144, 4]);
+    let before = stack_launches();
+    let bounds = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 1e-3,
+    };
+    let _ = check_model_with(
+        "qwen3 stack",
+        &m,
+        &synth_prompt(&m),
+        bounds,
+        Some(StackKernel::Auto),
+    );
+    let launched = stack_launches() - before;
+    println!("decode_stack launches: {launched}");
+    assert!(
+        launched >= STEPS,
+        "only {launched} decode_stack launches: the qwen3 decode layers did not take the stack"
+    );
+}
+
+/// The decode stack on `arch` layers at Qwen3-8B's widths (4096, 32 heads, 8 key-value heads,
+/// FFN 12288, two layers; on 132 multiprocessors the q/k/v halves of the last round are all v
+/// groups), both kernels teacher-forced against the per-op path: a wrong bias row, rope pair,
+/// head norm or group layout would be far off.
+fn stack_8b_layers_equal_per_op(arch: &str, seed: u64) {
+    let m = stack_shaped(
+        arch,
+        &format!("synth-{arch}-8b-layers.gguf"),
+        seed,
+        [32, 8, 12288, 2],
+    );
     let prompt = synth_prompt(&m);
     let mut cpu = Session::new(&m, &opts(DeviceChoice::Cpu, None, None)).expect("CPU session");
     let want = greedy(&mut cpu, &prompt, STEPS);
@@ -777,10 +808,10 @@ fn synthetic_qwen2_8b_layers_decode_stack_equals_per_op() {
     let before = stack_portable_launches();
     let portable = run(Some(StackKernel::Portable));
     let n_portable = stack_portable_launches() - before;
-    println!("decode stack launches: {n_native}, portable {n_portable}");
+    println!("{arch}: decode stack launches: {n_native}, portable {n_portable}");
     assert!(
         n_native > 0 && n_portable > 0,
-        "the qwen2 decode layers did not take both stack kernels ({n_native}, {n_portable})"
+        "the {arch} decode layers did not take both stack kernels ({n_native}, {n_portable})"
     );
     let loose = Bounds {
         full: 0.3,
@@ -788,7 +819,7 @@ fn synthetic_qwen2_8b_layers_decode_stack_equals_per_op() {
         kld_mean: 3e-3,
     };
     check_diffs(
-        "qwen2 8b layers per op",
+        &format!("{arch} 8b layers per op"),
         &diffs(&want.logits, &per_op),
         loose,
     );
@@ -800,10 +831,26 @@ fn synthetic_qwen2_8b_layers_decode_stack_equals_per_op() {
     };
     for (what, got) in [("stack", &native), ("portable stack", &portable)] {
         check_diffs(
-            &format!("qwen2 8b layers {what} against per op"),
+            &format!("{arch} 8b layers {what} against per op"),
             &diffs(&per_op, got),
             tight,
         );
+    }
+}
+
+#[test]
+#[serial]
+fn synthetic_qwen2_8b_layers_decode_stack_equals_per_op() {
+    if have_gpu() {
+        stack_8b_layers_equal_per_op("qwen2", 19);
+    }
+}
+
+#[test]
+#[serial]
+fn synthetic_qwen3_8b_layers_decode_stack_equals_per_op() {
+    if have_gpu() {
+        stack_8b_layers_equal_per_op("qwen3", 29);
     }
 }
 

@@ -340,8 +340,9 @@ impl HipDevice {
             && sms > 0
             && kernels::image(kernels::Module::Stack, target).is_ok();
         let bar = if can {
-            let mut b = DeviceBuffer::<u32>::new(dev, 64, "decode stack barrier")
-                .map_err(|e| gpu_err("open", e))?;
+            let mut b =
+                DeviceBuffer::<u32>::new(dev, kernels::STACK_BARRIER_WORDS, "decode stack barrier")
+                    .map_err(|e| gpu_err("open", e))?;
             sb.stream()
                 .memset(&mut b.view_mut(), 0)
                 .and_then(|()| sb.stream().synchronize())

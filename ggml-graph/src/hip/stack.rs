@@ -1,5 +1,6 @@
 //! The persistent decode stack: whole llama-family decode layers ([`Op::DecodeLayer`] nodes, made
-//! by `opt::fuse_decode_layers` where [`takes`] accepts them) as one cooperative `decode_stack`
+//! by `opt::fuse_decode_layers` where [`takes`] accepts them; Qwen2's q/k/v biases and Qwen3's q/k
+//! head norms included, the latter on kernels of their own) as one cooperative `decode_stack`
 //! launch per up to [`kernels::STACK_MAX_LAYERS`] consecutive layers.
 //!
 //! The kernel keeps every intermediate of a layer on chip or in its own scratch: it writes only
@@ -85,6 +86,8 @@ struct Dims {
     kv_stride: usize,
     /// q/k/v biases (operands `ls::BQ ..= ls::BV`).
     qkv_bias: bool,
+    /// Per-head q and k norms (operands `ls::Q_NORM`, `ls::K_NORM`), epsilon `eps`.
+    qk_norm: bool,
 }
 
 /// `w` is a 2-D `[cols, rows]` matrix of one of `dtypes` with dense rows, 16 bytes apart (the
@@ -145,6 +148,16 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
         ]
         .iter()
         .all(|&(i, n)| vector_ok(s[i], n));
+    // Per-head q/k norms: their weights, the attention norm's epsilon, and room for the heads'
+    // counters in the barrier buffer.
+    let norms_ok = p.qk_norm.is_none_or(|eps| {
+        eps == p.attn_eps
+            && !p.qkv_bias
+            && n_head + n_head_kv <= kernels::STACK_NORM_HEADS
+            && [ls::Q_NORM, ls::K_NORM]
+                .iter()
+                .all(|&i| vector_ok(s[i], STACK_HEAD_DIM))
+    });
     // Normal rope over any even number of dims; NeoX's pairs meet in a group only with all of
     // the head's dims rotated (`DS_NEOX` in `hip/stack/activations.h`).
     let rope_ok = match rope.mode {
@@ -174,6 +187,7 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
         && p.act == Act::Silu
         && rope_ok
         && biases_ok
+        && norms_ok
         && s[ls::POS].dtype == DType::I32
         && (p.head_dim, p.n_head) == (STACK_HEAD_DIM, n_head)
         && attn.causal
@@ -198,13 +212,33 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
         n_kv: kview.ne[2],
         kv_stride,
         qkv_bias: p.qkv_bias,
+        qk_norm: p.qk_norm.is_some(),
     })
+}
+
+/// The kernel that runs layers of `dims` where the device runs `kernel` (`DecodeStack` or
+/// `DecodeStackPortable`): its variant with q/k head norms where the layers have them.
+fn variant(kernel: kernels::KernelId, dims: &Dims) -> kernels::KernelId {
+    use kernels::KernelId as K;
+    match (kernel, dims.qk_norm) {
+        (K::DecodeStack, true) => K::DecodeStackQkNorm,
+        (K::DecodeStackPortable, true) => K::DecodeStackPortableQkNorm,
+        (k, _) => k,
+    }
+}
+
+/// True for the portable stack kernels (`decode_stack_portable` and its q/k norm variant).
+fn portable(kernel: kernels::KernelId) -> bool {
+    matches!(
+        kernel,
+        kernels::KernelId::DecodeStackPortable | kernels::KernelId::DecodeStackPortableQkNorm
+    )
 }
 
 /// Dynamic shared memory of a launch of `kernel` over layers of `dims`.
 fn shared_bytes(kernel: kernels::KernelId, dims: &Dims) -> u32 {
     let max_cols = dims.n_embd.max(dims.n_ff).max(dims.n_head * STACK_HEAD_DIM);
-    let bytes = if kernel == kernels::KernelId::DecodeStackPortable {
+    let bytes = if portable(kernel) {
         kernels::stack_portable_shared_bytes(max_cols)
     } else {
         kernels::stack_shared_bytes(max_cols)
@@ -234,16 +268,17 @@ pub(crate) fn takes(d: &HipDevice, t: &Tensor, srcs: &[&Tensor]) -> bool {
         (st.on, st.sms, st.kernel)
     };
     on && layer_dims(t, srcs).is_some_and(|dims| {
+        let kernel = variant(kernel, &dims);
         items(sms, 1, &dims) <= kernels::STACK_MAX_ITEMS
             && d.stack_fits(kernel, shared_bytes(kernel, &dims))
     })
 }
 
-/// Device addresses of layer `l`'s weights, caches and (with `qkv_bias`) q/k/v biases, and the
-/// memory they cover (for the capture's record of what the launch uses).
+/// Device addresses of layer `l` (of `dims`)'s weights, caches, q/k/v biases or q/k norm
+/// weights, and the memory they cover (for the capture's record of what the launch uses).
 fn layer_ptrs<'a>(
     l: &GroupNode<'a>,
-    qkv_bias: bool,
+    dims: &Dims,
     uses: &mut Vec<MemRange<'a>>,
 ) -> Result<StackLayer> {
     let mut at = |i: usize| -> Result<u64> {
@@ -251,13 +286,15 @@ fn layer_ptrs<'a>(
         uses.push(m);
         Ok(m.addr())
     };
-    let qkv_bias = if qkv_bias {
+    let qkv_vec = if dims.qkv_bias {
         [at(ls::BQ)?, at(ls::BK)?, at(ls::BV)?]
+    } else if dims.qk_norm {
+        [at(ls::Q_NORM)?, at(ls::K_NORM)?, 0]
     } else {
         [0; 3]
     };
     Ok(StackLayer {
-        qkv_bias,
+        qkv_vec,
         wq: at(ls::WQ)?,
         wk: at(ls::WK)?,
         wv: at(ls::WV)?,
@@ -322,6 +359,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     }
     let first = group.first().ok_or_else(|| refused("no layer"))?;
     let dims = layer_dims(first.tensor, &tensors(first)).ok_or_else(|| refused("its shapes"))?;
+    let kernel = variant(kernel, &dims);
     // Every layer of one launch shares the first one's shapes, norms, rope and positions.
     let rope0 = &first.srcs;
     let ff_at = match first.tensor.op {
@@ -363,7 +401,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let mut v_q6 = 0u32;
     let mut d_q6 = 0u32;
     for (i, l) in layers.iter().enumerate() {
-        p.layer[i] = layer_ptrs(l, dims.qkv_bias, &mut uses)?;
+        p.layer[i] = layer_ptrs(l, &dims, &mut uses)?;
         if l.srcs[ls::WV].tensor.dtype == DType::Q6_K {
             v_q6 |= 1 << i;
         }
@@ -418,6 +456,9 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     if dims.rope.mode == RopeMode::Neox {
         p.qkv |= kernels::STACK_QKV_NEOX;
     }
+    if dims.qk_norm {
+        p.qkv |= kernels::STACK_QKV_NORM;
+    }
     p.n_layer = i32_of(n_layer)?;
     p.n_embd = i32_of(dims.n_embd)?;
     p.n_ff = i32_of(dims.n_ff)?;
@@ -450,7 +491,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     #[cfg(any(test, feature = "testing"))]
     {
         LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if kernel == kernels::KernelId::DecodeStackPortable {
+        if portable(kernel) {
             PORTABLE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }

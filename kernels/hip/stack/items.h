@@ -29,14 +29,15 @@ static __device__ __forceinline__ int ds_groups(const ds_params& p, int k) {
 // of 2 (mean 1.45), or with Q6_K v one Q4_K group and a v half. A q/k/v half is split by
 // columns between warp pairs (DS_SPLIT), which takes an even number of chunks per row whose
 // second half starts at a Q6_K chunk pair: inputs a multiple of 4096 wide.
-// Under NeoX rope a q or k group pairs rows 64 apart (DS_NEOX), which a half cannot: there the
-// q/k/v halves go out only where they are all v groups.
+// Under NeoX rope a q or k group pairs rows 64 apart (DS_NEOX), which a half cannot, and q/k
+// norms count a head's groups (ds_qk_norm): there the q/k/v halves go out only where they are
+// all v groups.
 static __device__ __forceinline__ int ds_halves(const ds_params& p, int k) {
     if (k != 3 && (k != 0 || p.n_embd % 4096 != 0)) return 0;
     const int n = ds_groups(p, k), r = n % (int)gridDim.x;
     const int h = r > 0 && 2 * r <= (int)gridDim.x ? 2 * r : 0;
     const bool qk_half = n - h / 2 < (p.n_head + p.n_head_kv) * DS_HEAD / 32;
-    return k == 0 && (p.qkv & DS_QKV_NEOX) && qk_half ? 0 : h;
+    return k == 0 && (p.qkv & (DS_QKV_NEOX | DS_QKV_NORM)) && qk_half ? 0 : h;
 }
 
 // Phase 0's group in dealing place g. The v groups (Q6_K in Q4_K_M, the heaviest) go to blocks

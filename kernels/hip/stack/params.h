@@ -17,18 +17,24 @@
 // Most work items (32-row groups) one block takes in a launch: its list sits in shared memory.
 #define DS_MAX_ITEMS 512
 
-// ds_params::qkv flags. DS_QKV_BIAS: each layer adds its qkv_bias rows to the q, k and v
-// projections (Qwen2). DS_QKV_NEOX: the rope rotates dims i and i + 64 of a head (NeoX, all 128
-// dims rotated), else 2i and 2i + 1.
+// ds_params::qkv flags. DS_QKV_BIAS: each layer adds its qkv_vec rows (biases) to the q, k and
+// v projections (Qwen2). DS_QKV_NEOX: the rope rotates dims i and i + 64 of a head (NeoX, all
+// 128 dims rotated), else 2i and 2i + 1. DS_QKV_NORM: each q and k head is RMS-normed (eps)
+// times qkv_vec[0] (q) or [1] (k) before the rope (Qwen3).
 #define DS_QKV_BIAS 1
 #define DS_QKV_NEOX 2
+#define DS_QKV_NORM 4
+// The barrier buffer (ds_params::bar), u32 words all 0 between launches: the grid barrier's
+// counter at 0; from DS_NORM_AT, per q head and then k head (DS_QKV_NORM), the count of its
+// groups done and the f32 sum of their squares.
+#define DS_NORM_AT 128
 
 // One layer's weights (GGUF rows in place) and caches.
 struct ds_layer {
     const uint8_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
     const float *attn_norm, *ffn_norm;
     __half *kc, *vc;
-    const float* qkv_bias[3];  // q, k and v biases (f32 rows), where ds_params::qkv has DS_QKV_BIAS
+    const float* qkv_vec[3];  // q, k, v biases (DS_QKV_BIAS) or q, k norm weights (DS_QKV_NORM)
 };
 
 // Passed by value (under the 4 KB parameter limit); `kernels::StackParams` mirrors it.
@@ -38,10 +44,10 @@ struct ds_params {
     const int* pos;             // the step's position (one token)
     const float* x_in;          // the residual before the first layer
     float* x_out;               // ... after the last one (also the running residual)
-    float* q;                   // roped queries, n_head * 128
+    float* q;                   // roped queries, n_head * 128 (then keys: DS_QKV_NORM)
     uint8_t *xq, *aq, *hq;      // Q8_1: x * norm weight, attention output; Q8_16: FFN activation
     float* ss;                  // 2 * n_layer sums of squares of x (before attention, before FFN)
-    unsigned* bar;              // grid barrier counter, 0 between launches
+    unsigned* bar;              // grid barrier counter, ... (DS_NORM_AT), 0 between launches
     long long kv_stride;        // cache elements between positions
     unsigned v_q6, d_q6;        // bit l: layer l's v (down) projection is Q6_K, else Q4_K
     unsigned qkv;               // DS_QKV_* flags: the launch's q/k/v biases and rope pairs
