@@ -5,7 +5,8 @@
 // barrier between consecutive phases:
 //   0  q/k/v: q, k and v projections of rms_norm(x) * attn_norm (plus their biases, Qwen2); q and k
 //      roped (adjacent pairs, or NeoX's dims 64 apart), k and v stored in the f16 caches at the
-//      step's position, q kept in `q`;
+//      step's position, q kept in `q`; with q/k head norms (Qwen3, the _qk_norm kernels) q and k
+//      normed and roped after the products (ds_qk_norms);
 //   1  attention: one head per block and pass (online softmax per warp over every 16th key, the
 //      warps' shares combined in shared memory), its output quantized for phase 2;
 //   2  o: o projection plus the residual: x, and x * ffn_norm quantized for phase 3;
@@ -30,8 +31,9 @@
 // between launches); every block walks the phases in the same order and arrives at every barrier;
 // the kernel sits at its register limit, so state added to the hot loop slows all of it (measure
 // any change, see kernels/PERF.md).
-// Limits: rope over all 128 dims of a head where NeoX; weights q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
-// every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
+// Limits: weights q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
+// every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows);
+// NeoX rope over all 128 dims of a head.
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
 // host never launches it.
 //
@@ -42,7 +44,7 @@
 //   stack/ring.h         the per-warp cp.async weight ring
 //   stack/exchange.h     the grid barrier, input fetch, L2 prefetch of later items
 //   stack/attention.h    phase 1
-// and here the two kernels: decode_stack and head_q6_k.
+// and here the kernels: decode_stack and its variants (portable, q/k norms) and head_q6_k.
 #include "qdot.h"
 #include "stack/params.h"
 
@@ -405,7 +407,7 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
         }
         __syncthreads();
         if (QKN && k == 0) {
-            // This block's groups of the phase: those before the use cursor's item, past them.
+            // This block's items of the phase: the run of them just before the use cursor's.
             const ds_item* first = cu.it;
             while (first > items && first[-1].q == q) --first;
             const ds_layer& L = p.layer[l];
