@@ -544,3 +544,63 @@ pub(crate) fn head_launch(
     d.stack_fits(kernels::KernelId::HeadQ6_K, smem)
         .then_some((sms, smem))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::opt::layer::tests::decode_graph_of;
+
+    /// What [`layer_dims`] reads of each fused layer of a two-layer `arch` decode graph of
+    /// `[n_embd, n_head, n_ff]` (heads of 128, 4 key-value heads), with `edit` applied to each
+    /// fused node's parameters first.
+    fn dims_of(
+        arch: &str,
+        [e, nh, ff]: [usize; 3],
+        edit: impl Fn(&mut crate::tensor::DecodeLayerParams),
+    ) -> Vec<Option<Dims>> {
+        let (mut g, _) = decode_graph_of(2, arch, [e, STACK_HEAD_DIM, nh, 4, ff]);
+        assert_eq!(crate::opt::fuse_decode_layers(&mut g, &|_, _| true), 2);
+        let nodes = g.tensors();
+        nodes
+            .iter()
+            .filter(|t| matches!(t.op, Op::DecodeLayer(_)))
+            .map(|t| {
+                let mut t = t.clone();
+                if let Op::DecodeLayer(p) = &mut t.op {
+                    edit(p);
+                }
+                let srcs: Vec<&Tensor> = t.src.iter().map(|s| &nodes[s.index()]).collect();
+                layer_dims(&t, &srcs)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_stack_takes_llama_qwen2_and_qwen3_layers_of_its_widths() {
+        let shape = [2048, 16, 6144];
+        for arch in ["llama", "qwen2", "qwen3"] {
+            let dims = dims_of(arch, shape, |_| ());
+            assert_eq!(dims.len(), 2);
+            for d in dims {
+                let d = d.unwrap_or_else(|| panic!("{arch}: a layer the stack should take"));
+                assert_eq!(
+                    (d.n_embd, d.n_head, d.n_head_kv, d.n_ff),
+                    (2048, 16, 4, 6144)
+                );
+                assert_eq!(d.qkv_bias, arch == "qwen2", "{arch}");
+                assert_eq!(d.qk_norm, arch == "qwen3", "{arch}");
+                let neox = d.rope.mode == RopeMode::Neox;
+                assert_eq!(neox, arch != "llama", "{arch}");
+            }
+        }
+        // NeoX pairs meet in a group only with all 128 dims rotated.
+        let partial = dims_of("qwen2", shape, |p| p.rope.n_dims = 64);
+        assert!(partial.iter().all(Option::is_none));
+        // Q/K norms with another epsilon than the attention norm's are not the kernel's.
+        let eps = dims_of("qwen3", shape, |p| p.qk_norm = Some(1e-3));
+        assert!(eps.iter().all(Option::is_none));
+        // Qwen2-7B's widths (3584, FFN 18944) are no whole 2048-value chunks: per op.
+        let q7 = dims_of("qwen2", [3584, 28, 18944], |_| ());
+        assert!(q7.iter().all(Option::is_none));
+    }
+}

@@ -260,8 +260,17 @@ pub(crate) mod tests {
     /// [`llama_decode`] for `arch` llama, qwen2 (biases added to the q, k and v projections,
     /// NeoX rope) or qwen3 (each q and k head RMS-normed before the rope, NeoX rope).
     fn decode_graph(n_layer: usize, arch: &str) -> (Graph, Vec<TensorId>) {
+        decode_graph_of(n_layer, arch, [256, 64, 4, 2, 512])
+    }
+
+    /// [`decode_graph`] of `[n_embd, head_dim, n_head, n_head_kv, n_ff]`.
+    pub(crate) fn decode_graph_of(
+        n_layer: usize,
+        arch: &str,
+        [e, hd, nh, nkv, ff]: [usize; 5],
+    ) -> (Graph, Vec<TensorId>) {
         let (qwen2, qwen3) = (arch == "qwen2", arch == "qwen3");
-        let (e, hd, nh, nkv, ff, ctx) = (256, 64, 4, 2, 512, 32);
+        let ctx = 32;
         let mut g = Graph::new();
         let pos = g.input("pos", DType::I32, &[1]).expect("pos");
         let mut x = g.input("x", DType::F32, &[e, 1]).expect("x");
