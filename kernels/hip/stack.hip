@@ -76,14 +76,14 @@ static __device__ __forceinline__ float ds_qkv_bias(const ds_params& p, int l, i
 }
 
 // Q/K head norms (DS_QKV_NORM), after a block's phase-0 groups `first` .. `last` (past the last):
-// their q and k rows were stored as products, unroped (rope_cs is the identity then), the queries
-// in `q`, the keys in the f16 cache (kc: key row r - nq at kc[r]). Each warp takes one of the
-// block's q/k groups (whole groups of one head, DS_HEAD / 32 of them), adds its rows' squares to
-// the head's sum and counts the group in (in `bar`, see DS_NORM_AT); the warp that counts a
-// head's last group scales all of its rows by rsqrt(sum / 128 + eps) and the norm weight (wq or
-// wk), ropes them ((cos, sin) per pair in `cs`), and leaves the head's counter and sum 0. The rows
-// travel through L2 (ds_ldcg), ordered by fences; a key is rounded to f16 twice. Inlined (as a
-// call the portable kernel's spills doubled).
+// their q and k rows were stored as products, unroped (rope_cs is the identity then), in `q` (the
+// keys after the queries). Each warp takes one of the block's q/k groups (whole groups of one
+// head, DS_HEAD / 32 of them), adds its rows' squares to the head's sum and counts the group in
+// (in `bar`, see DS_NORM_AT); the warp that counts a head's last group scales all of its rows by
+// rsqrt(sum / 128 + eps) and the norm weight (wq or wk), ropes them ((cos, sin) per pair in
+// `cs`), writes the queries back and the keys to the f16 cache (kc: key row r - nq at kc[r]), and
+// leaves the head's counter and sum 0. The rows travel through L2 (ds_ldcg), ordered by fences.
+// Inlined (as a call the portable kernel's spills doubled).
 static __device__ __forceinline__ void ds_qk_norms(float* q, __half* kc, unsigned* bar, const float* wq, const float* wk,
                                                 const float2* cs, int nq, int nqk, float eps, bool neox,
                                                 const ds_item* first, const ds_item* last, int wid, int lane) {
@@ -91,7 +91,7 @@ static __device__ __forceinline__ void ds_qk_norms(float* q, __half* kc, unsigne
         const int base = t->r16 * 16;
         if (base >= nqk) continue;  // a v group
         const int row = base + (t->kind & DS_NEOX ? lane / 2 + 64 * (lane & 1) : lane), h = row / DS_HEAD;
-        const float x = row < nq ? ds_ldcg(q + row) : __half2float(ds_ldcg(kc + row));
+        const float x = ds_ldcg(q + row);
         const float s2 = warp_sum<32>(x * x);
         unsigned* cnt = bar + DS_NORM_AT + 2 * h;
         float* ss = reinterpret_cast<float*>(cnt + 1);
@@ -113,8 +113,7 @@ static __device__ __forceinline__ void ds_qk_norms(float* q, __half* kc, unsigne
             // Pair j: dims j and j + 64 (NeoX) or 2j and 2j + 1.
             const int a = neox ? j : 2 * j, b = neox ? j + DS_HEAD / 2 : 2 * j + 1;
             const int ra = h * DS_HEAD + a, rb = h * DS_HEAD + b;
-            const float xa = (ra < nq ? ds_ldcg(q + ra) : __half2float(ds_ldcg(kc + ra))) * r * w[a];
-            const float xb = (rb < nq ? ds_ldcg(q + rb) : __half2float(ds_ldcg(kc + rb))) * r * w[b];
+            const float xa = ds_ldcg(q + ra) * r * w[a], xb = ds_ldcg(q + rb) * r * w[b];
             const float2 o = cs[j];
             const float ya = xa * o.x - xb * o.y, yb = xa * o.y + xb * o.x;
             if (ra < nq) {
@@ -381,7 +380,8 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                                 const float other = rf_shfl_xor(v, 1, 32);
                                 const float2 o = rope_cs[neox ? d % 64 : d / 2];
                                 v = (neox ? d >= 64 : d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
-                                if (put && qr < nq_rows) p.q[qr] = v;
+                                // Under q/k norms the keys wait in `q` too (ds_qk_norms).
+                                if (put && (QKN || qr < nq_rows)) p.q[qr] = v;
                                 else if (put) p.layer[l].kc[pos * p.kv_stride + qr - nq_rows] = __float2half(v);
                             } else if (put) {
                                 p.layer[l].vc[pos * p.kv_stride + qr - nq_rows - nk_rows] = __float2half(v);

@@ -571,7 +571,8 @@ pub struct StackParams {
     pub x_in: u64,
     /// The residual after the last layer, also the running residual (f32, `n_embd`).
     pub x_out: u64,
-    /// Scratch: roped queries (f32, `n_head * 128`).
+    /// Scratch: roped queries (f32, `n_head * 128`; then `n_head_kv * 128` keys with
+    /// [`STACK_QKV_NORM`]).
     pub q: u64,
     /// Scratch: Q8_1 of the normed residual (`n_embd` values).
     pub xq: u64,

@@ -310,7 +310,7 @@ fn layer_ptrs<'a>(
 }
 
 /// The kernel's scratch areas, `(offset, bytes)` in one buffer, each 256-byte aligned: the roped
-/// queries, the three Q8_1 vectors (normed residual, attention output, FFN activation) and the
+/// queries (and keys, with q/k norms), the three Q8_1 vectors (normed residual, attention output, FFN activation) and the
 /// sums of squares.
 struct Scratch {
     areas: [(usize, usize); 5],
@@ -320,8 +320,10 @@ struct Scratch {
 impl Scratch {
     fn new(d: &Dims) -> Self {
         let n_q = d.n_head * STACK_HEAD_DIM;
+        // With q/k norms the keys wait there too until their head's norm.
+        let n_qk = n_q + usize::from(d.qk_norm) * d.n_head_kv * STACK_HEAD_DIM;
         let lens = [
-            n_q * 4,
+            n_qk * 4,
             kernels::q8_1_vector_bytes(d.n_embd),
             kernels::q8_1_vector_bytes(n_q),
             kernels::q8_16_vector_bytes(d.n_ff),

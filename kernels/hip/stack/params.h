@@ -44,7 +44,7 @@ struct ds_params {
     const int* pos;             // the step's position (one token)
     const float* x_in;          // the residual before the first layer
     float* x_out;               // ... after the last one (also the running residual)
-    float* q;                   // roped queries, n_head * 128 (then keys: DS_QKV_NORM)
+    float* q;                   // roped queries, n_head * 128 (then the keys: DS_QKV_NORM)
     uint8_t *xq, *aq, *hq;      // Q8_1: x * norm weight, attention output; Q8_16: FFN activation
     float* ss;                  // 2 * n_layer sums of squares of x (before attention, before FFN)
     unsigned* bar;              // grid barrier counter, ... (DS_NORM_AT), 0 between launches
