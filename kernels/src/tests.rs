@@ -370,6 +370,8 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
             // (checked below).
             if head.contains(" decode_stack(")
                 || head.contains(" decode_stack_portable(")
+                || head.contains(" decode_stack_qk_norm(")
+                || head.contains(" decode_stack_portable_qk_norm(")
                 || head.contains(" head_q6_k(")
             {
                 entries += 1;
