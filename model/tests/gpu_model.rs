@@ -777,9 +777,10 @@ fn synthetic_qwen3_decode_stack_on_gpu_equals_cpu() {
 }
 
 /// The decode stack on `arch` layers at Qwen3-8B's widths (4096, 32 heads, 8 key-value heads,
-/// FFN 12288, two layers; on 132 multiprocessors the q/k/v halves of the last round are all v
-/// groups), both kernels teacher-forced against the per-op path: a wrong bias row, rope pair,
-/// head norm or group layout would be far off.
+/// FFN 12288, two layers; on 132 multiprocessors more q/k/v groups than blocks, whose last round
+/// goes out whole where a half would split a NeoX or normed head's groups), both kernels
+/// teacher-forced against the per-op path: a wrong bias row, rope pair, head norm or group layout
+/// would be far off.
 fn stack_8b_layers_equal_per_op(arch: &str, seed: u64) {
     let m = stack_shaped(
         arch,
