@@ -5,8 +5,8 @@
 // barrier between consecutive phases:
 //   0  q/k/v: q, k and v projections of rms_norm(x) * attn_norm (plus their biases, Qwen2); q and k
 //      roped (adjacent pairs, or NeoX's dims 64 apart), k and v stored in the f16 caches at the
-//      step's position, q kept in `q`; with q/k head norms (Qwen3, the _qk_norm kernels) q and k
-//      normed and roped after the products (ds_qk_norms);
+//      step's position, q kept in `q`; with q/k head norms (Qwen3, the _qk_norm kernels) a head's
+//      q or k normed and roped by the group that completes it (ds_qk_norm);
 //   1  attention: one head per block and pass (online softmax per warp over every 16th key, the
 //      warps' shares combined in shared memory), its output quantized for phase 2;
 //   2  o: o projection plus the residual: x, and x * ffn_norm quantized for phase 3;
@@ -75,60 +75,54 @@ static __device__ __forceinline__ float ds_qkv_bias(const ds_params& p, int l, i
     return row < nq ? L.qkv_vec[0][row] : row < nq + nk ? L.qkv_vec[1][row - nq] : L.qkv_vec[2][row - nq - nk];
 }
 
-// Q/K head norms (DS_QKV_NORM), after a block's phase-0 groups `first` .. `last` (past the last):
-// their q and k rows were stored as products, unroped (rope_cs is the identity then), in `q` (the
-// keys after the queries). Each warp takes one of the block's q/k groups (whole groups of one
-// head, DS_HEAD / 32 of them), adds its rows' squares to the head's sum and counts the group in
-// (in `bar`, see DS_NORM_AT); the warp that counts a head's last group scales all of its rows by
-// rsqrt(sum / 128 + eps) and the norm weight (wq or wk), ropes them ((cos, sin) per pair in
+// Q/K head norms (DS_QKV_NORM), by warp 0 in a q or k group's epilogue (whole groups of one
+// head, DS_HEAD / 32 of them): lane `lane` holds row qr's product v, unroped. The group's rows go
+// to `q` (the keys after the queries), their squares to the head's sum, and the group is counted
+// in (in `bar`, see DS_NORM_AT); the group that completes its head scales all of the head's rows
+// by rsqrt(sum / 128 + eps) and the norm weight (wq or wk), ropes them ((cos, sin) per pair in
 // `cs`), writes the queries back and the keys to the f16 cache (kc: key row r - nq at kc[r]), and
 // leaves the head's counter and sum 0. The rows travel through L2 (ds_ldcg), ordered by fences.
-// Inlined (as a call the portable kernel's spills doubled).
-static __device__ __forceinline__ void ds_qk_norms(float* q, __half* kc, unsigned* bar, const float* wq, const float* wk,
-                                                const float2* cs, int nq, int nqk, float eps, bool neox,
-                                                const ds_item* first, const ds_item* last, int wid, int lane) {
-    for (const ds_item* t = first + wid; t < last; t += DS_WARPS) {
-        const int base = t->r16 * 16;
-        if (base >= nqk) continue;  // a v group
-        const int row = base + (t->kind & DS_NEOX ? lane / 2 + 64 * (lane & 1) : lane), h = row / DS_HEAD;
-        const float x = ds_ldcg(q + row);
-        const float s2 = warp_sum<32>(x * x);
-        unsigned* cnt = bar + DS_NORM_AT + 2 * h;
-        float* ss = reinterpret_cast<float*>(cnt + 1);
+static __device__ __forceinline__ void ds_qk_norm(float* q, __half* kc, unsigned* bar, const float* wq, const float* wk,
+                                                  const float2* cs, int nq, float eps, bool neox, int qr, float v,
+                                                  int lane) {
+    const int h = qr / DS_HEAD;
+    q[qr] = v;
+    const float s2 = warp_sum<32>(v * v);
+    unsigned* cnt = bar + DS_NORM_AT + 2 * h;
+    float* ss = reinterpret_cast<float*>(cnt + 1);
+    __threadfence();
+    rf_syncwarp();
+    int done = 0;
+    if (lane == 0) {
+        atomicAdd(ss, s2);
         __threadfence();
-        rf_syncwarp();
-        int done = 0;
-        if (lane == 0) {
-            atomicAdd(ss, s2);
-            __threadfence();
-            done = atomicAdd(cnt, 1u) == DS_HEAD / 32 - 1;
-        }
+        done = atomicAdd(cnt, 1u) == DS_HEAD / 32 - 1;
+    }
 #pragma unroll
-        for (int m = 1; m < 32; m <<= 1) done |= rf_shfl_xor_int(done, m, 32);
-        if (!done) continue;
-        __threadfence();
-        const float r = rsqrtf(ds_ldcg(ss) / DS_HEAD + eps);
-        const float* w = row < nq ? wq : wk;
-        for (int j = lane; j < DS_HEAD / 2; j += 32) {
-            // Pair j: dims j and j + 64 (NeoX) or 2j and 2j + 1.
-            const int a = neox ? j : 2 * j, b = neox ? j + DS_HEAD / 2 : 2 * j + 1;
-            const int ra = h * DS_HEAD + a, rb = h * DS_HEAD + b;
-            const float xa = ds_ldcg(q + ra) * r * w[a], xb = ds_ldcg(q + rb) * r * w[b];
-            const float2 o = cs[j];
-            const float ya = xa * o.x - xb * o.y, yb = xa * o.y + xb * o.x;
-            if (ra < nq) {
-                q[ra] = ya;
-                q[rb] = yb;
-            } else {
-                kc[ra] = __float2half(ya);
-                kc[rb] = __float2half(yb);
-            }
+    for (int m = 1; m < 32; m <<= 1) done |= rf_shfl_xor_int(done, m, 32);
+    if (!done) return;
+    __threadfence();
+    const float r = rsqrtf(ds_ldcg(ss) / DS_HEAD + eps);
+    const float* w = qr < nq ? wq : wk;
+    for (int j = lane; j < DS_HEAD / 2; j += 32) {
+        // Pair j: dims j and j + 64 (NeoX) or 2j and 2j + 1.
+        const int a = neox ? j : 2 * j, b = neox ? j + DS_HEAD / 2 : 2 * j + 1;
+        const int ra = h * DS_HEAD + a, rb = h * DS_HEAD + b;
+        const float xa = ds_ldcg(q + ra) * r * w[a], xb = ds_ldcg(q + rb) * r * w[b];
+        const float2 o = cs[j];
+        const float ya = xa * o.x - xb * o.y, yb = xa * o.y + xb * o.x;
+        if (ra < nq) {
+            q[ra] = ya;
+            q[rb] = yb;
+        } else {
+            kc[ra] = __float2half(ya);
+            kc[rb] = __float2half(yb);
         }
-        rf_syncwarp();
-        if (lane == 0) {
-            *ss = 0.0f;
-            *cnt = 0u;
-        }
+    }
+    rf_syncwarp();
+    if (lane == 0) {
+        *ss = 0.0f;
+        *cnt = 0u;
     }
 }
 
@@ -143,7 +137,6 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
     __shared__ float rowv2[2][32];
     __shared__ float scratch[RF_MAX_WARPS_PER_BLOCK];
     __shared__ float2 rope_cs[DS_HEAD / 2];  // (cos, sin) per dimension pair at the step's position
-    __shared__ float2 rope_qk[DS_HEAD / 2];  // ... where rope_cs is the identity (DS_QKV_NORM)
     constexpr int ring_bytes = RING ? DS_STAGES * DS_TILE : 0;
     ds_item* items = reinterpret_cast<ds_item*>(sm + ring_bytes);
     uint8_t* act = sm + ring_bytes + DS_MAX_ITEMS * sizeof(ds_item);
@@ -191,10 +184,7 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
     if (threadIdx.x < DS_HEAD / 2) {
         const rope_rot o = rope_angle(threadIdx.x, (float)pos, p.n_dims, p.base, p.freq_scale, p.freq_factors, 0,
                                       p.ext_factor, p.mscale, p.corr_lo, p.corr_hi);
-        // Under q/k norms the rope waits for the head's norm (ds_qk_norms): none in the epilogue.
-        const float2 cs = o.rot ? make_float2(o.c, o.s) : make_float2(1.0f, 0.0f);
-        rope_cs[threadIdx.x] = QKN ? make_float2(1.0f, 0.0f) : cs;
-        if constexpr (QKN) rope_qk[threadIdx.x] = cs;
+        rope_cs[threadIdx.x] = o.rot ? make_float2(o.c, o.s) : make_float2(1.0f, 0.0f);
     }
     __syncthreads();
     // The phases, layer by layer: q = layer * DS_PHASES + phase.
@@ -372,17 +362,24 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                             const int qr = ds_qkv_row(cu, lane);
                             v += bias;
                             if (qr < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
-                                // The rope: this lane's dim d and its pair's other one, in the
-                                // next lane or the one before, adjacent (normal) or 64 apart
-                                // (DS_NEOX).
-                                const int d = qr % DS_HEAD;
-                                const bool neox = cu.kind & DS_NEOX;
-                                const float other = rf_shfl_xor(v, 1, 32);
-                                const float2 o = rope_cs[neox ? d % 64 : d / 2];
-                                v = (neox ? d >= 64 : d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
-                                // Under q/k norms the keys wait in `q` too (ds_qk_norms).
-                                if (put && (QKN || qr < nq_rows)) p.q[qr] = v;
-                                else if (put) p.layer[l].kc[pos * p.kv_stride + qr - nq_rows] = __float2half(v);
+                                if constexpr (QKN) {
+                                    // Normed and roped once the head is whole (no q/k halves
+                                    // here, see ds_halves: every lane puts).
+                                    const ds_layer& L = p.layer[l];
+                                    ds_qk_norm(p.q, L.kc + pos * p.kv_stride - nq_rows, p.bar, L.qkv_vec[0],
+                                               L.qkv_vec[1], rope_cs, nq_rows, p.eps, p.qkv & DS_QKV_NEOX, qr, v, lane);
+                                } else {
+                                    // The rope: this lane's dim d and its pair's other one, in
+                                    // the next lane or the one before, adjacent (normal) or 64
+                                    // apart (DS_NEOX).
+                                    const int d = qr % DS_HEAD;
+                                    const bool neox = cu.kind & DS_NEOX;
+                                    const float other = rf_shfl_xor(v, 1, 32);
+                                    const float2 o = rope_cs[neox ? d % 64 : d / 2];
+                                    v = (neox ? d >= 64 : d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
+                                    if (put && qr < nq_rows) p.q[qr] = v;
+                                    else if (put) p.layer[l].kc[pos * p.kv_stride + qr - nq_rows] = __float2half(v);
+                                }
                             } else if (put) {
                                 p.layer[l].vc[pos * p.kv_stride + qr - nq_rows - nk_rows] = __float2half(v);
                             }
@@ -406,16 +403,6 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
             }
         }
         __syncthreads();
-        if (QKN && k == 0) {
-            // This block's items of the phase: the run of them just before the use cursor's.
-            const ds_item* first = cu.it;
-            while (first > items && first[-1].q == q) --first;
-            const ds_layer& L = p.layer[l];
-            const int nq_rows = p.n_head * DS_HEAD;
-            ds_qk_norms(p.q, L.kc + pos * p.kv_stride - nq_rows, p.bar, L.qkv_vec[0], L.qkv_vec[1], rope_qk, nq_rows,
-                        nq_rows + p.n_head_kv * DS_HEAD, p.eps, p.qkv & DS_QKV_NEOX, first, cu.it, wid, lane);
-            __syncthreads();
-        }
         if (threadIdx.x == 0 && q + 1 < nq) bar_old = ds_barrier_arrive(p);
     }
 }
