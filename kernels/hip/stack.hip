@@ -5,8 +5,9 @@
 // barrier between consecutive phases:
 //   0  q/k/v: q, k and v projections of rms_norm(x) * attn_norm (plus their biases, Qwen2); q and k
 //      roped (adjacent pairs, or NeoX's dims 64 apart), k and v stored in the f16 caches at the
-//      step's position, q kept in `q`; with q/k head norms (Qwen3, the _qk_norm kernels) a head's
-//      q or k normed and roped by the group that completes it (ds_qk_norm);
+//      step's position, q kept in `q`; with q/k head norms (Qwen3; biases, NeoX and norms in the
+//      _qkv kernels only) a head's q or k normed and roped by the group that completes it
+//      (ds_qk_norm);
 //   1  attention: one head per block and pass (online softmax per warp over every 16th key, the
 //      warps' shares combined in shared memory), its output quantized for phase 2;
 //   2  o: o projection plus the residual: x, and x * ffn_norm quantized for phase 3;
@@ -44,7 +45,7 @@
 //   stack/ring.h         the per-warp cp.async weight ring
 //   stack/exchange.h     the grid barrier, input fetch, L2 prefetch of later items
 //   stack/attention.h    phase 1
-// and here the kernels: decode_stack and its variants (portable, q/k norms) and head_q6_k.
+// and here the kernels: decode_stack and its variants (portable, qkv) and head_q6_k.
 #include "qdot.h"
 #include "stack/params.h"
 
@@ -62,17 +63,19 @@
 
 // The q/k/v row (rows of q, then k, then v) whose sum lane `lane` of warp 0 holds in the
 // epilogue of a phase-0 group: a split half's lanes 16..31 repeat lanes 0..15's rows; in a
-// DS_NEOX group lane 2i holds row i and lane 2i + 1 its rope partner, 64 rows on.
+// DS_NEOX group (EXT kernels only) lane 2i holds row i and lane 2i + 1 its rope partner, 64 rows
+// on.
+template <bool EXT>
 static __device__ __forceinline__ int ds_qkv_row(const ds_cursor& cu, int lane) {
-    if (cu.kind & DS_NEOX) return cu.r16 * 16 + lane / 2 + 64 * (lane & 1);
+    if (EXT && (cu.kind & DS_NEOX)) return cu.r16 * 16 + lane / 2 + 64 * (lane & 1);
     return cu.r16 * 16 + (cu.kind & DS_SPLIT ? lane & 15 : lane);
 }
 
 // Layer l's bias of q/k/v row `row` (DS_QKV_BIAS).
 static __device__ __forceinline__ float ds_qkv_bias(const ds_params& p, int l, int row) {
     const int nq = p.n_head * DS_HEAD, nk = p.n_head_kv * DS_HEAD;
-    const ds_layer& L = p.layer[l];
-    return row < nq ? L.qkv_vec[0][row] : row < nq + nk ? L.qkv_vec[1][row - nq] : L.qkv_vec[2][row - nq - nk];
+    const float* const* b = p.qkv_vec[l];
+    return row < nq ? b[0][row] : row < nq + nk ? b[1][row - nq] : b[2][row - nq - nk];
 }
 
 // Q/K head norms (DS_QKV_NORM), by warp 0 in a q or k group's epilogue (whole groups of one
@@ -126,11 +129,12 @@ static __device__ __forceinline__ void ds_qk_norm(float* q, __half* kc, unsigned
     }
 }
 
-// The step, both variants: RING, decode_stack's cp.async ring (NVIDIA only); else
-// decode_stack_portable's register stream (stream.h). `lane` and `wid` are a logical 32-lane
+// The step, all variants: RING, decode_stack's cp.async ring (NVIDIA only); else
+// decode_stack_portable's register stream (stream.h). EXT: the ds_params::qkv flags are read
+// (decode_stack_qkv); else they are taken as 0. `lane` and `wid` are a logical 32-lane
 // warp's: on wave64 targets each wave holds two of them, which share nothing but the wave's
 // barrier (rf_syncwarp) and take every shuffle within their 32 lanes.
-template <bool RING, bool QKN>
+template <bool RING, bool EXT>
 static __device__ __forceinline__ void ds_step(const ds_params& p) {
     extern __shared__ __align__(16) uint8_t ds_sm[];
     uint8_t* sm = ds_sm;
@@ -145,7 +149,7 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
     // Prologue: list this block's work items and start its warps' weight streams before waiting
     // for the kernel before (the weights are read-only, nothing else is touched until
     // rf_entry()).
-    const ds_item* end = items + ds_build(p, items);
+    const ds_item* end = items + ds_build<EXT>(p, items);
     __syncthreads();
     ds_cursor is, cu;
     is.first(items, end, nq);
@@ -320,8 +324,8 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                     // and acc[1].
                     const bool half = cu.kind & DS_HALF;
                     // Phase 0's biases: asked for before the block's barrier, used after it.
-                    const bool biased = k == 0 && (p.qkv & DS_QKV_BIAS) && wid == 0;
-                    const float bias = biased ? ds_qkv_bias(p, l, ds_qkv_row(cu, lane)) : 0.0f;
+                    const bool biased = EXT && k == 0 && (p.qkv & DS_QKV_BIAS) && wid == 0;
+                    const float bias = biased ? ds_qkv_bias(p, l, ds_qkv_row<EXT>(cu, lane)) : 0.0f;
                     float up0 = 0.0f, up1 = 0.0f;
                     if (lay == DS_GATED) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
@@ -359,21 +363,22 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                         if (k == 0) {
                             const int nq_rows = p.n_head * DS_HEAD, nk_rows = p.n_head_kv * DS_HEAD;
                             const bool put = !split || lane < 16;
-                            const int qr = ds_qkv_row(cu, lane);
-                            v += bias;
+                            const int qr = ds_qkv_row<EXT>(cu, lane);
+                            if constexpr (EXT) v += bias;
                             if (qr < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
-                                if constexpr (QKN) {
+                                if (EXT && (p.qkv & DS_QKV_NORM)) {
                                     // Normed and roped once the head is whole (no q/k halves
                                     // here, see ds_halves: every lane puts).
                                     const ds_layer& L = p.layer[l];
-                                    ds_qk_norm(p.q, L.kc + pos * p.kv_stride - nq_rows, p.bar, L.qkv_vec[0],
-                                               L.qkv_vec[1], rope_cs, nq_rows, p.eps, p.qkv & DS_QKV_NEOX, qr, v, lane);
+                                    ds_qk_norm(p.q, L.kc + pos * p.kv_stride - nq_rows, p.bar, p.qkv_vec[l][0],
+                                               p.qkv_vec[l][1], rope_cs, nq_rows, p.eps, p.qkv & DS_QKV_NEOX, qr, v,
+                                               lane);
                                 } else {
                                     // The rope: this lane's dim d and its pair's other one, in
                                     // the next lane or the one before, adjacent (normal) or 64
                                     // apart (DS_NEOX).
                                     const int d = qr % DS_HEAD;
-                                    const bool neox = cu.kind & DS_NEOX;
+                                    const bool neox = EXT && (cu.kind & DS_NEOX);
                                     const float other = rf_shfl_xor(v, 1, 32);
                                     const float2 o = rope_cs[neox ? d % 64 : d / 2];
                                     v = (neox ? d >= 64 : d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
@@ -417,15 +422,16 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
 // through registers (stream.h), the grid barrier by volatile loads and fences.
 RF_KERNEL void DS_ATTRS decode_stack_portable(ds_params p) { ds_step<false, false>(p); }
 
-// Both with q/k head norms (DS_QKV_NORM, Qwen3): kernels of their own, so that the others'
-// register allocation stays as it was (the norms' step after phase 0 raised decode_stack's).
-RF_KERNEL void DS_ATTRS decode_stack_qk_norm(ds_params p) {
+// Both for layers with ds_params::qkv flags (EXT: Qwen2's biases, NeoX rope, Qwen3's q/k norms),
+// as kernels of their own: the llama kernels' code and register allocation stay as they were
+// (the q/k norms raised decode_stack to 128 registers, see kernels/PERF.md).
+RF_KERNEL void DS_ATTRS decode_stack_qkv(ds_params p) {
 #if defined(RF_CP_ASYNC)
     ds_step<true, true>(p);
 #endif
 }
 
-RF_KERNEL void DS_ATTRS decode_stack_portable_qk_norm(ds_params p) { ds_step<false, true>(p); }
+RF_KERNEL void DS_ATTRS decode_stack_portable_qkv(ds_params p) { ds_step<false, true>(p); }
 
 // The output head (or any tall Q6_K mat-vec over one Q8_1 vector): out[r] = w[r] . y, with
 // decode_stack's weight streaming. One block per multiprocessor takes the 32-row groups b,

@@ -532,19 +532,16 @@ pub struct StackLayer {
     pub kc: u64,
     /// V cache.
     pub vc: u64,
-    /// f32 vectors: the q, k and v biases where [`StackParams::qkv`] has [`STACK_QKV_BIAS`], the
-    /// q and k heads' norm weights (and 0) where it has [`STACK_QKV_NORM`]; else 0.
-    pub qkv_vec: [u64; 3],
 }
 
-/// [`StackParams::qkv`] flag: every layer adds its [`StackLayer::qkv_vec`] rows to the q, k and
+/// [`StackParams::qkv`] flag: every layer adds its [`StackParams::qkv_vec`] rows to the q, k and
 /// v projections (Qwen2).
 pub const STACK_QKV_BIAS: u32 = 1;
 /// [`StackParams::qkv`] flag: the rope rotates dims `i` and `i + 64` of a head (NeoX, all of its
 /// [`STACK_HEAD_DIM`] dims rotated), else `2i` and `2i + 1`.
 pub const STACK_QKV_NEOX: u32 = 2;
 /// [`StackParams::qkv`] flag: every layer RMS-norms each q and k head (epsilon
-/// [`StackParams::eps`]) times its [`StackLayer::qkv_vec`] weight before the rope (Qwen3).
+/// [`StackParams::eps`]) times its [`StackParams::qkv_vec`] weight before the rope (Qwen3).
 pub const STACK_QKV_NORM: u32 = 4;
 /// Most q plus k heads of a launch with [`STACK_QKV_NORM`]: each has a counter and a sum of
 /// squares in the barrier buffer.
@@ -591,10 +588,6 @@ pub struct StackParams {
     pub v_q6: u32,
     /// Bit `l`: layer `l`'s `ffn_down` is Q6_K (else Q4_K).
     pub d_q6: u32,
-    /// [`STACK_QKV_BIAS`], [`STACK_QKV_NEOX`] and [`STACK_QKV_NORM`] flags.
-    pub qkv: u32,
-    /// 0 (no implicit padding).
-    pub pad: u32,
     /// Layers in this launch (1 ..= [`STACK_MAX_LAYERS`]).
     pub n_layer: i32,
     /// Residual width.
@@ -628,6 +621,16 @@ pub struct StackParams {
     /// Gate/up work items whose rows each block without an attention head asks into L2 during
     /// the attention phase ([`stack_prefetch_items`]).
     pub prefetch_items: i32,
+    /// Per layer, f32 vectors: the q, k and v biases where [`StackParams::qkv`] has
+    /// [`STACK_QKV_BIAS`], the q and k heads' norm weights (and 0) where it has
+    /// [`STACK_QKV_NORM`]; else 0. Read by `decode_stack_qkv` and `decode_stack_portable_qkv`
+    /// only, after the other fields so that theirs keep the offsets the llama kernels had.
+    pub qkv_vec: [[u64; 3]; STACK_MAX_LAYERS],
+    /// [`STACK_QKV_BIAS`], [`STACK_QKV_NEOX`] and [`STACK_QKV_NORM`] flags (0: the llama
+    /// kernels).
+    pub qkv: u32,
+    /// 0 (no implicit padding).
+    pub pad: u32,
 }
 
 impl Default for StackParams {

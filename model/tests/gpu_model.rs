@@ -714,8 +714,8 @@ fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
 
 /// A Qwen2 model of the decode stack's shapes (q/k/v biases, NeoX rope; 2048 wide, 16 heads, 4
 /// key-value heads, Q4_K_M with Q6_K `attn_v` and `ffn_down` in some layers): its decode steps
-/// must run as `decode_stack` launches (the biases added and the rope's dims 64 apart paired in
-/// the q/k/v epilogue) and give the CPU's tokens and logits, as the llama stack's do.
+/// must run as `decode_stack_qkv` launches (the biases added and the rope's dims 64 apart paired
+/// in the q/k/v epilogue) and give the CPU's tokens and logits, as the llama stack's do.
 #[test]
 #[serial]
 fn synthetic_qwen2_decode_stack_on_gpu_equals_cpu() {
@@ -746,7 +746,7 @@ fn synthetic_qwen2_decode_stack_on_gpu_equals_cpu() {
 }
 
 /// A Qwen3 model of the decode stack's shapes (q/k head norms, NeoX rope; as the qwen2 one): its
-/// decode steps must run as `decode_stack_qk_norm` launches (each head normed once all of its
+/// decode steps must run as `decode_stack_qkv` launches (each head normed once all of its
 /// groups are in) and give the CPU's tokens and logits.
 #[test]
 #[serial]

@@ -1,6 +1,6 @@
 //! The persistent decode stack: whole llama-family decode layers ([`Op::DecodeLayer`] nodes, made
-//! by `opt::fuse_decode_layers` where [`takes`] accepts them; Qwen2's q/k/v biases and Qwen3's q/k
-//! head norms included, the latter on kernels of their own) as one cooperative `decode_stack`
+//! by `opt::fuse_decode_layers` where [`takes`] accepts them; layers with Qwen2's q/k/v biases,
+//! NeoX rope or Qwen3's q/k head norms on the `_qkv` kernels) as one cooperative `decode_stack`
 //! launch per up to [`kernels::STACK_MAX_LAYERS`] consecutive layers.
 //!
 //! The kernel keeps every intermediate of a layer on chip or in its own scratch: it writes only
@@ -216,22 +216,27 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
     })
 }
 
+/// True where layers of `dims` take the `_qkv` kernels: q/k/v biases, NeoX rope or q/k norms.
+fn qkv_ext(dims: &Dims) -> bool {
+    dims.qkv_bias || dims.qk_norm || dims.rope.mode == RopeMode::Neox
+}
+
 /// The kernel that runs layers of `dims` where the device runs `kernel` (`DecodeStack` or
-/// `DecodeStackPortable`): its variant with q/k head norms where the layers have them.
+/// `DecodeStackPortable`): its `_qkv` variant where the layers need it ([`qkv_ext`]).
 fn variant(kernel: kernels::KernelId, dims: &Dims) -> kernels::KernelId {
     use kernels::KernelId as K;
-    match (kernel, dims.qk_norm) {
-        (K::DecodeStack, true) => K::DecodeStackQkNorm,
-        (K::DecodeStackPortable, true) => K::DecodeStackPortableQkNorm,
+    match (kernel, qkv_ext(dims)) {
+        (K::DecodeStack, true) => K::DecodeStackQkv,
+        (K::DecodeStackPortable, true) => K::DecodeStackPortableQkv,
         (k, _) => k,
     }
 }
 
-/// True for the portable stack kernels (`decode_stack_portable` and its q/k norm variant).
+/// True for the portable stack kernels (`decode_stack_portable` and its `_qkv` variant).
 fn portable(kernel: kernels::KernelId) -> bool {
     matches!(
         kernel,
-        kernels::KernelId::DecodeStackPortable | kernels::KernelId::DecodeStackPortableQkNorm
+        kernels::KernelId::DecodeStackPortable | kernels::KernelId::DecodeStackPortableQkv
     )
 }
 
@@ -274,13 +279,14 @@ pub(crate) fn takes(d: &HipDevice, t: &Tensor, srcs: &[&Tensor]) -> bool {
     })
 }
 
-/// Device addresses of layer `l` (of `dims`)'s weights, caches, q/k/v biases or q/k norm
-/// weights, and the memory they cover (for the capture's record of what the launch uses).
+/// Device addresses of layer `l` (of `dims`)'s weights and caches, and of its q/k/v biases or
+/// q/k norm weights (`StackParams::qkv_vec`), and the memory they cover (for the capture's record
+/// of what the launch uses).
 fn layer_ptrs<'a>(
     l: &GroupNode<'a>,
     dims: &Dims,
     uses: &mut Vec<MemRange<'a>>,
-) -> Result<StackLayer> {
+) -> Result<(StackLayer, [u64; 3])> {
     let mut at = |i: usize| -> Result<u64> {
         let m = addr(&l.srcs[i])?;
         uses.push(m);
@@ -293,8 +299,7 @@ fn layer_ptrs<'a>(
     } else {
         [0; 3]
     };
-    Ok(StackLayer {
-        qkv_vec,
+    let layer = StackLayer {
         wq: at(ls::WQ)?,
         wk: at(ls::WK)?,
         wv: at(ls::WV)?,
@@ -306,7 +311,8 @@ fn layer_ptrs<'a>(
         ffn_norm: at(ls::FFN_NORM)?,
         kc: at(ls::K)?,
         vc: at(ls::V)?,
-    })
+    };
+    Ok((layer, qkv_vec))
 }
 
 /// The kernel's scratch areas, `(offset, bytes)` in one buffer, each 256-byte aligned: the roped
@@ -403,7 +409,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let mut v_q6 = 0u32;
     let mut d_q6 = 0u32;
     for (i, l) in layers.iter().enumerate() {
-        p.layer[i] = layer_ptrs(l, &dims, &mut uses)?;
+        (p.layer[i], p.qkv_vec[i]) = layer_ptrs(l, &dims, &mut uses)?;
         if l.srcs[ls::WV].tensor.dtype == DType::Q6_K {
             v_q6 |= 1 << i;
         }

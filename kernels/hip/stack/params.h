@@ -34,7 +34,6 @@ struct ds_layer {
     const uint8_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
     const float *attn_norm, *ffn_norm;
     __half *kc, *vc;
-    const float* qkv_vec[3];  // q, k, v biases (DS_QKV_BIAS) or q, k norm weights (DS_QKV_NORM)
 };
 
 // Passed by value (under the 4 KB parameter limit); `kernels::StackParams` mirrors it.
@@ -50,9 +49,12 @@ struct ds_params {
     unsigned* bar;              // grid barrier counter, ... (DS_NORM_AT), 0 between launches
     long long kv_stride;        // cache elements between positions
     unsigned v_q6, d_q6;        // bit l: layer l's v (down) projection is Q6_K, else Q4_K
-    unsigned qkv;               // DS_QKV_* flags: the launch's q/k/v biases and rope pairs
-    unsigned pad;               // 0: no implicit padding in the block
     int n_layer, n_embd, n_ff, n_head, n_head_kv, n_kv, n_dims;
     float eps, attn_scale, base, freq_scale, ext_factor, mscale, corr_lo, corr_hi;
     int prefetch_items;  // gate/up items a headless block asks into L2 during attention
+    // Read by the _qkv kernels only (after the fields above, whose offsets stay as they were):
+    const float* qkv_vec[DS_MAX_LAYERS][3];  // per layer: q, k, v biases (DS_QKV_BIAS) or q, k
+                                             // norm weights (DS_QKV_NORM)
+    unsigned qkv;                            // DS_QKV_* flags
+    unsigned pad;                            // 0: no implicit padding in the block
 };
