@@ -63,12 +63,14 @@
 
 // The q/k/v row (rows of q, then k, then v) whose sum lane `lane` of warp 0 holds in the
 // epilogue of a phase-0 group: a split half's lanes 16..31 repeat lanes 0..15's rows; in a
-// DS_NEOX group (EXT kernels only) lane 2i holds row i and lane 2i + 1 its rope partner, 64 rows
-// on.
+// DS_NEOX group (EXT kernels only; see ds_build) lane 2i holds the group's row i and lane 2i + 1
+// its rope partner, 64 rows on.
 template <bool EXT>
 static __device__ __forceinline__ int ds_qkv_row(const ds_cursor& cu, int lane) {
-    if (EXT && (cu.kind & DS_NEOX)) return cu.r16 * 16 + lane / 2 + 64 * (lane & 1);
-    return cu.r16 * 16 + (cu.kind & DS_SPLIT ? lane & 15 : lane);
+    const bool split = cu.kind & DS_SPLIT;
+    const int i = split ? lane & 15 : lane;
+    if (!EXT || !(cu.kind & DS_NEOX)) return cu.r16 * 16 + i;
+    return cu.r16 * 16 - (split ? 8 * (cu.r16 & 7) : 0) + i / 2 + 64 * (i & 1);
 }
 
 // Layer l's bias of q/k/v row `row` (DS_QKV_BIAS).
@@ -78,19 +80,20 @@ static __device__ __forceinline__ float ds_qkv_bias(const ds_params& p, int l, i
     return row < nq ? b[0][row] : row < nq + nk ? b[1][row - nq] : b[2][row - nq - nk];
 }
 
-// Q/K head norms (DS_QKV_NORM), by warp 0 in a q or k group's epilogue (whole groups of one
-// head, DS_HEAD / 32 of them): lane `lane` holds row qr's product v, unroped. The group's rows go
-// to `q` (the keys after the queries), their squares to the head's sum, and the group is counted
-// in (in `bar`, see DS_NORM_AT); the group that completes its head scales all of the head's rows
-// by rsqrt(sum / 128 + eps) and the norm weight (wq or wk), ropes them ((cos, sin) per pair in
-// `cs`), writes the queries back and the keys to the f16 cache (kc: key row r - nq at kc[r]), and
-// leaves the head's counter and sum 0. The rows travel through L2 (ds_ldcg), ordered by fences.
+// Q/K head norms (DS_QKV_NORM), by warp 0 in the epilogue of a q or k group of one head (`rows`
+// 32, or 16 in a split half, whose lanes 16..31 repeat lanes 0..15): lane `lane` holds row qr's
+// product v, unroped. The group's rows go to `q` (the keys after the queries), their squares to
+// the head's sum, and its rows are counted in (in `bar`, see DS_NORM_AT); the group that
+// completes its head's 128 rows scales all of them by rsqrt(sum / 128 + eps) and the norm
+// weight (wq or wk), ropes them ((cos, sin) per pair in `cs`), writes the queries back and the
+// keys to the f16 cache (kc: key row r - nq at kc[r]), and leaves the head's counter and sum 0.
+// The rows travel through L2 (ds_ldcg), ordered by fences.
 static __device__ __forceinline__ void ds_qk_norm(float* q, __half* kc, unsigned* bar, const float* wq, const float* wk,
                                                   const float2* cs, int nq, float eps, bool neox, int qr, float v,
-                                                  int lane) {
+                                                  int rows, int lane) {
     const int h = qr / DS_HEAD;
-    q[qr] = v;
-    const float s2 = warp_sum<32>(v * v);
+    q[qr] = v;  // a split half's lanes 16..31 store their twins' values again
+    const float s2 = warp_sum<32>(v * v) * (rows == 32 ? 1.0f : 0.5f);  // each twin once (exact)
     unsigned* cnt = bar + DS_NORM_AT + 2 * h;
     float* ss = reinterpret_cast<float*>(cnt + 1);
     __threadfence();
@@ -99,7 +102,7 @@ static __device__ __forceinline__ void ds_qk_norm(float* q, __half* kc, unsigned
     if (lane == 0) {
         atomicAdd(ss, s2);
         __threadfence();
-        done = atomicAdd(cnt, 1u) == DS_HEAD / 32 - 1;
+        done = atomicAdd(cnt, (unsigned)rows) == (unsigned)(DS_HEAD - rows);
     }
 #pragma unroll
     for (int m = 1; m < 32; m <<= 1) done |= rf_shfl_xor_int(done, m, 32);
@@ -367,12 +370,11 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                             if constexpr (EXT) v += bias;
                             if (qr < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
                                 if (EXT && (p.qkv & DS_QKV_NORM)) {
-                                    // Normed and roped once the head is whole (no q/k halves
-                                    // here, see ds_halves: every lane puts).
+                                    // Normed and roped once the head is whole.
                                     const ds_layer& L = p.layer[l];
                                     ds_qk_norm(p.q, L.kc + pos * p.kv_stride - nq_rows, p.bar, p.qkv_vec[l][0],
                                                p.qkv_vec[l][1], rope_cs, nq_rows, p.eps, p.qkv & DS_QKV_NEOX, qr, v,
-                                               lane);
+                                               split ? 16 : 32, lane);
                                 } else {
                                     // The rope: this lane's dim d and its pair's other one, in
                                     // the next lane or the one before, adjacent (normal) or 64

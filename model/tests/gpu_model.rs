@@ -777,8 +777,8 @@ fn synthetic_qwen3_decode_stack_on_gpu_equals_cpu() {
 }
 
 /// The decode stack on `arch` layers at Qwen3-8B's widths (4096, 32 heads, 8 key-value heads,
-/// FFN 12288, two layers; on 132 multiprocessors more q/k/v groups than blocks, whose last round
-/// goes out whole where a half would split a NeoX or normed head's groups), both kernels
+/// FFN 12288, two layers; on 132 multiprocessors the last round of q/k/v groups, the last 28 k
+/// groups and the v groups, goes out as half groups, NeoX ones for the keys), both kernels
 /// teacher-forced against the per-op path: a wrong bias row, rope pair, head norm or group layout
 /// would be far off.
 fn stack_8b_layers_equal_per_op(arch: &str, seed: u64) {

@@ -29,16 +29,9 @@ static __device__ __forceinline__ int ds_groups(const ds_params& p, int k) {
 // of 2 (mean 1.45), or with Q6_K v one Q4_K group and a v half. A q/k/v half is split by
 // columns between warp pairs (DS_SPLIT), which takes an even number of chunks per row whose
 // second half starts at a Q6_K chunk pair: inputs a multiple of 4096 wide.
-// Under NeoX rope a q or k group pairs rows 64 apart (DS_NEOX), which a half cannot, and q/k
-// norms count a head's groups (ds_qk_norm): there (EXT) the q/k/v halves go out only where they
-// are all v groups.
-template <bool EXT>
 static __device__ __forceinline__ int ds_halves(const ds_params& p, int k) {
     if (k != 3 && (k != 0 || p.n_embd % 4096 != 0)) return 0;
     const int r = ds_groups(p, k) % (int)gridDim.x;
-    if (EXT && k == 0 && (p.qkv & (DS_QKV_NEOX | DS_QKV_NORM)) &&
-        ds_groups(p, 0) - r < (p.n_head + p.n_head_kv) * DS_HEAD / 32)
-        return 0;
     return r > 0 && 2 * r <= (int)gridDim.x ? 2 * r : 0;
 }
 
@@ -47,10 +40,9 @@ static __device__ __forceinline__ int ds_halves(const ds_params& p, int k) {
 // after them, so that no block takes v and another group (on the 8B over 132 blocks the largest
 // share drops from 4.9 to 4 chunk-sized tiles). In order where the last round goes out as
 // halves (ds_halves).
-template <bool EXT>
 static __device__ __forceinline__ int ds_qkv_group(const ds_params& p, int g) {
     const int n = ds_groups(p, 0), nv = p.n_head_kv * DS_HEAD / 32, r = n - (int)gridDim.x;
-    if (r <= 0 || r + nv > (int)gridDim.x || g < r || ds_halves<EXT>(p, 0) > 0) return g;
+    if (r <= 0 || r + nv > (int)gridDim.x || g < r || ds_halves(p, 0) > 0) return g;
     return g < r + nv ? n - nv + (g - r) : g - nv;
 }
 
@@ -58,10 +50,9 @@ static __device__ __forceinline__ long long ds_row_bytes(int kind, int nblk) {
     return (long long)nblk * (kind == DS_Q6 ? Q6_K_BYTES : Q4_K_BYTES);
 }
 
-template <bool EXT>
 static __device__ __forceinline__ ds_mat ds_matrix(const ds_params& p, int l, int k, int g) {
     const ds_layer& L = p.layer[l];
-    ds_mat m{nullptr, nullptr, 0, (k == 0 ? ds_qkv_group<EXT>(p, g) : g) * 32, DS_Q4, p.n_embd / QK_K};
+    ds_mat m{nullptr, nullptr, 0, (k == 0 ? ds_qkv_group(p, g) : g) * 32, DS_Q4, p.n_embd / QK_K};
     if (k == 0) {
         const int nq = p.n_head * DS_HEAD, nk = p.n_head_kv * DS_HEAD;
         if (m.row < nq) {
@@ -106,9 +97,8 @@ struct ds_item {
 
 // Work items of phase kind k that block b takes: groups b, b + grid, ... (of q/k/v and gate/up,
 // the whole ones), then half b.
-template <bool EXT>
 static __device__ __forceinline__ int ds_share(const ds_params& p, int k) {
-    const int b = (int)blockIdx.x, h = ds_halves<EXT>(p, k), n = ds_groups(p, k) - h / 2;
+    const int b = (int)blockIdx.x, h = ds_halves(p, k), n = ds_groups(p, k) - h / 2;
     return (b < n ? (n - 1 - b) / (int)gridDim.x + 1 : 0) + (b < h ? 1 : 0);
 }
 
@@ -119,17 +109,17 @@ static __device__ __forceinline__ int ds_share(const ds_params& p, int k) {
 template <bool EXT>
 static __device__ __forceinline__ int ds_build(const ds_params& p, ds_item* items) {
     int per = 0;
-    for (int k = 0; k < DS_PHASES; ++k) per += ds_share<EXT>(p, k);
+    for (int k = 0; k < DS_PHASES; ++k) per += ds_share(p, k);
     const int ni = min(per * p.n_layer, DS_MAX_ITEMS);
     for (int i = threadIdx.x; i < ni; i += DS_THREADS) {
         const int l = i / per;
         int r = i - l * per, k = 0;
-        while (r >= ds_share<EXT>(p, k)) r -= ds_share<EXT>(p, k++);
-        const int g = (int)blockIdx.x + r * (int)gridDim.x, nh = ds_halves<EXT>(p, k);
+        while (r >= ds_share(p, k)) r -= ds_share(p, k++);
+        const int g = (int)blockIdx.x + r * (int)gridDim.x, nh = ds_halves(p, k);
         const int nfull = ds_groups(p, k) - nh / 2;
         const bool half = g >= nfull;  // the block's half group (its last item of the phase)
         const int hrow = nfull * 32 + 16 * (int)blockIdx.x;  // the half's first row
-        ds_mat m = ds_matrix<EXT>(p, l, k, half ? hrow / 32 : g);
+        ds_mat m = ds_matrix(p, l, k, half ? hrow / 32 : g);
         int kind = m.kind;
         if (half && k == 0) {
             m.row += hrow % 32;
@@ -143,15 +133,17 @@ static __device__ __forceinline__ int ds_build(const ds_params& p, ds_item* item
         t.w2 = m.w2 ? m.w2 + (long long)m.row * m.rb : t.w + m.rb;
         t.rb = (int)m.rb;
         t.q = (short)(l * DS_PHASES + k);
-        t.r16 = (short)(half ? hrow / 16 : 2 * (k == 0 ? ds_qkv_group<EXT>(p, g) : g));
+        t.r16 = (short)(half ? hrow / 16 : 2 * (k == 0 ? ds_qkv_group(p, g) : g));
         t.kind = (unsigned char)(kind | (k == 4 ? DS_A16 : 0));
         t.n = (unsigned char)((kind & 3) == DS_Q4 ? m.nblk / 8 : m.nblk / 4);
-        if (EXT && k == 0 && !half && (p.qkv & DS_QKV_NEOX) && t.r16 * 16 < (p.n_head + p.n_head_kv) * DS_HEAD) {
-            // Group j of a q or k head under NeoX rope (DS_NEOX): rows 16j .. 16j + 15 and 64 on,
-            // one of each per warp (the cursor's two-row stride halved: rb is read for nothing
-            // else in a Q4_K item).
-            const int j = (t.r16 / 2) & 3;
-            t.w -= 16 * j * m.rb;
+        if (EXT && k == 0 && (p.qkv & DS_QKV_NEOX) && t.r16 * 16 < (p.n_head + p.n_head_kv) * DS_HEAD) {
+            // A q or k group under NeoX rope (DS_NEOX): group j of a head takes rows 16j .. 16j + 15
+            // and their partners 64 on, half u (a split half, rows 16u .. 16u + 15 of the head in
+            // the dealing) rows 8u .. 8u + 7 and theirs, so that the halves take what the whole
+            // groups leave. One row of each per warp (pair): the cursor's two-row stride halved
+            // (rb is read for nothing else in a Q4_K item). A half keeps its r16 (ds_qkv_row).
+            const int j = half ? 0 : (t.r16 / 2) & 3, u = half ? t.r16 & 7 : 0;
+            t.w -= (16 * j + 8 * u) * m.rb;
             t.w2 = t.w + 64 * m.rb;
             t.rb = (int)m.rb / 2;
             t.r16 = (short)(t.r16 - j);
