@@ -26,7 +26,7 @@
 #define DS_QKV_NORM 4
 // The barrier buffer (ds_params::bar), u32 words all 0 between launches: the grid barrier's
 // counter at 0; from DS_NORM_AT, per q head and then k head (DS_QKV_NORM), the count of its
-// groups done and the f32 sum of their squares.
+// rows done and the f32 sum of their squares.
 #define DS_NORM_AT 128
 
 // One layer's weights (GGUF rows in place) and caches.
