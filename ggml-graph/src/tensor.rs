@@ -299,6 +299,26 @@ pub struct DecodeLayerParams {
     pub n_head: usize,
     /// Values per query and key head.
     pub head_dim: usize,
+    /// The q, k and v projections add biases (operands [`layer_src::BQ`] ..= [`layer_src::BV`]).
+    pub qkv_bias: bool,
+    /// Each q and k head is RMS-normed with this epsilon and times a weight (operands
+    /// [`layer_src::Q_NORM`] and [`layer_src::K_NORM`]) before the rope (Qwen3). Never with
+    /// `qkv_bias`.
+    pub qk_norm: Option<f32>,
+}
+
+impl DecodeLayerParams {
+    /// Operand position of the rope's frequency factors, when the node has them (its last
+    /// operand, after the biases or the q/k norm weights).
+    pub fn freq_factors_src(&self) -> usize {
+        if self.qkv_bias {
+            layer_src::BV + 1
+        } else if self.qk_norm.is_some() {
+            layer_src::K_NORM + 1
+        } else {
+            layer_src::W_DOWN + 1
+        }
+    }
 }
 
 /// Operand positions of an [`Op::DecodeLayer`] node.
@@ -330,8 +350,20 @@ pub mod layer_src {
     pub const W_UP: usize = 11;
     /// See [`W_GATE`].
     pub const W_DOWN: usize = 12;
-    /// The rope's frequency factors, when it has them (the last operand).
-    pub const FREQ_FACTORS: usize = 13;
+    /// The q projection's bias (f32 `[n_head * head_dim]`), when the layer has biases
+    /// ([`super::DecodeLayerParams::qkv_bias`]). The rope's frequency factors, when it has them,
+    /// follow the last operand of the layer (see
+    /// [`super::DecodeLayerParams::freq_factors_src`]).
+    pub const BQ: usize = 13;
+    /// The k projection's bias, as [`BQ`].
+    pub const BK: usize = 14;
+    /// The v projection's bias, as [`BQ`].
+    pub const BV: usize = 15;
+    /// The q heads' norm weight (f32 `[head_dim]`), when the layer norms its q and k heads
+    /// ([`super::DecodeLayerParams::qk_norm`]; then without biases).
+    pub const Q_NORM: usize = 13;
+    /// The k heads' norm weight, as [`Q_NORM`].
+    pub const K_NORM: usize = 14;
 }
 
 impl Op {

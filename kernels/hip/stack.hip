@@ -3,8 +3,11 @@
 //
 // One block of DS_THREADS threads per multiprocessor runs five phases per layer, with a grid
 // barrier between consecutive phases:
-//   0  q/k/v: q, k and v projections of rms_norm(x) * attn_norm; q and k roped (adjacent pairs), k
-//      and v stored in the f16 caches at the step's position, q kept in `q`;
+//   0  q/k/v: q, k and v projections of rms_norm(x) * attn_norm (plus their biases, Qwen2); q and k
+//      roped (adjacent pairs, or NeoX's dims 64 apart), k and v stored in the f16 caches at the
+//      step's position, q kept in `q`; with q/k head norms (Qwen3; biases, NeoX and norms in the
+//      _qkv kernels only) a head's q or k normed and roped by the group that completes it
+//      (ds_qk_norm);
 //   1  attention: one head per block and pass (online softmax per warp over every 16th key, the
 //      warps' shares combined in shared memory), its output quantized for phase 2; in
 //      decode_stack_split (long contexts) one block per KV head and share of its keys instead
@@ -33,7 +36,8 @@
 // the kernel sits at its register limit, so state added to the hot loop slows all of it (measure
 // any change, see kernels/PERF.md).
 // Limits: weights q, k, o, gate and up in Q4_K; v and down in Q4_K or Q6_K (Q4_K_M). Head size 128;
-// every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows).
+// every product's input width a multiple of 2048 (whole 8-block Q4_K chunks, 16-byte Q6_K rows);
+// NeoX rope over all 128 dims of a head.
 // NVIDIA compute capability 8.0 and later only (cp.async); elsewhere the kernel is empty and the
 // host never launches it.
 //
@@ -44,7 +48,7 @@
 //   stack/ring.h         the per-warp cp.async weight ring
 //   stack/exchange.h     the grid barrier, input fetch, L2 prefetch of later items
 //   stack/attention.h    phase 1
-// and here the kernels: decode_stack, decode_stack_split, decode_stack_portable and head_q6_k.
+// and here the kernels: decode_stack and its variants (split, portable, qkv) and head_q6_k.
 #include "qdot.h"
 #include "stack/params.h"
 
@@ -60,14 +64,86 @@
 // One block per multiprocessor: the whole register file is this block's.
 #define DS_ATTRS __launch_bounds__(DS_THREADS, 1)
 
-// The step, every variant: RING, decode_stack's cp.async ring (NVIDIA only); else
+// The q/k/v row (rows of q, then k, then v) whose sum lane `lane` of warp 0 holds in the
+// epilogue of a phase-0 group: a split half's lanes 16..31 repeat lanes 0..15's rows; in a
+// DS_NEOX group (EXT kernels only; see ds_build) lane 2i holds the group's row i and lane 2i + 1
+// its rope partner, 64 rows on.
+template <bool EXT>
+static __device__ __forceinline__ int ds_qkv_row(const ds_cursor& cu, int lane) {
+    const bool split = cu.kind & DS_SPLIT;
+    const int i = split ? lane & 15 : lane;
+    if (!EXT || !(cu.kind & DS_NEOX)) return cu.r16 * 16 + i;
+    return cu.r16 * 16 - (split ? 8 * (cu.r16 & 7) : 0) + i / 2 + 64 * (i & 1);
+}
+
+// Layer l's bias of q/k/v row `row` (DS_QKV_BIAS).
+static __device__ __forceinline__ float ds_qkv_bias(const ds_params& p, int l, int row) {
+    const int nq = p.n_head * DS_HEAD, nk = p.n_head_kv * DS_HEAD;
+    const float* const* b = p.qkv_vec[l];
+    return row < nq ? b[0][row] : row < nq + nk ? b[1][row - nq] : b[2][row - nq - nk];
+}
+
+// Q/K head norms (DS_QKV_NORM), by warp 0 in the epilogue of a q or k group of one head (`rows`
+// 32, or 16 in a split half, whose lanes 16..31 repeat lanes 0..15): lane `lane` holds row qr's
+// product v, unroped. The group's rows go to `q` (the keys after the queries), their squares to
+// the head's sum, and its rows are counted in (in `bar`, see DS_NORM_AT); the group that
+// completes its head's 128 rows scales all of them by rsqrt(sum / 128 + eps) and the norm
+// weight (wq or wk), ropes them ((cos, sin) per pair in `cs`), writes the queries back and the
+// keys to the f16 cache (kc: key row r - nq at kc[r]), and leaves the head's counter and sum 0.
+// The rows travel through L2 (ds_ldcg), ordered by fences.
+static __device__ __forceinline__ void ds_qk_norm(float* q, __half* kc, unsigned* bar, const float* wq, const float* wk,
+                                                  const float2* cs, int nq, float eps, bool neox, int qr, float v,
+                                                  int rows, int lane) {
+    const int h = qr / DS_HEAD;
+    q[qr] = v;  // a split half's lanes 16..31 store their twins' values again
+    const float s2 = warp_sum<32>(v * v) * (rows == 32 ? 1.0f : 0.5f);  // each twin once (exact)
+    unsigned* cnt = bar + DS_NORM_AT + 2 * h;
+    float* ss = reinterpret_cast<float*>(cnt + 1);
+    __threadfence();
+    rf_syncwarp();
+    int done = 0;
+    if (lane == 0) {
+        atomicAdd(ss, s2);
+        __threadfence();
+        done = atomicAdd(cnt, (unsigned)rows) == (unsigned)(DS_HEAD - rows);
+    }
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) done |= rf_shfl_xor_int(done, m, 32);
+    if (!done) return;
+    __threadfence();
+    const float r = rsqrtf(ds_ldcg(ss) / DS_HEAD + eps);
+    const float* w = qr < nq ? wq : wk;
+    for (int j = lane; j < DS_HEAD / 2; j += 32) {
+        // Pair j: dims j and j + 64 (NeoX) or 2j and 2j + 1.
+        const int a = neox ? j : 2 * j, b = neox ? j + DS_HEAD / 2 : 2 * j + 1;
+        const int ra = h * DS_HEAD + a, rb = h * DS_HEAD + b;
+        const float xa = ds_ldcg(q + ra) * r * w[a], xb = ds_ldcg(q + rb) * r * w[b];
+        const float2 o = cs[j];
+        const float ya = xa * o.x - xb * o.y, yb = xa * o.y + xb * o.x;
+        if (ra < nq) {
+            q[ra] = ya;
+            q[rb] = yb;
+        } else {
+            kc[ra] = __float2half(ya);
+            kc[rb] = __float2half(yb);
+        }
+    }
+    rf_syncwarp();
+    if (lane == 0) {
+        *ss = 0.0f;
+        *cnt = 0u;
+    }
+}
+
+// The step, all variants: RING, decode_stack's cp.async ring (NVIDIA only); else
 // decode_stack_portable's register stream (stream.h). SPLIT: phase 1 by KV head and share of its
 // keys (ds_attention_split, decode_stack_split), else by query head (ds_attention); two kernels
 // rather than a branch, since each phase's code costs the others registers (kernels/PERF.md,
-// "attention at depth"). `lane` and `wid` are a logical 32-lane warp's: on wave64 targets each
-// wave holds two of them, which share nothing but the wave's barrier (rf_syncwarp) and take every
+// "attention at depth"). EXT: the ds_params::qkv flags are read (the _qkv kernels); else they
+// are taken as 0. `lane` and `wid` are a logical 32-lane warp's: on wave64 targets each wave
+// holds two of them, which share nothing but the wave's barrier (rf_syncwarp) and take every
 // shuffle within their 32 lanes.
-template <bool RING, bool SPLIT>
+template <bool RING, bool SPLIT, bool EXT>
 static __device__ __forceinline__ void ds_step(const ds_params& p) {
     extern __shared__ __align__(16) uint8_t ds_sm[];
     uint8_t* sm = ds_sm;
@@ -82,7 +158,7 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
     // Prologue: list this block's work items and start its warps' weight streams before waiting
     // for the kernel before (the weights are read-only, nothing else is touched until
     // rf_entry()).
-    const ds_item* end = items + ds_build(p, items);
+    const ds_item* end = items + ds_build<EXT>(p, items);
     __syncthreads();
     ds_cursor is, cu;
     is.first(items, end, nq);
@@ -268,6 +344,9 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                     // in acc[r] of lanes 16..31; a half group's one gate and one up row in acc[0]
                     // and acc[1].
                     const bool half = cu.kind & DS_HALF;
+                    // Phase 0's biases: asked for before the block's barrier, used after it.
+                    const bool biased = EXT && k == 0 && (p.qkv & DS_QKV_BIAS) && wid == 0;
+                    const float bias = biased ? ds_qkv_bias(p, l, ds_qkv_row<EXT>(cu, lane)) : 0.0f;
                     float up0 = 0.0f, up1 = 0.0f;
                     if (lay == DS_GATED) {
                         acc[0] = warp_sum<16>(acc[0]) * scale;
@@ -305,15 +384,29 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
                         if (k == 0) {
                             const int nq_rows = p.n_head * DS_HEAD, nk_rows = p.n_head_kv * DS_HEAD;
                             const bool put = !split || lane < 16;
-                            if (row < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
-                                const int d = row % DS_HEAD;
-                                const float other = rf_shfl_xor(v, 1, 32);
-                                const float2 o = rope_cs[d / 2];
-                                v = (d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
-                                if (put && row < nq_rows) p.q[row] = v;
-                                else if (put) p.layer[l].kc[pos * p.kv_stride + row - nq_rows] = __float2half(v);
+                            const int qr = ds_qkv_row<EXT>(cu, lane);
+                            if constexpr (EXT) v += bias;
+                            if (qr < nq_rows + nk_rows) {  // whole warps: groups never straddle q, k, v
+                                if (EXT && (p.qkv & DS_QKV_NORM)) {
+                                    // Normed and roped once the head is whole.
+                                    const ds_layer& L = p.layer[l];
+                                    ds_qk_norm(p.q, L.kc + pos * p.kv_stride - nq_rows, p.bar, p.qkv_vec[l][0],
+                                               p.qkv_vec[l][1], rope_cs, nq_rows, p.eps, p.qkv & DS_QKV_NEOX, qr, v,
+                                               split ? 16 : 32, lane);
+                                } else {
+                                    // The rope: this lane's dim d and its pair's other one, in
+                                    // the next lane or the one before, adjacent (normal) or 64
+                                    // apart (DS_NEOX).
+                                    const int d = qr % DS_HEAD;
+                                    const bool neox = EXT && (cu.kind & DS_NEOX);
+                                    const float other = rf_shfl_xor(v, 1, 32);
+                                    const float2 o = rope_cs[neox ? d % 64 : d / 2];
+                                    v = (neox ? d >= 64 : d & 1) ? other * o.y + v * o.x : v * o.x - other * o.y;
+                                    if (put && qr < nq_rows) p.q[qr] = v;
+                                    else if (put) p.layer[l].kc[pos * p.kv_stride + qr - nq_rows] = __float2half(v);
+                                }
                             } else if (put) {
-                                p.layer[l].vc[pos * p.kv_stride + row - nq_rows - nk_rows] = __float2half(v);
+                                p.layer[l].vc[pos * p.kv_stride + qr - nq_rows - nk_rows] = __float2half(v);
                             }
                         } else if (k == 3) {
                             q8_put<16>(v, p.hq, p.n_ff, row, row, !half || lane < 16);
@@ -341,7 +434,7 @@ static __device__ __forceinline__ void ds_step(const ds_params& p) {
 
 RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
 #if defined(RF_CP_ASYNC)
-    ds_step<true, false>(p);
+    ds_step<true, false, false>(p);
 #endif
 }
 
@@ -350,13 +443,24 @@ RF_KERNEL void DS_ATTRS decode_stack(ds_params p) {
 // idle and reads each KV head's keys once per query head.
 RF_KERNEL void DS_ATTRS decode_stack_split(ds_params p) {
 #if defined(RF_CP_ASYNC)
-    ds_step<true, true>(p);
+    ds_step<true, true, false>(p);
 #endif
 }
 
 // The portable variant (AMD, and NVIDIA on request): no inline assembly, the weights streamed
 // through registers (stream.h), the grid barrier by volatile loads and fences.
-RF_KERNEL void DS_ATTRS decode_stack_portable(ds_params p) { ds_step<false, false>(p); }
+RF_KERNEL void DS_ATTRS decode_stack_portable(ds_params p) { ds_step<false, false, false>(p); }
+
+// Both for layers with ds_params::qkv flags (EXT: Qwen2's biases, NeoX rope, Qwen3's q/k norms),
+// as kernels of their own: the llama kernels' code and register allocation stay as they were
+// (the q/k norms raised decode_stack to 128 registers, see kernels/PERF.md).
+RF_KERNEL void DS_ATTRS decode_stack_qkv(ds_params p) {
+#if defined(RF_CP_ASYNC)
+    ds_step<true, false, true>(p);
+#endif
+}
+
+RF_KERNEL void DS_ATTRS decode_stack_portable_qkv(ds_params p) { ds_step<false, false, true>(p); }
 
 // The output head (or any tall Q6_K mat-vec over one Q8_1 vector): out[r] = w[r] . y, with
 // decode_stack's weight streaming. One block per multiprocessor takes the 32-row groups b,

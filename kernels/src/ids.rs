@@ -551,6 +551,8 @@ kernel_ids! {
     DecodeStack => Stack, "decode_stack";
     DecodeStackPortable => Stack, "decode_stack_portable";
     DecodeStackSplit => Stack, "decode_stack_split";
+    DecodeStackQkv => Stack, "decode_stack_qkv";
+    DecodeStackPortableQkv => Stack, "decode_stack_portable_qkv";
     HeadQ6_K => Stack, "head_q6_k";
     MatvecIdQ4_0 => Matvec, "matvec_q4_0_id";
     MatvecIdQ4_1 => Matvec, "matvec_q4_1_id";
@@ -708,7 +710,11 @@ fn params_of(k: KernelId) -> &'static [Param] {
     use Param::{Attn, Peer, Ptr, Stack, F32, I32, I64};
     match k {
         K::AllReducePeerF32 => &[Ptr, I32, Peer],
-        K::DecodeStack | K::DecodeStackPortable | K::DecodeStackSplit => &[Stack],
+        K::DecodeStack
+        | K::DecodeStackPortable
+        | K::DecodeStackSplit
+        | K::DecodeStackQkv
+        | K::DecodeStackPortableQkv => &[Stack],
         K::QuantizeQ8_1 => &[Ptr, Ptr, I32, I64],
         K::HeadQ6_K
         | K::MatvecQ4_0

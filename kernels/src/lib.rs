@@ -472,9 +472,6 @@ pub const STACK_MAX_GQA: usize = 8;
 /// Most KV heads `decode_stack_split` takes (`DS_ATTN_MAX_KV`): their attention counters follow
 /// the grid barrier's word in [`STACK_BARRIER_WORDS`].
 pub const STACK_MAX_KV_HEADS: usize = 64;
-/// u32 words of the decode stack's barrier buffer: the grid barrier at 0, `decode_stack_split`'s
-/// per-KV-head counters from [`STACK_MAX_KV_HEADS`] on; all zero between launches.
-pub const STACK_BARRIER_WORDS: usize = 2 * STACK_MAX_KV_HEADS;
 /// Keys per tile of `decode_stack_split`'s attention (`DS_ATTN_TILE`), also the keys per share
 /// below which it takes fewer shares (longer contexts take up to [`stack_attn_splits`]).
 pub const STACK_ATTN_TILE: usize = 256;
@@ -618,6 +615,27 @@ pub struct StackLayer {
     pub vc: u64,
 }
 
+/// [`StackParams::qkv`] flag: every layer adds its [`StackParams::qkv_vec`] rows to the q, k and
+/// v projections (Qwen2).
+pub const STACK_QKV_BIAS: u32 = 1;
+/// [`StackParams::qkv`] flag: the rope rotates dims `i` and `i + 64` of a head (NeoX, all of its
+/// [`STACK_HEAD_DIM`] dims rotated), else `2i` and `2i + 1`.
+pub const STACK_QKV_NEOX: u32 = 2;
+/// [`StackParams::qkv`] flag: every layer RMS-norms each q and k head (epsilon
+/// [`StackParams::eps`]) times its [`StackParams::qkv_vec`] weight before the rope (Qwen3).
+pub const STACK_QKV_NORM: u32 = 4;
+/// Most q plus k heads of a launch with [`STACK_QKV_NORM`]: each has a counter and a sum of
+/// squares in the barrier buffer.
+pub const STACK_NORM_HEADS: usize = 192;
+/// Where the q/k norms' (counter, sum) pairs start in the barrier buffer, in u32 words: after
+/// `decode_stack_split`'s per-KV-head counters (words [`STACK_MAX_KV_HEADS`] to 127).
+const STACK_NORM_AT: usize = 2 * STACK_MAX_KV_HEADS;
+/// u32 words of the decode stack's barrier buffer, zeroed once and left so by every launch: the
+/// grid barrier's counter at 0, `decode_stack_split`'s per-KV-head counters from
+/// [`STACK_MAX_KV_HEADS`] on, the q/k norms' per-head counters and sums of squares from
+/// `STACK_NORM_AT` (`DS_NORM_AT`) on.
+pub const STACK_BARRIER_WORDS: usize = STACK_NORM_AT + 2 * STACK_NORM_HEADS;
+
 /// `decode_stack`'s parameter block, passed by value (layout mirrors `ds_params` in
 /// `hip/stack/params.h`; no implicit padding).
 #[repr(C)]
@@ -633,7 +651,8 @@ pub struct StackParams {
     pub x_in: u64,
     /// The residual after the last layer, also the running residual (f32, `n_embd`).
     pub x_out: u64,
-    /// Scratch: roped queries (f32, `n_head * 128`).
+    /// Scratch: roped queries (f32, `n_head * 128`; then `n_head_kv * 128` keys with
+    /// [`STACK_QKV_NORM`]).
     pub q: u64,
     /// Scratch: Q8_1 of the normed residual (`n_embd` values).
     pub xq: u64,
@@ -696,6 +715,16 @@ pub struct StackParams {
     /// `decode_stack_split`'s scratch: the shares' partial attention outputs (f32,
     /// [`stack_attn_part_bytes`]).
     pub attn_part: u64,
+    /// Per layer, f32 vectors: the q, k and v biases where [`StackParams::qkv`] has
+    /// [`STACK_QKV_BIAS`], the q and k heads' norm weights (and 0) where it has
+    /// [`STACK_QKV_NORM`]; else 0. Read by `decode_stack_qkv` and `decode_stack_portable_qkv`
+    /// only, after the other fields so that theirs keep the offsets the llama kernels had.
+    pub qkv_vec: [[u64; 3]; STACK_MAX_LAYERS],
+    /// [`STACK_QKV_BIAS`], [`STACK_QKV_NEOX`] and [`STACK_QKV_NORM`] flags (0: the llama
+    /// kernels).
+    pub qkv: u32,
+    /// 0 (no implicit padding).
+    pub pad: u32,
 }
 
 impl Default for StackParams {

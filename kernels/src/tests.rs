@@ -371,6 +371,8 @@ fn every_kernel_opens_by_waiting_for_its_predecessors() {
             if head.contains(" decode_stack(")
                 || head.contains(" decode_stack_split(")
                 || head.contains(" decode_stack_portable(")
+                || head.contains(" decode_stack_qkv(")
+                || head.contains(" decode_stack_portable_qkv(")
                 || head.contains(" head_q6_k(")
             {
                 entries += 1;
@@ -533,10 +535,10 @@ fn decode_stack_mirrors_the_source() {
     assert_eq!(source_define(f, "DS_HEAD"), STACK_HEAD_DIM);
     assert_eq!(source_define(f, "DS_STAGES"), STACK_STAGES);
     assert_eq!(source_define(f, "DS_SLOT"), STACK_SLOT);
-    // 11 pointers per layer, 11 more pointers, a 64-bit stride, 20 32-bit fields: no padding,
-    // and under the 4 KB parameter limit.
+    // 14 pointers per layer (11 in the layer, 3 after the other fields), 11 more pointers, a
+    // 64-bit stride, 22 32-bit fields: no padding, and under the 4 KB parameter limit.
     let size = std::mem::size_of::<StackParams>();
-    assert_eq!(size, STACK_MAX_LAYERS * 88 + 11 * 8 + 8 + 20 * 4);
+    assert_eq!(size, STACK_MAX_LAYERS * 112 + 11 * 8 + 8 + 22 * 4);
     assert!(size <= 4096);
     let a = "stack/attention.h";
     assert_eq!(source_define(a, "DS_ATTN_MAX_GRP"), STACK_MAX_GQA);
@@ -569,6 +571,10 @@ fn decode_stack_mirrors_the_source() {
         5 * 16 * 2304 + 512 * 32 + STACK_ATTN_BYTES
     );
     assert_eq!(source_define(f, "DS_MAX_ITEMS"), STACK_MAX_ITEMS);
+    assert_eq!(source_define(f, "DS_QKV_BIAS"), STACK_QKV_BIAS as usize);
+    assert_eq!(source_define(f, "DS_QKV_NEOX"), STACK_QKV_NEOX as usize);
+    assert_eq!(source_define(f, "DS_QKV_NORM"), STACK_QKV_NORM as usize);
+    assert_eq!(source_define(f, "DS_NORM_AT"), STACK_NORM_AT);
     // The 8B shapes: a 14336-wide Q8 input (16-value scales) and the work list beside the ring,
     // within an H100's 227 KB.
     assert_eq!(stack_shared_bytes(14336), 5 * 16 * 2304 + 512 * 32 + 17920);

@@ -653,9 +653,21 @@ fn stack_llama_of_width(
     n_ff: u64,
     n_layer: u64,
 ) -> Model {
+    stack_shaped("llama", file, seed, [n_head, n_head_kv, n_ff, n_layer])
+}
+
+/// A synthetic Q4_K_M model of architecture `arch` with `[n_head, n_head_kv, n_ff, n_layer]`
+/// (heads of 128, `n_head * 128` wide; Llama 3.1 rope factors for llama), written to `file` in
+/// the scratch directory and loaded.
+fn stack_shaped(
+    arch: &str,
+    file: &str,
+    seed: u64,
+    [n_head, n_head_kv, n_ff, n_layer]: [u64; 4],
+) -> Model {
     let path = scratch_dir().join(file);
-    let mut o = rocmforge_model::synth::SynthOptions::parse("llama", "tiny", "q4_k_m", seed)
-        .expect("options");
+    let mut o =
+        rocmforge_model::synth::SynthOptions::parse(arch, "tiny", "q4_k_m", seed).expect("options");
     o.shape.n_embd = n_head * 128;
     o.shape.n_head = n_head;
     o.shape.n_head_kv = n_head_kv;
@@ -664,7 +676,7 @@ fn stack_llama_of_width(
     o.shape.n_layer = n_layer;
     // Room for the long-context tests (the tiny preset's context is short).
     o.shape.n_ctx = o.shape.n_ctx.max(8192);
-    o.extras.rope_freqs = true;
+    o.extras.rope_freqs = arch == "llama";
     rocmforge_model::synth::write(&o, None, &path).expect("write synthetic model");
     Model::load(&path, |_, _| {}).expect("load")
 }
@@ -700,6 +712,149 @@ fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
         launched >= STEPS,
         "only {launched} decode_stack launches: the decode layers did not take the stack"
     );
+}
+
+/// A Qwen2 model of the decode stack's shapes (q/k/v biases, NeoX rope; 2048 wide, 16 heads, 4
+/// key-value heads, Q4_K_M with Q6_K `attn_v` and `ffn_down` in some layers): its decode steps
+/// must run as `decode_stack_qkv` launches (the biases added and the rope's dims 64 apart paired
+/// in the q/k/v epilogue) and give the CPU's tokens and logits, as the llama stack's do.
+#[test]
+#[serial]
+fn synthetic_qwen2_decode_stack_on_gpu_equals_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let m = stack_shaped("qwen2", "synth-qwen2-stack.gguf", 17, [16, 4, 6144, 4]);
+    let before = stack_launches();
+    // As the llama stack's test (the same widths).
+    let bounds = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 1e-3,
+    };
+    let _ = check_model_with(
+        "qwen2 stack",
+        &m,
+        &synth_prompt(&m),
+        bounds,
+        Some(StackKernel::Auto),
+    );
+    let launched = stack_launches() - before;
+    println!("decode_stack launches: {launched}");
+    assert!(
+        launched >= STEPS,
+        "only {launched} decode_stack launches: the qwen2 decode layers did not take the stack"
+    );
+}
+
+/// A Qwen3 model of the decode stack's shapes (q/k head norms, NeoX rope; as the qwen2 one): its
+/// decode steps must run as `decode_stack_qkv` launches (each head normed once all of its
+/// groups are in) and give the CPU's tokens and logits.
+#[test]
+#[serial]
+fn synthetic_qwen3_decode_stack_on_gpu_equals_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let m = stack_shaped("qwen3", "synth-qwen3-stack.gguf", 23, [16, 4, 6144, 4]);
+    let before = stack_launches();
+    let bounds = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 1e-3,
+    };
+    let _ = check_model_with(
+        "qwen3 stack",
+        &m,
+        &synth_prompt(&m),
+        bounds,
+        Some(StackKernel::Auto),
+    );
+    let launched = stack_launches() - before;
+    println!("decode_stack launches: {launched}");
+    assert!(
+        launched >= STEPS,
+        "only {launched} decode_stack launches: the qwen3 decode layers did not take the stack"
+    );
+}
+
+/// The decode stack on `arch` layers at Qwen3-8B's widths (4096, 32 heads, 8 key-value heads,
+/// FFN 12288, two layers; on 132 multiprocessors the last round of q/k/v groups, the last 28 k
+/// groups and the v groups, goes out as half groups, NeoX ones for the keys), both kernels
+/// teacher-forced against the per-op path: a wrong bias row, rope pair, head norm or group layout
+/// would be far off.
+fn stack_8b_layers_equal_per_op(arch: &str, seed: u64) {
+    let m = stack_shaped(
+        arch,
+        &format!("synth-{arch}-8b-layers.gguf"),
+        seed,
+        [32, 8, 12288, 2],
+    );
+    let prompt = synth_prompt(&m);
+    let mut cpu = Session::new(&m, &opts(DeviceChoice::Cpu, None, None)).expect("CPU session");
+    let want = greedy(&mut cpu, &prompt, STEPS);
+    drop(cpu);
+    let run = |stack: Option<StackKernel>| {
+        let mut o = SessionOptions {
+            gpu_stack: stack.is_some(),
+            ..opts(DeviceChoice::Gpu, None, None)
+        };
+        o.hip.stack_kernel = stack.unwrap_or(StackKernel::Auto);
+        let (mut s, _) = gpu_session(&m, &o);
+        forced(&mut s, &prompt, &want.tokens)
+    };
+    let per_op = run(None);
+    // Replays of a captured step launch nothing new: one launch shows the layers took it.
+    let before = stack_launches();
+    let native = run(Some(StackKernel::Auto));
+    let n_native = stack_launches() - before;
+    let before = stack_portable_launches();
+    let portable = run(Some(StackKernel::Portable));
+    let n_portable = stack_portable_launches() - before;
+    println!("{arch}: decode stack launches: {n_native}, portable {n_portable}");
+    assert!(
+        n_native > 0 && n_portable > 0,
+        "the {arch} decode layers did not take both stack kernels ({n_native}, {n_portable})"
+    );
+    let loose = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 3e-3,
+    };
+    check_diffs(
+        &format!("{arch} 8b layers per op"),
+        &diffs(&want.logits, &per_op),
+        loose,
+    );
+    // As the llama 8b layers' stack against per op.
+    let tight = Bounds {
+        full: 0.2,
+        top: 0.2,
+        kld_mean: 1e-3,
+    };
+    for (what, got) in [("stack", &native), ("portable stack", &portable)] {
+        check_diffs(
+            &format!("{arch} 8b layers {what} against per op"),
+            &diffs(&per_op, got),
+            tight,
+        );
+    }
+}
+
+#[test]
+#[serial]
+fn synthetic_qwen2_8b_layers_decode_stack_equals_per_op() {
+    if have_gpu() {
+        stack_8b_layers_equal_per_op("qwen2", 19);
+    }
+}
+
+#[test]
+#[serial]
+fn synthetic_qwen3_8b_layers_decode_stack_equals_per_op() {
+    if have_gpu() {
+        stack_8b_layers_equal_per_op("qwen3", 29);
+    }
 }
 
 /// The decode stack at Llama-3-8B's layer shapes (4096 wide, 32 heads, 8 key-value heads, FFN

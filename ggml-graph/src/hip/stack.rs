@@ -1,5 +1,6 @@
 //! The persistent decode stack: whole llama-family decode layers ([`Op::DecodeLayer`] nodes, made
-//! by `opt::fuse_decode_layers` where [`takes`] accepts them) as one cooperative `decode_stack`
+//! by `opt::fuse_decode_layers` where [`takes`] accepts them; layers with Qwen2's q/k/v biases,
+//! NeoX rope or Qwen3's q/k head norms on the `_qkv` kernels) as one cooperative `decode_stack`
 //! launch per up to [`kernels::STACK_MAX_LAYERS`] consecutive layers.
 //!
 //! Long contexts take `decode_stack_split` instead (attention by KV head and share of its keys),
@@ -103,6 +104,10 @@ struct Dims {
     attn: AttnParams,
     n_kv: usize,
     kv_stride: usize,
+    /// q/k/v biases (operands `ls::BQ ..= ls::BV`).
+    qkv_bias: bool,
+    /// Per-head q and k norms (operands `ls::Q_NORM`, `ls::K_NORM`), epsilon `eps`.
+    qk_norm: bool,
 }
 
 /// `w` is a 2-D `[cols, rows]` matrix of one of `dtypes` with dense rows, 16 bytes apart (the
@@ -144,7 +149,7 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
     let Op::DecodeLayer(p) = t.op else {
         return None;
     };
-    if s.len() < ls::W_DOWN + 1 {
+    if s.len() < p.freq_factors_src() {
         return None;
     }
     let (rope, attn) = (p.rope, p.attn);
@@ -155,6 +160,30 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
     let (kview, vview) = (s[ls::K], s[ls::V]);
     let f16 = DType::F16.type_size();
     let kv_stride = n_head_kv * STACK_HEAD_DIM;
+    let biases_ok = !p.qkv_bias
+        || [
+            (ls::BQ, n_head * STACK_HEAD_DIM),
+            (ls::BK, kv_stride),
+            (ls::BV, kv_stride),
+        ]
+        .iter()
+        .all(|&(i, n)| vector_ok(s[i], n));
+    // Per-head q/k norms: their weights, the attention norm's epsilon, and room for the heads'
+    // counters in the barrier buffer.
+    let norms_ok = p.qk_norm.is_none_or(|eps| {
+        eps == p.attn_eps
+            && !p.qkv_bias
+            && n_head + n_head_kv <= kernels::STACK_NORM_HEADS
+            && [ls::Q_NORM, ls::K_NORM]
+                .iter()
+                .all(|&i| vector_ok(s[i], STACK_HEAD_DIM))
+    });
+    // Normal rope over any even number of dims; NeoX's pairs meet in a group only with all of
+    // the head's dims rotated (`DS_NEOX` in `hip/stack/activations.h`).
+    let rope_ok = match rope.mode {
+        RopeMode::Normal => rope.n_dims.is_multiple_of(2) && rope.n_dims <= STACK_HEAD_DIM,
+        RopeMode::Neox => rope.n_dims == STACK_HEAD_DIM,
+    };
     // Whole 8-block Q4_K chunks (and 16-byte aligned Q6_K rows) in every product.
     let ok = n_embd.is_multiple_of(STACK_CHUNK_COLS)
         && n_ff.is_multiple_of(STACK_CHUNK_COLS)
@@ -176,9 +205,9 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
         && matrix_ok(s[ls::W_UP], &[DType::Q4_K], n_embd, n_ff)
         && matrix_ok(s[ls::W_DOWN], &[DType::Q4_K, DType::Q6_K], n_ff, n_embd)
         && p.act == Act::Silu
-        && rope.mode == RopeMode::Normal
-        && rope.n_dims.is_multiple_of(2)
-        && rope.n_dims <= STACK_HEAD_DIM
+        && rope_ok
+        && biases_ok
+        && norms_ok
         && s[ls::POS].dtype == DType::I32
         && (p.head_dim, p.n_head) == (STACK_HEAD_DIM, n_head)
         && attn.causal
@@ -202,16 +231,44 @@ fn layer_dims(t: &Tensor, s: &[&Tensor]) -> Option<Dims> {
         attn,
         n_kv: kview.ne[2],
         kv_stride,
+        qkv_bias: p.qkv_bias,
+        qk_norm: p.qk_norm.is_some(),
     })
+}
+
+/// True where layers of `dims` take the `_qkv` kernels: q/k/v biases, NeoX rope or q/k norms.
+fn qkv_ext(dims: &Dims) -> bool {
+    dims.qkv_bias || dims.qk_norm || dims.rope.mode == RopeMode::Neox
+}
+
+/// The kernel that runs layers of `dims` where the device runs `kernel` (`DecodeStack` or
+/// `DecodeStackPortable`): its `_qkv` variant where the layers need it ([`qkv_ext`]).
+fn variant(kernel: kernels::KernelId, dims: &Dims) -> kernels::KernelId {
+    use kernels::KernelId as K;
+    match (kernel, qkv_ext(dims)) {
+        (K::DecodeStack, true) => K::DecodeStackQkv,
+        (K::DecodeStackPortable, true) => K::DecodeStackPortableQkv,
+        (k, _) => k,
+    }
+}
+
+/// True for the portable stack kernels (`decode_stack_portable` and its `_qkv` variant).
+fn portable(kernel: kernels::KernelId) -> bool {
+    matches!(
+        kernel,
+        kernels::KernelId::DecodeStackPortable | kernels::KernelId::DecodeStackPortableQkv
+    )
 }
 
 /// Dynamic shared memory of a launch of `kernel` over layers of `dims`.
 fn shared_bytes(kernel: kernels::KernelId, dims: &Dims) -> u32 {
     let max_cols = dims.n_embd.max(dims.n_ff).max(dims.n_head * STACK_HEAD_DIM);
-    let bytes = match kernel {
-        kernels::KernelId::DecodeStackPortable => kernels::stack_portable_shared_bytes(max_cols),
-        kernels::KernelId::DecodeStackSplit => kernels::stack_split_shared_bytes(max_cols),
-        _ => kernels::stack_shared_bytes(max_cols),
+    let bytes = if portable(kernel) {
+        kernels::stack_portable_shared_bytes(max_cols)
+    } else if kernel == kernels::KernelId::DecodeStackSplit {
+        kernels::stack_split_shared_bytes(max_cols)
+    } else {
+        kernels::stack_shared_bytes(max_cols)
     };
     u32::try_from(bytes).unwrap_or(u32::MAX)
 }
@@ -220,13 +277,15 @@ fn shared_bytes(kernel: kernels::KernelId, dims: &Dims) -> u32 {
 /// is `decode_stack`, the layers' KV length (the cache views' positions, the step's keys rounded
 /// up to the session's KV bucket) reaches `State::split_from`
 /// ([`kernels::STACK_SPLIT_MIN_KV`] unless forced), the split attention takes the heads and its
-/// block fits; else the device's kernel. Only `dims` decides among the device's two, so every
-/// run of one graph (a captured one's replays too) takes the same kernel.
+/// block fits; else the device's kernel (its `_qkv` variant where the layers need it). Only
+/// `dims` decides, so every run of one graph (a captured one's replays too) takes the same kernel.
 fn chosen(d: &HipDevice, dims: &Dims) -> kernels::KernelId {
     let (kernel, split_from) = {
         let st = d.inner.stack.lock();
         (st.kernel, st.split_from)
     };
+    // The `_qkv` kernels have no split form: their layers keep the per-query-head attention.
+    let kernel = variant(kernel, dims);
     let split = kernels::KernelId::DecodeStackSplit;
     let take = kernel == kernels::KernelId::DecodeStack
         && split_from.is_some_and(|n| dims.n_kv >= n)
@@ -268,15 +327,27 @@ pub(crate) fn takes(d: &HipDevice, t: &Tensor, srcs: &[&Tensor]) -> bool {
     })
 }
 
-/// Device addresses of layer `l`'s weights and caches, and the memory they cover (for the
-/// capture's record of what the launch uses).
-fn layer_ptrs<'a>(l: &GroupNode<'a>, uses: &mut Vec<MemRange<'a>>) -> Result<StackLayer> {
+/// Device addresses of layer `l` (of `dims`)'s weights and caches, and of its q/k/v biases or
+/// q/k norm weights (`StackParams::qkv_vec`), and the memory they cover (for the capture's record
+/// of what the launch uses).
+fn layer_ptrs<'a>(
+    l: &GroupNode<'a>,
+    dims: &Dims,
+    uses: &mut Vec<MemRange<'a>>,
+) -> Result<(StackLayer, [u64; 3])> {
     let mut at = |i: usize| -> Result<u64> {
         let m = addr(&l.srcs[i])?;
         uses.push(m);
         Ok(m.addr())
     };
-    Ok(StackLayer {
+    let qkv_vec = if dims.qkv_bias {
+        [at(ls::BQ)?, at(ls::BK)?, at(ls::BV)?]
+    } else if dims.qk_norm {
+        [at(ls::Q_NORM)?, at(ls::K_NORM)?, 0]
+    } else {
+        [0; 3]
+    };
+    let layer = StackLayer {
         wq: at(ls::WQ)?,
         wk: at(ls::WK)?,
         wv: at(ls::WV)?,
@@ -288,13 +359,14 @@ fn layer_ptrs<'a>(l: &GroupNode<'a>, uses: &mut Vec<MemRange<'a>>) -> Result<Sta
         ffn_norm: at(ls::FFN_NORM)?,
         kc: at(ls::K)?,
         vc: at(ls::V)?,
-    })
+    };
+    Ok((layer, qkv_vec))
 }
 
 /// The kernel's scratch areas, `(offset, bytes)` in one buffer, each 256-byte aligned: the roped
-/// queries, the three Q8_1 vectors (normed residual, attention output, FFN activation), the
-/// sums of squares and `decode_stack_split`'s partial outputs (`splits` shares per KV head; none
-/// for the other kernels).
+/// queries (and keys, with q/k norms), the three Q8_1 vectors (normed residual, attention output,
+/// FFN activation), the sums of squares and `decode_stack_split`'s partial outputs (`splits`
+/// shares per KV head; none for the other kernels).
 struct Scratch {
     areas: [(usize, usize); 6],
     bytes: usize,
@@ -303,8 +375,10 @@ struct Scratch {
 impl Scratch {
     fn new(d: &Dims, splits: usize) -> Self {
         let n_q = d.n_head * STACK_HEAD_DIM;
+        // With q/k norms the keys wait there too until their head's norm.
+        let n_qk = n_q + usize::from(d.qk_norm) * d.n_head_kv * STACK_HEAD_DIM;
         let lens = [
-            n_q * 4,
+            n_qk * 4,
             kernels::q8_1_vector_bytes(d.n_embd),
             kernels::q8_1_vector_bytes(n_q),
             kernels::q8_16_vector_bytes(d.n_ff),
@@ -345,15 +419,15 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let dims = layer_dims(first.tensor, &tensors(first)).ok_or_else(|| refused("its shapes"))?;
     // Every layer of one launch shares the first one's shapes, norms, rope and positions.
     let rope0 = &first.srcs;
+    let ff_at = match first.tensor.op {
+        Op::DecodeLayer(p) => p.freq_factors_src(),
+        _ => return Err(refused("not a decode layer")),
+    };
     let same = |l: &GroupNode<'_>| {
         layer_dims(l.tensor, &tensors(l)) == Some(dims)
             && l.srcs.len() == rope0.len()
             && same_mem(&l.srcs[ls::POS], &rope0[ls::POS])
-            && (l
-                .srcs
-                .get(ls::FREQ_FACTORS)
-                .zip(rope0.get(ls::FREQ_FACTORS)))
-            .is_none_or(|(a, b)| same_mem(a, b))
+            && (l.srcs.get(ff_at).zip(rope0.get(ff_at))).is_none_or(|(a, b)| same_mem(a, b))
     };
     let n_layer = group
         .iter()
@@ -386,12 +460,12 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         .areas
         .map(|(off, len)| sbuf.sub(off, len).map_err(|e| gpu_err("decode_stack", e)));
     let (q, xq, aq, hq, ss, part) = (q?, xq?, aq?, hq?, ss?, part?);
-    let mut uses = Vec::with_capacity(n_layer * 11 + 8);
+    let mut uses = Vec::with_capacity(n_layer * 14 + 9);
     let mut p = StackParams::default();
     let mut v_q6 = 0u32;
     let mut d_q6 = 0u32;
     for (i, l) in layers.iter().enumerate() {
-        p.layer[i] = layer_ptrs(l, &mut uses)?;
+        (p.layer[i], p.qkv_vec[i]) = layer_ptrs(l, &dims, &mut uses)?;
         if l.srcs[ls::WV].tensor.dtype == DType::Q6_K {
             v_q6 |= 1 << i;
         }
@@ -401,7 +475,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     }
     let x_in = addr(&first.srcs[ls::X])?;
     let pos = addr(&first.srcs[ls::POS])?;
-    let ff = first.srcs.get(ls::FREQ_FACTORS).map(addr).transpose()?;
+    let ff = first.srcs.get(ff_at).map(addr).transpose()?;
     // Every layer's residual counts as rewritten for the quantization cache (the kernel writes
     // the last one; the others' bytes are stale now).
     let mut x_out = None;
@@ -443,6 +517,15 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     p.kv_stride = dims.kv_stride as i64;
     p.v_q6 = v_q6;
     p.d_q6 = d_q6;
+    if dims.qkv_bias {
+        p.qkv |= kernels::STACK_QKV_BIAS;
+    }
+    if dims.rope.mode == RopeMode::Neox {
+        p.qkv |= kernels::STACK_QKV_NEOX;
+    }
+    if dims.qk_norm {
+        p.qkv |= kernels::STACK_QKV_NORM;
+    }
     p.n_layer = i32_of(n_layer)?;
     p.n_embd = i32_of(dims.n_embd)?;
     p.n_ff = i32_of(dims.n_ff)?;
@@ -480,7 +563,7 @@ pub(crate) fn launch(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     #[cfg(any(test, feature = "testing"))]
     {
         LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if kernel == kernels::KernelId::DecodeStackPortable {
+        if portable(kernel) {
             PORTABLE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         if split {
@@ -535,4 +618,64 @@ pub(crate) fn head_launch(
     let smem = u32::try_from(kernels::head_shared_bytes(ncols)).ok()?;
     d.stack_fits(kernels::KernelId::HeadQ6_K, smem)
         .then_some((sms, smem))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::opt::layer::tests::decode_graph_of;
+
+    /// What [`layer_dims`] reads of each fused layer of a two-layer `arch` decode graph of
+    /// `[n_embd, n_head, n_ff]` (heads of 128, 4 key-value heads), with `edit` applied to each
+    /// fused node's parameters first.
+    fn dims_of(
+        arch: &str,
+        [e, nh, ff]: [usize; 3],
+        edit: impl Fn(&mut crate::tensor::DecodeLayerParams),
+    ) -> Vec<Option<Dims>> {
+        let (mut g, _) = decode_graph_of(2, arch, [e, STACK_HEAD_DIM, nh, 4, ff]);
+        assert_eq!(crate::opt::fuse_decode_layers(&mut g, &|_, _| true), 2);
+        let nodes = g.tensors();
+        nodes
+            .iter()
+            .filter(|t| matches!(t.op, Op::DecodeLayer(_)))
+            .map(|t| {
+                let mut t = t.clone();
+                if let Op::DecodeLayer(p) = &mut t.op {
+                    edit(p);
+                }
+                let srcs: Vec<&Tensor> = t.src.iter().map(|s| &nodes[s.index()]).collect();
+                layer_dims(&t, &srcs)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_stack_takes_llama_qwen2_and_qwen3_layers_of_its_widths() {
+        let shape = [2048, 16, 6144];
+        for arch in ["llama", "qwen2", "qwen3"] {
+            let dims = dims_of(arch, shape, |_| ());
+            assert_eq!(dims.len(), 2);
+            for d in dims {
+                let d = d.unwrap_or_else(|| panic!("{arch}: a layer the stack should take"));
+                assert_eq!(
+                    (d.n_embd, d.n_head, d.n_head_kv, d.n_ff),
+                    (2048, 16, 4, 6144)
+                );
+                assert_eq!(d.qkv_bias, arch == "qwen2", "{arch}");
+                assert_eq!(d.qk_norm, arch == "qwen3", "{arch}");
+                let neox = d.rope.mode == RopeMode::Neox;
+                assert_eq!(neox, arch != "llama", "{arch}");
+            }
+        }
+        // NeoX pairs meet in a group only with all 128 dims rotated.
+        let partial = dims_of("qwen2", shape, |p| p.rope.n_dims = 64);
+        assert!(partial.iter().all(Option::is_none));
+        // Q/K norms with another epsilon than the attention norm's are not the kernel's.
+        let eps = dims_of("qwen3", shape, |p| p.qk_norm = Some(1e-3));
+        assert!(eps.iter().all(Option::is_none));
+        // Qwen2-7B's widths (3584, FFN 18944) are no whole 2048-value chunks: per op.
+        let q7 = dims_of("qwen2", [3584, 28, 18944], |_| ());
+        assert!(q7.iter().all(Option::is_none));
+    }
 }

@@ -8,8 +8,10 @@
 // DS_Q4); DS_A16, a product over the FFN activation, whose Q8 scales cover 16 values (q8_put<16>:
 // the halves write theirs alone); DS_SPLIT, a 16-row q/k/v half group, warps w and w + 8 taking
 // the same two rows, w the first half of their chunks and w + 8 the second (the epilogue adds
-// the two sums).
-enum { DS_Q4 = 0, DS_Q6 = 1, DS_GATED = 2, DS_HALF = 4, DS_A16 = 8, DS_SPLIT = 16 };
+// the two sums); DS_NEOX, a q or k group (or half) under NeoX rope: rows of a head and their rope
+// partners 64 rows on, one of each per warp (w2 the first partner row; see ds_build), so that
+// both dims of every rotated pair meet in the group's epilogue.
+enum { DS_Q4 = 0, DS_Q6 = 1, DS_GATED = 2, DS_HALF = 4, DS_A16 = 8, DS_SPLIT = 16, DS_NEOX = 32 };
 
 // The FFN activation's Q8 (q8_put<16>: a scale per 16 values, so that a 16-row gate/up half group
 // quantizes its rows by itself): `ncols` int8, then `ncols / 16` half2 (d, s).

@@ -89,7 +89,7 @@ static __device__ __forceinline__ ds_mat ds_matrix(const ds_params& p, int l, in
 struct ds_item {
     const uint8_t* w;   // the group's first row (its first gate row when gated)
     const uint8_t* w2;  // its second row (Q4_K, Q6_K) or its first up row (gated)
-    int rb;             // bytes per row
+    int rb;             // bytes per row (half that in a DS_NEOX group, see ds_build)
     short q, r16;       // phase (layer * DS_PHASES + kind) and first output row / 16
     unsigned char kind, n;  // layout and chunks (ring slots per warp)
     unsigned char pad[6];
@@ -106,6 +106,7 @@ static __device__ __forceinline__ int ds_share(const ds_params& p, int k) {
 // and returns their count; the host keeps it within DS_MAX_ITEMS (kernels::stack_items).
 // Inlined: on AMD a call would take the address of the kernel's parameter block, which then
 // gets copied into scratch memory per lane.
+template <bool EXT>
 static __device__ __forceinline__ int ds_build(const ds_params& p, ds_item* items) {
     int per = 0;
     for (int k = 0; k < DS_PHASES; ++k) per += ds_share(p, k);
@@ -135,6 +136,19 @@ static __device__ __forceinline__ int ds_build(const ds_params& p, ds_item* item
         t.r16 = (short)(half ? hrow / 16 : 2 * (k == 0 ? ds_qkv_group(p, g) : g));
         t.kind = (unsigned char)(kind | (k == 4 ? DS_A16 : 0));
         t.n = (unsigned char)((kind & 3) == DS_Q4 ? m.nblk / 8 : m.nblk / 4);
+        if (EXT && k == 0 && (p.qkv & DS_QKV_NEOX) && t.r16 * 16 < (p.n_head + p.n_head_kv) * DS_HEAD) {
+            // A q or k group under NeoX rope (DS_NEOX): group j of a head takes rows 16j .. 16j + 15
+            // and their partners 64 on, half u (a split half, rows 16u .. 16u + 15 of the head in
+            // the dealing) rows 8u .. 8u + 7 and theirs, so that the halves take what the whole
+            // groups leave. One row of each per warp (pair): the cursor's two-row stride halved
+            // (rb is read for nothing else in a Q4_K item). A half keeps its r16 (ds_qkv_row).
+            const int j = half ? 0 : (t.r16 / 2) & 3, u = half ? t.r16 & 7 : 0;
+            t.w -= (16 * j + 8 * u) * m.rb;
+            t.w2 = t.w + 64 * m.rb;
+            t.rb = (int)m.rb / 2;
+            t.r16 = (short)(t.r16 - j);
+            t.kind |= DS_NEOX;
+        }
         items[i] = t;
     }
     return ni;

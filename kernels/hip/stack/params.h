@@ -17,6 +17,19 @@
 // Most work items (32-row groups) one block takes in a launch: its list sits in shared memory.
 #define DS_MAX_ITEMS 512
 
+// ds_params::qkv flags. DS_QKV_BIAS: each layer adds its qkv_vec rows (biases) to the q, k and
+// v projections (Qwen2). DS_QKV_NEOX: the rope rotates dims i and i + 64 of a head (NeoX, all
+// 128 dims rotated), else 2i and 2i + 1. DS_QKV_NORM: each q and k head is RMS-normed (eps)
+// times qkv_vec[0] (q) or [1] (k) before the rope (Qwen3).
+#define DS_QKV_BIAS 1
+#define DS_QKV_NEOX 2
+#define DS_QKV_NORM 4
+// The barrier buffer (ds_params::bar), u32 words all 0 between launches: the grid barrier's
+// counter at 0; decode_stack_split's per-KV-head counters from DS_ATTN_MAX_KV (64) on; from
+// DS_NORM_AT, per q head and then k head (DS_QKV_NORM), the count of its
+// rows done and the f32 sum of their squares.
+#define DS_NORM_AT 128
+
 // One layer's weights (GGUF rows in place) and caches.
 struct ds_layer {
     const uint8_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
@@ -31,11 +44,12 @@ struct ds_params {
     const int* pos;             // the step's position (one token)
     const float* x_in;          // the residual before the first layer
     float* x_out;               // ... after the last one (also the running residual)
-    float* q;                   // roped queries, n_head * 128
+    float* q;                   // roped queries, n_head * 128 (then the keys: DS_QKV_NORM)
     uint8_t *xq, *aq, *hq;      // Q8_1: x * norm weight, attention output; Q8_16: FFN activation
     float* ss;                  // 2 * n_layer sums of squares of x (before attention, before FFN)
     unsigned* bar;              // grid barrier counter, then decode_stack_split's per-KV-head
-                                // counters (from DS_ATTN_MAX_KV on); all 0 between launches
+                                // counters (from DS_ATTN_MAX_KV on), the q/k norms' (DS_NORM_AT);
+                                // all 0 between launches
     long long kv_stride;        // cache elements between positions
     unsigned v_q6, d_q6;        // bit l: layer l's v (down) projection is Q6_K, else Q4_K
     int n_layer, n_embd, n_ff, n_head, n_head_kv, n_kv, n_dims;
@@ -45,4 +59,9 @@ struct ds_params {
     int attn_splits;          // most shares of a KV head's keys (one block each)
     int attn_prefetch_rows;   // rows at the start of each share asked into L2 during phase 0
     float* attn_part;         // the shares' partial outputs, attn_splits * n_head * (DS_HEAD + 2)
+    // Read by the _qkv kernels only (after the fields above, whose offsets stay as they were):
+    const float* qkv_vec[DS_MAX_LAYERS][3];  // per layer: q, k, v biases (DS_QKV_BIAS) or q, k
+                                             // norm weights (DS_QKV_NORM)
+    unsigned qkv;                            // DS_QKV_* flags
+    unsigned pad;                            // 0: no implicit padding in the block
 };
