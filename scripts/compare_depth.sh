@@ -11,8 +11,10 @@
 # LLAMA_DIR). Environment: LLAMA_DIR (default /tmp/llama), ROCMFORGE (default
 # target/release/rocmforge), DEPTHS (default 0,8192,32768), N (default 32), REPS (default 2),
 # STACKS (rocmforge's --gpu-stack kernels to run, default "auto"; e.g. "short split auto" to time
-# decode_stack against decode_stack_split at every depth). OUT_DIR (default /tmp/depth-bench)
-# keeps the model (about 5 GB) between runs.
+# decode_stack against decode_stack_split at every depth), VOCAB (a GGUF whose tokenizer the model
+# takes, e.g. llama.cpp's ggml-vocab-llama-bpe.gguf: Llama 3's 128k-token output head; default the
+# minimal byte-level vocabulary). OUT_DIR (default /tmp/depth-bench) keeps the model (about 5 GB)
+# between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,10 +31,11 @@ stacks=${STACKS:-auto}
 deepest=$(tr ',' '\n' <<<"$depths" | sort -n | tail -1)
 # The deepest test's positions plus its tokens, with room to spare.
 ctx=$((deepest + n + 1024))
-model="$out/llama3-8b-q4_k_m-ctx$ctx.gguf"
+model="$out/llama3-8b-q4_k_m-ctx$ctx${VOCAB:+-$(basename "$VOCAB" .gguf)}.gguf"
 mkdir -p "$out"
 if [ ! -f "$model" ]; then
-  "$rf" synth --arch llama --preset llama3-8b --ftype q4_k_m --seed 42 --ctx "$ctx" -o "$model"
+  "$rf" synth --arch llama --preset llama3-8b --ftype q4_k_m --seed 42 --ctx "$ctx" \
+    ${VOCAB:+--vocab "$VOCAB"} -o "$model"
 fi
 
 echo "== llama.cpp llama-bench (CUDA, -fa 1) =="
