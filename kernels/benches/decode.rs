@@ -5,7 +5,9 @@
 //! the L2 cache several times, so every launch reads its weights from device memory.
 //! Without a GPU or built kernels it prints why and exits. `DECODE_BATCHED=1` runs only the
 //! batched products (mat-vec, the column mat-vecs of 2 to 4 vectors, integer tiles, dequantize +
-//! gemmEx at 1 to 256 vectors).
+//! gemmEx at 1 to 256 vectors). `DECODE_MOE=1` runs only a mixture of experts' decode kernels at
+//! Qwen3-30B-A3B's shapes (8 of 128 experts; gpt-oss-20b's for MXFP4, 4 of 32): the expert
+//! mat-vecs (per-row and short-row kernels), the routing and the activations' quantization.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -140,6 +142,10 @@ fn main() {
     let mut rng = Rng::new(7);
     if std::env::var_os("DECODE_BATCHED").is_some() {
         batched(&g, &mut rng, l2, bw, sms as usize);
+        return;
+    }
+    if std::env::var_os("DECODE_MOE").is_some() {
+        moe(&g, &mut rng, l2, bw);
         return;
     }
     println!(
@@ -570,5 +576,274 @@ fn batched(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64, sms: usize) {
                 println!("{line}");
             }
         }
+    }
+}
+
+/// An expert product's shape: `n_mat` matrices of `rows` rows of `cols` values, `n_used` chosen
+/// per token.
+struct MoeShape {
+    what: &'static str,
+    rows: usize,
+    cols: usize,
+    n_mat: usize,
+    n_used: usize,
+}
+
+/// Which expert mat-vec a [`moe`] line times.
+#[derive(Clone, Copy)]
+enum MoeKind {
+    /// `act(gate) * up`, one activation vector per token.
+    Gated,
+    /// The plain product, one activation vector per slot (a down product).
+    Plain,
+    /// The plain product plus the experts' bias rows.
+    Bias,
+}
+
+/// `iters` tokens' ids, `n_used` distinct experts of `n_mat` each, as I32.
+fn moe_ids(rng: &mut Rng, n_mat: usize, n_used: usize, iters: usize) -> Vec<i32> {
+    let mut ids = Vec::with_capacity(iters * n_used);
+    for _ in 0..iters {
+        let mut pool: Vec<i32> = (0..n_mat as i32).collect();
+        for _ in 0..n_used {
+            let j = (rng.next_u64() % pool.len() as u64) as usize;
+            ids.push(pool.swap_remove(j));
+        }
+    }
+    ids
+}
+
+/// One token's expert mat-vecs with kernel `kid` (grid x `grid`; `f32_in`: it takes the f32
+/// activations, as the short-row kernels do, rather than Q8_1): us per call from a replayed
+/// graph, and the chosen experts' weight bytes per second as a share of the copy bandwidth `bw`.
+/// Each launch picks its own experts, and the stacks rotate over copies that together exceed the
+/// L2 cache 8 times, so the weights come from device memory.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one launch's worth of parameters"
+)]
+fn moe_line(
+    g: &Gpu,
+    rng: &mut Rng,
+    l2: usize,
+    bw: f64,
+    s: &MoeShape,
+    row_bytes: usize,
+    kind: MoeKind,
+    kid: KernelId,
+    grid: u32,
+    f32_in: bool,
+) {
+    let mats = if matches!(kind, MoeKind::Gated) { 2 } else { 1 };
+    let mat_bytes = s.rows * row_bytes;
+    let stack = s.n_mat * mat_bytes;
+    let n = (8 * l2).div_ceil(mats * stack).clamp(1, 16);
+    let w = g.upload(&rng.bytes(n * mats * stack));
+    let n_x = if matches!(kind, MoeKind::Gated) {
+        1
+    } else {
+        s.n_used
+    };
+    let x = g.upload(&rng.vec(s.cols * n_x));
+    let vb = q8_1_vector_bytes(s.cols);
+    let y = g.alloc(vb * n_x);
+    let bias = g.upload(&rng.vec(s.rows * s.n_mat));
+    let out = g.alloc(s.n_used * s.rows * 4);
+    let idv = moe_ids(rng, s.n_mat, s.n_used, ITERS as usize);
+    let ids = g.upload(&idv);
+    // SAFETY: the buffers were allocated above for the shapes and counts passed here.
+    unsafe {
+        g.launch(
+            KernelId::QuantizeQ8_1,
+            [(s.cols as u32).div_ceil(256), n_x as u32, 1],
+            256,
+            &[
+                x.arg(),
+                y.arg(),
+                Arg::I32(s.cols as i32),
+                Arg::I64(s.cols as i64),
+            ],
+        )
+    };
+    let launch = |i: u32| {
+        let base = (i as usize % n) * mats * stack;
+        let id = ids.sub((i as usize % ITERS as usize) * s.n_used * 4, s.n_used * 4);
+        let tail = [
+            Arg::Mem(id),
+            if f32_in { x.arg() } else { y.arg() },
+            out.arg(),
+            Arg::I32(s.cols as i32),
+            Arg::I64(row_bytes as i64),
+            Arg::I64(mat_bytes as i64),
+            Arg::I32(s.rows as i32),
+            Arg::I32(s.n_used as i32),
+            Arg::I32(n_x as i32),
+            Arg::I32(s.n_mat as i32),
+        ];
+        let mut args = vec![Arg::Mem(w.sub(base, stack))];
+        match kind {
+            MoeKind::Gated => args.push(Arg::Mem(w.sub(base + stack, stack))),
+            MoeKind::Bias => args.push(bias.arg()),
+            MoeKind::Plain => {}
+        }
+        args.extend(tail);
+        if matches!(kind, MoeKind::Gated) {
+            args.push(Arg::I32(rocmforge_kernels::act::SILU));
+        }
+        // SAFETY: the buffers were allocated above for the shapes and counts passed here (the
+        // ids are below n_mat).
+        unsafe {
+            g.launch(
+                kid,
+                [grid, s.n_used as u32, 1],
+                MATVEC_WARPS * g.warp,
+                &args,
+            )
+        };
+    };
+    let ms = graph_ms(g, ITERS, launch);
+    let bytes = (mats * s.n_used * mat_bytes) as f64;
+    let gbs = bytes / (ms * 1e-3);
+    println!(
+        "  {:26} {:28} {:7.1} us {:6.0} GB/s {:5.1}%  ({:.1} MB)",
+        kid.name(),
+        s.what,
+        ms * 1e3,
+        gbs / 1e9,
+        100.0 * gbs / bw,
+        bytes / 1e6
+    );
+}
+
+/// A mixture of experts' decode kernels: the expert mat-vecs at Qwen3-30B-A3B's shapes (and
+/// gpt-oss-20b's MXFP4 one), each type on its per-row kernel and, where its rows fit, on the
+/// short-row one; the routing of one token over 128 experts; the activations' quantization.
+fn moe(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
+    use rocmforge_kernels::{
+        matvec_gated_grid, matvec_grid, matvec_grid_mxfp4, matvec_id_short_fits,
+        matvec_id_short_grid,
+    };
+    println!(
+        "mixture-of-experts decode: us per call (graph replay), chosen experts' weight GB/s and % \
+         of copy bandwidth"
+    );
+    let gate_up = MoeShape {
+        what: "30B-A3B gate+up 2x768x2048",
+        rows: 768,
+        cols: 2048,
+        n_mat: 128,
+        n_used: 8,
+    };
+    let down = MoeShape {
+        what: "30B-A3B down 2048x768",
+        rows: 2048,
+        cols: 768,
+        n_mat: 128,
+        n_used: 8,
+    };
+    for t in [
+        WeightType::Q4_K,
+        WeightType::Q6_K,
+        WeightType::Q8_0,
+        WeightType::Q5_K,
+        WeightType::Q4_0,
+    ] {
+        for (s, kind) in [(&gate_up, MoeKind::Gated), (&down, MoeKind::Plain)] {
+            let row_bytes = s.cols / t.block_values() * t.block_bytes();
+            let [plain, _, gated] = t.matvec_id_short();
+            let (long, long_grid, short) = match kind {
+                MoeKind::Gated => (t.matvec_id_gated(), matvec_gated_grid(t, s.rows), gated),
+                _ => (t.matvec_id(), matvec_grid(t, s.rows), plain),
+            };
+            moe_line(g, rng, l2, bw, s, row_bytes, kind, long, long_grid, false);
+            if matvec_id_short_fits(s.cols, row_bytes) {
+                let grid = matvec_id_short_grid(s.rows);
+                moe_line(g, rng, l2, bw, s, row_bytes, kind, short, grid, true);
+            }
+        }
+    }
+    // gpt-oss-20b: each expert product with its bias rows, rows of 2880 MXFP4 values.
+    let oss = MoeShape {
+        what: "oss-20b 2880x2880 (4 of 32)",
+        rows: 2880,
+        cols: 2880,
+        n_mat: 32,
+        n_used: 4,
+    };
+    let rb = oss.cols / 32 * 17;
+    moe_line(
+        g,
+        rng,
+        l2,
+        bw,
+        &oss,
+        rb,
+        MoeKind::Bias,
+        KernelId::MatvecIdAddMxfp4,
+        matvec_grid_mxfp4(oss.rows),
+        false,
+    );
+    // The routing of one decode token: softmax over 128 router logits, top 8, their weights.
+    let n_exp = 128usize;
+    let k = 8usize;
+    let logits = g.upload(&rng.vec(n_exp));
+    let probs = g.alloc(n_exp * 4);
+    let ids = g.alloc(k * 4);
+    let wts = g.alloc(k * 4);
+    let route = |_: u32| {
+        // SAFETY: one row of `n_exp` logits, probabilities, `k` ids and weights, allocated above.
+        unsafe {
+            g.launch(
+                KernelId::MoeRouteF32,
+                [1, 1, 1],
+                g.warp,
+                &[
+                    logits.arg(),
+                    probs.arg(),
+                    ids.arg(),
+                    wts.arg(),
+                    Arg::I32(n_exp as i32),
+                    Arg::I32(k as i32),
+                    Arg::I64(n_exp as i64),
+                    Arg::F32(1.0),
+                    Arg::I32(0),
+                    Arg::I32(1),
+                ],
+            )
+        };
+    };
+    println!(
+        "  {:26} {:28} {:7.1} us",
+        KernelId::MoeRouteF32.name(),
+        "128 experts, top 8",
+        graph_ms(g, ITERS, route) * 1e3
+    );
+    // The activations' quantization before the gate/up (one vector of 2048) and the down
+    // product (8 of 768).
+    for (cols, m) in [(2048usize, 1usize), (768, 8)] {
+        let x = g.upload(&rng.vec(cols * m));
+        let y = g.alloc(q8_1_vector_bytes(cols) * m);
+        let quantize = |_: u32| {
+            // SAFETY: `m` vectors of `cols` values and their Q8_1 blocks, allocated above.
+            unsafe {
+                g.launch(
+                    KernelId::QuantizeQ8_1,
+                    [(cols as u32).div_ceil(256), m as u32, 1],
+                    256,
+                    &[
+                        x.arg(),
+                        y.arg(),
+                        Arg::I32(cols as i32),
+                        Arg::I64(cols as i64),
+                    ],
+                )
+            };
+        };
+        println!(
+            "  {:26} {:28} {:7.1} us",
+            KernelId::QuantizeQ8_1.name(),
+            format!("{m} x {cols}"),
+            graph_ms(g, ITERS, quantize) * 1e3
+        );
     }
 }

@@ -1408,6 +1408,233 @@ RF_MATVEC_ID_GATED(matvec_q6_k, MV_BOUND, matvec_staged, mv_q6_k<MV_Q6K_GATED_RO
 RF_MATVEC_ID_GATED(matvec_q5_k, MV_BOUND, matvec_direct2, mv_q5_k, 1)
 RF_MATVEC_ID_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 
+// --- Expert mat-vecs over short rows ----------------------------------------------------------
+// The bodies above lay a warp's lanes along one row's k, which rows of a few blocks leave mostly
+// idle (a fine-grained mixture of experts' down product, k = 768: three K-quant blocks, so 12 of
+// Q6_K's 32 lanes and 24 of Q4_K's), and each warp reads a few hundred bytes per round trip. The
+// `_id_short` kernels give a warp MV_SHORT_ROWS consecutive rows of the chosen matrix instead:
+// one contiguous span of it, which the warp copies into its stage with coalesced 16-byte loads
+// (all issued before the first store), then LPR lanes per row (T::LPB per block, each lane taking
+// every (LPR / LPB)-th block of its row) take their dot products out of the stage, summed across
+// those lanes. Gated: the gate rows, then the up rows through the same stage.
+// They take the activations as f32 and quantize their pair's vector into shared memory
+// themselves (quantize_q8_1's arithmetic, so the same Q8_1 values), which saves the decode step a
+// quantization launch before each expert product; the block's first weights are requested toward
+// L2 meanwhile.
+// Contract: MV_SHORT_ROWS rows and their start's offset in its 16-byte chunk fit the stage, i.e.
+// row_bytes <= (MV_SHORT_BYTES - 16) / MV_SHORT_ROWS (`kernels::MATVEC_ID_SHORT_ROW_BYTES`), and
+// ncols <= MV_SHORT_MAX_COLS; `kernels::MATVEC_ID_SHORT_ROWS_PER_BLOCK` is MV_WARPS *
+// MV_SHORT_ROWS.
+#define MV_SHORT_ROWS 8
+#define MV_SHORT_BYTES 5120
+#define MV_SHORT_MAX_COLS 1792
+
+template <typename T>
+struct short_dims {
+    // Lanes per row: at least one block's lanes, and all lanes busy with MV_SHORT_ROWS rows.
+    static constexpr int LPR = T::LPB > RF_WARP / MV_SHORT_ROWS ? T::LPB : RF_WARP / MV_SHORT_ROWS;
+    static constexpr int RW = RF_WARP / LPR;              // rows per pass
+    static constexpr int PASSES = MV_SHORT_ROWS / RW;     // passes over a warp's rows
+    static constexpr int BS = LPR / T::LPB;               // a lane's block stride along its row
+    static constexpr int IT = (MV_SHORT_BYTES / 16 + RF_WARP - 1) / RF_WARP;  // 16-byte loads per lane
+    static constexpr int WORDS = MV_SHORT_BYTES / 4 + 4;  // + slack for st_words past the span
+};
+
+// 16 bytes at the 2-byte aligned byte offset `o` of a stage (one load where 16-byte aligned).
+static __device__ __forceinline__ int4 st_b128(const uint32_t* st, int o) {
+    if ((o & 15) == 0) return *reinterpret_cast<const int4*>(st + (o >> 2));
+    uint32_t w[4];
+    st_words<4>(st, o, w);
+    return make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+}
+
+// The dot product of the block at byte `o` of a stage (part `c`) with activation fragment `a`:
+// the staged types' own; Q4_K and Q5_K read their blocks' words out of the stage.
+template <typename T>
+struct short_dot {
+    static __device__ __forceinline__ float run(const uint32_t* st, int o, int c, const typename T::Act& a) {
+        return T::dot(st, o, c, a);
+    }
+};
+template <>
+struct short_dot<mv_q4_k> {
+    static __device__ __forceinline__ float run(const uint32_t* st, int o, int c, const act_k4& a) {
+        return mv_q4_k::compute(mv_q4_k::Raw{st_b128(st, o), st_b128(st, o + 16 + 16 * c)}, c, a);
+    }
+};
+template <>
+struct short_dot<mv_q5_k> {
+    static __device__ __forceinline__ float run(const uint32_t* st, int o, int c, const act_k4& a) {
+        return mv_q5_k::compute(
+            mv_q5_k::Raw{st_b128(st, o), st_b128(st, o + 16 + 16 * (c & 1)), st_b128(st, o + 48 + 16 * c)}, c, a);
+    }
+};
+
+// Copies the `bytes` bytes at `src` (any alignment) into the warp's stage `st` as the 16-byte
+// chunks that hold them (reading at most to the end of the last chunk); returns where they start
+// in the stage (src's offset in its chunk).
+template <int IT>
+static __device__ __forceinline__ int short_fill(const uint8_t* __restrict__ src, int bytes, uint32_t* st, int lane) {
+    const int off = (int)((uintptr_t)src & 15);
+    const rf_b128* s = reinterpret_cast<const rf_b128*>(src - off);
+    const int n = (off + bytes + 15) >> 4;
+    rf_b128 v[IT];
+#pragma unroll
+    for (int i = 0; i < IT; ++i)
+        if (lane + i * RF_WARP < n) v[i] = s[lane + i * RF_WARP];
+    rf_syncwarp();  // every lane is done with the stage's previous contents
+#pragma unroll
+    for (int i = 0; i < IT; ++i)
+        if (lane + i * RF_WARP < n) reinterpret_cast<rf_b128*>(st)[lane + i * RF_WARP] = v[i];
+    rf_syncwarp();
+    return off;
+}
+
+// `w2` non-null (NM = 2, gated): out = act(w . yv) * (w2 . yv); `bias` non-null: out +=
+// bias[row]. Output rows `nrows` apart per activation vector (grid.y).
+template <typename T, int NM>
+static __device__ __forceinline__ void matvec_short(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
+                                                    const float* __restrict__ bias, q8_vec yv,
+                                                    float* __restrict__ out, int ncols, long long row_bytes, int nrows,
+                                                    int act_kind) {
+    using D = short_dims<T>;
+    __shared__ __align__(16) uint32_t stage[MV_WARPS][D::WORDS];
+    const int lane = threadIdx.x % RF_WARP;
+    const int wid = threadIdx.x / RF_WARP;
+    if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
+    const int nblk = ncols / T::QK;
+    const int rb = (int)row_bytes;  // at most MATVEC_ID_SHORT_ROW_BYTES (the contract above)
+    const int lr = lane / D::LPR, part = lane % T::LPB, bo = (lane % D::LPR) / T::LPB;
+    constexpr int PB = MV_WARPS * MV_SHORT_ROWS;
+    for (int row0 = blockIdx.x * PB + wid * MV_SHORT_ROWS; row0 < nrows; row0 += gridDim.x * PB) {
+        const int nr = min(MV_SHORT_ROWS, nrows - row0);
+        float acc[2][D::PASSES];
+#pragma unroll
+        for (int p = 0; p < D::PASSES; ++p) acc[0][p] = acc[1][p] = 0.0f;
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+            const int off = short_fill<D::IT>((m ? w2 : w) + (long long)row0 * rb, nr * rb, stage[wid], lane);
+            for (int b = bo; b < nblk; b += D::BS) {
+                typename T::Act a;
+                T::load_act(yv, b, part, a);
+#pragma unroll
+                for (int p = 0; p < D::PASSES; ++p) {
+                    const int r = p * D::RW + lr;
+                    if (r < nr) acc[m][p] += short_dot<T>::run(stage[wid], off + r * rb + b * T::BYTES, part, a);
+                }
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < D::PASSES; ++p) {
+#pragma unroll
+            for (int o = D::LPR / 2; o > 0; o >>= 1) {
+                acc[0][p] += rf_shfl_xor(acc[0][p], o);
+                if (NM == 2) acc[1][p] += rf_shfl_xor(acc[1][p], o);
+            }
+            const int r = p * D::RW + lr;
+            if (lane % D::LPR == 0 && r < nr) {
+                float v = acc[0][p];
+                if (NM == 2) v = act_fn(act_kind, v) * acc[1][p];
+                if (bias) v += bias[row0 + r];
+                out[(size_t)blockIdx.y * nrows + row0 + r] = v;
+            }
+        }
+    }
+}
+
+// The entry of the short-row expert mat-vecs (after rf_entry()): pair blockIdx.y's expert (or -1, its output row
+// zeroed), its activation vector (f32, `ncols` values; vector t * n_x + i % n_x of x for pair
+// p = t * n_used + i) quantized into `yq`, and the block's first span of `w` (and `w2`)
+// requested toward L2 while it quantizes.
+static __device__ __forceinline__ int short_entry(const uint8_t* w, const uint8_t* w2, const int* ids,
+                                                  const float* __restrict__ x, float* out, uint8_t* yq, int ncols,
+                                                  long long row_bytes, long long mat_bytes, int nrows, int n_used,
+                                                  int n_x, int n_mat) {
+    const int e = mv_id_expert(ids, out, nrows, n_mat);
+    if (e < 0) return -1;
+    constexpr int PB = MV_WARPS * MV_SHORT_ROWS;
+    const int row0 = blockIdx.x * PB;
+    const long long first = (long long)e * mat_bytes + (long long)row0 * row_bytes;
+    const int lines = (int)((max(0, min(PB, nrows - row0)) * row_bytes + 127) / 128);
+    for (int i = threadIdx.x; i < lines; i += blockDim.x) {
+        rf_prefetch_l2(w + first + 128 * i);
+        if (w2) rf_prefetch_l2(w2 + first + 128 * i);
+    }
+    const int p = blockIdx.y;
+    const float* xv = x + ((long long)(p / n_used) * n_x + (p % n_used) % n_x) * ncols;
+    // Whole 32-lane groups per Q8_1 block (ncols and the block size are multiples of 32).
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) q8_1_put(xv[i], yq, ncols, i);
+    __syncthreads();
+    return e;
+}
+
+// Q8_1 bytes of the largest vector the short-row kernels quantize.
+#define MV_SHORT_Q8_BYTES (MV_SHORT_MAX_COLS / QK8_1 * Q8_1_BYTES)
+
+// `name_id_short` and `name_id_add_short`: `name_id` and `name_id_add` over short rows, with the
+// f32 activations `x` (dense vectors of ncols) in place of their Q8_1 `y`; grid x
+// ceil(nrows / MATVEC_ID_SHORT_ROWS_PER_BLOCK), grid y the pairs.
+#define RF_MATVEC_ID_SHORT(name, T)                                                                              \
+    RF_KERNEL void MV_BOUND name##_id_short(const uint8_t* w, const int* ids, const float* x, float* out,        \
+                                            int ncols, long long row_bytes, long long mat_bytes, int nrows,      \
+                                            int n_used, int n_x, int n_mat) {                                    \
+        rf_entry();                                                                                              \
+        __shared__ __align__(16) uint8_t yq[MV_SHORT_Q8_BYTES];                                                  \
+        const int e = short_entry(w, nullptr, ids, x, out, yq, ncols, row_bytes, mat_bytes, nrows, n_used, n_x,  \
+                                  n_mat);                                                                        \
+        if (e < 0) return;                                                                                       \
+        matvec_short<T, 1>(w + (long long)e * mat_bytes, nullptr, nullptr, q8_vec_at(yq, ncols, 0), out, ncols,  \
+                           row_bytes, nrows, 0);                                                                 \
+    }                                                                                                            \
+    RF_KERNEL void MV_BOUND name##_id_add_short(const uint8_t* w, const float* bias, const int* ids,             \
+                                                const float* x, float* out, int ncols, long long row_bytes,      \
+                                                long long mat_bytes, int nrows, int n_used, int n_x, int n_mat) { \
+        rf_entry();                                                                                              \
+        __shared__ __align__(16) uint8_t yq[MV_SHORT_Q8_BYTES];                                                  \
+        const int e = short_entry(w, nullptr, ids, x, out, yq, ncols, row_bytes, mat_bytes, nrows, n_used, n_x,  \
+                                  n_mat);                                                                        \
+        if (e < 0) return;                                                                                       \
+        matvec_short<T, 1>(w + (long long)e * mat_bytes, nullptr, bias + (long long)e * nrows,                  \
+                           q8_vec_at(yq, ncols, 0), out, ncols, row_bytes, nrows, 0);                            \
+    }
+
+// `name_id_gated_short`: `name_id_gated` over short rows, f32 activations as above.
+#define RF_MATVEC_ID_GATED_SHORT(name, T)                                                                        \
+    RF_KERNEL void MV_BOUND name##_id_gated_short(const uint8_t* wg, const uint8_t* wu, const int* ids,          \
+                                                  const float* x, float* out, int ncols, long long row_bytes,    \
+                                                  long long mat_bytes, int nrows, int n_used, int n_x,           \
+                                                  int n_mat, int act_kind) {                                     \
+        rf_entry();                                                                                              \
+        __shared__ __align__(16) uint8_t yq[MV_SHORT_Q8_BYTES];                                                  \
+        const int e = short_entry(wg, wu, ids, x, out, yq, ncols, row_bytes, mat_bytes, nrows, n_used, n_x,      \
+                                  n_mat);                                                                        \
+        if (e < 0) return;                                                                                       \
+        matvec_short<T, 2>(wg + (long long)e * mat_bytes, wu + (long long)e * mat_bytes, nullptr,                \
+                           q8_vec_at(yq, ncols, 0), out, ncols, row_bytes, nrows, act_kind);                     \
+    }
+
+RF_MATVEC_ID_SHORT(matvec_q4_0, mv_q4_0)
+RF_MATVEC_ID_SHORT(matvec_q4_1, mv_q4_1)
+RF_MATVEC_ID_SHORT(matvec_q5_0, mv_q5_0)
+RF_MATVEC_ID_SHORT(matvec_q5_1, mv_q5_1)
+RF_MATVEC_ID_SHORT(matvec_q8_0, mv_q8_0)
+RF_MATVEC_ID_SHORT(matvec_q2_k, mv_q2_k)
+RF_MATVEC_ID_SHORT(matvec_q3_k, mv_q3_k)
+RF_MATVEC_ID_SHORT(matvec_q4_k, mv_q4_k)
+RF_MATVEC_ID_SHORT(matvec_q5_k, mv_q5_k)
+RF_MATVEC_ID_SHORT(matvec_q6_k, mv_q6_k<1>)
+RF_MATVEC_ID_SHORT(matvec_mxfp4, mv_mxfp4)
+RF_MATVEC_ID_GATED_SHORT(matvec_q4_0, mv_q4_0)
+RF_MATVEC_ID_GATED_SHORT(matvec_q4_1, mv_q4_1)
+RF_MATVEC_ID_GATED_SHORT(matvec_q5_0, mv_q5_0)
+RF_MATVEC_ID_GATED_SHORT(matvec_q5_1, mv_q5_1)
+RF_MATVEC_ID_GATED_SHORT(matvec_q8_0, mv_q8_0)
+RF_MATVEC_ID_GATED_SHORT(matvec_q2_k, mv_q2_k)
+RF_MATVEC_ID_GATED_SHORT(matvec_q3_k, mv_q3_k)
+RF_MATVEC_ID_GATED_SHORT(matvec_q4_k, mv_q4_k)
+RF_MATVEC_ID_GATED_SHORT(matvec_q5_k, mv_q5_k)
+RF_MATVEC_ID_GATED_SHORT(matvec_q6_k, mv_q6_k<1>)
+
 // Float expert products: one block per output row (grid.x) and pair (grid.y), x f32 vectors of
 // `ncols` values; strides in elements.
 template <typename W>

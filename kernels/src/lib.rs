@@ -249,6 +249,31 @@ pub fn matvec_grid_mxfp4(nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(MXFP4_MATVEC_ROWS_PER_BLOCK).max(1)).unwrap_or(u32::MAX)
 }
 
+/// Rows a warp of the short-row expert mat-vecs ([`WeightType::matvec_id_short`]) takes at once
+/// (`MV_SHORT_ROWS` in `hip/matvec.hip`).
+const MATVEC_ID_SHORT_ROWS: usize = 8;
+/// Stage bytes per warp of the short-row expert mat-vecs (`MV_SHORT_BYTES`).
+const MATVEC_ID_SHORT_STAGE: usize = 5120;
+/// Output rows one block of the short-row expert mat-vecs computes.
+pub const MATVEC_ID_SHORT_ROWS_PER_BLOCK: usize = MATVEC_ID_SHORT_ROWS * MATVEC_WARPS as usize;
+/// Longest row (bytes) the short-row expert mat-vecs take: a warp's rows and their start's offset
+/// in its 16-byte chunk fit its stage.
+pub const MATVEC_ID_SHORT_ROW_BYTES: usize = (MATVEC_ID_SHORT_STAGE - 16) / MATVEC_ID_SHORT_ROWS;
+
+/// Longest row (values) the short-row expert mat-vecs take: they quantize their activation
+/// vector into shared memory (`MV_SHORT_MAX_COLS`).
+pub const MATVEC_ID_SHORT_MAX_COLS: usize = 1792;
+
+/// Whether the short-row expert mat-vecs take rows of `k` values in `row_bytes` bytes.
+pub fn matvec_id_short_fits(k: usize, row_bytes: usize) -> bool {
+    k <= MATVEC_ID_SHORT_MAX_COLS && row_bytes <= MATVEC_ID_SHORT_ROW_BYTES
+}
+
+/// Grid x of the short-row expert mat-vecs for `nrows` output rows.
+pub fn matvec_id_short_grid(nrows: usize) -> u32 {
+    u32::try_from(nrows.div_ceil(MATVEC_ID_SHORT_ROWS_PER_BLOCK).max(1)).unwrap_or(u32::MAX)
+}
+
 /// Grid x of [`WeightType::matvec_gated`] for `nrows` output rows.
 pub fn matvec_gated_grid(t: WeightType, nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(t.matvec_gated_rows_per_block()).max(1)).unwrap_or(u32::MAX)

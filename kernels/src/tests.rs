@@ -22,13 +22,30 @@ fn every_kernel_symbol_is_in_its_sources() {
 /// `_ks_add` is not taken for `_add`).
 const MATVEC_SUFFIXES: &[&str] = &["_ks_add", "_multi", "_add", "_ks"];
 
+/// The short-row expert mat-vecs' entries: (name suffix, the macro defining them, the entry's
+/// name in the macro).
+const ID_SHORT: &[(&str, &str, &str)] = &[
+    (
+        "_id_add_short",
+        "RF_MATVEC_ID_SHORT",
+        "name##_id_add_short(",
+    ),
+    (
+        "_id_gated_short",
+        "RF_MATVEC_ID_GATED_SHORT",
+        "name##_id_gated_short(",
+    ),
+    ("_id_short", "RF_MATVEC_ID_SHORT", "name##_id_short("),
+];
+
 /// True when a `RF_MATVEC_FAST(name, ...)`, `RF_MATVEC_GATED(base, ...)` (for `base_gated`),
 /// `RF_MATVEC_ID(base, ...)` (for `base_id`), `RF_MATVEC_ID_GATED(base, ...)` (for
-/// `base_id_gated`), `RF_MATVEC_ID_ADD(base, ...)` (for `base_id_add`), `RF_MMQ(name, T)` or `RF_DEQUANT(suffix, T)` line
-/// defines `name`.
+/// `base_id_gated`), `RF_MATVEC_ID_ADD(base, ...)` (for `base_id_add`), one of [`ID_SHORT`]'s
+/// macros, `RF_MMQ(name, T)` or `RF_DEQUANT(suffix, T)` line defines `name`.
 fn macro_defines(src: &str, name: &str) -> bool {
     let gated = |b: &str| src.contains(&format!("RF_MATVEC_GATED({b},"));
-    if cols_entry(src, name).is_some()
+    if id_short_entry(src, name).is_some()
+        || cols_entry(src, name).is_some()
         || src.contains(&format!("RF_MATVEC_FAST({name},"))
         || ["_16", "_32", "_64", "_128"].iter().any(|sfx| {
             name.strip_suffix(sfx)
@@ -212,6 +229,16 @@ fn own_definition(src: &str, name: &str) -> Option<usize> {
     })
 }
 
+/// For a short-row expert mat-vec that one of [`ID_SHORT`]'s macros defines: the macro and the
+/// entry's name in it.
+fn id_short_entry(src: &str, name: &str) -> Option<(&'static str, &'static str)> {
+    ID_SHORT.iter().find_map(|&(sfx, mac, entry)| {
+        let base = name.strip_suffix(sfx)?;
+        src.contains(&format!("{mac}({base},"))
+            .then_some((mac, entry))
+    })
+}
+
 /// For a column mat-vec `base_cNC[_add|_gated]` that a `RF_MATVEC_COLS(base, NC, ...)` line
 /// defines: the entry's name in the macro (`name##_c##NC[##_add|##_gated]`).
 fn cols_entry(src: &str, name: &str) -> Option<String> {
@@ -236,6 +263,10 @@ fn c_params(src: &str, name: &str) -> Option<String> {
     };
     if let Some(at) = own_definition(src, name) {
         return list_after(at);
+    }
+    if let Some((mac, entry)) = id_short_entry(src, name) {
+        let def = src.find(&format!("#define {mac}("))?;
+        return list_after(def + src[def..].find(entry)?);
     }
     if let Some(entry) = cols_entry(src, name) {
         let def = src.find("#define RF_MATVEC_COLS(")?;
@@ -615,6 +646,37 @@ fn decode_attention_constants_mirror_the_source() {
     assert_eq!(source_define(f, "ATTN_DEC_MAX_KV"), ATTN_DEC_MAX_KV);
     assert_eq!(source_define(f, "ATTN_DMAX"), ATTN_MAX_HEAD_DIM);
     assert_eq!(source_define(f, "PD_THREADS"), PAGED_DEC_THREADS as usize);
+}
+
+#[test]
+fn short_expert_matvec_constants_mirror_the_source() {
+    let f = "matvec.hip";
+    assert_eq!(source_define(f, "MV_SHORT_ROWS"), MATVEC_ID_SHORT_ROWS);
+    assert_eq!(source_define(f, "MV_SHORT_BYTES"), MATVEC_ID_SHORT_STAGE);
+    assert_eq!(
+        source_define(f, "MV_SHORT_MAX_COLS"),
+        MATVEC_ID_SHORT_MAX_COLS
+    );
+    assert_eq!(source_define(f, "MV_WARPS"), MATVEC_WARPS as usize);
+    // Qwen3-30B-A3B's down rows (768 values) fit in Q4_K and Q6_K.
+    assert!(matvec_id_short_fits(
+        768,
+        768 / 256 * WeightType::Q6_K.block_bytes()
+    ));
+    // Every type's longest row that fits the stage is within the quantized vector's room.
+    for t in WeightType::ALL {
+        let k = MATVEC_ID_SHORT_ROW_BYTES / t.block_bytes() * t.block_values();
+        assert!(k <= MATVEC_ID_SHORT_MAX_COLS, "{t:?}: {k}");
+    }
+    // MXFP4: 17 bytes per 32 values.
+    const { assert!(MATVEC_ID_SHORT_ROW_BYTES / 17 * 32 <= MATVEC_ID_SHORT_MAX_COLS) };
+    assert_eq!(matvec_id_short_grid(2048), 64);
+    assert_eq!(matvec_id_short_grid(45), 2);
+    for t in WeightType::ALL {
+        for k in t.matvec_id_short() {
+            assert_eq!(k.module(), Module::Matvec);
+        }
+    }
 }
 
 #[test]

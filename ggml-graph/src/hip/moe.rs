@@ -28,8 +28,8 @@ use super::matmul::{
     MmqProduct,
 };
 use super::ops::{
-    blocks, dense, elems, f32_rows, quant_rows_ok, weight_type, Args, ALIGN, MATVEC_MAX_COLS,
-    MMQ_MIN_COLS,
+    blocks, dense, elems, f32_rows, quant_rows_ok, weight_type, Args, Q8Cache, ALIGN,
+    MATVEC_MAX_COLS, MMQ_MIN_COLS,
 };
 use super::{addr, gpu_err, rewritten, same_mem, HipDevice};
 use crate::backend::{GroupNode, TensorMem};
@@ -362,7 +362,7 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         let ts: Vec<&Tensor> = g.srcs.iter().map(|m| m.tensor).collect();
         super::ops::supports(g.tensor, &ts)
     });
-    let (wt, w) = (weight_type(wg.tensor.dtype), wu.tensor);
+    let w = wu.tensor;
     let s = IdShape::of(w, x.tensor, ids.tensor);
     let fits = nodes_ok
         && gate.tensor.op == Op::MulMatId
@@ -375,7 +375,8 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         && wg.tensor.nb == w.nb
         && dense(act.tensor, DType::F32)
         && act.tensor.ne == up.tensor.ne;
-    let Some(wt) = wt.filter(|_| fits) else {
+    // Every quantized type has a gated expert mat-vec (so a by-expert product too); MXFP4 none.
+    let Some(l) = id_kernel(w.dtype, s.k, w.nb[1], s.n, IdKind::Gated).filter(|_| fits) else {
         return Ok(0);
     };
     rewritten(d, up)?;
@@ -401,23 +402,26 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         return Ok(3);
     }
     let mut cache = d.inner.q8.lock();
-    let q8 = cache.quantized(d, addr(x)?, s.k, s.n_x * s.n_tok)?;
+    let xp = addr(x)?;
+    let q8 = id_input(d, &mut cache, &l, xp, s.k, s.n_x * s.n_tok)?;
+    let y = q8.as_ref().map_or(xp, |b| MemRange::of_buffer(b));
     let mut a = Args::new();
     a.push(addr(wg)?).push(addr(wu)?);
-    id_operands(&mut a, addr(ids)?, MemRange::of_buffer(&q8), out, w, &s).push(act_kind(kind));
-    let grid = kernels::matvec_gated_grid(wt, s.n);
+    id_operands(&mut a, addr(ids)?, y, out, w, &s).push(act_kind(kind));
     // SAFETY: `wg` and `wu` are stacks of `n_mat` matrices of one type and layout (`nb[2]`
     // apart) of `n` rows, `ids` the dense `[n_used, n_tok]` I32 ids (each checked against
-    // `n_mat` by the kernel), `q8` the `n_x * n_tok` activation vectors quantized above and
-    // `out` the activation node's `pairs` dense rows of `n` f32; grid y is the pair.
-    unsafe { launch_matvec(d, wt.matvec_id_gated(), grid, s.pairs(), &a, cache)? };
+    // `n_mat` by the kernel), `y` the `n_x * n_tok` activation vectors (f32 or quantized above,
+    // as the kernel takes them) and `out` the activation node's `pairs` dense rows of `n` f32;
+    // grid y is the pair.
+    unsafe { launch_matvec(d, l.kid, l.grid, s.pairs(), &a, cache)? };
     #[cfg(any(test, feature = "testing"))]
     GATE_UP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(3)
 }
 
 /// The operands every quantized expert mat-vec takes after its weights (and bias): the ids,
-/// the Q8_1 activations, the output, then the shapes of the stack `w` and of the pairs.
+/// the activations (Q8_1, or f32 for the short-row kernels), the output, then the shapes of the
+/// stack `w` and of the pairs.
 fn id_operands<'a, 'b>(
     a: &'b mut Args<'a>,
     ids: MemRange<'a>,
@@ -438,27 +442,108 @@ fn id_operands<'a, 'b>(
         .push(s.n_mat as i32)
 }
 
+/// The per-pair expert mat-vecs: plain, with the experts' bias rows, gated.
+#[derive(Clone, Copy)]
+enum IdKind {
+    Plain,
+    Bias,
+    Gated,
+}
+
+/// A per-pair expert mat-vec launch: the kernel, its grid x, and whether it takes the
+/// activations as f32 (the short-row kernels quantize them themselves) rather than Q8_1.
+struct IdLaunch {
+    kid: KernelId,
+    grid: u32,
+    f32_in: bool,
+}
+
+/// The per-pair expert mat-vec of kind `kind` for a stack of `dtype` rows of `k` values
+/// (`row_bytes`) and its grid x over `n` rows: the short-row kernels (a warp's lanes split
+/// across several rows) where a row fits them, else the kernels that lay a warp along each row;
+/// `None` for a weight type without one (the float types; MXFP4 has no gated kernel).
+fn id_kernel(dtype: DType, k: usize, row_bytes: usize, n: usize, kind: IdKind) -> Option<IdLaunch> {
+    let short = kernels::matvec_id_short_fits(k, row_bytes);
+    let long = |kid, grid| IdLaunch {
+        kid,
+        grid,
+        f32_in: false,
+    };
+    let short_kid = |kid| IdLaunch {
+        kid,
+        grid: kernels::matvec_id_short_grid(n),
+        f32_in: true,
+    };
+    if dtype == DType::MXFP4 {
+        let long_grid = kernels::matvec_grid_mxfp4(n);
+        return match (kind, short) {
+            (IdKind::Plain, true) => Some(short_kid(KernelId::MatvecIdShortMxfp4)),
+            (IdKind::Plain, false) => Some(long(KernelId::MatvecIdMxfp4, long_grid)),
+            (IdKind::Bias, true) => Some(short_kid(KernelId::MatvecIdAddShortMxfp4)),
+            (IdKind::Bias, false) => Some(long(KernelId::MatvecIdAddMxfp4, long_grid)),
+            (IdKind::Gated, _) => None,
+        };
+    }
+    let wt = weight_type(dtype)?;
+    let [plain, bias, gated] = wt.matvec_id_short();
+    Some(match (kind, short) {
+        (IdKind::Plain, true) => short_kid(plain),
+        (IdKind::Bias, true) => short_kid(bias),
+        (IdKind::Gated, true) => short_kid(gated),
+        (IdKind::Plain, false) => long(wt.matvec_id(), kernels::matvec_grid(wt, n)),
+        (IdKind::Bias, false) => long(wt.matvec_id_add(), kernels::matvec_grid(wt, n)),
+        (IdKind::Gated, false) => long(wt.matvec_id_gated(), kernels::matvec_gated_grid(wt, n)),
+    })
+}
+
+/// The activations an expert mat-vec launch `l` reads: `x` itself (`vectors` dense f32 vectors
+/// of `k`) for the short-row kernels, else `x` quantized to Q8_1 (through the device's cache,
+/// whose guard `cache` is; the buffer is returned to be kept alive until the launch is queued).
+fn id_input<'a>(
+    d: &HipDevice,
+    cache: &mut Q8Cache,
+    l: &IdLaunch,
+    x: MemRange<'a>,
+    k: usize,
+    vectors: usize,
+) -> Result<Option<std::sync::Arc<gpu_mem::DeviceBuffer<u8>>>> {
+    if l.f32_in {
+        if k.checked_mul(vectors)
+            .and_then(|v| v.checked_mul(4))
+            .is_none_or(|b| b > x.len())
+        {
+            return Err(gpu_err(
+                "mul_mat_id",
+                format!(
+                    "{vectors} vectors of {k} f32 values exceed {} bytes",
+                    x.len()
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    cache.quantized(d, x, k, vectors).map(Some)
+}
+
 /// One launch over every (token, slot) pair.
 fn per_pair(d: &HipDevice, srcs: &[TensorMem<'_>], s: &IdShape, out: MemRange<'_>) -> Result<()> {
     let w = srcs[0].tensor;
     let (wp, xp, ip) = (addr(&srcs[0])?, addr(&srcs[1])?, addr(&srcs[2])?);
     let pairs = s.pairs();
-    let quant = match w.dtype {
-        DType::MXFP4 => Some((KernelId::MatvecIdMxfp4, kernels::matvec_grid_mxfp4(s.n))),
-        dt => weight_type(dt).map(|wt| (wt.matvec_id(), kernels::matvec_grid(wt, s.n))),
-    };
+    let quant = id_kernel(w.dtype, s.k, w.nb[1], s.n, IdKind::Plain);
     let mut a = Args::new();
-    if let Some((kid, grid)) = quant {
+    if let Some(l) = quant {
         let vectors = s.n_x * s.n_tok;
         let mut cache = d.inner.q8.lock();
-        let q8 = cache.quantized(d, xp, s.k, vectors)?;
+        let q8 = id_input(d, &mut cache, &l, xp, s.k, vectors)?;
         a.push(wp);
-        id_operands(&mut a, ip, MemRange::of_buffer(&q8), out, w, s);
+        let y = q8.as_ref().map_or(xp, |b| MemRange::of_buffer(b));
+        id_operands(&mut a, ip, y, out, w, s);
         // SAFETY: `w` is the stack of `n_mat` matrices (`nb[2]` apart) of `n` rows, `ids` the
-        // dense `[n_used, n_tok]` I32 ids (each checked against `n_mat` by the kernel), `q8` the
-        // `n_x * n_tok` activation vectors quantized above and `out` the `pairs` dense rows of
-        // `n` f32; grid y is the pair.
-        return unsafe { launch_matvec(d, kid, grid, pairs, &a, cache) };
+        // dense `[n_used, n_tok]` I32 ids (each checked against `n_mat` by the kernel), `y` the
+        // `n_x * n_tok` activation vectors (f32 or quantized above, as the kernel takes them)
+        // and `out` the `pairs` dense rows of `n` f32; grid y is the pair.
+        return unsafe { launch_matvec(d, l.kid, l.grid, pairs, &a, cache) };
     }
     let kid = if w.dtype == DType::F32 {
         KernelId::MatvecIdF32
@@ -502,10 +587,7 @@ pub(super) fn with_bias(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize>
     });
     let wt = w.tensor;
     let s = IdShape::of(wt, x.tensor, ids.tensor);
-    let kid = match wt.dtype {
-        DType::MXFP4 => Some((KernelId::MatvecIdAddMxfp4, kernels::matvec_grid_mxfp4(s.n))),
-        dt => weight_type(dt).map(|t| (t.matvec_id_add(), kernels::matvec_grid(t, s.n))),
-    };
+    let kid = id_kernel(wt.dtype, s.k, wt.nb[1], s.n, IdKind::Bias);
     let bt = b.tensor;
     let fits = nodes_ok
         && rows.tensor.op == Op::GetRows
@@ -520,23 +602,25 @@ pub(super) fn with_bias(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize>
         && dense(add.tensor, DType::F32)
         && add.tensor.ne == mm.tensor.ne
         && !by_expert(d, &s);
-    let Some((kid, grid)) = kid.filter(|_| fits) else {
+    let Some(l) = kid.filter(|_| fits) else {
         return Ok(0);
     };
     rewritten(d, mm)?;
     rewritten(d, rows)?;
     let out = rewritten(d, add)?;
     let mut cache = d.inner.q8.lock();
-    let q8 = cache.quantized(d, addr(x)?, s.k, s.n_x * s.n_tok)?;
+    let xp = addr(x)?;
+    let q8 = id_input(d, &mut cache, &l, xp, s.k, s.n_x * s.n_tok)?;
+    let y = q8.as_ref().map_or(xp, |b| MemRange::of_buffer(b));
     let mut a = Args::new();
     a.push(addr(w)?).push(addr(b)?);
-    id_operands(&mut a, addr(ids)?, MemRange::of_buffer(&q8), out, wt, &s);
+    id_operands(&mut a, addr(ids)?, y, out, wt, &s);
     // SAFETY: `w` is the stack of `n_mat` matrices (`nb[2]` apart) of `n` rows, `b` the dense
     // f32 `[n, n_mat]` bias stack, `ids` the dense `[n_used, n_tok]` I32 ids (each checked
     // against `n_mat` by the kernel before it reads a matrix or bias row), `q8` the
-    // `n_x * n_tok` activation vectors quantized above and `out` the sum's `pairs` dense rows
-    // of `n` f32; grid y is the pair.
-    unsafe { launch_matvec(d, kid, grid, s.pairs(), &a, cache)? };
+    // `n_x * n_tok` activation vectors (f32 or quantized above, as the kernel takes them) and
+    // `out` the sum's `pairs` dense rows of `n` f32; grid y is the pair.
+    unsafe { launch_matvec(d, l.kid, l.grid, s.pairs(), &a, cache)? };
     #[cfg(any(test, feature = "testing"))]
     BIAS_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(3)

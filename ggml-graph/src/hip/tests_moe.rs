@@ -75,14 +75,21 @@ fn expert_ids(n_mat: usize, n_used: usize, n_tok: usize, rng: &mut Rng) -> Vec<u
     bytemuck::cast_slice(&ids).to_vec()
 }
 
-/// `mul_mat_id` of a stack of 4 matrices of 50 rows, 2 experts per token, one activation vector
-/// per token or one per slot: a decode token and small batches take the per-pair launch, 40 and
-/// 100 tokens the grouped way (about 20 columns per expert: the tile kernels; about 50: gemm).
+/// Row lengths and counts of the per-pair expert tests: rows of 256, 512 and 768 values take the
+/// short-row kernels for every type that has them within their row bytes (a warp's lanes split
+/// across rows; 768: a fine-grained mixture's down product), 768 also the per-row kernels for
+/// Q8_0, 2048 those for every type; no row count a multiple of the rows per block.
+const ID_SHAPES: [(usize, usize); 4] = [(256, 50), (512, 70), (768, 45), (2048, 36)];
+
+/// `mul_mat_id` of a stack of 4 matrices, 2 experts per token, one activation vector per token
+/// or one per slot, at each of [`ID_SHAPES`]: a decode token and small batches take the
+/// per-pair launch; at the first shape 40 and 100 tokens also the grouped way (about 20 columns
+/// per expert: the tile kernels; about 50: gemm).
 #[test]
 fn mul_mat_id_matches_cpu_for_every_weight_type() {
     let Some(h) = hip() else { return };
     let mut rng = Rng(0x6d6f_6531_2345_6789);
-    let (k, n, n_mat, n_used) = (256usize, 50usize, 4usize, 2usize);
+    let (n_mat, n_used) = (4usize, 2usize);
     let types = [
         DType::Q4_0,
         DType::Q4_1,
@@ -98,8 +105,17 @@ fn mul_mat_id_matches_cpu_for_every_weight_type() {
         DType::F16,
         DType::F32,
     ];
+    let cases = ID_SHAPES.iter().enumerate().flat_map(|(i, &(k, n))| {
+        let toks: &[(usize, usize)] = if i == 0 {
+            &[(1, 1), (1, 2), (3, 1), (5, 2), (40, 1), (100, 2)]
+        } else {
+            &[(1, 1), (1, 2), (3, 1), (5, 2)]
+        };
+        toks.iter().map(move |&(t, x)| (k, n, t, x))
+    });
+    let cases: Vec<_> = cases.collect();
     for dt in types {
-        for (n_tok, n_x) in [(1usize, 1usize), (1, 2), (3, 1), (5, 2), (40, 1), (100, 2)] {
+        for &(k, n, n_tok, n_x) in &cases {
             let mut g = Graph::new();
             let w = g.weight("w", dt, &[k, n, n_mat]).expect("w");
             let x = g.input("x", DType::F32, &[k, n_x, n_tok]).expect("x");
@@ -118,13 +134,11 @@ fn mul_mat_id_matches_cpu_for_every_weight_type() {
             ];
             let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[y]);
             let e = nmse(&gpu[0], &cpu[0]);
-            println!("mul_mat_id {dt} n_tok={n_tok} n_x={n_x}: NMSE {e:.3e}");
+            let what = format!("mul_mat_id {dt} k={k} n={n} n_tok={n_tok} n_x={n_x}");
+            println!("{what}: NMSE {e:.3e}");
             // Decode quantizes the activations to 8 bits on both sides (the GPU per 32 values
             // as Q8_1); the grouped way's larger groups multiply f16 operands.
-            assert!(
-                e <= 2e-3,
-                "mul_mat_id {dt} n_tok={n_tok} n_x={n_x}: NMSE {e:.3e}"
-            );
+            assert!(e <= 2e-3, "{what}: NMSE {e:.3e}");
         }
     }
 }
@@ -339,8 +353,8 @@ fn mxfp4_mul_mat_and_get_rows_match_cpu() {
 
 /// A mixture of experts' up and gate products and their gated activation (SiLU and GELU), as
 /// the model plans build them, for every weight type the mat-vecs read, give the CPU's
-/// activation as one group: for a decode token and small batches (the per-pair way) one gated
-/// expert mat-vec launch; for 40 and 400 tokens, grouped by expert, one gated product per
+/// activation as one group: for a decode token and small batches (the per-pair way, at each of
+/// [`ID_SHAPES`]) one gated expert mat-vec launch; for 40 and 400 tokens, grouped by expert, one gated product per
 /// expert (a gated mat-vec for a few rows, gate and up on integer tiles, or for 100 rows per
 /// expert both products and the activation).
 #[test]
@@ -348,7 +362,7 @@ fn expert_gate_up_activation_matches_cpu() {
     use crate::tensor::Act;
     let Some(h) = hip() else { return };
     let mut rng = Rng(0x6761_7465_7570_0001);
-    let (k, n, n_mat, n_used) = (256usize, 50usize, 8usize, 2usize);
+    let (n_mat, n_used) = (8usize, 2usize);
     let types = [
         DType::Q4_0,
         DType::Q4_1,
@@ -361,13 +375,17 @@ fn expert_gate_up_activation_matches_cpu() {
         DType::Q5_K,
         DType::Q6_K,
     ];
+    // The grouped way at the first shape; the per-pair one at every shape.
+    let mut cases = vec![
+        (256usize, 50usize, 40usize, Act::Silu),
+        (256, 50, 400, Act::Gelu),
+    ];
+    for &(k, n) in &ID_SHAPES {
+        cases.push((k, n, 1, Act::Silu));
+        cases.push((k, n, 3, Act::Gelu));
+    }
     for dt in types {
-        for (n_tok, act) in [
-            (1usize, Act::Silu),
-            (3, Act::Gelu),
-            (40, Act::Silu),
-            (400, Act::Gelu),
-        ] {
+        for &(k, n, n_tok, act) in &cases {
             let mut g = Graph::new();
             let wu = g.weight("up", dt, &[k, n, n_mat]).expect("up");
             let wg = g.weight("gate", dt, &[k, n, n_mat]).expect("gate");
@@ -402,7 +420,7 @@ fn expert_gate_up_activation_matches_cpu() {
                 h.grouped_nodes() - before.1,
             );
             let e = nmse(&gpu[0], &cpu[0]);
-            let what = format!("expert gate/up {dt} tokens={n_tok} {act:?}");
+            let what = format!("expert gate/up {dt} k={k} n={n} tokens={n_tok} {act:?}");
             println!("{what}: NMSE {e:.3e}, grouped launches {grouped:?}");
             assert!(e <= 2e-3, "{what}: NMSE {e:.3e}");
             assert_eq!(grouped, (1, 3), "{what}: not one gated expert group");
@@ -412,14 +430,14 @@ fn expert_gate_up_activation_matches_cpu() {
 
 /// An expert product with its experts' bias rows added (gpt-oss's `add_id`, as the model plans
 /// build it: `get_rows` of the bias stack by the flattened ids, then `add`), for every weight
-/// type the mat-vecs read and MXFP4: a decode token and small batches take one biased expert
-/// mat-vec launch for the three nodes, 40 tokens (grouped by expert) run node by node; all give
+/// type the mat-vecs read and MXFP4: a decode token and small batches (at each of
+/// [`ID_SHAPES`]) take one biased expert mat-vec launch for the three nodes, 40 tokens (grouped by expert) run node by node; all give
 /// the CPU's sums.
 #[test]
 fn expert_product_with_bias_matches_cpu() {
     let Some(h) = hip() else { return };
     let mut rng = Rng(0x6269_6173_6964_0001);
-    let (k, n, n_mat, n_used) = (256usize, 50usize, 8usize, 2usize);
+    let (n_mat, n_used) = (8usize, 2usize);
     let types = [
         DType::Q4_0,
         DType::Q4_1,
@@ -433,8 +451,14 @@ fn expert_product_with_bias_matches_cpu() {
         DType::Q6_K,
         DType::MXFP4,
     ];
+    // The grouped way at the first shape; the per-pair one at every shape.
+    let mut cases = vec![(256usize, 50usize, 40usize)];
+    for &(k, n) in &ID_SHAPES {
+        cases.push((k, n, 1));
+        cases.push((k, n, 3));
+    }
     for dt in types {
-        for n_tok in [1usize, 3, 40] {
+        for &(k, n, n_tok) in &cases {
             let mut g = Graph::new();
             let w = g.weight("w", dt, &[k, n, n_mat]).expect("w");
             let b = g.weight("b", DType::F32, &[n, n_mat]).expect("b");
@@ -472,7 +496,7 @@ fn expert_product_with_bias_matches_cpu() {
                 h.grouped_nodes() - before.1,
             );
             let e = nmse(&gpu[0], &cpu[0]);
-            let what = format!("expert product with bias {dt} tokens={n_tok}");
+            let what = format!("expert product with bias {dt} k={k} n={n} tokens={n_tok}");
             println!("{what}: NMSE {e:.3e}, grouped launches {grouped:?}");
             assert!(e <= 2e-3, "{what}: NMSE {e:.3e}");
             let want = if n_tok <= 3 { (1, 3) } else { (0, 0) };
