@@ -746,10 +746,61 @@ RF_KERNEL void arg_top_k_f32(const float* __restrict__ a, int* __restrict__ out,
     }
 }
 
+// Warp reductions of 32-bit integers in one instruction (`redux.sync`) exist on NVIDIA compute
+// capability 8.0 and later.
+#if defined(RF_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define RF_REDUX 1
+#endif
+
+#if defined(RF_REDUX)
+#define RF_TOPK_NONE 0x7fffffff
+
+// An integer that orders top-k candidates as topk_before does their values: larger first, -0
+// equal to +0, every NaN last (0; no number maps there).
+static __device__ __forceinline__ uint32_t topk_key(float v) {
+    if (v != v) return 0u;
+    const uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// The calling lane's best candidate of row `x` (elements lane, lane + 32, ...; bit j of `taken`
+// set for those already picked): its key and index, index RF_TOPK_NONE when it has none left.
+static __device__ __forceinline__ void topk_lane_best(const float* x, int n, int lane, uint32_t taken, uint32_t& bk,
+                                                      int& bi) {
+    bk = 0u;
+    bi = RF_TOPK_NONE;
+    for (int j = 0, c = lane; c < n; ++j, c += RF_WARP) {
+        if ((taken >> j) & 1u) continue;
+        const uint32_t key = topk_key(x[c]);
+        if (bi == RF_TOPK_NONE || key > bk) {  // ties keep the lower index (c grows)
+            bk = key;
+            bi = c;
+        }
+    }
+}
+#endif
+
 // Top k of one row in shared memory by the calling warp (arg_top_k_f32's order and ties); the
 // picks land in `pick`, visible to the whole warp on return.
 static __device__ __forceinline__ void top_k_warp(const float* x, int n, int k, int* pick) {
     const int lane = threadIdx.x % RF_WARP;
+#if defined(RF_REDUX)
+    // Each lane keeps its best untaken candidate; a pick is the largest key over the warp, then
+    // the lowest index holding it (two reductions instead of five shuffle rounds of value and
+    // index), and only the lane that held it looks for its next best.
+    uint32_t taken = 0u, bk;
+    int bi;
+    topk_lane_best(x, n, lane, taken, bk, bi);
+    for (int j = 0; j < k; ++j) {
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, bi == RF_TOPK_NONE ? 0u : bk);
+        const int mi = __reduce_min_sync(0xffffffffu, bi != RF_TOPK_NONE && bk == mk ? bi : RF_TOPK_NONE);
+        if (lane == 0) pick[j] = mi;
+        if (mi % RF_WARP == lane) {
+            taken |= 1u << (mi / RF_WARP);
+            topk_lane_best(x, n, lane, taken, bk, bi);
+        }
+    }
+#else
     float pv = 0.0f;
     int pi = -1;
     for (int j = 0; j < k; ++j) {
@@ -777,6 +828,7 @@ static __device__ __forceinline__ void top_k_warp(const float* x, int n, int k, 
         pv = bv;
         pi = bi;
     }
+#endif
     __syncthreads();
 }
 
