@@ -1417,7 +1417,7 @@ RF_MATVEC_ID_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 // the warp copies into its stage with coalesced 16-byte loads (all issued before the first store,
 // whatever the rows' alignment), then LPR lanes per row (T::LPB per block, each lane taking every
 // (LPR / LPB)-th block of its row) take their dot products out of the stage, summed across those
-// lanes. Gated: the gate and the up rows in two stages, both spans' loads in flight together.
+// lanes. Gated: the gate rows, then the up rows through the same stage.
 // They take the activations as f32 and quantize their pair's vector into shared memory
 // themselves (quantize_q8_1's arithmetic, so the same Q8_1 values), which saves the decode step a
 // quantization launch before each expert product; the block's first weights are requested toward
@@ -1475,43 +1475,35 @@ struct short_dot<mv_q5_k> {
     }
 };
 
-// Copies the `bytes` bytes at each of src[0 .. NM) (any alignment) into the warp's stages
-// st + m * WORDS as the 16-byte chunks that hold them (reading at most to the end of the last
-// chunk), every load of every span issued before the first store; off[m] is where span m starts
-// in its stage (its offset in its chunk).
-template <int IT, int NM, int WORDS>
-static __device__ __forceinline__ void short_fill(const uint8_t* const* src, int bytes, uint32_t* st, int lane,
-                                                  int* off) {
-    rf_b128 v[NM][IT];
-    int n[NM];
+// Copies the `bytes` bytes at `src` (any alignment) into the warp's stage `st` as the 16-byte
+// chunks that hold them (reading at most to the end of the last chunk); returns where they start
+// in the stage (src's offset in its chunk).
+template <int IT>
+static __device__ __forceinline__ int short_fill(const uint8_t* __restrict__ src, int bytes, uint32_t* st, int lane) {
+    const int off = (int)((uintptr_t)src & 15);
+    const rf_b128* s = reinterpret_cast<const rf_b128*>(src - off);
+    const int n = (off + bytes + 15) >> 4;
+    rf_b128 v[IT];
 #pragma unroll
-    for (int m = 0; m < NM; ++m) {
-        off[m] = (int)((uintptr_t)src[m] & 15);
-        n[m] = (off[m] + bytes + 15) >> 4;
-        const rf_b128* s = reinterpret_cast<const rf_b128*>(src[m] - off[m]);
+    for (int i = 0; i < IT; ++i)
+        if (lane + i * RF_WARP < n) v[i] = s[lane + i * RF_WARP];
+    rf_syncwarp();  // every lane is done with the stage's previous contents
 #pragma unroll
-        for (int i = 0; i < IT; ++i)
-            if (lane + i * RF_WARP < n[m]) v[m][i] = s[lane + i * RF_WARP];
-    }
-    rf_syncwarp();  // every lane is done with the stages' previous contents
-#pragma unroll
-    for (int m = 0; m < NM; ++m)
-#pragma unroll
-        for (int i = 0; i < IT; ++i)
-            if (lane + i * RF_WARP < n[m]) reinterpret_cast<rf_b128*>(st + m * WORDS)[lane + i * RF_WARP] = v[m][i];
+    for (int i = 0; i < IT; ++i)
+        if (lane + i * RF_WARP < n) reinterpret_cast<rf_b128*>(st)[lane + i * RF_WARP] = v[i];
     rf_syncwarp();
+    return off;
 }
 
-// `w2` non-null (NM = 2, gated): out = act(w . yv) * (w2 . yv), the gate and up spans staged
-// side by side; `bias` non-null: out += bias[row]. Output rows `nrows` apart per activation
-// vector (grid.y).
+// `w2` non-null (NM = 2, gated): out = act(w . yv) * (w2 . yv); `bias` non-null: out +=
+// bias[row]. Output rows `nrows` apart per activation vector (grid.y).
 template <typename T, int NM>
 static __device__ __forceinline__ void matvec_short(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
                                                     const float* __restrict__ bias, q8_vec yv,
                                                     float* __restrict__ out, int ncols, long long row_bytes, int nrows,
                                                     int act_kind) {
     using D = short_dims<T>;
-    __shared__ __align__(16) uint32_t stage[MV_WARPS][NM][D::WORDS];
+    __shared__ __align__(16) uint32_t stage[MV_WARPS][D::WORDS];
     const int lane = threadIdx.x % RF_WARP;
     const int wid = threadIdx.x / RF_WARP;
     if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
@@ -1529,22 +1521,19 @@ static __device__ __forceinline__ void matvec_short(const uint8_t* __restrict__ 
         float acc[2][D::PASSES];
 #pragma unroll
         for (int p = 0; p < D::PASSES; ++p) acc[0][p] = acc[1][p] = 0.0f;
-        const uint8_t* src[NM];
 #pragma unroll
-        for (int m = 0; m < NM; ++m) src[m] = (m ? w2 : w) + (long long)row0 * rb;
-        int off[NM];
-        short_fill<D::IT, NM, D::WORDS>(src, nr * rb, &stage[wid][0][0], lane, off);
-        for (int b = bo; b < nblk; b += bs) {
-            typename T::Act a;
-            T::load_act(yv, b, part, a);
-#pragma unroll
-            for (int m = 0; m < NM; ++m)
+        for (int m = 0; m < NM; ++m) {
+            const int off = short_fill<D::IT>((m ? w2 : w) + (long long)row0 * rb, nr * rb, stage[wid], lane);
+            for (int b = bo; b < nblk; b += bs) {
+                typename T::Act a;
+                T::load_act(yv, b, part, a);
 #pragma unroll
                 for (int p = 0; p < D::PASSES; ++p) {
                     const int r = p * rw + lr;
                     if (p < passes && r < nr)
-                        acc[m][p] += short_dot<T>::run(stage[wid][m], off[m] + r * rb + b * T::BYTES, part, a);
+                        acc[m][p] += short_dot<T>::run(stage[wid], off + r * rb + b * T::BYTES, part, a);
                 }
+            }
         }
 #pragma unroll
         for (int p = 0; p < D::PASSES; ++p) {

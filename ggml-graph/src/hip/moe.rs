@@ -454,9 +454,8 @@ enum IdKind {
 }
 
 /// Longest rows (bytes) the gated products take the short-row kernels for: eight rows per warp.
-/// Longer ones keep the per-row gated kernels (for Qwen3-30B-A3B's gate and up rows of 2048
-/// values: two rows per warp, four weight rows per activation load, within 64 registers), where
-/// the short-row gated kernel takes two stages per warp and about 160 registers.
+/// Longer ones keep the per-row gated kernels, which have both matrices' loads in flight at once
+/// where the short-row kernel streams the gate rows, then the up rows, through one stage.
 const GATED_SHORT_ROW_BYTES: usize = 638;
 
 /// A per-pair expert mat-vec launch: the kernel, its grid x, and whether it takes the
