@@ -757,7 +757,7 @@ fn moe(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
             };
             moe_line(g, rng, l2, bw, s, row_bytes, kind, long, long_grid, false);
             if matvec_id_short_fits(s.cols, row_bytes) {
-                let grid = matvec_id_short_grid(s.rows, row_bytes);
+                let grid = matvec_id_short_grid(s.rows);
                 moe_line(g, rng, l2, bw, s, row_bytes, kind, short, grid, true);
             }
         }
@@ -771,8 +771,6 @@ fn moe(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
         n_used: 4,
     };
     let rb = oss.cols / 32 * 17;
-    let (bias, long_grid) = (MoeKind::Bias, matvec_grid_mxfp4(oss.rows));
-    let short_grid = matvec_id_short_grid(oss.rows, rb);
     moe_line(
         g,
         rng,
@@ -780,13 +778,11 @@ fn moe(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
         bw,
         &oss,
         rb,
-        bias,
+        MoeKind::Bias,
         KernelId::MatvecIdAddMxfp4,
-        long_grid,
+        matvec_grid_mxfp4(oss.rows),
         false,
     );
-    let short = KernelId::MatvecIdAddShortMxfp4;
-    moe_line(g, rng, l2, bw, &oss, rb, bias, short, short_grid, true);
     // The routing of one decode token: softmax over 128 router logits, top 8, their weights.
     let n_exp = 128usize;
     let k = 8usize;

@@ -1412,35 +1412,30 @@ RF_MATVEC_ID_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 // The bodies above lay a warp's lanes along one row's k, which rows of a few blocks leave mostly
 // idle (a fine-grained mixture of experts' down product, k = 768: three K-quant blocks, so 12 of
 // Q6_K's 32 lanes and 24 of Q4_K's), and each warp reads a few hundred bytes per round trip. The
-// `_id_short` kernels give a warp `rows` consecutive rows of the chosen matrix instead (8, or 4 or
-// 2 for longer rows: as many as its stage holds, `short_rows`): one contiguous span of it, which
-// the warp copies into its stage with coalesced 16-byte loads (all issued before the first store,
-// whatever the rows' alignment), then LPR lanes per row (T::LPB per block, each lane taking every
-// (LPR / LPB)-th block of its row) take their dot products out of the stage, summed across those
-// lanes. Gated: the gate rows, then the up rows through the same stage.
+// `_id_short` kernels give a warp MV_SHORT_ROWS consecutive rows of the chosen matrix instead:
+// one contiguous span of it, which the warp copies into its stage with coalesced 16-byte loads
+// (all issued before the first store), then LPR lanes per row (T::LPB per block, each lane taking
+// every (LPR / LPB)-th block of its row) take their dot products out of the stage, summed across
+// those lanes. Gated: the gate rows, then the up rows through the same stage.
 // They take the activations as f32 and quantize their pair's vector into shared memory
 // themselves (quantize_q8_1's arithmetic, so the same Q8_1 values), which saves the decode step a
 // quantization launch before each expert product; the block's first weights are requested toward
 // L2 meanwhile.
-// Contract: two rows and their start's offset in its 16-byte chunk fit the stage, i.e. row_bytes
-// <= (MV_SHORT_BYTES - 16) / 2 (`kernels::MATVEC_ID_SHORT_ROW_BYTES`), and ncols <=
-// MV_SHORT_MAX_COLS; a block takes MV_WARPS * short_rows(row_bytes) rows
-// (`kernels::matvec_id_short_grid` mirrors it).
+// Contract: MV_SHORT_ROWS rows and their start's offset in its 16-byte chunk fit the stage, i.e.
+// row_bytes <= (MV_SHORT_BYTES - 16) / MV_SHORT_ROWS (`kernels::MATVEC_ID_SHORT_ROW_BYTES`), and
+// ncols <= MV_SHORT_MAX_COLS; `kernels::MATVEC_ID_SHORT_ROWS_PER_BLOCK` is MV_WARPS *
+// MV_SHORT_ROWS.
 #define MV_SHORT_ROWS 8
 #define MV_SHORT_BYTES 5120
-#define MV_SHORT_MAX_COLS 4096
-
-// Rows per warp for rows of `rb` bytes: 8, 4 or 2, the most whose span (and start offset) fit
-// the stage.
-static __device__ __forceinline__ int short_rows(long long rb) {
-    return rb <= (MV_SHORT_BYTES - 16) / 8 ? 8 : rb <= (MV_SHORT_BYTES - 16) / 4 ? 4 : 2;
-}
+#define MV_SHORT_MAX_COLS 1792
 
 template <typename T>
 struct short_dims {
-    // Passes over a warp's rows at most (8 rows, at least one block's lanes per row).
-    static constexpr int LPR8 = T::LPB > RF_WARP / MV_SHORT_ROWS ? T::LPB : RF_WARP / MV_SHORT_ROWS;
-    static constexpr int PASSES = MV_SHORT_ROWS * LPR8 / RF_WARP;
+    // Lanes per row: at least one block's lanes, and all lanes busy with MV_SHORT_ROWS rows.
+    static constexpr int LPR = T::LPB > RF_WARP / MV_SHORT_ROWS ? T::LPB : RF_WARP / MV_SHORT_ROWS;
+    static constexpr int RW = RF_WARP / LPR;              // rows per pass
+    static constexpr int PASSES = MV_SHORT_ROWS / RW;     // passes over a warp's rows
+    static constexpr int BS = LPR / T::LPB;               // a lane's block stride along its row
     static constexpr int IT = (MV_SHORT_BYTES / 16 + RF_WARP - 1) / RF_WARP;  // 16-byte loads per lane
     static constexpr int WORDS = MV_SHORT_BYTES / 4 + 4;  // + slack for st_words past the span
 };
@@ -1509,40 +1504,35 @@ static __device__ __forceinline__ void matvec_short(const uint8_t* __restrict__ 
     if (wid >= MV_WARPS) return;  // whole warps leave together (the host launches MV_WARPS)
     const int nblk = ncols / T::QK;
     const int rb = (int)row_bytes;  // at most MATVEC_ID_SHORT_ROW_BYTES (the contract above)
-    // Lanes per row: at least one block's lanes, and all lanes busy with the warp's rows; rows
-    // per pass, passes, a lane's block stride along its row.
-    const int rows = short_rows(row_bytes);
-    const int lpr = max(T::LPB, RF_WARP / rows);
-    const int rw = RF_WARP / lpr, passes = rows / rw, bs = lpr / T::LPB;
-    const int lr = lane / lpr, part = lane % T::LPB, bo = (lane % lpr) / T::LPB;
-    const int pb = MV_WARPS * rows;
-    for (int row0 = blockIdx.x * pb + wid * rows; row0 < nrows; row0 += gridDim.x * pb) {
-        const int nr = min(rows, nrows - row0);
+    const int lr = lane / D::LPR, part = lane % T::LPB, bo = (lane % D::LPR) / T::LPB;
+    constexpr int PB = MV_WARPS * MV_SHORT_ROWS;
+    for (int row0 = blockIdx.x * PB + wid * MV_SHORT_ROWS; row0 < nrows; row0 += gridDim.x * PB) {
+        const int nr = min(MV_SHORT_ROWS, nrows - row0);
         float acc[2][D::PASSES];
 #pragma unroll
         for (int p = 0; p < D::PASSES; ++p) acc[0][p] = acc[1][p] = 0.0f;
 #pragma unroll
         for (int m = 0; m < NM; ++m) {
             const int off = short_fill<D::IT>((m ? w2 : w) + (long long)row0 * rb, nr * rb, stage[wid], lane);
-            for (int b = bo; b < nblk; b += bs) {
+            for (int b = bo; b < nblk; b += D::BS) {
                 typename T::Act a;
                 T::load_act(yv, b, part, a);
 #pragma unroll
                 for (int p = 0; p < D::PASSES; ++p) {
-                    const int r = p * rw + lr;
-                    if (p < passes && r < nr)
-                        acc[m][p] += short_dot<T>::run(stage[wid], off + r * rb + b * T::BYTES, part, a);
+                    const int r = p * D::RW + lr;
+                    if (r < nr) acc[m][p] += short_dot<T>::run(stage[wid], off + r * rb + b * T::BYTES, part, a);
                 }
             }
         }
 #pragma unroll
         for (int p = 0; p < D::PASSES; ++p) {
-            for (int o = lpr / 2; o > 0; o >>= 1) {  // the same count on every lane
+#pragma unroll
+            for (int o = D::LPR / 2; o > 0; o >>= 1) {
                 acc[0][p] += rf_shfl_xor(acc[0][p], o);
                 if (NM == 2) acc[1][p] += rf_shfl_xor(acc[1][p], o);
             }
-            const int r = p * rw + lr;
-            if (p < passes && lane % lpr == 0 && r < nr) {
+            const int r = p * D::RW + lr;
+            if (lane % D::LPR == 0 && r < nr) {
                 float v = acc[0][p];
                 if (NM == 2) v = act_fn(act_kind, v) * acc[1][p];
                 if (bias) v += bias[row0 + r];
@@ -1562,10 +1552,10 @@ static __device__ __forceinline__ int short_entry(const uint8_t* w, const uint8_
                                                   int n_x, int n_mat) {
     const int e = mv_id_expert(ids, out, nrows, n_mat);
     if (e < 0) return -1;
-    const int pb = MV_WARPS * short_rows(row_bytes);
-    const int row0 = blockIdx.x * pb;
+    constexpr int PB = MV_WARPS * MV_SHORT_ROWS;
+    const int row0 = blockIdx.x * PB;
     const long long first = (long long)e * mat_bytes + (long long)row0 * row_bytes;
-    const int lines = (int)((max(0, min(pb, nrows - row0)) * row_bytes + 127) / 128);
+    const int lines = (int)((max(0, min(PB, nrows - row0)) * row_bytes + 127) / 128);
     for (int i = threadIdx.x; i < lines; i += blockDim.x) {
         rf_prefetch_l2(w + first + 128 * i);
         if (w2) rf_prefetch_l2(w2 + first + 128 * i);
@@ -1583,7 +1573,7 @@ static __device__ __forceinline__ int short_entry(const uint8_t* w, const uint8_
 
 // `name_id_short` and `name_id_add_short`: `name_id` and `name_id_add` over short rows, with the
 // f32 activations `x` (dense vectors of ncols) in place of their Q8_1 `y`; grid x
-// `kernels::matvec_id_short_grid`, grid y the pairs.
+// ceil(nrows / MATVEC_ID_SHORT_ROWS_PER_BLOCK), grid y the pairs.
 #define RF_MATVEC_ID_SHORT(name, T)                                                                              \
     RF_KERNEL void MV_BOUND name##_id_short(const uint8_t* w, const int* ids, const float* x, float* out,        \
                                             int ncols, long long row_bytes, long long mat_bytes, int nrows,      \

@@ -249,40 +249,29 @@ pub fn matvec_grid_mxfp4(nrows: usize) -> u32 {
     u32::try_from(nrows.div_ceil(MXFP4_MATVEC_ROWS_PER_BLOCK).max(1)).unwrap_or(u32::MAX)
 }
 
-/// Most rows a warp of the short-row expert mat-vecs ([`WeightType::matvec_id_short`]) takes at
-/// once (`MV_SHORT_ROWS` in `hip/matvec.hip`).
+/// Rows a warp of the short-row expert mat-vecs ([`WeightType::matvec_id_short`]) takes at once
+/// (`MV_SHORT_ROWS` in `hip/matvec.hip`).
 const MATVEC_ID_SHORT_ROWS: usize = 8;
 /// Stage bytes per warp of the short-row expert mat-vecs (`MV_SHORT_BYTES`).
 const MATVEC_ID_SHORT_STAGE: usize = 5120;
-/// Longest row (bytes) the short-row expert mat-vecs take: two rows and their start's offset in
-/// its 16-byte chunk fit a warp's stage.
-pub const MATVEC_ID_SHORT_ROW_BYTES: usize = (MATVEC_ID_SHORT_STAGE - 16) / 2;
+/// Output rows one block of the short-row expert mat-vecs computes.
+pub const MATVEC_ID_SHORT_ROWS_PER_BLOCK: usize = MATVEC_ID_SHORT_ROWS * MATVEC_WARPS as usize;
+/// Longest row (bytes) the short-row expert mat-vecs take: a warp's rows and their start's offset
+/// in its 16-byte chunk fit its stage.
+pub const MATVEC_ID_SHORT_ROW_BYTES: usize = (MATVEC_ID_SHORT_STAGE - 16) / MATVEC_ID_SHORT_ROWS;
+
 /// Longest row (values) the short-row expert mat-vecs take: they quantize their activation
 /// vector into shared memory (`MV_SHORT_MAX_COLS`).
-pub const MATVEC_ID_SHORT_MAX_COLS: usize = 4096;
+pub const MATVEC_ID_SHORT_MAX_COLS: usize = 1792;
 
 /// Whether the short-row expert mat-vecs take rows of `k` values in `row_bytes` bytes.
 pub fn matvec_id_short_fits(k: usize, row_bytes: usize) -> bool {
     k <= MATVEC_ID_SHORT_MAX_COLS && row_bytes <= MATVEC_ID_SHORT_ROW_BYTES
 }
 
-/// Rows a warp of the short-row expert mat-vecs takes at once for rows of `row_bytes`: 8, 4 or
-/// 2, the most whose span fits its stage (`short_rows` in `hip/matvec.hip`).
-pub fn matvec_id_short_rows(row_bytes: usize) -> usize {
-    let fit = MATVEC_ID_SHORT_STAGE - 16;
-    if row_bytes <= fit / MATVEC_ID_SHORT_ROWS {
-        MATVEC_ID_SHORT_ROWS
-    } else if row_bytes <= fit / 4 {
-        4
-    } else {
-        2
-    }
-}
-
-/// Grid x of the short-row expert mat-vecs for `nrows` output rows of `row_bytes`.
-pub fn matvec_id_short_grid(nrows: usize, row_bytes: usize) -> u32 {
-    let per_block = matvec_id_short_rows(row_bytes) * MATVEC_WARPS as usize;
-    u32::try_from(nrows.div_ceil(per_block).max(1)).unwrap_or(u32::MAX)
+/// Grid x of the short-row expert mat-vecs for `nrows` output rows.
+pub fn matvec_id_short_grid(nrows: usize) -> u32 {
+    u32::try_from(nrows.div_ceil(MATVEC_ID_SHORT_ROWS_PER_BLOCK).max(1)).unwrap_or(u32::MAX)
 }
 
 /// Grid x of [`WeightType::matvec_gated`] for `nrows` output rows.

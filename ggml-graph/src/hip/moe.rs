@@ -453,11 +453,6 @@ enum IdKind {
     Gated,
 }
 
-/// Longest rows (bytes) the gated products take the short-row kernels for: eight rows per warp.
-/// Longer ones keep the per-row gated kernels, which have both matrices' loads in flight at once
-/// where the short-row kernel streams the gate rows, then the up rows, through one stage.
-const GATED_SHORT_ROW_BYTES: usize = 638;
-
 /// A per-pair expert mat-vec launch: the kernel, its grid x, and whether it takes the
 /// activations as f32 (the short-row kernels quantize them themselves) rather than Q8_1.
 struct IdLaunch {
@@ -469,12 +464,9 @@ struct IdLaunch {
 /// The per-pair expert mat-vec of kind `kind` for a stack of `dtype` rows of `k` values
 /// (`row_bytes`) and its grid x over `n` rows: the short-row kernels (a warp's lanes split
 /// across several rows) where a row fits them, else the kernels that lay a warp along each row;
-/// `None` for a weight type without one (the float types; MXFP4 has no gated kernel). Gated
-/// products take the short-row kernels only for rows of at most
-/// [`GATED_SHORT_ROW_BYTES`].
+/// `None` for a weight type without one (the float types; MXFP4 has no gated kernel).
 fn id_kernel(dtype: DType, k: usize, row_bytes: usize, n: usize, kind: IdKind) -> Option<IdLaunch> {
-    let short = kernels::matvec_id_short_fits(k, row_bytes)
-        && (!matches!(kind, IdKind::Gated) || row_bytes <= GATED_SHORT_ROW_BYTES);
+    let short = kernels::matvec_id_short_fits(k, row_bytes);
     let long = |kid, grid| IdLaunch {
         kid,
         grid,
@@ -482,7 +474,7 @@ fn id_kernel(dtype: DType, k: usize, row_bytes: usize, n: usize, kind: IdKind) -
     };
     let short_kid = |kid| IdLaunch {
         kid,
-        grid: kernels::matvec_id_short_grid(n, row_bytes),
+        grid: kernels::matvec_id_short_grid(n),
         f32_in: true,
     };
     if dtype == DType::MXFP4 {

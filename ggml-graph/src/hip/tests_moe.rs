@@ -75,12 +75,11 @@ fn expert_ids(n_mat: usize, n_used: usize, n_tok: usize, rng: &mut Rng) -> Vec<u
     bytemuck::cast_slice(&ids).to_vec()
 }
 
-/// Row lengths and counts of the per-pair expert tests: every type's rows of 256, 512 and 768
-/// values take the short-row kernels (a warp's lanes split across up to 8 rows; 768: a
-/// fine-grained mixture's down product), rows of 2048 too in the plain and biased products (4 or
-/// 2 rows per warp) while the gated ones (and Q8_0's gated at 768) take the per-row kernels, as
-/// all products do at 4608; no row count a multiple of the rows per block.
-const ID_SHAPES: [(usize, usize); 5] = [(256, 50), (512, 70), (768, 45), (2048, 36), (4608, 20)];
+/// Row lengths and counts of the per-pair expert tests: rows of 256, 512 and 768 values take the
+/// short-row kernels for every type that has them within their row bytes (a warp's lanes split
+/// across rows; 768: a fine-grained mixture's down product), 768 also the per-row kernels for
+/// Q8_0, 2048 those for every type; no row count a multiple of the rows per block.
+const ID_SHAPES: [(usize, usize); 4] = [(256, 50), (512, 70), (768, 45), (2048, 36)];
 
 /// `mul_mat_id` of a stack of 4 matrices, 2 experts per token, one activation vector per token
 /// or one per slot, at each of [`ID_SHAPES`]: a decode token and small batches take the
