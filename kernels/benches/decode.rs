@@ -747,18 +747,21 @@ fn moe(g: &Gpu, rng: &mut Rng, l2: usize, bw: f64) {
         WeightType::Q8_0,
         WeightType::Q5_K,
         WeightType::Q4_0,
+        WeightType::Q3_K,
     ] {
         for (s, kind) in [(&gate_up, MoeKind::Gated), (&down, MoeKind::Plain)] {
             let row_bytes = s.cols / t.block_values() * t.block_bytes();
-            let [plain, _, gated] = t.matvec_id_short();
-            let (long, long_grid, short) = match kind {
-                MoeKind::Gated => (t.matvec_id_gated(), matvec_gated_grid(t, s.rows), gated),
-                _ => (t.matvec_id(), matvec_grid(t, s.rows), plain),
+            let (long, long_grid) = match kind {
+                MoeKind::Gated => (t.matvec_id_gated(), matvec_gated_grid(t, s.rows)),
+                _ => (t.matvec_id(), matvec_grid(t, s.rows)),
             };
             moe_line(g, rng, l2, bw, s, row_bytes, kind, long, long_grid, false);
-            if matvec_id_short_fits(s.cols, row_bytes) {
-                let grid = matvec_id_short_grid(s.rows);
-                moe_line(g, rng, l2, bw, s, row_bytes, kind, short, grid, true);
+            let short = t.matvec_id_short().map(|[plain, _]| plain);
+            if let Some(short) = short.filter(|_| !matches!(kind, MoeKind::Gated)) {
+                if matvec_id_short_fits(s.cols, row_bytes) {
+                    let grid = matvec_id_short_grid(s.rows);
+                    moe_line(g, rng, l2, bw, s, row_bytes, kind, short, grid, true);
+                }
             }
         }
     }

@@ -1416,7 +1416,8 @@ RF_MATVEC_ID_GATED(matvec_q4_k, RF_LB(8), matvec_direct, mv_q4_k, 2)
 // one contiguous span of it, which the warp copies into its stage with coalesced 16-byte loads
 // (all issued before the first store), then LPR lanes per row (T::LPB per block, each lane taking
 // every (LPR / LPB)-th block of its row) take their dot products out of the stage, summed across
-// those lanes. Gated: the gate rows, then the up rows through the same stage.
+// those lanes. Plain and biased products of the K-quant types; their gated products stay on the
+// per-row kernels, which measured faster (kernels/PERF.md).
 // They take the activations as f32 and quantize their pair's vector into shared memory
 // themselves (quantize_q8_1's arithmetic, so the same Q8_1 values), which saves the decode step a
 // quantization launch before each expert product; the block's first weights are requested toward
@@ -1490,13 +1491,12 @@ static __device__ __forceinline__ int short_fill(const uint8_t* __restrict__ src
     return off;
 }
 
-// `w2` non-null (NM = 2, gated): out = act(w . yv) * (w2 . yv); `bias` non-null: out +=
-// bias[row]. Output rows `nrows` apart per activation vector (grid.y).
-template <typename T, int NM>
-static __device__ __forceinline__ void matvec_short(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2,
-                                                    const float* __restrict__ bias, q8_vec yv,
-                                                    float* __restrict__ out, int ncols, long long row_bytes, int nrows,
-                                                    int act_kind) {
+// out = w . yv, plus bias[row] when `bias` is non-null; output rows `nrows` apart per activation
+// vector (grid.y).
+template <typename T>
+static __device__ __forceinline__ void matvec_short(const uint8_t* __restrict__ w, const float* __restrict__ bias,
+                                                    q8_vec yv, float* __restrict__ out, int ncols, long long row_bytes,
+                                                    int nrows) {
     using D = short_dims<T>;
     __shared__ __align__(16) uint32_t stage[MV_WARPS][D::WORDS];
     const int lane = threadIdx.x % RF_WARP;
@@ -1508,33 +1508,26 @@ static __device__ __forceinline__ void matvec_short(const uint8_t* __restrict__ 
     constexpr int PB = MV_WARPS * MV_SHORT_ROWS;
     for (int row0 = blockIdx.x * PB + wid * MV_SHORT_ROWS; row0 < nrows; row0 += gridDim.x * PB) {
         const int nr = min(MV_SHORT_ROWS, nrows - row0);
-        float acc[2][D::PASSES];
+        float acc[D::PASSES];
 #pragma unroll
-        for (int p = 0; p < D::PASSES; ++p) acc[0][p] = acc[1][p] = 0.0f;
+        for (int p = 0; p < D::PASSES; ++p) acc[p] = 0.0f;
+        const int off = short_fill<D::IT>(w + (long long)row0 * rb, nr * rb, stage[wid], lane);
+        for (int b = bo; b < nblk; b += D::BS) {
+            typename T::Act a;
+            T::load_act(yv, b, part, a);
 #pragma unroll
-        for (int m = 0; m < NM; ++m) {
-            const int off = short_fill<D::IT>((m ? w2 : w) + (long long)row0 * rb, nr * rb, stage[wid], lane);
-            for (int b = bo; b < nblk; b += D::BS) {
-                typename T::Act a;
-                T::load_act(yv, b, part, a);
-#pragma unroll
-                for (int p = 0; p < D::PASSES; ++p) {
-                    const int r = p * D::RW + lr;
-                    if (r < nr) acc[m][p] += short_dot<T>::run(stage[wid], off + r * rb + b * T::BYTES, part, a);
-                }
+            for (int p = 0; p < D::PASSES; ++p) {
+                const int r = p * D::RW + lr;
+                if (r < nr) acc[p] += short_dot<T>::run(stage[wid], off + r * rb + b * T::BYTES, part, a);
             }
         }
 #pragma unroll
         for (int p = 0; p < D::PASSES; ++p) {
 #pragma unroll
-            for (int o = D::LPR / 2; o > 0; o >>= 1) {
-                acc[0][p] += rf_shfl_xor(acc[0][p], o);
-                if (NM == 2) acc[1][p] += rf_shfl_xor(acc[1][p], o);
-            }
+            for (int o = D::LPR / 2; o > 0; o >>= 1) acc[p] += rf_shfl_xor(acc[p], o);
             const int r = p * D::RW + lr;
             if (lane % D::LPR == 0 && r < nr) {
-                float v = acc[0][p];
-                if (NM == 2) v = act_fn(act_kind, v) * acc[1][p];
+                float v = acc[p];
                 if (bias) v += bias[row0 + r];
                 out[(size_t)blockIdx.y * nrows + row0 + r] = v;
             }
@@ -1542,11 +1535,11 @@ static __device__ __forceinline__ void matvec_short(const uint8_t* __restrict__ 
     }
 }
 
-// The entry of the short-row expert mat-vecs (after rf_entry()): pair blockIdx.y's expert (or -1, its output row
-// zeroed), its activation vector (f32, `ncols` values; vector t * n_x + i % n_x of x for pair
-// p = t * n_used + i) quantized into `yq`, and the block's first span of `w` (and `w2`)
+// The entry of the short-row expert mat-vecs (after rf_entry()): pair blockIdx.y's expert (or
+// -1, its output row zeroed), its activation vector (f32, `ncols` values; vector t * n_x + i %
+// n_x of x for pair p = t * n_used + i) quantized into `yq`, and the block's first span of `w`
 // requested toward L2 while it quantizes.
-static __device__ __forceinline__ int short_entry(const uint8_t* w, const uint8_t* w2, const int* ids,
+static __device__ __forceinline__ int short_entry(const uint8_t* w, const int* ids,
                                                   const float* __restrict__ x, float* out, uint8_t* yq, int ncols,
                                                   long long row_bytes, long long mat_bytes, int nrows, int n_used,
                                                   int n_x, int n_mat) {
@@ -1556,10 +1549,7 @@ static __device__ __forceinline__ int short_entry(const uint8_t* w, const uint8_
     const int row0 = blockIdx.x * PB;
     const long long first = (long long)e * mat_bytes + (long long)row0 * row_bytes;
     const int lines = (int)((max(0, min(PB, nrows - row0)) * row_bytes + 127) / 128);
-    for (int i = threadIdx.x; i < lines; i += blockDim.x) {
-        rf_prefetch_l2(w + first + 128 * i);
-        if (w2) rf_prefetch_l2(w2 + first + 128 * i);
-    }
+    for (int i = threadIdx.x; i < lines; i += blockDim.x) rf_prefetch_l2(w + first + 128 * i);
     const int p = blockIdx.y;
     const float* xv = x + ((long long)(p / n_used) * n_x + (p % n_used) % n_x) * ncols;
     // Whole 32-lane groups per Q8_1 block (ncols and the block size are multiples of 32).
@@ -1580,60 +1570,29 @@ static __device__ __forceinline__ int short_entry(const uint8_t* w, const uint8_
                                             int n_used, int n_x, int n_mat) {                                    \
         rf_entry();                                                                                              \
         __shared__ __align__(16) uint8_t yq[MV_SHORT_Q8_BYTES];                                                  \
-        const int e = short_entry(w, nullptr, ids, x, out, yq, ncols, row_bytes, mat_bytes, nrows, n_used, n_x,  \
-                                  n_mat);                                                                        \
+        const int e = short_entry(w, ids, x, out, yq, ncols, row_bytes, mat_bytes, nrows, n_used, n_x, n_mat);   \
         if (e < 0) return;                                                                                       \
-        matvec_short<T, 1>(w + (long long)e * mat_bytes, nullptr, nullptr, q8_vec_at(yq, ncols, 0), out, ncols,  \
-                           row_bytes, nrows, 0);                                                                 \
+        matvec_short<T>(w + (long long)e * mat_bytes, nullptr, q8_vec_at(yq, ncols, 0), out, ncols, row_bytes,   \
+                        nrows);                                                                                  \
     }                                                                                                            \
     RF_KERNEL void MV_BOUND name##_id_add_short(const uint8_t* w, const float* bias, const int* ids,             \
                                                 const float* x, float* out, int ncols, long long row_bytes,      \
                                                 long long mat_bytes, int nrows, int n_used, int n_x, int n_mat) { \
         rf_entry();                                                                                              \
         __shared__ __align__(16) uint8_t yq[MV_SHORT_Q8_BYTES];                                                  \
-        const int e = short_entry(w, nullptr, ids, x, out, yq, ncols, row_bytes, mat_bytes, nrows, n_used, n_x,  \
-                                  n_mat);                                                                        \
+        const int e = short_entry(w, ids, x, out, yq, ncols, row_bytes, mat_bytes, nrows, n_used, n_x, n_mat);   \
         if (e < 0) return;                                                                                       \
-        matvec_short<T, 1>(w + (long long)e * mat_bytes, nullptr, bias + (long long)e * nrows,                  \
-                           q8_vec_at(yq, ncols, 0), out, ncols, row_bytes, nrows, 0);                            \
+        matvec_short<T>(w + (long long)e * mat_bytes, bias + (long long)e * nrows, q8_vec_at(yq, ncols, 0), out, \
+                        ncols, row_bytes, nrows);                                                                \
     }
 
-// `name_id_gated_short`: `name_id_gated` over short rows, f32 activations as above.
-#define RF_MATVEC_ID_GATED_SHORT(name, T)                                                                        \
-    RF_KERNEL void MV_BOUND name##_id_gated_short(const uint8_t* wg, const uint8_t* wu, const int* ids,          \
-                                                  const float* x, float* out, int ncols, long long row_bytes,    \
-                                                  long long mat_bytes, int nrows, int n_used, int n_x,           \
-                                                  int n_mat, int act_kind) {                                     \
-        rf_entry();                                                                                              \
-        __shared__ __align__(16) uint8_t yq[MV_SHORT_Q8_BYTES];                                                  \
-        const int e = short_entry(wg, wu, ids, x, out, yq, ncols, row_bytes, mat_bytes, nrows, n_used, n_x,      \
-                                  n_mat);                                                                        \
-        if (e < 0) return;                                                                                       \
-        matvec_short<T, 2>(wg + (long long)e * mat_bytes, wu + (long long)e * mat_bytes, nullptr,                \
-                           q8_vec_at(yq, ncols, 0), out, ncols, row_bytes, nrows, act_kind);                     \
-    }
-
-RF_MATVEC_ID_SHORT(matvec_q4_0, mv_q4_0)
-RF_MATVEC_ID_SHORT(matvec_q4_1, mv_q4_1)
-RF_MATVEC_ID_SHORT(matvec_q5_0, mv_q5_0)
-RF_MATVEC_ID_SHORT(matvec_q5_1, mv_q5_1)
-RF_MATVEC_ID_SHORT(matvec_q8_0, mv_q8_0)
+// The K-quant types (four or eight lanes per 256-value block): the 32-value block types measured
+// slower on them than on their per-row kernels (kernels/PERF.md).
 RF_MATVEC_ID_SHORT(matvec_q2_k, mv_q2_k)
 RF_MATVEC_ID_SHORT(matvec_q3_k, mv_q3_k)
 RF_MATVEC_ID_SHORT(matvec_q4_k, mv_q4_k)
 RF_MATVEC_ID_SHORT(matvec_q5_k, mv_q5_k)
 RF_MATVEC_ID_SHORT(matvec_q6_k, mv_q6_k<1>)
-RF_MATVEC_ID_SHORT(matvec_mxfp4, mv_mxfp4)
-RF_MATVEC_ID_GATED_SHORT(matvec_q4_0, mv_q4_0)
-RF_MATVEC_ID_GATED_SHORT(matvec_q4_1, mv_q4_1)
-RF_MATVEC_ID_GATED_SHORT(matvec_q5_0, mv_q5_0)
-RF_MATVEC_ID_GATED_SHORT(matvec_q5_1, mv_q5_1)
-RF_MATVEC_ID_GATED_SHORT(matvec_q8_0, mv_q8_0)
-RF_MATVEC_ID_GATED_SHORT(matvec_q2_k, mv_q2_k)
-RF_MATVEC_ID_GATED_SHORT(matvec_q3_k, mv_q3_k)
-RF_MATVEC_ID_GATED_SHORT(matvec_q4_k, mv_q4_k)
-RF_MATVEC_ID_GATED_SHORT(matvec_q5_k, mv_q5_k)
-RF_MATVEC_ID_GATED_SHORT(matvec_q6_k, mv_q6_k<1>)
 
 // Float expert products: one block per output row (grid.x) and pair (grid.y), x f32 vectors of
 // `ncols` values; strides in elements.

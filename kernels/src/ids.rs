@@ -233,66 +233,22 @@ impl WeightType {
         }
     }
 
-    /// The expert mat-vecs over short rows: [`WeightType::matvec_id`],
-    /// [`WeightType::matvec_id_add`] and [`WeightType::matvec_id_gated`] (the same arguments and
-    /// results) for rows of at most [`crate::MATVEC_ID_SHORT_ROW_BYTES`], each warp taking a span
-    /// of consecutive rows with its lanes split across them; grid x
-    /// [`crate::matvec_id_short_grid`], grid y the pairs. `[plain, biased, gated]`. MXFP4's are
-    /// [`KernelId::MatvecIdShortMxfp4`] and [`KernelId::MatvecIdAddShortMxfp4`].
-    pub fn matvec_id_short(self) -> [KernelId; 3] {
+    /// The expert mat-vecs over short rows, `[plain, biased]`: [`WeightType::matvec_id`] and
+    /// [`WeightType::matvec_id_add`] with the f32 activations in place of their Q8_1 (each block
+    /// quantizes its pair's vector), for rows of at most [`crate::MATVEC_ID_SHORT_ROW_BYTES`] and
+    /// [`crate::MATVEC_ID_SHORT_MAX_COLS`] values, each warp taking a span of consecutive rows
+    /// with its lanes split across them; grid x [`crate::matvec_id_short_grid`], grid y the
+    /// pairs. The K-quant types only (the others measured faster on their per-row kernels).
+    pub fn matvec_id_short(self) -> Option<[KernelId; 2]> {
         use KernelId as K;
-        match self {
-            WeightType::Q4_0 => [
-                K::MatvecIdShortQ4_0,
-                K::MatvecIdAddShortQ4_0,
-                K::MatvecIdGatedShortQ4_0,
-            ],
-            WeightType::Q4_1 => [
-                K::MatvecIdShortQ4_1,
-                K::MatvecIdAddShortQ4_1,
-                K::MatvecIdGatedShortQ4_1,
-            ],
-            WeightType::Q5_0 => [
-                K::MatvecIdShortQ5_0,
-                K::MatvecIdAddShortQ5_0,
-                K::MatvecIdGatedShortQ5_0,
-            ],
-            WeightType::Q5_1 => [
-                K::MatvecIdShortQ5_1,
-                K::MatvecIdAddShortQ5_1,
-                K::MatvecIdGatedShortQ5_1,
-            ],
-            WeightType::Q8_0 => [
-                K::MatvecIdShortQ8_0,
-                K::MatvecIdAddShortQ8_0,
-                K::MatvecIdGatedShortQ8_0,
-            ],
-            WeightType::Q2_K => [
-                K::MatvecIdShortQ2_K,
-                K::MatvecIdAddShortQ2_K,
-                K::MatvecIdGatedShortQ2_K,
-            ],
-            WeightType::Q3_K => [
-                K::MatvecIdShortQ3_K,
-                K::MatvecIdAddShortQ3_K,
-                K::MatvecIdGatedShortQ3_K,
-            ],
-            WeightType::Q4_K => [
-                K::MatvecIdShortQ4_K,
-                K::MatvecIdAddShortQ4_K,
-                K::MatvecIdGatedShortQ4_K,
-            ],
-            WeightType::Q5_K => [
-                K::MatvecIdShortQ5_K,
-                K::MatvecIdAddShortQ5_K,
-                K::MatvecIdGatedShortQ5_K,
-            ],
-            WeightType::Q6_K => [
-                K::MatvecIdShortQ6_K,
-                K::MatvecIdAddShortQ6_K,
-                K::MatvecIdGatedShortQ6_K,
-            ],
-        }
+        Some(match self {
+            WeightType::Q2_K => [K::MatvecIdShortQ2_K, K::MatvecIdAddShortQ2_K],
+            WeightType::Q3_K => [K::MatvecIdShortQ3_K, K::MatvecIdAddShortQ3_K],
+            WeightType::Q4_K => [K::MatvecIdShortQ4_K, K::MatvecIdAddShortQ4_K],
+            WeightType::Q5_K => [K::MatvecIdShortQ5_K, K::MatvecIdAddShortQ5_K],
+            WeightType::Q6_K => [K::MatvecIdShortQ6_K, K::MatvecIdAddShortQ6_K],
+            _ => return None,
+        })
     }
 
     /// The grouped decode mat-vec (`w0`, `w1`, `w2`, `y`, `out0`, `out1`, `out2`, `ncols`,
@@ -649,38 +605,16 @@ kernel_ids! {
     MatvecIdGatedQ6_K => Matvec, "matvec_q6_k_id_gated";
     MatvecMxfp4 => Matvec, "matvec_mxfp4";
     MatvecIdMxfp4 => Matvec, "matvec_mxfp4_id";
-    MatvecIdShortQ4_0 => Matvec, "matvec_q4_0_id_short";
-    MatvecIdShortQ4_1 => Matvec, "matvec_q4_1_id_short";
-    MatvecIdShortQ5_0 => Matvec, "matvec_q5_0_id_short";
-    MatvecIdShortQ5_1 => Matvec, "matvec_q5_1_id_short";
-    MatvecIdShortQ8_0 => Matvec, "matvec_q8_0_id_short";
     MatvecIdShortQ2_K => Matvec, "matvec_q2_k_id_short";
     MatvecIdShortQ3_K => Matvec, "matvec_q3_k_id_short";
     MatvecIdShortQ4_K => Matvec, "matvec_q4_k_id_short";
     MatvecIdShortQ5_K => Matvec, "matvec_q5_k_id_short";
     MatvecIdShortQ6_K => Matvec, "matvec_q6_k_id_short";
-    MatvecIdShortMxfp4 => Matvec, "matvec_mxfp4_id_short";
-    MatvecIdAddShortQ4_0 => Matvec, "matvec_q4_0_id_add_short";
-    MatvecIdAddShortQ4_1 => Matvec, "matvec_q4_1_id_add_short";
-    MatvecIdAddShortQ5_0 => Matvec, "matvec_q5_0_id_add_short";
-    MatvecIdAddShortQ5_1 => Matvec, "matvec_q5_1_id_add_short";
-    MatvecIdAddShortQ8_0 => Matvec, "matvec_q8_0_id_add_short";
     MatvecIdAddShortQ2_K => Matvec, "matvec_q2_k_id_add_short";
     MatvecIdAddShortQ3_K => Matvec, "matvec_q3_k_id_add_short";
     MatvecIdAddShortQ4_K => Matvec, "matvec_q4_k_id_add_short";
     MatvecIdAddShortQ5_K => Matvec, "matvec_q5_k_id_add_short";
     MatvecIdAddShortQ6_K => Matvec, "matvec_q6_k_id_add_short";
-    MatvecIdAddShortMxfp4 => Matvec, "matvec_mxfp4_id_add_short";
-    MatvecIdGatedShortQ4_0 => Matvec, "matvec_q4_0_id_gated_short";
-    MatvecIdGatedShortQ4_1 => Matvec, "matvec_q4_1_id_gated_short";
-    MatvecIdGatedShortQ5_0 => Matvec, "matvec_q5_0_id_gated_short";
-    MatvecIdGatedShortQ5_1 => Matvec, "matvec_q5_1_id_gated_short";
-    MatvecIdGatedShortQ8_0 => Matvec, "matvec_q8_0_id_gated_short";
-    MatvecIdGatedShortQ2_K => Matvec, "matvec_q2_k_id_gated_short";
-    MatvecIdGatedShortQ3_K => Matvec, "matvec_q3_k_id_gated_short";
-    MatvecIdGatedShortQ4_K => Matvec, "matvec_q4_k_id_gated_short";
-    MatvecIdGatedShortQ5_K => Matvec, "matvec_q5_k_id_gated_short";
-    MatvecIdGatedShortQ6_K => Matvec, "matvec_q6_k_id_gated_short";
     MatvecIdF32 => Matvec, "matvec_f32_id";
     MatvecIdF16 => Matvec, "matvec_f16_id";
     MatvecF32 => Matvec, "matvec_f32";
@@ -833,17 +767,11 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecIdQ5_K
         | K::MatvecIdQ6_K
         | K::MatvecIdMxfp4
-        | K::MatvecIdShortQ4_0
-        | K::MatvecIdShortQ4_1
-        | K::MatvecIdShortQ5_0
-        | K::MatvecIdShortQ5_1
-        | K::MatvecIdShortQ8_0
         | K::MatvecIdShortQ2_K
         | K::MatvecIdShortQ3_K
         | K::MatvecIdShortQ4_K
         | K::MatvecIdShortQ5_K
         | K::MatvecIdShortQ6_K
-        | K::MatvecIdShortMxfp4
         | K::MatvecIdF32
         | K::MatvecIdF16 => &[Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32],
         K::MatvecIdAddQ4_0
@@ -857,17 +785,11 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecIdAddQ5_K
         | K::MatvecIdAddQ6_K
         | K::MatvecIdAddMxfp4
-        | K::MatvecIdAddShortQ4_0
-        | K::MatvecIdAddShortQ4_1
-        | K::MatvecIdAddShortQ5_0
-        | K::MatvecIdAddShortQ5_1
-        | K::MatvecIdAddShortQ8_0
         | K::MatvecIdAddShortQ2_K
         | K::MatvecIdAddShortQ3_K
         | K::MatvecIdAddShortQ4_K
         | K::MatvecIdAddShortQ5_K
-        | K::MatvecIdAddShortQ6_K
-        | K::MatvecIdAddShortMxfp4 => &[Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32],
+        | K::MatvecIdAddShortQ6_K => &[Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32],
         K::MatvecIdGatedQ4_0
         | K::MatvecIdGatedQ4_1
         | K::MatvecIdGatedQ5_0
@@ -877,17 +799,7 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MatvecIdGatedQ3_K
         | K::MatvecIdGatedQ4_K
         | K::MatvecIdGatedQ5_K
-        | K::MatvecIdGatedQ6_K
-        | K::MatvecIdGatedShortQ4_0
-        | K::MatvecIdGatedShortQ4_1
-        | K::MatvecIdGatedShortQ5_0
-        | K::MatvecIdGatedShortQ5_1
-        | K::MatvecIdGatedShortQ8_0
-        | K::MatvecIdGatedShortQ2_K
-        | K::MatvecIdGatedShortQ3_K
-        | K::MatvecIdGatedShortQ4_K
-        | K::MatvecIdGatedShortQ5_K
-        | K::MatvecIdGatedShortQ6_K => &[
+        | K::MatvecIdGatedQ6_K => &[
             Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32, I32,
         ],
         K::MatvecGatedQ4_0

@@ -463,39 +463,38 @@ struct IdLaunch {
 
 /// The per-pair expert mat-vec of kind `kind` for a stack of `dtype` rows of `k` values
 /// (`row_bytes`) and its grid x over `n` rows: the short-row kernels (a warp's lanes split
-/// across several rows) where a row fits them, else the kernels that lay a warp along each row;
-/// `None` for a weight type without one (the float types; MXFP4 has no gated kernel).
+/// across several rows) for the plain and biased products of the K-quant types where a row fits
+/// them, else the kernels that lay a warp along each row; `None` for a weight type without one
+/// (the float types; MXFP4 has no gated kernel).
 fn id_kernel(dtype: DType, k: usize, row_bytes: usize, n: usize, kind: IdKind) -> Option<IdLaunch> {
-    let short = kernels::matvec_id_short_fits(k, row_bytes);
     let long = |kid, grid| IdLaunch {
         kid,
         grid,
         f32_in: false,
     };
+    if dtype == DType::MXFP4 {
+        let grid = kernels::matvec_grid_mxfp4(n);
+        return match kind {
+            IdKind::Plain => Some(long(KernelId::MatvecIdMxfp4, grid)),
+            IdKind::Bias => Some(long(KernelId::MatvecIdAddMxfp4, grid)),
+            IdKind::Gated => None,
+        };
+    }
+    let wt = weight_type(dtype)?;
+    let short = wt
+        .matvec_id_short()
+        .filter(|_| kernels::matvec_id_short_fits(k, row_bytes));
     let short_kid = |kid| IdLaunch {
         kid,
         grid: kernels::matvec_id_short_grid(n),
         f32_in: true,
     };
-    if dtype == DType::MXFP4 {
-        let long_grid = kernels::matvec_grid_mxfp4(n);
-        return match (kind, short) {
-            (IdKind::Plain, true) => Some(short_kid(KernelId::MatvecIdShortMxfp4)),
-            (IdKind::Plain, false) => Some(long(KernelId::MatvecIdMxfp4, long_grid)),
-            (IdKind::Bias, true) => Some(short_kid(KernelId::MatvecIdAddShortMxfp4)),
-            (IdKind::Bias, false) => Some(long(KernelId::MatvecIdAddMxfp4, long_grid)),
-            (IdKind::Gated, _) => None,
-        };
-    }
-    let wt = weight_type(dtype)?;
-    let [plain, bias, gated] = wt.matvec_id_short();
     Some(match (kind, short) {
-        (IdKind::Plain, true) => short_kid(plain),
-        (IdKind::Bias, true) => short_kid(bias),
-        (IdKind::Gated, true) => short_kid(gated),
-        (IdKind::Plain, false) => long(wt.matvec_id(), kernels::matvec_grid(wt, n)),
-        (IdKind::Bias, false) => long(wt.matvec_id_add(), kernels::matvec_grid(wt, n)),
-        (IdKind::Gated, false) => long(wt.matvec_id_gated(), kernels::matvec_gated_grid(wt, n)),
+        (IdKind::Plain, Some([plain, _])) => short_kid(plain),
+        (IdKind::Bias, Some([_, bias])) => short_kid(bias),
+        (IdKind::Plain, None) => long(wt.matvec_id(), kernels::matvec_grid(wt, n)),
+        (IdKind::Bias, None) => long(wt.matvec_id_add(), kernels::matvec_grid(wt, n)),
+        (IdKind::Gated, _) => long(wt.matvec_id_gated(), kernels::matvec_gated_grid(wt, n)),
     })
 }
 

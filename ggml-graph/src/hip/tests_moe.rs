@@ -75,10 +75,11 @@ fn expert_ids(n_mat: usize, n_used: usize, n_tok: usize, rng: &mut Rng) -> Vec<u
     bytemuck::cast_slice(&ids).to_vec()
 }
 
-/// Row lengths and counts of the per-pair expert tests: rows of 256, 512 and 768 values take the
-/// short-row kernels for every type that has them within their row bytes (a warp's lanes split
-/// across rows; 768: a fine-grained mixture's down product), 768 also the per-row kernels for
-/// Q8_0, 2048 those for every type; no row count a multiple of the rows per block.
+/// Row lengths and counts of the per-pair expert tests: the K-quant types' plain and biased
+/// products take the short-row kernels at 256, 512 and 768 values (a warp's lanes split across
+/// rows; 768: a fine-grained mixture's down product) and the per-row kernels at 2048; every
+/// other type and every gated product the per-row kernels; no row count a multiple of the rows
+/// per block.
 const ID_SHAPES: [(usize, usize); 4] = [(256, 50), (512, 70), (768, 45), (2048, 36)];
 
 /// `mul_mat_id` of a stack of 4 matrices, 2 experts per token, one activation vector per token
