@@ -7,10 +7,11 @@
 //! - per pair: one launch whose grid runs over the (token, slot) pairs, each block multiplying
 //!   the matrix its pair chose (read from the ids on the device) with that pair's activations;
 //!   only the chosen experts' rows are read. Decode and small batches go this way, which needs
-//!   no host round trip (graph capture records it). Rows of a few blocks (a fine-grained
-//!   mixture's down product: 768 values) take the short-row kernels, which split a warp's lanes
-//!   across several rows and quantize their f32 activations themselves; longer rows the kernels
-//!   that lay a warp along each row, on activations quantized before the launch.
+//!   no host round trip (graph capture records it). Plain and biased products over rows of a
+//!   few K-quant blocks (a fine-grained mixture's down product: 768 values) take the short-row
+//!   kernels, which split a warp's lanes across several rows and quantize their f32 activations
+//!   themselves; the rest the kernels that lay a warp along each row, on activations quantized
+//!   before the launch.
 //! - grouped by expert: once the pairs are enough for the average expert to reach the tile
 //!   kernels' column count, the ids are read back, the pairs sorted by expert (a counting sort
 //!   on the host), the activation rows gathered into expert order, one product per chosen
