@@ -681,6 +681,27 @@ fn stack_shaped(
     Model::load(&path, |_, _| {}).expect("load")
 }
 
+/// Runs model `m` (`label` in messages) on the GPU against the CPU with the decode stack on: its
+/// decode steps must take the stack (at least one launch a step) and give the CPU's tokens and
+/// logits within the bounds every stack test shares (wider than the tiny models, their logits
+/// move more between the two engines' quantized activations: a llama prompt pass alone, no
+/// stack, differed by 0.13 on an H100).
+fn stack_model_equals_cpu(label: &str, m: &Model) {
+    let before = stack_launches();
+    let bounds = Bounds {
+        full: 0.3,
+        top: 0.3,
+        kld_mean: 1e-3,
+    };
+    let _ = check_model_with(label, m, &synth_prompt(m), bounds, Some(StackKernel::Auto));
+    let launched = stack_launches() - before;
+    println!("decode_stack launches: {launched}");
+    assert!(
+        launched >= STEPS,
+        "only {launched} decode_stack launches: the {label} decode layers did not take the stack"
+    );
+}
+
 /// A llama-family model the persistent decode stack takes (head size 128, Q4_K_M with Q6_K `attn_v`
 /// and `ffn_down` in some layers, Llama 3.1 rope factors): its decode steps must run as
 /// `decode_stack` launches and give the CPU's tokens and logits.
@@ -691,27 +712,7 @@ fn synthetic_llama_decode_stack_on_gpu_equals_cpu() {
         return;
     }
     let m = stack_shaped_llama("synth-llama-stack.gguf", 11, 6144, 4);
-    let before = stack_launches();
-    // Wider than the tiny models, its logits move more between the two engines' quantized
-    // activations: the prompt pass alone (no decode stack) differed by 0.13 on an H100.
-    let bounds = Bounds {
-        full: 0.3,
-        top: 0.3,
-        kld_mean: 1e-3,
-    };
-    let _ = check_model_with(
-        "llama stack",
-        &m,
-        &synth_prompt(&m),
-        bounds,
-        Some(StackKernel::Auto),
-    );
-    let launched = stack_launches() - before;
-    println!("decode_stack launches: {launched}");
-    assert!(
-        launched >= STEPS,
-        "only {launched} decode_stack launches: the decode layers did not take the stack"
-    );
+    stack_model_equals_cpu("llama stack", &m);
 }
 
 /// A Qwen2 model of the decode stack's shapes (q/k/v biases, NeoX rope; 2048 wide, 16 heads, 4
@@ -725,26 +726,7 @@ fn synthetic_qwen2_decode_stack_on_gpu_equals_cpu() {
         return;
     }
     let m = stack_shaped("qwen2", "synth-qwen2-stack.gguf", 17, [16, 4, 6144, 4]);
-    let before = stack_launches();
-    // As the llama stack's test (the same widths).
-    let bounds = Bounds {
-        full: 0.3,
-        top: 0.3,
-        kld_mean: 1e-3,
-    };
-    let _ = check_model_with(
-        "qwen2 stack",
-        &m,
-        &synth_prompt(&m),
-        bounds,
-        Some(StackKernel::Auto),
-    );
-    let launched = stack_launches() - before;
-    println!("decode_stack launches: {launched}");
-    assert!(
-        launched >= STEPS,
-        "only {launched} decode_stack launches: the qwen2 decode layers did not take the stack"
-    );
+    stack_model_equals_cpu("qwen2 stack", &m);
 }
 
 /// A Qwen3 model of the decode stack's shapes (q/k head norms, NeoX rope; as the qwen2 one): its
@@ -757,25 +739,7 @@ fn synthetic_qwen3_decode_stack_on_gpu_equals_cpu() {
         return;
     }
     let m = stack_shaped("qwen3", "synth-qwen3-stack.gguf", 23, [16, 4, 6144, 4]);
-    let before = stack_launches();
-    let bounds = Bounds {
-        full: 0.3,
-        top: 0.3,
-        kld_mean: 1e-3,
-    };
-    let _ = check_model_with(
-        "qwen3 stack",
-        &m,
-        &synth_prompt(&m),
-        bounds,
-        Some(StackKernel::Auto),
-    );
-    let launched = stack_launches() - before;
-    println!("decode_stack launches: {launched}");
-    assert!(
-        launched >= STEPS,
-        "only {launched} decode_stack launches: the qwen3 decode layers did not take the stack"
-    );
+    stack_model_equals_cpu("qwen3 stack", &m);
 }
 
 /// The decode stack on `arch` layers at Qwen3-8B's widths (4096, 32 heads, 8 key-value heads,

@@ -182,9 +182,8 @@ impl Gpu {
         unsafe { self.launch_smem(k, grid, block, 0, args) }
     }
 
-    /// Opts `k` in to `smem` bytes of dynamic shared memory (needed beyond 48 KiB on NVIDIA;
-    /// not while a stream captures).
-    pub fn allow_smem(&self, k: KernelId, smem: u32) {
+    /// Calls `f` with kernel `k`'s function, its module loaded at the first use.
+    fn with_function<R>(&self, k: KernelId, f: impl FnOnce(&gpu_mem::Function<'_>) -> R) -> R {
         let name = k.name();
         let mut mods = self.modules.lock();
         let module = mods.entry(k.module()).or_insert_with(|| {
@@ -193,11 +192,20 @@ impl Gpu {
             gpu_mem::Module::load(&self.device, img.bytes)
                 .unwrap_or_else(|e| panic!("loading {:?}: {e}", k.module()))
         });
-        module
+        let func = module
             .function(name)
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
-            .set_max_dynamic_shared(smem)
-            .unwrap_or_else(|e| panic!("{name}: {smem} bytes of shared memory: {e}"));
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        f(&func)
+    }
+
+    /// Opts `k` in to `smem` bytes of dynamic shared memory (needed beyond 48 KiB on NVIDIA;
+    /// not while a stream captures).
+    pub fn allow_smem(&self, k: KernelId, smem: u32) {
+        let name = k.name();
+        self.with_function(k, |f| {
+            f.set_max_dynamic_shared(smem)
+                .unwrap_or_else(|e| panic!("{name}: {smem} bytes of shared memory: {e}"))
+        });
     }
 
     /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory (beyond 48 KiB only after
@@ -214,24 +222,16 @@ impl Gpu {
         args: &[Arg<'_>],
     ) {
         let name = k.name();
-        let mut mods = self.modules.lock();
-        let module = mods.entry(k.module()).or_insert_with(|| {
-            let img = rocmforge_kernels::image(k.module(), &self.target)
-                .unwrap_or_else(|e| panic!("{e}"));
-            gpu_mem::Module::load(&self.device, img.bytes)
-                .unwrap_or_else(|e| panic!("loading {:?}: {e}", k.module()))
+        self.with_function(k, |f| {
+            let params = param_kinds(k);
+            // SAFETY: the parameter list is the kernel's own (see `param_kinds`); the arguments
+            // meet its contract (the caller's promise).
+            unsafe {
+                self.stream
+                    .launch_checked(f, name, &params, grid, [block, 1, 1], smem, args)
+            }
+            .unwrap_or_else(|e| panic!("launch {name}: {e}"));
         });
-        let f = module
-            .function(name)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let params = param_kinds(k);
-        // SAFETY: the parameter list is the kernel's own (see `param_kinds`); the arguments
-        // meet its contract (the caller's promise).
-        unsafe {
-            self.stream
-                .launch_checked(&f, name, &params, grid, [block, 1, 1], smem, args)
-        }
-        .unwrap_or_else(|e| panic!("launch {name}: {e}"));
         if self.sync_launches {
             self.stream
                 .synchronize()
