@@ -832,3 +832,387 @@ RF_KERNEL void mmq_combine(const float* __restrict__ part, const float* __restri
     if (bias) v += bias[row];
     out[(size_t)col * out_stride + row] = v;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Expert-grouped batched products (llama.cpp's `mul_mat_id` over a prompt) on integer tiles, with
+// no host round trip: `moe_group` sorts the (token, slot) pairs by expert on the device, then one
+// `mmq_id_<type>_<NT>` launch covers every expert: each block takes one tile of MMQ_ROWS rows of
+// one expert's matrix times up to NT of the pairs that chose it, stages those pairs' activation
+// vectors through the sorted pair list, and writes each result to its pair's output row. For a
+// gated product (`w1` given) the block multiplies the gate and the up matrix with the same staged
+// activations and writes act(gate) * up. A float tile product for small float weights (a router's
+// `[k, n_experts]`, `gemm_f32_part`) closes the file.
+// The staging mirrors `mmq_stage`, with the activation rows looked up per pair.
+
+#define MOE_GROUP_THREADS 256
+#define MOE_GROUP_MAX_EXPERTS 1024
+#define MOE_GROUP_BOUND __launch_bounds__(MOE_GROUP_THREADS)
+
+// Pairs grouped by expert, stable (pair order within each expert), for column tiles of `nt`
+// pairs. Grid: n_mat + 1 blocks. Block e < n_mat writes off[e] (expert e's first position in
+// the sorted order), tiles[e] (its first column tile) and rows[off[e] + i] = the i-th pair that
+// chose e; block n_mat writes the totals off[n_mat] and tiles[n_mat] and zeroes the output rows
+// (`nrows` f32 each) of pairs whose id lies outside 0..n_mat, which no tile writes (the per-pair
+// kernels do the same). `ids` holds the `pairs` ids in pair order (token-major).
+RF_KERNEL void MOE_GROUP_BOUND moe_group(const int* __restrict__ ids, int* __restrict__ rows, int* __restrict__ off,
+                                         int* __restrict__ tiles, float* __restrict__ out, int pairs, int n_mat,
+                                         int nt, int nrows) {
+    rf_entry();
+    __shared__ int hist[MOE_GROUP_MAX_EXPERTS];
+    __shared__ int scan[MOE_GROUP_THREADS];
+    __shared__ int base;
+    const int tid = threadIdx.x, e = blockIdx.x;
+    for (int i = tid; i < n_mat; i += MOE_GROUP_THREADS) hist[i] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += MOE_GROUP_THREADS) {
+        const int id = ids[p];
+        if (id >= 0 && id < n_mat) atomicAdd(&hist[id], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int o = 0, t = 0;
+        for (int i = 0; i < e; ++i) {
+            o += hist[i];
+            t += (hist[i] + nt - 1) / nt;
+        }
+        off[e] = o;
+        tiles[e] = t;
+        base = o;
+    }
+    if (e == n_mat) {
+        for (int p = tid; p < pairs; p += MOE_GROUP_THREADS) {
+            const int id = ids[p];
+            if (id < 0 || id >= n_mat)
+                for (int r = 0; r < nrows; ++r) out[(size_t)p * nrows + r] = 0.0f;
+        }
+        return;
+    }
+    // Each thread takes a contiguous share of the pairs, so that the prefix sum of the shares'
+    // counts keeps the pair order.
+    const int per = (pairs + MOE_GROUP_THREADS - 1) / MOE_GROUP_THREADS;
+    const int p0 = min(pairs, tid * per), p1 = min(pairs, p0 + per);
+    int c = 0;
+    for (int p = p0; p < p1; ++p) c += ids[p] == e;
+    scan[tid] = c;
+    __syncthreads();
+    for (int s = 1; s < MOE_GROUP_THREADS; s <<= 1) {
+        const int v = tid >= s ? scan[tid - s] : 0;
+        __syncthreads();
+        scan[tid] += v;
+        __syncthreads();
+    }
+    int at = base + scan[tid] - c;
+    for (int p = p0; p < p1; ++p)
+        if (ids[p] == e) rows[at++] = p;
+}
+
+// The expert whose column tiles hold tile `slot` (tiles[e] <= slot < tiles[e + 1]: a non-empty
+// expert), or -1 past the last tile.
+static __device__ __forceinline__ int mmq_id_expert(const int* __restrict__ tiles, int n_mat, int slot) {
+    if (slot >= tiles[n_mat]) return -1;
+    int lo = 0, hi = n_mat;  // tiles[lo] <= slot < tiles[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tiles[mid] <= slot)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+// The activation vector pair p multiplies: token p / n_used's vector (p % n_used) % n_x.
+static __device__ __forceinline__ int mmq_id_vector(int p, int n_used, int n_x) {
+    return (p / n_used) * n_x + (p % n_used) % n_x;
+}
+
+// Stages step `kc` of rows row0.. of `w` (as mmq_stage does).
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_id_stage_w(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w, int kc,
+                                                      int k, long long row_bytes, int nrows, int row0) {
+    constexpr int GPS = 32 / T::G;  // groups per sub-block
+    const int tid = threadIdx.x;
+    const int nblk = k / T::QK;
+#pragma unroll
+    for (int i = 0; i < MMQ_ROWS * 8 / MMQ_THREADS; ++i) {
+        const int u = tid + i * MMQ_THREADS;
+        const int r = u >> 3, j = u & 7;
+        const uint8_t* wr = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
+        int q[8];
+        float d[GPS], mn[GPS];
+        bool ok;
+        if (T::QK == 32) {
+            const int blk = kc * 8 + j;
+            ok = blk < nblk;
+            if (ok) T::unit(wr + (long long)blk * T::BYTES, 0, q, d, mn);
+        } else {
+            ok = true;
+            T::unit(wr + (long long)kc * T::BYTES, j, q, d, mn);
+        }
+        *reinterpret_cast<int4*>(&s.qw[r][mmq_swz(r, 8 * j)]) = ok ? make_int4(q[0], q[1], q[2], q[3])
+                                                                   : make_int4(0, 0, 0, 0);
+        *reinterpret_cast<int4*>(&s.qw[r][mmq_swz(r, 8 * j + 4)]) = ok ? make_int4(q[4], q[5], q[6], q[7])
+                                                                       : make_int4(0, 0, 0, 0);
+#pragma unroll
+        for (int h = 0; h < GPS; ++h) {
+            s.dw[r][GPS * j + h] = ok ? d[h] : 0.0f;
+            if (T::MIN) s.mw[r][GPS * j + h] = ok ? mn[h] : 0.0f;
+        }
+    }
+}
+
+// Stages step `kc` of the tile's `m` pairs (sorted positions pos.. of `rows`): each pair's
+// activation vector of `y` (as mmq_stage stages vectors col0..).
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_id_stage_a(mmq_smem<T, NT>& s, const uint8_t* __restrict__ y,
+                                                      const int* __restrict__ rows, int pos, int m, int kc, int k,
+                                                      int n_used, int n_x) {
+    const int tid = threadIdx.x;
+    const size_t vb = q8_vec_bytes(k);
+#pragma unroll
+    for (int i = 0; i < (NT * 16 + MMQ_THREADS - 1) / MMQ_THREADS; ++i) {
+        const int p = tid + i * MMQ_THREADS;
+        if (p >= NT * 16) break;
+        const int c = p >> 4, piece = p & 15;
+        const int v0 = kc * MMQ_KT + 16 * piece;  // first value
+        const bool ok = c < m && v0 < k;
+        int4 a = make_int4(0, 0, 0, 0);
+        float d = 0.0f, sum = 0.0f;
+        if (ok) {
+            const uint8_t* yv = y + (size_t)mmq_id_vector(rows[pos + c], n_used, n_x) * vb;
+            a = ld_b128(yv + v0);
+            const uint32_t ds = *reinterpret_cast<const uint32_t*>(yv + k + 4 * (v0 / 32));
+            d = lo_f16(ds);
+            sum = hi_f16(ds);
+        }
+        *reinterpret_cast<int4*>(&s.qa[c][4 * piece]) = a;
+        if ((piece & 1) == 0) s.da[c][piece >> 1] = d;
+        if (T::MIN) {
+            if (T::G == 16) {
+                int t = dot4_i8(a.x, 0x01010101, 0);
+                t = dot4_i8(a.y, 0x01010101, t);
+                t = dot4_i8(a.z, 0x01010101, t);
+                t = dot4_i8(a.w, 0x01010101, t);
+                s.sa[c][piece] = d * (float)t;
+            } else if ((piece & 1) == 0) {
+                s.sa[c][piece >> 1] = sum;
+            }
+        }
+    }
+}
+
+#if defined(MMQ_MMA)
+// Tensor cores: the lane's results are acc[j][i] (mmq_step_mma's layout).
+#define MMQ_ID_ACC(NT) float acc[2][NT / 16][4] = {}
+#define MMQ_ID_STEP(T, NT, s, a) mmq_step_mma<T, NT>(s, a)
+#else
+#define MMQ_ID_ACC(NT) float acc[2][MMQ_RM][NT / MMQ_TN] = {}
+#define MMQ_ID_STEP(T, NT, s, a) mmq_id_step_dp4a<T, NT>(s, a)
+
+// One step's 8-bit dot products of a staged tile (mmq_tile's loop body): thread (tr, tc) adds
+// rows tr + MMQ_TM r times vectors tc + MMQ_TN c into acc[r][c].
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_id_step_dp4a(const mmq_smem<T, NT>& s, float (&acc)[MMQ_RM][NT / MMQ_TN]) {
+    constexpr int RN = NT / MMQ_TN;
+    constexpr int NG = mmq_smem<T, NT>::NG;
+    constexpr int GW = T::G / 4;  // words per group
+    const int tr = threadIdx.x / MMQ_TN, tc = threadIdx.x % MMQ_TN;
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+        int is[MMQ_RM][RN];
+#pragma unroll
+        for (int r = 0; r < MMQ_RM; ++r)
+#pragma unroll
+            for (int c = 0; c < RN; ++c) is[r][c] = 0;
+#pragma unroll
+        for (int x = 0; x < GW; x += 4) {
+            int4 a[RN];
+#pragma unroll
+            for (int c = 0; c < RN; ++c) a[c] = *reinterpret_cast<const int4*>(&s.qa[tc + MMQ_TN * c][GW * g + x]);
+#pragma unroll
+            for (int r = 0; r < MMQ_RM; ++r) {
+                const int4 b = *reinterpret_cast<const int4*>(&s.qw[tr + MMQ_TM * r][GW * g + x]);
+#pragma unroll
+                for (int c = 0; c < RN; ++c) {
+                    int t = dot4_i8(b.x, a[c].x, is[r][c]);
+                    t = dot4_i8(b.y, a[c].y, t);
+                    t = dot4_i8(b.z, a[c].z, t);
+                    is[r][c] = dot4_i8(b.w, a[c].w, t);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < MMQ_RM; ++r) {
+            const float dwr = s.dw[tr + MMQ_TM * r][g];
+            const float mwr = T::MIN ? s.mw[tr + MMQ_TM * r][g] : 0.0f;
+#pragma unroll
+            for (int c = 0; c < RN; ++c) {
+                const float dac = s.da[tc + MMQ_TN * c][(g * T::G) / 32];
+                acc[r][c] += dwr * dac * (float)is[r][c];
+                if (T::MIN) acc[r][c] += mwr * s.sa[tc + MMQ_TN * c][g];
+            }
+        }
+    }
+}
+#endif
+
+// One block of mmq_id_<type>_<NT>: column tile blockIdx.x (of every expert's tiles in expert
+// order), rows blockIdx.y * MMQ_ROWS.. of that expert's matrix (`mat_bytes` apart in w0 and w1).
+template <typename T, int NT>
+static __device__ __forceinline__ void mmq_id_body(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1,
+                                                   const int* __restrict__ rows, const int* __restrict__ off,
+                                                   const int* __restrict__ tiles, const uint8_t* __restrict__ y,
+                                                   float* __restrict__ out, int k, long long row_bytes,
+                                                   long long mat_bytes, int nrows, int n_used, int n_x, int n_mat,
+                                                   int act_kind) {
+    __shared__ mmq_smem<T, NT> s;
+    const int e = mmq_id_expert(tiles, n_mat, (int)blockIdx.x);
+    if (e < 0) return;
+    const int pos = off[e] + ((int)blockIdx.x - tiles[e]) * NT;  // the tile's first sorted pair
+    const int m = min(NT, off[e + 1] - pos);
+    const int row0 = blockIdx.y * MMQ_ROWS;
+    const bool gated = w1 != nullptr;
+    const uint8_t* wg = w0 + (long long)e * mat_bytes;
+    const uint8_t* wu = gated ? w1 + (long long)e * mat_bytes : nullptr;
+    const int nch = (k + MMQ_KT - 1) / MMQ_KT;
+    MMQ_ID_ACC(NT);
+    for (int kc = 0; kc < nch; ++kc) {
+        __syncthreads();  // the previous step's reads are done
+        mmq_id_stage_w<T, NT>(s, wg, kc, k, row_bytes, nrows, row0);
+        mmq_id_stage_a<T, NT>(s, y, rows, pos, m, kc, k, n_used, n_x);
+        __syncthreads();
+        MMQ_ID_STEP(T, NT, s, acc[0]);
+        if (gated) {
+            // The up rows over the same staged activations.
+            __syncthreads();
+            mmq_id_stage_w<T, NT>(s, wu, kc, k, row_bytes, nrows, row0);
+            __syncthreads();
+            MMQ_ID_STEP(T, NT, s, acc[1]);
+        }
+    }
+#if defined(MMQ_MMA)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT / 16; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int col = 8 * ((warp >> 2) + 2 * j) + 2 * t + (i & 1);
+            const int row = row0 + 16 * (warp & 3) + g + 8 * (i >> 1);
+            if (col >= m || row >= nrows) continue;
+            const float v = gated ? act_fn(act_kind, acc[0][j][i]) * acc[1][j][i] : acc[0][j][i];
+            out[(size_t)rows[pos + col] * nrows + row] = v;
+        }
+    }
+#else
+    const int tr = threadIdx.x / MMQ_TN, tc = threadIdx.x % MMQ_TN;
+#pragma unroll
+    for (int c = 0; c < NT / MMQ_TN; ++c) {
+        const int col = tc + MMQ_TN * c;
+        if (col >= m) continue;
+        float* o = out + (size_t)rows[pos + col] * nrows;
+#pragma unroll
+        for (int r = 0; r < MMQ_RM; ++r) {
+            const int row = row0 + tr + MMQ_TM * r;
+            if (row >= nrows) continue;
+            o[row] = gated ? act_fn(act_kind, acc[0][r][c]) * acc[1][r][c] : acc[0][r][c];
+        }
+    }
+#endif
+}
+
+// Register budgets (resident blocks per multiprocessor) of the grouped kernels, which hold the
+// gate's and the up product's sums: the 32-vector tiles spill at 64 registers (4 blocks).
+#ifndef MMQ_ID_MIN_BLOCKS_16
+#define MMQ_ID_MIN_BLOCKS_16 4
+#endif
+#ifndef MMQ_ID_MIN_BLOCKS_32
+#define MMQ_ID_MIN_BLOCKS_32 3
+#endif
+#ifndef MMQ_ID_MIN_BLOCKS_64
+#define MMQ_ID_MIN_BLOCKS_64 2
+#endif
+
+// name_16, name_32, name_64 with (w0, w1, rows, off, tiles, y, out, k, row_bytes, mat_bytes,
+// nrows, n_used, n_x, n_mat, act_kind): `moe_group`'s rows, off and tiles for tiles of NT pairs,
+// `y` the n_x * n_tok planar Q8_1 activation vectors, `out` one row of `nrows` f32 per pair; grid
+// x covers tiles[n_mat] (more blocks leave at once), y the row tiles.
+#define RF_MMQ_ID_NT(name, T, NT)                                                                              \
+    RF_KERNEL void MMQ_LB(MMQ_ID_MIN_BLOCKS_##NT)                                                              \
+        name##_##NT(const uint8_t* w0, const uint8_t* w1, const int* rows, const int* off, const int* tiles,    \
+                    const uint8_t* y, float* out, int k, long long row_bytes, long long mat_bytes, int nrows,    \
+                    int n_used, int n_x, int n_mat, int act_kind) {                                             \
+        rf_entry();                                                                                           \
+        mmq_id_body<T, NT>(w0, w1, rows, off, tiles, y, out, k, row_bytes, mat_bytes, nrows, n_used, n_x,     \
+                           n_mat, act_kind);                                                                  \
+    }
+#define RF_MMQ_ID(name, T) RF_MMQ_ID_NT(name, T, 16) RF_MMQ_ID_NT(name, T, 32) RF_MMQ_ID_NT(name, T, 64)
+
+RF_MMQ_ID(mmq_id_q4_0, mq_q4_0)
+RF_MMQ_ID(mmq_id_q4_1, mq_q4_1)
+RF_MMQ_ID(mmq_id_q5_0, mq_q5_0)
+RF_MMQ_ID(mmq_id_q5_1, mq_q5_1)
+RF_MMQ_ID(mmq_id_q8_0, mq_q8_0)
+RF_MMQ_ID(mmq_id_q2_k, mq_q2_k)
+RF_MMQ_ID(mmq_id_q3_k, mq_q3_k)
+RF_MMQ_ID(mmq_id_q4_k, mq_q4_k)
+RF_MMQ_ID(mmq_id_q5_k, mq_q5_k)
+RF_MMQ_ID(mmq_id_q6_k, mq_q6_k)
+
+// Float products for small float weights times many vectors (a router's `[k, n_experts]` f32
+// matrix times a prompt), which the BLAS library runs on a handful of blocks: tiles of
+// GEMM_F32_TILE rows x GEMM_F32_TILE vectors, each block over one share of the row (split z of
+// `splits`, `kper` values each), writing part[(z * m + vector) * nrows + row] for `mmq_combine`
+// (with splits = 1 too, so that the bias goes in there). `w`: nrows rows of k f32, `ldw` apart;
+// `x`: m vectors of k f32, `ldx` apart. 256 threads, each 4 rows x 4 vectors.
+#define GEMM_F32_TILE 64
+#define GEMM_F32_KS 16
+#define GEMM_F32_LD (GEMM_F32_TILE + 4)
+#define GEMM_F32_THREADS 256
+#define GEMM_F32_BOUND __launch_bounds__(GEMM_F32_THREADS)
+
+RF_KERNEL void GEMM_F32_BOUND gemm_f32_part(const float* __restrict__ w, const float* __restrict__ x,
+                                            float* __restrict__ part, int k, long long ldw, long long ldx, int nrows,
+                                            int m, int kper) {
+    rf_entry();
+    __shared__ __align__(16) float ws[GEMM_F32_KS][GEMM_F32_LD];
+    __shared__ __align__(16) float xs[GEMM_F32_KS][GEMM_F32_LD];
+    const int tid = threadIdx.x;
+    const int ty = tid / 16, tx = tid % 16;
+    const int row0 = blockIdx.y * GEMM_F32_TILE, col0 = blockIdx.x * GEMM_F32_TILE;
+    const int k0 = blockIdx.z * kper, k1 = min(k, k0 + kper);
+    float acc[4][4] = {};
+    for (int kb = k0; kb < k1; kb += GEMM_F32_KS) {
+        __syncthreads();  // the previous slab's reads are done
+#pragma unroll
+        for (int i = 0; i < GEMM_F32_TILE * GEMM_F32_KS / 256; ++i) {
+            const int u = tid + 256 * i;
+            const int r = u / GEMM_F32_KS, kk = u % GEMM_F32_KS;
+            const int kv = kb + kk;
+            const bool kin = kv < k1;
+            ws[kk][r] = (kin && row0 + r < nrows) ? w[(long long)(row0 + r) * ldw + kv] : 0.0f;
+            xs[kk][r] = (kin && col0 + r < m) ? x[(long long)(col0 + r) * ldx + kv] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GEMM_F32_KS; ++kk) {
+            const float4 a = *reinterpret_cast<const float4*>(&ws[kk][4 * ty]);
+            const float4 b = *reinterpret_cast<const float4*>(&xs[kk][4 * tx]);
+            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int col = col0 + 4 * tx + c;
+        if (col >= m) continue;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int row = row0 + 4 * ty + r;
+            if (row < nrows) part[((size_t)blockIdx.z * m + col) * nrows + row] = acc[r][c];
+        }
+    }
+}

@@ -386,6 +386,32 @@ impl WeightType {
         }
     }
 
+    /// The expert-grouped product on integer tiles of `nt` (16, 32 or 64; others take 64) pairs
+    /// per tile (`w0`, `w1`, `rows`, `off`, `tiles`, `y`, `out`, `k`, `row_bytes`,
+    /// `mat_bytes`, `nrows`, `n_used`, `n_x`, `n_mat`, `act_kind`; `hip/mmq.hip`), over the
+    /// pairs [`KernelId::MoeGroup`] sorted, launched as [`crate::MmqIdPlan`] says with
+    /// [`crate::MMQ_THREADS`] threads per block.
+    pub fn mmq_id(self, nt: usize) -> KernelId {
+        use KernelId as K;
+        let ids = match self {
+            WeightType::Q4_0 => [K::MmqIdQ4_0x16, K::MmqIdQ4_0x32, K::MmqIdQ4_0x64],
+            WeightType::Q4_1 => [K::MmqIdQ4_1x16, K::MmqIdQ4_1x32, K::MmqIdQ4_1x64],
+            WeightType::Q5_0 => [K::MmqIdQ5_0x16, K::MmqIdQ5_0x32, K::MmqIdQ5_0x64],
+            WeightType::Q5_1 => [K::MmqIdQ5_1x16, K::MmqIdQ5_1x32, K::MmqIdQ5_1x64],
+            WeightType::Q8_0 => [K::MmqIdQ8_0x16, K::MmqIdQ8_0x32, K::MmqIdQ8_0x64],
+            WeightType::Q2_K => [K::MmqIdQ2_Kx16, K::MmqIdQ2_Kx32, K::MmqIdQ2_Kx64],
+            WeightType::Q3_K => [K::MmqIdQ3_Kx16, K::MmqIdQ3_Kx32, K::MmqIdQ3_Kx64],
+            WeightType::Q4_K => [K::MmqIdQ4_Kx16, K::MmqIdQ4_Kx32, K::MmqIdQ4_Kx64],
+            WeightType::Q5_K => [K::MmqIdQ5_Kx16, K::MmqIdQ5_Kx32, K::MmqIdQ5_Kx64],
+            WeightType::Q6_K => [K::MmqIdQ6_Kx16, K::MmqIdQ6_Kx32, K::MmqIdQ6_Kx64],
+        };
+        match nt {
+            16 => ids[0],
+            32 => ids[1],
+            _ => ids[2],
+        }
+    }
+
     /// The dequantize-to-f16 kernel (`src`, `dst`, `ncols`, `row_bytes`, `dst_stride`).
     pub fn dequant_f16(self) -> KernelId {
         match self {
@@ -725,6 +751,38 @@ kernel_ids! {
     MmqQ6_Kx64 => Mmq, "mmq_q6_k_64";
     MmqQ6_Kx128 => Mmq, "mmq_q6_k_128";
     MmqCombine => Mmq, "mmq_combine";
+    MmqIdQ4_0x16 => Mmq, "mmq_id_q4_0_16";
+    MmqIdQ4_0x32 => Mmq, "mmq_id_q4_0_32";
+    MmqIdQ4_0x64 => Mmq, "mmq_id_q4_0_64";
+    MmqIdQ4_1x16 => Mmq, "mmq_id_q4_1_16";
+    MmqIdQ4_1x32 => Mmq, "mmq_id_q4_1_32";
+    MmqIdQ4_1x64 => Mmq, "mmq_id_q4_1_64";
+    MmqIdQ5_0x16 => Mmq, "mmq_id_q5_0_16";
+    MmqIdQ5_0x32 => Mmq, "mmq_id_q5_0_32";
+    MmqIdQ5_0x64 => Mmq, "mmq_id_q5_0_64";
+    MmqIdQ5_1x16 => Mmq, "mmq_id_q5_1_16";
+    MmqIdQ5_1x32 => Mmq, "mmq_id_q5_1_32";
+    MmqIdQ5_1x64 => Mmq, "mmq_id_q5_1_64";
+    MmqIdQ8_0x16 => Mmq, "mmq_id_q8_0_16";
+    MmqIdQ8_0x32 => Mmq, "mmq_id_q8_0_32";
+    MmqIdQ8_0x64 => Mmq, "mmq_id_q8_0_64";
+    MmqIdQ2_Kx16 => Mmq, "mmq_id_q2_k_16";
+    MmqIdQ2_Kx32 => Mmq, "mmq_id_q2_k_32";
+    MmqIdQ2_Kx64 => Mmq, "mmq_id_q2_k_64";
+    MmqIdQ3_Kx16 => Mmq, "mmq_id_q3_k_16";
+    MmqIdQ3_Kx32 => Mmq, "mmq_id_q3_k_32";
+    MmqIdQ3_Kx64 => Mmq, "mmq_id_q3_k_64";
+    MmqIdQ4_Kx16 => Mmq, "mmq_id_q4_k_16";
+    MmqIdQ4_Kx32 => Mmq, "mmq_id_q4_k_32";
+    MmqIdQ4_Kx64 => Mmq, "mmq_id_q4_k_64";
+    MmqIdQ5_Kx16 => Mmq, "mmq_id_q5_k_16";
+    MmqIdQ5_Kx32 => Mmq, "mmq_id_q5_k_32";
+    MmqIdQ5_Kx64 => Mmq, "mmq_id_q5_k_64";
+    MmqIdQ6_Kx16 => Mmq, "mmq_id_q6_k_16";
+    MmqIdQ6_Kx32 => Mmq, "mmq_id_q6_k_32";
+    MmqIdQ6_Kx64 => Mmq, "mmq_id_q6_k_64";
+    MoeGroup => Mmq, "moe_group";
+    GemmF32Part => Mmq, "gemm_f32_part";
     PagedDecF16H4 => Attention, "paged_dec_f16_h4";
     PagedDecF16H8 => Attention, "paged_dec_f16_h8";
     PagedDecF32H4 => Attention, "paged_dec_f32_h4";
@@ -983,6 +1041,40 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MmqQ6_Kx64
         | K::MmqQ6_Kx128 => &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I32, I32, I32, I32],
         K::MmqCombine => &[Ptr, Ptr, Ptr, I32, I32, I32, I32, I32, I32],
+        K::MmqIdQ4_0x16
+        | K::MmqIdQ4_0x32
+        | K::MmqIdQ4_0x64
+        | K::MmqIdQ4_1x16
+        | K::MmqIdQ4_1x32
+        | K::MmqIdQ4_1x64
+        | K::MmqIdQ5_0x16
+        | K::MmqIdQ5_0x32
+        | K::MmqIdQ5_0x64
+        | K::MmqIdQ5_1x16
+        | K::MmqIdQ5_1x32
+        | K::MmqIdQ5_1x64
+        | K::MmqIdQ8_0x16
+        | K::MmqIdQ8_0x32
+        | K::MmqIdQ8_0x64
+        | K::MmqIdQ2_Kx16
+        | K::MmqIdQ2_Kx32
+        | K::MmqIdQ2_Kx64
+        | K::MmqIdQ3_Kx16
+        | K::MmqIdQ3_Kx32
+        | K::MmqIdQ3_Kx64
+        | K::MmqIdQ4_Kx16
+        | K::MmqIdQ4_Kx32
+        | K::MmqIdQ4_Kx64
+        | K::MmqIdQ5_Kx16
+        | K::MmqIdQ5_Kx32
+        | K::MmqIdQ5_Kx64
+        | K::MmqIdQ6_Kx16
+        | K::MmqIdQ6_Kx32
+        | K::MmqIdQ6_Kx64 => &[
+            Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32, I32,
+        ],
+        K::MoeGroup => &[Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, I32],
+        K::GemmF32Part => &[Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32],
         K::PagedAttnF16 | K::PagedAttnF32 | K::PagedAttnQ8_0 => {
             &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, Attn]
         }

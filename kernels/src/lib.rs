@@ -378,6 +378,87 @@ pub fn mmq_combine_grid(nrows: usize, m: usize) -> [u32; 3] {
     ]
 }
 
+/// Threads per block of [`KernelId::MoeGroup`] (`MOE_GROUP_THREADS` in `hip/mmq.hip`).
+pub const MOE_GROUP_THREADS: u32 = 256;
+/// Most experts [`KernelId::MoeGroup`] sorts pairs for (its shared histogram,
+/// `MOE_GROUP_MAX_EXPERTS`).
+pub const MOE_GROUP_MAX_EXPERTS: usize = 1024;
+
+/// How an expert-grouped product on integer tiles ([`WeightType::mmq_id`]) is launched over
+/// `pairs` (token, slot) pairs choosing among `n_mat` matrices of `nrows` rows, after
+/// [`KernelId::MoeGroup`] (grid `[n_mat + 1, 1, 1]`, [`MOE_GROUP_THREADS`] threads) sorted them
+/// for tiles of `nt`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmqIdPlan {
+    /// Pairs per tile (16, 32 or 64).
+    pub nt: usize,
+    /// Grid: every expert's column tiles at most (`pairs / nt` rounded up plus one partial tile
+    /// per expert; the blocks past the sorted total leave at once), row tiles.
+    pub grid: [u32; 3],
+}
+
+impl MmqIdPlan {
+    /// The tile width fits the average expert's pairs with room for the uneven ones (a tile
+    /// half a width wider than the average), as the dense plan's widths go.
+    pub fn new(pairs: usize, n_mat: usize, nrows: usize) -> Self {
+        let avg = pairs.div_ceil(n_mat.max(1));
+        let nt = match avg + avg / 2 {
+            0..=16 => 16,
+            17..=32 => 32,
+            _ => 64,
+        };
+        let u = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Self {
+            nt,
+            grid: [
+                u(pairs.div_ceil(nt) + n_mat),
+                u(nrows.div_ceil(MMQ_ROWS).max(1)),
+                1,
+            ],
+        }
+    }
+}
+
+/// Rows and vectors per tile of [`KernelId::GemmF32Part`] (`GEMM_F32_TILE`).
+pub const GEMM_F32_TILE: usize = 64;
+/// Threads per block of [`KernelId::GemmF32Part`] (`GEMM_F32_THREADS`).
+pub const GEMM_F32_THREADS: u32 = 256;
+
+/// How [`KernelId::GemmF32Part`] is launched for `nrows` f32 rows of `k` values times `m`
+/// vectors on a device with `sms` multiprocessors: the rows are split into `splits` shares of
+/// `kper` values (a multiple of 16), enough blocks for two per multiprocessor, each share at
+/// least 256 values; `mmq_combine` adds the shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmF32Plan {
+    /// Shares of each row.
+    pub splits: usize,
+    /// Values per share.
+    pub kper: usize,
+    /// Grid: vector tiles, row tiles, shares.
+    pub grid: [u32; 3],
+}
+
+impl GemmF32Plan {
+    /// The plan for `nrows` x `k` times `m` vectors on `sms` multiprocessors (0: no split).
+    pub fn new(nrows: usize, m: usize, k: usize, sms: usize) -> Self {
+        let tiles = nrows.div_ceil(GEMM_F32_TILE).max(1) * m.div_ceil(GEMM_F32_TILE).max(1);
+        let want = (2 * sms).div_ceil(tiles).max(1);
+        let splits = want.min((k / 256).max(1)).min(MMQ_MAX_SPLITS);
+        let kper = k.div_ceil(splits).div_ceil(16) * 16;
+        let splits = k.div_ceil(kper.max(1)).max(1);
+        let u = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Self {
+            splits,
+            kper,
+            grid: [
+                u(m.div_ceil(GEMM_F32_TILE).max(1)),
+                u(nrows.div_ceil(GEMM_F32_TILE).max(1)),
+                u(splits),
+            ],
+        }
+    }
+}
+
 /// Bytes between consecutive activation vectors of `ncols` values (a multiple of 32) quantized
 /// by `quantize_q8_1`: `ncols` int8 values, then `ncols / 32` half2 (d, d * sum) scales, rounded
 /// up to 16 bytes so that every vector starts 16-byte aligned (`q8_vec_bytes` in `common.h`).

@@ -21,6 +21,14 @@ const MAX_GRID_Y: usize = 65535;
 /// Float mat-vecs with fewer output values than this run 8 warps per row instead of 4.
 const FLOAT_MATVEC_WIDE_BELOW: usize = 1024;
 
+/// f32 weights of up to this many rows times more vectors than the mat-vecs take run on the
+/// float tiles (`gemm_f32_part`, split along the rows' values) instead of the BLAS library's
+/// sgemm, whose few large tiles leave most of the device idle on such short outputs: a
+/// router's `[2048, 128]` times 512 vectors took 687 us there (H200, per-node profile of the
+/// Qwen3-30B-A3B shape's prompt, kernels/PERF.md "Expert-grouped products"). Routers have 8
+/// to a few hundred experts.
+pub(super) const FLOAT_TILES_MAX_ROWS: usize = 1024;
+
 /// Queues decode mat-vec kernel `kid`: grid x `grid`, one grid row per activation vector (`m`),
 /// [`kernels::MATVEC_WARPS`] warps per block. Takes the quantization cache's guard and releases it
 /// once the launch is queued, so that no other launch requantizes into the buffer `args` read
@@ -156,6 +164,9 @@ pub(super) fn product_scratch(d: &HipDevice, w: &Mat<'_>, m: usize) -> usize {
     let (k, n) = (w.k, w.n);
     let gemm = (m * k * 2).div_ceil(ALIGN) * ALIGN + (n * k * 2).div_ceil(ALIGN) * ALIGN;
     let sms = usize::try_from(d.inner.dev.info().compute_units).unwrap_or(0);
+    if float_tiles_take(w.dtype, n, m) {
+        return kernels::GemmF32Plan::new(n, m, k, sms).splits * m * n * 4;
+    }
     let tiles = if mmq_takes_weight(d, w.dtype, m) && !takes_cols(w.dtype, m) {
         kernels::MmqPlan::new(n, m, k, 1, sms).partial_values(n, m) * 4
     } else {
@@ -310,6 +321,9 @@ pub(super) fn product(
                 .map(|()| false)
         };
     }
+    if float_tiles_take(w.dtype, n, m) {
+        return float_tiles(d, w, xp, m, out, bias).map(|()| bias.is_some());
+    }
     // Column-major view: C (n x m) = op(W) (n x k) * X (k x m), W stored as k x n.
     let shape = GemmShape {
         trans_a: BlasOp::T,
@@ -381,6 +395,74 @@ pub(super) fn product(
     blas.gemm_ex(&shape, 1.0, &av, &bv, 0.0, &mut c)
         .map(|()| false)
         .map_err(|e| gpu_err("mul_mat", e))
+}
+
+/// Whether a product of `m` vectors with `n` rows of `dtype` weights takes [`float_tiles`].
+pub(super) fn float_tiles_take(dtype: DType, n: usize, m: usize) -> bool {
+    dtype == DType::F32 && m > MATVEC_MAX_COLS && n <= FLOAT_TILES_MAX_ROWS
+}
+
+/// `out` (`m` rows of `w.n`) = the f32 matrix `w` times `x` (`m` dense f32 vectors of `w.k`),
+/// plus the row `bias` when given: `gemm_f32_part` over the plan's shares of the rows' values
+/// into the scratch, then `mmq_combine` adding them up (in share order) with the bias.
+fn float_tiles(
+    d: &HipDevice,
+    w: &Mat<'_>,
+    xp: MemRange<'_>,
+    m: usize,
+    out: MemRange<'_>,
+    bias: Option<MemRange<'_>>,
+) -> Result<()> {
+    let (k, n) = (w.k, w.n);
+    let sms = usize::try_from(d.inner.dev.info().compute_units).unwrap_or(0);
+    let plan = kernels::GemmF32Plan::new(n, m, k, sms);
+    let part_bytes = plan.splits * m * n * 4;
+    let scratch = d.scratch(part_bytes)?;
+    let part = MemRange::of_buffer(&scratch)
+        .sub(0, part_bytes)
+        .map_err(|e| gpu_err("mul_mat", e))?;
+    d.inner.q8.lock().written(part.addr(), part.len());
+    let mut a = Args::new();
+    a.push(w.w)
+        .push(xp)
+        .push(part)
+        .push(k as i32)
+        .push((w.row_bytes / 4) as i64)
+        .push(k as i64)
+        .push(n as i32)
+        .push(m as i32)
+        .push(plan.kper as i32);
+    // SAFETY: `w` holds `n` f32 rows of `k` values (`row_bytes` apart), `x` `m` dense vectors
+    // of `k` f32 and `part` the plan's `splits` times `m` rows of `n` f32 (sized above); the
+    // grid is the plan's.
+    unsafe {
+        d.launch_kernel(
+            KernelId::GemmF32Part,
+            plan.grid,
+            kernels::GEMM_F32_THREADS,
+            &a.0,
+        )?
+    };
+    let mut c = Args::new();
+    c.push(part)
+        .push(bias)
+        .push(out)
+        .push(n as i32)
+        .push(m as i32)
+        .push(n as i32)
+        .push(plan.splits as i32)
+        .push(0i32)
+        .push(act::SILU);
+    // SAFETY: `part` holds the shares' partial results written above, `bias` (when given) a
+    // row of `n` f32 and `out` `m` rows of `n` f32 (the caller's shapes).
+    unsafe {
+        d.launch_kernel(
+            KernelId::MmqCombine,
+            kernels::mmq_combine_grid(n, m),
+            kernels::MMQ_THREADS,
+            &c.0,
+        )
+    }
 }
 
 pub(super) fn act_kind(kind: Act) -> i32 {

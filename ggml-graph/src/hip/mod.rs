@@ -43,7 +43,7 @@ pub use collective::HipCollective;
 #[cfg(any(test, feature = "testing"))]
 pub use matmul::mmq_launches;
 #[cfg(any(test, feature = "testing"))]
-pub use moe::{expert_bias_launches, expert_gate_up_launches};
+pub use moe::{expert_bias_launches, expert_gate_up_launches, grouped_tile_launches};
 #[cfg(any(test, feature = "testing"))]
 pub use stack::{head_launches, stack_launches, stack_portable_launches, stack_split_launches};
 

@@ -12,20 +12,24 @@
 //!   kernels, which split a warp's lanes across several rows and quantize their f32 activations
 //!   themselves; the rest the kernels that lay a warp along each row, on activations quantized
 //!   before the launch.
-//! - grouped by expert: once the pairs are enough for the average expert to reach the tile
-//!   kernels' column count, the ids are read back, the pairs sorted by expert (a counting sort
-//!   on the host), the activation rows gathered into expert order, one product per chosen
-//!   expert (the dense `mul_mat` paths: tile kernels, mat-vecs or dequantization and gemm) and
+//! - grouped by expert on integer tiles: once the pairs are enough for the average expert to
+//!   reach the tile kernels' column count, for the weight types they read, `moe_group` sorts
+//!   the pairs by expert on the device and one `mmq_id_*` launch multiplies every expert's
+//!   rows with the activation vectors of its pairs, writing each pair's row (gate and up with
+//!   their activation in the same launch). No host round trip: graph capture records it.
+//! - grouped by expert on the host, for the other weights (f16, f32, MXFP4): the ids are read
+//!   back, the pairs sorted by expert (a counting sort on the host), the activation rows
+//!   gathered into expert order, one product per chosen expert (the dense `mul_mat` paths) and
 //!   the results scattered back to their (token, slot) rows.
 //!
 //! Three groups of nodes the scheduler offers go as one: the up and gate products with their
-//! gated activation (per pair: `matvec_*_id_gated`; grouped by expert: one gated product per
-//! expert), in decode an expert product with its experts' bias rows added (`matvec_*_id_add`,
+//! gated activation (per pair: `matvec_*_id_gated`; grouped on tiles: one gated `mmq_id_*`
+//! launch; grouped on the host: one gated product per expert), in decode an expert product with its experts' bias rows added (`matvec_*_id_add`,
 //! gpt-oss), and the routing's softmax, top k and picked weights in either gating's order
 //! (`moe_route_f32`, which writes all three nodes' results).
 
 use gpu_mem::MemRange;
-use kernels::KernelId;
+use kernels::{act, KernelId};
 
 use super::matmul::{
     act_in_place, act_kind, launch_matvec, mmq, mmq_takes, product, product_scratch, Mat,
@@ -63,6 +67,19 @@ static BIAS_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::Atomic
 #[cfg(any(test, feature = "testing"))]
 pub fn expert_bias_launches() -> usize {
     BIAS_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Expert-grouped tile launches (`mmq_id_*`) queued by every device of this process (see
+/// [`grouped_tile_launches`]).
+#[cfg(any(test, feature = "testing"))]
+static TILE_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Expert-grouped tile launches queued so far by every device of this process (for tests:
+/// whether a prompt's expert products took the one-launch tile path). Only with the `testing`
+/// feature.
+#[cfg(any(test, feature = "testing"))]
+pub fn grouped_tile_launches() -> usize {
+    TILE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The largest grid.y: the per-pair launch and the gather put the pairs there.
@@ -329,13 +346,27 @@ impl IdShape {
 
 fn mul_mat_id(d: &HipDevice, srcs: &[TensorMem<'_>], out: MemRange<'_>) -> Result<()> {
     let s = IdShape::of(srcs[0].tensor, srcs[1].tensor, srcs[2].tensor);
+    if on_tiles(srcs[0].tensor.dtype, &s) {
+        return grouped_tiles(d, &srcs[0], None, &srcs[1], &srcs[2], &s, out);
+    }
     if by_expert(d, &s) {
         return grouped(d, srcs, &s, out);
     }
     per_pair(d, srcs, &s, out)
 }
 
-/// Whether a `mul_mat_id` of shape `s` is multiplied grouped by expert rather than per pair.
+/// Whether a `mul_mat_id` of shape `s` with `dtype` weights is grouped by expert on the
+/// device and multiplied on integer tiles ([`grouped_tiles`]): where grouping pays (as
+/// [`by_expert`], capture or not: nothing is read back) and the tile kernels read the weights.
+fn on_tiles(dtype: DType, s: &IdShape) -> bool {
+    s.n_tok > 1
+        && s.pairs() >= MMQ_MIN_COLS * s.n_mat
+        && s.n_mat <= kernels::MOE_GROUP_MAX_EXPERTS
+        && weight_type(dtype).is_some()
+}
+
+/// Whether a `mul_mat_id` of shape `s` is multiplied grouped by expert on the host's sort
+/// rather than per pair (where [`on_tiles`] does not take it).
 fn by_expert(d: &HipDevice, s: &IdShape) -> bool {
     let capturing = d.inner.capturing.load(std::sync::atomic::Ordering::Relaxed);
     // Grouping pays once the average expert's columns reach the tile kernels; it reads the ids
@@ -386,6 +417,12 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     rewritten(d, up)?;
     rewritten(d, gate)?;
     let out = rewritten(d, act)?;
+    if on_tiles(w.dtype, &s) {
+        grouped_tiles(d, wg, Some((wu, kind)), x, ids, &s, out)?;
+        #[cfg(any(test, feature = "testing"))]
+        GATE_UP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Ok(3);
+    }
     if by_expert(d, &s) {
         // One gated product per chosen expert over its gathered rows.
         let mats = |e: usize| Ok((expert_mat(wg, &s, e)?, expert_mat(wu, &s, e)?));
@@ -696,6 +733,97 @@ fn gated_product(
     product(d, wu, x, m, up, None)?;
     d.inner.q8.lock().written(up.addr(), up.len());
     act_in_place(d, kind, out, up, n, m)
+}
+
+/// `out` (one row of `s.n` f32 per pair) = each pair's matrix of the stack `w` times its
+/// activation vector of `x`, or with `up` = `(wu, kind)` the gated `act(w x) * (wu x)`: the
+/// pairs sorted by expert on the device (`moe_group`, for the plan's tile width), then one
+/// `mmq_id_*` launch over every expert's tiles reading the Q8_1 activations through the sorted
+/// pairs and writing each pair's row. Pairs whose id is outside the stack get zero rows.
+fn grouped_tiles(
+    d: &HipDevice,
+    w: &TensorMem<'_>,
+    up: Option<(&TensorMem<'_>, Act)>,
+    x: &TensorMem<'_>,
+    ids: &TensorMem<'_>,
+    s: &IdShape,
+    out: MemRange<'_>,
+) -> Result<()> {
+    let wt = w.tensor;
+    let pairs = s.pairs();
+    let plan = kernels::MmqIdPlan::new(pairs, s.n_mat, s.n);
+    let kid = weight_type(wt.dtype)
+        .ok_or_else(|| {
+            gpu_err(
+                "mul_mat_id",
+                format!("{} weights have no tile kernels", wt.dtype.name()),
+            )
+        })?
+        .mmq_id(plan.nt);
+    let list = (s.n_mat + 1) * 4;
+    let at_off = align(pairs * 4);
+    let at_tiles = at_off + align(list);
+    let views = |e| gpu_err("mul_mat_id", e);
+    let mut cache = d.inner.q8.lock();
+    let q8 = cache.quantized(d, addr(x)?, s.k, s.n_x * s.n_tok)?;
+    let scratch = d.scratch(at_tiles + list)?;
+    let base = MemRange::of_buffer(&scratch);
+    let rows = base.sub(0, pairs * 4).map_err(views)?;
+    let off = base.sub(at_off, list).map_err(views)?;
+    let tiles = base.sub(at_tiles, list).map_err(views)?;
+    cache.written(base.addr(), at_tiles + list);
+    let mut g = Args::new();
+    g.push(addr(ids)?)
+        .push(rows)
+        .push(off)
+        .push(tiles)
+        .push(out)
+        .push(pairs as i32)
+        .push(s.n_mat as i32)
+        .push(plan.nt as i32)
+        .push(s.n as i32);
+    // SAFETY: `ids` holds the node's `pairs` dense I32 ids, `rows` `pairs` I32 and `off` and
+    // `tiles` `n_mat + 1` each (sized above), `out` `pairs` dense rows of `n` f32 (the node's
+    // result); one block per expert and one for the totals, `n_mat` within the kernel's
+    // histogram (`on_tiles`).
+    unsafe {
+        d.launch_kernel(
+            KernelId::MoeGroup,
+            [s.n_mat as u32 + 1, 1, 1],
+            kernels::MOE_GROUP_THREADS,
+            &g.0,
+        )?
+    };
+    let wu = match up {
+        Some((u, _)) => Some(addr(u)?),
+        None => None,
+    };
+    let mut a = Args::new();
+    a.push(addr(w)?)
+        .push(wu)
+        .push(rows)
+        .push(off)
+        .push(tiles)
+        .push(MemRange::of_buffer(&q8))
+        .push(out)
+        .push(s.k as i32)
+        .push(wt.nb[1] as i64)
+        .push(wt.nb[2] as i64)
+        .push(s.n as i32)
+        .push(s.n_used as i32)
+        .push(s.n_x as i32)
+        .push(s.n_mat as i32)
+        .push(up.map_or(act::SILU, |(_, kind)| act_kind(kind)));
+    // SAFETY: `w` (and `wu`, of the same type and layout) is a stack of `n_mat` matrices
+    // (`nb[2]` apart) of `n` rows of `nb[1]` bytes, `rows`, `off` and `tiles` the sorted pairs
+    // `moe_group` writes before this launch on the stream (for the plan's tile width), `q8` the
+    // `n_x * n_tok` activation vectors of `k` quantized above and `out` `pairs` dense rows of
+    // `n` f32; the grid covers every tile the sort can make (`MmqIdPlan`).
+    unsafe { d.launch_kernel(kid, plan.grid, kernels::MMQ_THREADS, &a.0)? };
+    drop(cache);
+    #[cfg(any(test, feature = "testing"))]
+    TILE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }
 
 /// The pairs sorted by expert, stable: the activation row and the output row of each, and the

@@ -84,8 +84,9 @@ const ID_SHAPES: [(usize, usize); 4] = [(256, 50), (512, 70), (768, 45), (2048, 
 
 /// `mul_mat_id` of a stack of 4 matrices, 2 experts per token, one activation vector per token
 /// or one per slot, at each of [`ID_SHAPES`]: a decode token and small batches take the
-/// per-pair launch; at the first shape 40 and 100 tokens also the grouped way (about 20 columns
-/// per expert: the tile kernels; about 50: gemm).
+/// per-pair launch; at the first shape 40 and 100 tokens also the grouped way (quantized
+/// weights: sorted on the device, one tile launch; f16, f32 and MXFP4: sorted on the host, one
+/// product per expert).
 #[test]
 fn mul_mat_id_matches_cpu_for_every_weight_type() {
     let Some(h) = hip() else { return };
@@ -140,6 +141,206 @@ fn mul_mat_id_matches_cpu_for_every_weight_type() {
             // Decode quantizes the activations to 8 bits on both sides (the GPU per 32 values
             // as Q8_1); the grouped way's larger groups multiply f16 operands.
             assert!(e <= 2e-3, "{what}: NMSE {e:.3e}");
+        }
+    }
+}
+
+/// The tile types: every weight type the expert-grouped tile kernels read.
+const TILE_TYPES: [DType; 10] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+/// How a test spreads the pairs over the experts.
+#[derive(Clone, Copy, Debug)]
+enum Spread {
+    /// Each token's slots pick distinct experts among the first `n_mat / 2 + 1`, the lower ones
+    /// far more often (uneven counts; the upper half of the stack gets no pair).
+    Skewed,
+    /// Slot 0 of every token picks expert 1 (one expert with every token: several tiles of it),
+    /// the other slots distinct others.
+    OneTakesAll,
+}
+
+/// `n_tok` tokens' ids of `n_used` distinct experts of `n_mat` each, spread as `spread` says.
+fn spread_ids(
+    spread: Spread,
+    n_mat: usize,
+    n_used: usize,
+    n_tok: usize,
+    rng: &mut Rng,
+) -> Vec<i32> {
+    let mut ids = Vec::with_capacity(n_used * n_tok);
+    for _ in 0..n_tok {
+        let mut pool: Vec<i32> = match spread {
+            Spread::Skewed => (0..=(n_mat / 2) as i32).collect(),
+            Spread::OneTakesAll => (0..n_mat as i32).filter(|&e| e != 1).collect(),
+        };
+        for slot in 0..n_used {
+            if slot == 0 && matches!(spread, Spread::OneTakesAll) {
+                ids.push(1);
+                continue;
+            }
+            let r = rng.f32().abs();
+            let r = if matches!(spread, Spread::Skewed) {
+                r * r
+            } else {
+                r
+            };
+            let j = ((r * pool.len() as f32) as usize).min(pool.len() - 1);
+            ids.push(pool.remove(j));
+        }
+    }
+    ids
+}
+
+/// Prompts' expert products grouped on the device for every tile weight type: uneven experts,
+/// experts with no pair, one expert with every token (several tiles of one expert), one
+/// activation vector per token (gate/up) or per slot (down), rows not a multiple of the tile's
+/// and two steps of 256 values; plain and gated (SiLU and GELU, one launch for the three
+/// nodes). Each takes the one-launch tile path and gives the CPU's results.
+#[test]
+fn grouped_tile_products_match_cpu() {
+    use crate::tensor::Act;
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x6772_6f75_7065_6401);
+    // (k, n, n_mat, n_used, n_tok, n_x = 1 or n_used, spread)
+    let cases = [
+        (
+            256usize,
+            50usize,
+            16usize,
+            2usize,
+            60usize,
+            false,
+            Spread::Skewed,
+        ),
+        (512, 100, 8, 2, 70, true, Spread::OneTakesAll),
+        (256, 64, 32, 4, 200, false, Spread::Skewed),
+    ];
+    for dt in TILE_TYPES {
+        for (i, &(k, n, n_mat, n_used, n_tok, per_slot, spread)) in cases.iter().enumerate() {
+            let n_x = if per_slot { n_used } else { 1 };
+            let ids_v = spread_ids(spread, n_mat, n_used, n_tok, &mut rng);
+            let ids_b: Vec<u8> = bytemuck::cast_slice(&ids_v).to_vec();
+            let xs = f32_bytes(&rng.vec(k * n_x * n_tok));
+            let wa = weight_bytes(dt, n * n_mat, k, &mut rng);
+            let wb = weight_bytes(dt, n * n_mat, k, &mut rng);
+            // Plain.
+            let mut g = Graph::new();
+            let w = g.weight("w", dt, &[k, n, n_mat]).expect("w");
+            let x = g.input("x", DType::F32, &[k, n_x, n_tok]).expect("x");
+            let ids = g.input("ids", DType::I32, &[n_used, n_tok]).expect("ids");
+            let y = g.mul_mat_id(w, x, ids).expect("mul_mat_id");
+            g.mark_output(y).expect("out");
+            let weights = vec![("w".to_string(), dt, vec![k, n, n_mat], wa.clone())];
+            let inputs = vec![(x, xs.clone()), (ids, ids_b.clone())];
+            let before = crate::hip::grouped_tile_launches();
+            let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[y]);
+            let what = format!("grouped {dt} case {i} ({spread:?})");
+            assert!(
+                crate::hip::grouped_tile_launches() > before,
+                "{what}: not on the grouped tiles"
+            );
+            let e = nmse(&gpu[0], &cpu[0]);
+            println!("{what}: NMSE {e:.3e}");
+            assert!(e <= 2e-3, "{what}: NMSE {e:.3e}");
+            if per_slot {
+                continue;
+            }
+            // Gated: up and gate of one activation vector per token.
+            let act = if i % 2 == 0 { Act::Silu } else { Act::Gelu };
+            let mut g = Graph::new();
+            let wu = g.weight("up", dt, &[k, n, n_mat]).expect("up");
+            let wg = g.weight("gate", dt, &[k, n, n_mat]).expect("gate");
+            let x = g.input("x", DType::F32, &[k, 1, n_tok]).expect("x");
+            let ids = g.input("ids", DType::I32, &[n_used, n_tok]).expect("ids");
+            let up = g.mul_mat_id(wu, x, ids).expect("up product");
+            let gate = g.mul_mat_id(wg, x, ids).expect("gate product");
+            let y = g.gated(act, gate, up).expect("activation");
+            g.mark_output(y).expect("out");
+            let weights = vec![
+                ("up".to_string(), dt, vec![k, n, n_mat], wa),
+                ("gate".to_string(), dt, vec![k, n, n_mat], wb),
+            ];
+            let inputs = vec![(x, xs), (ids, ids_b)];
+            let before = (crate::hip::grouped_tile_launches(), h.grouped_nodes());
+            let [gpu, cpu] = run_both(&h, &g, &weights, &inputs, &[y]);
+            assert!(
+                crate::hip::grouped_tile_launches() > before.0 && h.grouped_nodes() - before.1 >= 3,
+                "{what}: the gated nodes were not one grouped tile launch"
+            );
+            let e = nmse(&gpu[0], &cpu[0]);
+            println!("{what} gated {act:?}: NMSE {e:.3e}");
+            assert!(e <= 2e-3, "{what} gated {act:?}: NMSE {e:.3e}");
+        }
+    }
+}
+
+/// Ids outside the stack (negative, or the stack's size) in a prompt grouped on the device:
+/// their pairs' rows come out zero (as the per-pair kernels write them) and every other pair's
+/// row is the CPU's (run with those ids replaced by valid ones; rows depend only on their own
+/// pair).
+#[test]
+fn grouped_tile_products_zero_the_rows_of_ids_out_of_range() {
+    let Some(h) = hip() else { return };
+    let mut rng = Rng(0x6f75_7472_616e_6765);
+    let (k, n, n_mat, n_used, n_tok) = (256usize, 40usize, 8usize, 2usize, 40usize);
+    let dt = DType::Q4_K;
+    let mut bad = spread_ids(Spread::Skewed, n_mat, n_used, n_tok, &mut rng);
+    let mut good = bad.clone();
+    for (p, v) in [(3usize, -1i32), (10, n_mat as i32), (41, 1000)] {
+        bad[p] = v;
+        // Another expert than the token's other slot, so that the CPU's graph stays valid.
+        good[p] = if bad[p ^ 1] == 0 { 1 } else { 0 };
+    }
+    let mut g = Graph::new();
+    let w = g.weight("w", dt, &[k, n, n_mat]).expect("w");
+    let x = g.input("x", DType::F32, &[k, 1, n_tok]).expect("x");
+    let ids = g.input("ids", DType::I32, &[n_used, n_tok]).expect("ids");
+    let y = g.mul_mat_id(w, x, ids).expect("mul_mat_id");
+    g.mark_output(y).expect("out");
+    let weights = vec![(
+        "w".to_string(),
+        dt,
+        vec![k, n, n_mat],
+        weight_bytes(dt, n * n_mat, k, &mut rng),
+    )];
+    let xs = f32_bytes(&rng.vec(k * n_tok));
+    let with = |v: &[i32]| vec![(x, xs.clone()), (ids, bytemuck::cast_slice(v).to_vec())];
+    let [_, cpu] = run_both(&h, &g, &weights, &with(&good), &[y]);
+    // The GPU alone with the bad ids, its output poisoned first by a run with the good ones.
+    let gpu_dev: Arc<dyn Device> = h.clone();
+    let mut s = Scheduler::new(vec![gpu_dev]).expect("scheduler");
+    for (name, dt, shape, bytes) in &weights {
+        s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
+            .expect("bind");
+    }
+    for v in [&good, &bad] {
+        let ins = with(v);
+        let ins: Vec<(TensorId, &[u8])> = ins.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+        s.run(&g, &ins).expect("run");
+    }
+    let gpu = s.output_f32(y).expect("output");
+    for p in 0..n_used * n_tok {
+        let (gr, cr) = (&gpu[p * n..(p + 1) * n], &cpu[0][p * n..(p + 1) * n]);
+        if bad[p] != good[p] {
+            assert!(
+                gr.iter().all(|&v| v == 0.0),
+                "pair {p} (id {}): not zeroed",
+                bad[p]
+            );
+        } else {
+            let e = nmse(gr, cr);
+            assert!(e <= 2e-3, "pair {p}: NMSE {e:.3e}");
         }
     }
 }
@@ -266,14 +467,20 @@ fn moe_sum_matches_unfused_cpu_bit_exact() {
 
 /// Float-weight mat-vecs as a router's (f32 `[2048, 128]`: wide blocks, four values per load),
 /// rows whose length is no multiple of 4 (one value per load) and a long output (narrow
-/// blocks), f32 and f16 weights, one and three vectors.
+/// blocks), f32 and f16 weights, one and three vectors; and a prompt's router products on the
+/// float tiles (f32, 40 and 512 vectors: split shares of the rows, edges of tiles and slabs).
 #[test]
 fn float_mat_vecs_match_cpu() {
     let Some(h) = hip() else { return };
     let mut rng = Rng(0x726f_7574_6572_0001);
     for dt in [DType::F32, DType::F16] {
         for (k, n) in [(2048usize, 128usize), (130, 7), (2050, 1500)] {
-            for m in [1usize, 3] {
+            let prompts: &[usize] = if dt == DType::F32 && n <= 1024 {
+                &[40, 512]
+            } else {
+                &[]
+            };
+            for &m in [1usize, 3].iter().chain(prompts) {
                 let mut g = Graph::new();
                 let w = g.weight("w", dt, &[k, n]).expect("w");
                 let x = g.input("x", DType::F32, &[k, m]).expect("x");

@@ -40,6 +40,9 @@ const MMQ_MAX_SPLITS: usize = 8;
 const MMQ_ROWS: usize = 64;
 const MMQ_STEP: usize = 256;
 const MMQ_BLOCKS_PER_SM: [(usize, usize); 4] = [(16, 4), (32, 4), (64, 2), (128, 2)];
+/// f32 weights of up to this many rows run on the float tiles for more than
+/// `MATVEC_MAX_COLS` vectors (`matmul::FLOAT_TILES_MAX_ROWS`).
+const FLOAT_TILES_MAX_ROWS: usize = 1024;
 /// Alignment of the areas inside the scratch (`ops::ALIGN`).
 const ALIGN: usize = 256;
 /// Attention (`attn.rs`): single-token key splits, the GEMM prefill and its chunking.
@@ -72,6 +75,7 @@ const _: () = {
     assert!(MMQ_BLOCKS_PER_SM[3].0 == kernels::MMQ_BLOCKS_PER_SM[3].0);
     assert!(MMQ_BLOCKS_PER_SM[3].1 == kernels::MMQ_BLOCKS_PER_SM[3].1);
     assert!(ALIGN == super::ops::ALIGN);
+    assert!(FLOAT_TILES_MAX_ROWS == super::matmul::FLOAT_TILES_MAX_ROWS);
     assert!(ATTN_DEC_MAX_KV == kernels::ATTN_DEC_MAX_KV);
     assert!(SPLIT_K_FROM == super::attn::SPLIT_K_FROM);
     assert!(SPLIT_LEN == super::attn::SPLIT_LEN);
@@ -168,6 +172,12 @@ fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool, sms: usize) -> (usiz
                 let mats = if gated { 2 } else { 1 };
                 return (mmq_partials(n, m, k, mats, sms) * 4, q8);
             }
+            if w.dtype == DType::F32 && m > MATVEC_MAX_COLS && n <= FLOAT_TILES_MAX_ROWS {
+                // Float tiles: partial sums per share of the rows' values, counted for the
+                // most shares `kernels::GemmF32Plan` makes.
+                let splits = (k / 256).clamp(1, MMQ_MAX_SPLITS);
+                return (splits * m * n * 4, q8);
+            }
             if m <= MATVEC_MAX_COLS || w.dtype == DType::F32 {
                 return (0, q8);
             }
@@ -181,6 +191,13 @@ fn node_needs(t: &Tensor, srcs: &[&Tensor], attn_dec: bool, sms: usize) -> (usiz
                 x_bytes + w_bytes
             };
             (scratch, q8)
+        }
+        (Op::MulMatId, [w, x, ids]) if w.dtype.is_quantized() => {
+            // Per pair or grouped on tiles, the activations go out quantized; grouped on tiles
+            // the sorted pairs and each expert's offsets and first tile sit in the scratch.
+            let (n_mat, pairs) = (w.ne[2], ids.ne[0] * ids.ne[1]);
+            let q8 = x.ne[1] * x.ne[2] * q8_1_vector_bytes(w.ne[0]);
+            (align(pairs * 4) + 2 * align((n_mat + 1) * 4), q8)
         }
         (Op::RmsNormMul { .. }, [x, ..]) if x.nrows() <= MATVEC_MAX_COLS => {
             (0, x.nrows() * q8_1_vector_bytes(x.ne[0]))
