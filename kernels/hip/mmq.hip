@@ -1148,6 +1148,23 @@ static __device__ __forceinline__ void mmq_id_body(const uint8_t* __restrict__ w
     }
 #define RF_MMQ_ID(name, T) RF_MMQ_ID_NT(name, T, 16) RF_MMQ_ID_NT(name, T, 32) RF_MMQ_ID_NT(name, T, 64)
 
+// MXFP4 (gpt-oss's experts): 17-byte blocks, so byte loads; the E2M1 values doubled as signed
+// bytes (Q4_0's nibble order) and the E8M0 scale halved to match (common.h).
+struct mq_mxfp4 {
+    static constexpr int QK = 32, BYTES = MXFP4_BYTES, G = 32;
+    static constexpr bool MIN = false;
+    static __device__ __forceinline__ void unit(const uint8_t* b, int, int* q, float* d, float*) {
+        d[0] = e8m0_half(b[0]);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const uint8_t* p = b + 1 + 4 * w;
+            const uint32_t x = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+            q[w] = mxfp4_bytes(x & 0x0F0F0F0Fu);
+            q[w + 4] = mxfp4_bytes((x >> 4) & 0x0F0F0F0Fu);
+        }
+    }
+};
+
 RF_MMQ_ID(mmq_id_q4_0, mq_q4_0)
 RF_MMQ_ID(mmq_id_q4_1, mq_q4_1)
 RF_MMQ_ID(mmq_id_q5_0, mq_q5_0)
@@ -1158,6 +1175,7 @@ RF_MMQ_ID(mmq_id_q3_k, mq_q3_k)
 RF_MMQ_ID(mmq_id_q4_k, mq_q4_k)
 RF_MMQ_ID(mmq_id_q5_k, mq_q5_k)
 RF_MMQ_ID(mmq_id_q6_k, mq_q6_k)
+RF_MMQ_ID(mmq_id_mxfp4, mq_mxfp4)
 
 // Float products for small float weights times many vectors (a router's `[k, n_experts]` f32
 // matrix times a prompt), which the BLAS library runs on a handful of blocks: tiles of

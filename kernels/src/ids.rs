@@ -781,6 +781,9 @@ kernel_ids! {
     MmqIdQ6_Kx16 => Mmq, "mmq_id_q6_k_16";
     MmqIdQ6_Kx32 => Mmq, "mmq_id_q6_k_32";
     MmqIdQ6_Kx64 => Mmq, "mmq_id_q6_k_64";
+    MmqIdMxfp4x16 => Mmq, "mmq_id_mxfp4_16";
+    MmqIdMxfp4x32 => Mmq, "mmq_id_mxfp4_32";
+    MmqIdMxfp4x64 => Mmq, "mmq_id_mxfp4_64";
     MoeGroup => Mmq, "moe_group";
     GemmF32Part => Mmq, "gemm_f32_part";
     PagedDecF16H4 => Attention, "paged_dec_f16_h4";
@@ -1070,7 +1073,10 @@ fn params_of(k: KernelId) -> &'static [Param] {
         | K::MmqIdQ5_Kx64
         | K::MmqIdQ6_Kx16
         | K::MmqIdQ6_Kx32
-        | K::MmqIdQ6_Kx64 => &[
+        | K::MmqIdQ6_Kx64
+        | K::MmqIdMxfp4x16
+        | K::MmqIdMxfp4x32
+        | K::MmqIdMxfp4x64 => &[
             Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I64, I64, I32, I32, I32, I32, I32,
         ],
         K::MoeGroup => &[Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, I32],

@@ -419,6 +419,16 @@ impl MmqIdPlan {
     }
 }
 
+/// The expert-grouped tile product of MXFP4 weights for tiles of `nt` pairs (as
+/// [`WeightType::mmq_id`]; MXFP4 has no [`WeightType`]).
+pub fn mmq_id_mxfp4(nt: usize) -> KernelId {
+    match nt {
+        16 => KernelId::MmqIdMxfp4x16,
+        32 => KernelId::MmqIdMxfp4x32,
+        _ => KernelId::MmqIdMxfp4x64,
+    }
+}
+
 /// Rows and vectors per tile of [`KernelId::GemmF32Part`] (`GEMM_F32_TILE`).
 pub const GEMM_F32_TILE: usize = 64;
 /// Threads per block of [`KernelId::GemmF32Part`] (`GEMM_F32_THREADS`).

@@ -96,6 +96,12 @@ fn weight_types_map_to_kernels_of_the_right_module() {
         for nt in [16, 32, 64, 128] {
             assert_eq!(t.mmq(nt).module(), Module::Mmq);
             assert!(t.mmq(nt).name().ends_with(&format!("_{nt}")));
+            // The grouped kernel of the same type and width.
+            assert_eq!(
+                t.mmq_id(nt).name(),
+                t.mmq(nt).name().replacen("mmq_", "mmq_id_", 1)
+            );
+            assert_eq!(mmq_id_mxfp4(nt).name(), format!("mmq_id_mxfp4_{nt}"));
         }
         assert_eq!(WeightType::from_ggml_name(t.ggml_name()), Some(*t));
         assert!(t

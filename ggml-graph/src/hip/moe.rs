@@ -362,7 +362,15 @@ fn on_tiles(dtype: DType, s: &IdShape) -> bool {
     s.n_tok > 1
         && s.pairs() >= MMQ_MIN_COLS * s.n_mat
         && s.n_mat <= kernels::MOE_GROUP_MAX_EXPERTS
-        && weight_type(dtype).is_some()
+        && tile_kernel(dtype, 16).is_some()
+}
+
+/// The expert-grouped tile kernel for `dtype` weights and tiles of `nt` pairs, if any.
+fn tile_kernel(dtype: DType, nt: usize) -> Option<KernelId> {
+    match dtype {
+        DType::MXFP4 => Some(kernels::mmq_id_mxfp4(nt)),
+        dt => weight_type(dt).map(|wt| wt.mmq_id(nt)),
+    }
 }
 
 /// Whether a `mul_mat_id` of shape `s` is multiplied grouped by expert on the host's sort
@@ -377,8 +385,9 @@ fn by_expert(d: &HipDevice, s: &IdShape) -> bool {
 /// A mixture of experts' up product, gate product and gated activation (the scheduler's
 /// `expert_gate_up` run: `mul_mat_id`s of one activation and id tensor, `act(gate) * up` of the
 /// two) as one gated expert mat-vec (`matvec_*_id_gated`) writing the activation's rows, where
-/// both products take the per-pair path with one quantized weight type and layout. Returns 3
-/// when it launched, 0 when the nodes go their own ways.
+/// both products take the per-pair path with one quantized weight type and layout, or as one
+/// gated grouped tile launch where they take the tiles (MXFP4 too). Returns 3 when it
+/// launched, 0 when the nodes go their own ways.
 pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     let [up, gate, act, ..] = group else {
         return Ok(0);
@@ -410,6 +419,15 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
         && wg.tensor.nb == w.nb
         && dense(act.tensor, DType::F32)
         && act.tensor.ne == up.tensor.ne;
+    if fits && on_tiles(w.dtype, &s) {
+        rewritten(d, up)?;
+        rewritten(d, gate)?;
+        let out = rewritten(d, act)?;
+        grouped_tiles(d, wg, Some((wu, kind)), x, ids, &s, out)?;
+        #[cfg(any(test, feature = "testing"))]
+        GATE_UP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Ok(3);
+    }
     // Every quantized type has a gated expert mat-vec (so a by-expert product too); MXFP4 none.
     let Some(l) = id_kernel(w.dtype, s.k, w.nb[1], s.n, IdKind::Gated).filter(|_| fits) else {
         return Ok(0);
@@ -417,12 +435,6 @@ pub(super) fn gate_up(d: &HipDevice, group: &[GroupNode<'_>]) -> Result<usize> {
     rewritten(d, up)?;
     rewritten(d, gate)?;
     let out = rewritten(d, act)?;
-    if on_tiles(w.dtype, &s) {
-        grouped_tiles(d, wg, Some((wu, kind)), x, ids, &s, out)?;
-        #[cfg(any(test, feature = "testing"))]
-        GATE_UP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return Ok(3);
-    }
     if by_expert(d, &s) {
         // One gated product per chosen expert over its gathered rows.
         let mats = |e: usize| Ok((expert_mat(wg, &s, e)?, expert_mat(wu, &s, e)?));
@@ -752,14 +764,12 @@ fn grouped_tiles(
     let wt = w.tensor;
     let pairs = s.pairs();
     let plan = kernels::MmqIdPlan::new(pairs, s.n_mat, s.n);
-    let kid = weight_type(wt.dtype)
-        .ok_or_else(|| {
-            gpu_err(
-                "mul_mat_id",
-                format!("{} weights have no tile kernels", wt.dtype.name()),
-            )
-        })?
-        .mmq_id(plan.nt);
+    let kid = tile_kernel(wt.dtype, plan.nt).ok_or_else(|| {
+        gpu_err(
+            "mul_mat_id",
+            format!("{} weights have no tile kernels", wt.dtype.name()),
+        )
+    })?;
     let list = (s.n_mat + 1) * 4;
     let at_off = align(pairs * 4);
     let at_tiles = at_off + align(list);

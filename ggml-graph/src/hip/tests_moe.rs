@@ -146,7 +146,7 @@ fn mul_mat_id_matches_cpu_for_every_weight_type() {
 }
 
 /// The tile types: every weight type the expert-grouped tile kernels read.
-const TILE_TYPES: [DType; 10] = [
+const TILE_TYPES: [DType; 11] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -157,6 +157,7 @@ const TILE_TYPES: [DType; 10] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::MXFP4,
 ];
 
 /// How a test spreads the pairs over the experts.
@@ -204,8 +205,9 @@ fn spread_ids(
 
 /// Prompts' expert products grouped on the device for every tile weight type: uneven experts,
 /// experts with no pair, one expert with every token (several tiles of one expert), one
-/// activation vector per token (gate/up) or per slot (down), rows not a multiple of the tile's
-/// and two steps of 256 values; plain and gated (SiLU and GELU, one launch for the three
+/// activation vector per token (gate/up) or per slot (down), rows not a multiple of the tile's,
+/// two steps of 256 values and rows of 320 (gpt-oss's 2880 is no multiple of 256 either);
+/// plain and gated (SiLU and GELU, one launch for the three
 /// nodes). Each takes the one-launch tile path and gives the CPU's results.
 #[test]
 fn grouped_tile_products_match_cpu() {
@@ -225,9 +227,14 @@ fn grouped_tile_products_match_cpu() {
         ),
         (512, 100, 8, 2, 70, true, Spread::OneTakesAll),
         (256, 64, 32, 4, 200, false, Spread::Skewed),
+        // Rows of 10 blocks of 32 (no whole step of 256; the 32-value types only).
+        (320, 70, 8, 2, 50, false, Spread::OneTakesAll),
     ];
     for dt in TILE_TYPES {
         for (i, &(k, n, n_mat, n_used, n_tok, per_slot, spread)) in cases.iter().enumerate() {
+            if k % dt.block_size() != 0 {
+                continue;
+            }
             let n_x = if per_slot { n_used } else { 1 };
             let ids_v = spread_ids(spread, n_mat, n_used, n_tok, &mut rng);
             let ids_b: Vec<u8> = bytemuck::cast_slice(&ids_v).to_vec();
