@@ -1080,6 +1080,12 @@ static __device__ __forceinline__ void mmq_id_body(const uint8_t* __restrict__ w
         __syncthreads();  // the previous step's reads are done
         mmq_id_stage_w<T, NT>(s, wg, kc, k, row_bytes, nrows, row0);
         mmq_id_stage_a<T, NT>(s, y, rows, pos, m, kc, k, n_used, n_x);
+#if defined(MMQ_MMA)
+        if (kc + 1 < nch) {
+            mmq_prefetch<T>(wg, kc + 1, k, row_bytes, nrows, row0);
+            if (gated) mmq_prefetch<T>(wu, kc + 1, k, row_bytes, nrows, row0);
+        }
+#endif
         __syncthreads();
         MMQ_ID_STEP(T, NT, s, acc[0]);
         if (gated) {

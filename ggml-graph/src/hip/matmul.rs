@@ -22,11 +22,11 @@ const MAX_GRID_Y: usize = 65535;
 const FLOAT_MATVEC_WIDE_BELOW: usize = 1024;
 
 /// f32 weights of up to this many rows times more vectors than the mat-vecs take run on the
-/// float tiles (`gemm_f32_part`, split along the rows' values) instead of the BLAS library's
-/// sgemm, whose few large tiles leave most of the device idle on such short outputs: a
-/// router's `[2048, 128]` times 512 vectors took 687 us there (H200, per-node profile of the
-/// Qwen3-30B-A3B shape's prompt, kernels/PERF.md "Expert-grouped products"). Routers have 8
-/// to a few hundred experts.
+/// float tiles (`gemm_f32_part`, split along the rows' values so that a short output still
+/// fills the device) instead of the BLAS library's sgemm, which took 687 us for a router's
+/// `[2048, 128]` times 512 vectors (0.27 GFLOP; H200, per-node profile of the Qwen3-30B-A3B
+/// shape's prompt, kernels/PERF.md "Expert-grouped products"). Routers have 8 to a few
+/// hundred experts.
 pub(super) const FLOAT_TILES_MAX_ROWS: usize = 1024;
 
 /// Queues decode mat-vec kernel `kid`: grid x `grid`, one grid row per activation vector (`m`),

@@ -324,9 +324,12 @@ fn grouped_tile_products_zero_the_rows_of_ids_out_of_range() {
     let xs = f32_bytes(&rng.vec(k * n_tok));
     let with = |v: &[i32]| vec![(x, xs.clone()), (ids, bytemuck::cast_slice(v).to_vec())];
     let [_, cpu] = run_both(&h, &g, &weights, &with(&good), &[y]);
-    // The GPU alone with the bad ids, its output poisoned first by a run with the good ones.
-    let gpu_dev: Arc<dyn Device> = h.clone();
-    let mut s = Scheduler::new(vec![gpu_dev]).expect("scheduler");
+    // The GPU-first scheduler with the bad ids (the CPU would refuse them), after a run with the
+    // good ones that leaves valid values in every row.
+    let cpu_dev: Arc<dyn Device> = Arc::new(CpuDevice::new(Arc::new(
+        CpuBackend::new(2).expect("cpu backend"),
+    )));
+    let mut s = Scheduler::new(vec![h.clone() as Arc<dyn Device>, cpu_dev]).expect("scheduler");
     for (name, dt, shape, bytes) in &weights {
         s.bind_weight(name, *dt, shape, WeightBytes::from_vec(bytes.clone()))
             .expect("bind");
