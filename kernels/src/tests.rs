@@ -717,49 +717,6 @@ fn mmq_constants_mirror_the_source() {
             "{nt}: {bytes}"
         );
     }
-    assert_eq!(
-        source_define("mmq.hip", "MOE_GROUP_THREADS"),
-        MOE_GROUP_THREADS as usize
-    );
-    assert_eq!(
-        source_define("mmq.hip", "MOE_GROUP_MAX_EXPERTS"),
-        MOE_GROUP_MAX_EXPERTS
-    );
-    assert_eq!(source_define("mmq.hip", "GEMM_F32_TILE"), GEMM_F32_TILE);
-    assert_eq!(
-        source_define("mmq.hip", "GEMM_F32_THREADS"),
-        GEMM_F32_THREADS as usize
-    );
-}
-
-#[test]
-fn grouped_plans_cover_every_experts_tiles() {
-    // Qwen3-30B-A3B's prompt of 512 tokens: 4096 pairs over 128 experts (32 on average) take
-    // 64-wide tiles; at most 64 full tiles plus one partial tile per expert.
-    let p = MmqIdPlan::new(4096, 128, 768);
-    assert_eq!((p.nt, p.grid), (64, [64 + 128, 12, 1]));
-    // 10 pairs per expert: 16-wide tiles; 20: 32-wide.
-    assert_eq!(MmqIdPlan::new(1280, 128, 2048).nt, 16);
-    assert_eq!(MmqIdPlan::new(2560, 128, 2048).nt, 32);
-    // Every split of a float product covers the row once, in shares of whole 16-value slabs.
-    for (n, m, k, sms) in [
-        (128usize, 512usize, 2048usize, 132usize),
-        (8, 9, 4096, 132),
-        (32, 100, 2880, 0),
-        (7, 9, 130, 132),
-    ] {
-        let p = GemmF32Plan::new(n, m, k, sms);
-        assert!(p.splits >= 1 && p.splits <= MMQ_MAX_SPLITS, "{p:?}");
-        assert_eq!(p.kper % 16, 0, "{p:?}");
-        assert!(
-            p.splits * p.kper >= k && (p.splits - 1) * p.kper < k,
-            "{p:?}"
-        );
-        assert_eq!(p.grid[2] as usize, p.splits);
-    }
-    // The router of a 512-token prompt: 16 tiles, 8 shares of 256 values.
-    let p = GemmF32Plan::new(128, 512, 2048, 132);
-    assert_eq!((p.splits, p.kper, p.grid), (8, 256, [8, 2, 8]));
 }
 
 #[test]
@@ -848,4 +805,47 @@ fn every_amd_code_object_holds_every_kernel_of_its_module() {
         }
     }
     println!("checked {checked} AMD code objects");
+}
+
+#[test]
+fn grouped_plans_cover_every_experts_tiles() {
+    assert_eq!(
+        source_define("mmq.hip", "MOE_GROUP_THREADS"),
+        MOE_GROUP_THREADS as usize
+    );
+    assert_eq!(
+        source_define("mmq.hip", "MOE_GROUP_MAX_EXPERTS"),
+        MOE_GROUP_MAX_EXPERTS
+    );
+    assert_eq!(source_define("mmq.hip", "GEMM_F32_TILE"), GEMM_F32_TILE);
+    assert_eq!(
+        source_define("mmq.hip", "GEMM_F32_THREADS"),
+        GEMM_F32_THREADS as usize
+    );
+    // Qwen3-30B-A3B's prompt of 512 tokens: 4096 pairs over 128 experts (32 on average) take
+    // 64-wide tiles; at most 64 full tiles plus one partial tile per expert.
+    let p = MmqIdPlan::new(4096, 128, 768);
+    assert_eq!((p.nt, p.grid), (64, [64 + 128, 12, 1]));
+    // 10 pairs per expert: 16-wide tiles; 20: 32-wide.
+    assert_eq!(MmqIdPlan::new(1280, 128, 2048).nt, 16);
+    assert_eq!(MmqIdPlan::new(2560, 128, 2048).nt, 32);
+    // Every split of a float product covers the row once, in shares of whole 16-value slabs.
+    for (n, m, k, sms) in [
+        (128usize, 512usize, 2048usize, 132usize),
+        (8, 9, 4096, 132),
+        (32, 100, 2880, 0),
+        (7, 9, 130, 132),
+    ] {
+        let p = GemmF32Plan::new(n, m, k, sms);
+        assert!(p.splits >= 1 && p.splits <= MMQ_MAX_SPLITS, "{p:?}");
+        assert_eq!(p.kper % 16, 0, "{p:?}");
+        assert!(
+            p.splits * p.kper >= k && (p.splits - 1) * p.kper < k,
+            "{p:?}"
+        );
+        assert_eq!(p.grid[2] as usize, p.splits);
+    }
+    // The router of a 512-token prompt: 16 tiles, 8 shares of 256 values.
+    let p = GemmF32Plan::new(128, 512, 2048, 132);
+    assert_eq!((p.splits, p.kper, p.grid), (8, 256, [8, 2, 8]));
 }

@@ -40,9 +40,6 @@ const MMQ_MAX_SPLITS: usize = 8;
 const MMQ_ROWS: usize = 64;
 const MMQ_STEP: usize = 256;
 const MMQ_BLOCKS_PER_SM: [(usize, usize); 4] = [(16, 4), (32, 4), (64, 2), (128, 2)];
-/// f32 weights of up to this many rows run on the float tiles for more than
-/// `MATVEC_MAX_COLS` vectors (`matmul::FLOAT_TILES_MAX_ROWS`).
-const FLOAT_TILES_MAX_ROWS: usize = 1024;
 /// Alignment of the areas inside the scratch (`ops::ALIGN`).
 const ALIGN: usize = 256;
 /// Attention (`attn.rs`): single-token key splits, the GEMM prefill and its chunking.
@@ -53,6 +50,9 @@ const ATTN_GEMM_CHUNK: usize = 512;
 const ATTN_GEMM_SCRATCH: usize = 64 << 20;
 /// Most keys the one-launch decode attention takes (`kernels::ATTN_DEC_MAX_KV`).
 const ATTN_DEC_MAX_KV: usize = 4096;
+/// f32 weights of up to this many rows run on the float tiles for more than
+/// `MATVEC_MAX_COLS` vectors (`matmul::FLOAT_TILES_MAX_ROWS`).
+const FLOAT_TILES_MAX_ROWS: usize = 1024;
 
 #[cfg(feature = "hip")]
 const _: () = {
