@@ -134,7 +134,7 @@ fn grouped_norm_pair_matches_cpu() {
 /// Per-head q and k norms, their ropes and the K and V cache writes of a step (Gemma 3's and
 /// Qwen 3's attention input) as one grouped launch, against the CPU: the roped q and k and both
 /// caches after the write, NeoX and normal modes, partial rotation, f16 and f32 caches, one and
-/// several tokens at positions past 0.
+/// several tokens (a prompt's 40) at positions past 0.
 #[test]
 fn grouped_norm_rope_kv_matches_cpu() {
     let mut rng = Rng(0x0bad_cafe_f00d_d00d);
@@ -150,6 +150,8 @@ fn grouped_norm_rope_kv_matches_cpu() {
         ),
         (64, 4, 2, 3, RopeMode::Normal, 64, DType::F16),
         (128, 2, 2, 1, RopeMode::Neox, 64, DType::F32),
+        // A prompt: the V rows' writes spread over many blocks.
+        (128, 4, 2, 40, RopeMode::Neox, 128, DType::F16),
     ] {
         // Every cache row is written (slots 0..nt), so whole caches compare; positions start past 0.
         let n_ctx = nt;
