@@ -842,7 +842,8 @@ RF_KERNEL void mmq_combine(const float* __restrict__ part, const float* __restri
 // gated product (`w1` given) the block multiplies the gate and the up matrix with the same staged
 // activations and writes act(gate) * up. A float tile product for small float weights (a router's
 // `[k, n_experts]`, `gemm_f32_part`) closes the file.
-// The staging mirrors `mmq_stage`, with the activation rows looked up per pair.
+// The weights are staged by `mmq_stage_w`, the activations as `mmq_stage` stages them, with the
+// rows looked up per pair.
 
 #define MOE_GROUP_THREADS 256
 #define MOE_GROUP_MAX_EXPERTS 1024
@@ -924,41 +925,6 @@ static __device__ __forceinline__ int mmq_id_expert(const int* __restrict__ tile
 // The activation vector pair p multiplies: token p / n_used's vector (p % n_used) % n_x.
 static __device__ __forceinline__ int mmq_id_vector(int p, int n_used, int n_x) {
     return (p / n_used) * n_x + (p % n_used) % n_x;
-}
-
-// Stages step `kc` of rows row0.. of `w` (as mmq_stage does).
-template <typename T, int NT>
-static __device__ __forceinline__ void mmq_id_stage_w(mmq_smem<T, NT>& s, const uint8_t* __restrict__ w, int kc,
-                                                      int k, long long row_bytes, int nrows, int row0) {
-    constexpr int GPS = 32 / T::G;  // groups per sub-block
-    const int tid = threadIdx.x;
-    const int nblk = k / T::QK;
-#pragma unroll
-    for (int i = 0; i < MMQ_ROWS * 8 / MMQ_THREADS; ++i) {
-        const int u = tid + i * MMQ_THREADS;
-        const int r = u >> 3, j = u & 7;
-        const uint8_t* wr = w + (long long)min(row0 + r, nrows - 1) * row_bytes;
-        int q[8];
-        float d[GPS], mn[GPS];
-        bool ok;
-        if (T::QK == 32) {
-            const int blk = kc * 8 + j;
-            ok = blk < nblk;
-            if (ok) T::unit(wr + (long long)blk * T::BYTES, 0, q, d, mn);
-        } else {
-            ok = true;
-            T::unit(wr + (long long)kc * T::BYTES, j, q, d, mn);
-        }
-        *reinterpret_cast<int4*>(&s.qw[r][mmq_swz(r, 8 * j)]) = ok ? make_int4(q[0], q[1], q[2], q[3])
-                                                                   : make_int4(0, 0, 0, 0);
-        *reinterpret_cast<int4*>(&s.qw[r][mmq_swz(r, 8 * j + 4)]) = ok ? make_int4(q[4], q[5], q[6], q[7])
-                                                                       : make_int4(0, 0, 0, 0);
-#pragma unroll
-        for (int h = 0; h < GPS; ++h) {
-            s.dw[r][GPS * j + h] = ok ? d[h] : 0.0f;
-            if (T::MIN) s.mw[r][GPS * j + h] = ok ? mn[h] : 0.0f;
-        }
-    }
 }
 
 // Stages step `kc` of the tile's `m` pairs (sorted positions pos.. of `rows`): each pair's
@@ -1078,7 +1044,7 @@ static __device__ __forceinline__ void mmq_id_body(const uint8_t* __restrict__ w
     MMQ_ID_ACC(NT);
     for (int kc = 0; kc < nch; ++kc) {
         __syncthreads();  // the previous step's reads are done
-        mmq_id_stage_w<T, NT>(s, wg, kc, k, row_bytes, nrows, row0);
+        mmq_stage_w<T, NT>(s, wg, kc, k, row_bytes, nrows, row0);
         mmq_id_stage_a<T, NT>(s, y, rows, pos, m, kc, k, n_used, n_x);
 #if defined(MMQ_MMA)
         if (kc + 1 < nch) {
@@ -1091,7 +1057,7 @@ static __device__ __forceinline__ void mmq_id_body(const uint8_t* __restrict__ w
         if (gated) {
             // The up rows over the same staged activations.
             __syncthreads();
-            mmq_id_stage_w<T, NT>(s, wu, kc, k, row_bytes, nrows, row0);
+            mmq_stage_w<T, NT>(s, wu, kc, k, row_bytes, nrows, row0);
             __syncthreads();
             MMQ_ID_STEP(T, NT, s, acc[1]);
         }

@@ -96,7 +96,9 @@ fn weight_types_map_to_kernels_of_the_right_module() {
         for nt in [16, 32, 64, 128] {
             assert_eq!(t.mmq(nt).module(), Module::Mmq);
             assert!(t.mmq(nt).name().ends_with(&format!("_{nt}")));
-            // The grouped kernel of the same type and width.
+        }
+        // The grouped kernels: the same type and width (at most 64 pairs per tile).
+        for nt in [16, 32, 64] {
             assert_eq!(
                 t.mmq_id(nt).name(),
                 t.mmq(nt).name().replacen("mmq_", "mmq_id_", 1)
