@@ -3,7 +3,7 @@
 //! `mul_mat_id` over a stack of expert matrices, and the weighted sum of the chosen experts'
 //! outputs (`moe_sum`).
 //!
-//! `mul_mat_id` takes one of two ways:
+//! `mul_mat_id` takes one of three ways:
 //! - per pair: one launch whose grid runs over the (token, slot) pairs, each block multiplying
 //!   the matrix its pair chose (read from the ids on the device) with that pair's activations;
 //!   only the chosen experts' rows are read. Decode and small batches go this way, which needs
@@ -24,9 +24,10 @@
 //!
 //! Three groups of nodes the scheduler offers go as one: the up and gate products with their
 //! gated activation (per pair: `matvec_*_id_gated`; grouped on tiles: one gated `mmq_id_*`
-//! launch; grouped on the host: one gated product per expert), in decode an expert product with its experts' bias rows added (`matvec_*_id_add`,
-//! gpt-oss), and the routing's softmax, top k and picked weights in either gating's order
-//! (`moe_route_f32`, which writes all three nodes' results).
+//! launch; grouped on the host: one gated product per expert), in decode an expert product
+//! with its experts' bias rows added (`matvec_*_id_add`, gpt-oss), and the routing's softmax,
+//! top k and picked weights in either gating's order (`moe_route_f32`, which writes all three
+//! nodes' results).
 
 use gpu_mem::MemRange;
 use kernels::{act, KernelId};
